@@ -1,0 +1,48 @@
+"""Config objects: `Cls.default_config().set(...).instantiate()`, tree tools and serialization."""
+
+from axplug.config.base import (
+    REQUIRED,
+    ConfigBase,
+    ConfigError,
+    ConfigTypeError,
+    Configurable,
+    InstantiableConfig,
+    Required,
+    RequiredFieldError,
+    UnknownFieldError,
+    config_class,
+    visit,
+)
+from axplug.config.overrides import apply_overrides, parse_value
+from axplug.config.serialize import from_dict, resolve_class, to_dict
+from axplug.config.tree import (
+    ChainConfigModifier,
+    ConfigModifier,
+    chain,
+    find_configs,
+    replace_config,
+)
+
+__all__ = [
+    "REQUIRED",
+    "Required",
+    "ConfigBase",
+    "InstantiableConfig",
+    "Configurable",
+    "config_class",
+    "ConfigError",
+    "ConfigTypeError",
+    "RequiredFieldError",
+    "UnknownFieldError",
+    "visit",
+    "find_configs",
+    "replace_config",
+    "ConfigModifier",
+    "ChainConfigModifier",
+    "chain",
+    "to_dict",
+    "from_dict",
+    "resolve_class",
+    "apply_overrides",
+    "parse_value",
+]

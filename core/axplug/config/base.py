@@ -1,0 +1,318 @@
+"""Config objects: attrs classes that know the class they build, with path-aware errors."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, Union
+
+import attrs
+
+__all__ = [
+    "REQUIRED",
+    "Required",
+    "ConfigError",
+    "UnknownFieldError",
+    "ConfigTypeError",
+    "RequiredFieldError",
+    "ConfigBase",
+    "InstantiableConfig",
+    "Configurable",
+    "config_class",
+    "visit",
+]
+
+
+class RequiredFieldValue:
+    """Sentinel type for fields that must be set before instantiation."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return (RequiredFieldValue, ())
+
+
+REQUIRED = RequiredFieldValue()
+_T = TypeVar("_T")
+Required = Union[_T, RequiredFieldValue]  # noqa: UP007 (subscriptable alias: Required[int])
+
+
+class ConfigError(Exception):
+    """Base class of config errors; the message starts with the dotted path."""
+
+
+class UnknownFieldError(ConfigError, AttributeError):
+    """A field name that the config class does not define."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A field value of the wrong type."""
+
+
+class RequiredFieldError(ConfigError, ValueError):
+    """A REQUIRED field still unset at instantiation."""
+
+
+_IMMUTABLE = (int, float, bool, str, bytes, type(None), RequiredFieldValue, type, frozenset)
+
+
+def config_class(cls: type) -> type:
+    """Turns a class body of annotated fields into a keyword-only attrs config class."""
+    for name in cls.__dict__.get("__annotations__", {}):
+        default = cls.__dict__.get(name, attrs.NOTHING)
+        if default is attrs.NOTHING or isinstance(default, _IMMUTABLE + (tuple,)):
+            if isinstance(default, tuple) and any(not isinstance(v, _IMMUTABLE) for v in default):
+                setattr(cls, name, attrs.field(factory=functools.partial(copy.deepcopy, default)))
+            continue
+        if type(default).__name__ == "_CountingAttr":  # already an attrs.field(...)
+            continue
+        # Mutable defaults (sub-configs, lists) are copied per instance, never shared.
+        setattr(cls, name, attrs.field(factory=functools.partial(copy.deepcopy, default)))
+    return attrs.define(cls, slots=False, kw_only=True, on_setattr=attrs.setters.NO_OP, repr=False)
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f", did you mean '{close[0]}'?" if close else f"; known fields: {', '.join(choices)}"
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        names = [_type_name(a) for a in typing.get_args(tp) if a is not RequiredFieldValue]
+        return names[0] if len(names) == 1 else " | ".join(names)
+    if isinstance(tp, type):
+        return tp.__qualname__
+    return str(tp).replace("typing.", "")
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - unresolvable annotations only disable type checks
+        return {}
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether `value` fits the annotation `tp`; permissive where the annotation is exotic."""
+    if value is REQUIRED or tp is Any or isinstance(tp, (TypeVar, str, typing.ForwardRef)):
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is type(None) or tp is None:
+        return value is None
+    if origin in (list, tuple, set, frozenset, dict):
+        if not isinstance(value, origin):
+            return False
+        if origin is dict:
+            return not args or all(_matches(v, args[1]) for v in value.values())
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(args) == len(value) and all(map(_matches, value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if origin is not None and isinstance(origin, type):
+        if origin.__module__ == "collections.abc" and origin.__name__ == "Callable":
+            return callable(value)
+        return isinstance(value, origin) and not isinstance(value, str) or origin is str
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+@config_class
+class ConfigBase:
+    """A mutable tree of fields; assignments are checked against the declared names and types."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        fields = attrs.fields_dict(type(self))
+        if name not in fields:
+            raise UnknownFieldError(
+                f"{self._path(name)}: unknown field{_suggest(name, list(fields))}"
+            )
+        tp = _field_types(type(self)).get(name, Any)
+        if not _matches(value, tp):
+            raise ConfigTypeError(
+                f"{self._path(name)}: expected {_type_name(tp)}, got "
+                f"{type(value).__qualname__} ({value!r})"
+            )
+        if isinstance(value, ConfigBase):
+            object.__setattr__(value, "_parent", (self, name))
+        object.__setattr__(self, name, value)
+
+    def _path(self, name: str | None = None) -> str:
+        """Dotted path of this config (or of its field `name`) from the root of its tree."""
+        parts = [] if name is None else [name]
+        node, seen = self, set()
+        while (link := getattr(node, "_parent", None)) is not None and id(node) not in seen:
+            seen.add(id(node))
+            parent, field = link
+            if getattr(parent, field, None) is not node:
+                break  # moved elsewhere since; stop at the last verified link
+            parts.append(field)
+            node = parent
+        if not parts:
+            return type(self).__qualname__
+        return ".".join(reversed(parts))
+
+    def set(self, **kwargs: Any) -> ConfigBase:
+        """Sets fields in place and returns self, for chaining."""
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+        return self
+
+    def clone(self, **kwargs: Any) -> ConfigBase:
+        """A deep copy with `kwargs` set; the original is untouched."""
+        return copy.deepcopy(self).set(**kwargs)
+
+    def __deepcopy__(self, memo: dict) -> ConfigBase:
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for f in attrs.fields(type(self)):
+            value = copy.deepcopy(getattr(self, f.name), memo)
+            object.__setattr__(new, f.name, value)
+            if isinstance(value, ConfigBase):
+                object.__setattr__(value, "_parent", (new, f.name))
+        return new
+
+    def keys(self) -> list[str]:
+        return [f.name for f in attrs.fields(type(self))]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def debug_string(self) -> str:
+        """One `dotted.path: value` line per leaf field, sorted, for reading and diffing."""
+        lines: list[str] = []
+        _flatten(self, "", lines)
+        return "\n".join(sorted(lines))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible dict; classes are written as `module:Qualname`."""
+        from axplug.config import serialize
+
+        return serialize.to_dict(self)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.items())
+        return f"{type(self).__qualname__}({body})"
+
+
+def _leaf_repr(value: Any) -> str:
+    if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}:{value.__qualname__}"
+    return repr(value)
+
+
+def _holds_config(value: Any) -> bool:
+    if isinstance(value, ConfigBase):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_config(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_config(v) for v in value.values())
+    return False
+
+
+def _flatten(value: Any, path: str, out: list[str]) -> None:
+    if not _holds_config(value):
+        out.append(f"{path}: {_leaf_repr(value)}")
+        return
+    for suffix, child in _children(value):
+        _flatten(child, (path + suffix).lstrip("."), out)
+
+
+def _children(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, ConfigBase):
+        for k, v in value.items():
+            yield f".{k}", v
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield f"[{i}]", v
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield f"[{k!r}]", v
+
+
+def visit(cfg: Any, fn: Callable[[str, Any], None], path: str = "") -> None:
+    """Calls `fn(dotted_path, value)` for every node under `cfg`, parents before children."""
+    for suffix, value in _children(cfg):
+        child_path = (path + suffix).lstrip(".")
+        fn(child_path, value)
+        if isinstance(value, (ConfigBase, list, tuple, dict)):
+            visit(value, fn, child_path)
+
+
+@config_class
+class InstantiableConfig(ConfigBase):
+    """A config that builds an object of class `klass`."""
+
+    klass: type | None = None
+
+    def instantiate(self, **kwargs: Any) -> Any:
+        """Builds `klass(self, **kwargs)` after checking this config's REQUIRED fields."""
+        path = kwargs.pop("_path", None)
+        check_required(self, path)
+        if self.klass is None:
+            raise ConfigError(f"{path or self._path()}: no class to instantiate (klass is None)")
+        return self.klass(self, **kwargs)
+
+
+def check_required(cfg: ConfigBase, path: str | None = None) -> None:
+    """Raises RequiredFieldError naming the first unset field, not descending into
+    instantiable sub-configs (their owners fill and check them)."""
+    for name, value in cfg.items():
+        where = f"{path}.{name}" if path else cfg._path(name)
+        if value is REQUIRED:
+            raise RequiredFieldError(
+                f"{where}: required field is not set; set it with cfg.set({name}=...) "
+                f"or --set {where}=VALUE"
+            )
+        if isinstance(value, ConfigBase) and not isinstance(value, InstantiableConfig):
+            check_required(value, where)
+
+
+class Configurable:
+    """A class built from its config: `Cls.default_config().set(...).instantiate()`."""
+
+    @config_class
+    class Config(InstantiableConfig):
+        pass
+
+    @classmethod
+    def default_config(cls) -> Config:
+        cfg = cls.Config()
+        cfg.klass = cls
+        return cfg
+
+    def __init__(self, cfg: Configurable.Config):
+        self._config = copy.deepcopy(cfg)
+
+    @property
+    def config(self) -> Config:
+        """A copy of the config this object was built from."""
+        return copy.deepcopy(self._config)

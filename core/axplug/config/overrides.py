@@ -1,0 +1,63 @@
+"""`--set path=value` overrides: values parsed as Python literals, never evaluated."""
+
+from __future__ import annotations
+
+import ast
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from axplug.config.base import ConfigBase, ConfigError, UnknownFieldError, _field_types, _suggest
+from axplug.config.serialize import _allows, decode
+
+__all__ = ["parse_value", "apply_overrides"]
+
+_WORDS = {"true": True, "false": False, "none": None, "null": None}
+
+
+def parse_value(text: str) -> Any:
+    """A Python literal (int, float, bool, None, str, list, tuple, dict) or the raw string."""
+    stripped = text.strip()
+    if stripped.lower() in _WORDS:
+        return _WORDS[stripped.lower()]
+    try:
+        return ast.literal_eval(stripped)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def _navigate(cfg: ConfigBase, parts: list[str], spec: str) -> ConfigBase:
+    node = cfg
+    for i, part in enumerate(parts):
+        if not isinstance(node, ConfigBase):
+            raise ConfigError(f"{'.'.join(parts[:i])}: is not a config; cannot set {spec!r}")
+        fields = list(attrs.fields_dict(type(node)))
+        if part not in fields:
+            raise UnknownFieldError(f"{'.'.join(parts[: i + 1])}: unknown field{_suggest(part, fields)}")
+        node = getattr(node, part)
+    if not isinstance(node, ConfigBase):
+        raise ConfigError(f"{'.'.join(parts)}: is not a config; cannot set {spec!r}")
+    return node
+
+
+def apply_overrides(cfg: ConfigBase, overrides: Iterable[str]) -> ConfigBase:
+    """A copy of `cfg` with each `dotted.path=value` applied in order."""
+    cfg = copy.deepcopy(cfg)
+    for spec in overrides:
+        path, sep, text = spec.partition("=")
+        if not sep or not path.strip():
+            raise ConfigError(f"override {spec!r}: expected PATH=VALUE, e.g. model.num_layers=8")
+        parts = path.strip().split(".")
+        node = _navigate(cfg, parts[:-1], spec)
+        name = parts[-1]
+        fields = list(attrs.fields_dict(type(node)))
+        if name not in fields:
+            raise UnknownFieldError(f"{path.strip()}: unknown field{_suggest(name, fields)}")
+        tp = _field_types(type(node)).get(name, Any)
+        value = parse_value(text)
+        if not isinstance(value, str) and _allows(tp, str) and not _allows(tp, type(value)):
+            value = text  # e.g. `name=123` for a str field stays a string
+        setattr(node, name, decode(value, tp, path.strip()))
+    return cfg

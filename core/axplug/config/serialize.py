@@ -1,0 +1,155 @@
+"""`to_dict` / `from_dict`: configs as JSON-compatible dicts, classes named, never pickled."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import typing
+from typing import Any
+
+import attrs
+
+from axplug.config.base import (
+    ConfigBase,
+    ConfigError,
+    ConfigTypeError,
+    InstantiableConfig,
+    UnknownFieldError,
+    _field_types,
+    _suggest,
+)
+
+__all__ = ["to_dict", "from_dict", "class_name", "resolve_class"]
+
+_QUALNAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_SEARCH_KINDS = ("layers", "kernels", "modifiers", "storage", "mesh_rules", "presets")
+
+
+def class_name(obj: Any) -> str:
+    """`module:Qualname` of a class or function."""
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _import_qualname(name: str) -> Any:
+    module_name, _, qualname = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def resolve_class(name: str, path: str = "klass") -> Any:
+    """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`)."""
+    if _QUALNAME.match(name) and (obj := _import_qualname(name)) is not None:
+        return obj
+    from axplug import registry
+
+    for kind in _SEARCH_KINDS:
+        try:
+            return registry.load(kind, name)
+        except LookupError:
+            continue
+    raise ConfigError(
+        f"{path}: unknown class {name!r}: neither an importable `module:Qualname` nor a "
+        f"registered component; run `axplug list` to see what is installed"
+    )
+
+
+def to_dict(cfg: ConfigBase) -> dict[str, Any]:
+    """A JSON-compatible dict of `cfg`; `from_dict` rebuilds an equal config."""
+    out: dict[str, Any] = {}
+    if not isinstance(cfg, InstantiableConfig) or cfg.klass is None or (
+        type(cfg) is not getattr(cfg.klass, "Config", None)
+    ):
+        out["config_class"] = class_name(type(cfg))
+    for key, value in cfg.items():
+        out[key] = _encode(value)
+    return out
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, ConfigBase):
+        return to_dict(value)
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, type) or callable(value):
+        return class_name(value)
+    if value is not None and not isinstance(value, (bool, int, float, str)):
+        if repr(value) == "REQUIRED":
+            return "REQUIRED"
+        raise ConfigError(f"cannot serialize {type(value).__qualname__} value {value!r}")
+    return value
+
+
+def from_dict(data: dict[str, Any], path: str = "") -> ConfigBase:
+    """Rebuilds a config written by `to_dict`; unknown classes and fields fail with the path."""
+    if not isinstance(data, dict):
+        raise ConfigTypeError(f"{path or '<root>'}: expected a config dict, got {type(data)}")
+    where = (lambda k: f"{path}.{k}" if path else k)  # noqa: E731
+    if "config_class" in data:
+        cfg = resolve_class(data["config_class"], where("config_class"))()
+        if "klass" in data and data["klass"] is not None:
+            cfg.klass = resolve_class(data["klass"], where("klass"))
+    elif data.get("klass") is not None:
+        klass = resolve_class(data["klass"], where("klass"))
+        if not hasattr(klass, "default_config"):
+            raise ConfigError(f"{where('klass')}: {data['klass']!r} is not configurable")
+        cfg = klass.default_config()
+    else:
+        raise ConfigError(f"{path or '<root>'}: a config dict needs 'klass' or 'config_class'")
+    fields = attrs.fields_dict(type(cfg))
+    types_ = _field_types(type(cfg))
+    for key, value in data.items():
+        if key in ("config_class", "klass"):
+            continue
+        if key not in fields:
+            raise UnknownFieldError(f"{where(key)}: unknown field{_suggest(key, list(fields))}")
+        setattr(cfg, key, decode(value, types_.get(key, Any), where(key)))
+    return cfg
+
+
+def _allows(tp: Any, kind: type) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        return any(_allows(a, kind) for a in typing.get_args(tp))
+    return origin is kind or tp is kind
+
+
+def decode(value: Any, tp: Any, path: str) -> Any:
+    """Converts a JSON value back to the field's type (tuples, classes, configs, REQUIRED)."""
+    from axplug.config.base import REQUIRED
+
+    if value == "REQUIRED" and not _allows(tp, str):
+        return REQUIRED
+    if isinstance(value, dict) and ("klass" in value or "config_class" in value):
+        return from_dict(value, path)
+    if isinstance(value, list):
+        items = [decode(v, _element_type(tp), f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if _allows(tp, tuple) and not _allows(tp, list) else items
+    if isinstance(value, dict):
+        return {k: decode(v, Any, f"{path}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, str) and (_allows(tp, type) or _is_callable_type(tp)):
+        return resolve_class(value, path)
+    return value
+
+
+def _element_type(tp: Any) -> Any:
+    for candidate in (tp, *typing.get_args(tp)):
+        if typing.get_origin(candidate) in (list, tuple):
+            args = typing.get_args(candidate)
+            return args[0] if args else Any
+    return Any
+
+
+def _is_callable_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        return any(_is_callable_type(a) for a in typing.get_args(tp))
+    return getattr(origin, "__name__", None) == "Callable"

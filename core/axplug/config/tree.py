@@ -1,0 +1,133 @@
+"""Tree tools: find and swap sub-configs, and composable config modifiers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from axplug.config.base import (
+    REQUIRED,
+    ConfigBase,
+    ConfigError,
+    Configurable,
+    InstantiableConfig,
+    config_class,
+)
+
+__all__ = ["replace_config", "find_configs", "ConfigModifier", "ChainConfigModifier", "chain"]
+
+
+def _resolve_target(target: type | str) -> type:
+    if isinstance(target, str):
+        from axplug.config.serialize import resolve_class
+
+        return resolve_class(target, path=f"target {target!r}")
+    return target
+
+
+def _matches(value: Any, target: type) -> bool:
+    return isinstance(value, InstantiableConfig) and value.klass is target
+
+
+def find_configs(cfg: ConfigBase, target: type | str) -> list[tuple[str, InstantiableConfig]]:
+    """Every `(dotted_path, sub_config)` whose class is `target`, in tree order."""
+    from axplug.config.base import visit
+
+    target_cls = _resolve_target(target)
+    found = [("", cfg)] if _matches(cfg, target_cls) else []
+    visit(cfg, lambda p, v: found.append((p, v)) if _matches(v, target_cls) else None)
+    return found
+
+
+def _carried(old: ConfigBase, new_cfg: ConfigBase, carry: Iterable[str] | None) -> ConfigBase:
+    new = copy.deepcopy(new_cfg)
+    old_fields = set(old.keys())
+    forced = set(carry or ())
+    for name in new.keys():
+        if name == "klass" or name not in old_fields:
+            continue
+        if name in forced or getattr(new, name) is REQUIRED:
+            setattr(new, name, copy.deepcopy(getattr(old, name)))
+    return new
+
+
+def replace_config(
+    cfg: ConfigBase,
+    *,
+    target: type | str,
+    new_cfg: InstantiableConfig,
+    carry: Iterable[str] | None = None,
+    where: Callable[[str, InstantiableConfig], bool] | None = None,
+    missing_ok: bool = False,
+) -> ConfigBase:
+    """A copy of `cfg` with every sub-config of class `target` replaced by a copy of `new_cfg`.
+
+    Fields of `new_cfg` still REQUIRED, and those named in `carry`, take the value of the
+    config they replace (so dims such as `input_dim` carry over). `where(path, old)` narrows
+    the match. The caller's `cfg` and `new_cfg` are never mutated.
+    """
+    target_cls = _resolve_target(target)
+    count = 0
+
+    def swap(path: str, value: Any) -> Any:
+        nonlocal count
+        if _matches(value, target_cls) and (where is None or where(path, value)):
+            count += 1
+            return _carried(value, new_cfg, carry)
+        if isinstance(value, ConfigBase):
+            for key, child in value.items():
+                new_child = swap(f"{path}.{key}".lstrip("."), child)
+                if new_child is not child:
+                    setattr(value, key, new_child)
+        elif isinstance(value, list):
+            value[:] = [swap(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, tuple):
+            return tuple(swap(f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, dict):
+            for key in list(value):
+                value[key] = swap(f"{path}[{key!r}]", value[key])
+        return value
+
+    result = swap("", copy.deepcopy(cfg))
+    if count == 0 and not missing_ok:
+        raise ConfigError(
+            f"replace_config: no sub-config of class {target_cls.__qualname__} "
+            f"({target_cls.__module__}) found in {type(cfg).__qualname__}; pass "
+            "missing_ok=True if that is expected"
+        )
+    return result
+
+
+class ConfigModifier(Configurable):
+    """Maps a config to a new config; the input is never mutated."""
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        raise NotImplementedError(type(self).__qualname__)
+
+
+class ChainConfigModifier(ConfigModifier):
+    """Applies its modifiers in order."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        modifiers: list = []
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self._modifiers = [m.instantiate() for m in cfg.modifiers]
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        for modifier in self._modifiers:
+            cfg = modifier(cfg)
+        return cfg
+
+
+def chain(*modifiers: ConfigModifier) -> ChainConfigModifier:
+    """One modifier that applies `modifiers` left to right."""
+    for m in modifiers:
+        if not isinstance(m, ConfigModifier):
+            raise ConfigError(f"chain: {m!r} is not a ConfigModifier")
+    return ChainConfigModifier.default_config().set(
+        modifiers=[m._config for m in modifiers]
+    ).instantiate()
