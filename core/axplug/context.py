@@ -1,0 +1,201 @@
+"""Invocation contexts: the state, PRNG key and outputs of one pure call of a module tree."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import zlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+
+if TYPE_CHECKING:
+    from axplug.module import Module
+
+__all__ = [
+    "OutputCollection",
+    "InvocationContext",
+    "ContextError",
+    "current_context",
+    "set_current_context",
+    "functional",
+    "add_summary",
+    "add_module_output",
+    "add_state_update",
+    "name_hash",
+]
+
+
+class ContextError(RuntimeError):
+    """A module method used outside the invocation context it needs."""
+
+
+class OutputCollection(NamedTuple):
+    """Nested dicts (one level per module name) of what a call produced besides its outputs."""
+
+    summaries: dict
+    state_updates: dict
+    module_outputs: dict
+
+    @classmethod
+    def empty(cls) -> OutputCollection:
+        return cls({}, {}, {})
+
+    def pruned(self) -> OutputCollection:
+        """A copy without the empty dicts left by modules that recorded nothing."""
+        return OutputCollection(*(_prune(branch) for branch in self))
+
+    def add_child(self, name: str) -> OutputCollection:
+        return OutputCollection(
+            *(branch.setdefault(name, {}) for branch in (self.summaries, self.state_updates,
+                                                        self.module_outputs))
+        )
+
+
+def _prune(tree: dict) -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            value = _prune(value)
+            if not value:
+                continue
+        out[key] = value
+    return out
+
+
+def name_hash(name: str) -> int:
+    """A stable 31-bit hash of a name (Python's hash() is salted per process)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+class InvocationContext:
+    """One frame of the call stack: the module being called and what it may read and write."""
+
+    def __init__(
+        self,
+        *,
+        module: Module,
+        state: Any,
+        prng_key: jax.Array | None,
+        is_training: bool,
+        output_collection: OutputCollection,
+        parent: InvocationContext | None = None,
+    ):
+        self.module = module
+        self.state = state
+        self.prng_key = prng_key
+        self.is_training = is_training
+        self.output_collection = output_collection
+        self.parent = parent
+        self._child_calls: dict[str, int] = {}
+
+    def add_child(self, name: str) -> InvocationContext:
+        """The context for one call of child `name`; its key depends on the name, not order."""
+        child = self.module.children.get(name)
+        if child is None:
+            raise ContextError(f"{self.module.path}: has no child {name!r}")
+        call = self._child_calls.get(name, 0)
+        self._child_calls[name] = call + 1
+        key = None
+        if self.prng_key is not None:
+            key = jax.random.fold_in(jax.random.fold_in(self.prng_key, name_hash(name)), call)
+        # A repeated call writes its outputs under `name#k`, so nothing is overwritten.
+        collection_name = name if call == 0 else f"{name}#{call}"
+        state = self.state.get(name, {}) if isinstance(self.state, dict) else {}
+        return InvocationContext(
+            module=child,
+            state=state,
+            prng_key=key,
+            is_training=self.is_training,
+            output_collection=self.output_collection.add_child(collection_name),
+            parent=self,
+        )
+
+    def _add(self, branch: dict, kind: str, name: str, value: Any) -> None:
+        if name in branch:
+            raise ContextError(f"{self.module.path}: {kind} {name!r} was already added in this call")
+        branch[name] = value
+
+    def add_summary(self, name: str, value: Any) -> None:
+        self._add(self.output_collection.summaries, "summary", name, value)
+
+    def add_module_output(self, name: str, value: Any) -> None:
+        self._add(self.output_collection.module_outputs, "module output", name, value)
+
+    def add_state_update(self, name: str, value: Any) -> None:
+        self._add(self.output_collection.state_updates, "state update", name, value)
+
+
+_local = threading.local()
+
+
+def _stack() -> list[InvocationContext]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def current_context() -> InvocationContext | None:
+    """The innermost active context, or None outside `functional()`."""
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def set_current_context(ctx: InvocationContext) -> Iterator[InvocationContext]:
+    stack = _stack()
+    stack.append(ctx)
+    try:
+        yield ctx
+    finally:
+        stack.pop()
+
+
+def _require_context(what: str) -> InvocationContext:
+    ctx = current_context()
+    if ctx is None:
+        raise ContextError(f"{what}() needs an invocation context: call the module via functional()")
+    return ctx
+
+
+def add_summary(name: str, value: Any) -> None:
+    """Records a summary (scalar, histogram source...) for the current module."""
+    _require_context("add_summary").add_summary(name, value)
+
+
+def add_module_output(name: str, value: Any) -> None:
+    """Records an auxiliary output (e.g. an aux loss) for the current module."""
+    _require_context("add_module_output").add_module_output(name, value)
+
+
+def add_state_update(name: str, value: Any) -> None:
+    """Records a new value for a piece of the current module's state."""
+    _require_context("add_state_update").add_state_update(name, value)
+
+
+def functional(
+    module: Module,
+    *,
+    prng_key: jax.Array | None,
+    state: Any,
+    inputs: Any,
+    is_training: bool,
+    method: str = "forward",
+) -> tuple[Any, OutputCollection]:
+    """Calls `module.<method>(inputs)` as a pure function of (prng_key, state, inputs).
+
+    `inputs` is a dict of keyword arguments or a sequence of positional ones. Returns the
+    method's outputs and the OutputCollection of summaries, state updates and module outputs.
+    """
+    ctx = InvocationContext(
+        module=module,
+        state=state,
+        prng_key=prng_key,
+        is_training=is_training,
+        output_collection=OutputCollection.empty(),
+    )
+    fn = getattr(module, method)
+    with set_current_context(ctx):
+        outputs = fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+    return outputs, ctx.output_collection.pruned()

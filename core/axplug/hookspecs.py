@@ -1,0 +1,47 @@
+"""Trainer lifecycle hooks; plugins implement them with `@hookimpl` under `axplug.hooks`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+__all__ = [
+    "PROJECT",
+    "hookspec",
+    "hookimpl",
+    "on_train_start",
+    "on_step_end",
+    "on_eval_end",
+    "on_checkpoint_saved",
+    "on_train_end",
+]
+
+PROJECT = "axplug"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def on_train_start(trainer: Any) -> None:
+    """Called once before the first step, after the state is initialized or restored."""
+
+
+@hookspec
+def on_step_end(trainer: Any, step: int, metrics: dict) -> None:
+    """Called after every train step with that step's metrics."""
+
+
+@hookspec
+def on_eval_end(trainer: Any, step: int, metrics: dict) -> None:
+    """Called after an evaluation run with its metrics."""
+
+
+@hookspec
+def on_checkpoint_saved(trainer: Any, step: int, path: str) -> None:
+    """Called once the checkpoint of `step` is complete at `path`."""
+
+
+@hookspec
+def on_train_end(trainer: Any, metrics: dict) -> None:
+    """Called once after the last step with the final metrics."""

@@ -1,0 +1,39 @@
+"""Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
+
+from axplug.layers.attention import (
+    Attention,
+    AttentionMask,
+    DotProductKernel,
+    IdentityPositionTransform,
+    QKVLinear,
+)
+from axplug.layers.base import BaseLayer, ParameterSpec
+from axplug.layers.basic import Embedding, Linear
+from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
+from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
+from axplug.layers.norm import LayerNorm, RMSNorm
+from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
+from axplug.layers.transformer import TransformerLayer
+
+__all__ = [
+    "ACTIVATIONS",
+    "REMAT_POLICIES",
+    "Attention",
+    "AttentionMask",
+    "BaseLayer",
+    "CausalLM",
+    "Decoder",
+    "DotProductKernel",
+    "Embedding",
+    "FeedForward",
+    "IdentityPositionTransform",
+    "LayerNorm",
+    "Linear",
+    "ParameterSpec",
+    "QKVLinear",
+    "RMSNorm",
+    "RepeatedTransformer",
+    "StackedTransformer",
+    "TransformerLayer",
+    "cross_entropy",
+]

@@ -1,0 +1,162 @@
+"""Multi-head attention whose projection, position transform and kernel are child slots."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.layers.base import BaseLayer
+from axplug.layers.basic import Linear
+from axplug.module import Module
+
+__all__ = [
+    "AttentionMask",
+    "QKVLinear",
+    "IdentityPositionTransform",
+    "DotProductKernel",
+    "Attention",
+]
+
+NEG_INF = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query may see: positions and segments are data, the kind is static."""
+
+    q_positions: jax.Array  # [batch, q_len] int32
+    kv_positions: jax.Array  # [batch, kv_len] int32
+    q_segment_ids: jax.Array | None = None  # [batch, q_len]; equal ids attend
+    kv_segment_ids: jax.Array | None = None  # [batch, kv_len]
+    causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
+    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def dense(self) -> jax.Array:
+        """Boolean [batch, 1, q_len, kv_len]: True where attention is allowed."""
+        q = self.q_positions[:, :, None]
+        k = self.kv_positions[:, None, :]
+        allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), dtype=bool)
+        if self.causal:
+            allowed &= k <= q
+        if self.sliding_window is not None:
+            allowed &= q - k < self.sliding_window
+        if self.q_segment_ids is not None:
+            allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
+        return allowed[:, None]
+
+
+class QKVLinear(BaseLayer):
+    """Projects [batch, seq, dim] to q [b, s, heads, d] and k, v [b, s, kv_heads, d]."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        num_heads: Required[int] = REQUIRED
+        head_dim: Required[int] = REQUIRED
+        linear: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "heads"))
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self._config.num_heads
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        for name, heads in (("q", cfg.num_heads), ("k", self.num_kv_heads), ("v", self.num_kv_heads)):
+            self._add_child(
+                name, cfg.linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
+            )
+
+    def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        d = self._config.head_dim
+        split = lambda t: t.reshape(*t.shape[:-1], -1, d)  # noqa: E731
+        return split(self.q(x)), split(self.k(x)), split(self.v(x))
+
+
+class IdentityPositionTransform(BaseLayer):
+    """No positional transform of q and k (the slot RoPE fills)."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        head_dim: int | None = None
+
+    def forward(self, q, k, *, q_positions, kv_positions):
+        del q_positions, kv_positions
+        return q, k
+
+
+class DotProductKernel(BaseLayer):
+    """softmax(q k^T * scale + mask) v in float32; k/v may have fewer heads (grouped)."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        scale: float | None = None  # None: 1/sqrt(head_dim)
+
+    def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
+        # q: [b, sq, h, d]; k, v: [b, skv, kvh, d] -> [b, sq, h, d]
+        b, sq, h, d = q.shape
+        kvh = k.shape[2]
+        if h % kvh:
+            raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
+        scale = self._config.scale or 1.0 / math.sqrt(d)
+        qg = q.reshape(b, sq, kvh, h // kvh, d)
+        logits = jnp.einsum("bqngd,bknd->bngqk", qg, k, preferred_element_type=jnp.float32)
+        logits = logits * scale
+        allowed = mask.dense()[:, :, None]  # [b, 1, 1, sq, skv]
+        logits = jnp.where(allowed, logits, NEG_INF)
+        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bngqk,bknd->bqngd", probs, v)
+        return out.reshape(b, sq, h, d)
+
+
+class Attention(BaseLayer):
+    """Self-attention: qkv slot -> position slot -> kernel slot -> output projection."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        num_heads: Required[int] = REQUIRED
+        head_dim: int | None = None  # None: input_dim // num_heads
+        causal: bool = True
+        sliding_window: int | None = None
+        qkv: BaseLayer.Config = QKVLinear.default_config()
+        position: BaseLayer.Config = IdentityPositionTransform.default_config()
+        kernel: BaseLayer.Config = DotProductKernel.default_config()
+        output: Linear.Config = Linear.default_config().set(mesh_axes=("heads", "embed"))
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        head_dim = cfg.head_dim or cfg.input_dim // cfg.num_heads
+        self._head_dim = head_dim
+        self._add_child(
+            "qkv", cfg.qkv.clone(input_dim=cfg.input_dim, num_heads=cfg.num_heads, head_dim=head_dim)
+        )
+        position = cfg.position.clone()
+        if "head_dim" in position.keys():
+            position.head_dim = head_dim
+        self._add_child("position", position)
+        self._add_child("kernel", cfg.kernel)
+        self._add_child(
+            "output", cfg.output.clone(input_dim=cfg.num_heads * head_dim, output_dim=cfg.input_dim)
+        )
+
+    def make_mask(self, positions, segment_ids=None) -> AttentionMask:
+        return AttentionMask(
+            q_positions=positions,
+            kv_positions=positions,
+            q_segment_ids=segment_ids,
+            kv_segment_ids=segment_ids,
+            causal=self._config.causal,
+            sliding_window=self._config.sliding_window,
+        )
+
+    def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
+        # x: [batch, seq, dim]; positions: [batch, seq]
+        q, k, v = self.qkv(x)
+        q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
+        out = self.kernel(q, k, v, self.make_mask(positions, segment_ids))
+        return self.output(out.reshape(*out.shape[:2], -1))

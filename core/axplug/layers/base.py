@@ -1,0 +1,117 @@
+"""BaseLayer: a module with parameters, param/compute dtypes and name-keyed initialization."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import InstantiableConfig, config_class
+from axplug.context import name_hash
+from axplug.module import Module
+
+__all__ = ["ParameterSpec", "BaseLayer", "Initializer"]
+
+Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterSpec:
+    """Shape, dtype, logical mesh axes and initializer of one parameter.
+
+    `mesh_axes` names a logical axis per dimension (`embed`, `mlp`, `heads`, `kv`, `vocab`,
+    `expert`, `layers`) or None; the mesh's axis rules map logical axes to mesh axes.
+    `weight_decay_scale` multiplies the learner's weight decay (0 for norms and biases).
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any
+    mesh_axes: tuple[str | None, ...]
+    initializer: Initializer
+    weight_decay_scale: float = 1.0
+
+    def __post_init__(self):
+        if len(self.mesh_axes) != len(self.shape):
+            raise ValueError(
+                f"ParameterSpec: mesh_axes {self.mesh_axes} must name one axis per dim of "
+                f"shape {self.shape}"
+            )
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, ParameterSpec)
+
+
+class BaseLayer(Module):
+    """A module that owns parameters; dtypes left None are inherited from the parent."""
+
+    @config_class
+    class Config(Module.Config):
+        # Storage dtype of parameters; None inherits the parent's (root: float32).
+        dtype: str | None = None
+        # Dtype that parameters are cast to for compute (e.g. "bfloat16"); None = dtype.
+        compute_dtype: str | None = None
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        parent_cfg = getattr(parent, "_config", None)
+        self._dtype = jnp.dtype(cfg.dtype or getattr(parent_cfg, "dtype", None) or "float32")
+        self._compute_dtype = jnp.dtype(
+            cfg.compute_dtype or getattr(parent, "compute_dtype", None) or self._dtype
+        )
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self._dtype
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return self._compute_dtype
+
+    def _add_child(self, name: str, cfg: InstantiableConfig, **kwargs: Any) -> Module:
+        if hasattr(cfg, "dtype") and cfg.dtype is None:
+            cfg = cfg.clone(dtype=self._dtype.name)
+        if hasattr(cfg, "compute_dtype") and cfg.compute_dtype is None:
+            cfg = cfg.clone(compute_dtype=self._compute_dtype.name)
+        return super()._add_child(name, cfg, **kwargs)
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        """This layer's own parameters (not its children's)."""
+        return {}
+
+    def create_parameter_specs_recursively(self) -> dict[str, Any]:
+        """Nested dict of ParameterSpecs mirroring the module tree; empty subtrees dropped."""
+        specs: dict[str, Any] = dict(self._create_layer_parameter_specs())
+        for name, child in self._children.items():
+            if hasattr(child, "create_parameter_specs_recursively"):
+                child_specs = child.create_parameter_specs_recursively()
+                if child_specs:
+                    specs[name] = child_specs
+        return specs
+
+    def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
+        """Parameters for the whole subtree; each key is folded from the parameter's name."""
+        params: dict[str, Any] = {}
+        for name, spec in self._create_layer_parameter_specs().items():
+            key = jax.random.fold_in(prng_key, name_hash(name))
+            params[name] = spec.initializer(key, spec.shape, spec.dtype)
+        for name, child in self._children.items():
+            if hasattr(child, "initialize_parameters_recursively"):
+                child_params = child.initialize_parameters_recursively(
+                    jax.random.fold_in(prng_key, name_hash(name))
+                )
+                if child_params:
+                    params[name] = child_params
+        return params
+
+    def _cast(self, x: jax.Array) -> jax.Array:
+        """`x` in this layer's compute dtype."""
+        return x.astype(self._compute_dtype)
+
+
+def spec_shapes(specs: Any) -> Any:
+    """The tree of shapes of a ParameterSpec tree."""
+    return jax.tree.map(lambda s: s.shape, specs, is_leaf=_is_spec)

@@ -1,0 +1,81 @@
+"""Decoder (embeddings -> transformer stack -> norm -> logits) and CausalLM (+ loss)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import REQUIRED, Required, config_class
+from axplug.layers.base import BaseLayer
+from axplug.layers.basic import Embedding, Linear
+from axplug.layers.norm import RMSNorm
+from axplug.layers.stack import StackedTransformer
+from axplug.module import Module
+
+__all__ = ["Decoder", "CausalLM", "cross_entropy"]
+
+
+class Decoder(BaseLayer):
+    """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        vocab_size: Required[int] = REQUIRED
+        dim: Required[int] = REQUIRED
+        embedding: Embedding.Config = Embedding.default_config()
+        transformer: BaseLayer.Config = StackedTransformer.default_config()
+        output_norm: BaseLayer.Config = RMSNorm.default_config()
+        lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
+        tie_word_embeddings: bool = False
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        self._add_child("embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim))
+        self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
+        self._add_child("output_norm", cfg.output_norm.clone(input_dim=cfg.dim))
+        if not cfg.tie_word_embeddings:
+            self._add_child("lm_head", cfg.lm_head.clone(input_dim=cfg.dim, output_dim=cfg.vocab_size))
+
+    def forward(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+        x = self.embedding(input_ids)
+        x = self.transformer(x, positions=positions, segment_ids=segment_ids)
+        x = self.output_norm(x)
+        if self._config.tie_word_embeddings:
+            return self.embedding.attend(x)
+        return self.lm_head(x)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean token cross entropy in float32 over labels >= 0, and the count of those labels."""
+    logits = logits.astype(jnp.float32)
+    valid = labels >= 0
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    count = jnp.sum(valid)
+    loss = jnp.sum(jnp.where(valid, log_z - label_logit, 0.0)) / jnp.maximum(count, 1)
+    return loss, count
+
+
+class CausalLM(BaseLayer):
+    """A decoder trained with next-token cross entropy; labels < 0 are ignored."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        decoder: Decoder.Config = Decoder.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        self._add_child("decoder", cfg.decoder)
+
+    def predict(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
+        """Logits [batch, seq, vocab]."""
+        return self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
+
+    def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
+        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
+        logits = self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
+        loss, count = cross_entropy(logits, target_labels)
+        self.add_summary("loss", loss)
+        return loss, {"logits": logits, "num_tokens": count}

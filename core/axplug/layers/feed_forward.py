@@ -1,0 +1,59 @@
+"""Position-wise feed-forward with optional gating (SwiGLU, GeGLU)."""
+
+from __future__ import annotations
+
+import jax
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.layers.base import BaseLayer
+from axplug.layers.basic import Linear
+from axplug.module import Module
+
+__all__ = ["FeedForward", "ACTIVATIONS", "get_activation"]
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": jax.nn.gelu,
+    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
+    "relu": jax.nn.relu,
+    "tanh": jax.nn.tanh,
+    "linear": lambda x: x,
+}
+
+
+def get_activation(name: str, path: str = "activation"):
+    """An activation by name; unknown names fail listing the known ones."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"{path}: unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class FeedForward(BaseLayer):
+    """gated: wo(act(wi_gate x) * wi_up x); otherwise wo(act(wi_up x))."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        hidden_dim: Required[int] = REQUIRED
+        activation: str = "silu"
+        gated: bool = True
+        linear: Linear.Config = Linear.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        self._act = get_activation(cfg.activation, f"{self.path}.activation")
+        up = cfg.linear.clone(input_dim=cfg.input_dim, output_dim=cfg.hidden_dim)
+        if cfg.gated:
+            self._add_child("wi_gate", up)
+        self._add_child("wi_up", up)
+        self._add_child(
+            "wo",
+            cfg.linear.clone(
+                input_dim=cfg.hidden_dim, output_dim=cfg.input_dim, mesh_axes=("mlp", "embed")
+            ),
+        )
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        h = self.wi_up(x)
+        h = self._act(self.wi_gate(x)) * h if self._config.gated else self._act(h)
+        return self.wo(h)

@@ -1,0 +1,120 @@
+"""Stacks of transformer layers: unrolled, or one layer's parameters scanned with remat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.context import OutputCollection, functional, name_hash
+from axplug.layers.base import BaseLayer, ParameterSpec
+from axplug.layers.transformer import TransformerLayer
+from axplug.module import Module
+
+__all__ = ["StackedTransformer", "RepeatedTransformer", "REMAT_POLICIES"]
+
+
+class StackedTransformer(BaseLayer):
+    """`num_layers` independent children layer0..layerN-1, applied in order (unrolled)."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        num_layers: Required[int] = REQUIRED
+        layer: BaseLayer.Config = TransformerLayer.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        for i in range(cfg.num_layers):
+            self._add_child(f"layer{i}", cfg.layer.clone(input_dim=cfg.input_dim))
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        for i in range(self._config.num_layers):
+            x = getattr(self, f"layer{i}")(x, **kwargs)
+        return x
+
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything": jax.checkpoint_policies.everything_saveable,
+}
+
+
+class RepeatedTransformer(BaseLayer):
+    """One `layer` child whose parameters carry a leading `layers` axis, run by lax.scan.
+
+    Compile time stays flat in depth; `remat_policy` picks what the backward pass recomputes.
+    Outputs of the layer (summaries, aux losses) come back stacked along the layer axis.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        num_layers: Required[int] = REQUIRED
+        layer: BaseLayer.Config = TransformerLayer.default_config()
+        remat_policy: str = "none"
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        if cfg.remat_policy not in REMAT_POLICIES:
+            raise ConfigError(
+                f"{self.path}.remat_policy: unknown policy {cfg.remat_policy!r}; "
+                f"choose from {sorted(REMAT_POLICIES)}"
+            )
+        self._add_child("layer", cfg.layer.clone(input_dim=cfg.input_dim))
+
+    def create_parameter_specs_recursively(self) -> dict[str, Any]:
+        n = self._config.num_layers
+
+        def stacked(spec: ParameterSpec) -> ParameterSpec:
+            return ParameterSpec(
+                shape=(n, *spec.shape),
+                dtype=spec.dtype,
+                mesh_axes=("layers", *spec.mesh_axes),
+                initializer=spec.initializer,
+                weight_decay_scale=spec.weight_decay_scale,
+            )
+
+        specs = self.layer.create_parameter_specs_recursively()
+        return {"layer": jax.tree.map(stacked, specs, is_leaf=lambda s: isinstance(s, ParameterSpec))}
+
+    def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
+        key = jax.random.fold_in(prng_key, name_hash("layer"))
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(self._config.num_layers))
+        return {"layer": jax.vmap(self.layer.initialize_parameters_recursively)(keys)}
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        ctx = self._context()
+        layer_ctx = ctx.add_child("layer")
+        n = self._config.num_layers
+        keys = None
+        if layer_ctx.prng_key is not None:
+            keys = jax.vmap(lambda i: jax.random.fold_in(layer_ctx.prng_key, i))(jnp.arange(n))
+
+        def body(carry, xs):
+            params, key = xs
+            out, collection = functional(
+                self.layer,
+                prng_key=key,
+                state=params,
+                inputs=(carry,) if not kwargs else {"x": carry, **kwargs},
+                is_training=ctx.is_training,
+            )
+            return out, collection
+
+        policy = REMAT_POLICIES[self._config.remat_policy]
+        if self._config.remat_policy != "none":
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        x, stacked = jax.lax.scan(body, x, (layer_ctx.state, keys))
+        _merge(layer_ctx.output_collection, stacked)
+        return x
+
+
+def _merge(target: OutputCollection, source: OutputCollection) -> None:
+    for dst, src in zip(target, source):
+        dst.update(src)

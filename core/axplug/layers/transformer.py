@@ -1,0 +1,46 @@
+"""Pre-norm transformer layer: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+from __future__ import annotations
+
+import jax
+
+from axplug.config import REQUIRED, Required, config_class
+from axplug.layers.attention import Attention
+from axplug.layers.base import BaseLayer
+from axplug.layers.feed_forward import FeedForward
+from axplug.layers.norm import RMSNorm
+from axplug.module import Module
+
+__all__ = ["TransformerLayer"]
+
+
+class TransformerLayer(BaseLayer):
+    """One decoder block with pre-norm residuals and optional residual dropout."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        attention: BaseLayer.Config = Attention.default_config()
+        feed_forward: BaseLayer.Config = FeedForward.default_config()
+        norm: BaseLayer.Config = RMSNorm.default_config()
+        dropout_rate: float = 0.0
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        dim = cfg.input_dim
+        self._add_child("attention_norm", cfg.norm.clone(input_dim=dim))
+        self._add_child("attention", cfg.attention.clone(input_dim=dim))
+        self._add_child("feed_forward_norm", cfg.norm.clone(input_dim=dim))
+        self._add_child("feed_forward", cfg.feed_forward.clone(input_dim=dim))
+
+    def _dropout(self, x: jax.Array, salt: int) -> jax.Array:
+        rate = self._config.dropout_rate
+        if not self.is_training or rate == 0.0:
+            return x
+        keep = jax.random.bernoulli(jax.random.fold_in(self.prng_key, salt), 1.0 - rate, x.shape)
+        return jax.numpy.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+    def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
+        h = self.attention(self.attention_norm(x), positions=positions, segment_ids=segment_ids)
+        x = x + self._dropout(h, 0)
+        return x + self._dropout(self.feed_forward(self.feed_forward_norm(x)), 1)

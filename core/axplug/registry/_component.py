@@ -1,0 +1,84 @@
+"""What discovery reports: kinds, statuses, the `Component` record and the lookup errors."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "GROUP_PREFIX",
+    "API_GROUP",
+    "KINDS",
+    "SUPPORTED_PLUGIN_API",
+    "CORE_DISTRIBUTION",
+    "STATUSES",
+    "Component",
+    "normalize",
+    "ComponentNotFoundError",
+    "ComponentUnavailableError",
+    "ComponentConflictError",
+    "PluginLoadError",
+]
+
+GROUP_PREFIX = "axplug."
+API_GROUP = "axplug.plugin_api"
+KINDS = ("layers", "modifiers", "kernels", "mesh_rules", "storage", "presets", "hooks")
+# Inclusive window of plugin API major versions this core can load.
+SUPPORTED_PLUGIN_API = (1, 1)
+CORE_DISTRIBUTION = "axplug"
+STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible")
+
+
+def normalize(distribution: str) -> str:
+    """A distribution name compared the way pip does (PEP 503): `Axplug_MoE` -> `axplug-moe`."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component, as read from distribution metadata."""
+
+    distribution: str
+    version: str
+    kind: str
+    name: str
+    value: str
+    status: str = "ok"
+    reason: str | None = None
+
+    @property
+    def qualified_name(self) -> str:
+        """`distribution:name`, unique even when two distributions share a name."""
+        return f"{self.distribution}:{self.name}"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return normalize(self.distribution), self.kind, self.name
+
+    @property
+    def loadable(self) -> bool:
+        """Whether `load` may import it (disabled and incompatible ones are never imported)."""
+        return self.status not in ("disabled", "incompatible")
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name!r} from {self.distribution} {self.version} ({self.value})"
+
+
+class ComponentNotFoundError(LookupError):
+    """No component of that kind has that name."""
+
+
+class ComponentUnavailableError(ComponentNotFoundError):
+    """The component exists but is disabled or incompatible, so it is never imported."""
+
+
+class ComponentConflictError(LookupError):
+    """Several distributions provide the name; qualify it as `distribution:name`."""
+
+
+class PluginLoadError(ImportError):
+    """Importing a component failed; the failure is recorded and shown by `axplug list`."""
+
+    def __init__(self, message: str, component: Component):
+        super().__init__(message)
+        self.component = component
