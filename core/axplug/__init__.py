@@ -3,4 +3,13 @@
 __version__ = "0.1.0"
 PLUGIN_API_VERSION = "1"
 
-__all__ = ["__version__", "PLUGIN_API_VERSION"]
+__all__ = ["__version__", "PLUGIN_API_VERSION", "hookimpl"]
+
+
+def __getattr__(name: str):
+    # Lazy so that `import axplug` (and `axplug list`) does not pay for importing pluggy.
+    if name == "hookimpl":
+        from axplug.hookspecs import hookimpl
+
+        return hookimpl
+    raise AttributeError(f"module 'axplug' has no attribute {name!r}")

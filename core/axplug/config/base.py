@@ -175,6 +175,9 @@ class ConfigBase:
                 break  # moved elsewhere since; stop at the last verified link
             parts.append(field)
             node = parent
+        origin = getattr(node, "_origin", None)  # where a detached clone was copied from
+        if origin:
+            parts.append(origin)
         if not parts:
             return type(self).__qualname__
         return ".".join(reversed(parts))
@@ -186,12 +189,22 @@ class ConfigBase:
         return self
 
     def clone(self, **kwargs: Any) -> ConfigBase:
-        """A deep copy with `kwargs` set; the original is untouched."""
-        return copy.deepcopy(self).set(**kwargs)
+        """A deep copy with `kwargs` set; the original is untouched.
+
+        The copy remembers the dotted path it was copied from, so errors about it still
+        name the place in the user's config tree.
+        """
+        new = copy.deepcopy(self)
+        path = self._path()
+        if path != type(self).__qualname__:
+            object.__setattr__(new, "_origin", path)
+        return new.set(**kwargs)
 
     def __deepcopy__(self, memo: dict) -> ConfigBase:
         new = object.__new__(type(self))
         memo[id(self)] = new
+        if getattr(self, "_origin", None):
+            object.__setattr__(new, "_origin", self._origin)
         for f in attrs.fields(type(self)):
             value = copy.deepcopy(getattr(self, f.name), memo)
             object.__setattr__(new, f.name, value)
@@ -282,18 +295,20 @@ class InstantiableConfig(ConfigBase):
         return self.klass(self, **kwargs)
 
 
-def check_required(cfg: ConfigBase, path: str | None = None) -> None:
-    """Raises RequiredFieldError naming the first unset field, not descending into
-    instantiable sub-configs (their owners fill and check them)."""
+def check_required(cfg: ConfigBase, module_path: str | None = None) -> None:
+    """Raises RequiredFieldError naming the first unset field by its config path (and the
+    module being built), not descending into instantiable sub-configs, which their owners
+    fill and check."""
     for name, value in cfg.items():
-        where = f"{path}.{name}" if path else cfg._path(name)
+        where = cfg._path(name)
         if value is REQUIRED:
+            module = f" (building module {module_path})" if module_path else ""
             raise RequiredFieldError(
-                f"{where}: required field is not set; set it with cfg.set({name}=...) "
-                f"or --set {where}=VALUE"
+                f"{where}: required field is not set{module}; set it in the config or "
+                f"with --set {where}=VALUE"
             )
         if isinstance(value, ConfigBase) and not isinstance(value, InstantiableConfig):
-            check_required(value, where)
+            check_required(value, module_path)
 
 
 class Configurable:

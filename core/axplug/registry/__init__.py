@@ -1,0 +1,34 @@
+"""Plugin registry: discover components from entry points, load them lazily, run hooks."""
+
+from axplug.registry._component import (
+    KINDS,
+    STATUSES,
+    SUPPORTED_PLUGIN_API,
+    Component,
+    ComponentConflictError,
+    ComponentNotFoundError,
+    ComponentUnavailableError,
+    PluginLoadError,
+)
+from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
+from axplug.registry._hooks import plugin_manager
+from axplug.registry._loading import entry, load, names, reset
+
+__all__ = [
+    "KINDS",
+    "STATUSES",
+    "SUPPORTED_PLUGIN_API",
+    "DISABLE_ENV",
+    "ALLOW_ENV",
+    "Component",
+    "ComponentNotFoundError",
+    "ComponentUnavailableError",
+    "ComponentConflictError",
+    "PluginLoadError",
+    "discover",
+    "names",
+    "entry",
+    "load",
+    "plugin_manager",
+    "reset",
+]

@@ -1,0 +1,113 @@
+"""Resolve a component by kind and name, and import it lazily, once, in isolation."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from axplug.registry import _discovery
+from axplug.registry._component import (
+    GROUP_PREFIX,
+    Component,
+    ComponentConflictError,
+    ComponentNotFoundError,
+    ComponentUnavailableError,
+    PluginLoadError,
+    normalize,
+)
+
+__all__ = ["names", "entry", "load", "load_component", "reset"]
+
+_loaded: dict[tuple[str, str, str], Any] = {}
+
+
+def reset() -> None:
+    """Forget discovered metadata, loaded objects and recorded failures (for tests)."""
+    _loaded.clear()
+    _discovery.clear()
+    importlib.invalidate_caches()
+
+
+def names(kind: str) -> list[str]:
+    """Names `load(kind, name)` accepts; a name two distributions share appears as `dist:name`."""
+    usable = [c for c in _discovery.discover(kind) if c.loadable]
+    counts: dict[str, int] = {}
+    for c in usable:
+        counts[c.name] = counts.get(c.name, 0) + 1
+    return sorted(c.qualified_name if counts[c.name] > 1 else c.name for c in usable)
+
+
+def entry(kind: str, name: str) -> Component:
+    """The component `name` (or `distribution:name`) of `kind`, whatever its status; no import."""
+    dist, _, plain = name.rpartition(":")
+    matches = [
+        c
+        for c in _discovery.discover(kind)
+        if c.name == plain and (not dist or normalize(c.distribution) == normalize(dist))
+    ]
+    if not matches:
+        raise _not_found(kind, name, plain)
+    usable = [c for c in matches if c.loadable]
+    if len(usable) > 1:
+        forms = ", ".join(repr(c.qualified_name) for c in usable)
+        raise ComponentConflictError(
+            f"{kind} {name!r} is provided by several distributions: {forms}; "
+            f"name one of them, e.g. {usable[0].qualified_name!r}"
+        )
+    return (usable or matches)[0]
+
+
+def load(kind: str, name: str) -> Any:
+    """Import and return the component `name` (or `distribution:name`) of `kind`, cached."""
+    component = entry(kind, name)
+    if not component.loadable:
+        raise ComponentUnavailableError(
+            f"{component.describe()} is {component.status}: {component.reason}"
+        )
+    return load_component(component)
+
+
+def load_component(component: Component) -> Any:
+    """Import `component`; a failure is recorded, shown by `axplug list` and raised once per call."""
+    if component.status != "broken" and component.key in _loaded:
+        return _loaded[component.key]
+    cause: BaseException | None = None
+    reason = component.reason if component.status == "broken" else None
+    if reason is None:
+        import importlib_metadata
+
+        group = GROUP_PREFIX + component.kind
+        try:
+            obj = importlib_metadata.EntryPoint(component.name, component.value, group).load()
+        # A plugin must never take the host down, not even by calling sys.exit on import.
+        except (Exception, SystemExit) as exc:
+            cause, reason = exc, _summary(exc)
+            _discovery.record_failure(component, reason)
+        else:
+            _loaded[component.key] = obj
+            return obj
+    raise PluginLoadError(
+        f"cannot load {component.describe()}: {reason}; fix or reinstall {component.distribution},"
+        f" or skip it with {_discovery.DISABLE_ENV}={component.distribution}",
+        component,
+    ) from cause
+
+
+def _summary(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _not_found(kind: str, name: str, plain: str) -> ComponentNotFoundError:
+    import difflib
+
+    available = names(kind)
+    close = difflib.get_close_matches(name, available, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    others = sorted({c.kind for c in _discovery.discover() if c.name == plain and c.kind != kind})
+    elsewhere = f"; {plain!r} exists as kind {', '.join(others)}" if others else ""
+    listing = ", ".join(available) if available else "none installed"
+    return ComponentNotFoundError(
+        f"no {kind} component named {name!r}{hint}{elsewhere}; available {kind}: {listing} "
+        f"(see `axplug list --kind {kind}`)"
+    )
