@@ -1,0 +1,37 @@
+# Quick start: `make demo` (train a tiny model on CPU) and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-all lint format clean
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]' $(foreach d,$(PLUGIN_DIRS),-e ./$(d))
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/forward_demo.py
+	$(BIN)/axplug list
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check core plugins tests examples
+	$(BIN)/ruff format --check core plugins tests examples
+
+format: $(STAMP)
+	$(BIN)/ruff format core plugins tests examples
+	$(BIN)/ruff check --fix core plugins tests examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
