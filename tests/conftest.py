@@ -2,8 +2,30 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch):
+    """A `FakeSite` of fake plugin distributions, first on sys.path (subprocesses: `site.env()`).
+
+    AXPLUG_DISABLE_PLUGINS / AXPLUG_LOAD_PLUGINS are cleared and the registry cache is reset
+    before and after, so each test discovers exactly the core plus what it installs.
+    """
+    from axplug import registry
+    from fake_plugins import FakeSite
+
+    site = FakeSite(tmp_path / "site-packages")
+    monkeypatch.syspath_prepend(str(site.path))
+    monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("AXPLUG_LOAD_PLUGINS", raising=False)
+    registry.reset()
+    yield site
+    registry.reset()
+    site.forget_modules()

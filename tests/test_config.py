@@ -228,9 +228,13 @@ def test_replace_config_swaps_every_match_and_carries_dims():
     assert (new.block.feed_forward.input_dim, new.block.feed_forward.hidden_dim) == (8, 16)
     assert new.block.extra[0].feed_forward.klass is Experts
     assert new.block.extra[0].feed_forward.input_dim == 4
-    # Set fields of the new config win unless named in carry.
-    assert new.block.feed_forward.activation == "gelu"
-    carried = replace_config(cfg, target=Dense, new_cfg=Experts.default_config(), carry=["activation"])
+    # Shared fields left at the new class's default are carried; fields set on new_cfg win...
+    assert new.block.feed_forward.activation == "silu"
+    relu = Experts.default_config().set(activation="relu", num_experts=2)
+    kept = replace_config(cfg, target=Dense, new_cfg=relu)
+    assert (kept.block.feed_forward.activation, kept.block.feed_forward.num_experts) == ("relu", 2)
+    # ...unless named in carry.
+    carried = replace_config(cfg, target=Dense, new_cfg=relu, carry=["activation"])
     assert carried.block.feed_forward.activation == "silu"
     assert new.block.feed_forward is not new.block.extra[0].feed_forward
 
@@ -247,14 +251,18 @@ def test_replace_config_on_a_deep_model_tree_by_registry_name():
     )
     assert stacked.decoder.transformer.klass is RepeatedTransformer
     assert stacked.decoder.transformer.layer.feed_forward.hidden_dim == 64  # REQUIRED carried
-    assert [p for p, _ in find_configs(new, FeedForward)] == ["decoder.transformer.layer.feed_forward"]
+    assert [p for p, _ in find_configs(new, FeedForward)] == [
+        "decoder.transformer.layer.feed_forward"
+    ]
 
 
 def test_replace_config_without_match_fails_unless_allowed():
     with pytest.raises(ConfigError, match="no sub-config of class Experts"):
         replace_config(model_config(), target=Experts, new_cfg=Dense.default_config())
     cfg = model_config()
-    assert replace_config(cfg, target=Experts, new_cfg=Dense.default_config(), missing_ok=True) == cfg
+    assert (
+        replace_config(cfg, target=Experts, new_cfg=Dense.default_config(), missing_ok=True) == cfg
+    )
 
 
 def test_replace_config_where_narrows_the_match():
@@ -283,8 +291,10 @@ class UseExperts(ConfigModifier):
 
 def test_modifiers_compose_with_chain_and_do_not_mutate():
     cfg = model_config()
-    modifier = chain(SetLayers.default_config().set(num_layers=6).instantiate(),
-                     UseExperts.default_config().instantiate())
+    modifier = chain(
+        SetLayers.default_config().set(num_layers=6).instantiate(),
+        UseExperts.default_config().instantiate(),
+    )
     new = modifier(cfg)
     assert new.num_layers == 6 and new.block.feed_forward.klass is Experts
     assert cfg.num_layers == 2 and cfg.block.feed_forward.klass is Dense
@@ -294,8 +304,17 @@ def test_modifiers_compose_with_chain_and_do_not_mutate():
 
 @pytest.mark.parametrize(
     "text, value",
-    [("8", 8), ("1e-3", 1e-3), ("true", True), ("False", False), ("None", None),
-     ("[1, 2]", [1, 2]), ("'a b'", "a b"), ("silu", "silu"), ("__import__('os')", "__import__('os')")],
+    [
+        ("8", 8),
+        ("1e-3", 1e-3),
+        ("true", True),
+        ("False", False),
+        ("None", None),
+        ("[1, 2]", [1, 2]),
+        ("'a b'", "a b"),
+        ("silu", "silu"),
+        ("__import__('os')", "__import__('os')"),
+    ],
 )
 def test_parse_value_is_a_safe_literal_parser(text, value):
     assert parse_value(text) == value
@@ -303,10 +322,16 @@ def test_parse_value_is_a_safe_literal_parser(text, value):
 
 def test_apply_overrides_sets_nested_values_on_a_copy():
     cfg = model_config()
-    new = apply_overrides(cfg, [
-        "num_layers=8", "block.feed_forward.dropout=0.1", "block.feed_forward.shape=[5, 6]",
-        "block.feed_forward.activation=gelu", "block.feed_forward.maybe=None",
-    ])
+    new = apply_overrides(
+        cfg,
+        [
+            "num_layers=8",
+            "block.feed_forward.dropout=0.1",
+            "block.feed_forward.shape=[5, 6]",
+            "block.feed_forward.activation=gelu",
+            "block.feed_forward.maybe=None",
+        ],
+    )
     ff = new.block.feed_forward
     assert new.num_layers == 8 and ff.dropout == 0.1 and ff.shape == (5, 6)
     assert ff.activation == "gelu" and ff.maybe is None
@@ -315,7 +340,9 @@ def test_apply_overrides_sets_nested_values_on_a_copy():
 
 def test_apply_overrides_errors_name_the_path():
     cfg = model_config()
-    with pytest.raises(UnknownFieldError, match=r"^block\.feed_forwrd: unknown field, did you mean"):
+    with pytest.raises(
+        UnknownFieldError, match=r"^block\.feed_forwrd: unknown field, did you mean"
+    ):
         apply_overrides(cfg, ["block.feed_forwrd.hidden_dim=3"])
     with pytest.raises(UnknownFieldError, match=r"^block\.feed_forward\.hiden_dim: unknown field"):
         apply_overrides(cfg, ["block.feed_forward.hiden_dim=3"])

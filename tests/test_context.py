@@ -24,8 +24,11 @@ class Scale(BaseLayer):
         dim: Required[int] = REQUIRED
 
     def _create_layer_parameter_specs(self):
-        return {"w": ParameterSpec((self._config.dim,), jnp.float32, ("embed",),
-                                   jax.nn.initializers.normal(1.0))}
+        return {
+            "w": ParameterSpec(
+                (self._config.dim,), jnp.float32, ("embed",), jax.nn.initializers.normal(1.0)
+            )
+        }
 
     def forward(self, x):
         w = self.parameters["w"]
@@ -69,7 +72,8 @@ def build(**kw):
     return Parent.default_config().set(**kw).instantiate()
 
 
-def run(model, params, x, key=jax.random.PRNGKey(1)):
+def run(model, params, x, key=None):
+    key = jax.random.PRNGKey(1) if key is None else key
     return functional(model, prng_key=key, state=params, inputs=(x,), is_training=True)
 
 
@@ -85,10 +89,12 @@ def test_collection_holds_summaries_outputs_and_state_updates(setup):
     model, params, x = setup
     out, coll = run(model, params, x)
     assert out.shape == ()
-    np.testing.assert_allclose(coll.summaries["noise"]["input_mean"],
-                               jnp.mean(x * params["scale"]["w"]), rtol=1e-6)
-    np.testing.assert_allclose(coll.module_outputs["scale"]["aux_loss"],
-                               jnp.sum(params["scale"]["w"] ** 2), rtol=1e-6)
+    np.testing.assert_allclose(
+        coll.summaries["noise"]["input_mean"], jnp.mean(x * params["scale"]["w"]), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        coll.module_outputs["scale"]["aux_loss"], jnp.sum(params["scale"]["w"] ** 2), rtol=1e-6
+    )
     assert float(coll.state_updates["scale"]["calls"]) == 1.0
 
 
@@ -217,8 +223,9 @@ def test_calling_a_module_from_a_non_ancestor_fails(setup):
 
     intruder = Intruder.default_config().instantiate()
     with pytest.raises(ContextError, match="model.noise was called from model"):
-        functional(intruder, prng_key=jax.random.PRNGKey(0), state={}, inputs=(x,),
-                   is_training=False)
+        functional(
+            intruder, prng_key=jax.random.PRNGKey(0), state={}, inputs=(x,), is_training=False
+        )
 
 
 def test_ancestor_may_call_a_grandchild_directly():

@@ -48,8 +48,10 @@ class OutputCollection(NamedTuple):
 
     def add_child(self, name: str) -> OutputCollection:
         return OutputCollection(
-            *(branch.setdefault(name, {}) for branch in (self.summaries, self.state_updates,
-                                                        self.module_outputs))
+            *(
+                branch.setdefault(name, {})
+                for branch in (self.summaries, self.state_updates, self.module_outputs)
+            )
         )
 
 
@@ -114,7 +116,9 @@ class InvocationContext:
 
     def _add(self, branch: dict, kind: str, name: str, value: Any) -> None:
         if name in branch:
-            raise ContextError(f"{self.module.path}: {kind} {name!r} was already added in this call")
+            raise ContextError(
+                f"{self.module.path}: {kind} {name!r} was already added in this call"
+            )
         branch[name] = value
 
     def add_summary(self, name: str, value: Any) -> None:
@@ -155,7 +159,9 @@ def set_current_context(ctx: InvocationContext) -> Iterator[InvocationContext]:
 def _require_context(what: str) -> InvocationContext:
     ctx = current_context()
     if ctx is None:
-        raise ContextError(f"{what}() needs an invocation context: call the module via functional()")
+        raise ContextError(
+            f"{what}() needs an invocation context: call the module via functional()"
+        )
     return ctx
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from axplug.config import Configurable, ConfigError, InstantiableConfig, config_class
+from axplug.config import ConfigError, Configurable, InstantiableConfig, config_class
 from axplug.context import (
     ContextError,
     InvocationContext,
@@ -21,8 +21,12 @@ __all__ = ["Module", "child_context"]
 
 # Methods every module has that must run without pushing a child context.
 _UNWRAPPED = frozenset(
-    {"default_config", "config", "create_parameter_specs_recursively",
-     "initialize_parameters_recursively"}
+    {
+        "default_config",
+        "config",
+        "create_parameter_specs_recursively",
+        "initialize_parameters_recursively",
+    }
 )
 
 
@@ -118,8 +122,10 @@ class Module(Configurable):
         children = self.__dict__.get("_children", {})
         if name in children:
             return children[name]
-        raise AttributeError(f"{type(self).__qualname__} ({self.__dict__.get('_name')}) has no "
-                             f"attribute or child {name!r}")
+        raise AttributeError(
+            f"{type(self).__qualname__} ({self.__dict__.get('_name')}) has no "
+            f"attribute or child {name!r}"
+        )
 
     def _context(self) -> InvocationContext:
         ctx = current_context()

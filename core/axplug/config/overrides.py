@@ -35,7 +35,9 @@ def _navigate(cfg: ConfigBase, parts: list[str], spec: str) -> ConfigBase:
             raise ConfigError(f"{'.'.join(parts[:i])}: is not a config; cannot set {spec!r}")
         fields = list(attrs.fields_dict(type(node)))
         if part not in fields:
-            raise UnknownFieldError(f"{'.'.join(parts[: i + 1])}: unknown field{_suggest(part, fields)}")
+            raise UnknownFieldError(
+                f"{'.'.join(parts[: i + 1])}: unknown field{_suggest(part, fields)}"
+            )
         node = getattr(node, part)
     if not isinstance(node, ConfigBase):
         raise ConfigError(f"{'.'.join(parts)}: is not a config; cannot set {spec!r}")

@@ -63,8 +63,10 @@ def resolve_class(name: str, path: str = "klass") -> Any:
 def to_dict(cfg: ConfigBase) -> dict[str, Any]:
     """A JSON-compatible dict of `cfg`; `from_dict` rebuilds an equal config."""
     out: dict[str, Any] = {}
-    if not isinstance(cfg, InstantiableConfig) or cfg.klass is None or (
-        type(cfg) is not getattr(cfg.klass, "Config", None)
+    if (
+        not isinstance(cfg, InstantiableConfig)
+        or cfg.klass is None
+        or (type(cfg) is not getattr(cfg.klass, "Config", None))
     ):
         out["config_class"] = class_name(type(cfg))
     for key, value in cfg.items():
@@ -92,7 +94,7 @@ def from_dict(data: dict[str, Any], path: str = "") -> ConfigBase:
     """Rebuilds a config written by `to_dict`; unknown classes and fields fail with the path."""
     if not isinstance(data, dict):
         raise ConfigTypeError(f"{path or '<root>'}: expected a config dict, got {type(data)}")
-    where = (lambda k: f"{path}.{k}" if path else k)  # noqa: E731
+    where = lambda k: f"{path}.{k}" if path else k  # noqa: E731
     if "config_class" in data:
         cfg = resolve_class(data["config_class"], where("config_class"))()
         if "klass" in data and data["klass"] is not None:

@@ -40,14 +40,20 @@ def find_configs(cfg: ConfigBase, target: type | str) -> list[tuple[str, Instant
     return found
 
 
+def _fresh_default(cfg: ConfigBase) -> ConfigBase:
+    klass = getattr(cfg, "klass", None)
+    return klass.default_config() if hasattr(klass, "default_config") else type(cfg)()
+
+
 def _carried(old: ConfigBase, new_cfg: ConfigBase, carry: Iterable[str] | None) -> ConfigBase:
     new = copy.deepcopy(new_cfg)
+    default = _fresh_default(new_cfg)
     old_fields = set(old.keys())
     forced = set(carry or ())
-    for name in new.keys():
-        if name == "klass" or name not in old_fields:
+    for name, value in new.items():
+        if name in ("klass", "name") or name not in old_fields:
             continue
-        if name in forced or getattr(new, name) is REQUIRED:
+        if name in forced or value is REQUIRED or value == getattr(default, name):
             setattr(new, name, copy.deepcopy(getattr(old, name)))
     return new
 
@@ -63,9 +69,11 @@ def replace_config(
 ) -> ConfigBase:
     """A copy of `cfg` with every sub-config of class `target` replaced by a copy of `new_cfg`.
 
-    Fields of `new_cfg` still REQUIRED, and those named in `carry`, take the value of the
-    config they replace (so dims such as `input_dim` carry over). `where(path, old)` narrows
-    the match. The caller's `cfg` and `new_cfg` are never mutated.
+    Fields the two configs share take the replaced config's value where `new_cfg` leaves
+    them at its class default (REQUIRED included), so dims, activations and nested layers
+    carry over while what the caller set on `new_cfg` wins; fields named in `carry` are
+    always carried. `where(path, old)` narrows the match. The caller's `cfg` and `new_cfg`
+    are never mutated.
     """
     target_cls = _resolve_target(target)
     count = 0
@@ -128,6 +136,8 @@ def chain(*modifiers: ConfigModifier) -> ChainConfigModifier:
     for m in modifiers:
         if not isinstance(m, ConfigModifier):
             raise ConfigError(f"chain: {m!r} is not a ConfigModifier")
-    return ChainConfigModifier.default_config().set(
-        modifiers=[m._config for m in modifiers]
-    ).instantiate()
+    return (
+        ChainConfigModifier.default_config()
+        .set(modifiers=[m._config for m in modifiers])
+        .instantiate()
+    )

@@ -66,7 +66,11 @@ class QKVLinear(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
-        for name, heads in (("q", cfg.num_heads), ("k", self.num_kv_heads), ("v", self.num_kv_heads)):
+        for name, heads in (
+            ("q", cfg.num_heads),
+            ("k", self.num_kv_heads),
+            ("v", self.num_kv_heads),
+        ):
             self._add_child(
                 name, cfg.linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
             )
@@ -133,10 +137,11 @@ class Attention(BaseLayer):
         head_dim = cfg.head_dim or cfg.input_dim // cfg.num_heads
         self._head_dim = head_dim
         self._add_child(
-            "qkv", cfg.qkv.clone(input_dim=cfg.input_dim, num_heads=cfg.num_heads, head_dim=head_dim)
+            "qkv",
+            cfg.qkv.clone(input_dim=cfg.input_dim, num_heads=cfg.num_heads, head_dim=head_dim),
         )
         position = cfg.position.clone()
-        if "head_dim" in position.keys():
+        if hasattr(position, "head_dim"):
             position.head_dim = head_dim
         self._add_child("position", position)
         self._add_child("kernel", cfg.kernel)

@@ -30,11 +30,15 @@ class Decoder(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
-        self._add_child("embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim))
+        self._add_child(
+            "embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim)
+        )
         self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
         self._add_child("output_norm", cfg.output_norm.clone(input_dim=cfg.dim))
         if not cfg.tie_word_embeddings:
-            self._add_child("lm_head", cfg.lm_head.clone(input_dim=cfg.dim, output_dim=cfg.vocab_size))
+            self._add_child(
+                "lm_head", cfg.lm_head.clone(input_dim=cfg.dim, output_dim=cfg.vocab_size)
+            )
 
     def forward(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
         if positions is None:

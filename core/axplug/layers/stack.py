@@ -81,7 +81,9 @@ class RepeatedTransformer(BaseLayer):
             )
 
         specs = self.layer.create_parameter_specs_recursively()
-        return {"layer": jax.tree.map(stacked, specs, is_leaf=lambda s: isinstance(s, ParameterSpec))}
+        return {
+            "layer": jax.tree.map(stacked, specs, is_leaf=lambda s: isinstance(s, ParameterSpec))
+        }
 
     def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
         key = jax.random.fold_in(prng_key, name_hash("layer"))
@@ -116,5 +118,5 @@ class RepeatedTransformer(BaseLayer):
 
 
 def _merge(target: OutputCollection, source: OutputCollection) -> None:
-    for dst, src in zip(target, source):
+    for dst, src in zip(target, source, strict=True):
         dst.update(src)

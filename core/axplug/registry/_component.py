@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "GROUP_PREFIX",
@@ -34,9 +34,10 @@ def normalize(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-@dataclass(frozen=True)
-class Component:
-    """One registered component, as read from distribution metadata."""
+# A NamedTuple rather than a frozen dataclass: `dataclasses` imports `inspect`, ~8 ms of the
+# start-up budget of `axplug list`.
+class Component(NamedTuple):
+    """One registered component, as read from distribution metadata; immutable."""
 
     distribution: str
     version: str

@@ -48,8 +48,13 @@ def _register(pm: pluggy.PluginManager, component: Component) -> None:
         return
     if unknown := _unknown_hooks(pm, obj):
         known = sorted(n for n, caller in vars(pm.hook).items() if caller.has_spec())
-        _reject(pm, obj, component, f"implements unknown hook(s) {_with_hint(unknown, known)}; "
-                f"axplug defines: {', '.join(known)}")
+        _reject(
+            pm,
+            obj,
+            component,
+            f"implements unknown hook(s) {_with_hint(unknown, known)}; "
+            f"axplug defines: {', '.join(known)}",
+        )
 
 
 def _reject(pm: pluggy.PluginManager, obj: object, component: Component, reason: str) -> None:

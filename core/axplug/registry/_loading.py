@@ -68,7 +68,7 @@ def load(kind: str, name: str) -> Any:
 
 
 def load_component(component: Component) -> Any:
-    """Import `component`; a failure is recorded, shown by `axplug list` and raised once per call."""
+    """Import `component` once; a failure is recorded, shown by `axplug list`, and raised."""
     if component.status != "broken" and component.key in _loaded:
         return _loaded[component.key]
     cause: BaseException | None = None

@@ -1,0 +1,106 @@
+"""`axplug info NAME`: where a component comes from, its docstring and its default config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from axplug.registry import KINDS, Component
+
+__all__ = ["add_parser", "run", "find"]
+
+EPILOG = """\
+examples:
+  axplug info rms_norm                    a core layer: its source and default config
+  axplug info rope --kind modifiers       when several kinds share the name
+  axplug info axplug-attention:rope       when several distributions share the name
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "info",
+        help="show one component: source, docstring, default config",
+        description="Show where a component comes from, its docstring and, when it has\n"
+        "default_config(), every field of its default config. Imports the component.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", metavar="NAME", help="component name, or distribution:name")
+    parser.add_argument("--kind", choices=KINDS, help="the component's kind, when ambiguous")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from axplug import registry
+
+    try:
+        component = find(args.name, args.kind)
+    except LookupError as exc:
+        print(f"axplug info: error: {exc}", file=sys.stderr)
+        return 2
+    obj, code = None, 0
+    if component.loadable:
+        try:
+            obj = registry.load(component.kind, component.qualified_name)
+        except registry.PluginLoadError:
+            component, code = registry.entry(component.kind, component.qualified_name), 1
+    print(f"name:          {component.name}")
+    print(f"kind:          {component.kind}")
+    print(f"distribution:  {component.distribution} {component.version}")
+    print(f"entry point:   {component.value}")
+    print(
+        f"status:        {component.status}" + (f": {component.reason}" if component.reason else "")
+    )
+    if obj is not None:
+        code = max(code, _print_object(obj))
+    return code
+
+
+def find(name: str, kind: str | None = None) -> Component:
+    """The one component called `name` (of `kind`), or a LookupError that says how to narrow it."""
+    from axplug import registry
+
+    if kind is not None:
+        return registry.entry(kind, name)
+    found = []
+    for k in KINDS:
+        try:
+            found.append(registry.entry(k, name))
+        except registry.ComponentNotFoundError:
+            continue
+    if len(found) == 1:
+        return found[0]
+    if found:
+        kinds = ", ".join(c.kind for c in found)
+        raise LookupError(
+            f"{name!r} names components of several kinds ({kinds}); pass one, e.g. "
+            f"`axplug info {name} --kind {found[0].kind}`"
+        )
+    import difflib
+
+    known = sorted({c.name for c in registry.discover()})
+    close = difflib.get_close_matches(name.rpartition(":")[2], known, n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    raise LookupError(f"no component named {name!r}{hint}; see `axplug list`")
+
+
+def _print_object(obj: Any) -> int:
+    import inspect
+
+    doc = (inspect.getdoc(obj) or "").strip()
+    print(f"doc:           {doc.splitlines()[0] if doc else '(none)'}")
+    factory = getattr(obj, "default_config", None)
+    if not callable(factory):
+        return 0
+    try:
+        text = factory().debug_string()
+    except Exception as exc:
+        print(f"default config: error: {type(exc).__name__}: {exc}")
+        return 1
+    print("default config:")
+    for line in text.splitlines():
+        print(f"  {line}")
+    return 0

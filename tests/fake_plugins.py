@@ -1,0 +1,61 @@
+"""Fake installed plugin distributions on disk, for registry and CLI tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+__all__ = ["FakeSite"]
+
+
+class FakeSite:
+    """A directory of fake installed distributions (`<name>-<version>.dist-info`) and modules."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.modules: list[str] = []
+
+    def add(
+        self,
+        name: str,
+        entry_points: dict[str, dict[str, str]],
+        *,
+        version: str = "1.0",
+        api: str | None = "1",
+        modules: dict[str, str] | None = None,
+    ) -> None:
+        """Install distribution `name`: groups -> {entry name: value}, plus module sources.
+
+        `api` is the plugin API it declares in `axplug.plugin_api` (None: declares none).
+        """
+        dist_info = self.path / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist_info.mkdir()
+        metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nA fake plugin.\n"
+        (dist_info / "METADATA").write_text(metadata)
+        groups = dict(entry_points)
+        if api is not None:
+            groups["axplug.plugin_api"] = {api: name.replace("-", "_")}
+        lines = []
+        for group, entries in groups.items():
+            lines.append(f"[{group}]")
+            lines += [f"{key} = {value}" for key, value in entries.items()]
+            lines.append("")
+        (dist_info / "entry_points.txt").write_text("\n".join(lines))
+        for module, source in (modules or {}).items():
+            (self.path / f"{module}.py").write_text(textwrap.dedent(source))
+            self.modules.append(module)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment for a subprocess that sees these distributions."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AXPLUG_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.path), env.get("PYTHONPATH")]))
+        env.update(extra)
+        return env
+
+    def forget_modules(self) -> None:
+        """Unimport the fake modules so the next test imports its own files."""
+        for module in self.modules:
+            sys.modules.pop(module, None)

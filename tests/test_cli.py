@@ -1,0 +1,244 @@
+"""`axplug list` and `axplug info`, in-process and as a real command in a subprocess."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axplug.cli import main
+from axplug.config.tree import ChainConfigModifier
+
+DENSE = '''
+class Dense:
+    """A fake dense layer."""
+'''
+EXPLODES = "raise RuntimeError('boom')\n"
+JSON_KEYS = {"distribution", "version", "kind", "name", "status", "reason", "entry_point"}
+
+
+def _axplug(site, *args, command=(sys.executable, "-m", "axplug.cli"), **env):
+    return subprocess.run(
+        [*command, *args], env=site.env(**env), capture_output=True, text=True, timeout=120
+    )
+
+
+def _json(capsys, *args):
+    assert main([*args, "--json"]) in (0, 1)
+    return json.loads(capsys.readouterr().out)
+
+
+def _rows(rows, distribution):
+    return [r for r in rows if r["distribution"] == distribution]
+
+
+def test_list_json_contract_in_a_subprocess(plugin_site):
+    plugin_site.add(
+        "fake-a",
+        {"axplug.layers": {"dense": "fake_a_mod:Dense"}},
+        version="2.3",
+        modules={"fake_a_mod": DENSE},
+    )
+    result = _axplug(plugin_site, "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert all(set(row) == JSON_KEYS for row in rows)
+    assert _rows(rows, "fake-a") == [
+        {
+            "distribution": "fake-a",
+            "version": "2.3",
+            "kind": "layers",
+            "name": "dense",
+            "status": "ok",
+            "reason": None,
+            "entry_point": "fake_a_mod:Dense",
+        }
+    ]
+    assert {"linear", "rms_norm"} <= {r["name"] for r in _rows(rows, "axplug")}
+
+
+def test_console_script_lists_the_fake_plugin(plugin_site):
+    script = Path(sys.executable).with_name("axplug")
+    if not script.exists():
+        pytest.skip(f"console script not installed at {script}; run pip install -e .")
+    plugin_site.add("fake-a", {"axplug.kernels": {"flash": "fake_a_mod:Dense"}})
+    result = _axplug(plugin_site, "list", "--kind", "kernels", "--json", command=(str(script),))
+    assert result.returncode == 0, result.stderr
+    assert [(r["distribution"], r["name"]) for r in json.loads(result.stdout)] == [
+        ("fake-a", "flash")
+    ]
+
+
+def test_list_imports_neither_plugins_nor_jax(plugin_site):
+    plugin_site.add(
+        "fake-a",
+        {"axplug.layers": {"dense": "fake_a_mod:Dense"}},
+        modules={"fake_a_mod": "import jax\n" + DENSE},
+    )
+    code = (
+        "import sys\n"
+        "from axplug.cli import main\n"
+        "assert main(['list']) == 0 and main(['list', '--json']) == 0\n"
+        "assert main(['--help']) == 0 and main(['list', '--help']) == 0\n"
+        "loaded = [m for m in ('jax', 'fake_a_mod', 'axplug.layers') if m in sys.modules]\n"
+        "print('LOADED', loaded)\n"
+    )
+    result = _axplug(plugin_site, "-c", code, command=(sys.executable,))
+    assert result.returncode == 0, result.stderr
+    assert "fake-a" in result.stdout
+    assert "LOADED []" in result.stdout
+
+
+def test_list_kind_filters(plugin_site, capsys):
+    plugin_site.add("fake-a", {"axplug.layers": {"dense": "m:D"}, "axplug.modifiers": {"w": "m:f"}})
+    rows = _json(capsys, "list", "--kind", "modifiers")
+    assert [(r["distribution"], r["kind"], r["name"]) for r in rows] == [
+        ("fake-a", "modifiers", "w")
+    ]
+
+
+def test_list_rejects_an_unknown_kind_listing_the_valid_ones(plugin_site, capsys):
+    assert main(["list", "--kind", "layer"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'layer'" in err and "'layers', 'modifiers', 'kernels'" in err
+
+
+def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    plugin_site.add("fake-a", {"axplug.kernels": {"rope": "m:D", "flash": "m:D"}})
+    plugin_site.add("fake-b", {"axplug.kernels": {"rope": "m:D"}})
+    plugin_site.add("fake-old", {"axplug.kernels": {"splash": "m:D"}}, api="2")
+    assert main(["--disable", "fake-a", "list", "--kind", "kernels"]) == 0
+    table = capsys.readouterr().out
+    assert "disabled: AXPLUG_DISABLE_PLUGINS lists it" in table
+    assert "incompatible: declares plugin API 2; axplug 0.1.0 supports plugin API 1" in table
+    assert main(["list", "--kind", "kernels"]) == 0
+    table = capsys.readouterr().out
+    lines = {line.split("│")[4].strip(): line for line in table.splitlines() if "│ fake" in line}
+    assert "conflict" in lines["rope"] and "ok" in lines["flash"] and "fake-old" in lines["splash"]
+
+
+def test_disable_flag_does_not_leak_into_the_process(plugin_site, capsys):
+    import os
+
+    plugin_site.add("fake-a", {"axplug.kernels": {"flash": "m:D"}})
+    (row,) = _rows(_json(capsys, "--disable", "Fake_A", "list", "--kind", "kernels"), "fake-a")
+    assert row["status"] == "disabled"
+    assert "AXPLUG_DISABLE_PLUGINS" not in os.environ
+
+
+def test_check_imports_each_component_and_fails_on_broken(plugin_site, capsys):
+    plugin_site.add(
+        "fake-good",
+        {"axplug.storage": {"mem": "fake_good_mod:Dense"}},
+        modules={"fake_good_mod": DENSE},
+    )
+    plugin_site.add(
+        "fake-bad",
+        {"axplug.storage": {"s3": "fake_bad_mod:S3"}},
+        modules={"fake_bad_mod": EXPLODES},
+    )
+    rows = _json(capsys, "list", "--kind", "storage")
+    assert {r["name"]: r["status"] for r in rows} == {"mem": "ok", "s3": "ok"}
+    assert "fake_bad_mod" not in sys.modules
+    assert main(["list", "--kind", "storage", "--check", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"]: (r["status"], r["reason"]) for r in rows} == {
+        "mem": ("ok", None),
+        "s3": ("broken", "RuntimeError: boom"),
+    }
+    assert main(["--disable", "fake-bad", "list", "--kind", "storage", "--check"]) == 0
+
+
+def test_check_rejects_hooks_the_core_does_not_define(plugin_site, capsys):
+    source = "from axplug import hookimpl\n\n@hookimpl\ndef on_epoch_end(trainer):\n    pass\n"
+    plugin_site.add(
+        "fake-hooks", {"axplug.hooks": {"h": "fake_hooks_mod"}}, modules={"fake_hooks_mod": source}
+    )
+    assert main(["list", "--kind", "hooks"]) == 0
+    capsys.readouterr()
+    assert main(["list", "--kind", "hooks", "--check", "--json"]) == 1
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "broken" and "unknown hook(s) on_epoch_end" in row["reason"]
+
+
+def test_info_prints_source_doc_and_default_config(plugin_site, capsys):
+    plugin_site.add(
+        "fake-a",
+        {"axplug.modifiers": {"chain": "axplug.config.tree:ChainConfigModifier"}},
+        version="0.7",
+    )
+    assert main(["info", "chain"]) == 0
+    out = capsys.readouterr().out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "distribution:  fake-a 0.7" in lines
+    assert "entry point:   axplug.config.tree:ChainConfigModifier" in lines
+    assert "kind:          modifiers" in lines
+    assert "status:        ok" in lines
+    assert "doc:           Applies its modifiers in order." in lines
+    expected = ChainConfigModifier.default_config().debug_string().splitlines()
+    assert expected and lines[lines.index("default config:") + 1 :] == expected
+
+
+def test_info_without_default_config_shows_the_docstring(plugin_site, capsys):
+    plugin_site.add(
+        "fake-a", {"axplug.kernels": {"dense": "fake_a_mod:Dense"}}, modules={"fake_a_mod": DENSE}
+    )
+    assert main(["info", "fake-a:dense"]) == 0
+    out = capsys.readouterr().out
+    assert "doc:           A fake dense layer." in out and "default config" not in out
+
+
+def test_info_unknown_name_suggests(plugin_site, capsys):
+    plugin_site.add("fake-a", {"axplug.kernels": {"flash_attention": "m:D"}})
+    assert main(["info", "flash_atention"]) == 2
+    assert "did you mean 'flash_attention'" in capsys.readouterr().err
+
+
+def test_info_asks_for_kind_or_distribution_when_ambiguous(plugin_site, capsys):
+    plugin_site.add(
+        "fake-a",
+        {
+            "axplug.kernels": {"rope": "fake_a_mod:Dense"},
+            "axplug.presets": {"tiny": "fake_a_mod:Dense"},
+        },
+        modules={"fake_a_mod": DENSE},
+    )
+    plugin_site.add(
+        "fake-b", {"axplug.storage": {"rope": "m:D"}, "axplug.presets": {"tiny": "m:D"}}
+    )
+    assert main(["info", "rope"]) == 2
+    assert "--kind kernels" in capsys.readouterr().err
+    assert main(["info", "rope", "--kind", "kernels"]) == 0
+    assert "fake-a 1.0" in capsys.readouterr().out
+    assert main(["info", "tiny"]) == 2
+    assert "'fake-a:tiny', 'fake-b:tiny'" in capsys.readouterr().err
+    assert main(["info", "fake-a:tiny"]) == 0
+
+
+def test_info_on_a_broken_plugin_reports_it(plugin_site, capsys):
+    plugin_site.add(
+        "fake-bad", {"axplug.kernels": {"k": "fake_bad_mod:K"}}, modules={"fake_bad_mod": EXPLODES}
+    )
+    assert main(["info", "k"]) == 1
+    assert "status:        broken: RuntimeError: boom" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "example"),
+    [
+        (["--help"], "axplug list --kind layers --json"),
+        (["list", "--help"], "axplug list --check"),
+        (["info", "--help"], "axplug info axplug-attention:rope"),
+    ],
+)
+def test_help_teaches_usage_with_examples(capsys, argv, example):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and example in out
+
+
+def test_no_command_prints_usage(capsys):
+    assert main([]) == 2
+    assert "usage: axplug" in capsys.readouterr().err

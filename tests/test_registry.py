@@ -1,0 +1,330 @@
+"""Registry: metadata discovery, lazy isolated loading, API window, conflicts, switches, hooks."""
+
+import sys
+
+import pluggy
+import pytest
+
+import axplug
+from axplug import registry
+from axplug.config import resolve_class
+from axplug.registry import (
+    Component,
+    ComponentConflictError,
+    ComponentNotFoundError,
+    ComponentUnavailableError,
+    PluginLoadError,
+)
+
+DENSE = '''
+class Dense:
+    """A fake dense layer."""
+'''
+EXPLODES = "raise RuntimeError('boom at import')\n"
+
+
+def _mine(site_components, distribution):
+    return [c for c in site_components if c.distribution == distribution]
+
+
+def _one(kind, name, distribution):
+    (found,) = [
+        c for c in registry.discover(kind) if c.name == name and c.distribution == distribution
+    ]
+    return found
+
+
+def test_discover_reads_fields_from_metadata_without_importing(plugin_site):
+    plugin_site.add(
+        "fake-a",
+        {
+            "axplug.layers": {"dense": "fake_a_mod:Dense"},
+            "axplug.modifiers": {"wide": "fake_a_mod"},
+        },
+        version="2.3",
+        modules={"fake_a_mod": DENSE},
+    )
+    assert _mine(registry.discover(), "fake-a") == [
+        Component("fake-a", "2.3", "layers", "dense", "fake_a_mod:Dense", "ok", None),
+        Component("fake-a", "2.3", "modifiers", "wide", "fake_a_mod", "ok", None),
+    ]
+    assert "fake_a_mod" not in sys.modules
+    core = _one("layers", "linear", "axplug")
+    assert (core.version, core.value) == (axplug.__version__, "axplug.layers.basic:Linear")
+    assert {c.kind for c in registry.discover("modifiers")} == {"modifiers"}
+
+
+def test_discovery_is_cached_until_reset(plugin_site):
+    registry.discover()
+    plugin_site.add("fake-late", {"axplug.layers": {"late": "fake_late_mod:Dense"}})
+    assert "late" not in registry.names("layers")
+    registry.reset()
+    assert "late" in registry.names("layers")
+
+
+def test_load_is_lazy_cached_and_accepts_a_qualified_name(plugin_site):
+    plugin_site.add(
+        "fake-a", {"axplug.layers": {"dense": "fake_a_mod:Dense"}}, modules={"fake_a_mod": DENSE}
+    )
+    assert "fake_a_mod" not in sys.modules
+    dense = registry.load("layers", "dense")
+    assert dense.__name__ == "Dense" and dense.__module__ == "fake_a_mod"
+    module = sys.modules["fake_a_mod"]
+    assert registry.load("layers", "dense") is dense
+    assert registry.load("layers", "Fake_A:dense") is dense  # names normalized like pip does
+    assert sys.modules["fake_a_mod"] is module
+
+
+def test_not_found_is_a_lookup_error_with_suggestions(plugin_site):
+    plugin_site.add("fake-a", {"axplug.layers": {"dense": "fake_a_mod:Dense"}})
+    with pytest.raises(ComponentNotFoundError) as info:
+        registry.load("layers", "dnse")
+    assert isinstance(info.value, LookupError)
+    message = str(info.value)
+    assert "did you mean 'dense'?" in message
+    assert "linear" in message and "rms_norm" in message  # lists what is available
+    with pytest.raises(ComponentNotFoundError, match="exists as kind layers"):
+        registry.load("modifiers", "dense")
+
+
+def test_unknown_kind_names_the_valid_ones(plugin_site):
+    with pytest.raises(ValueError, match="valid kinds: layers, modifiers, kernels"):
+        registry.load("layer", "dense")
+
+
+def test_broken_plugin_is_reported_and_isolated(plugin_site, tmp_path):
+    attempts = tmp_path / "attempts.txt"
+    plugin_site.add(
+        "fake-bad",
+        {"axplug.layers": {"bad": "fake_bad_mod:Bad"}},
+        modules={"fake_bad_mod": f"open({str(attempts)!r}, 'a').write('x')\n" + EXPLODES},
+    )
+    plugin_site.add(
+        "fake-good",
+        {"axplug.layers": {"dense": "fake_good_mod:Dense"}},
+        modules={"fake_good_mod": DENSE},
+    )
+    assert _one("layers", "bad", "fake-bad").status == "ok"  # not known to fail before import
+    with pytest.raises(PluginLoadError) as info:
+        registry.load("layers", "bad")
+    assert isinstance(info.value, ImportError) and not isinstance(info.value, LookupError)
+    message = str(info.value)
+    for part in (
+        "layers 'bad'",
+        "fake-bad 1.0",
+        "fake_bad_mod:Bad",
+        "RuntimeError: boom at import",
+    ):
+        assert part in message
+    assert info.value.component.distribution == "fake-bad"
+    bad = _one("layers", "bad", "fake-bad")
+    assert (bad.status, bad.reason) == ("broken", "RuntimeError: boom at import")
+    assert registry.load("layers", "dense").__name__ == "Dense"
+    with pytest.raises(PluginLoadError, match="boom at import"):
+        registry.load("layers", "bad")
+    assert attempts.read_text() == "x"  # the failure is cached, not retried
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "reason"),
+    [
+        (DENSE, "fake_odd_mod:Missing", "AttributeError"),
+        ("import sys\nsys.exit(3)\n", "fake_odd_mod:Dense", "SystemExit: 3"),
+        (DENSE, "fake_odd_mod:Dense", None),
+    ],
+)
+def test_load_failures_never_escape_as_anything_but_plugin_load_error(
+    plugin_site, source, value, reason
+):
+    plugin_site.add(
+        "fake-odd", {"axplug.kernels": {"odd": value}}, modules={"fake_odd_mod": source}
+    )
+    if reason is None:
+        assert registry.load("kernels", "odd").__name__ == "Dense"
+    else:
+        with pytest.raises(PluginLoadError, match=reason):
+            registry.load("kernels", "odd")
+        assert _one("kernels", "odd", "fake-odd").reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("api", "expected"),
+    [
+        ("2", ["declares plugin API 2", "supports plugin API 1", "upgrade axplug"]),
+        ("0", ["declares plugin API 0", "pip install -U fake-plug"]),
+        (None, ["declares no plugin API", '[project.entry-points."axplug.plugin_api"]']),
+    ],
+)
+def test_plugin_outside_the_api_window_is_incompatible_and_never_imported(
+    plugin_site, api, expected
+):
+    plugin_site.add(
+        "fake-plug",
+        {"axplug.layers": {"dense": "fake_plug_mod:Dense"}},
+        api=api,
+        modules={"fake_plug_mod": EXPLODES},
+    )
+    component = _one("layers", "dense", "fake-plug")
+    assert component.status == "incompatible"
+    for part in expected:
+        assert part in component.reason
+    with pytest.raises(ComponentUnavailableError, match="is incompatible"):
+        registry.load("layers", "dense")
+    assert "dense" not in registry.names("layers")
+    assert "fake_plug_mod" not in sys.modules
+
+
+def test_api_declared_with_a_minor_version_is_compatible(plugin_site):
+    plugin_site.add("fake-a", {"axplug.layers": {"dense": "m:D"}}, api="1.4")
+    assert _one("layers", "dense", "fake-a").status == "ok"
+
+
+def test_name_collision_needs_a_qualified_name(plugin_site):
+    for dist, module in (("fake-a", "fake_rope_a"), ("fake-b", "fake_rope_b")):
+        plugin_site.add(
+            dist, {"axplug.layers": {"rope": f"{module}:Dense"}}, modules={module: DENSE}
+        )
+    a, b = _one("layers", "rope", "fake-a"), _one("layers", "rope", "fake-b")
+    assert (a.status, b.status) == ("conflict", "conflict")
+    assert "fake-b:rope" in a.reason
+    with pytest.raises(ComponentConflictError) as info:
+        registry.load("layers", "rope")
+    assert isinstance(info.value, LookupError)
+    assert "'fake-a:rope'" in str(info.value) and "'fake-b:rope'" in str(info.value)
+    assert registry.load("layers", "fake-b:rope").__module__ == "fake_rope_b"
+    assert registry.load("layers", "fake-a:rope").__module__ == "fake_rope_a"
+    names = registry.names("layers")
+    assert "fake-a:rope" in names and "fake-b:rope" in names and "rope" not in names
+
+
+def test_disabling_one_side_of_a_collision_resolves_it(plugin_site, monkeypatch):
+    for dist, module in (("fake-a", "fake_rope_a"), ("fake-b", "fake_rope_b")):
+        plugin_site.add(
+            dist, {"axplug.layers": {"rope": f"{module}:Dense"}}, modules={module: DENSE}
+        )
+    monkeypatch.setenv("AXPLUG_DISABLE_PLUGINS", "fake-b")
+    assert registry.load("layers", "rope").__module__ == "fake_rope_a"
+    assert _one("layers", "rope", "fake-a").status == "ok"
+
+
+def test_disable_env_marks_distributions_but_never_the_core(plugin_site, monkeypatch):
+    plugin_site.add(
+        "fake-a", {"axplug.layers": {"dense": "fake_a_mod:Dense"}}, modules={"fake_a_mod": EXPLODES}
+    )
+    plugin_site.add("fake-b", {"axplug.layers": {"other": "fake_b_mod:Dense"}})
+    monkeypatch.setenv("AXPLUG_DISABLE_PLUGINS", " Fake_A ,axplug")
+    a = _one("layers", "dense", "fake-a")
+    assert (a.status, a.reason) == ("disabled", "AXPLUG_DISABLE_PLUGINS lists it")
+    assert _one("layers", "other", "fake-b").status == "ok"
+    assert _one("layers", "linear", "axplug").status == "ok"
+    with pytest.raises(ComponentUnavailableError, match="is disabled"):
+        registry.load("layers", "dense")
+    assert "fake_a_mod" not in sys.modules
+
+
+@pytest.mark.parametrize(("allow", "enabled"), [("", set()), ("fake_b", {"fake-b"})])
+def test_load_plugins_env_is_an_allow_list(plugin_site, monkeypatch, allow, enabled):
+    plugin_site.add("fake-a", {"axplug.layers": {"one": "m:D"}})
+    plugin_site.add("fake-b", {"axplug.layers": {"two": "m:D"}})
+    monkeypatch.setenv("AXPLUG_LOAD_PLUGINS", allow)
+    statuses = {c.distribution: c.status for c in registry.discover()}
+    assert statuses["axplug"] == "ok"
+    for dist in ("fake-a", "fake-b"):
+        assert statuses[dist] == ("ok" if dist in enabled else "disabled")
+
+
+def test_unknown_entry_point_group_is_reported_broken(plugin_site):
+    plugin_site.add("fake-a", {"axplug.layer": {"dense": "m:D"}})
+    (component,) = _mine(registry.discover(), "fake-a")
+    assert component.status == "broken"
+    assert "did you mean axplug.layers?" in component.reason
+
+
+def test_resolve_class_finds_registered_components_across_kinds(plugin_site):
+    plugin_site.add(
+        "fake-a", {"axplug.modifiers": {"widen": "fake_a_mod:Dense"}}, modules={"fake_a_mod": DENSE}
+    )
+    assert resolve_class("widen").__module__ == "fake_a_mod"
+    assert resolve_class("fake-a:widen").__module__ == "fake_a_mod"
+
+
+HOOKS = """
+from axplug import hookimpl
+
+calls = []
+
+@hookimpl
+def on_step_end(trainer, step, metrics):
+    calls.append((step, metrics["loss"]))
+"""
+TYPO_HOOKS = """
+from axplug import hookimpl
+
+@hookimpl
+def on_stp_end(trainer, step, metrics):
+    pass
+"""
+WRONG_ARGS_HOOKS = """
+from axplug import hookimpl
+
+@hookimpl
+def on_train_end(trainer, metrics, extra):
+    pass
+"""
+
+
+def test_hooks_plugin_is_called_through_the_plugin_manager(plugin_site):
+    plugin_site.add(
+        "fake-hooks", {"axplug.hooks": {"log": "fake_hooks_mod"}}, modules={"fake_hooks_mod": HOOKS}
+    )
+    pm = registry.plugin_manager()
+    pm.hook.on_step_end(trainer=None, step=7, metrics={"loss": 0.5})
+    assert sys.modules["fake_hooks_mod"].calls == [(7, 0.5)]
+    assert pm.get_plugin("fake-hooks:log") is sys.modules["fake_hooks_mod"]
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (TYPO_HOOKS, "unknown hook(s) on_stp_end (did you mean on_step_end?)"),
+        (WRONG_ARGS_HOOKS, "invalid hook implementation"),
+        (EXPLODES, "RuntimeError: boom at import"),
+    ],
+)
+def test_invalid_hooks_plugin_is_broken_and_others_still_run(plugin_site, source, reason):
+    plugin_site.add(
+        "fake-typo", {"axplug.hooks": {"bad": "fake_typo_mod"}}, modules={"fake_typo_mod": source}
+    )
+    plugin_site.add(
+        "fake-hooks", {"axplug.hooks": {"log": "fake_hooks_mod"}}, modules={"fake_hooks_mod": HOOKS}
+    )
+    for _ in range(2):  # a second manager sees the recorded failure, not a crash
+        pm = registry.plugin_manager()
+        assert pm.get_plugin("fake-typo:bad") is None
+        pm.hook.on_step_end(trainer=None, step=1, metrics={"loss": 2.0})
+    bad = _one("hooks", "bad", "fake-typo")
+    assert bad.status == "broken" and reason in bad.reason
+    assert sys.modules["fake_hooks_mod"].calls == [(1, 2.0), (1, 2.0)]
+
+
+def test_plugin_manager_registers_caller_objects_and_validates_them(plugin_site):
+    class Recorder:
+        def __init__(self):
+            self.saved = []
+
+        @axplug.hookimpl
+        def on_checkpoint_saved(self, trainer, step, path):
+            self.saved.append((step, path))
+
+    recorder = Recorder()
+    pm = registry.plugin_manager(recorder)
+    pm.hook.on_checkpoint_saved(trainer=None, step=3, path="/ckpt/3")
+    assert recorder.saved == [(3, "/ckpt/3")]
+
+    class Typo:
+        @axplug.hookimpl
+        def on_checkpoint_save(self, trainer, step, path):
+            pass
+
+    with pytest.raises(pluggy.PluginValidationError, match="on_checkpoint_save"):
+        registry.plugin_manager(Typo())
