@@ -44,7 +44,7 @@ class AttentionMask:
         if self.causal:
             allowed &= k <= q
         if self.sliding_window is not None:
-            allowed &= q - k < self.sliding_window
+            allowed &= jnp.abs(q - k) < self.sliding_window
         if self.q_segment_ids is not None:
             allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
         return allowed[:, None]
@@ -106,7 +106,7 @@ class DotProductKernel(BaseLayer):
         kvh = k.shape[2]
         if h % kvh:
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
-        scale = self._config.scale or 1.0 / math.sqrt(d)
+        scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
         qg = q.reshape(b, sq, kvh, h // kvh, d)
         logits = jnp.einsum("bqngd,bknd->bngqk", qg, k, preferred_element_type=jnp.float32)
         logits = logits * scale

@@ -52,7 +52,8 @@ class BaseLayer(Module):
     class Config(Module.Config):
         # Storage dtype of parameters; None inherits the parent's (root: float32).
         dtype: str | None = None
-        # Dtype that parameters are cast to for compute (e.g. "bfloat16"); None = dtype.
+        # Dtype that parameters are cast to for compute (e.g. "bfloat16"); None inherits the
+        # parent's compute dtype (root: its own `dtype`).
         compute_dtype: str | None = None
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
