@@ -1,0 +1,101 @@
+"""Abstract inputs: `iter_from(step)`, and step-addressed batches sharded by process rows."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+import numpy as np
+
+from axplug.config import Configurable, config_class
+
+__all__ = ["Batch", "Input", "StepInput"]
+
+Batch = dict[str, np.ndarray]
+
+
+def field_error(cfg: Configurable.Config, name: str, problem: str) -> ValueError:
+    """A ValueError whose message starts with the dotted path of config field `name`."""
+    return ValueError(f"{cfg._path(name)}: {problem}")
+
+
+class Input(Configurable, abc.ABC):
+    """A source of training batches that can restart at any step."""
+
+    @abc.abstractmethod
+    def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
+        """Yields `(step, batch)` for step, step + 1, ... (endless unless the source ends)."""
+
+
+class StepInput(Input):
+    """Batches that are a pure function of `(seed, step)`: a resumed run sees the same data.
+
+    `batch_size` is the global batch; process `process_index` of `process_count` gets rows
+    `[i * b, (i + 1) * b)` with `b = batch_size // process_count`, so the processes' rows,
+    concatenated in process order, are exactly the single-process batch.
+    """
+
+    @config_class
+    class Config(Input.Config):
+        seq_len: int = 256
+        batch_size: int = 8
+        seed: int = 0
+        process_index: int = 0
+        process_count: int = 1
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        if cfg.seq_len < 1:
+            raise field_error(cfg, "seq_len", f"must be >= 1, got {cfg.seq_len}")
+        if cfg.batch_size < 1:
+            raise field_error(cfg, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+        if cfg.seed < 0:
+            raise field_error(cfg, "seed", f"must be >= 0, got {cfg.seed}")
+        if cfg.process_count < 1:
+            raise field_error(cfg, "process_count", f"must be >= 1, got {cfg.process_count}")
+        if not 0 <= cfg.process_index < cfg.process_count:
+            raise field_error(
+                cfg,
+                "process_index",
+                f"must be in [0, process_count={cfg.process_count}), got {cfg.process_index}",
+            )
+        if cfg.batch_size % cfg.process_count:
+            raise field_error(
+                cfg,
+                "batch_size",
+                f"{cfg.batch_size} is not divisible by process_count={cfg.process_count}; "
+                "each process takes batch_size / process_count rows of the global batch",
+            )
+
+    @property
+    def local_batch_size(self) -> int:
+        """Rows of the global batch that this process produces."""
+        return self._config.batch_size // self._config.process_count
+
+    def batch(self, step: int) -> Batch:
+        """This process's rows of the global batch at `step`: int32 [local_batch, seq_len]."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        cfg = self._config
+        # One generator per (seed, step) draws the whole global batch; each process keeps its
+        # rows, so sharding never changes what a row contains.
+        rng = np.random.default_rng([cfg.seed, int(step)])
+        start = cfg.process_index * self.local_batch_size
+        rows = slice(start, start + self.local_batch_size)
+        windows = self._windows(rng, rows)  # [local_batch, seq_len + 1]
+        return {
+            "input_ids": np.ascontiguousarray(windows[:, :-1], dtype=np.int32),
+            "target_labels": np.ascontiguousarray(windows[:, 1:], dtype=np.int32),
+        }
+
+    def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
+        while True:
+            yield step, self.batch(step)
+            step += 1
+
+    @abc.abstractmethod
+    def _windows(self, rng: np.random.Generator, rows: slice) -> np.ndarray:
+        """Token windows [len(rows), seq_len + 1] for `rows` of the global batch.
+
+        Must draw from `rng` for all `batch_size` rows, whatever `rows` is.
+        """

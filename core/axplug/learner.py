@@ -1,0 +1,94 @@
+"""The learner: an optax optimizer, schedule, clipping and weight-decay mask chosen by config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from axplug.config import ConfigError, Configurable, config_class
+from axplug.layers.base import ParameterSpec
+
+__all__ = ["Learner", "OPTIMIZERS", "SCHEDULES"]
+
+OPTIMIZERS = ("adamw", "adafactor", "sgd")
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+class Learner(Configurable):
+    """Builds the optax transformation that turns gradients into parameter updates."""
+
+    @config_class
+    class Config(Configurable.Config):
+        optimizer: str = "adamw"
+        learning_rate: float = 3e-4
+        schedule: str = "cosine"
+        warmup_steps: int = 0
+        # Steps over which the schedule decays; None: the trainer's max_steps.
+        decay_steps: int | None = None
+        end_learning_rate_fraction: float = 0.1
+        b1: float = 0.9
+        b2: float = 0.95
+        eps: float = 1e-8
+        momentum: float = 0.9  # sgd only
+        weight_decay: float = 0.1
+        max_grad_norm: float | None = 1.0
+        # Micro-batches per step: gradients are averaged over this many slices of the batch.
+        grad_accumulation_steps: int = 1
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        for field, value, choices in (
+            ("optimizer", cfg.optimizer, OPTIMIZERS),
+            ("schedule", cfg.schedule, SCHEDULES),
+        ):
+            if value not in choices:
+                raise ConfigError(f"learner.{field}: unknown {value!r}; choose from {choices}")
+        if cfg.grad_accumulation_steps < 1:
+            raise ConfigError("learner.grad_accumulation_steps: must be >= 1")
+
+    @property
+    def grad_accumulation_steps(self) -> int:
+        return self._config.grad_accumulation_steps
+
+    def schedule(self, total_steps: int) -> optax.Schedule:
+        """Learning rate as a function of the step: linear warmup, then the configured decay."""
+        cfg = self._config
+        peak = cfg.learning_rate
+        decay_steps = max((cfg.decay_steps or total_steps) - cfg.warmup_steps, 1)
+        end = peak * cfg.end_learning_rate_fraction
+        if cfg.schedule == "constant":
+            after = optax.constant_schedule(peak)
+        elif cfg.schedule == "cosine":
+            after = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0)
+        else:
+            after = optax.linear_schedule(peak, end, decay_steps)
+        if cfg.warmup_steps == 0:
+            return after
+        warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
+        return optax.join_schedules([warmup, after], [cfg.warmup_steps])
+
+    def transform(self, specs: Any, total_steps: int) -> optax.GradientTransformation:
+        """The optax chain for parameters described by the ParameterSpec tree `specs`."""
+        cfg = self._config
+        lr = self.schedule(total_steps)
+        # Parameters whose spec says weight_decay_scale == 0 (norms, biases) are not decayed.
+        mask = jax.tree.map(
+            lambda s: s.weight_decay_scale > 0, specs, is_leaf=lambda s: isinstance(s, ParameterSpec)
+        )
+        if cfg.optimizer == "adamw":
+            opt = optax.adamw(
+                lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask
+            )
+        elif cfg.optimizer == "adafactor":
+            opt = optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None,
+                                  weight_decay_mask=mask)
+        else:
+            opt = optax.chain(
+                optax.add_decayed_weights(cfg.weight_decay, mask),
+                optax.sgd(lr, momentum=cfg.momentum or None),
+            )
+        if cfg.max_grad_norm is None:
+            return opt
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)

@@ -1,0 +1,115 @@
+"""Modifier specs (`name:key=value,...`) and the core's own config modifiers."""
+
+from __future__ import annotations
+
+import re
+
+from axplug.config import (
+    ConfigBase,
+    ConfigError,
+    ConfigModifier,
+    apply_overrides,
+    config_class,
+    find_configs,
+    parse_value,
+    replace_config,
+)
+from axplug.mesh import MESH_AXES
+
+__all__ = [
+    "parse_modifier_spec",
+    "make_modifier",
+    "SetModifier",
+    "MeshShapeModifier",
+    "ScanLayersModifier",
+    "ComputeDtypeModifier",
+]
+
+_KWARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
+
+
+def parse_modifier_spec(spec: str) -> tuple[str, dict]:
+    """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier."""
+    spec = spec.strip()
+    eq = spec.find("=")
+    if eq < 0:
+        return spec, {}
+    colon = spec.rfind(":", 0, eq)
+    if colon < 0:
+        raise ConfigError(f"modifier {spec!r}: expected NAME or NAME:key=value,...")
+    kwargs = {}
+    for item in _KWARG_SPLIT.split(spec[colon + 1 :]):
+        key, _, text = item.partition("=")
+        kwargs[key.strip()] = parse_value(text)
+    return spec[:colon], kwargs
+
+
+def make_modifier(spec: str) -> ConfigModifier:
+    """The registered modifier named by `spec`, configured with its key=value pairs."""
+    from axplug import registry
+
+    name, kwargs = parse_modifier_spec(spec)
+    cls = registry.load("modifiers", name)
+    cfg = cls.default_config()
+    for key, value in kwargs.items():
+        try:
+            if isinstance(value, list) and isinstance(getattr(cfg, key, None), tuple):
+                value = tuple(value)
+            setattr(cfg, key, value)
+        except ConfigError as e:
+            raise type(e)(f"modifier {name!r}: {e}") from None
+    return cfg.instantiate()
+
+
+class SetModifier(ConfigModifier):
+    """Applies `path=value` overrides, like `--set`."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        overrides: list[str] = []
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        return apply_overrides(cfg, self._config.overrides)
+
+
+class MeshShapeModifier(ConfigModifier):
+    """Sets `mesh.mesh_shape` from per-axis sizes, e.g. `mesh:fsdp=-1,model=2`."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        data: int = 1
+        fsdp: int = 1
+        expert: int = 1
+        seq: int = 1
+        model: int = 1
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        shape = tuple(getattr(self._config, axis) for axis in MESH_AXES)
+        return cfg.clone(mesh=cfg.mesh.clone(mesh_shape=shape, axis_names=MESH_AXES))
+
+
+class ScanLayersModifier(ConfigModifier):
+    """Runs the transformer stack under lax.scan with a remat policy (fast compile, less memory)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        remat_policy: str = "none"
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        from axplug.layers import RepeatedTransformer, StackedTransformer
+
+        new = RepeatedTransformer.default_config().set(remat_policy=self._config.remat_policy)
+        if find_configs(cfg, RepeatedTransformer):
+            return replace_config(cfg, target=RepeatedTransformer, new_cfg=new, carry=["layer"])
+        return replace_config(cfg, target=StackedTransformer, new_cfg=new)
+
+
+class ComputeDtypeModifier(ConfigModifier):
+    """Computes in `dtype` (e.g. bfloat16) while parameters stay in their storage dtype."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        dtype: str = "bfloat16"
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        return cfg.clone(model=cfg.model.clone(compute_dtype=self._config.dtype))

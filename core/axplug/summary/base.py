@@ -1,0 +1,95 @@
+"""The summary writer interface and a writer that fans out to several."""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from axplug.config import Configurable, config_class
+
+__all__ = ["SummaryWriter", "CompositeWriter", "to_scalars"]
+
+
+def to_scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
+    """Plain Python floats from numbers, numpy scalars or 0-d jax arrays (one device fetch each)."""
+    out = {}
+    for name, value in scalars.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"summary {name!r}: expected a scalar, got {type(value).__name__} ({value!r:.80})"
+            ) from e
+    return out
+
+
+def format_scalar(value: float) -> str:
+    """A short human-readable number: 4 significant digits, k/M/G above 10,000."""
+    if not math.isfinite(value):
+        return str(value)
+    for threshold, scale, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
+        if abs(value) >= threshold:
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+class SummaryWriter(Configurable, abc.ABC):
+    """Receives scalars once per logged step; also a context manager that closes itself."""
+
+    @abc.abstractmethod
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Records `scalars` (name -> number) at `step`."""
+
+    def flush(self) -> None:  # noqa: B027 - optional for writers that do not buffer
+        """Pushes anything buffered to its destination."""
+
+    def close(self) -> None:
+        """Flushes and releases files or terminals; the writer is not used afterwards."""
+        self.flush()
+
+    def __enter__(self) -> SummaryWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class CompositeWriter(SummaryWriter):
+    """Sends every call to each of `writers`, in order.
+
+    `close` closes every writer even when one fails, then raises the first failure.
+    """
+
+    @config_class
+    class Config(SummaryWriter.Config):
+        writers: list = []  # configs of SummaryWriter subclasses
+
+    def __init__(self, cfg: Config, *, writers: list[SummaryWriter] | tuple = ()):
+        super().__init__(cfg)
+        built = [w.instantiate() for w in cfg.writers]
+        self.writers: list[SummaryWriter] = built + list(writers)
+
+    @classmethod
+    def of(cls, *writers: SummaryWriter) -> CompositeWriter:
+        """A composite of writers that are already built."""
+        return cls(cls.default_config(), writers=writers)
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        for w in self.writers:
+            w.write(step, scalars)
+
+    def flush(self) -> None:
+        for w in self.writers:
+            w.flush()
+
+    def close(self) -> None:
+        first: BaseException | None = None
+        for w in self.writers:
+            try:
+                w.close()
+            except Exception as e:  # noqa: BLE001 - close the rest, then raise
+                first = first or e
+        if first is not None:
+            raise first

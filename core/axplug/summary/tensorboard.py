@@ -1,0 +1,45 @@
+"""TensorBoard event files under `DIR/tensorboard/`, written with tensorboardX."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping
+
+from axplug.config import REQUIRED, Required, config_class
+from axplug.summary.base import SummaryWriter, to_scalars
+
+__all__ = ["TensorBoardWriter"]
+
+
+class TensorBoardWriter(SummaryWriter):
+    """One scalar summary per name and step.
+
+    A resumed run writes a new event file beside the old ones; set `purge_step` to the resumed
+    step so TensorBoard hides the old run's events from that step on.
+    """
+
+    @config_class
+    class Config(SummaryWriter.Config):
+        dir: Required[str] = REQUIRED
+        subdir: str = "tensorboard"
+        flush_secs: int = 30
+        purge_step: int | None = None
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        import tensorboardX  # imported here: `axplug.summary` stays cheap to import
+
+        self.logdir = pathlib.Path(cfg.dir) / cfg.subdir
+        self._writer = tensorboardX.SummaryWriter(
+            logdir=str(self.logdir), flush_secs=cfg.flush_secs, purge_step=cfg.purge_step
+        )
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        for name, value in to_scalars(scalars).items():
+            self._writer.add_scalar(name, value, global_step=int(step))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

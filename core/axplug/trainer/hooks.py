@@ -1,0 +1,31 @@
+"""Calls pluggy trainer hooks one implementation at a time, so one failing plugin is contained."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["HookRunner"]
+
+log = logging.getLogger("axplug.trainer")
+
+
+class HookRunner:
+    """Runs every implementation of a hook; one that raises is reported and skipped."""
+
+    def __init__(self, plugin_manager: Any):
+        self._pm = plugin_manager
+        self.failures: list[str] = []
+
+    def __call__(self, hook: str, **kwargs: Any) -> None:
+        caller = getattr(self._pm.hook, hook)
+        for impl in reversed(caller.get_hookimpls()):  # pluggy's own order: last registered first
+            try:
+                impl.function(*(kwargs[name] for name in impl.argnames))
+            except Exception as exc:  # noqa: BLE001 - a plugin must not kill the run
+                message = (
+                    f"hook {hook} of plugin {impl.plugin_name} raised "
+                    f"{type(exc).__name__}: {exc}; the run continues without it"
+                )
+                log.warning(message)
+                self.failures.append(message)

@@ -1,0 +1,60 @@
+"""Bookkeeping of the training loop: the non-finite step guard and throughput timing."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+__all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer"]
+
+log = logging.getLogger("axplug.trainer")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+class NonFiniteGuard:
+    """Counts consecutive non-finite steps (which the step already left unapplied)."""
+
+    def __init__(self, max_consecutive: int):
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.skipped: list[int] = []
+
+    def update(self, step: int, finite: bool, loss: float | None) -> None:
+        if finite:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.skipped.append(step)
+        log.warning(
+            "step %d: non-finite loss or gradient (loss=%s); update skipped (%d/%d consecutive)",
+            step, loss, self.consecutive, self.max_consecutive,
+        )
+        if self.consecutive >= self.max_consecutive:
+            raise NonFiniteError(
+                f"stopping at step {step}: {self.consecutive} consecutive steps had a non-finite "
+                f"loss or gradient (skipped steps: {self.skipped[-self.consecutive:]}); no update "
+                "from them was applied, so the last checkpoint is finite. Lower the learning "
+                "rate, check the input data, or raise max_nonfinite_steps."
+            )
+
+
+class StepTimer:
+    """Steps and tokens per second between consecutive logged steps."""
+
+    def __init__(self, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self._last: tuple[int, float] | None = None
+
+    def tick(self, step: int) -> dict[str, float]:
+        now = time.perf_counter()
+        out: dict[str, float] = {}
+        if self._last is not None and step > self._last[0]:
+            seconds = (now - self._last[1]) / (step - self._last[0])
+            out = {"step_time": seconds}
+            if self.tokens_per_step:
+                out["tokens_per_sec"] = self.tokens_per_step / seconds
+        self._last = (step, now)
+        return out

@@ -1,0 +1,23 @@
+"""`train(cfg)`: write the effective config next to the run, then train or resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axplug.checkpoint import storage_for
+
+__all__ = ["train", "write_config"]
+
+
+def write_config(cfg: Any) -> str:
+    """Writes `cfg.debug_string()` to OUTPUT_DIR/config.txt and returns its URL."""
+    storage = storage_for(cfg.output_dir)
+    url = storage.join(cfg.output_dir, "config.txt")
+    storage.write_text(url, cfg.debug_string() + "\n")
+    return url
+
+
+def train(cfg: Any, *, hooks: tuple = ()) -> dict:
+    """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
+    write_config(cfg)
+    return cfg.instantiate(hooks=hooks).run()

@@ -1,0 +1,113 @@
+"""The pure training step: loss + aux losses, gradient accumulation, optax update, NaN guard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from axplug.context import functional
+from axplug.module import Module
+from axplug.trainer.aux_losses import AuxLossRule
+
+__all__ = ["build_train_step", "build_eval_step", "step_key"]
+
+TrainState = dict[str, Any]  # {"params", "opt_state", "step"}
+
+
+def step_key(seed: int, step: jax.Array) -> jax.Array:
+    """The PRNG key of a step: a function of (seed, step) only, so resumed runs replay it."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), step)
+
+
+def _loss_fn(model: Module, aux_rule: AuxLossRule):
+    def loss_fn(params, batch, key):
+        (loss, _), collection = functional(
+            model,
+            prng_key=key,
+            state=params,
+            inputs=(batch["input_ids"], batch["target_labels"]),
+            is_training=True,
+        )
+        aux_total, aux_terms = aux_rule(collection.module_outputs)
+        return loss + aux_total, {"ce_loss": loss, **aux_terms}
+
+    return loss_fn
+
+
+def _split_microbatches(batch: dict, k: int) -> dict:
+    def split(x):
+        if x.shape[0] % k:
+            raise ValueError(
+                f"batch size {x.shape[0]} is not divisible by grad_accumulation_steps={k}"
+            )
+        return x.reshape(k, x.shape[0] // k, *x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def build_train_step(
+    model: Module,
+    tx: optax.GradientTransformation,
+    aux_rule: AuxLossRule,
+    *,
+    seed: int,
+    grad_accumulation_steps: int = 1,
+    learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+    """`step(state, batch) -> (state, metrics)`; a non-finite loss or gradient leaves the
+    parameters and optimizer state unchanged and reports `finite=False`."""
+    grad_fn = jax.value_and_grad(_loss_fn(model, aux_rule), has_aux=True)
+
+    def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        params, key = state["params"], step_key(seed, state["step"])
+        if grad_accumulation_steps == 1:
+            (total, terms), grads = grad_fn(params, batch, key)
+        else:
+            micro = _split_microbatches(batch, grad_accumulation_steps)
+
+            def accumulate(carry, xs):
+                i, mb = xs
+                (t, terms), g = grad_fn(params, mb, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, carry, (t, terms, g)), None
+
+            (t0, terms0), g0 = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), key)
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (t0, terms0, g0))
+            idx = jnp.arange(grad_accumulation_steps)
+            summed, _ = jax.lax.scan(accumulate, zeros, (idx, micro))
+            total, terms, grads = jax.tree.map(lambda x: x / grad_accumulation_steps, summed)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        new_state = {
+            "params": keep(new_params, params),
+            "opt_state": keep(new_opt_state, state["opt_state"]),
+            "step": state["step"] + 1,
+        }
+        metrics = {"loss": total, **terms, "grad_norm": grad_norm, "finite": finite}
+        if learning_rate is not None:
+            metrics["learning_rate"] = learning_rate(state["step"])
+        return new_state, metrics
+
+    return step
+
+
+def build_eval_step(model: Module) -> Callable[[Any, dict], jax.Array]:
+    """`eval_step(params, batch) -> mean cross-entropy loss` in inference mode."""
+
+    def eval_step(params, batch):
+        (loss, _), _ = functional(
+            model,
+            prng_key=None,
+            state=params,
+            inputs=(batch["input_ids"], batch["target_labels"]),
+            is_training=False,
+        )
+        return loss
+
+    return eval_step

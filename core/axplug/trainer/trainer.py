@@ -1,0 +1,257 @@
+"""The Trainer: builds model, learner, mesh, input and checkpointer from one config and runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axplug.checkpoint import Checkpointer
+from axplug.config import (
+    REQUIRED,
+    Configurable,
+    InstantiableConfig,
+    Required,
+    config_class,
+    to_dict,
+)
+from axplug.input import ByteTextInput
+from axplug.learner import Learner
+from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
+from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
+from axplug.trainer.aux_losses import AuxLossRule
+from axplug.trainer.hooks import HookRunner
+from axplug.trainer.loop_state import NonFiniteGuard, StepTimer
+from axplug.trainer.step import build_eval_step, build_train_step
+
+__all__ = ["Trainer", "enable_compilation_cache"]
+
+log = logging.getLogger("axplug.trainer")
+
+
+def enable_compilation_cache(directory: str) -> None:
+    """Persist compiled XLA programs in `directory` so a rerun skips compilation."""
+    path = os.path.expanduser(directory)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class Trainer(Configurable):
+    """Trains `model` on `input` with `learner` over `mesh`, checkpointing to `output_dir`."""
+
+    @config_class
+    class Config(Configurable.Config):
+        output_dir: Required[str] = REQUIRED
+        model: Required[InstantiableConfig] = REQUIRED
+        learner: Learner.Config = Learner.default_config()
+        input: InstantiableConfig = ByteTextInput.default_config()
+        eval_input: InstantiableConfig | None = None
+        mesh: MeshBuilder.Config = MeshBuilder.default_config()
+        checkpointer: Checkpointer.Config = Checkpointer.default_config()
+        aux_loss: AuxLossRule.Config = AuxLossRule.default_config()
+        # Writers whose `dir` is REQUIRED write under output_dir.
+        summary_writers: list = [
+            JsonlWriter.default_config(),
+            TensorBoardWriter.default_config(),
+            ProgressBar.default_config(),
+        ]
+        max_steps: int = 100
+        checkpoint_every: int = 50
+        eval_every: int | None = None
+        eval_batches: int = 4
+        log_every: int = 10
+        seed: int = 0
+        # Consecutive steps with a non-finite loss or gradient before the run stops.
+        max_nonfinite_steps: int = 3
+        # None disables the persistent compilation cache.
+        compilation_cache_dir: str | None = "~/.cache/axplug/xla"
+
+    def __init__(self, cfg: Config, *, hooks: tuple = ()):
+        super().__init__(cfg)
+        if cfg.compilation_cache_dir:
+            enable_compilation_cache(cfg.compilation_cache_dir)
+        self.mesh_builder = cfg.mesh.instantiate()
+        self.mesh = self.mesh_builder.build()
+        self.model = cfg.model.instantiate(parent=None, _path="model")
+        self.learner = cfg.learner.instantiate()
+        self.input = cfg.input.instantiate()
+        self.eval_input = cfg.eval_input.instantiate() if cfg.eval_input is not None else None
+        checkpointer_cfg = cfg.checkpointer.clone()
+        if checkpointer_cfg.directory is REQUIRED:
+            checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
+        self.checkpointer = checkpointer_cfg.instantiate()
+        self.aux_loss = cfg.aux_loss.instantiate()
+        self.writers = [self._writer(w) for w in cfg.summary_writers]
+        from axplug import registry
+
+        self.hooks = HookRunner(registry.plugin_manager(*hooks))
+        self._build_step()
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def _writer(self, cfg: InstantiableConfig) -> Any:
+        cfg = cfg.clone()
+        if getattr(cfg, "dir", None) is REQUIRED:
+            cfg.dir = self._config.output_dir
+        if hasattr(cfg, "max_steps") and cfg.max_steps is None:
+            cfg.max_steps = self._config.max_steps
+        if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
+            cfg.tokens_per_step = self._tokens_per_step() or None
+        return cfg.instantiate()
+
+    def _build_step(self) -> None:
+        cfg = self._config
+        rules = self.mesh_builder.axis_rules
+        self.param_specs = self.model.create_parameter_specs_recursively()
+        param_shardings = parameter_shardings(self.param_specs, self.mesh, rules)
+        self.schedule = self.learner.schedule(cfg.max_steps)
+        self.tx = self.learner.transform(self.param_specs, cfg.max_steps)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        abstract_params = jax.eval_shape(
+            self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
+        )
+        abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+        import optax
+
+        opt_shardings = optax.tree_map_params(
+            self.tx,
+            lambda _, sharding: sharding,
+            abstract_opt,
+            param_shardings,
+            transform_non_params=lambda _: replicated,
+        )
+        self.state_shardings = {
+            "params": param_shardings,
+            "opt_state": opt_shardings,
+            "step": replicated,
+        }
+        self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
+        self.abstract_state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            {"params": abstract_params, "opt_state": abstract_opt,
+             "step": jax.ShapeDtypeStruct((), jnp.int32)},
+            self.state_shardings,
+        )
+        step = build_train_step(
+            self.model,
+            self.tx,
+            self.aux_loss,
+            seed=cfg.seed,
+            grad_accumulation_steps=self.learner.grad_accumulation_steps,
+            learning_rate=self.schedule,
+        )
+        self._train_step = jax.jit(
+            step,
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, replicated),
+            donate_argnums=0,
+        )
+        self._eval_step = jax.jit(
+            build_eval_step(self.model),
+            in_shardings=(param_shardings, self.batch_sharding),
+            out_shardings=replicated,
+        )
+
+    def init_state(self) -> dict:
+        """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""
+
+        def init(key):
+            params = self.model.initialize_parameters_recursively(key)
+            return {"params": params, "opt_state": self.tx.init(params),
+                    "step": jnp.zeros((), jnp.int32)}
+
+        key = jax.random.PRNGKey(self._config.seed)
+        return jax.jit(init, out_shardings=self.state_shardings)(key)
+
+    def restore_or_init(self) -> dict:
+        """The latest complete checkpoint in the output dir, else a fresh state."""
+        latest = self.checkpointer.latest_step()
+        if latest is None:
+            return self.init_state()
+        step, state, _ = self.checkpointer.restore(latest, target=self.abstract_state)
+        log.info("resumed from step %d of %s", step, self.checkpointer.directory)
+        return state
+
+    def put_batch(self, batch: dict) -> dict:
+        return {k: jax.device_put(np.asarray(v), self.batch_sharding) for k, v in batch.items()}
+
+    # --- running -----------------------------------------------------------------------------
+
+    def evaluate(self, params: Any) -> float:
+        losses = [
+            self._eval_step(params, self.put_batch(self.eval_input.batch(i)))
+            for i in range(self._config.eval_batches)
+        ]
+        return float(np.mean(jax.device_get(losses)))
+
+    def _save(self, state: dict, step: int) -> None:
+        self.checkpointer.save(step, state, {"step": step, "config": to_dict(self._config)})
+        self.hooks("on_checkpoint_saved", trainer=self, step=step,
+                   path=f"{self.checkpointer.directory}/step_{step:08d}")
+
+    def run(self) -> dict:
+        """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics."""
+        cfg = self._config
+        state = self.restore_or_init()
+        start = int(jax.device_get(state["step"]))
+        for writer in self.writers:
+            if hasattr(writer, "truncate"):  # steps after the checkpoint will be logged again
+                writer.truncate(start + 1)
+        guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+        timer = StepTimer(tokens_per_step=self._tokens_per_step())
+        self.hooks("on_train_start", trainer=self)
+        pending: tuple[int, Any] | None = None
+        last: dict = {}
+        try:
+            for step in range(start, cfg.max_steps):
+                batch = self.put_batch(self.input.batch(step))
+                state, metrics = self._train_step(state, batch)
+                if pending is not None:  # read the previous step's metrics while this one runs
+                    last = self._on_step_end(*pending, guard, timer)
+                pending = (step + 1, metrics)
+                done = step + 1
+                if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
+                    last = self._on_step_end(*pending, guard, timer)
+                    pending = None
+                    self._save(state, done)
+                if cfg.eval_every and self.eval_input is not None and done % cfg.eval_every == 0:
+                    eval_loss = self.evaluate(state["params"])
+                    self._write(done, {"eval_loss": eval_loss})
+                    self.hooks("on_eval_end", trainer=self, step=done,
+                               metrics={"eval_loss": eval_loss})
+            if pending is not None:
+                last = self._on_step_end(*pending, guard, timer)
+        finally:
+            self.checkpointer.wait_until_finished()
+            for writer in self.writers:
+                writer.close()
+        self.state = state
+        self.hooks("on_train_end", trainer=self, metrics=last)
+        return last
+
+    def _tokens_per_step(self) -> int:
+        cfg = self._config.input
+        return getattr(cfg, "batch_size", 0) * getattr(cfg, "seq_len", 0)
+
+    def _on_step_end(self, step: int, metrics: Any, guard: NonFiniteGuard,
+                     timer: StepTimer) -> dict:
+        values = {k: v.item() for k, v in jax.device_get(metrics).items()}
+        finite = bool(values.pop("finite"))
+        guard.update(step, finite, values.get("loss"))
+        values.update(timer.tick(step))
+        cfg = self._config
+        if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
+            self._write(step, values)
+        self.hooks("on_step_end", trainer=self, step=step, metrics=values)
+        return {"step": step, **values}
+
+    def _write(self, step: int, scalars: dict) -> None:
+        for writer in self.writers:
+            writer.write(step, scalars)
