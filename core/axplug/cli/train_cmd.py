@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.debug_string())
         return 0
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
     from axplug.trainer.run import train
 
     metrics = train(cfg)

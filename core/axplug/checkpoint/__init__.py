@@ -1,0 +1,21 @@
+"""Asynchronous, config-built Orbax checkpoints of a training state, on pluggable storage."""
+
+from axplug.checkpoint.checkpointer import Checkpointer
+from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError, StorageNotFoundError
+from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
+from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
+
+__all__ = [
+    "Checkpointer",
+    "Storage",
+    "LocalStorage",
+    "storage_for",
+    "scheme_of",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "StorageNotFoundError",
+    "COMMIT_MARKER",
+    "step_dir_name",
+    "parse_step",
+    "steps_to_keep",
+]

@@ -1,0 +1,228 @@
+"""`Checkpointer`: asynchronous Orbax saves of a training state, one directory per step."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from axplug.checkpoint import layout
+from axplug.checkpoint._tree import abstract_target, first_non_finite
+from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from axplug.checkpoint.storage import storage_for
+from axplug.config import REQUIRED, Configurable, Required, config_class
+
+__all__ = ["Checkpointer"]
+
+
+class Checkpointer(Configurable):
+    """Saves and restores `(step, state, metadata)` under `directory/step_XXXXXXXX`.
+
+    `save` returns once the arrays are copied off the device and writes in the background; the
+    next `save`, `restore`, `wait_until_finished` or `close` waits for it. A step counts only
+    when complete (orbax's `commit_success.txt` is present), so an interrupted save is never
+    listed or restored. Old steps are deleted after each completed save, keeping the last
+    `keep_last` plus every multiple of `keep_every`.
+    """
+
+    @config_class
+    class Config(Configurable.Config):
+        directory: Required[str] = REQUIRED  # a path, or a URL such as s3://bucket/run/ckpt
+        keep_last: int = 3
+        keep_every: int | None = None  # also keep every step divisible by this, forever
+        async_save: bool = True
+        storage_options: dict | None = None  # keyword arguments of the storage backend
+
+    def __init__(self, cfg: Checkpointer.Config):
+        super().__init__(cfg)
+        cfg = self._config
+        if cfg.keep_last < 1:
+            raise ValueError(f"{cfg._path('keep_last')}: must be at least 1, got {cfg.keep_last}")
+        if cfg.keep_every is not None and cfg.keep_every < 1:
+            raise ValueError(
+                f"{cfg._path('keep_every')}: must be None or at least 1, got {cfg.keep_every}"
+            )
+        self.directory: str = cfg.directory
+        self.storage = storage_for(cfg.directory, cfg.storage_options)
+        atomicity = ocp.path.atomicity
+        temporary_path_class = (
+            atomicity.AtomicRenameTemporaryPath
+            if self.storage.atomic_rename
+            else atomicity.CommitFileTemporaryPath
+        )
+        self._orbax = ocp.AsyncCheckpointer(
+            ocp.CompositeCheckpointHandler(), temporary_path_class=temporary_path_class
+        )
+        self._pending: int | None = None  # step being written in the background
+        self._closed = False
+
+    # -- listing -----------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending; partial and temporary saves are skipped."""
+        steps = []
+        for name in self.storage.listdir(self.directory):
+            step = layout.parse_step(name)
+            if step is not None and self._is_complete(name):
+                steps.append(step)
+        return sorted(steps)
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _is_complete(self, name: str) -> bool:
+        return self.storage.exists(self.storage.join(self.directory, name, layout.COMMIT_MARKER))
+
+    def _step_url(self, step: int) -> str:
+        return self.storage.join(self.directory, layout.step_dir_name(step))
+
+    # -- saving ------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, metadata: dict | None = None) -> None:
+        """Starts saving `state` (a pytree of arrays) and JSON `metadata` as `step`.
+
+        Returns once the arrays are off the device (at once written with `async_save=False`).
+        Raises ValueError, writing nothing, when a float leaf holds NaN or inf.
+        """
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        metadata = {} if metadata is None else metadata
+        if not isinstance(metadata, dict):
+            raise TypeError(f"step {step}: metadata must be a dict, got {type(metadata).__name__}")
+        try:
+            json.dumps(metadata, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"step {step}: metadata is not JSON-serializable ({exc}); nothing was written"
+            ) from None
+        bad = first_non_finite(state)
+        if bad is not None:
+            raise ValueError(
+                f"refusing to save step {step} to {self.directory}: state leaf {bad} has "
+                "non-finite values (NaN or inf); nothing was written"
+            )
+        self.wait_until_finished()
+        self._prepare_step_dir(step)
+        args = ocp.args.Composite(
+            **{
+                layout.STATE_ITEM: ocp.args.StandardSave(state),
+                layout.METADATA_ITEM: ocp.args.JsonSave(metadata),
+            }
+        )
+        self._orbax.save(self.storage.path(self._step_url(step)), args=args)
+        self._pending = step
+        if not self._config.async_save:
+            self.wait_until_finished()
+
+    def _prepare_step_dir(self, step: int) -> None:
+        name = layout.step_dir_name(step)
+        if self._is_complete(name):
+            raise CheckpointError(
+                f"step {step} already has a complete checkpoint in {self.directory}; save "
+                "under a new step, or delete that one first"
+            )
+        url = self._step_url(step)
+        if self.storage.exists(url):
+            # Leftover of an interrupted save of the same step, never committed.
+            self.storage.delete(url)
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the background write (if any) is committed, then applies retention."""
+        if self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._orbax.wait_until_finished()
+        except Exception as exc:
+            raise CheckpointError(
+                f"saving step {step} to {self.directory} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        steps = self.all_steps()
+        keep = layout.steps_to_keep(steps, self._config.keep_last, self._config.keep_every)
+        for step in steps:
+            if step not in keep:
+                self.storage.delete(self._step_url(step))
+
+    # -- restoring ---------------------------------------------------------------------------
+
+    def restore(self, step: int | None = None, *, target: Any) -> tuple[int, Any, dict]:
+        """Reads `(step, state, metadata)`; `step=None` means the latest complete step.
+
+        `target` is a pytree of `jax.ShapeDtypeStruct` (or arrays) whose shardings say where
+        each restored array goes, so a state saved on one mesh restores onto another. The
+        restored state has exactly `target`'s tree structure.
+        """
+        self._check_open()
+        self.wait_until_finished()
+        step = self._resolve_step(step)
+        abstract = abstract_target(target)
+        treedef = jax.tree.structure(abstract)
+        args = ocp.args.Composite(
+            **{
+                layout.STATE_ITEM: ocp.args.StandardRestore(abstract),
+                layout.METADATA_ITEM: ocp.args.JsonRestore(),
+            }
+        )
+        try:
+            restored = self._orbax.restore(self.storage.path(self._step_url(step)), args=args)
+            state = jax.tree.unflatten(treedef, treedef.flatten_up_to(restored[layout.STATE_ITEM]))
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot restore step {step} from {self.directory} into the given target: {exc}"
+            ) from exc
+        return step, state, restored[layout.METADATA_ITEM] or {}
+
+    def metadata(self, step: int | None = None) -> dict:
+        """The JSON metadata saved with `step` (default: the latest), without reading arrays."""
+        self._check_open()
+        self.wait_until_finished()
+        step = self._resolve_step(step)
+        url = self.storage.join(self._step_url(step), layout.METADATA_ITEM, layout.METADATA_FILE)
+        return json.loads(self.storage.read_text(url))
+
+    def _resolve_step(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointNotFoundError(
+                    f"no complete checkpoint in {self.directory} (nothing saved there yet, or "
+                    "every save was interrupted)"
+                )
+            return steps[-1]
+        if step not in steps:
+            state = "incomplete" if self.storage.exists(self._step_url(step)) else "missing"
+            listing = ", ".join(map(str, steps)) if steps else "none"
+            raise CheckpointNotFoundError(
+                f"step {step} is {state} in {self.directory}; complete steps: {listing}"
+            )
+        return step
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Waits for the pending save, then releases orbax's resources; idempotent."""
+        if self._closed:
+            return
+        try:
+            self.wait_until_finished()
+        finally:
+            self._closed = True
+            self._orbax.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"checkpointer for {self.directory} is closed")
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

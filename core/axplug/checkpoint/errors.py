@@ -1,0 +1,15 @@
+"""Errors raised by the checkpointer and by storage lookup."""
+
+__all__ = ["CheckpointError", "CheckpointNotFoundError", "StorageNotFoundError"]
+
+
+class CheckpointError(Exception):
+    """Base class of checkpoint errors; the message names the directory or step."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No complete checkpoint (or not the requested step) in the directory."""
+
+
+class StorageNotFoundError(CheckpointError, LookupError):
+    """No storage backend is installed for a URL scheme."""

@@ -1,0 +1,137 @@
+"""Where checkpoints live: a small `Storage` interface, chosen by URL scheme, and local files.
+
+A backend is a `Storage` subclass registered in the `axplug.storage` entry point group under
+its URL scheme; the local filesystem (`file`, and plain paths) ships with the core this way.
+A cloud plugin adds e.g. `s3 = "my_pkg.storage:S3Storage"`. Every method takes the full URL
+(`s3://bucket/run/checkpoints/step_00000010`); `join` builds child URLs. Orbax writes the
+arrays itself, to the `epath.Path` that `path()` returns; the other methods are what the
+checkpointer needs around that: listing steps, checking completion markers, reading the
+metadata JSON and deleting old steps.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from axplug.checkpoint.errors import StorageNotFoundError
+
+if TYPE_CHECKING:
+    from etils import epath
+
+__all__ = ["Storage", "LocalStorage", "scheme_of", "storage_for", "CLOUD_DISTRIBUTION"]
+
+# Named in error messages only; the core never imports it.
+CLOUD_DISTRIBUTION = "axplug-checkpoint-cloud"
+_CLOUD_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "oci", "r2"})
+
+
+class Storage(abc.ABC):
+    """A storage backend addressed by URLs of one scheme; subclass it to add a scheme."""
+
+    #: Whether orbax may commit a save by renaming a temporary directory (true on local
+    #: filesystems). Object stores set False: orbax then writes into the final directory and
+    #: commits by writing `commit_success.txt` last. Both ways leave that file in a complete step.
+    atomic_rename: bool = True
+
+    @abc.abstractmethod
+    def path(self, url: str) -> epath.Path:
+        """The `etils.epath.Path` that orbax reads and writes for `url`."""
+
+    @abc.abstractmethod
+    def exists(self, url: str) -> bool:
+        """Whether a file or directory exists at `url`."""
+
+    @abc.abstractmethod
+    def listdir(self, url: str) -> list[str]:
+        """Names (not URLs) of the entries directly under `url`; [] when it does not exist."""
+
+    @abc.abstractmethod
+    def delete(self, url: str) -> None:
+        """Deletes the file or the whole directory tree at `url`; a missing `url` is no error."""
+
+    @abc.abstractmethod
+    def read_text(self, url: str) -> str:
+        """The UTF-8 text of the file at `url` (FileNotFoundError when missing)."""
+
+    @abc.abstractmethod
+    def write_text(self, url: str, text: str) -> None:
+        """Writes `text` as UTF-8 to the file at `url`, creating parent directories."""
+
+    def join(self, url: str, *names: str) -> str:
+        """`url` with `names` appended as path components."""
+        return "/".join([url.rstrip("/"), *names])
+
+
+class LocalStorage(Storage):
+    """The local filesystem: plain paths and `file://` URLs."""
+
+    def _local(self, url: str) -> str:
+        if url.startswith("file://"):
+            url = url[len("file://") :]
+        return os.path.abspath(os.path.expanduser(url))
+
+    def path(self, url: str) -> epath.Path:
+        from etils import epath  # imported on use: listing plugins must stay light
+
+        return epath.Path(self._local(url))
+
+    def exists(self, url: str) -> bool:
+        return os.path.exists(self._local(url))
+
+    def listdir(self, url: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._local(url)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, url: str) -> None:
+        local = self._local(url)
+        if os.path.isdir(local) and not os.path.islink(local):
+            shutil.rmtree(local, ignore_errors=False)
+        elif os.path.lexists(local):
+            os.remove(local)
+
+    def read_text(self, url: str) -> str:
+        with open(self._local(url), encoding="utf-8") as f:
+            return f.read()
+
+    def write_text(self, url: str, text: str) -> None:
+        local = self._local(url)
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with open(local, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def scheme_of(url: str) -> str:
+    """The URL scheme of `url` (`s3` for `s3://b/x`); a plain path is `file`."""
+    scheme, sep, _ = url.partition("://")
+    return scheme.lower() if sep and scheme else "file"
+
+
+def storage_for(url: str, options: dict[str, Any] | None = None) -> Storage:
+    """The backend registered for `url`'s scheme in `axplug.storage`, built with `options`."""
+    from axplug import registry
+
+    scheme = scheme_of(url)
+    try:
+        cls = registry.load("storage", scheme)
+    except registry.ComponentNotFoundError:
+        installed = ", ".join(registry.names("storage")) or "none"
+        if scheme in _CLOUD_SCHEMES:
+            hint = f"pip install {CLOUD_DISTRIBUTION}"
+        else:
+            hint = "install a plugin that registers it in the entry point group axplug.storage"
+        raise StorageNotFoundError(
+            f"no storage backend for scheme {scheme!r} (url {url}): {hint} "
+            f"(installed schemes: {installed})"
+        ) from None
+    storage = cls(**(options or {}))
+    if not isinstance(storage, Storage):
+        raise TypeError(
+            f"storage backend {scheme!r} built a {type(storage).__qualname__}, which is not an "
+            "axplug.checkpoint.Storage; backends must subclass it"
+        )
+    return storage
