@@ -15,21 +15,29 @@ def _is_float(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
+@jax.jit
+def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
+    # One program for the whole state: on a multi-device mesh every eager op would be its own
+    # SPMD launch, and dozens of them race the training step for the same devices.
+    return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+
+
 def first_non_finite(state: Any) -> str | None:
     """The key path (`['params']['w']`) of the first leaf with a NaN or inf, or None."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(state)
-    paths, flags = [], []
+    paths, arrays = [], []
     for path, leaf in leaves:
         if isinstance(leaf, jax.Array):
             if _is_float(leaf.dtype):
-                # Reduced on device; all flags come back in one transfer below.
                 paths.append(path)
-                flags.append(jnp.all(jnp.isfinite(leaf)))
+                arrays.append(leaf)
         elif isinstance(leaf, (np.ndarray, np.generic, float, complex)):
             value = np.asarray(leaf)
             if _is_float(value.dtype) and not np.all(np.isfinite(value)):
                 return jax.tree_util.keystr(path)
-    for path, ok in zip(paths, jax.device_get(flags), strict=True):
+    if not arrays:
+        return None
+    for path, ok in zip(paths, jax.device_get(_finite_flags(arrays)), strict=True):
         if not ok:
             return jax.tree_util.keystr(path)
     return None

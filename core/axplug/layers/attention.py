@@ -18,10 +18,13 @@ __all__ = [
     "QKVLinear",
     "IdentityPositionTransform",
     "DotProductKernel",
+    "ContiguousKVCache",
     "Attention",
 ]
 
 NEG_INF = -1e30
+# Position of a cache slot not written yet: after every real position, so a causal mask hides it.
+EMPTY_POSITION = 2**30
 
 
 @jax.tree_util.register_dataclass
@@ -117,6 +120,42 @@ class DotProductKernel(BaseLayer):
         return out.reshape(b, sq, h, d)
 
 
+class ContiguousKVCache(BaseLayer):
+    """KV cache slot: keys and values in [batch, max_len, kv_heads, head_dim] buffers.
+
+    The state is explicit (a dict of arrays the caller carries between steps, so decoding works
+    under jit): `init_state` makes an empty one, `extend` writes the new tokens' keys and values
+    after the ones already cached (all rows advance together) and returns what to attend to.
+    Writing past `max_len` is not checked; size the cache for prompt plus generated tokens.
+    """
+
+    def init_state(
+        self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
+    ) -> dict[str, jax.Array]:
+        shape = (batch_size, max_len, num_kv_heads, head_dim)
+        return {
+            "key": jnp.zeros(shape, dtype),
+            "value": jnp.zeros(shape, dtype),
+            "positions": jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
+            "length": jnp.zeros((), jnp.int32),
+        }
+
+    def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new_state, key_all, value_all, kv_positions) after appending `key`/`value` at
+        `positions`; key/value [b, s, kvh, d] -> *_all [b, max_len, kvh, d]."""
+        at = state["length"]
+        write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+            buf, new.astype(buf.dtype), at, axis=1
+        )
+        new_state = {
+            "key": write(state["key"], key),
+            "value": write(state["value"], value),
+            "positions": write(state["positions"], positions),
+            "length": at + key.shape[1],
+        }
+        return new_state, new_state["key"], new_state["value"], new_state["positions"]
+
+
 class Attention(BaseLayer):
     """Self-attention: qkv slot -> position slot -> kernel slot -> output projection."""
 
@@ -131,6 +170,8 @@ class Attention(BaseLayer):
         position: BaseLayer.Config = IdentityPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
         output: Linear.Config = Linear.default_config().set(mesh_axes=("heads", "embed"))
+        # Used only by init_cache_state / extend_step (decoding), never by forward.
+        kv_cache: BaseLayer.Config = ContiguousKVCache.default_config()
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
@@ -148,6 +189,7 @@ class Attention(BaseLayer):
         self._add_child(
             "output", cfg.output.clone(input_dim=cfg.num_heads * head_dim, output_dim=cfg.input_dim)
         )
+        self._add_child("kv_cache", cfg.kv_cache)
 
     def make_mask(self, positions, segment_ids=None) -> AttentionMask:
         return AttentionMask(
@@ -165,3 +207,36 @@ class Attention(BaseLayer):
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         out = self.kernel(q, k, v, self.make_mask(positions, segment_ids))
         return self.output(out.reshape(*out.shape[:2], -1))
+
+    def init_cache_state(self, batch_size: int, max_len: int, dtype=None) -> dict:
+        """An empty KV cache for `extend_step` (dtype: the compute dtype unless given)."""
+        return self.kv_cache.init_state(
+            batch_size=batch_size,
+            max_len=max_len,
+            num_kv_heads=getattr(self.qkv, "num_kv_heads", self._config.num_heads),
+            head_dim=self._head_dim,
+            dtype=dtype or self.compute_dtype,
+        )
+
+    def extend_step(
+        self, x: jax.Array, *, positions: jax.Array, cache_state: dict
+    ) -> tuple[jax.Array, dict]:
+        """(output, new cache state) for new tokens `x` attending to the cache and themselves.
+
+        Prefill is one call with the whole prompt on an empty cache; decoding then calls it
+        with one token at a time. Outputs equal `forward` over the whole sequence.
+        """
+        if not self._config.causal:
+            raise ConfigError(f"{self.path}: decoding with a KV cache needs causal attention")
+        # x: [batch, new, dim]; positions: [batch, new]
+        q, k, v = self.qkv(x)
+        q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
+        cache_state, k_all, v_all, kv_positions = self.kv_cache.extend(cache_state, k, v, positions)
+        mask = AttentionMask(
+            q_positions=positions,
+            kv_positions=kv_positions,
+            causal=True,
+            sliding_window=self._config.sliding_window,
+        )
+        out = self.kernel(q, k_all, v_all, mask)
+        return self.output(out.reshape(*out.shape[:2], -1)), cache_state

@@ -79,7 +79,7 @@ def build_train_step(
             idx = jnp.arange(grad_accumulation_steps)
             summed, _ = jax.lax.scan(accumulate, zeros, (idx, micro))
             total, terms, grads = jax.tree.map(lambda x: x / grad_accumulation_steps, summed)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree_utils.tree_norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)

@@ -73,12 +73,12 @@ class Trainer(Configurable):
         # None disables the persistent compilation cache.
         compilation_cache_dir: str | None = "~/.cache/axplug/xla"
 
-    def __init__(self, cfg: Config, *, hooks: tuple = ()):
+    def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
         if cfg.compilation_cache_dir:
             enable_compilation_cache(cfg.compilation_cache_dir)
         self.mesh_builder = cfg.mesh.instantiate()
-        self.mesh = self.mesh_builder.build()
+        self.mesh = self.mesh_builder.build(devices)
         self.model = cfg.model.instantiate(parent=None, _path="model")
         self.learner = cfg.learner.instantiate()
         self.input = cfg.input.instantiate()

@@ -1,0 +1,324 @@
+"""The Trainer: learning, meshes, aux losses, NaN guard, hooks and gradient accumulation.
+
+Tolerances: runs on different meshes reduce in different orders, so losses agree to ~1e-5
+relative (float32); identical programs on identical inputs must agree bit for bit.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from axplug import hookimpl
+from axplug.config import config_class
+from axplug.layers import CausalLM, FeedForward
+from axplug.learner import Learner
+from axplug.presets import preset_config
+from axplug.summary import read_jsonl
+from axplug.trainer import AuxLossRule, NonFiniteError, Trainer, build_train_step
+
+
+def tiny_config(tmp_path, *extra, steps=6):
+    return preset_config(
+        "gpt-tiny",
+        overrides=[
+            f"output_dir={str(tmp_path)!r}",
+            f"max_steps={steps}",
+            "checkpoint_every=3",
+            "log_every=1",
+            "compilation_cache_dir=None",
+            "model.decoder.dim=32",
+            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+            "input.seq_len=32",
+            "input.batch_size=8",
+            "summary_writers=[]",
+            *extra,
+        ],
+    )
+
+
+def losses(trainer_run_dir):
+    return [r["loss"] for r in read_jsonl(trainer_run_dir / "metrics.jsonl") if "loss" in r]
+
+
+def with_jsonl(cfg):
+    from axplug.summary import JsonlWriter
+
+    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
+
+
+def test_gpt_tiny_learns_and_checkpoints(tmp_path):
+    cfg = with_jsonl(tiny_config(tmp_path, "learner.learning_rate=1e-2", steps=12))
+    trainer = cfg.instantiate()
+    final = trainer.run()
+    values = losses(tmp_path)
+    assert len(values) == 12 and final["step"] == 12
+    assert values[-1] < values[0] - 0.5, values  # bytes: from ~ln(256) toward the corpus entropy
+    assert trainer.checkpointer.all_steps() == [6, 9, 12]
+    assert int(trainer.state["step"]) == 12
+
+
+@pytest.mark.parametrize(
+    "mesh_shape",
+    [(8, 1, 1, 1, 1), (1, 8, 1, 1, 1), (2, 1, 1, 1, 4)],
+    ids=["data", "fsdp", "data+model"],
+)
+def test_mesh_runs_match_one_device(tmp_path, mesh_shape):
+    one = tiny_config(tmp_path / "one", "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
+    one_trainer = with_jsonl(one).instantiate(devices=jax.devices()[:1])
+    one_trainer.run()
+    many = tiny_config(tmp_path / "many", f"mesh.mesh_shape={mesh_shape}", steps=3)
+    many_trainer = with_jsonl(many).instantiate()
+    assert many_trainer.mesh.devices.size == 8
+    many_trainer.run()
+    np.testing.assert_allclose(losses(tmp_path / "many"), losses(tmp_path / "one"), rtol=2e-5)
+    # Parameters really are laid out over the mesh.
+    emb = many_trainer.state["params"]["decoder"]["embedding"]["weight"]
+    assert len(emb.sharding.device_set) == 8
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        jax.device_get(many_trainer.state["params"]),
+        jax.device_get(one_trainer.state["params"]),
+    )
+
+
+class AuxLM(CausalLM):
+    """A CausalLM that emits an aux loss c * sum(w^2) from every feed-forward."""
+
+
+class PenalizedFeedForward(FeedForward):
+    @config_class
+    class Config(FeedForward.Config):
+        coefficient: float = 0.5
+
+    def forward(self, x):
+        w = self.parameters["wo"]["weight"]
+        self.add_module_output("penalty_loss", self._config.coefficient * jnp.sum(w * w))
+        self.add_module_output("not_a_loss_stat", jnp.ones(()))
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["stacked", "repeated"])
+def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
+    from axplug.config import replace_config
+
+    cfg = tiny_config(tmp_path, "model.decoder.transformer.num_layers=2")
+    if scan:
+        from axplug.modifiers import make_modifier
+
+        cfg = make_modifier("scan_layers")(cfg)
+    cfg = replace_config(cfg, target=FeedForward, new_cfg=PenalizedFeedForward.default_config())
+    trainer = cfg.instantiate()
+    state = trainer.init_state()
+    batch = trainer.put_batch(trainer.input.batch(0))
+    step = build_train_step(trainer.model, optax.sgd(0.0), trainer.aux_loss, seed=0)
+    _, metrics = jax.jit(step)(state, batch)
+    params = state["params"]["decoder"]["transformer"]
+    if scan:
+        expected = 0.5 * jnp.sum(params["layer"]["feed_forward"]["wo"]["weight"] ** 2)
+    else:
+        expected = sum(0.5 * jnp.sum(params[f"layer{i}"]["feed_forward"]["wo"]["weight"] ** 2)
+                       for i in range(2))
+    np.testing.assert_allclose(metrics["penalty_loss"], expected, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss"], metrics["ce_loss"] + expected, rtol=1e-5)
+    assert "not_a_loss_stat" not in metrics
+    # The gradient of the total loss includes the penalty: 2 * c * w on top of the CE part.
+    rule_off = AuxLossRule.default_config().set(weights={"penalty_loss": 0.0}).instantiate()
+
+    def grads(rule):
+        from axplug.trainer.step import _loss_fn, step_key
+
+        fn = _loss_fn(trainer.model, rule)
+        return jax.grad(lambda p: fn(p, batch, step_key(0, state["step"]))[0])(state["params"])
+
+    g_on, g_off = grads(trainer.aux_loss), grads(rule_off)
+    path = ("layer", "feed_forward", "wo") if scan else ("layer0", "feed_forward", "wo")
+    pick = lambda g: g["decoder"]["transformer"][path[0]][path[1]][path[2]]["weight"]  # noqa: E731
+    w = params[path[0]][path[1]][path[2]]["weight"]
+    np.testing.assert_allclose(pick(g_on) - pick(g_off), 2 * 0.5 * w, rtol=1e-4, atol=1e-6)
+
+
+class Poisoned(CausalLM):
+    """Emits a NaN aux loss when the first input token is 255."""
+
+    def forward(self, input_ids, target_labels, **kw):
+        poison = jnp.where(input_ids[0, 0] == 255, jnp.nan, 0.0)
+        self.add_module_output("poison_loss", poison)
+        return super().forward(input_ids, target_labels, **kw)
+
+
+class PoisonInput:
+    """Wraps an input so the batches of `bad_steps` start with token 255."""
+
+    def __init__(self, inner, bad_steps):
+        self.inner, self.bad_steps = inner, set(bad_steps)
+
+    def batch(self, step):
+        batch = dict(self.inner.batch(step))
+        ids = np.array(batch["input_ids"]) % 200
+        if step in self.bad_steps:
+            ids[0, 0] = 255
+        batch["input_ids"] = ids
+        return batch
+
+
+def poisoned_trainer(tmp_path, bad_steps, **kw):
+    cfg = tiny_config(tmp_path, **kw)
+    decoder = cfg.model.decoder
+    cfg.model = Poisoned.default_config().set(decoder=decoder)
+    trainer = with_jsonl(cfg).instantiate()
+    trainer.input = PoisonInput(trainer.input, bad_steps)
+    return trainer
+
+
+def test_nonfinite_step_is_skipped_and_reported(tmp_path, caplog):
+    trainer = poisoned_trainer(tmp_path, bad_steps=[0], steps=1)
+    initial = jax.device_get(trainer.init_state())
+    trainer.run()
+    assert "step 1: non-finite loss or gradient" in caplog.text
+    after = jax.device_get(trainer.state)
+    jax.tree.map(np.testing.assert_array_equal, after["params"], initial["params"])
+    jax.tree.map(np.testing.assert_array_equal, after["opt_state"], initial["opt_state"])
+    assert int(after["step"]) == 1  # the data moves on past the bad batch
+
+
+def test_consecutive_nonfinite_steps_stop_the_run_with_finite_checkpoints(tmp_path):
+    trainer = poisoned_trainer(tmp_path, bad_steps=[3, 4, 5], steps=6)
+    with pytest.raises(NonFiniteError, match="stopping at step 6: 3 consecutive steps"):
+        trainer.run()
+    assert trainer.checkpointer.all_steps() == [3]  # nothing is saved past the bad steps
+    _, state, _ = trainer.checkpointer.restore(3, target=trainer.abstract_state)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state["params"])))
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    @hookimpl
+    def on_train_start(self, trainer):
+        self.events.append(("start", None))
+
+    @hookimpl
+    def on_step_end(self, trainer, step, metrics):
+        self.events.append(("step", step, metrics["loss"]))
+
+    @hookimpl
+    def on_checkpoint_saved(self, trainer, step, path):
+        self.events.append(("checkpoint", step, path))
+
+    @hookimpl
+    def on_train_end(self, trainer, metrics):
+        self.events.append(("end", metrics["step"]))
+
+
+class Exploding:
+    @hookimpl
+    def on_step_end(self, trainer, step, metrics):
+        raise RuntimeError("hook bug")
+
+
+def test_hooks_are_called_and_a_raising_hook_does_not_kill_the_run(tmp_path):
+    recorder = Recorder()
+    trainer = tiny_config(tmp_path, steps=3).instantiate(hooks=(recorder, Exploding()))
+    trainer.run()
+    kinds = [e[0] for e in recorder.events]
+    assert kinds == ["start", "step", "step", "step", "checkpoint", "end"]
+    assert [e[1] for e in recorder.events if e[0] == "step"] == [1, 2, 3]
+    assert recorder.events[4][2].endswith("checkpoints/step_00000003")
+    assert len(trainer.hooks.failures) == 3
+    assert "hook on_step_end of plugin" in trainer.hooks.failures[0]
+    assert "RuntimeError: hook bug" in trainer.hooks.failures[0]
+
+
+def test_hook_plugin_from_an_entry_point_is_called(tmp_path, plugin_site):
+    source = (
+        "from axplug import hookimpl\n"
+        "CALLS = []\n"
+        "@hookimpl\n"
+        "def on_train_end(trainer, metrics):\n"
+        "    CALLS.append(metrics['step'])\n"
+    )
+    plugin_site.add("fake-hooks", {"axplug.hooks": {"rec": "fake_rec_hooks"}},
+                    modules={"fake_rec_hooks": source})
+    tiny_config(tmp_path, steps=2).instantiate().run()
+    import fake_rec_hooks
+
+    assert fake_rec_hooks.CALLS == [2]
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+    trainer = tiny_config(tmp_path).instantiate()
+    state = jax.device_get(trainer.init_state())
+    batch = trainer.input.batch(0)
+    tx = optax.sgd(1.0)
+    results = []
+    for k in (1, 2, 4):
+        step = build_train_step(trainer.model, tx, trainer.aux_loss, seed=0,
+                                grad_accumulation_steps=k)
+        new_state, metrics = jax.jit(step)(state, batch)
+        results.append((new_state["params"], metrics["loss"]))
+    for params, loss in results[1:]:
+        np.testing.assert_allclose(loss, results[0][1], rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                     params, results[0][0])
+
+
+def test_learner_schedule_and_weight_decay_mask():
+    learner = Learner.default_config().set(
+        learning_rate=1.0, warmup_steps=10, schedule="cosine", end_learning_rate_fraction=0.1
+    ).instantiate()
+    lr = learner.schedule(110)
+    np.testing.assert_allclose([lr(0), lr(5), lr(10)], [0.0, 0.5, 1.0], atol=1e-6)
+    # Cosine from 1.0 to 0.1 over the 100 steps after warmup.
+    np.testing.assert_allclose(lr(60), 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 0.5)), rtol=1e-5)
+    np.testing.assert_allclose(lr(110), 0.1, rtol=1e-5)
+    linear = Learner.default_config().set(learning_rate=2.0, schedule="linear").instantiate()
+    np.testing.assert_allclose(linear.schedule(100)(50), 2.0 - 0.5 * (2.0 - 0.2), rtol=1e-5)
+
+    from axplug.layers import ParameterSpec
+
+    ones = jax.nn.initializers.ones
+    specs = {"norm": ParameterSpec((4,), jnp.float32, ("embed",), ones, weight_decay_scale=0.0),
+             "w": ParameterSpec((4,), jnp.float32, ("embed",), ones)}
+    params = {"norm": jnp.ones(4), "w": jnp.ones(4)}
+    for optimizer in ("adamw", "sgd", "adafactor"):
+        tx = Learner.default_config().set(
+            optimizer=optimizer, learning_rate=1.0, weight_decay=0.5, max_grad_norm=None,
+            schedule="constant",
+        ).instantiate().transform(specs, 10)
+        zero = jax.tree.map(jnp.zeros_like, params)
+        updates, _ = tx.update(zero, tx.init(params), params)
+        # With zero gradients only weight decay moves a parameter: the masked one stays put.
+        np.testing.assert_array_equal(updates["norm"], 0.0)
+        assert np.all(np.abs(updates["w"]) > 0), optimizer
+    with pytest.raises(Exception, match="learner.optimizer: unknown 'lion'"):
+        Learner.default_config().set(optimizer="lion").instantiate()
+
+
+def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
+    cfg = tiny_config(tmp_path, "learner.learning_rate=0.1", "learner.weight_decay=0.5",
+                      "learner.schedule='constant'", "learner.max_grad_norm=None",
+                      "learner.warmup_steps=0")
+    trainer = cfg.instantiate()
+    state = jax.device_get(trainer.init_state())
+    tx = trainer.learner.transform(trainer.param_specs, 10)
+    params = state["params"]
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    layer = updates["decoder"]["transformer"]["layer0"]
+    np.testing.assert_array_equal(layer["attention_norm"]["scale"], 0.0)
+    w = params["decoder"]["transformer"]["layer0"]["feed_forward"]["wo"]["weight"]
+    np.testing.assert_allclose(layer["feed_forward"]["wo"]["weight"], -0.1 * 0.5 * w, rtol=1e-5)
+
+
+def test_trainer_is_config_built_and_errors_name_paths(tmp_path):
+    cfg = Trainer.default_config()
+    from axplug.config import RequiredFieldError
+
+    with pytest.raises(RequiredFieldError, match="^output_dir: required"):
+        cfg.instantiate()
+    bad = tiny_config(tmp_path, "mesh.mesh_shape=(3, 1, 1, 1, 1)")
+    with pytest.raises(Exception, match=r"mesh_shape \(3, 1, 1, 1, 1\) needs 3 devices but 8"):
+        bad.instantiate()
