@@ -118,8 +118,10 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
     if scan:
         expected = 0.5 * jnp.sum(params["layer"]["feed_forward"]["wo"]["weight"] ** 2)
     else:
-        expected = sum(0.5 * jnp.sum(params[f"layer{i}"]["feed_forward"]["wo"]["weight"] ** 2)
-                       for i in range(2))
+        expected = sum(
+            0.5 * jnp.sum(params[f"layer{i}"]["feed_forward"]["wo"]["weight"] ** 2)
+            for i in range(2)
+        )
     np.testing.assert_allclose(metrics["penalty_loss"], expected, rtol=1e-5)
     np.testing.assert_allclose(metrics["loss"], metrics["ce_loss"] + expected, rtol=1e-5)
     assert "not_a_loss_stat" not in metrics
@@ -240,8 +242,11 @@ def test_hook_plugin_from_an_entry_point_is_called(tmp_path, plugin_site):
         "def on_train_end(trainer, metrics):\n"
         "    CALLS.append(metrics['step'])\n"
     )
-    plugin_site.add("fake-hooks", {"axplug.hooks": {"rec": "fake_rec_hooks"}},
-                    modules={"fake_rec_hooks": source})
+    plugin_site.add(
+        "fake-hooks",
+        {"axplug.hooks": {"rec": "fake_rec_hooks"}},
+        modules={"fake_rec_hooks": source},
+    )
     tiny_config(tmp_path, steps=2).instantiate().run()
     import fake_rec_hooks
 
@@ -255,20 +260,26 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
     tx = optax.sgd(1.0)
     results = []
     for k in (1, 2, 4):
-        step = build_train_step(trainer.model, tx, trainer.aux_loss, seed=0,
-                                grad_accumulation_steps=k)
+        step = build_train_step(
+            trainer.model, tx, trainer.aux_loss, seed=0, grad_accumulation_steps=k
+        )
         new_state, metrics = jax.jit(step)(state, batch)
         results.append((new_state["params"], metrics["loss"]))
     for params, loss in results[1:]:
         np.testing.assert_allclose(loss, results[0][1], rtol=1e-5)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                     params, results[0][0])
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+            params,
+            results[0][0],
+        )
 
 
 def test_learner_schedule_and_weight_decay_mask():
-    learner = Learner.default_config().set(
-        learning_rate=1.0, warmup_steps=10, schedule="cosine", end_learning_rate_fraction=0.1
-    ).instantiate()
+    learner = (
+        Learner.default_config()
+        .set(learning_rate=1.0, warmup_steps=10, schedule="cosine", end_learning_rate_fraction=0.1)
+        .instantiate()
+    )
     lr = learner.schedule(110)
     np.testing.assert_allclose([lr(0), lr(5), lr(10)], [0.0, 0.5, 1.0], atol=1e-6)
     # Cosine from 1.0 to 0.1 over the 100 steps after warmup.
@@ -280,14 +291,24 @@ def test_learner_schedule_and_weight_decay_mask():
     from axplug.layers import ParameterSpec
 
     ones = jax.nn.initializers.ones
-    specs = {"norm": ParameterSpec((4,), jnp.float32, ("embed",), ones, weight_decay_scale=0.0),
-             "w": ParameterSpec((4,), jnp.float32, ("embed",), ones)}
+    specs = {
+        "norm": ParameterSpec((4,), jnp.float32, ("embed",), ones, weight_decay_scale=0.0),
+        "w": ParameterSpec((4,), jnp.float32, ("embed",), ones),
+    }
     params = {"norm": jnp.ones(4), "w": jnp.ones(4)}
     for optimizer in ("adamw", "sgd", "adafactor"):
-        tx = Learner.default_config().set(
-            optimizer=optimizer, learning_rate=1.0, weight_decay=0.5, max_grad_norm=None,
-            schedule="constant",
-        ).instantiate().transform(specs, 10)
+        tx = (
+            Learner.default_config()
+            .set(
+                optimizer=optimizer,
+                learning_rate=1.0,
+                weight_decay=0.5,
+                max_grad_norm=None,
+                schedule="constant",
+            )
+            .instantiate()
+            .transform(specs, 10)
+        )
         zero = jax.tree.map(jnp.zeros_like, params)
         updates, _ = tx.update(zero, tx.init(params), params)
         # With zero gradients only weight decay moves a parameter: the masked one stays put.
@@ -298,9 +319,14 @@ def test_learner_schedule_and_weight_decay_mask():
 
 
 def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
-    cfg = tiny_config(tmp_path, "learner.learning_rate=0.1", "learner.weight_decay=0.5",
-                      "learner.schedule='constant'", "learner.max_grad_norm=None",
-                      "learner.warmup_steps=0")
+    cfg = tiny_config(
+        tmp_path,
+        "learner.learning_rate=0.1",
+        "learner.weight_decay=0.5",
+        "learner.schedule='constant'",
+        "learner.max_grad_norm=None",
+        "learner.warmup_steps=0",
+    )
     trainer = cfg.instantiate()
     state = jax.device_get(trainer.init_state())
     tx = trainer.learner.transform(trainer.param_specs, 10)

@@ -75,15 +75,18 @@ class Learner(Configurable):
         lr = self.schedule(total_steps)
         # Parameters whose spec says weight_decay_scale == 0 (norms, biases) are not decayed.
         mask = jax.tree.map(
-            lambda s: s.weight_decay_scale > 0, specs, is_leaf=lambda s: isinstance(s, ParameterSpec)
+            lambda s: s.weight_decay_scale > 0,
+            specs,
+            is_leaf=lambda s: isinstance(s, ParameterSpec),
         )
         if cfg.optimizer == "adamw":
             opt = optax.adamw(
                 lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask
             )
         elif cfg.optimizer == "adafactor":
-            opt = optax.adafactor(lr, weight_decay_rate=cfg.weight_decay or None,
-                                  weight_decay_mask=mask)
+            opt = optax.adafactor(
+                lr, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=mask
+            )
         else:
             opt = optax.chain(
                 optax.add_decayed_weights(cfg.weight_decay, mask),

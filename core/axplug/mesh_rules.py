@@ -35,7 +35,7 @@ def _slug(text: str) -> str:
 
 
 def detect_selector(devices: Sequence | None = None) -> str:
-    """`<platform>-<device kind>-<count>` of the local devices, e.g. `cpu-8`, `gpu-nvidia-h100-8`."""
+    """`<platform>-<device kind>-<count>` of local devices, e.g. `cpu-8`, `gpu-nvidia-h100-8`."""
     import jax
 
     devices = list(jax.devices() if devices is None else devices)

@@ -33,8 +33,19 @@ class Preset:
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"
 
 
-def _lm(*, vocab, dim, layers, heads, hidden, scan=False, gated=True, activation="silu",
-        norm=None, tie=False) -> CausalLM.Config:
+def _lm(
+    *,
+    vocab,
+    dim,
+    layers,
+    heads,
+    hidden,
+    scan=False,
+    gated=True,
+    activation="silu",
+    norm=None,
+    tie=False,
+) -> CausalLM.Config:
     cfg = CausalLM.default_config()
     decoder = cfg.decoder.set(vocab_size=vocab, dim=dim, tie_word_embeddings=tie)
     stack = RepeatedTransformer if scan else StackedTransformer
@@ -60,8 +71,16 @@ def _trainer(model, *, seq_len, batch_size, lr, steps, warmup) -> Trainer.Config
 
 
 def _gpt_tiny() -> Trainer.Config:
-    model = _lm(vocab=256, dim=128, layers=2, heads=4, hidden=512, gated=False,
-                activation="gelu", norm=LayerNorm.default_config())
+    model = _lm(
+        vocab=256,
+        dim=128,
+        layers=2,
+        heads=4,
+        hidden=512,
+        gated=False,
+        activation="gelu",
+        norm=LayerNorm.default_config(),
+    )
     return _trainer(model, seq_len=128, batch_size=8, lr=3e-3, steps=100, warmup=10)
 
 
@@ -74,29 +93,49 @@ def _full(vocab, dim, layers, heads, hidden, seq_len=4096) -> Callable[[], Train
     def build() -> Trainer.Config:
         model = _lm(vocab=vocab, dim=dim, layers=layers, heads=heads, hidden=hidden, scan=True)
         model.compute_dtype = "bfloat16"
-        return _trainer(model, seq_len=seq_len, batch_size=256, lr=3e-4, steps=100_000,
-                        warmup=2000)
+        return _trainer(model, seq_len=seq_len, batch_size=256, lr=3e-4, steps=100_000, warmup=2000)
 
     return build
 
 
-gpt_tiny = Preset("gpt-tiny", "2-layer GPT on bytes, core layers only (trains in seconds)",
-                  _gpt_tiny)
-llama_tiny = Preset("llama-tiny", "4-layer LLaMA recipe on bytes (RMSNorm, SwiGLU, RoPE); "
-                    "trains on CPU in minutes", _llama_tiny, ("rope",), {"rope": _ATTENTION})
-llama2_7b = Preset("llama2-7b", "LLaMA 2 7B shapes, for planning and AOT checks",
-                   _full(32000, 4096, 32, 32, 11008), ("rope",), {"rope": _ATTENTION})
-llama2_70b = Preset("llama2-70b", "LLaMA 2 70B shapes (GQA, 8 kv heads)",
-                    _full(32000, 8192, 80, 64, 28672), ("rope", "gqa:num_kv_heads=8"),
-                    {"rope": _ATTENTION, "gqa": _ATTENTION})
-llama3_8b = Preset("llama3-8b", "LLaMA 3 8B shapes (GQA, rope theta 500k, 128k vocab)",
-                   _full(128256, 4096, 32, 32, 14336, seq_len=8192),
-                   ("rope:theta=500000.0", "gqa:num_kv_heads=8"),
-                   {"rope": _ATTENTION, "gqa": _ATTENTION})
-mixtral_8x7b = Preset("mixtral-8x7b", "Mixtral 8x7B shapes (8 experts, top-2, GQA)",
-                      _full(32000, 4096, 32, 32, 14336),
-                      ("rope:theta=1000000.0", "gqa:num_kv_heads=8", "moe:num_experts=8,top_k=2"),
-                      {"rope": _ATTENTION, "gqa": _ATTENTION, "moe": _MOE})
+gpt_tiny = Preset(
+    "gpt-tiny", "2-layer GPT on bytes, core layers only (trains in seconds)", _gpt_tiny
+)
+llama_tiny = Preset(
+    "llama-tiny",
+    "4-layer LLaMA recipe on bytes (RMSNorm, SwiGLU, RoPE); trains on CPU in minutes",
+    _llama_tiny,
+    ("rope",),
+    {"rope": _ATTENTION},
+)
+llama2_7b = Preset(
+    "llama2-7b",
+    "LLaMA 2 7B shapes, for planning and AOT checks",
+    _full(32000, 4096, 32, 32, 11008),
+    ("rope",),
+    {"rope": _ATTENTION},
+)
+llama2_70b = Preset(
+    "llama2-70b",
+    "LLaMA 2 70B shapes (GQA, 8 kv heads)",
+    _full(32000, 8192, 80, 64, 28672),
+    ("rope", "gqa:num_kv_heads=8"),
+    {"rope": _ATTENTION, "gqa": _ATTENTION},
+)
+llama3_8b = Preset(
+    "llama3-8b",
+    "LLaMA 3 8B shapes (GQA, rope theta 500k, 128k vocab)",
+    _full(128256, 4096, 32, 32, 14336, seq_len=8192),
+    ("rope:theta=500000.0", "gqa:num_kv_heads=8"),
+    {"rope": _ATTENTION, "gqa": _ATTENTION},
+)
+mixtral_8x7b = Preset(
+    "mixtral-8x7b",
+    "Mixtral 8x7B shapes (8 experts, top-2, GQA)",
+    _full(32000, 4096, 32, 32, 14336),
+    ("rope:theta=1000000.0", "gqa:num_kv_heads=8", "moe:num_experts=8,top_k=2"),
+    {"rope": _ATTENTION, "gqa": _ATTENTION, "moe": _MOE},
+)
 
 PRESETS = (gpt_tiny, llama_tiny, llama2_7b, llama2_70b, llama3_8b, mixtral_8x7b)
 
@@ -118,13 +157,16 @@ def _check_modifiers(preset: Preset, specs: Sequence[str]) -> None:
     for spec in specs:
         name, _ = parse_modifier_spec(spec)
         try:
-            registry.entry("modifiers", name)
-            continue
+            component = registry.entry("modifiers", name)
         except LookupError:
-            pass
-        package = preset.providers.get(name)
-        hint = f": pip install {package}" if package else "; see `axplug list --kind modifiers`"
-        raise ConfigError(f"preset {preset.name} needs modifier {name!r}{hint}")
+            package = preset.providers.get(name)
+            hint = f": pip install {package}" if package else "; see `axplug list --kind modifiers`"
+            raise ConfigError(f"preset {preset.name} needs modifier {name!r}{hint}") from None
+        if not component.loadable:
+            raise ConfigError(
+                f"preset {preset.name} needs modifier {name!r} from {component.distribution}, "
+                f"which is {component.status}: {component.reason}"
+            )
 
 
 def preset_config(

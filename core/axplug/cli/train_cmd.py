@@ -12,7 +12,8 @@ EPILOG = """\
 examples:
   axplug train --preset llama-tiny --output-dir runs/tiny
       train the tiny LLaMA on the bundled corpus; rerun the same command to resume
-  axplug train --preset gpt-tiny --output-dir runs/gpt --max-steps 50 --set learner.learning_rate=1e-3
+  axplug train --preset gpt-tiny --output-dir runs/gpt --max-steps 50 \
+      --set learner.learning_rate=1e-3
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
       FSDP over every device (with XLA_FLAGS=--xla_force_host_platform_device_count=8 on CPU)
   axplug train --preset llama-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
@@ -32,20 +33,42 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", required=True, help="preset name (see `axplug list --kind presets`)")
-    parser.add_argument("--modifier", action="append", default=[], metavar="NAME[:k=v,...]",
-                        help="apply a registered modifier; repeatable")
-    parser.add_argument("--set", action="append", default=[], dest="overrides",
-                        metavar="PATH=VALUE", help="override one config field; repeatable")
-    parser.add_argument("--mesh-rule", default="auto", metavar="auto|SELECTOR",
-                        help="mesh rule: auto-detect the accelerator, a selector such as "
-                        "tpu-v5p-512, or 'none' (default: auto)")
-    parser.add_argument("--output-dir", required=True, help="where config, metrics and checkpoints go")
+    parser.add_argument(
+        "--preset", required=True, help="preset name (see `axplug list --kind presets`)"
+    )
+    parser.add_argument(
+        "--modifier",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="apply a registered modifier; repeatable",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="PATH=VALUE",
+        help="override one config field; repeatable",
+    )
+    parser.add_argument(
+        "--mesh-rule",
+        default="auto",
+        metavar="auto|SELECTOR",
+        help="mesh rule: auto-detect the accelerator, a selector such as "
+        "tpu-v5p-512, or 'none' (default: auto)",
+    )
+    parser.add_argument(
+        "--output-dir", required=True, help="where config, metrics and checkpoints go"
+    )
     parser.add_argument("--max-steps", type=int, help="train until this many steps in total")
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
     parser.add_argument("--seed", type=int, help="seed of initialization, data and dropout")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the effective config and exit without training")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective config and exit without training",
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -58,8 +81,11 @@ def build_config(args: argparse.Namespace):
     from axplug.presets import preset_config
 
     overrides = [f"output_dir={args.output_dir!r}"]
-    for flag, field in (("max_steps", "max_steps"), ("checkpoint_every", "checkpoint_every"),
-                        ("seed", "seed")):
+    for flag, field in (
+        ("max_steps", "max_steps"),
+        ("checkpoint_every", "checkpoint_every"),
+        ("seed", "seed"),
+    ):
         if getattr(args, flag) is not None:
             overrides.append(f"{field}={getattr(args, flag)}")
     cfg = preset_config(args.preset, overrides=overrides)

@@ -30,12 +30,15 @@ class NonFiniteGuard:
         self.skipped.append(step)
         log.warning(
             "step %d: non-finite loss or gradient (loss=%s); update skipped (%d/%d consecutive)",
-            step, loss, self.consecutive, self.max_consecutive,
+            step,
+            loss,
+            self.consecutive,
+            self.max_consecutive,
         )
         if self.consecutive >= self.max_consecutive:
             raise NonFiniteError(
                 f"stopping at step {step}: {self.consecutive} consecutive steps had a non-finite "
-                f"loss or gradient (skipped steps: {self.skipped[-self.consecutive:]}); no update "
+                f"loss or gradient (skipped steps: {self.skipped[-self.consecutive :]}); no update "
                 "from them was applied, so the last checkpoint is finite. Lower the learning "
                 "rate, check the input data, or raise max_nonfinite_steps."
             )

@@ -74,7 +74,9 @@ def build_train_step(
                 (t, terms), g = grad_fn(params, mb, jax.random.fold_in(key, i))
                 return jax.tree.map(jnp.add, carry, (t, terms, g)), None
 
-            (t0, terms0), g0 = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), key)
+            (t0, terms0), g0 = jax.eval_shape(
+                grad_fn, params, jax.tree.map(lambda x: x[0], micro), key
+            )
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (t0, terms0, g0))
             idx = jnp.arange(grad_accumulation_steps)
             summed, _ = jax.lax.scan(accumulate, zeros, (idx, micro))

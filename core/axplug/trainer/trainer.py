@@ -135,8 +135,11 @@ class Trainer(Configurable):
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         self.abstract_state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            {"params": abstract_params, "opt_state": abstract_opt,
-             "step": jax.ShapeDtypeStruct((), jnp.int32)},
+            {
+                "params": abstract_params,
+                "opt_state": abstract_opt,
+                "step": jax.ShapeDtypeStruct((), jnp.int32),
+            },
             self.state_shardings,
         )
         step = build_train_step(
@@ -164,8 +167,11 @@ class Trainer(Configurable):
 
         def init(key):
             params = self.model.initialize_parameters_recursively(key)
-            return {"params": params, "opt_state": self.tx.init(params),
-                    "step": jnp.zeros((), jnp.int32)}
+            return {
+                "params": params,
+                "opt_state": self.tx.init(params),
+                "step": jnp.zeros((), jnp.int32),
+            }
 
         key = jax.random.PRNGKey(self._config.seed)
         return jax.jit(init, out_shardings=self.state_shardings)(key)
@@ -193,8 +199,12 @@ class Trainer(Configurable):
 
     def _save(self, state: dict, step: int) -> None:
         self.checkpointer.save(step, state, {"step": step, "config": to_dict(self._config)})
-        self.hooks("on_checkpoint_saved", trainer=self, step=step,
-                   path=f"{self.checkpointer.directory}/step_{step:08d}")
+        self.hooks(
+            "on_checkpoint_saved",
+            trainer=self,
+            step=step,
+            path=f"{self.checkpointer.directory}/step_{step:08d}",
+        )
 
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics."""
@@ -224,8 +234,9 @@ class Trainer(Configurable):
                 if cfg.eval_every and self.eval_input is not None and done % cfg.eval_every == 0:
                     eval_loss = self.evaluate(state["params"])
                     self._write(done, {"eval_loss": eval_loss})
-                    self.hooks("on_eval_end", trainer=self, step=done,
-                               metrics={"eval_loss": eval_loss})
+                    self.hooks(
+                        "on_eval_end", trainer=self, step=done, metrics={"eval_loss": eval_loss}
+                    )
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
@@ -240,8 +251,9 @@ class Trainer(Configurable):
         cfg = self._config.input
         return getattr(cfg, "batch_size", 0) * getattr(cfg, "seq_len", 0)
 
-    def _on_step_end(self, step: int, metrics: Any, guard: NonFiniteGuard,
-                     timer: StepTimer) -> dict:
+    def _on_step_end(
+        self, step: int, metrics: Any, guard: NonFiniteGuard, timer: StepTimer
+    ) -> dict:
         values = {k: v.item() for k, v in jax.device_get(metrics).items()}
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))

@@ -1,0 +1,205 @@
+"""Presets, mesh rules and the `axplug train` command."""
+
+import jax
+import pytest
+
+from axplug import registry
+from axplug.cli import main
+from axplug.config import ConfigError
+from axplug.mesh_rules import detect_selector, select_mesh_rule
+from axplug.presets import PRESETS, preset_config
+from axplug.summary import read_jsonl
+
+# Published parameter counts (embeddings and LM head untied).
+KNOWN_PARAMS = {
+    "llama2-7b": 6_738_415_616,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+def _missing_modifier(preset):
+    from axplug.modifiers import parse_modifier_spec
+
+    for spec in preset.modifiers:
+        name, _ = parse_modifier_spec(spec)
+        if name not in registry.names("modifiers"):
+            return name
+    return None
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_preset_builds_and_traces_or_names_its_package(preset):
+    missing = _missing_modifier(preset)
+    if missing is not None:
+        with pytest.raises(ConfigError) as err:
+            preset_config(preset.name)
+        assert str(err.value) == (
+            f"preset {preset.name} needs modifier {missing!r}: pip install "
+            f"{preset.providers[missing]}"
+        )
+        return
+    cfg = preset_config(preset.name)
+    model = cfg.model.instantiate()
+    shapes = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
+    count = sum(x.size for x in jax.tree.leaves(shapes))
+    if preset.name in KNOWN_PARAMS:
+        assert count == KNOWN_PARAMS[preset.name]
+    specs = model.create_parameter_specs_recursively()
+    assert jax.tree.map(lambda s: s.shape, specs, is_leaf=lambda s: hasattr(s, "mesh_axes")) == (
+        jax.tree.map(lambda x: x.shape, shapes)
+    )
+
+
+def test_missing_modifier_names_the_package_before_any_work(plugin_site):
+    plugin_site.add(
+        "fake-presets",
+        {"axplug.presets": {"warp-tiny": "fake_presets_mod:WARP"}},
+        modules={"fake_presets_mod": (
+            "from axplug.presets import Preset, gpt_tiny\n"
+            "BUILT = []\n"
+            "def build():\n"
+            "    BUILT.append(1)\n"
+            "    return gpt_tiny.build()\n"
+            "WARP = Preset('warp-tiny', 'test', build, ('warp:speed=9',),\n"
+            "              {'warp': 'axplug-warp'})\n"
+        )},
+    )  # fmt: skip
+    with pytest.raises(
+        ConfigError, match="^preset warp-tiny needs modifier 'warp': pip install axplug-warp$"
+    ):
+        preset_config("warp-tiny")
+    import fake_presets_mod
+
+    assert fake_presets_mod.BUILT == []  # failed before building anything
+
+
+def test_disabled_plugin_modifier_is_reported(monkeypatch):
+    monkeypatch.setenv("AXPLUG_LOAD_PLUGINS", "")
+    registry.reset()
+    try:
+        if "rope" in {c.name for c in registry.discover("modifiers")}:
+            with pytest.raises(
+                ConfigError,
+                match="^preset llama2-7b needs modifier 'rope' from "
+                "axplug-attention, which is disabled: AXPLUG_LOAD_PLUGINS",
+            ):
+                preset_config("llama2-7b")
+        else:
+            with pytest.raises(ConfigError, match="pip install axplug-attention$"):
+                preset_config("llama2-7b")
+        assert (
+            main(
+                [
+                    "train",
+                    "--preset",
+                    "llama-tiny",
+                    "--output-dir",
+                    "/nonexistent",
+                    "--print-config",
+                ]
+            )
+            == 2
+        )
+        preset_config("gpt-tiny")  # core only, always available
+    finally:
+        monkeypatch.delenv("AXPLUG_LOAD_PLUGINS")
+        registry.reset()
+
+
+def test_unknown_preset_lists_installed_ones():
+    with pytest.raises(LookupError, match="available presets: .*gpt-tiny"):
+        preset_config("gpt-huge")
+
+
+def test_mesh_rule_auto_selects_cpu_and_unknown_selectors_list_rules():
+    assert detect_selector() == "cpu-8"
+    name, rule = select_mesh_rule("auto")
+    assert name == "cpu"
+    cfg = rule.modifier()(preset_config("gpt-tiny"))
+    assert cfg.mesh.mesh_shape == (-1, 1, 1, 1, 1)
+    with pytest.raises(
+        ConfigError,
+        match=r"no installed mesh rule matches 'tpu-v5p-512'; "
+        r"installed rules: .*cpu \(cpu-\*\)",
+    ):
+        select_mesh_rule("tpu-v5p-512")
+
+
+def test_modifier_specs_are_parsed_and_checked():
+    from axplug.modifiers import make_modifier, parse_modifier_spec
+
+    assert parse_modifier_spec("moe:num_experts=8,top_k=2") == (
+        "moe",
+        {"num_experts": 8, "top_k": 2},
+    )
+    assert parse_modifier_spec("axplug-moe:moe") == ("axplug-moe:moe", {})
+    assert parse_modifier_spec("set:overrides=['a=1', 'b=2']") == (
+        "set",
+        {"overrides": ["a=1", "b=2"]},
+    )
+    cfg = make_modifier("mesh:fsdp=-1,model=2")(preset_config("gpt-tiny"))
+    assert cfg.mesh.mesh_shape == (1, -1, 1, 1, 2)
+    with pytest.raises(ConfigError, match="modifier 'mesh': .*fdsp: unknown field, did you mean"):
+        make_modifier("mesh:fdsp=2")
+    scanned = make_modifier("scan_layers:remat_policy=full")(preset_config("gpt-tiny"))
+    assert scanned.model.decoder.transformer.remat_policy == "full"
+    assert scanned.model.decoder.transformer.num_layers == 2  # carried over
+
+
+def test_train_command_writes_config_metrics_and_resumes(tmp_path, capsys):
+    args = [
+        "train",
+        "--preset",
+        "gpt-tiny",
+        "--output-dir",
+        str(tmp_path),
+        "--max-steps",
+        "2",
+        "--set",
+        "compilation_cache_dir=None",
+        "--set",
+        "input.seq_len=16",
+        "--set",
+        "model.decoder.dim=16",
+    ]
+    assert main(args) == 0
+    config = (tmp_path / "config.txt").read_text().splitlines()
+    assert "max_steps: 2" in config and "input.seq_len: 16" in config
+    assert f"output_dir: {str(tmp_path)!r}" in config
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [2]
+    assert (tmp_path / "tensorboard").is_dir()
+    args[args.index("--max-steps") + 1] = "4"
+    assert main(args) == 0  # resumes from step 2 and trains steps 3 and 4
+    assert "done: step 4" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_00000002",
+        "step_00000004",
+    ]
+
+
+def test_train_command_reports_bad_overrides_with_the_path(tmp_path, capsys):
+    code = main(
+        [
+            "train",
+            "--preset",
+            "gpt-tiny",
+            "--output-dir",
+            str(tmp_path),
+            "--set",
+            "model.decoder.transformer.num_layer=3",
+        ]
+    )
+    assert code == 2
+    assert "model.decoder.transformer.num_layer: unknown field, did you mean 'num_layers'?" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "config.txt").exists()
+
+
+def test_train_help_teaches_with_examples(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "axplug train --preset llama-tiny --output-dir runs/tiny" in out
+    assert "--modifier" in out and "--mesh-rule" in out

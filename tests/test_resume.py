@@ -1,0 +1,94 @@
+"""Kill a real training process with SIGKILL, restart it, and get bit-identical results."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+from axplug.checkpoint import Checkpointer
+from axplug.cli.main import build_parser
+from axplug.cli.train_cmd import build_config
+from axplug.summary import read_jsonl
+
+STEPS = 120
+
+
+def train_args(output_dir, cache_dir):
+    return [
+        "train", "--preset", "gpt-tiny", "--output-dir", str(output_dir),
+        "--max-steps", str(STEPS), "--checkpoint-every", "10", "--seed", "3",
+        "--set", "log_every=1",
+        "--set", f"compilation_cache_dir={str(cache_dir)!r}",
+        "--set", "model.decoder.dim=32",
+        "--set", "model.decoder.transformer.num_layers=1",
+        "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+        "--set", "input.seq_len=32",
+    ]  # fmt: skip
+
+
+def start(output_dir, cache_dir):
+    return subprocess.Popen(
+        [sys.executable, "-m", "axplug.cli", *train_args(output_dir, cache_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def records(output_dir):
+    path = output_dir / "metrics.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def final_params(output_dir, cache_dir):
+    args = build_parser().parse_args(train_args(output_dir, cache_dir))
+    trainer = build_config(args).instantiate()
+    directory = str(output_dir / "checkpoints")
+    with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
+        step, state, _ = checkpointer.restore(target=trainer.abstract_state)
+    return step, jax.device_get(state)
+
+
+def cache_entries(cache_dir):
+    return set(os.listdir(cache_dir)) if cache_dir.exists() else set()
+
+
+def test_sigkill_and_resume_is_bit_identical(tmp_path):
+    cache = tmp_path / "xla-cache"
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    finish(start(reference, cache))
+    after_first = cache_entries(cache)
+    assert after_first, "the persistent compilation cache stayed empty"
+
+    proc = start(resumed, cache)
+    deadline = time.time() + 120
+    while len(records(resumed)) < 25 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "training finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = len(records(resumed))
+    assert 25 <= killed_at < STEPS
+    # The same config compiled the same programs: the rerun took them all from the cache.
+    assert cache_entries(cache) == after_first
+
+    finish(start(resumed, cache))
+    ref, res = records(reference), records(resumed)
+    assert [r["step"] for r in res] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in res] == [r["loss"] for r in ref]  # exact, not approximate
+    step_a, state_a = final_params(reference, cache)
+    step_b, state_b = final_params(resumed, cache)
+    assert step_a == step_b == STEPS
+    jax.tree.map(np.testing.assert_array_equal, state_a, state_b)
+    assert (resumed / "config.txt").read_text() == (reference / "config.txt").read_text().replace(
+        str(reference), str(resumed)
+    )
