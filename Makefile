@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 
 venv: $(STAMP)
 
+DEMO_DIR ?= runs/demo
+
 demo: $(STAMP)
-	$(BIN)/python examples/forward_demo.py
 	$(BIN)/axplug list
+	$(BIN)/axplug train --preset llama-tiny --output-dir $(DEMO_DIR) --checkpoint-every 100
+	$(BIN)/python examples/sample_demo.py $(DEMO_DIR) "HAMLET."
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -26,7 +26,10 @@ def main():
 
     def loss_fn(p):
         (loss, _), _ = functional(
-            model, prng_key=jax.random.PRNGKey(1), state=p, inputs=(inputs, labels),
+            model,
+            prng_key=jax.random.PRNGKey(1),
+            state=p,
+            inputs=(inputs, labels),
             is_training=True,
         )
         return loss

@@ -79,6 +79,7 @@ class Holder(Configurable):
         options: Options = Options()
         pairs: tuple[tuple[int, int], ...] = ((1, 2),)
         factory: type | None = None
+        label: Required[str] = REQUIRED
 
 
 def model_config():
@@ -196,6 +197,8 @@ def test_to_dict_from_dict_round_trip_exactly_through_json():
         assert restored.debug_string() == original.debug_string()
     assert from_dict(to_dict(holder)).pairs == ((1, 2), (3, 4))
     assert from_dict(to_dict(holder)).factory is Dense
+    assert from_dict(to_dict(holder)).label is REQUIRED
+    assert from_dict(to_dict(holder.clone(label="REQUIRED"))).label == "REQUIRED"
     assert to_dict(cfg)["klass"] == "test_config:Model"
 
 

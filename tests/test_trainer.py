@@ -156,6 +156,11 @@ class PoisonInput:
     def __init__(self, inner, bad_steps):
         self.inner, self.bad_steps = inner, set(bad_steps)
 
+    def iter_from(self, step):
+        while True:
+            yield step, self.batch(step)
+            step += 1
+
     def batch(self, step):
         batch = dict(self.inner.batch(step))
         ids = np.array(batch["input_ids"]) % 200
@@ -348,3 +353,28 @@ def test_trainer_is_config_built_and_errors_name_paths(tmp_path):
     bad = tiny_config(tmp_path, "mesh.mesh_shape=(3, 1, 1, 1, 1)")
     with pytest.raises(Exception, match=r"mesh_shape \(3, 1, 1, 1, 1\) needs 3 devices but 8"):
         bad.instantiate()
+
+
+def test_resume_onto_a_different_mesh(tmp_path):
+    one = tiny_config(tmp_path, "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
+    saved = one.instantiate(devices=jax.devices()[:1])
+    saved.run()
+    fsdp = tiny_config(tmp_path, "mesh.mesh_shape=(1, 8, 1, 1, 1)", steps=3)
+    restored = fsdp.instantiate().restore_or_init()
+    assert int(restored["step"]) == 3
+    emb = restored["params"]["decoder"]["embedding"]["weight"]
+    assert emb.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored),
+                 jax.device_get(saved.state))
+
+
+def test_eval_runs_on_the_held_out_split(tmp_path):
+    from axplug.input import ByteTextInput
+
+    cfg = with_jsonl(tiny_config(tmp_path, "eval_every=2", "eval_batches=2", steps=4))
+    cfg.eval_input = ByteTextInput.default_config().set(split="eval", seq_len=32, batch_size=8)
+    trainer = cfg.instantiate()
+    trainer.run()
+    evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(0 < r["eval_loss"] < 10 for r in evals)

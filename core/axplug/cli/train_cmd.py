@@ -119,5 +119,6 @@ def run(args: argparse.Namespace) -> int:
     from axplug.trainer.run import train
 
     metrics = train(cfg)
-    print(f"done: step {metrics.get('step')}, loss {metrics.get('loss', float('nan')):.4f}")
+    loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
+    print(f"done: step {metrics.get('step')}{loss}")
     return 0

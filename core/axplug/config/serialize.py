@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from axplug.config.base import (
+    REQUIRED,
     ConfigBase,
     ConfigError,
     ConfigTypeError,
@@ -22,6 +23,8 @@ from axplug.config.base import (
 __all__ = ["to_dict", "from_dict", "class_name", "resolve_class"]
 
 _QUALNAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# How an unset REQUIRED field is written: unambiguous even for string fields.
+_REQUIRED_MARK = {"axplug": "REQUIRED"}
 _SEARCH_KINDS = ("layers", "kernels", "modifiers", "storage", "mesh_rules", "presets")
 
 
@@ -84,8 +87,8 @@ def _encode(value: Any) -> Any:
     if isinstance(value, type) or callable(value):
         return class_name(value)
     if value is not None and not isinstance(value, (bool, int, float, str)):
-        if repr(value) == "REQUIRED":
-            return "REQUIRED"
+        if value is REQUIRED:
+            return dict(_REQUIRED_MARK)
         raise ConfigError(f"cannot serialize {type(value).__qualname__} value {value!r}")
     return value
 
@@ -126,9 +129,7 @@ def _allows(tp: Any, kind: type) -> bool:
 
 def decode(value: Any, tp: Any, path: str) -> Any:
     """Converts a JSON value back to the field's type (tuples, classes, configs, REQUIRED)."""
-    from axplug.config.base import REQUIRED
-
-    if value == "REQUIRED" and not _allows(tp, str):
+    if value == _REQUIRED_MARK:
         return REQUIRED
     if isinstance(value, dict) and ("klass" in value or "config_class" in value):
         return from_dict(value, path)

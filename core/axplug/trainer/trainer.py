@@ -191,9 +191,10 @@ class Trainer(Configurable):
     # --- running -----------------------------------------------------------------------------
 
     def evaluate(self, params: Any) -> float:
+        batches = self.eval_input.iter_from(0)
         losses = [
-            self._eval_step(params, self.put_batch(self.eval_input.batch(i)))
-            for i in range(self._config.eval_batches)
+            self._eval_step(params, self.put_batch(next(batches)[1]))
+            for _ in range(self._config.eval_batches)
         ]
         return float(np.mean(jax.device_get(losses)))
 
@@ -218,10 +219,13 @@ class Trainer(Configurable):
         timer = StepTimer(tokens_per_step=self._tokens_per_step())
         self.hooks("on_train_start", trainer=self)
         pending: tuple[int, Any] | None = None
-        last: dict = {}
+        last: dict = {"step": start}
+        if start >= cfg.max_steps:
+            log.info("already at step %d of max_steps %d: nothing to train", start, cfg.max_steps)
         try:
+            batches = self.input.iter_from(start)
             for step in range(start, cfg.max_steps):
-                batch = self.put_batch(self.input.batch(step))
+                batch = self.put_batch(next(batches)[1])
                 state, metrics = self._train_step(state, batch)
                 if pending is not None:  # read the previous step's metrics while this one runs
                     last = self._on_step_end(*pending, guard, timer)
