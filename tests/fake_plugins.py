@@ -7,7 +7,28 @@ import sys
 import textwrap
 from pathlib import Path
 
+import importlib_metadata
+
 __all__ = ["FakeSite"]
+
+# Subprocesses started with `FakeSite.env()` import this first (the site is on PYTHONPATH).
+_SITECUSTOMIZE = """
+import importlib_metadata as _m
+from pathlib import Path as _P
+
+_all = _m.distributions
+
+
+def _visible(d, site=_P({site!r})):
+    if site in _P(str(getattr(d, "_path", ""))).parents or (d.name or "").lower() == "axplug":
+        return True
+    return "axplug." not in (d.read_text("entry_points.txt") or "")
+
+
+_m.distributions = lambda **kw: [d for d in _all(**kw) if _visible(d)]
+"""
+
+_all_distributions = importlib_metadata.distributions  # before any test patches it
 
 
 class FakeSite:
@@ -48,8 +69,20 @@ class FakeSite:
             (self.path / f"{module}.py").write_text(textwrap.dedent(source))
             self.modules.append(module)
 
+    def distributions(self, **kwargs):
+        """The installed distributions minus every other axplug plugin: the core, non-plugin
+        packages and this site's fakes."""
+        return [d for d in _all_distributions(**kwargs) if self._visible(d)]
+
+    def _visible(self, dist) -> bool:
+        path = Path(str(getattr(dist, "_path", "")))
+        if self.path in path.parents or (dist.name or "").lower() == "axplug":
+            return True
+        return "axplug." not in (dist.read_text("entry_points.txt") or "")
+
     def env(self, **extra: str) -> dict[str, str]:
-        """The environment for a subprocess that sees these distributions."""
+        """The environment for a subprocess that sees the core and these distributions only."""
+        (self.path / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(site=str(self.path)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AXPLUG_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.path), env.get("PYTHONPATH")]))
         env.update(extra)

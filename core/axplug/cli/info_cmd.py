@@ -92,6 +92,14 @@ def _print_object(obj: Any) -> int:
 
     doc = (inspect.getdoc(obj) or "").strip()
     print(f"doc:           {doc.splitlines()[0] if doc else '(none)'}")
+    # A component may describe its state on this machine (e.g. which kernel dispatch picks).
+    extra = getattr(obj, "axplug_info", None)
+    if callable(extra):
+        try:
+            for line in extra():
+                print(line)
+        except Exception as exc:  # noqa: BLE001 - a plugin's description must not break info
+            print(f"info: error: {type(exc).__name__}: {exc}")
     factory = getattr(obj, "default_config", None)
     if not callable(factory):
         return 0

@@ -3,6 +3,7 @@
 from axplug.layers.attention import (
     Attention,
     AttentionMask,
+    ContiguousKVCache,
     DotProductKernel,
     IdentityPositionTransform,
     QKVLinear,
@@ -22,6 +23,7 @@ __all__ = [
     "AttentionMask",
     "BaseLayer",
     "CausalLM",
+    "ContiguousKVCache",
     "Decoder",
     "DotProductKernel",
     "Embedding",

@@ -1,0 +1,30 @@
+"""Grouped-query attention: fewer key/value heads than query heads (1: multi-query)."""
+
+from __future__ import annotations
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.layers import QKVLinear
+
+__all__ = ["GroupedQKVLinear"]
+
+
+class GroupedQKVLinear(QKVLinear):
+    """QKV projection with `num_kv_heads` k/v heads, each shared by num_heads // num_kv_heads
+    query heads; the kernels take k/v with fewer heads as they are."""
+
+    @config_class
+    class Config(QKVLinear.Config):
+        num_kv_heads: Required[int] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent=None):
+        # Checked before the projections are built, so the error names the field.
+        if cfg.num_kv_heads < 1 or cfg.num_heads % cfg.num_kv_heads:
+            path = f"{parent.path}.{cfg.name}" if parent is not None else (cfg.name or "model")
+            raise ConfigError(
+                f"{path}.num_kv_heads: {cfg.num_kv_heads} must divide num_heads ({cfg.num_heads})"
+            )
+        super().__init__(cfg, parent=parent)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self._config.num_kv_heads

@@ -1,0 +1,147 @@
+"""Modifiers that turn every attention layer of any config tree into RoPE / GQA / flash /
+sliding-window attention: `rope:theta=500000`, `gqa:num_kv_heads=8`, `flash_attention`,
+`sliding_window:size=4096`."""
+
+from __future__ import annotations
+
+import copy
+
+from axplug.config import (
+    ConfigBase,
+    ConfigError,
+    ConfigModifier,
+    InstantiableConfig,
+    config_class,
+    find_configs,
+    replace_config,
+)
+from axplug.layers import Attention, DotProductKernel, IdentityPositionTransform, QKVLinear
+from axplug_attention.dispatch import FlashAttention
+from axplug_attention.gqa import GroupedQKVLinear
+from axplug_attention.rope import RotaryPositionTransform
+
+__all__ = ["RopeModifier", "GQAModifier", "FlashAttentionModifier", "SlidingWindowModifier"]
+
+
+def _swap(
+    cfg: ConfigBase,
+    *,
+    modifier: str,
+    target: type,
+    new_cfg: InstantiableConfig,
+    again: type,
+    fields: dict,
+) -> ConfigBase:
+    """Replaces every `target` sub-config by `new_cfg` (carrying shared fields) and sets
+    `fields` on every `again` sub-config (a second application of the same modifier)."""
+    if not find_configs(cfg, target) and not find_configs(cfg, again):
+        raise ConfigError(
+            f"modifier {modifier!r}: the config has no {target.__qualname__} (or "
+            f"{again.__qualname__}) to replace; it applies to axplug.layers.Attention slots"
+        )
+    cfg = replace_config(cfg, target=target, new_cfg=new_cfg, missing_ok=True)
+    return _update(cfg, again, fields)
+
+
+def _update(cfg: ConfigBase, target: type, fields: dict) -> ConfigBase:
+    """A copy of `cfg` with `fields` set on every sub-config of class `target`."""
+    cfg = copy.deepcopy(cfg)
+    for _, sub in find_configs(cfg, target):
+        sub.set(**copy.deepcopy(fields))
+    return cfg
+
+
+class RopeModifier(ConfigModifier):
+    """Rotary position embedding in every attention layer (applied again: updates it)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        theta: float = 10000.0
+        rotary_fraction: float = 1.0
+        interleaved: bool = False
+        scaling_factor: float | None = None  # Llama 3.1 long context: 8.0
+        low_freq_factor: float = 1.0
+        high_freq_factor: float = 4.0
+        original_max_position: int = 8192
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        c = self._config
+        fields = dict(
+            theta=float(c.theta),
+            rotary_fraction=float(c.rotary_fraction),
+            interleaved=c.interleaved,
+            scaling_factor=None if c.scaling_factor is None else float(c.scaling_factor),
+            low_freq_factor=float(c.low_freq_factor),
+            high_freq_factor=float(c.high_freq_factor),
+            original_max_position=c.original_max_position,
+        )
+        rope = RotaryPositionTransform.default_config().set(**fields)
+        return _swap(
+            cfg,
+            modifier="rope",
+            target=IdentityPositionTransform,
+            new_cfg=rope,
+            again=RotaryPositionTransform,
+            fields=fields,
+        )
+
+
+class GQAModifier(ConfigModifier):
+    """Grouped-query attention with `num_kv_heads` key/value heads (1: multi-query)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        num_kv_heads: int = 1
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        n = self._config.num_kv_heads
+        for path, attention in find_configs(cfg, Attention):
+            heads = attention.num_heads
+            if n < 1 or isinstance(heads, int) and heads % n:
+                where = f"{path}.num_heads" if path else "num_heads"
+                raise ConfigError(f"modifier 'gqa': num_kv_heads={n} must divide {where}={heads}")
+        qkv = GroupedQKVLinear.default_config().set(num_kv_heads=n)
+        return _swap(
+            cfg,
+            modifier="gqa",
+            target=QKVLinear,
+            new_cfg=qkv,
+            again=GroupedQKVLinear,
+            fields={"num_kv_heads": n},
+        )
+
+
+class FlashAttentionModifier(ConfigModifier):
+    """Every attention kernel dispatches to the best registered kernel for the backend."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        kernels: list[str] | None = None  # try only these, in order
+        backend: str | None = None
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        fields = {"kernels": copy.copy(self._config.kernels), "backend": self._config.backend}
+        flash = FlashAttention.default_config().set(**fields)
+        return _swap(
+            cfg,
+            modifier="flash_attention",
+            target=DotProductKernel,
+            new_cfg=flash,
+            again=FlashAttention,
+            fields=fields,
+        )
+
+
+class SlidingWindowModifier(ConfigModifier):
+    """Every attention layer sees only the last `size` positions (itself included)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        size: int = 4096
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        if self._config.size < 1:
+            raise ConfigError(f"modifier 'sliding_window': size={self._config.size} must be >= 1")
+        if not find_configs(cfg, Attention):
+            raise ConfigError("modifier 'sliding_window': the config has no Attention layer")
+        return _update(cfg, Attention, {"sliding_window": self._config.size})

@@ -1,0 +1,131 @@
+"""Rotary position embedding (RoPE) for the attention `position` slot."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from axplug.config import ConfigError, config_class
+from axplug.layers import BaseLayer
+
+__all__ = ["RotaryPositionTransform", "rope_frequencies", "apply_rope"]
+
+
+def rope_frequencies(
+    rotary_dim: int,
+    *,
+    theta: float = 10000.0,
+    scaling_factor: float | None = None,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_position: int = 8192,
+) -> np.ndarray:
+    """Angular frequency of each rotated pair, [rotary_dim // 2] float32.
+
+    With `scaling_factor` (Llama 3.1: 8), wavelengths longer than
+    `original_max_position / low_freq_factor` are stretched by the factor, those shorter than
+    `original_max_position / high_freq_factor` are kept, and the band between is interpolated.
+    """
+    freqs = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    if scaling_factor is not None:
+        wavelen = 2 * math.pi / freqs
+        low_wavelen = original_max_position / low_freq_factor
+        high_wavelen = original_max_position / high_freq_factor
+        smooth = (original_max_position / wavelen - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        mid = (1 - smooth) * freqs / scaling_factor + smooth * freqs
+        freqs = np.where(
+            wavelen < high_wavelen,
+            freqs,
+            np.where(wavelen > low_wavelen, freqs / scaling_factor, mid),
+        )
+    return freqs.astype(np.float32)
+
+
+def apply_rope(
+    x: jax.Array, positions: jax.Array, freqs: np.ndarray, *, interleaved: bool = False
+) -> jax.Array:
+    """Rotates the first 2 * len(freqs) dims of `x` [b, s, heads, d] by `positions` [b, s].
+
+    Pairs are (i, i + rotary_dim/2) (the GPT-NeoX / Hugging Face Llama layout) or, when
+    `interleaved`, (2i, 2i + 1) (the original Llama / GPT-J layout). Computed in float32.
+    """
+    rot = 2 * len(freqs)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(freqs)  # [b, s, rot/2]
+    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]  # [b, s, 1, rot/2]
+    xr, rest = x[..., :rot].astype(jnp.float32), x[..., rot:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if interleaved:
+        rotated = jnp.stack([y1, y2], axis=-1).reshape(xr.shape)
+    else:
+        rotated = jnp.concatenate([y1, y2], axis=-1)
+    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+
+
+class RotaryPositionTransform(BaseLayer):
+    """RoPE: rotates q and k by their own positions, so q.k depends on the relative offset."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        head_dim: int | None = None  # set by Attention; None: taken from q
+        theta: float = 10000.0
+        # Fraction of each head's dims that is rotated (partial rotary); the rest pass through.
+        rotary_fraction: float = 1.0
+        interleaved: bool = False
+        # Llama 3 frequency scaling for long context; None disables it.
+        scaling_factor: float | None = None
+        low_freq_factor: float = 1.0
+        high_freq_factor: float = 4.0
+        original_max_position: int = 8192
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if not 0.0 < cfg.rotary_fraction <= 1.0:
+            raise ConfigError(
+                f"{self.path}.rotary_fraction: {cfg.rotary_fraction} is not in (0, 1]"
+            )
+        if cfg.scaling_factor is not None and cfg.high_freq_factor <= cfg.low_freq_factor:
+            raise ConfigError(
+                f"{self.path}: high_freq_factor ({cfg.high_freq_factor}) must exceed "
+                f"low_freq_factor ({cfg.low_freq_factor})"
+            )
+        if cfg.head_dim is not None:
+            self.rotary_dim(cfg.head_dim)  # fail at build time, not at the first call
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The number of rotated dims: the even floor of head_dim * rotary_fraction."""
+        rot = int(head_dim * self._config.rotary_fraction) // 2 * 2
+        if rot == 0:
+            raise ConfigError(
+                f"{self.path}: rotary_fraction {self._config.rotary_fraction} of head_dim "
+                f"{head_dim} rotates no pair of dims"
+            )
+        return rot
+
+    def frequencies(self, head_dim: int) -> np.ndarray:
+        cfg = self._config
+        return rope_frequencies(
+            self.rotary_dim(head_dim),
+            theta=cfg.theta,
+            scaling_factor=cfg.scaling_factor,
+            low_freq_factor=cfg.low_freq_factor,
+            high_freq_factor=cfg.high_freq_factor,
+            original_max_position=cfg.original_max_position,
+        )
+
+    def forward(self, q, k, *, q_positions, kv_positions):
+        # q: [b, sq, h, d], k: [b, skv, kvh, d]; positions are data (packing, decode offsets).
+        freqs = self.frequencies(q.shape[-1])
+        interleaved = self._config.interleaved
+        return (
+            apply_rope(q, q_positions, freqs, interleaved=interleaved),
+            apply_rope(k, kv_positions, freqs, interleaved=interleaved),
+        )

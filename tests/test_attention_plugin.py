@@ -1,0 +1,761 @@
+"""The axplug-attention plugin: RoPE, GQA, masks, kernel dispatch, KV-cache decoding, modifiers
+and tensor-parallel sharding. Kernel numerics are in tests/test_kernels.py.
+
+Tolerance policy (as in tests/test_layers.py): float32 layer outputs rtol = atol = 1e-5; whole
+models, gradients and runs on different meshes or in different chunkings (prefill vs decode,
+which reduce in different orders) 1e-4. Structural checks are exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug import registry
+
+axplug_attention = pytest.importorskip("axplug_attention")
+if not any(c.distribution == "axplug-attention" and c.loadable for c in registry.discover()):
+    pytest.skip("axplug-attention is disabled", allow_module_level=True)
+
+from axplug_attention import (  # noqa: E402
+    FlashAttention,
+    GroupedQKVLinear,
+    RotaryPositionTransform,
+    Unsupported,
+    apply_rope,
+    describe_kernels,
+    kernel_choices,
+    rope_frequencies,
+    select_kernel,
+)
+
+from axplug.cli import main  # noqa: E402
+from axplug.config import ConfigError  # noqa: E402
+from axplug.context import functional  # noqa: E402
+from axplug.layers import (  # noqa: E402
+    Attention,
+    AttentionMask,
+    CausalLM,
+    DotProductKernel,
+    IdentityPositionTransform,
+    QKVLinear,
+    RepeatedTransformer,
+)
+from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
+from axplug.modifiers import make_modifier  # noqa: E402
+from axplug.presets import preset_config  # noqa: E402
+
+F32 = dict(rtol=1e-5, atol=1e-5)
+F32_LOOSE = dict(rtol=1e-4, atol=1e-4)
+B, S, D, H = 2, 8, 32, 4  # batch, seq, model dim, heads (head_dim 8)
+DIST = "axplug-attention"
+
+
+def normal(i: int, shape, dtype=jnp.float32) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(i).standard_normal(shape), dtype)
+
+
+def arange_positions(b: int = B, s: int = S) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+
+
+@functools.cache
+def _jitted(m, method: str):
+    def call(params, inputs):
+        out, _ = functional(
+            m, prng_key=None, state=params, inputs=inputs, is_training=False, method=method
+        )
+        return out
+
+    return jax.jit(call)
+
+
+def run(m, params, inputs, method="forward"):
+    """`m.<method>(inputs)` under jit (one compile instead of one per eager op)."""
+    return _jitted(m, method)(params, inputs)
+
+
+def assert_close(actual, desired, tol=F32):
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float32), np.asarray(desired, np.float32), **tol
+    )
+
+
+def attention_cfg(*modifiers: str, **kwargs):
+    """An Attention config (input_dim D, H heads) with modifier specs applied to it."""
+    cfg = Attention.default_config().set(input_dim=D, num_heads=H, **kwargs)
+    for spec in modifiers:
+        cfg = make_modifier(spec)(cfg)
+    return cfg
+
+
+def build(cfg, seed: int = 0):
+    m = cfg.instantiate(parent=None)
+    return m, m.initialize_parameters_recursively(jax.random.PRNGKey(seed))
+
+
+# ------------------------------------------------------------------ distribution and CLI
+
+EXPECTED = {
+    ("kernels", "reference"),
+    ("kernels", "xla"),
+    ("layers", "rope"),
+    ("layers", "gqa_qkv_linear"),
+    ("layers", "flash_attention"),
+    ("modifiers", "rope"),
+    ("modifiers", "gqa"),
+    ("modifiers", "flash_attention"),
+    ("modifiers", "sliding_window"),
+}
+
+
+def test_list_json_shows_this_distribution_components(capsys):
+    assert main(["list", "--json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["distribution"] == DIST]
+    assert {(r["kind"], r["name"]) for r in rows} == EXPECTED
+    assert all(r["status"] == "ok" and r["version"] == "0.1.0" for r in rows), rows
+
+
+def test_list_check_imports_every_component(capsys):
+    assert main(["list", "--check", "--json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["distribution"] == DIST]
+    assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_core_never_names_the_plugin():
+    core = pathlib.Path(__file__).resolve().parents[1] / "core"
+    offenders = [
+        str(p) for p in core.rglob("*.py") if "axplug_attention" in p.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
+
+
+def test_core_alone_fails_with_the_install_hint(tmp_path):
+    # Hide this distribution's metadata, as if only the core were installed.
+    script = (
+        "import importlib_metadata as m\n"
+        "everything = m.distributions\n"
+        f"m.distributions = lambda **kw: [d for d in everything(**kw) if d.name != {DIST!r}]\n"
+        "from axplug.cli import main\n"
+        "raise SystemExit(main(['train', '--preset', 'llama-tiny', '--modifier', 'rope',\n"
+        f"                       '--output-dir', {str(tmp_path)!r}]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AXPLUG_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "preset llama-tiny needs modifier 'rope': pip install axplug-attention" in proc.stderr
+
+
+def test_describe_kernels_names_the_choice_on_this_machine():
+    lines = describe_kernels()
+    assert jax.default_backend() in lines[0]
+    chosen = [line.split()[0] for line in lines[1:] if line.endswith("chosen")]
+    assert chosen == ["xla"]  # CPU: XLA outranks the reference
+    assert FlashAttention.axplug_info() == lines
+    assert axplug_attention.XlaKernel.axplug_info() == lines
+
+
+# ----------------------------------------------------------------------------------- RoPE
+
+
+def ref_rotary(x, positions, *, theta=10000.0, fraction=1.0, interleaved=False, freqs=None):
+    """Rotary embedding as complex multiplication, in numpy float64."""
+    x = np.asarray(x, np.float64)
+    d = x.shape[-1]
+    rot = int(d * fraction) // 2 * 2
+    if freqs is None:
+        freqs = np.array([theta ** (-2.0 * i / rot) for i in range(rot // 2)])
+    if interleaved:
+        re, im = x[..., 0:rot:2], x[..., 1:rot:2]
+    else:
+        re, im = x[..., : rot // 2], x[..., rot // 2 : rot]
+    angle = np.asarray(positions, np.float64)[:, :, None, None] * freqs  # [b, s, 1, rot/2]
+    z = (re + 1j * im) * np.exp(1j * angle)
+    out = x.copy()
+    if interleaved:
+        out[..., 0:rot:2], out[..., 1:rot:2] = z.real, z.imag
+    else:
+        out[..., : rot // 2], out[..., rot // 2 : rot] = z.real, z.imag
+    return out
+
+
+def ref_llama3_freqs(rot, theta, factor, low, high, old_len):
+    """Llama 3.1 frequency scaling, written from the published recipe."""
+    out = []
+    for i in range(rot // 2):
+        freq = theta ** (-2.0 * i / rot)
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            out.append(freq)
+        elif wavelen > old_len / low:
+            out.append(freq / factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "interleaved", "theta"),
+    [(1.0, False, 10000.0), (0.5, False, 500000.0), (1.0, True, 10000.0), (0.25, True, 100.0)],
+)
+def test_rope_matches_plain_rotary(fraction, interleaved, theta):
+    m, _ = build(
+        RotaryPositionTransform.default_config().set(
+            head_dim=16, theta=theta, rotary_fraction=fraction, interleaved=interleaved
+        )
+    )
+    q, k = normal(1, (B, S, 4, 16)), normal(2, (B, S, 2, 16))
+    qpos = jnp.asarray(np.random.default_rng(3).integers(0, 5000, (B, S)), jnp.int32)
+    kpos = arange_positions() + 7
+    q2, k2 = run(m, {}, {"q": q, "k": k, "q_positions": qpos, "kv_positions": kpos})
+    kw = dict(theta=theta, fraction=fraction, interleaved=interleaved)
+    # Positions up to 5000: float32 angles carry ~5000 * 2^-24 rad of rounding.
+    assert_close(q2, ref_rotary(q, qpos, **kw), dict(rtol=1e-4, atol=1e-3))
+    assert_close(k2, ref_rotary(k, kpos, **kw))
+    rot = int(16 * fraction)
+    assert_close(q2[..., rot:], q[..., rot:], dict(rtol=0, atol=0))  # partial: rest untouched
+
+
+def test_rope_score_depends_only_on_relative_offset():
+    m, _ = build(RotaryPositionTransform.default_config().set(head_dim=16, theta=500.0))
+    q, k = normal(1, (1, 1, 1, 16)), normal(2, (1, 1, 1, 16))
+
+    def score(qp, kp):
+        pos = lambda p: jnp.full((1, 1), p, jnp.int32)  # noqa: E731
+        q2, k2 = run(m, {}, {"q": q, "k": k, "q_positions": pos(qp), "kv_positions": pos(kp)})
+        return float(jnp.sum(q2 * k2))
+
+    for offset in (0, 1, 5, -3):
+        scores = [score(p + offset, p) for p in (0, 7, 100, 1000)]
+        assert_close(scores, [scores[0]] * 4, dict(rtol=1e-4, atol=1e-4))
+    assert abs(score(5, 0) - score(0, 0)) > 1e-3  # ...and it does depend on the offset
+
+
+def test_rope_frequencies_llama3_scaling():
+    got = rope_frequencies(
+        128,
+        theta=500000.0,
+        scaling_factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position=8192,
+    )
+    want = ref_llama3_freqs(128, 500000.0, 8.0, 1.0, 4.0, 8192)
+    assert_close(got, want, dict(rtol=1e-6, atol=0))
+    plain = rope_frequencies(128, theta=500000.0)
+    assert plain[0] == got[0] and got[-1] == pytest.approx(plain[-1] / 8, rel=1e-6)
+    assert (got <= plain).all() and (got < plain).sum() > 0
+
+
+def test_rope_llama3_scaling_in_the_layer():
+    cfg = RotaryPositionTransform.default_config().set(
+        head_dim=16, theta=10000.0, scaling_factor=4.0, original_max_position=64
+    )
+    m, _ = build(cfg)
+    q = normal(1, (B, S, 2, 16))
+    pos = arange_positions() * 37
+    q2, _ = run(m, {}, {"q": q, "k": q, "q_positions": pos, "kv_positions": pos})
+    freqs = ref_llama3_freqs(16, 10000.0, 4.0, 1.0, 4.0, 64)
+    assert_close(q2, ref_rotary(q, pos, freqs=freqs), dict(rtol=1e-5, atol=1e-4))
+
+
+def test_rope_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"rotary_fraction: 1.5 is not in \(0, 1\]"):
+        build(RotaryPositionTransform.default_config().set(rotary_fraction=1.5))
+    with pytest.raises(ConfigError, match="rotates no pair of dims"):
+        build(RotaryPositionTransform.default_config().set(head_dim=4, rotary_fraction=0.25))
+    with pytest.raises(ConfigError, match="high_freq_factor"):
+        build(
+            RotaryPositionTransform.default_config().set(scaling_factor=8.0, high_freq_factor=1.0)
+        )
+
+
+def test_rope_attention_uses_input_positions_for_packed_sequences():
+    m, params = build(attention_cfg("rope"))
+    x = normal(1, (1, S, D))
+    segment_ids = jnp.array([[0, 0, 0, 0, 0, 1, 1, 1]])
+    positions = jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]])
+    packed = run(m, params, {"x": x, "positions": positions, "segment_ids": segment_ids})
+    first = run(m, params, {"x": x[:, :5], "positions": arange_positions(1, 5)})
+    second = run(m, params, {"x": x[:, 5:], "positions": arange_positions(1, 3)})
+    assert_close(packed, jnp.concatenate([first, second], axis=1))
+    # Shifting every position by the same offset leaves RoPE attention unchanged ...
+    shifted = run(m, params, {"x": x[:, :5], "positions": arange_positions(1, 5) + 1000})
+    assert_close(shifted, first, F32_LOOSE)
+
+
+def test_apply_rope_keeps_dtype():
+    x = normal(1, (1, 3, 2, 8), jnp.bfloat16)
+    y = apply_rope(x, arange_positions(1, 3), rope_frequencies(8))
+    assert y.dtype == jnp.bfloat16 and y.shape == x.shape
+
+
+# ------------------------------------------------------------------------------------ GQA
+
+
+def repeat_kv_columns(w, kv_heads, heads):
+    """[D, kv_heads * d] -> [D, heads * d], each kv head's columns repeated for its group."""
+    d_in = w.shape[0]
+    w = w.reshape(d_in, kv_heads, -1)
+    return jnp.repeat(w, heads // kv_heads, axis=1).reshape(d_in, -1)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("flash", [False, True], ids=["core_kernel", "flash"])
+def test_gqa_equals_mha_with_repeated_kv_weights(kv_heads, flash):
+    mods = [f"gqa:num_kv_heads={kv_heads}", "rope"] + (["flash_attention"] if flash else [])
+    gqa, gparams = build(attention_cfg(*mods))
+    assert gparams["qkv"]["k"]["weight"].shape == (D, kv_heads * D // H)
+    mha, _ = build(attention_cfg(*mods[1:]))
+    qkv = gparams["qkv"]
+    mparams = {
+        "qkv": {
+            "q": qkv["q"],
+            "k": {"weight": repeat_kv_columns(qkv["k"]["weight"], kv_heads, H)},
+            "v": {"weight": repeat_kv_columns(qkv["v"]["weight"], kv_heads, H)},
+        },
+        "output": gparams["output"],
+    }
+    x = normal(1, (B, S, D))
+    inputs = {"x": x, "positions": arange_positions()}
+    assert_close(run(gqa, gparams, inputs), run(mha, mparams, inputs))
+
+
+def test_gqa_rejects_a_kv_head_count_that_does_not_divide():
+    with pytest.raises(ConfigError, match="num_kv_heads=3 must divide num_heads=4"):
+        attention_cfg("gqa:num_kv_heads=3")
+    cfg = attention_cfg()
+    cfg.qkv = GroupedQKVLinear.default_config().set(num_kv_heads=3)
+    with pytest.raises(ConfigError, match=r"model\.qkv\.num_kv_heads: 3 must divide num_heads"):
+        build(cfg)
+
+
+# ------------------------------------------------------------------------------ masks
+
+
+def test_masks_compose_the_same_in_flash_and_core_attention():
+    mods = ("rope", "gqa:num_kv_heads=2", "sliding_window:size=3")
+    core, params = build(attention_cfg(*mods))
+    flash, _ = build(attention_cfg(*mods, "flash_attention"))
+    assert core.config.sliding_window == 3 and isinstance(flash.kernel, FlashAttention)
+    inputs = {
+        "x": normal(1, (B, S, D)),
+        "positions": jnp.array([[0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 2, 0, 1, 2, 3, 4]]),
+        "segment_ids": jnp.array([[0, 0, 0, 0, 0, 0, 1, 1], [4, 4, 4, 5, 5, 5, 5, 5]]),
+    }
+    out = run(flash, params, inputs)
+    assert_close(out, run(core, params, inputs))
+    # The window hides token 0 from token 3 of the first row.
+    x2 = inputs["x"].at[0, 0].set(normal(2, (D,)))
+    out2 = run(flash, params, {**inputs, "x": x2})
+    assert_close(out2[0, 3:], out[0, 3:])
+    assert not np.allclose(out2[0, 1:3], out[0, 1:3])
+
+
+# ------------------------------------------------------------------------ kernel dispatch
+
+FAKE_KERNELS = """
+import jax.numpy as jnp
+from axplug_attention import AttentionKernel, Unsupported
+
+
+class NeedsGpu(AttentionKernel):
+    priority = 100
+
+    def is_supported(self, query, key, value, mask, backend):
+        return True if backend == "gpu" else Unsupported("needs the gpu backend")
+
+    def __call__(self, query, key, value, mask, *, scale):
+        return jnp.full(query.shape, 1.0, value.dtype)
+
+
+class TpuOnly(AttentionKernel):
+    priority = 50
+
+    def is_supported(self, query, key, value, mask, backend):
+        return backend == "tpu"
+
+    def __call__(self, query, key, value, mask, *, scale):
+        return jnp.full(query.shape, 2.0, value.dtype)
+
+
+class Raises(AttentionKernel):
+    priority = 70
+
+    def is_supported(self, query, key, value, mask, backend):
+        raise RuntimeError("bad check")
+"""
+
+
+@pytest.fixture
+def fake_kernels(plugin_site):
+    plugin_site.add(
+        "fake-hw",
+        {
+            "axplug.kernels": {
+                "needs_gpu": "fake_hw_kernels:NeedsGpu",
+                "tpu_only": "fake_hw_kernels:TpuOnly",
+                "raises": "fake_hw_kernels:Raises",
+                "broken": "fake_hw_missing:Kernel",
+            }
+        },
+        modules={"fake_hw_kernels": FAKE_KERNELS},
+    )
+    return plugin_site
+
+
+def example_call():
+    q = normal(1, (B, S, H, 8))
+    kv = normal(2, (B, S, 2, 8))
+    mask = AttentionMask(q_positions=arange_positions(), kv_positions=arange_positions())
+    return q, kv, kv, mask
+
+
+def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
+    args = example_call()
+    choices = kernel_choices(*args, backend="cpu")
+    assert [c.name for c in choices] == ["needs_gpu", "raises", "tpu_only", "xla", "reference"]
+    reasons = {c.name: c.reason for c in choices}
+    assert reasons["needs_gpu"] == "needs the gpu backend"
+    assert reasons["raises"] == "is_supported raised RuntimeError: bad check"
+    assert reasons["tpu_only"] == "not supported" and reasons["xla"] is None
+    assert select_kernel(*args, backend="cpu")[0] == "xla"
+    assert select_kernel(*args, backend="tpu")[0] == "tpu_only"
+    assert select_kernel(*args, backend="gpu")[0] == "needs_gpu"
+    # Only the named kernels, in the given order; none supported: the reference.
+    assert select_kernel(*args, backend="gpu", names=["tpu_only", "xla"])[0] == "xla"
+    assert select_kernel(*args, backend="cpu", names=["needs_gpu"])[0] == "reference"
+    # The broken kernel is skipped, never fatal, and `axplug list` reports it.
+    from axplug import registry
+
+    (broken,) = [c for c in registry.discover("kernels") if c.name == "broken"]
+    assert broken.status == "broken" and "fake_hw_missing" in broken.reason
+
+
+def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
+    q, k, v, mask = example_call()
+    for backend, value in (("tpu", 2.0), ("gpu", 1.0)):
+        layer, _ = build(FlashAttention.default_config().set(backend=backend))
+        assert_close(run(layer, {}, (q, k, v, mask)), jnp.full(q.shape, value))
+    layer, _ = build(FlashAttention.default_config().set(backend="tpu", kernels=["reference"]))
+    core, _ = build(DotProductKernel.default_config())
+    assert_close(run(layer, {}, (q, k, v, mask)), run(core, {}, (q, k, v, mask)))
+    lines = describe_kernels(backend="tpu")
+    assert any(line.split()[0] == "tpu_only" and line.endswith("chosen") for line in lines)
+    assert any("no: needs the gpu backend" in line for line in lines)
+
+
+def test_flash_attention_rejects_unknown_kernel_names():
+    with pytest.raises(ConfigError, match="kernels: no kernel 'splash' is registered"):
+        build(FlashAttention.default_config().set(kernels=["splash"]))
+
+
+def test_unsupported_is_false_and_says_why():
+    answer = Unsupported("needs bf16")
+    assert not answer and answer.reason == "needs bf16"
+
+
+# ------------------------------------------------------------------------------ KV cache
+
+
+def decode_in_chunks(m, params, x, positions, chunks, max_len):
+    """Outputs of `extend_step` over consecutive chunks of x (the first one is the prefill)."""
+
+    @jax.jit
+    def step(params, x, positions, cache):
+        return run(
+            m, params, {"x": x, "positions": positions, "cache_state": cache}, method="extend_step"
+        )
+
+    cache = m.init_cache_state(x.shape[0], max_len)
+    outs, start = [], 0
+    for size in chunks:
+        out, cache = step(
+            params, x[:, start : start + size], positions[:, start : start + size], cache
+        )
+        outs.append(out)
+        start += size
+    assert int(cache["length"]) == start
+    return jnp.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize(
+    "mods",
+    [
+        (),
+        ("rope", "gqa:num_kv_heads=2"),
+        ("rope", "gqa:num_kv_heads=1", "sliding_window:size=3", "flash_attention"),
+    ],
+    ids=["plain", "rope_gqa", "rope_mqa_window_flash"],
+)
+def test_token_by_token_decode_matches_forward(mods):
+    m, params = build(attention_cfg(*mods))
+    x = normal(1, (B, S, D))
+    positions = arange_positions() + 3  # decoding from an offset works too
+    full = run(m, params, {"x": x, "positions": positions})
+    decoded = decode_in_chunks(m, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
+
+
+def test_cache_state_shapes_and_dtype():
+    m, _ = build(attention_cfg("gqa:num_kv_heads=2"))
+    cache = m.init_cache_state(3, 16)
+    assert cache["key"].shape == cache["value"].shape == (3, 16, 2, D // H)
+    assert cache["key"].dtype == jnp.float32 and cache["positions"].shape == (3, 16)
+    assert int(cache["length"]) == 0
+
+
+def test_decoding_needs_causal_attention():
+    m, params = build(attention_cfg(causal=False))
+    with pytest.raises(ConfigError, match="decoding with a KV cache needs causal attention"):
+        run(
+            m,
+            params,
+            {
+                "x": normal(1, (1, 1, D)),
+                "positions": jnp.zeros((1, 1), jnp.int32),
+                "cache_state": m.init_cache_state(1, 4),
+            },
+            method="extend_step",
+        )
+
+
+def small_lm_cfg(*modifiers, layers=2):
+    cfg = CausalLM.default_config()
+    cfg.decoder.set(vocab_size=50, dim=D)
+    cfg.decoder.transformer.set(num_layers=layers)
+    cfg.decoder.transformer.layer.attention.set(num_heads=H)
+    cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
+    for spec in modifiers:
+        cfg = make_modifier(spec)(cfg)
+    return cfg
+
+
+def model_decode_logits(model, params, ids, chunks, max_len):
+    """Logits of a StackedTransformer CausalLM run chunk by chunk through the KV caches."""
+    dec = model.decoder
+    layers = [getattr(dec.transformer, f"layer{i}") for i in range(len(dec.transformer.children))]
+
+    @jax.jit
+    def step(params, ids, positions, caches):
+        p = params["decoder"]
+        x = run(dec.embedding, p["embedding"], (ids,))
+        new_caches = []
+        for i, layer in enumerate(layers):
+            lp = p["transformer"][f"layer{i}"]
+            h = run(layer.attention_norm, lp["attention_norm"], (x,))
+            h, cache = run(
+                layer.attention,
+                lp["attention"],
+                {"x": h, "positions": positions, "cache_state": caches[i]},
+                method="extend_step",
+            )
+            new_caches.append(cache)
+            x = x + h
+            h = run(layer.feed_forward_norm, lp["feed_forward_norm"], (x,))
+            x = x + run(layer.feed_forward, lp["feed_forward"], (h,))
+        x = run(dec.output_norm, p["output_norm"], (x,))
+        return run(dec.lm_head, p["lm_head"], (x,)), new_caches
+
+    caches = [layer.attention.init_cache_state(ids.shape[0], max_len) for layer in layers]
+    positions = arange_positions(*ids.shape)
+    logits, start = [], 0
+    for size in chunks:
+        out, caches = step(
+            params, ids[:, start : start + size], positions[:, start : start + size], caches
+        )
+        logits.append(out)
+        start += size
+    return jnp.concatenate(logits, axis=1)
+
+
+def test_model_decode_logits_match_the_full_forward():
+    model, params = build(
+        small_lm_cfg("rope:theta=500000", "gqa:num_kv_heads=2", "flash_attention")
+    )
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (B, S)), jnp.int32)
+    full = run(model, params, (ids,), method="predict")
+    decoded = model_decode_logits(model, params, ids, [4] + [1] * (S - 4), max_len=S)
+    assert_close(decoded, full, F32_LOOSE)
+
+
+# ----------------------------------------------------------------------------- modifiers
+
+
+def attention_paths(cfg, cls):
+    from axplug.config import find_configs
+
+    return [path for path, _ in find_configs(cfg, cls)]
+
+
+def two_attention_tree():
+    """A tree that is no decoder at all: two attention configs side by side in a list."""
+    from axplug.config import ChainConfigModifier
+
+    cfg = ChainConfigModifier.default_config()
+    cfg.modifiers = [Attention.default_config().set(num_heads=4) for _ in range(2)]
+    return cfg
+
+
+@pytest.mark.parametrize("tree", ["stacked", "scanned", "llama_tiny_trainer", "list"])
+def test_modifiers_reach_every_attention_in_any_tree(tree):
+    cfg = {
+        "stacked": small_lm_cfg,
+        "scanned": lambda: small_lm_cfg("scan_layers"),
+        "llama_tiny_trainer": lambda: preset_config("llama-tiny"),
+        "list": two_attention_tree,
+    }[tree]()
+    paths = attention_paths(cfg, Attention)
+    new = cfg
+    for spec in ("gqa:num_kv_heads=2", "flash_attention", "rope", "sliding_window:size=5"):
+        new = make_modifier(spec)(new)
+    assert attention_paths(new, Attention) == paths and paths
+    for old in (QKVLinear, IdentityPositionTransform, DotProductKernel):
+        assert attention_paths(new, old) == []
+    slots = (
+        (GroupedQKVLinear, "qkv"),
+        (RotaryPositionTransform, "position"),
+        (FlashAttention, "kernel"),
+    )
+    for cls, slot in slots:
+        assert attention_paths(new, cls) == [f"{p}.{slot}" for p in paths]
+    from axplug.config import find_configs
+
+    assert all(a.sliding_window == 5 for _, a in find_configs(new, Attention))
+
+
+def test_modifiers_never_mutate_their_input_and_reapply_as_updates():
+    cfg = preset_config("llama-tiny")  # the preset already applies `rope`
+    before = cfg.debug_string()
+    new = make_modifier("rope:theta=500000")(make_modifier("gqa:num_kv_heads=4")(cfg))
+    new = make_modifier("gqa:num_kv_heads=2")(new)
+    assert cfg.debug_string() == before
+    attention = new.model.decoder.transformer.layer.attention
+    assert attention.position.theta == 500000.0 and isinstance(attention.position.theta, float)
+    assert attention.qkv.num_kv_heads == 2
+    assert attention.qkv.klass is GroupedQKVLinear
+
+
+def test_modifier_errors():
+    no_attention = RepeatedTransformer.default_config()
+    no_attention.layer = QKVLinear.default_config()
+    with pytest.raises(ConfigError, match="modifier 'rope': the config has no"):
+        make_modifier("rope")(no_attention)
+    with pytest.raises(ConfigError, match="sliding_window': size=0 must be >= 1"):
+        make_modifier("sliding_window:size=0")(small_lm_cfg())
+    with pytest.raises(ConfigError, match="modifier 'rope': .*unknown field"):
+        make_modifier("rope:thetta=1")
+
+
+SWAPS = {
+    "rope:theta=500000": "attention.position.theta: 500000.0",
+    "gqa:num_kv_heads=2": "attention.qkv.klass: axplug_attention.gqa:GroupedQKVLinear",
+    "flash_attention": "attention.kernel.klass: axplug_attention.dispatch:FlashAttention",
+    "sliding_window:size=8": "attention.sliding_window: 8",
+}
+
+
+def tiny_llama(tmp_path, *modifiers, steps=6):
+    from axplug.summary import JsonlWriter
+
+    cfg = preset_config(
+        "llama-tiny",
+        modifiers=modifiers,
+        overrides=[
+            f"output_dir={str(tmp_path)!r}",
+            f"max_steps={steps}",
+            "log_every=1",
+            "checkpoint_every=1000",
+            "compilation_cache_dir=None",
+            "summary_writers=[]",
+            "model.decoder.transformer.num_layers=1",
+            "input.seq_len=32",
+            "input.batch_size=8",  # the default mesh is data-parallel over 8 devices
+            "learner.warmup_steps=0",
+            "learner.learning_rate=1e-2",
+        ],
+    )
+    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
+
+
+def train_losses(cfg, tmp_path):
+    from axplug.summary import read_jsonl
+    from axplug.trainer.run import train
+
+    train(cfg)
+    return [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
+
+
+def test_llama_tiny_with_every_modifier_trains(tmp_path):
+    cfg = tiny_llama(tmp_path, *SWAPS)
+    text = cfg.debug_string()
+    assert "layer.attention.position.klass: axplug_attention.rope:RotaryPositionTransform" in text
+    for line in SWAPS.values():
+        assert f"model.decoder.transformer.layer.{line}" in text
+    losses = train_losses(cfg, tmp_path)
+    assert len(losses) == 6 and all(map(math.isfinite, losses))
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", list(SWAPS))
+def test_llama_tiny_with_one_modifier_trains(tmp_path, spec):
+    cfg = tiny_llama(tmp_path, spec)
+    assert f"model.decoder.transformer.layer.{SWAPS[spec]}" in cfg.debug_string()
+    losses = train_losses(cfg, tmp_path)
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+@pytest.mark.parametrize("spec", list(SWAPS))
+def test_each_modifier_shows_its_swap_in_debug_string(spec):
+    base = preset_config("llama-tiny").debug_string().splitlines()
+    new = preset_config("llama-tiny", modifiers=[spec]).debug_string().splitlines()
+    added = set(new) - set(base)
+    assert f"model.decoder.transformer.layer.{SWAPS[spec]}" in added
+
+
+# ------------------------------------------------------------------------------ sharding
+
+
+def test_tensor_parallel_on_8_devices_matches_one_device():
+    assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+    model, params = build(small_lm_cfg("rope", "gqa:num_kv_heads=2", "flash_attention"))
+    specs = model.create_parameter_specs_recursively()
+    attention_specs = specs["decoder"]["transformer"]["layer0"]["attention"]
+    assert attention_specs["qkv"]["k"]["weight"].mesh_axes == ("embed", "heads")
+    assert attention_specs["output"]["weight"].mesh_axes == ("heads", "embed")
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (B, S)), jnp.int32)
+
+    def loss(params, ids):
+        (value, _), _ = functional(
+            model, prng_key=None, state=params, inputs=(ids, ids), is_training=False
+        )
+        return value
+
+    grad_fn = jax.value_and_grad(loss)
+    want_loss, want_grads = jax.jit(grad_fn)(params, ids)  # params live on one device
+
+    mesh = MeshBuilder.default_config().set(mesh_shape=(2, 1, 1, 1, 4)).instantiate().build()
+    shardings = parameter_shardings(specs, mesh, DEFAULT_AXIS_RULES)
+    sharded = jax.device_put(params, shardings)
+    q_sharding = sharded["decoder"]["transformer"]["layer0"]["attention"]["qkv"]["q"]["weight"]
+    assert q_sharding.sharding.spec[1] == "model" and len(q_sharding.sharding.device_set) == 8
+    ids_sharded = jax.device_put(
+        ids, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    )
+    got_loss, got_grads = jax.jit(grad_fn)(sharded, ids_sharded)
+    assert_close(got_loss, want_loss, F32_LOOSE)
+    jax.tree.map(lambda g, w: assert_close(g, w, F32_LOOSE), got_grads, want_grads)
