@@ -38,6 +38,7 @@ class FakeSite:
         self.path = path
         self.path.mkdir(parents=True, exist_ok=True)
         self.modules: list[str] = []
+        self.kept = {"axplug"}  # real distributions still discovered: the core
 
     def add(
         self,
@@ -74,9 +75,13 @@ class FakeSite:
         packages and this site's fakes."""
         return [d for d in _all_distributions(**kwargs) if self._visible(d)]
 
+    def keep_installed(self, *names: str) -> None:
+        """Let these real installed distributions stay visible (in this process)."""
+        self.kept.update(n.lower() for n in names)
+
     def _visible(self, dist) -> bool:
         path = Path(str(getattr(dist, "_path", "")))
-        if self.path in path.parents or (dist.name or "").lower() == "axplug":
+        if self.path in path.parents or (dist.name or "").lower() in self.kept:
             return True
         return "axplug." not in (dist.read_text("entry_points.txt") or "")
 

@@ -402,6 +402,7 @@ class Raises(AttentionKernel):
 
 @pytest.fixture
 def fake_kernels(plugin_site):
+    plugin_site.keep_installed("axplug-attention")  # the real reference and xla kernels
     plugin_site.add(
         "fake-hw",
         {
