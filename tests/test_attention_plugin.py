@@ -163,8 +163,8 @@ def test_describe_kernels_names_the_choice_on_this_machine():
     assert jax.default_backend() in lines[0]
     chosen = [line.split()[0] for line in lines[1:] if line.endswith("chosen")]
     assert chosen == ["xla"]  # CPU: XLA outranks the reference
-    assert FlashAttention.axplug_info() == lines
-    assert axplug_attention.XlaKernel.axplug_info() == lines
+    assert FlashAttention.info_lines() == lines
+    assert axplug_attention.XlaKernel.info_lines() == lines
 
 
 # ----------------------------------------------------------------------------------- RoPE

@@ -59,7 +59,7 @@ def _wrap(method: Callable) -> Callable:
         with set_current_context(child_context(self)):
             return method(self, *args, **kwargs)
 
-    in_child_context.__axplug_wrapped__ = True
+    in_child_context.__runs_in_child_context__ = True
     return in_child_context
 
 
@@ -77,7 +77,7 @@ class Module(Configurable):
                 attr.startswith("_")
                 or attr in _UNWRAPPED
                 or not inspect.isfunction(value)
-                or getattr(value, "__axplug_wrapped__", False)
+                or getattr(value, "__runs_in_child_context__", False)
             ):
                 continue
             setattr(cls, attr, _wrap(value))

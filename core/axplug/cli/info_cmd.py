@@ -93,7 +93,7 @@ def _print_object(obj: Any) -> int:
     doc = (inspect.getdoc(obj) or "").strip()
     print(f"doc:           {doc.splitlines()[0] if doc else '(none)'}")
     # A component may describe its state on this machine (e.g. which kernel dispatch picks).
-    extra = getattr(obj, "axplug_info", None)
+    extra = getattr(obj, "info_lines", None)
     if callable(extra):
         try:
             for line in extra():

@@ -151,6 +151,6 @@ class FlashAttention(BaseLayer):
         return kernel(q, k, v, mask, scale=scale)
 
     @classmethod
-    def axplug_info(cls) -> list[str]:
+    def info_lines(cls) -> list[str]:
         """Extra lines for `axplug info`: the kernel chosen on this machine."""
         return describe_kernels()

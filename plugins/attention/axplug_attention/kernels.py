@@ -49,7 +49,7 @@ class AttentionKernel:
         raise NotImplementedError(type(self).__qualname__)
 
     @classmethod
-    def axplug_info(cls) -> list[str]:
+    def info_lines(cls) -> list[str]:
         """Extra lines for `axplug info`: every kernel's answer here and the one chosen."""
         from axplug_attention.dispatch import describe_kernels
 
