@@ -38,3 +38,9 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+.PHONY: bench-quick
+
+# Step and compile time of llama-tiny against the same model in plain JAX (about a minute).
+bench-quick: $(STAMP)
+	$(BIN)/python bench/step_time.py --quick

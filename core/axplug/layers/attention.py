@@ -110,11 +110,16 @@ class DotProductKernel(BaseLayer):
         if h % kvh:
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
+        allowed = mask.dense()  # [b, 1, sq, skv]
+        if kvh == h:
+            # The plain 4-D layout: the grouped one below makes XLA:CPU copy the probabilities.
+            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+            logits = jnp.where(allowed, logits * scale, NEG_INF)
+            probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+            return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         qg = q.reshape(b, sq, kvh, h // kvh, d)
         logits = jnp.einsum("bqngd,bknd->bngqk", qg, k, preferred_element_type=jnp.float32)
-        logits = logits * scale
-        allowed = mask.dense()[:, :, None]  # [b, 1, 1, sq, skv]
-        logits = jnp.where(allowed, logits, NEG_INF)
+        logits = jnp.where(allowed[:, :, None], logits * scale, NEG_INF)  # [b, n, g, sq, skv]
         probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
         out = jnp.einsum("bngqk,bknd->bqngd", probs, v)
         return out.reshape(b, sq, h, d)

@@ -83,14 +83,20 @@ def build_train_step(
             total, terms, grads = jax.tree.map(lambda x: x / grad_accumulation_steps, summed)
         grad_norm = optax.tree_utils.tree_norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        new_state = {
-            "params": keep(new_params, params),
-            "opt_state": keep(new_opt_state, state["opt_state"]),
-            "step": state["step"] + 1,
-        }
+
+        def apply(grads, opt_state, params):
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt_state
+
+        def skip(grads, opt_state, params):
+            return params, opt_state
+
+        # A branch rather than a select over every parameter and moment: no extra memory
+        # traffic on good steps, and a bad step leaves params and optimizer state untouched.
+        new_params, new_opt_state = jax.lax.cond(
+            finite, apply, skip, grads, state["opt_state"], params
+        )
+        new_state = {"params": new_params, "opt_state": new_opt_state, "step": state["step"] + 1}
         metrics = {"loss": total, **terms, "grad_norm": grad_norm, "finite": finite}
         if learning_rate is not None:
             metrics["learning_rate"] = learning_rate(state["step"])
