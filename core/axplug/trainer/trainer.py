@@ -9,8 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from axplug import registry
 from axplug.checkpoint import Checkpointer
 from axplug.config import (
     REQUIRED,
@@ -89,8 +91,6 @@ class Trainer(Configurable):
         self.checkpointer = checkpointer_cfg.instantiate()
         self.aux_loss = cfg.aux_loss.instantiate()
         self.writers = [self._writer(w) for w in cfg.summary_writers]
-        from axplug import registry
-
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
         self._build_step()
 
@@ -118,8 +118,7 @@ class Trainer(Configurable):
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
         abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
-        import optax
-
+        # Optimizer moments are laid out like the parameters they track.
         opt_shardings = optax.tree_map_params(
             self.tx,
             lambda _, sharding: sharding,
