@@ -23,12 +23,14 @@ def load(run_dir: str):
     return trainer, step, state["params"]
 
 
-def sample(model, params, prompt: bytes, *, window: int, new_tokens: int, temperature: float,
-           seed: int = 0) -> bytes:
+def sample(
+    model, params, prompt: bytes, *, window: int, new_tokens: int, temperature: float, seed: int = 0
+) -> bytes:
     @jax.jit
     def next_token(params, ids, length, key):
-        logits = functional(model, prng_key=None, state=params, inputs=(ids,),
-                            is_training=False, method="predict")[0]
+        logits = functional(
+            model, prng_key=None, state=params, inputs=(ids,), is_training=False, method="predict"
+        )[0]
         last = logits[0, length - 1] / temperature
         return jax.random.categorical(key, last)
 

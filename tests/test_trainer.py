@@ -364,8 +364,9 @@ def test_resume_onto_a_different_mesh(tmp_path):
     assert int(restored["step"]) == 3
     emb = restored["params"]["decoder"]["embedding"]["weight"]
     assert emb.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored),
-                 jax.device_get(saved.state))
+    jax.tree.map(
+        np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(saved.state)
+    )
 
 
 def test_eval_runs_on_the_held_out_split(tmp_path):
