@@ -1,0 +1,43 @@
+"""axplug-moe: mixture-of-experts feed-forward with expert parallelism.
+
+Importing this package registers nothing by side effect: the core finds its components through
+the entry points in pyproject.toml.
+"""
+
+from axplug_moe.dispatch import (
+    DISPATCHERS,
+    AutoDispatch,
+    Dispatch,
+    EinsumDispatch,
+    Experts,
+    GatherDispatch,
+    RaggedDispatch,
+    SortedDispatch,
+)
+from axplug_moe.group import MoELayerGroup
+from axplug_moe.layer import MoEFeedForward
+from axplug_moe.modifiers import MoEModifier
+from axplug_moe.router import Routing, TopKRouter, expert_capacity
+from axplug_moe.sharding import bind_mesh, bound_mesh, unbind_mesh
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DISPATCHERS",
+    "AutoDispatch",
+    "Dispatch",
+    "EinsumDispatch",
+    "Experts",
+    "GatherDispatch",
+    "MoEFeedForward",
+    "MoELayerGroup",
+    "MoEModifier",
+    "RaggedDispatch",
+    "Routing",
+    "SortedDispatch",
+    "TopKRouter",
+    "bind_mesh",
+    "bound_mesh",
+    "expert_capacity",
+    "unbind_mesh",
+]

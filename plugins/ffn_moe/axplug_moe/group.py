@@ -1,0 +1,40 @@
+"""A block of `every` transformer layers whose last one is MoE: the repeated unit of a stack
+that has a mixture-of-experts feed-forward in every Nth layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.layers import BaseLayer, TransformerLayer
+
+__all__ = ["MoELayerGroup"]
+
+
+class MoELayerGroup(BaseLayer):
+    """Children layer0..layer{every-2} from `layer`, then layer{every-1} from `moe_layer`,
+    applied in order. As the `layer` of `StackedTransformer` (unrolled) or
+    `RepeatedTransformer` (scanned, one group per scan step) it gives `every`-periodic
+    stacks without a new stack class: the stack's `num_layers` counts groups."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        every: int = 2
+        layer: BaseLayer.Config = TransformerLayer.default_config()
+        moe_layer: BaseLayer.Config = TransformerLayer.default_config()
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if cfg.every < 1:
+            raise ConfigError(f"{self.path}.every: {cfg.every} must be >= 1")
+        for i in range(cfg.every):
+            sub = cfg.moe_layer if i == cfg.every - 1 else cfg.layer
+            self._add_child(f"layer{i}", sub.clone(input_dim=cfg.input_dim))
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        for i in range(self._config.every):
+            x = getattr(self, f"layer{i}")(x, **kwargs)
+        return x

@@ -1,0 +1,103 @@
+"""The mixture-of-experts feed-forward: a drop-in for the dense `FeedForward` slot."""
+
+from __future__ import annotations
+
+import jax
+
+from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.layers import BaseLayer, FeedForward, ParameterSpec
+from axplug.layers.feed_forward import get_activation
+from axplug_moe.dispatch import AutoDispatch, Experts
+from axplug_moe.router import TopKRouter
+from axplug_moe.sharding import constrainer
+
+__all__ = ["MoEFeedForward"]
+
+
+class MoEFeedForward(BaseLayer):
+    """`num_experts` gated FFNs (SwiGLU by default); each token runs the `router.top_k`
+    experts it picks, weighted by its gates, plus `num_shared_experts` experts every token
+    runs.
+
+    Fields shared with `FeedForward` (input_dim, hidden_dim, activation, gated) mean the
+    same, per expert, so `replace_config` carries them over from the dense layer. Tokens
+    are routed in groups of one sequence: capacity and drops never depend on other
+    sequences of the batch or on how the batch is sharded.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        hidden_dim: Required[int] = REQUIRED  # per expert
+        activation: str = "silu"
+        gated: bool = True
+        num_experts: int = 8
+        num_shared_experts: int = 0
+        shared_hidden_dim: int | None = None  # per shared expert; None: hidden_dim
+        init_scale: float = 1.0
+        # Routing: top_k, renormalize, capacity_factor and the aux-loss coefficients.
+        router: BaseLayer.Config = TopKRouter.default_config()
+        dispatch: BaseLayer.Config = AutoDispatch.default_config()
+        # The shared experts' FFN (one of num_shared_experts * hidden); None: a FeedForward.
+        shared_expert: BaseLayer.Config | None = None
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if cfg.num_experts < 1:
+            raise ConfigError(f"{self.path}.num_experts: {cfg.num_experts} must be >= 1")
+        if cfg.num_shared_experts < 0:
+            raise ConfigError(
+                f"{self.path}.num_shared_experts: {cfg.num_shared_experts} must be >= 0"
+            )
+        self._act = get_activation(cfg.activation, f"{self.path}.activation")
+        self._add_child(
+            "router",
+            cfg.router.clone(input_dim=cfg.input_dim, num_experts=cfg.num_experts),
+        )
+        self._add_child("dispatch", cfg.dispatch)
+        if cfg.num_shared_experts:
+            hidden = cfg.num_shared_experts * (cfg.shared_hidden_dim or cfg.hidden_dim)
+            shared = cfg.shared_expert or FeedForward.default_config()
+            self._add_child(
+                "shared_expert",
+                shared.clone(
+                    input_dim=cfg.input_dim,
+                    hidden_dim=hidden,
+                    activation=cfg.activation,
+                    gated=cfg.gated,
+                ),
+            )
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self._config
+        e, d, h = cfg.num_experts, cfg.input_dim, cfg.hidden_dim
+        # Per expert the dense layer's fan-in init; the expert dim is a batch dim.
+        init = jax.nn.initializers.variance_scaling(
+            cfg.init_scale, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
+        )
+        up = ParameterSpec((e, d, h), self.dtype, ("expert", "embed", "mlp"), init)
+        specs = {
+            "wi_up": up,
+            "wo": ParameterSpec((e, h, d), self.dtype, ("expert", "mlp", "embed"), init),
+        }
+        if cfg.gated:
+            specs["wi_gate"] = up
+        return specs
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        # x: [..., seq, dim]; each sequence is one routing group.
+        shape = x.shape
+        x = self._cast(x.reshape(-1, *shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1))
+        params = self.parameters
+        experts = Experts(
+            wi_up=self._cast(params["wi_up"]),
+            wo=self._cast(params["wo"]),
+            wi_gate=self._cast(params["wi_gate"]) if "wi_gate" in params else None,
+            activation=self._act,
+            constrain=constrainer(self),
+        )
+        routing = self.router(x)
+        y = self.dispatch(x, routing, experts)
+        if self._config.num_shared_experts:
+            y = y + self.shared_expert(x)
+        return y.astype(self.compute_dtype).reshape(shape)
