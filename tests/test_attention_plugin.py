@@ -460,8 +460,8 @@ def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
 
 
 def test_flash_attention_rejects_unknown_kernel_names():
-    with pytest.raises(ConfigError, match="kernels: no kernel 'splash' is registered"):
-        build(FlashAttention.default_config().set(kernels=["splash"]))
+    with pytest.raises(ConfigError, match="kernels: no kernel 'warp_drive' is registered"):
+        build(FlashAttention.default_config().set(kernels=["warp_drive"]))
 
 
 def test_unsupported_is_false_and_says_why():

@@ -126,10 +126,10 @@ def test_mesh_rule_auto_selects_cpu_and_unknown_selectors_list_rules():
     assert cfg.mesh.mesh_shape == (-1, 1, 1, 1, 1)
     with pytest.raises(
         ConfigError,
-        match=r"no installed mesh rule matches 'tpu-v5p-512'; "
+        match=r"no installed mesh rule matches 'qpu-9000'; "
         r"installed rules: .*cpu \(cpu-\*\)",
     ):
-        select_mesh_rule("tpu-v5p-512")
+        select_mesh_rule("qpu-9000")
 
 
 def test_modifier_specs_are_parsed_and_checked():
