@@ -15,7 +15,13 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Each module exposes `add_parser(subparsers)`, which sets `run(args) -> int` as the default.
 # Command modules import nothing heavy at module level, so `axplug --help` stays fast.
-COMMANDS = ("axplug.cli.list_cmd", "axplug.cli.info_cmd", "axplug.cli.train_cmd")
+COMMANDS = (
+    "axplug.cli.list_cmd",
+    "axplug.cli.info_cmd",
+    "axplug.cli.train_cmd",
+    "axplug.cli.new_plugin_cmd",
+    "axplug.cli.doctor_cmd",
+)
 
 EPILOG = """\
 examples:

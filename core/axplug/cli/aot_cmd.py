@@ -1,0 +1,247 @@
+"""`axplug aot`: compile a preset's train step for a mesh rule's topology and report the plan."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run", "build_config", "main", "EXIT_OOM"]
+
+EXIT_OOM = 3
+_CHILD_ENV = "AXPLUG_AOT_CHILD"
+
+EPILOG = """\
+examples:
+  axplug aot --preset llama-tiny --mesh-rule cpu --json
+  axplug aot --preset gpt-tiny --mesh-rule gpu-h100-8 --modifier mesh:fsdp=4,data=-1
+  axplug aot --preset llama2-70b --mesh-rule gpu-h100-8      would it fit on one H100 host?
+
+The step is lowered and compiled from abstract shapes on fake CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=N; the command re-runs itself with it when
+jax already started with fewer devices); nothing is allocated or run. A mesh larger than
+--max-devices is compiled with its `data` axis and the global batch divided by the same factor:
+data replicas are identical, so per-device memory is unchanged, and FLOPs are scaled back.
+Exit status 3 when the step would not fit in the device's HBM.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "aot",
+        help="compile a train step for a mesh rule ahead of time: memory, FLOPs, MFU",
+        description="Compile the training step for a mesh rule's mesh without running it and "
+        "report per-device memory against the device's HBM, FLOPs per step and MFU.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", required=True, help="preset name")
+    parser.add_argument(
+        "--mesh-rule",
+        required=True,
+        metavar="NAME|SELECTOR",
+        help="a mesh rule name (cpu, gpu-h100-8x32) or a selector it matches",
+    )
+    parser.add_argument(
+        "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help="repeatable"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE"
+    )
+    parser.add_argument(
+        "--max-devices",
+        type=int,
+        default=64,
+        help="most fake CPU devices to compile for (default 64)",
+    )
+    parser.add_argument("--target-mfu", type=float, default=0.4, help="default 0.4")
+    parser.add_argument("--step-time", type=float, help="seconds per step: report its MFU")
+    parser.add_argument("--hbm-gib", type=float, help="override the device's HBM (GiB)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def build_config(args: argparse.Namespace):
+    """(config, rule name, device spec, target device count) for the parsed arguments."""
+    from axplug.aot import device_spec_of, resolve_rule, selector_device_count
+    from axplug.config import apply_overrides
+    from axplug.modifiers import make_modifier
+    from axplug.presets import preset_config
+
+    cfg = preset_config(args.preset, overrides=["output_dir='/nonexistent/axplug-aot'"])
+    name, rule = resolve_rule(args.mesh_rule)
+    cfg = rule.modifier()(cfg)
+    for spec in args.modifier:
+        cfg = make_modifier(spec)(cfg)
+    cfg = apply_overrides(cfg, args.overrides)
+    spec = device_spec_of(name)
+    if spec is not None and args.hbm_gib is not None:
+        spec = dataclasses.replace(spec, hbm_bytes=int(args.hbm_gib * 1024**3))
+    count = selector_device_count(args.mesh_rule)
+    if count is None:
+        shape = tuple(cfg.mesh.mesh_shape)
+        count = abs(_prod(shape)) if -1 not in shape else _local_device_count()
+    return cfg, name, spec, count
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _local_device_count() -> int:
+    import jax
+
+    return jax.device_count()
+
+
+def _ensure_devices(n: int) -> bool:
+    """True when jax has (or can still be given) `n` CPU devices in this process."""
+    import jax
+
+    try:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # backends already started
+        pass
+    return jax.device_count() >= n and jax.default_backend() == "cpu"
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The `aot` command line that reproduces `args`."""
+    argv = ["aot", "--preset", args.preset, "--mesh-rule", args.mesh_rule]
+    argv += [f"--modifier={m}" for m in args.modifier]
+    argv += [f"--set={o}" for o in args.overrides]
+    argv += ["--max-devices", str(args.max_devices), "--target-mfu", str(args.target_mfu)]
+    for flag, value in (("--step-time", args.step_time), ("--hbm-gib", args.hbm_gib)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--json"] if args.json else [])
+
+
+def _rerun(n: int, args: argparse.Namespace) -> int:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{_CHILD_ENV: "1"})
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
+    sys.stdout.flush()
+    # `-m axplug.cli.aot_cmd`, not `-m axplug.cli`: the child needs only this command.
+    argv = _argv(args)[1:]
+    return subprocess.call([sys.executable, "-m", "axplug.cli.aot_cmd", *argv], env=env)
+
+
+def run(args: argparse.Namespace) -> int:
+    from axplug.aot import check_batch, scale_down
+    from axplug.config import ConfigError
+    from axplug.registry import ComponentNotFoundError
+
+    try:
+        cfg, name, spec, count = build_config(args)
+        shape = cfg.mesh.instantiate().resolved_shape(count)
+        check_batch(shape, cfg.mesh.axis_names, cfg.input.batch_size)
+        _, _, factor = scale_down(
+            shape, cfg.mesh.axis_names, cfg.input.batch_size, args.max_devices
+        )
+    except (ConfigError, ComponentNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    needed = _prod(shape) // factor
+    try:
+        return _report(args, cfg, name, spec, count, needed)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _report(args, cfg, name, spec, count, needed) -> int:
+    if not _ensure_devices(needed):
+        if os.environ.get(_CHILD_ENV):
+            print(f"error: could not get {needed} fake CPU devices", file=sys.stderr)
+            return 2
+        return _rerun(needed, args)
+    from axplug.aot import compile_report
+
+    report = compile_report(
+        cfg,
+        num_devices=count,
+        spec=spec,
+        preset=args.preset,
+        rule=name,
+        selector=args.mesh_rule,
+        max_devices=args.max_devices,
+        target_mfu=args.target_mfu,
+        step_time_s=args.step_time,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_report(report))
+    if report.fits is False:
+        print(
+            f"error: would OOM by {report.over_bytes / 1024**3:.2f} GiB per device "
+            f"({report.memory['total'] / 1024**3:.2f} GiB needed, "
+            f"{report.hbm_bytes / 1024**3:.2f} GiB HBM on {report.device}); "
+            "shard more (mesh:fsdp=...), remat more (scan_layers:remat_policy=full), "
+            "or use a smaller per-device batch",
+            file=sys.stderr,
+        )
+        return EXIT_OOM
+    return 0
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def format_report(r) -> str:
+    """The human-readable report."""
+    gib = 1024**3
+    mesh = ", ".join(f"{k}={v}" for k, v in r.mesh_shape.items() if v != 1) or "1 device"
+    lines = [
+        f"{r.preset} on {r.rule} ({r.device or 'no device spec'}): {r.num_devices} devices, "
+        f"mesh {mesh}, {_count(r.params)} params, {r.tokens_per_step} tokens/step",
+    ]
+    if r.scale_factor > 1:
+        lines.append(
+            f"  compiled on {r.compiled_devices} fake devices: data axis and batch / "
+            f"{r.scale_factor} (per-device memory unchanged)"
+        )
+    lines.append("  per-device memory (GiB; temp: activations and scratch):")
+    for key in ("params", "optimizer", "batch", "temp", "total"):
+        lines.append(f"    {key:<10} {r.memory[key] / gib:12.4f}")
+    if r.hbm_bytes is not None:
+        verdict = "fits" if r.fits else f"would OOM by {r.over_bytes / gib:.2f} GiB"
+        lines.append(f"    {'HBM':<10} {r.hbm_bytes / gib:12.4f}  -> {verdict}")
+    xla = f"{r.flops_per_step_xla:.3e}" if r.flops_per_step_xla is not None else "n/a"
+    lines.append(f"  FLOPs/step: analytic {r.flops_per_step_analytic:.3e}, XLA cost analysis {xla}")
+    if r.step_time_at_target_mfu_s is not None:
+        lines.append(
+            f"  step time at {r.target_mfu:.0%} MFU: {r.step_time_at_target_mfu_s:.4g} s "
+            f"(peak {r.peak_flops_per_device / 1e12:.0f} TFLOP/s per chip)"
+        )
+    if r.mfu_at_step_time is not None:
+        lines.append(f"  MFU at {r.step_time_s} s/step: {r.mfu_at_step_time:.1%}")
+    lines.append(f"  compile time {r.compile_s:.1f} s")
+    lines += [f"  note: {note}" for note in r.notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m axplug.cli.aot_cmd ARGS` = `axplug aot ARGS` (how the command re-runs itself)."""
+    parser = argparse.ArgumentParser(prog="axplug")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["aot", *(sys.argv[1:] if argv is None else argv)])
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""`axplug new-plugin NAME`: writes a complete, tested plugin package to start from."""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run", "KINDS", "generate", "names_for"]
+
+KINDS = ("layer", "kernel", "modifier", "hooks", "storage")
+
+EPILOG = """\
+examples:
+  axplug new-plugin axplug-sqrelu                  a layer plugin in ./axplug-sqrelu
+  axplug new-plugin my-attn --kind kernel --dir plugins
+  cd axplug-sqrelu && pip install -e '.[test]' && pytest && axplug list --kind layers
+
+The package has pyproject.toml (entry points, the plugin API it targets, a dependency on
+axplug), a small working component, a README and tests that run the conformance kit
+`axplug.testing`. Kind mesh-rule is not generated yet.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "new-plugin",
+        help="create a new plugin package from a template",
+        description="Write a plugin package: pyproject.toml, a working component, README, tests.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", help="distribution name, e.g. axplug-sqrelu")
+    parser.add_argument("--kind", choices=KINDS, default="layer", help="default: layer")
+    parser.add_argument(
+        "--dir", default=".", help="parent directory; the package goes to DIR/NAME (default: .)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing directory")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def names_for(name: str) -> dict[str, str]:
+    """The distribution, module, component and class names derived from `name`."""
+    dist = re.sub(r"[-_.\s]+", "-", name.strip()).lower()
+    if not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", dist):
+        raise ValueError(
+            f"plugin name {name!r}: use letters, digits and dashes, starting with a letter "
+            "(e.g. axplug-sqrelu)"
+        )
+    module = dist.replace("-", "_")
+    if keyword.iskeyword(module) or module == "axplug":
+        raise ValueError(f"plugin name {name!r}: {module!r} cannot be a package name")
+    short = module[len("axplug_") :] if module.startswith("axplug_") else module
+    cls = "".join(part.capitalize() for part in short.split("_"))
+    return {"dist": dist, "module": module, "name": short, "cls": cls}
+
+
+def generate(name: str, kind: str, directory: Path, *, force: bool = False) -> list[Path]:
+    """Writes the package for `name` to directory/<dist>; returns the files written."""
+    from string import Template
+
+    from axplug import PLUGIN_API_VERSION, __version__
+    from axplug.cli.templates import COMMON, KIND_FILES
+
+    if kind not in KIND_FILES:
+        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KIND_FILES)}")
+    group, submodule, source, test = KIND_FILES[kind]
+    values = names_for(name)
+    major, minor = __version__.split(".")[:2]
+    values.update(
+        group=group,
+        submodule=submodule,
+        kind=group.split(".", 1)[1],
+        api=PLUGIN_API_VERSION,
+        axplug_req=f"axplug>={major}.{minor},<{major}.{int(minor) + 1}",
+        description=f"An axplug {kind} plugin: {values['name']}.",
+    )
+    target = f"{values['module']}.{submodule}"
+    values["entry_value"] = f"{target}:plugin" if kind == "hooks" else f"{target}:{values['cls']}"
+    root = Path(directory) / values["dist"]
+    if root.exists() and any(root.iterdir()) and not force:
+        raise FileExistsError(f"{root} exists and is not empty; pass --force to overwrite")
+    files = dict(COMMON)
+    files[f"$module/{submodule}.py"] = source
+    files[f"tests/test_{submodule}.py"] = test
+    written = []
+    for rel, text in files.items():
+        path = root / Template(rel).substitute(values)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Template(text).substitute(values))
+        written.append(path)
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        written = generate(args.name, args.kind, Path(args.dir), force=args.force)
+    except (ValueError, FileExistsError) as exc:
+        print(f"axplug new-plugin: {exc}", file=sys.stderr)
+        return 2
+    root = written[0].parent
+    print(f"created {args.kind} plugin in {root}:")
+    for path in written:
+        print(f"  {path.relative_to(root)}")
+    print(f"\nnext: cd {root} && pip install -e '.[test]' && pytest && axplug list")
+    return 0

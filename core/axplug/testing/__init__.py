@@ -1,0 +1,34 @@
+"""Conformance kit for plugin authors: subclass one class, override a few fixtures.
+
+```python
+import pytest
+from axplug.testing import LayerConformance
+from my_plugin import MyFeedForward
+
+class TestMyFeedForward(LayerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        return MyFeedForward.default_config().set(input_dim=16, hidden_dim=32)
+```
+
+Capabilities are declared, not skipped: a class attribute `capabilities` names what the
+component supports, and checks for capabilities it lacks report as skipped with the reason.
+"""
+
+from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
+from axplug.testing._layer import LAYER_CAPABILITIES, LayerConformance
+from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
+from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
+
+__all__ = [
+    "LAYER_CAPABILITIES",
+    "KERNEL_CAPABILITIES",
+    "STORAGE_CAPABILITIES",
+    "LayerConformance",
+    "KernelConformance",
+    "StorageConformance",
+    "TraceCounter",
+    "assert_finite",
+    "reference_kernel",
+    "sum_of_squares",
+]

@@ -1,0 +1,201 @@
+"""`KernelConformance`: an attention kernel checked against the reference attention."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug.testing._util import TraceCounter, assert_finite, require
+
+__all__ = ["KERNEL_CAPABILITIES", "KernelConformance", "reference_kernel"]
+
+KERNEL_CAPABILITIES = (
+    "gqa",  # fewer kv heads than query heads
+    "non_causal",  # causal=False masks
+    "sliding_window",  # AttentionMask.sliding_window
+    "segment_ids",  # packed sequences: q/kv segment ids
+    "differentiable",  # gradients match the reference's
+)
+
+
+class Case(NamedTuple):
+    """One attention problem: shapes and the static fields of its mask."""
+
+    batch: int = 2
+    q_len: int = 16
+    kv_len: int = 16
+    heads: int = 4
+    kv_heads: int = 4
+    head_dim: int = 8
+    causal: bool = True
+    window: int | None = None
+    segments: bool = False
+    needs: tuple[str, ...] = ()
+
+
+CASES = {
+    "mha_causal": Case(),
+    "gqa": Case(kv_heads=2, needs=("gqa",)),
+    "mqa": Case(kv_heads=1, needs=("gqa",)),
+    "non_causal": Case(causal=False, needs=("non_causal",)),
+    "sliding_window": Case(window=4, needs=("sliding_window",)),
+    "segments": Case(segments=True, needs=("segment_ids",)),
+}
+
+
+class _CoreReference:
+    """The core DotProductKernel behind the kernel protocol (when axplug-attention is absent)."""
+
+    def __call__(self, query, key, value, mask, *, scale):
+        from axplug.context import functional
+        from axplug.layers import DotProductKernel
+
+        layer = DotProductKernel.default_config().set(name="reference", scale=scale)
+        out, _ = functional(
+            layer.instantiate(parent=None),
+            prng_key=None,
+            state={},
+            inputs=(query, key, value, mask),
+            is_training=False,
+        )
+        return out
+
+
+def reference_kernel() -> Any:
+    """The registered `reference` kernel if a plugin provides one, else the core's
+    DotProductKernel (the same math): found through the registry, never by import."""
+    from axplug import registry
+
+    try:
+        return registry.load("kernels", "reference")()
+    except (LookupError, ImportError):
+        return _CoreReference()
+
+
+def make_problem(case: Case, dtype=jnp.float32, seed: int = 0):
+    """(query, key, value, mask) for `case`, random but deterministic."""
+    from axplug.layers import AttentionMask
+
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(kq, (case.batch, case.q_len, case.heads, case.head_dim), dtype)
+    k = jax.random.normal(kk, (case.batch, case.kv_len, case.kv_heads, case.head_dim), dtype)
+    v = jax.random.normal(kv, (case.batch, case.kv_len, case.kv_heads, case.head_dim), dtype)
+    q_pos = jnp.broadcast_to(jnp.arange(case.q_len) + case.kv_len - case.q_len, q.shape[:2])
+    kv_pos = jnp.broadcast_to(jnp.arange(case.kv_len), k.shape[:2])
+    seg_q = seg_kv = None
+    if case.segments:  # two packed documents per row
+        seg_q = (q_pos >= case.kv_len // 2).astype(jnp.int32)
+        seg_kv = (kv_pos >= case.kv_len // 2).astype(jnp.int32)
+    mask = AttentionMask(
+        q_positions=q_pos.astype(jnp.int32),
+        kv_positions=kv_pos.astype(jnp.int32),
+        q_segment_ids=seg_q,
+        kv_segment_ids=seg_kv,
+        causal=case.causal,
+        sliding_window=case.window,
+    )
+    return q, k, v, mask
+
+
+class KernelConformance:
+    """Subclass as `TestMyKernel(KernelConformance)` and override the `kernel` fixture.
+
+    `kernel` returns an object with `__call__(query, key, value, mask, *, scale)` (and
+    optionally `is_supported(query, key, value, mask, backend)`), the `axplug.kernels`
+    protocol. Optional fixtures: `reference` (default `reference_kernel()`), `tolerance`,
+    `dtype`. Declare in `capabilities` which mask features and layouts the kernel supports.
+    """
+
+    capabilities: tuple[str, ...] = KERNEL_CAPABILITIES
+
+    @pytest.fixture
+    def kernel(self):
+        raise NotImplementedError(
+            f"{type(self).__name__}: override the `kernel` fixture to return your kernel"
+        )
+
+    @pytest.fixture
+    def reference(self):
+        return reference_kernel()
+
+    @pytest.fixture
+    def dtype(self):
+        return jnp.float32
+
+    @pytest.fixture
+    def tolerance(self, dtype) -> dict:
+        # float32 against a float32 reference; bfloat16 kernels should override to ~2e-2.
+        if jnp.dtype(dtype) == jnp.float32:
+            return {"rtol": 1e-5, "atol": 1e-5}
+        return {"rtol": 2e-2, "atol": 2e-2}
+
+    def _case(self, name: str) -> Case:
+        case = CASES[name]
+        for capability in case.needs:
+            require(self, capability, KERNEL_CAPABILITIES)
+        return case
+
+    def _check_supported(self, kernel, problem) -> None:
+        if hasattr(kernel, "is_supported"):
+            answer = kernel.is_supported(*problem, jax.default_backend())
+            assert answer, (
+                f"{type(kernel).__name__}.is_supported says {answer!r} for a case its "
+                "capabilities declare; drop the capability or support the case"
+            )
+
+    def test_capabilities_are_known(self):
+        unknown = set(self.capabilities) - set(KERNEL_CAPABILITIES)
+        assert not unknown, f"unknown capabilities {sorted(unknown)}; known: {KERNEL_CAPABILITIES}"
+
+    @pytest.mark.parametrize("case_name", list(CASES))
+    def test_matches_reference(self, kernel, reference, case_name, dtype, tolerance):
+        case = self._case(case_name)
+        problem = make_problem(case, dtype)
+        self._check_supported(kernel, problem)
+        scale = 1.0 / math.sqrt(case.head_dim)
+        got = jax.jit(lambda q, k, v, m: kernel(q, k, v, m, scale=scale))(*problem)
+        assert got.shape == problem[0].shape, f"output {got.shape} != query {problem[0].shape}"
+        assert got.dtype == problem[2].dtype, (
+            f"output dtype {got.dtype} != value {problem[2].dtype}"
+        )
+        assert_finite(got, "kernel output")
+        f32 = [x.astype(jnp.float32) if hasattr(x, "astype") else x for x in problem[:3]]
+        want = jax.jit(lambda q, k, v, m: reference(q, k, v, m, scale=scale))(*f32, problem[3])
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
+        )
+
+    def test_jit_traces_once(self, kernel, dtype):
+        case = CASES["mha_causal"]
+        q, k, v, mask = make_problem(case, dtype)
+        counter = TraceCounter(lambda q, k, v, m: kernel(q, k, v, m, scale=0.5))
+        fn = jax.jit(counter)
+        fn(q, k, v, mask)
+        fn(q + 1, k, v * 2, mask)
+        assert counter.count == 1, f"the kernel was traced {counter.count} times for one shape"
+
+    def test_gradients_match_reference(self, kernel, reference, dtype, tolerance):
+        require(self, "differentiable", KERNEL_CAPABILITIES)
+        case = CASES["mha_causal"]
+        q, k, v, mask = make_problem(case, dtype)
+
+        def loss(fn, q, k, v):
+            return jnp.sum(jnp.square(fn(q, k, v, mask, scale=0.25).astype(jnp.float32)))
+
+        got = jax.jit(jax.grad(lambda *a: loss(kernel, *a), argnums=(0, 1, 2)))(q, k, v)
+        want = jax.jit(jax.grad(lambda *a: loss(reference, *a), argnums=(0, 1, 2)))(
+            q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
+        )
+        for name, g, w in zip("qkv", got, want, strict=True):
+            assert_finite(g, f"d{name}")
+            np.testing.assert_allclose(
+                np.asarray(g, np.float32),
+                np.asarray(w, np.float32),
+                **tolerance,
+                err_msg=f"gradient wrt {name}",
+            )

@@ -1,0 +1,255 @@
+"""`LayerConformance`: the checks every layer plugin should pass, as one class to subclass."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug.testing._util import TraceCounter, assert_finite, require, sum_of_squares
+
+__all__ = ["LAYER_CAPABILITIES", "LayerConformance"]
+
+# What a layer may declare in `capabilities`; checks for undeclared ones are skipped with why.
+LAYER_CAPABILITIES = (
+    "differentiable",  # gradients of a loss of its outputs are finite (and not all zero)
+    "shardable",  # 8-device sharded forward equals the 1-device forward
+    "swappable_in_llama",  # replacing `swap_target` in llama-tiny trains for a few steps
+)
+
+
+class LayerConformance:
+    """Subclass as `TestMyLayer(LayerConformance)` and override `layer_config` (required).
+
+    Optional fixtures: `input_shape` (default [4, 8, input_dim]), `inputs` (positional tuple or
+    keyword dict for `forward`), `swap_target` (the class in llama-tiny this layer replaces,
+    default the core FeedForward), `llama_modifier`, `tolerance`, `mesh_shape`.
+    """
+
+    capabilities: tuple[str, ...] = LAYER_CAPABILITIES
+    train_steps: int = 2
+
+    # -- fixtures an author overrides ------------------------------------------------------
+
+    @pytest.fixture
+    def layer_config(self):
+        raise NotImplementedError(
+            f"{type(self).__name__}: override the `layer_config` fixture to return your "
+            "layer's config, e.g. MyLayer.default_config().set(input_dim=16)"
+        )
+
+    @pytest.fixture
+    def input_shape(self, layer_config) -> tuple[int, ...]:
+        dim = getattr(layer_config, "input_dim", None)
+        if not isinstance(dim, int):
+            raise NotImplementedError(
+                f"{type(self).__name__}: the config has no int input_dim; override `input_shape` "
+                "or `inputs`"
+            )
+        return (4, 8, dim)
+
+    @pytest.fixture
+    def inputs(self, input_shape) -> Any:
+        return (jax.random.normal(jax.random.PRNGKey(1), input_shape, jnp.float32),)
+
+    @pytest.fixture
+    def swap_target(self):
+        from axplug.layers import FeedForward
+
+        return FeedForward
+
+    @pytest.fixture
+    def llama_modifier(self, layer_config, swap_target):
+        """cfg -> cfg putting this layer in place of every `swap_target` of a config tree."""
+        from axplug.config import replace_config
+
+        new_cfg = layer_config.clone(name=None)
+        return lambda cfg: replace_config(cfg, target=swap_target, new_cfg=new_cfg)
+
+    @pytest.fixture
+    def tolerance(self) -> dict:
+        # float32; sharded runs reduce in another order (see tests/test_trainer.py).
+        return {"rtol": 2e-5, "atol": 2e-5}
+
+    @pytest.fixture
+    def mesh_shape(self) -> tuple[int, ...]:
+        # (data, fsdp, expert, seq, model): data, FSDP and tensor parallelism at once.
+        return (2, 2, 1, 1, 2)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def build(layer_config):
+        """The layer instantiated as a root module."""
+        cfg = layer_config.clone(name=layer_config.name or "layer")
+        return cfg.instantiate(parent=None)
+
+    @staticmethod
+    def apply(layer, params, inputs, *, prng_key=None, is_training=False):
+        from axplug.context import functional
+
+        out, _ = functional(
+            layer, prng_key=prng_key, state=params, inputs=inputs, is_training=is_training
+        )
+        return out
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def test_capabilities_are_known(self):
+        unknown = set(self.capabilities) - set(LAYER_CAPABILITIES)
+        assert not unknown, f"unknown capabilities {sorted(unknown)}; known: {LAYER_CAPABILITIES}"
+
+    def test_config_round_trip(self, layer_config):
+        from axplug.config import from_dict, to_dict
+
+        data = to_dict(layer_config)
+        again = from_dict(data)
+        assert type(again) is type(layer_config)
+        assert again.debug_string() == layer_config.debug_string(), "to_dict/from_dict lost fields"
+        assert to_dict(again) == data
+        lines = layer_config.debug_string().splitlines()
+        assert lines, "debug_string() is empty"
+        bad = [line for line in lines if ": " not in line]
+        assert not bad, f"debug_string() lines must be `path: value`: {bad[:3]}"
+        self.build(again)  # the round-tripped config still builds
+
+    def test_parameter_specs_match_initialized_shapes(self, layer_config):
+        from axplug.layers import ParameterSpec
+        from axplug.mesh import DEFAULT_AXIS_RULES
+
+        layer = self.build(layer_config)
+        specs = layer.create_parameter_specs_recursively()
+        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+        is_spec = lambda s: isinstance(s, ParameterSpec)  # noqa: E731
+        spec_paths = dict(jax.tree_util.tree_leaves_with_path(specs, is_leaf=is_spec))
+        param_paths = dict(jax.tree_util.tree_leaves_with_path(params))
+        keys = jax.tree_util.keystr
+        assert sorted(map(keys, spec_paths)) == sorted(map(keys, param_paths)), (
+            "initialize_parameters_recursively() and create_parameter_specs_recursively() "
+            "disagree on which parameters exist"
+        )
+        known = {name for name, _ in DEFAULT_AXIS_RULES}
+        for path, spec in spec_paths.items():
+            value = param_paths[path]
+            where = f"params{keys(path)}"
+            assert tuple(value.shape) == tuple(spec.shape), (
+                f"{where}: initialized shape {value.shape} != spec shape {spec.shape}"
+            )
+            assert jnp.dtype(value.dtype) == jnp.dtype(spec.dtype), (
+                f"{where}: initialized dtype {value.dtype} != spec dtype {spec.dtype}"
+            )
+            for axis in spec.mesh_axes:
+                assert axis is None or axis in known, (
+                    f"{where}: mesh axis {axis!r} is not a logical axis; use one of "
+                    f"{sorted(known)} or None"
+                )
+
+    def test_jit_forward_traces_once(self, layer_config, inputs, tolerance):
+        layer = self.build(layer_config)
+        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+        counter = TraceCounter(lambda p, x: self.apply(layer, p, x))
+        fn = jax.jit(counter)
+        out = fn(params, inputs)
+        assert_finite(out, "forward output")
+        # New values of the same shapes and dtypes must reuse the compiled program.
+        fresh = jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.inexact) else x, inputs)
+        fn(params, fresh)
+        fn(jax.tree.map(lambda p: p * 0.5, params), inputs)
+        assert counter.count == 1, f"forward was traced {counter.count} times for one shape"
+        eager = self.apply(layer, params, inputs)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **tolerance), out, eager)
+
+    def test_gradients_are_finite(self, layer_config, inputs):
+        require(self, "differentiable", LAYER_CAPABILITIES)
+        layer = self.build(layer_config)
+        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+
+        def loss(p):
+            return sum_of_squares(
+                self.apply(layer, p, inputs, prng_key=jax.random.PRNGKey(2), is_training=True)
+            )
+
+        grads = jax.jit(jax.grad(loss))(params)
+        assert_finite(grads, "grad")
+        leaves = jax.tree.leaves(grads)
+        if leaves:
+            assert any(np.any(np.asarray(g) != 0) for g in leaves), "every gradient is zero"
+
+    def test_sharded_forward_matches_one_device(self, layer_config, inputs, mesh_shape, tolerance):
+        require(self, "shardable", LAYER_CAPABILITIES)
+        from jax.sharding import NamedSharding
+
+        from axplug.mesh import (
+            DEFAULT_AXIS_RULES,
+            MeshBuilder,
+            logical_to_partition_spec,
+            parameter_shardings,
+        )
+
+        needed = math.prod(mesh_shape)
+        if jax.device_count() < needed:
+            pytest.skip(
+                f"needs {needed} devices, found {jax.device_count()}; set XLA_FLAGS="
+                f"--xla_force_host_platform_device_count={needed} before importing jax"
+            )
+        layer = self.build(layer_config)
+        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+        expected = jax.jit(lambda p, x: self.apply(layer, p, x))(params, inputs)
+
+        mesh = MeshBuilder.default_config().set(mesh_shape=mesh_shape).instantiate()
+        mesh = mesh.build(jax.devices()[:needed])
+        rules = DEFAULT_AXIS_RULES
+        p_shard = parameter_shardings(layer.create_parameter_specs_recursively(), mesh, rules)
+        sharded_params = jax.device_put(params, p_shard)
+
+        def put(x):
+            logical = ("batch",) + (None,) * (x.ndim - 1) if x.ndim else ()
+            spec = logical_to_partition_spec(logical, rules, mesh, x.shape)
+            return jax.device_put(x, NamedSharding(mesh, spec))
+
+        sharded_inputs = jax.tree.map(put, inputs)
+        got = jax.jit(lambda p, x: self.apply(layer, p, x))(sharded_params, sharded_inputs)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **tolerance), got, expected)
+
+    def test_trains_in_llama_tiny(self, llama_modifier, tmp_path):
+        require(self, "swappable_in_llama", LAYER_CAPABILITIES)
+        from axplug import hookimpl, registry
+        from axplug.presets import preset_config
+
+        try:
+            registry.entry("modifiers", "rope")
+        except LookupError:
+            pytest.skip("llama-tiny needs the 'rope' modifier: pip install axplug-attention")
+        cfg = preset_config(
+            "llama-tiny",
+            overrides=[
+                f"output_dir={str(tmp_path)!r}",
+                f"max_steps={self.train_steps}",
+                f"checkpoint_every={self.train_steps}",
+                "compilation_cache_dir=None",
+                "summary_writers=[]",
+                "learner.warmup_steps=0",
+                "model.decoder.dim=32",
+                "model.decoder.transformer.num_layers=2",
+                "model.decoder.transformer.layer.attention.num_heads=4",
+                "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+                "input.seq_len=16",
+                "input.batch_size=2",
+                "mesh.mesh_shape=(1, 1, 1, 1, 1)",
+            ],
+        )
+        cfg = llama_modifier(cfg)
+        losses: list[float] = []
+
+        class Record:
+            @hookimpl
+            def on_step_end(self, trainer, step, metrics):
+                losses.append(metrics["loss"])
+
+        cfg.instantiate(devices=jax.devices()[:1], hooks=(Record(),)).run()
+        assert len(losses) == self.train_steps, losses
+        assert all(math.isfinite(v) for v in losses), f"non-finite training loss: {losses}"

@@ -1,0 +1,194 @@
+"""The conformance kit `axplug.testing`: adopted for core components, and catching broken ones."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from axplug.config import config_class
+from axplug.layers import DotProductKernel, FeedForward, ParameterSpec
+from axplug.layers.base import BaseLayer
+from axplug.testing import (
+    KernelConformance,
+    LayerConformance,
+    StorageConformance,
+    reference_kernel,
+)
+from axplug.testing._kernel import CASES, make_problem
+
+# -- adoption: what a plugin author writes -------------------------------------------------
+
+
+class TestFeedForwardConformance(LayerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        return FeedForward.default_config().set(input_dim=16, hidden_dim=32)
+
+
+class TestUngatedFeedForwardConformance(LayerConformance):
+    capabilities = ("differentiable", "shardable")  # declared: no llama-tiny training run
+
+    @pytest.fixture
+    def layer_config(self):
+        return FeedForward.default_config().set(
+            input_dim=8, hidden_dim=16, gated=False, activation="gelu"
+        )
+
+
+class CoreKernel:
+    """The core DotProductKernel behind the `axplug.kernels` protocol."""
+
+    def __call__(self, query, key, value, mask, *, scale):
+        from axplug.context import functional
+
+        layer = DotProductKernel.default_config().set(name="k", scale=scale)
+        out, _ = functional(
+            layer.instantiate(parent=None), prng_key=None, state={},
+            inputs=(query, key, value, mask), is_training=False,
+        )  # fmt: skip
+        return out
+
+
+class TestCoreKernelConformance(KernelConformance):
+    @pytest.fixture
+    def kernel(self):
+        return CoreKernel()
+
+
+class TestLocalStorageConformance(StorageConformance):
+    @pytest.fixture
+    def storage(self):
+        from axplug.checkpoint.storage import LocalStorage
+
+        return LocalStorage()
+
+
+# -- the kit catches broken components ------------------------------------------------------
+
+
+class WrongShapeLayer(BaseLayer):
+    """Its spec says [d, d] but it initializes [d, d + 1]."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: int = 4
+        mesh_axis: str | None = "embed"
+
+    def _create_layer_parameter_specs(self):
+        d = self._config.input_dim
+        init = jax.nn.initializers.normal()
+        return {"w": ParameterSpec((d, d), jnp.float32, (self._config.mesh_axis, None), init)}
+
+    def initialize_parameters_recursively(self, prng_key):
+        d = self._config.input_dim
+        return {"w": jax.random.normal(prng_key, (d, d + 1))}
+
+    def forward(self, x):
+        return x @ self.parameters["w"][:, : self._config.input_dim]
+
+
+class NaNGradLayer(BaseLayer):
+    """Finite outputs, NaN gradients: sqrt of an exact zero."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: int = 4
+
+    def _create_layer_parameter_specs(self):
+        d = self._config.input_dim
+        return {"w": ParameterSpec((d, d), jnp.float32, ("embed", "mlp"), jax.nn.initializers.ones)}
+
+    def forward(self, x):
+        w = self.parameters["w"]
+        return x @ w * jnp.sqrt(jnp.sum(w - w))
+
+
+class Kit(LayerConformance):
+    """Calls the kit's checks directly, with the fixtures' values passed by hand."""
+
+
+def _inputs(d=4):
+    return (jax.random.normal(jax.random.PRNGKey(0), (4, 8, d)),)
+
+
+def test_kit_rejects_specs_that_do_not_match_parameters():
+    cfg = WrongShapeLayer.default_config()
+    with pytest.raises(AssertionError, match=r"params\['w'\]: initialized shape \(4, 5\)"):
+        Kit().test_parameter_specs_match_initialized_shapes(cfg)
+
+
+def test_kit_rejects_unknown_mesh_axes():
+    class GoodShape(WrongShapeLayer):
+        initialize_parameters_recursively = BaseLayer.initialize_parameters_recursively
+
+    cfg = GoodShape.default_config().set(mesh_axis="hidden")
+    with pytest.raises(AssertionError, match="mesh axis 'hidden' is not a logical axis"):
+        Kit().test_parameter_specs_match_initialized_shapes(cfg)
+
+
+def test_kit_rejects_nan_gradients():
+    cfg = NaNGradLayer.default_config()
+    Kit().test_jit_forward_traces_once(cfg, _inputs(), {"rtol": 1e-5})  # forward is fine
+    with pytest.raises(AssertionError, match=r"grad\['w'\] is not finite"):
+        Kit().test_gradients_are_finite(cfg, _inputs())
+
+
+def test_trace_counter_sees_retraces():
+    from axplug.testing import TraceCounter
+
+    counter = TraceCounter(lambda x: x * 2)
+    fn = jax.jit(counter)
+    fn(jnp.ones(3))
+    fn(jnp.zeros(3))
+    assert counter.count == 1
+    fn(jnp.ones(4))  # a new shape: what the kit's trace-count check fails on
+    assert counter.count == 2
+
+
+def test_kit_rejects_a_kernel_that_ignores_the_mask():
+    class NoMask:
+        def __call__(self, q, k, v, mask, *, scale):
+            mask = mask.__class__(
+                q_positions=mask.q_positions, kv_positions=mask.kv_positions, causal=False
+            )
+            return CoreKernel()(q, k, v, mask, scale=scale)
+
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
+        KernelConformance().test_matches_reference(
+            NoMask(), reference_kernel(), "mha_causal", jnp.float32, {"rtol": 1e-5, "atol": 1e-5}
+        )
+
+
+def test_undeclared_capabilities_skip_with_the_reason():
+    class NoGQA(KernelConformance):
+        capabilities = ("non_causal",)
+
+    with pytest.raises(pytest.skip.Exception, match="does not declare capability 'gqa'"):
+        NoGQA()._case("gqa")
+
+
+def test_unknown_capabilities_are_an_error():
+    class Typo(LayerConformance):
+        capabilities = ("sharable",)
+
+    with pytest.raises(AssertionError, match="unknown capabilities"):
+        Typo().test_capabilities_are_known()
+
+
+def test_kernel_problems_are_valid():
+    for case in CASES.values():
+        q, k, v, mask = make_problem(case)
+        assert mask.dense().any(axis=-1).all(), "every query must see at least one key"
+
+
+def test_kit_rejects_storage_whose_delete_leaves_files(tmp_path):
+    from axplug.checkpoint.storage import LocalStorage
+
+    class NoRecursiveDelete(LocalStorage):
+        def delete(self, url):
+            import os
+
+            if os.path.isfile(self._local(url)):
+                os.remove(self._local(url))
+
+    with pytest.raises(AssertionError):
+        StorageConformance().test_delete_file_tree_and_missing(NoRecursiveDelete(), str(tmp_path))
