@@ -1,0 +1,296 @@
+"""Ahead-of-time planning: compile a train step for a mesh rule's topology without running it.
+
+Device specs travel with mesh rules: a hardware plugin's `axplug.mesh_rules` entry loads a
+function returning a `MeshRule.Config`, and `with_device_spec(spec)` attaches `device_spec` to
+that function. `device_spec_of(rule_name)` reads it back, so any plugin's rule can be planned
+for without a new registry kind. The selector's trailing `-N` or `-NxM` is the device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "DeviceSpec",
+    "AotReport",
+    "with_device_spec",
+    "device_spec_of",
+    "resolve_rule",
+    "selector_device_count",
+    "scale_down",
+    "check_batch",
+    "analytic_flops",
+    "compile_report",
+    "GIB",
+]
+
+GIB = 1024**3
+_BATCH_AXES = ("data", "fsdp", "expert")  # what `batch` is sharded over by default
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator chip, from its vendor's public datasheet (`source`)."""
+
+    name: str
+    platform: str  # "gpu", "tpu", "neuron"
+    peak_bf16_flops: float  # dense (no sparsity) bf16 FLOP/s per chip
+    hbm_bytes: int  # per chip
+    chips_per_host: int
+    interconnect: str = ""
+    source: str = ""
+
+
+def with_device_spec(spec: DeviceSpec) -> Callable[[Callable], Callable]:
+    """Decorator for a mesh-rule function: records the chip it targets as `fn.device_spec`."""
+
+    def attach(fn: Callable) -> Callable:
+        fn.device_spec = spec
+        return fn
+
+    return attach
+
+
+def device_spec_of(rule_name: str) -> DeviceSpec | None:
+    """The DeviceSpec attached to the registered mesh rule `rule_name`, if any."""
+    from axplug import registry
+
+    return getattr(registry.load("mesh_rules", rule_name), "device_spec", None)
+
+
+def selector_device_count(selector: str) -> int | None:
+    """`gpu-h100-8x32` -> 256, `tpu-v5e-256` -> 256, `cpu-8` -> 8, `cpu` -> None."""
+    match = re.search(r"-(\d+)(?:x(\d+))?$", selector)
+    if not match:
+        return None
+    return int(match.group(1)) * int(match.group(2) or 1)
+
+
+def resolve_rule(name_or_selector: str):
+    """(rule name, MeshRule): a registered rule name is used as is, else a selector is matched."""
+    from axplug import registry
+    from axplug.mesh_rules import select_mesh_rule
+
+    if name_or_selector in registry.names("mesh_rules"):
+        return name_or_selector, registry.load("mesh_rules", name_or_selector)().instantiate()
+    return select_mesh_rule(name_or_selector)
+
+
+def scale_down(shape: tuple[int, ...], axis_names, batch_size: int, max_devices: int):
+    """Shrink the pure data-parallel `data` axis (and the global batch with it) by the smallest
+    factor that fits `max_devices`. Data replicas hold identical parameters, optimizer state and
+    per-device batches, so per-device memory is unchanged; FLOPs are scaled back by the factor.
+
+    Returns (new shape, new batch size, factor)."""
+    n = math.prod(shape)
+    if n <= max_devices:
+        return tuple(shape), batch_size, 1
+    i = list(axis_names).index("data")
+    for f in range(2, shape[i] + 1):
+        if shape[i] % f == 0 and n // f <= max_devices and batch_size % f == 0:
+            new = list(shape)
+            new[i] //= f
+            return tuple(new), batch_size // f, f
+    from axplug.config import ConfigError
+
+    raise ConfigError(
+        f"mesh {tuple(shape)} needs {n} devices; only the data axis ({shape[i]}) can be scaled "
+        f"down and no factor of it brings the mesh to <= {max_devices} devices "
+        "(raise --max-devices or put more of the mesh on the data axis)"
+    )
+
+
+def check_batch(shape, axis_names, batch_size: int) -> None:
+    """Raise a ConfigError when the global batch does not split over the mesh's batch axes."""
+    ways = math.prod(d for d, a in zip(shape, axis_names, strict=True) if a in _BATCH_AXES)
+    if batch_size % ways:
+        from axplug.config import ConfigError
+
+        raise ConfigError(
+            f"input.batch_size {batch_size} is not divisible by the {ways} batch shards of "
+            f"mesh {dict(zip(axis_names, shape, strict=True))}; "
+            f"use --set input.batch_size={ways * max(1, batch_size // ways)}"
+        )
+
+
+def analytic_flops(num_params: int, *, layers: int, dim: int, seq: int, batch: int) -> float:
+    """Training FLOPs per step: 6·params·tokens + 12·layers·dim·seq·tokens (PaLM, App. B;
+    attention counted without the causal half, as MFU conventions do)."""
+    tokens = batch * seq
+    return 6.0 * num_params * tokens + 12.0 * layers * dim * seq * tokens
+
+
+@dataclasses.dataclass
+class AotReport:
+    """What `compile_report` measured; `to_dict()` is the `axplug aot --json` output."""
+
+    preset: str
+    rule: str
+    selector: str
+    device: str | None
+    num_devices: int  # the target topology
+    compiled_devices: int  # fake devices actually compiled for
+    mesh_shape: dict[str, int]  # the target mesh
+    compiled_mesh_shape: dict[str, int]
+    scale_factor: int
+    params: int
+    memory: dict[str, int]  # per device, bytes
+    hbm_bytes: int | None
+    fits: bool | None
+    flops_per_step_analytic: float
+    flops_per_step_xla: float | None
+    scanned_layers: bool
+    tokens_per_step: int
+    peak_flops_per_device: float | None
+    target_mfu: float
+    step_time_at_target_mfu_s: float | None
+    step_time_s: float | None = None
+    mfu_at_step_time: float | None = None
+    compile_s: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def over_bytes(self) -> int:
+        return 0 if self.hbm_bytes is None else self.memory["total"] - self.hbm_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"over_bytes": self.over_bytes}
+
+
+def _leaf_bytes(tree) -> int:
+    """Bytes of one device's shards of a tree of sharded ShapeDtypeStructs."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
+        total += math.prod(shape) * leaf.dtype.itemsize
+    return total
+
+
+def _xla_flops(compiled) -> float | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops is not None else None
+
+
+def compile_report(
+    cfg,
+    *,
+    num_devices: int,
+    spec: DeviceSpec | None = None,
+    preset: str = "",
+    rule: str = "",
+    selector: str = "",
+    max_devices: int = 256,
+    target_mfu: float = 0.4,
+    step_time_s: float | None = None,
+) -> AotReport:
+    """Lower and compile `cfg`'s train step for a `num_devices` mesh on the local (fake CPU)
+    devices, from abstract shapes only: nothing is allocated or run."""
+    import time
+
+    import jax
+
+    from axplug.config import find_configs
+    from axplug.layers import RepeatedTransformer
+    from axplug.trainer import Trainer
+
+    builder = cfg.mesh.instantiate()
+    target = builder.resolved_shape(num_devices)
+    names = tuple(cfg.mesh.axis_names)
+    check_batch(target, names, cfg.input.batch_size)
+    shape, batch, factor = scale_down(target, names, cfg.input.batch_size, max_devices)
+    n = math.prod(shape)
+    if len(jax.devices()) < n:
+        raise RuntimeError(
+            f"compiling for {n} devices but jax has {len(jax.devices())}; set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax starts"
+        )
+    cfg = cfg.clone(
+        mesh=cfg.mesh.clone(mesh_shape=shape),
+        input=cfg.input.clone(batch_size=batch),
+        summary_writers=[],
+        compilation_cache_dir=None,
+        output_dir="/nonexistent/axplug-aot",  # nothing is written: the trainer is never run
+    )
+    trainer = Trainer(cfg, devices=jax.devices()[:n])
+    seq = cfg.input.seq_len
+    token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
+    abstract_batch = {"input_ids": token, "target_labels": token}
+    start = time.perf_counter()
+    compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+    compile_s = time.perf_counter() - start
+
+    mem = compiled.memory_analysis()
+    args, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
+    alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
+    state = trainer.abstract_state
+    memory = {
+        "params": _leaf_bytes(state["params"]),
+        "optimizer": _leaf_bytes(state["opt_state"]),
+        "batch": _leaf_bytes(abstract_batch),
+        "temp": temp,  # activations kept for the backward pass and scratch
+        "argument": args,
+        "output": out,
+        "alias": alias,
+        "generated_code": mem.generated_code_size_in_bytes,
+        # On CPU peak_memory_in_bytes leaves out temp memory (shared FACTS): add it ourselves.
+        "total": args + out + temp - alias,
+    }
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
+    tokens = cfg.input.batch_size * seq * factor
+    try:  # a decoder-only LM; other models get the 6·N·D term alone
+        layers, dim = cfg.model.decoder.transformer.num_layers, cfg.model.decoder.dim
+    except AttributeError:
+        layers, dim = 0, 0
+    flops = analytic_flops(params, layers=layers, dim=dim, seq=seq, batch=batch * factor)
+    xla = _xla_flops(compiled)
+    if xla is not None:
+        xla *= n * factor  # cost analysis is per device (the SPMD-partitioned program)
+    peak = spec.peak_bf16_flops if spec else None
+    per_device = flops / (n * factor)
+    fits = None if spec is None else memory["total"] <= spec.hbm_bytes
+    report = AotReport(
+        preset=preset,
+        rule=rule,
+        selector=selector,
+        device=spec.name if spec else None,
+        num_devices=num_devices,
+        compiled_devices=n,
+        mesh_shape=dict(zip(names, target, strict=True)),
+        compiled_mesh_shape=dict(zip(names, shape, strict=True)),
+        scale_factor=factor,
+        params=params,
+        memory=memory,
+        hbm_bytes=spec.hbm_bytes if spec else None,
+        fits=fits,
+        flops_per_step_analytic=flops,
+        flops_per_step_xla=xla,
+        scanned_layers=bool(find_configs(cfg, RepeatedTransformer)),
+        tokens_per_step=tokens,
+        peak_flops_per_device=peak,
+        target_mfu=target_mfu,
+        step_time_at_target_mfu_s=per_device / (peak * target_mfu) if peak else None,
+        step_time_s=step_time_s,
+        mfu_at_step_time=per_device / (peak * step_time_s) if peak and step_time_s else None,
+        compile_s=compile_s,
+    )
+    if spec is not None and spec.platform != jax.default_backend():
+        report.notes.append(
+            f"compiled for {jax.default_backend()}: attention ran the kernel dispatch picks there "
+            f"(XLA, which keeps [batch, heads, seq, seq] scores); a flash kernel on "
+            f"{spec.platform} keeps far less, so temp memory is an upper bound"
+        )
+    if report.scanned_layers:
+        report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
+    return report

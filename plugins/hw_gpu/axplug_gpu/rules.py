@@ -1,0 +1,50 @@
+"""Mesh rules for 8-GPU hosts: FSDP over the 8 NVLink-connected GPUs of a host, data parallel
+across hosts, scanned layers with dot-saving remat, bf16 compute and flash attention.
+
+Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
+Selectors: `gpu-h100-8` (one host, also what `detect_selector()` gives on an 8-GPU H100 host:
+`gpu-nvidia-h100-80gb-hbm3-8`) and `gpu-h100-8x32` (32 hosts of 8).
+"""
+
+from __future__ import annotations
+
+from axplug.aot import with_device_spec
+from axplug.mesh_rules import MeshRule
+from axplug_gpu.specs import A100, B200, H100, H200
+
+__all__ = [
+    "a100_8",
+    "a100_8xn",
+    "h100_8",
+    "h100_8xn",
+    "h200_8",
+    "h200_8xn",
+    "b200_8",
+    "b200_8xn",
+]
+
+_COMMON = ["scan_layers:remat_policy=dots", "compute_dtype:dtype=bfloat16", "flash_attention"]
+
+
+def _rule(chip: str, spec, hosts: bool):
+    pattern = f"gpu-*{chip}*-8x*" if hosts else f"gpu-*{chip}*-8"
+    mesh = "mesh:fsdp=8,data=-1" if hosts else "mesh:fsdp=8"
+    where = "hosts of 8 (FSDP in a host, data parallel across)" if hosts else "one host of 8"
+
+    @with_device_spec(spec)
+    def rule() -> MeshRule.Config:
+        return MeshRule.default_config().set(
+            pattern=pattern,
+            modifiers=[mesh, *_COMMON],
+            description=f"{spec.name}, {where}",
+        )
+
+    rule.__name__ = rule.__qualname__ = f"{chip}_8{'xn' if hosts else ''}"
+    rule.__doc__ = f"{spec.name}: {where}."
+    return rule
+
+
+a100_8, a100_8xn = _rule("a100", A100, False), _rule("a100", A100, True)
+h100_8, h100_8xn = _rule("h100", H100, False), _rule("h100", H100, True)
+h200_8, h200_8xn = _rule("h200", H200, False), _rule("h200", H200, True)
+b200_8, b200_8xn = _rule("b200", B200, False), _rule("b200", B200, True)

@@ -1,0 +1,11 @@
+"""axplug-tpu: Cloud TPU device specs, mesh rules and the Splash attention kernel.
+
+Nothing registers by side effect: the core finds the components through pyproject entry points.
+"""
+
+from axplug_tpu.kernels import SplashAttentionKernel
+from axplug_tpu.specs import SPECS, V4, V5E, V5P, V6E
+
+__version__ = "0.1.0"
+
+__all__ = ["SPECS", "SplashAttentionKernel", "V4", "V5E", "V5P", "V6E"]

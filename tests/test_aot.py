@@ -1,0 +1,141 @@
+"""`axplug.aot` and `axplug aot`: compile a train step for a mesh rule without running it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from axplug import aot
+from axplug.cli import aot_cmd
+from axplug.config import ConfigError
+
+NAMES = ("data", "fsdp", "expert", "seq", "model")
+# One layer and short sequences keep each compile to a few seconds on two cores.
+SMALL = ["--set=model.decoder.transformer.num_layers=1", "--set=input.seq_len=64"]
+
+
+def _needs_gpu_plugin():
+    from axplug import registry
+
+    if "gpu-h100-8xn" not in registry.names("mesh_rules"):
+        pytest.skip("needs axplug-gpu installed and enabled")
+
+
+def _run(*argv: str) -> int:
+    return aot_cmd.main(list(argv))
+
+
+@pytest.mark.parametrize(
+    "selector, count",
+    [("gpu-h100-8x32", 256), ("tpu-v5e-256", 256), ("cpu-8", 8), ("cpu", None), ("trn2-16", 16)],
+)
+def test_selector_device_count(selector, count):
+    assert aot.selector_device_count(selector) == count
+
+
+def test_scale_down_divides_the_data_axis_and_batch():
+    assert aot.scale_down((32, 8, 1, 1, 1), NAMES, 256, 64) == ((8, 8, 1, 1, 1), 64, 4)
+    assert aot.scale_down((2, 4, 1, 1, 1), NAMES, 8, 8) == ((2, 4, 1, 1, 1), 8, 1)
+    with pytest.raises(ConfigError, match="only the data axis"):
+        aot.scale_down((1, 256, 1, 1, 1), NAMES, 256, 64)
+
+
+def test_analytic_flops_is_6nd_plus_attention():
+    flops = aot.analytic_flops(1000, layers=2, dim=16, seq=8, batch=4)
+    assert flops == 6 * 1000 * 32 + 12 * 2 * 16 * 8 * 32
+
+
+def test_text_report_names_the_verdict():
+    report = aot.AotReport(
+        preset="p", rule="gpu-h100-8", selector="gpu-h100-8", device="H100", num_devices=16,
+        compiled_devices=8, mesh_shape={"data": 2, "fsdp": 8}, compiled_mesh_shape={},
+        scale_factor=2, params=7_000_000_000,
+        memory=dict.fromkeys(("params", "optimizer", "batch", "temp"), 0) | {"total": 90 * aot.GIB},
+        hbm_bytes=80 * aot.GIB, fits=False, flops_per_step_analytic=1e18,
+        flops_per_step_xla=None, scanned_layers=True, tokens_per_step=1 << 20,
+        peak_flops_per_device=989e12, target_mfu=0.4, step_time_at_target_mfu_s=158.0,
+        notes=["n1"],
+    )  # fmt: skip
+    text = aot_cmd.format_report(report)
+    assert "7.00B params" in text and "data=2, fsdp=8" in text
+    assert "would OOM by 10.00 GiB" in text and "data axis and batch / 2" in text
+    assert "step time at 40% MFU: 158 s" in text and "note: n1" in text
+
+
+def test_device_spec_travels_with_the_rule():
+    _needs_gpu_plugin()
+    spec = aot.device_spec_of("gpu-h100-8xn")
+    assert spec.name.startswith("NVIDIA H100") and spec.peak_bf16_flops == 989e12
+    assert aot.device_spec_of("cpu") is None
+    assert aot.resolve_rule("gpu-h100-8x32")[0] == "gpu-h100-8xn"
+
+
+def test_cpu_rule_json_report(capsys):
+    code = _run("--preset", "gpt-tiny", "--mesh-rule", "cpu", "--json", *SMALL)
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rule"] == "cpu" and report["device"] is None and report["fits"] is None
+    assert report["num_devices"] == report["compiled_devices"] == 8  # the test's fake devices
+    mem = report["memory"]
+    assert mem["total"] == mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
+    assert (
+        mem["temp"] > 0
+        and mem["params"] > 0
+        and mem["optimizer"] == pytest.approx(2 * mem["params"], rel=0.01)
+    )
+    # Unrolled layers: XLA's count and 6·N·D + attention agree to within a factor.
+    ratio = report["flops_per_step_xla"] / report["flops_per_step_analytic"]
+    assert 0.5 < ratio < 2.0
+
+
+def test_gpu_rule_scaled_down_and_oom(capsys):
+    _needs_gpu_plugin()
+    # 16 GPUs (fsdp 8 x data 2) compiled on 8 fake devices, with a 1 MiB "HBM".
+    argv = ["--preset", "gpt-tiny", "--mesh-rule", "gpu-h100-8x2", "--max-devices", "8"]
+    argv += ["--hbm-gib", str(1 / 1024), "--step-time", "0.01", "--json", *SMALL]
+    code = _run(*argv, "--set=input.batch_size=32")
+    out, err = capsys.readouterr()
+    assert code == aot_cmd.EXIT_OOM
+    report = json.loads(out)
+    assert report["num_devices"] == 16 and report["compiled_devices"] == 8
+    assert report["scale_factor"] == 2
+    assert report["compiled_mesh_shape"]["data"] == 1 and report["mesh_shape"]["data"] == 2
+    assert report["tokens_per_step"] == 32 * 64  # the full global batch
+    assert report["fits"] is False and report["over_bytes"] > 0
+    assert report["scanned_layers"] is True
+    assert "would OOM by" in err and "GiB" in err
+    assert any("upper bound" in note for note in report["notes"])
+    per_device = report["flops_per_step_analytic"] / 16
+    assert report["step_time_at_target_mfu_s"] == pytest.approx(per_device / (989e12 * 0.4))
+    assert report["mfu_at_step_time"] == pytest.approx(per_device / (989e12 * 0.01))
+
+
+def test_unknown_rule_is_a_clear_error(capsys):
+    assert _run("--preset", "gpt-tiny", "--mesh-rule", "abacus-9") == 2
+    assert "no installed mesh rule matches 'abacus-9'" in capsys.readouterr().err
+
+
+def test_batch_that_the_mesh_cannot_split_is_a_clear_error(capsys):
+    _needs_gpu_plugin()
+    assert _run("--preset", "gpt-tiny", "--mesh-rule", "gpu-h100-8x2", *SMALL) == 2
+    assert "input.batch_size 8 is not divisible by the 16 batch shards" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_reruns_itself_with_enough_fake_devices(tmp_path):
+    """16 devices > the 8 this process has: the command re-executes with XLA_FLAGS set."""
+    _needs_gpu_plugin()
+    argv = ["--preset", "gpt-tiny", "--mesh-rule", "gpu-h100-8x2", "--json", *SMALL]
+    argv += ["--set=input.batch_size=16"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "axplug.cli.aot_cmd", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["compiled_devices"] == 16 and report["scale_factor"] == 1

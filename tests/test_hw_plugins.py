@@ -1,0 +1,262 @@
+"""The hardware plugins (axplug-gpu, axplug-tpu, axplug-trainium): specs, mesh rules, kernel
+gating through the attention plugin's real dispatch, with the backend name simulated."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+pytest.importorskip("axplug_attention")
+axplug_gpu = pytest.importorskip("axplug_gpu")
+axplug_tpu = pytest.importorskip("axplug_tpu")
+axplug_trainium = pytest.importorskip("axplug_trainium")
+
+from axplug_attention import ReferenceKernel, kernel_choices, select_kernel  # noqa: E402
+
+from axplug import registry  # noqa: E402
+from axplug.aot import DeviceSpec, device_spec_of  # noqa: E402
+from axplug.layers import AttentionMask  # noqa: E402
+from axplug.mesh_rules import select_mesh_rule  # noqa: E402
+from axplug.modifiers import make_modifier  # noqa: E402
+
+if not {"cudnn_flash", "splash", "nki_flash"} <= set(registry.names("kernels")):
+    # Installed but not loaded (AXPLUG_LOAD_PLUGINS / AXPLUG_DISABLE_PLUGINS): the core alone.
+    pytest.skip("the hardware plugins are disabled", allow_module_level=True)
+
+HW_RULES = [n for n in registry.names("mesh_rules") if n != "cpu"]
+
+
+def _call(dtype="bfloat16", *, seq=2048, heads=8, kv_heads=8, head_dim=128, q_seq=None, **mask):
+    q = jax.ShapeDtypeStruct((2, q_seq or seq, heads, head_dim), jnp.dtype(dtype))
+    kv = jax.ShapeDtypeStruct((2, seq, kv_heads, head_dim), jnp.dtype(dtype))
+    qpos = jax.ShapeDtypeStruct((2, q_seq or seq), jnp.int32)
+    kpos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
+    if mask.pop("segments", False):
+        mask.update(q_segment_ids=qpos, kv_segment_ids=qpos if q_seq is None else kpos)
+    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)
+
+
+def _chosen(backend, *args):
+    return select_kernel(*args, backend=backend)[0]
+
+
+def _reason(backend, name, *args):
+    return next(c.reason for c in kernel_choices(*args, backend=backend) if c.name == name)
+
+
+def test_every_plugin_registers_kernels_and_rules():
+    kernels = set(registry.names("kernels"))
+    assert {"cudnn_flash", "pallas_gpu_flash", "splash", "nki_flash"} <= kernels
+    rules = set(registry.names("mesh_rules"))
+    assert {"gpu-h100-8", "gpu-h100-8xn", "tpu-v5e-slice", "trn2-16"} <= rules
+
+
+@pytest.mark.parametrize(
+    "specs, names",
+    [
+        (axplug_gpu.SPECS, {"a100", "h100", "h200", "b200"}),
+        (axplug_tpu.SPECS, {"v4", "v5e", "v5p", "v6e"}),
+        (axplug_trainium.SPECS, {"trn1", "trn2"}),
+    ],
+)
+def test_device_specs_are_complete(specs, names):
+    assert set(specs) == names
+    for spec in specs.values():
+        assert isinstance(spec, DeviceSpec)
+        assert 1e14 <= spec.peak_bf16_flops <= 1e16
+        assert 8 * 2**30 <= spec.hbm_bytes <= 256 * 2**30
+        assert spec.chips_per_host in (4, 8, 16)
+        assert spec.source and spec.interconnect
+
+
+@pytest.mark.parametrize("name", HW_RULES)
+def test_every_rule_has_a_spec_and_registered_modifiers(name):
+    assert isinstance(device_spec_of(name), DeviceSpec)
+    rule = registry.load("mesh_rules", name)().instantiate()
+    for spec in rule.config.modifiers:
+        make_modifier(spec)  # raises if not a registered modifier with those fields
+    from axplug.presets import preset_config
+
+    cfg = rule.modifier()(preset_config("gpt-tiny", overrides=["output_dir='x'"]))
+    assert cfg.model.compute_dtype == "bfloat16"
+    assert tuple(cfg.mesh.mesh_shape)[1] != 1  # fsdp
+
+
+@pytest.mark.parametrize(
+    "selector, rule",
+    [
+        ("gpu-h100-8", "gpu-h100-8"),
+        ("gpu-nvidia-h100-80gb-hbm3-8", "gpu-h100-8"),  # what detect_selector() gives
+        ("gpu-h100-8x32", "gpu-h100-8xn"),
+        ("gpu-h200-8", "gpu-h200-8"),
+        ("gpu-nvidia-b200-8x4", "gpu-b200-8xn"),
+        ("gpu-a100-sxm4-80gb-8", "gpu-a100-8"),
+        ("tpu-v5e-256", "tpu-v5e-slice"),
+        ("tpu-v5e-256x4", "tpu-v5e-256xn"),
+        ("tpu-v5p-512", "tpu-v5p-slice"),
+        ("tpu-v5p-1024", "tpu-v5p-slice"),
+        ("tpu-v5p-512x2", "tpu-v5p-512xn"),
+        ("tpu-tpu-v5-lite-8", "tpu-v5e-detected"),
+        ("tpu-tpu-v5-8", "tpu-v5p-detected"),
+        ("tpu-v4-32", "tpu-v4-slice"),
+        ("tpu-v6e-256", "tpu-v6e-slice"),
+        ("trn2-16", "trn2-16"),
+        ("trn1-16x4", "trn1-16xn"),
+        ("cpu-8", "cpu"),
+    ],
+)
+def test_selectors_pick_the_rule(selector, rule):
+    assert select_mesh_rule(selector)[0] == rule
+
+
+def test_multi_host_rule_shards_fsdp_in_host_and_data_across():
+    _, rule = select_mesh_rule("gpu-h100-8x32")
+    assert rule.config.modifiers[0] == "mesh:fsdp=8,data=-1"
+    _, rule = select_mesh_rule("tpu-v5e-256x4")
+    assert rule.config.modifiers[0] == "mesh:fsdp=256,data=-1"
+
+
+def test_availability_says_why_a_kernel_cannot_run_here():
+    for name in ("cudnn_flash", "pallas_gpu_flash", "splash", "nki_flash"):
+        kernel = registry.load("kernels", name)()
+        assert kernel.availability("cpu")  # a reason on this CPU machine
+    assert axplug_gpu.CudnnFlashKernel().availability("gpu") is None
+    assert axplug_tpu.SplashAttentionKernel().availability("tpu") is None
+    assert "jax-neuronx" in axplug_trainium.NkiFlashKernel().availability("neuron")
+
+
+# --- kernel gating through the real dispatch -------------------------------------------------
+
+
+def test_cpu_picks_xla_and_says_why_not_the_others():
+    args = _call()
+    assert _chosen("cpu", *args) == "xla"
+    assert "CUDA GPU backend" in _reason("cpu", "cudnn_flash", *args)
+    assert "TPU backend" in _reason("cpu", "splash", *args)
+    assert "jax-neuronx" in _reason("cpu", "nki_flash", *args)
+
+
+@pytest.mark.parametrize(
+    "call, kernel",
+    [
+        (dict(), "cudnn_flash"),
+        (dict(kv_heads=2), "cudnn_flash"),  # GQA
+        (dict(sliding_window=256), "cudnn_flash"),
+        (dict(dtype="float32"), "pallas_gpu_flash"),  # cuDNN flash is 16-bit only
+        (dict(segments=True), "pallas_gpu_flash"),  # packed sequences
+        (dict(segments=True, kv_heads=2), "xla"),  # neither: Pallas needs MHA
+        (dict(dtype="float32", seq=100), "xla"),  # Pallas block 128
+        (dict(q_seq=1), "xla"),  # decoding
+        (dict(head_dim=256), "pallas_gpu_flash"),  # cuDNN flash head_dim <= 128
+        (dict(dtype="float32", head_dim=96), "xla"),
+    ],
+)
+def test_gpu_selection(call, kernel):
+    assert _chosen("gpu", *_call(**call)) == kernel
+
+
+def test_gpu_reasons_name_the_limit():
+    assert "float32" in _reason("gpu", "cudnn_flash", *_call("float32"))
+    assert "segment ids" in _reason("gpu", "cudnn_flash", *_call(segments=True))
+    assert "grouped kv heads" in _reason("gpu", "pallas_gpu_flash", *_call(kv_heads=2))
+    assert "decoding" in _reason("gpu", "cudnn_flash", *_call(q_seq=1))
+
+
+@pytest.mark.parametrize(
+    "call, kernel",
+    [
+        (dict(), "splash"),
+        (dict(kv_heads=1), "splash"),  # MQA
+        (dict(segments=True, sliding_window=512), "splash"),
+        (dict(causal=False), "splash"),
+        (dict(dtype="float32"), "splash"),
+        (dict(head_dim=64), "xla"),
+        (dict(seq=1000), "xla"),
+        (dict(q_seq=1), "xla"),
+        (dict(dtype="float16"), "xla"),
+    ],
+)
+def test_tpu_selection(call, kernel):
+    assert _chosen("tpu", *_call(**call)) == kernel
+
+
+def test_nki_gate_without_the_neuron_packages():
+    kernel = axplug_trainium.NkiFlashKernel()
+    assert kernel._check(*_call(), "neuron") is True
+    assert kernel._check(*_call(kv_heads=2), "neuron") is True
+    assert "bfloat16" in kernel._check(*_call("float32"), "neuron").reason
+    assert "512" in kernel._check(*_call(seq=1000), "neuron").reason
+    assert "sliding" in kernel._check(*_call(sliding_window=64), "neuron").reason
+    assert "neuron backend" in kernel._check(*_call(), "gpu").reason
+    # Without jax-neuronx the dispatch falls back and says why.
+    assert _chosen("neuron", *_call()) == "xla"
+
+
+# --- numerics: the Pallas kernels' wrappers in the Pallas interpreter on CPU -----------------
+
+
+def _qkv(heads, kv_heads, seq=128, d=128):
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(ks[0], (1, seq, heads, d), jnp.float32)
+    k = jax.random.normal(ks[1], (1, seq, kv_heads, d), jnp.float32)
+    v = jax.random.normal(ks[2], (1, seq, kv_heads, d), jnp.float32)
+    pos = jnp.arange(seq)[None]
+    seg = (pos >= 50).astype(jnp.int32)
+    return q, k, v, pos, seg
+
+
+def test_pallas_gpu_wrapper_matches_reference_in_interpreter():
+    q, k, v, pos, seg = _qkv(2, 2)
+    kernel = axplug_gpu.PallasGpuFlashKernel()
+    kernel.interpret = True
+    for mask in (AttentionMask(pos, pos), AttentionMask(pos, pos, seg, seg)):
+        want = ReferenceKernel()(q, k, v, mask, scale=0.1)
+        assert jnp.allclose(kernel(q, k, v, mask, scale=0.1), want, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_splash_wrapper_matches_reference_in_interpreter():
+    q, k, v, pos, seg = _qkv(4, 2)  # GQA
+    kernel = axplug_tpu.SplashAttentionKernel()
+    kernel.interpret = True
+    for mask in (
+        AttentionMask(pos, pos),
+        AttentionMask(pos, pos, seg, seg),
+        AttentionMask(pos, pos, sliding_window=16),
+        AttentionMask(pos, pos, causal=False),
+    ):
+        want = ReferenceKernel()(q, k, v, mask, scale=0.1)
+        assert jnp.allclose(kernel(q, k, v, mask, scale=0.1), want, atol=2e-5)
+
+
+# --- numerics on real hardware (skipped elsewhere) -------------------------------------------
+
+
+def _on_hardware(q, k, v, mask, name):
+    kernel = registry.load("kernels", name)()
+    assert kernel.is_supported(q, k, v, mask, jax.default_backend()) is True
+    out = jax.jit(lambda q, k, v: kernel(q, k, v, mask, scale=0.125))(q, k, v)
+    want = ReferenceKernel()(q, k, v, mask, scale=0.125)
+    # bf16 inputs: compare in f32 with a bf16-sized tolerance.
+    assert jnp.allclose(out.astype(jnp.float32), want.astype(jnp.float32), atol=2e-2)
+    grad = jax.grad(lambda q: kernel(q, k, v, mask, scale=0.125).astype(jnp.float32).sum())(q)
+    ref = jax.grad(lambda q: ReferenceKernel()(q, k, v, mask, scale=0.125).sum())(q)
+    assert jnp.allclose(grad.astype(jnp.float32), ref.astype(jnp.float32), atol=5e-2)
+
+
+@pytest.mark.parametrize(
+    "backend, names",
+    [
+        ("gpu", ["cudnn_flash", "pallas_gpu_flash"]),
+        ("tpu", ["splash"]),
+        ("neuron", ["nki_flash"]),
+    ],
+)
+def test_kernels_on_real_hardware(backend, names):
+    if jax.default_backend() != backend:
+        pytest.skip(f"needs a {backend} device")
+    q, k, v, pos, _ = _qkv(8, 8, seq=1024)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    for name in names:
+        _on_hardware(q, k, v, AttentionMask(pos, pos), name)
