@@ -260,3 +260,17 @@ def test_kernels_on_real_hardware(backend, names):
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     for name in names:
         _on_hardware(q, k, v, AttentionMask(pos, pos), name)
+
+
+def test_list_check_shows_hardware_kernels_unavailable_with_reasons(capsys):
+    import json
+
+    from axplug.cli import main
+
+    assert main(["list", "--kind", "kernels", "--check", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["xla"]["status"] == "ok" and rows["reference"]["status"] == "ok"
+    for name in ("cudnn_flash", "pallas_gpu_flash", "splash", "nki_flash"):
+        if name in rows and rows[name]["status"] != "disabled":
+            assert rows[name]["status"] == "unavailable", rows[name]
+            assert rows[name]["reason"], rows[name]

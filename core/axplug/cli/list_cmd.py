@@ -88,7 +88,23 @@ def _check(components: list[Component], kind: str | None) -> list[Component]:
                 registry.load(c.kind, c.qualified_name)
     if any(c.kind == "hooks" for c in components):
         registry.plugin_manager()  # also rejects hooks the core does not define
-    return registry.discover(kind)
+    return [_availability(c) for c in registry.discover(kind)]
+
+
+def _availability(c: Component) -> Component:
+    """A loaded kernel that cannot run on this machine is `unavailable`, with its reason."""
+    from axplug import registry
+
+    if c.kind != "kernels" or c.status != "ok":
+        return c
+    kernel = registry.load(c.kind, c.qualified_name)
+    try:
+        kernel = kernel() if isinstance(kernel, type) else kernel
+        check = getattr(kernel, "availability", None)
+        reason = check() if callable(check) else None
+    except Exception as exc:  # noqa: BLE001 - a plugin's self-check must not break listing
+        reason = f"availability check raised {type(exc).__name__}: {exc}"
+    return c._replace(status="unavailable", reason=reason) if reason else c
 
 
 def _print_table(components: list[Component]) -> None:

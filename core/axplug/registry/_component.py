@@ -26,7 +26,8 @@ KINDS = ("layers", "modifiers", "kernels", "mesh_rules", "storage", "presets", "
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)
 CORE_DISTRIBUTION = "axplug"
-STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible")
+# `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here.
+STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable")
 
 
 def normalize(distribution: str) -> str:
