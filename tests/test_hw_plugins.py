@@ -248,9 +248,9 @@ def _on_hardware(q, k, v, mask, name):
 @pytest.mark.parametrize(
     "backend, names",
     [
-        ("gpu", ["cudnn_flash", "pallas_gpu_flash"]),
-        ("tpu", ["splash"]),
-        ("neuron", ["nki_flash"]),
+        pytest.param("gpu", ["cudnn_flash", "pallas_gpu_flash"], marks=pytest.mark.gpu),
+        pytest.param("tpu", ["splash"], marks=pytest.mark.tpu),
+        pytest.param("neuron", ["nki_flash"], marks=pytest.mark.neuron),
     ],
 )
 def test_kernels_on_real_hardware(backend, names):
