@@ -467,6 +467,13 @@ def test_flash_attention_rejects_unknown_kernel_names():
 def test_unsupported_is_false_and_says_why():
     answer = Unsupported("needs bf16")
     assert not answer and answer.reason == "needs bf16"
+    from axplug_attention import XlaKernel
+
+    q = jnp.zeros((2, 4, 2, 8))
+    bad_v = jnp.zeros((2, 4, 2, 4))  # value shape differs from key
+    mask = AttentionMask(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), jnp.int32))
+    answer = XlaKernel().is_supported(q, q, bad_v, mask, "cpu")
+    assert not answer and "shape" in answer.reason
 
 
 # ------------------------------------------------------------------------------ KV cache

@@ -43,7 +43,8 @@ class AttentionKernel:
     priority: int = 0
 
     def is_supported(self, query, key, value, mask: AttentionMask, backend: str):
-        return check_shapes(query, key, value) or True
+        problem = check_shapes(query, key, value)
+        return True if problem is None else problem
 
     def __call__(self, query, key, value, mask: AttentionMask, *, scale: float) -> jax.Array:
         raise NotImplementedError(type(self).__qualname__)
@@ -93,7 +94,7 @@ class XlaKernel(AttentionKernel):
     priority = 10
 
     def is_supported(self, query, key, value, mask, backend):
-        if problem := check_shapes(query, key, value):
+        if (problem := check_shapes(query, key, value)) is not None:  # Unsupported is falsy
             return problem
         if not jnp.issubdtype(query.dtype, jnp.floating):
             return Unsupported(f"dtype {query.dtype} is not floating point")
