@@ -23,6 +23,7 @@ __all__ = [
     "MeshShapeModifier",
     "ScanLayersModifier",
     "ComputeDtypeModifier",
+    "PagedKVCacheModifier",
 ]
 
 _KWARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
@@ -113,3 +114,20 @@ class ComputeDtypeModifier(ConfigModifier):
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         return cfg.clone(model=cfg.model.clone(compute_dtype=self._config.dtype))
+
+
+class PagedKVCacheModifier(ConfigModifier):
+    """Decodes with a paged KV cache (fixed-size pages and a block table) in every attention."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        page_size: int = 16
+        num_pages: int | None = None  # None: enough for every cache row to reach max_len
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        from axplug.layers import ContiguousKVCache, PagedKVCache
+
+        new = PagedKVCache.default_config().set(
+            page_size=self._config.page_size, num_pages=self._config.num_pages
+        )
+        return replace_config(cfg, target=ContiguousKVCache, new_cfg=new)

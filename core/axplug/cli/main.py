@@ -22,6 +22,7 @@ COMMANDS = (
     "axplug.cli.aot_cmd",
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
+    "axplug.cli.generate_cmd",
 )
 
 EPILOG = """\

@@ -3,7 +3,6 @@
 from axplug.layers.attention import (
     Attention,
     AttentionMask,
-    ContiguousKVCache,
     DotProductKernel,
     IdentityPositionTransform,
     QKVLinear,
@@ -12,6 +11,7 @@ from axplug.layers.base import BaseLayer, ParameterSpec
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
 from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
+from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
 from axplug.layers.transformer import TransformerLayer
@@ -31,6 +31,7 @@ __all__ = [
     "IdentityPositionTransform",
     "LayerNorm",
     "Linear",
+    "PagedKVCache",
     "ParameterSpec",
     "QKVLinear",
     "RMSNorm",

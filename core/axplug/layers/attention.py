@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
+from axplug.layers.kv_cache import ContiguousKVCache
 from axplug.module import Module
 
 __all__ = [
@@ -18,13 +19,10 @@ __all__ = [
     "QKVLinear",
     "IdentityPositionTransform",
     "DotProductKernel",
-    "ContiguousKVCache",
     "Attention",
 ]
 
 NEG_INF = -1e30
-# Position of a cache slot not written yet: after every real position, so a causal mask hides it.
-EMPTY_POSITION = 2**30
 
 
 @jax.tree_util.register_dataclass
@@ -123,42 +121,6 @@ class DotProductKernel(BaseLayer):
         probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
         out = jnp.einsum("bngqk,bknd->bqngd", probs, v)
         return out.reshape(b, sq, h, d)
-
-
-class ContiguousKVCache(BaseLayer):
-    """KV cache slot: keys and values in [batch, max_len, kv_heads, head_dim] buffers.
-
-    The state is explicit (a dict of arrays the caller carries between steps, so decoding works
-    under jit): `init_state` makes an empty one, `extend` writes the new tokens' keys and values
-    after the ones already cached (all rows advance together) and returns what to attend to.
-    Writing past `max_len` is not checked; size the cache for prompt plus generated tokens.
-    """
-
-    def init_state(
-        self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
-    ) -> dict[str, jax.Array]:
-        shape = (batch_size, max_len, num_kv_heads, head_dim)
-        return {
-            "key": jnp.zeros(shape, dtype),
-            "value": jnp.zeros(shape, dtype),
-            "positions": jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
-            "length": jnp.zeros((), jnp.int32),
-        }
-
-    def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
-        """(new_state, key_all, value_all, kv_positions) after appending `key`/`value` at
-        `positions`; key/value [b, s, kvh, d] -> *_all [b, max_len, kvh, d]."""
-        at = state["length"]
-        write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-            buf, new.astype(buf.dtype), at, axis=1
-        )
-        new_state = {
-            "key": write(state["key"], key),
-            "value": write(state["value"], value),
-            "positions": write(state["positions"], positions),
-            "length": at + key.shape[1],
-        }
-        return new_state, new_state["key"], new_state["value"], new_state["positions"]
 
 
 class Attention(BaseLayer):

@@ -45,10 +45,30 @@ class Decoder(BaseLayer):
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
         x = self.embedding(input_ids)
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
+        return self._logits(x)
+
+    def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
         if self._config.tie_word_embeddings:
             return self.embedding.attend(x)
         return self.lm_head(x)
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache for `extend_step`: `max_len` tokens per row."""
+        return {"transformer": self.transformer.init_cache_state(batch_size, max_len)}
+
+    def extend_step(
+        self, input_ids: jax.Array, *, positions: jax.Array, cache_state: dict
+    ) -> tuple[jax.Array, dict]:
+        """(logits [batch, new, vocab], new cache) for new tokens after the cached ones.
+
+        Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`).
+        """
+        x = self.embedding(input_ids)
+        x, cache = self.transformer.extend_step(
+            x, positions=positions, cache_state=cache_state["transformer"]
+        )
+        return self._logits(x), {"transformer": cache}
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -76,6 +96,14 @@ class CausalLM(BaseLayer):
     def predict(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
         """Logits [batch, seq, vocab]."""
         return self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache for `extend_step`."""
+        return self.decoder.init_cache_state(batch_size, max_len)
+
+    def extend_step(self, input_ids: jax.Array, *, positions: jax.Array, cache_state: dict):
+        """(logits, new cache) for new tokens after the cached ones (see Decoder.extend_step)."""
+        return self.decoder.extend_step(input_ids, positions=positions, cache_state=cache_state)
 
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
         """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""

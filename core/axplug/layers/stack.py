@@ -35,6 +35,25 @@ class StackedTransformer(BaseLayer):
             x = getattr(self, f"layer{i}")(x, **kwargs)
         return x
 
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache per layer, keyed like the layers' parameters."""
+        return {
+            f"layer{i}": getattr(self, f"layer{i}").init_cache_state(batch_size, max_len)
+            for i in range(self._config.num_layers)
+        }
+
+    def extend_step(
+        self, x: jax.Array, *, positions: jax.Array, cache_state: dict
+    ) -> tuple[jax.Array, dict]:
+        """`forward` for new tokens through every layer's cache; (output, new cache)."""
+        new_cache = {}
+        for i in range(self._config.num_layers):
+            name = f"layer{i}"
+            x, new_cache[name] = getattr(self, name).extend_step(
+                x, positions=positions, cache_state=cache_state[name]
+            )
+        return x, new_cache
+
 
 REMAT_POLICIES = {
     "none": None,
@@ -115,6 +134,34 @@ class RepeatedTransformer(BaseLayer):
         x, stacked = jax.lax.scan(body, x, (layer_ctx.state, keys))
         _merge(layer_ctx.output_collection, stacked)
         return x
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """The layer's empty decoding cache, stacked along a leading `layers` axis."""
+        one = self.layer.init_cache_state(batch_size, max_len)
+        n = self._config.num_layers
+        return {"layer": jax.tree.map(lambda a: jnp.broadcast_to(a, (n, *a.shape)), one)}
+
+    def extend_step(
+        self, x: jax.Array, *, positions: jax.Array, cache_state: dict
+    ) -> tuple[jax.Array, dict]:
+        """`forward` for new tokens, scanning the layer over its stacked parameters and
+        caches; (output, new cache). Summaries of decoding steps are not collected."""
+        layer_ctx = self._context().add_child("layer")
+
+        def body(carry, xs):
+            params, cache = xs
+            (out, new_cache), _ = functional(
+                self.layer,
+                prng_key=None,
+                state=params,
+                inputs={"x": carry, "positions": positions, "cache_state": cache},
+                is_training=False,
+                method="extend_step",
+            )
+            return out, new_cache
+
+        x, new_cache = jax.lax.scan(body, x, (layer_ctx.state, cache_state["layer"]))
+        return x, {"layer": new_cache}
 
 
 def _merge(target: OutputCollection, source: OutputCollection) -> None:

@@ -44,3 +44,18 @@ class TransformerLayer(BaseLayer):
         h = self.attention(self.attention_norm(x), positions=positions, segment_ids=segment_ids)
         x = x + self._dropout(h, 0)
         return x + self._dropout(self.feed_forward(self.feed_forward_norm(x)), 1)
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache for `extend_step`."""
+        return {"attention": self.attention.init_cache_state(batch_size, max_len)}
+
+    def extend_step(
+        self, x: jax.Array, *, positions: jax.Array, cache_state: dict
+    ) -> tuple[jax.Array, dict]:
+        """`forward` for new tokens that attend to the cached ones; (output, new cache)."""
+        h, attention_cache = self.attention.extend_step(
+            self.attention_norm(x), positions=positions, cache_state=cache_state["attention"]
+        )
+        x = x + h
+        x = x + self.feed_forward(self.feed_forward_norm(x))
+        return x, {"attention": attention_cache}

@@ -38,3 +38,20 @@ class MoELayerGroup(BaseLayer):
         for i in range(self._config.every):
             x = getattr(self, f"layer{i}")(x, **kwargs)
         return x
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache per layer of the group."""
+        return {
+            f"layer{i}": getattr(self, f"layer{i}").init_cache_state(batch_size, max_len)
+            for i in range(self._config.every)
+        }
+
+    def extend_step(self, x: jax.Array, *, positions: jax.Array, cache_state: dict):
+        """`forward` for new tokens through each layer's cache; (output, new cache)."""
+        new_cache = {}
+        for i in range(self._config.every):
+            name = f"layer{i}"
+            x, new_cache[name] = getattr(self, name).extend_step(
+                x, positions=positions, cache_state=cache_state[name]
+            )
+        return x, new_cache

@@ -1,0 +1,28 @@
+"""Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
+
+from axplug.inference.engine import (
+    Completion,
+    Engine,
+    OutOfPagesError,
+    PageAllocator,
+    Request,
+    TokenEvent,
+    generate,
+)
+from axplug.inference.loading import LoadedModel, checkpoint_directory, load_checkpoint
+from axplug.inference.sampling import SamplingParams, sample_tokens
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "LoadedModel",
+    "OutOfPagesError",
+    "PageAllocator",
+    "Request",
+    "SamplingParams",
+    "TokenEvent",
+    "checkpoint_directory",
+    "generate",
+    "load_checkpoint",
+    "sample_tokens",
+]

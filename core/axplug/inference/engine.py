@@ -1,0 +1,379 @@
+"""Continuous batching: a fixed set of KV-cache rows (slots) serving a stream of requests.
+
+Each `step()` either prefills the requests just admitted into free slots (one call for all of
+them, prompts right-padded to a bucketed length) or, when none was admitted, decodes one token
+for every active slot. Finished requests leave their slot at once, so a new one can take it
+while the others keep decoding. Rows that take no part in a call get padding tokens, which the
+caches never write (see `axplug.layers.kv_cache`), so every request decodes exactly as it
+would alone. With a paged cache the engine owns the page pool: a request reserves the pages
+its prompt and `max_new_tokens` need when admitted and returns them when it finishes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from axplug.context import functional
+from axplug.inference.sampling import SamplingParams, sample_tokens
+from axplug.layers.kv_cache import EMPTY_POSITION, release_rows, set_block_tables
+
+__all__ = [
+    "Request",
+    "Completion",
+    "TokenEvent",
+    "PageAllocator",
+    "OutOfPagesError",
+    "Engine",
+    "generate",
+]
+
+
+@dataclasses.dataclass
+class Request:
+    """A prompt (token ids) and how to continue it; `id` defaults to a counter."""
+
+    prompt: Sequence[int]
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    id: Any = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished request: its generated ids and why it stopped (`stop` or `length`)."""
+
+    id: Any
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    time_to_first_token_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of a request (None when the request ended on a stop token)."""
+
+    id: Any
+    token: int | None
+    finish_reason: str | None = None
+
+
+class OutOfPagesError(RuntimeError):
+    """The page pool cannot hold a request."""
+
+
+class PageAllocator:
+    """Free list of a paged KV cache's page ids."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = collections.deque(range(num_pages))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` free pages, or OutOfPagesError (allocating nothing) when fewer are free."""
+        if count > len(self._free):
+            raise OutOfPagesError(
+                f"need {count} pages, {len(self._free)} of {self.num_pages} are free"
+            )
+        return [self._free.popleft() for _ in range(count)]
+
+    def release(self, pages: Sequence[int]) -> None:
+        """Returns `pages` to the pool."""
+        self._free.extend(pages)
+
+
+@dataclasses.dataclass
+class _Active:
+    request: Request
+    submitted: float
+    output: list[int] = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    first_token_s: float = 0.0
+
+
+def _paging(cache: Any) -> tuple[int, int, int] | None:
+    """(num_pages, page_size, pages_per_row) of the first paged cache in `cache`, else None."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, dict):
+            if "block_table" in node:
+                found.append(node)
+                return
+            for value in node.values():
+                visit(value)
+
+    visit(cache)
+    if not found:
+        return None
+    num_pages, page_size = found[0]["key"].shape[-4:-2]
+    return int(num_pages), int(page_size), int(found[0]["block_table"].shape[-1])
+
+
+def _bucket(length: int, minimum: int, maximum: int) -> int:
+    return min(maximum, max(minimum, 1 << max(0, length - 1).bit_length()))
+
+
+class Engine:
+    """Serves requests with `model` (a CausalLM) and `params` over `num_slots` cache rows."""
+
+    def __init__(
+        self,
+        model: Any,
+        params: Any,
+        *,
+        num_slots: int = 8,
+        max_len: int = 256,
+        min_prefill_len: int = 16,
+    ):
+        for method in ("init_cache_state", "extend_step"):
+            if not hasattr(model, method):
+                raise TypeError(
+                    f"{getattr(model, 'path', model)}: {type(model).__qualname__} has no "
+                    f"{method}(); decoding needs a CausalLM (or a layer with the same methods)"
+                )
+        if num_slots < 1 or max_len < 1:
+            raise ValueError(f"num_slots ({num_slots}) and max_len ({max_len}) must be >= 1")
+        self.model, self.params = model, params
+        self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
+        self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
+        self._cache = model.init_cache_state(num_slots, max_len)
+        paging = _paging(self._cache)
+        self.page_size = paging[1] if paging else None
+        self.allocator = PageAllocator(paging[0]) if paging else None
+        self._table = np.zeros((num_slots, paging[2] if paging else 1), np.int32)
+        self._slots: list[_Active | None] = [None] * num_slots
+        self._waiting: collections.deque[_Active] = collections.deque()
+        self._ids = itertools.count()
+        self._finished: list[Completion] = []
+        self._keys = np.zeros((num_slots, 2), np.uint32)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, request: Request | Sequence[int]) -> Any:
+        """Queues a request (or a bare prompt, sampled with the defaults); returns its id."""
+        if not isinstance(request, Request):
+            request = Request(prompt=request)
+        if request.id is None:
+            request = dataclasses.replace(request, id=next(self._ids))
+        prompt = [int(t) for t in request.prompt]
+        name = f"request {request.id!r}"
+        if not prompt:
+            raise ValueError(f"{name}: the prompt is empty; give at least one token")
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+            raise ValueError(
+                f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        needed = len(prompt) + request.sampling.max_new_tokens - 1
+        if needed > self.max_len:
+            raise ValueError(
+                f"{name}: {len(prompt)} prompt tokens + {request.sampling.max_new_tokens} new "
+                f"tokens need {needed} cache slots but the engine's max_len is {self.max_len}; "
+                "shorten the prompt, lower max_new_tokens or raise max_len"
+            )
+        if self.allocator is not None and self._pages_for(needed) > self.allocator.num_pages:
+            raise OutOfPagesError(
+                f"{name}: needs {self._pages_for(needed)} pages of {self.page_size} tokens, the "
+                f"pool has {self.allocator.num_pages}; raise the paged cache's num_pages"
+            )
+        request = dataclasses.replace(request, prompt=prompt)
+        self._waiting.append(_Active(request, submitted=time.perf_counter()))
+        return request.id
+
+    @property
+    def has_work(self) -> bool:
+        """Whether requests are waiting or decoding."""
+        return bool(self._waiting) or any(s is not None for s in self._slots)
+
+    @property
+    def num_active(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    def step(self) -> list[TokenEvent]:
+        """Admits waiting requests and prefills them, else decodes one token per active slot."""
+        admitted = self._admit()
+        if admitted:
+            return self._prefill(admitted)
+        if self.num_active:
+            return self._decode()
+        return []
+
+    def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
+        """Steps until every request is done; the completions in the order they finished."""
+        while self.has_work:
+            for event in self.step():
+                if on_token is not None:
+                    on_token(event)
+        return self.pop_finished()
+
+    def pop_finished(self) -> list[Completion]:
+        """Completions finished since the last call."""
+        done, self._finished = self._finished, []
+        return done
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def _pages_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.page_size)
+
+    def _admit(self) -> list[int]:
+        admitted = []
+        for slot in range(self.num_slots):
+            if not self._waiting:
+                break
+            if self._slots[slot] is not None:
+                continue
+            active = self._waiting[0]
+            if self.allocator is not None:
+                sampling = active.request.sampling
+                needed = len(active.request.prompt) + sampling.max_new_tokens - 1
+                count = self._pages_for(needed)
+                if count > self.allocator.num_free:
+                    break  # first come, first served: wait for pages to be released
+                active.pages = self.allocator.allocate(count)
+                self._table[slot] = 0
+                self._table[slot, :count] = active.pages
+            self._waiting.popleft()
+            self._slots[slot] = active
+            self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
+            admitted.append(slot)
+        return admitted
+
+    def _prefill(self, slots: list[int]) -> list[TokenEvent]:
+        longest = max(len(self._slots[s].request.prompt) for s in slots)
+        width = _bucket(longest, self.min_prefill_len, self.max_len)
+        ids = np.zeros((self.num_slots, width), np.int32)
+        positions = np.full((self.num_slots, width), EMPTY_POSITION, np.int32)
+        last = np.zeros((self.num_slots,), np.int32)
+        reset = np.zeros((self.num_slots,), bool)
+        for s in slots:
+            prompt = self._slots[s].request.prompt
+            ids[s, : len(prompt)] = prompt
+            positions[s, : len(prompt)] = np.arange(len(prompt))
+            last[s] = len(prompt) - 1
+            reset[s] = True
+        return self._run(ids, positions, last, reset, slots)
+
+    def _decode(self) -> list[TokenEvent]:
+        ids = np.zeros((self.num_slots, 1), np.int32)
+        positions = np.full((self.num_slots, 1), EMPTY_POSITION, np.int32)
+        rows = []
+        for s, active in enumerate(self._slots):
+            if active is not None:
+                ids[s, 0] = active.output[-1]
+                positions[s, 0] = len(active.request.prompt) + len(active.output) - 1
+                rows.append(s)
+        zeros = np.zeros((self.num_slots,), np.int32)
+        return self._run(ids, positions, zeros, zeros.astype(bool), rows)
+
+    def _run(self, ids, positions, last, reset, rows: list[int]) -> list[TokenEvent]:
+        counts = np.zeros((self.num_slots,), np.int32)
+        temperature = np.zeros((self.num_slots,), np.float32)
+        top_k = np.zeros((self.num_slots,), np.int32)
+        top_p = np.ones((self.num_slots,), np.float32)
+        for s in rows:
+            active = self._slots[s]
+            sampling = active.request.sampling
+            counts[s] = len(active.output)
+            temperature[s] = sampling.temperature
+            top_k[s], top_p[s] = sampling.top_k, sampling.top_p
+        tokens, self._cache = _extend(
+            self.model,
+            self.params,
+            self._cache,
+            jnp.asarray(ids),
+            jnp.asarray(positions),
+            jnp.asarray(reset),
+            jnp.asarray(self._table),
+            jnp.asarray(last),
+            jnp.asarray(self._keys),
+            jnp.asarray(counts),
+            jnp.asarray(temperature),
+            jnp.asarray(top_k),
+            jnp.asarray(top_p),
+        )
+        tokens = np.asarray(jax.device_get(tokens))
+        now = time.perf_counter()
+        return [self._record(s, int(tokens[s]), now) for s in rows]
+
+    def _record(self, slot: int, token: int, now: float) -> TokenEvent:
+        active = self._slots[slot]
+        sampling = active.request.sampling
+        if not active.output:
+            active.first_token_s = now - active.submitted
+        if token in sampling.stop_tokens:
+            self._retire(slot, "stop")
+            return TokenEvent(active.request.id, None, "stop")
+        active.output.append(token)
+        if len(active.output) >= sampling.max_new_tokens:
+            self._retire(slot, "length")
+            return TokenEvent(active.request.id, token, "length")
+        return TokenEvent(active.request.id, token)
+
+    def _retire(self, slot: int, reason: str) -> None:
+        active = self._slots[slot]
+        self._slots[slot] = None
+        if self.allocator is not None:
+            self.allocator.release(active.pages)
+        self._finished.append(
+            Completion(
+                id=active.request.id,
+                prompt_ids=list(active.request.prompt),
+                output_ids=active.output,
+                finish_reason=reason,
+                time_to_first_token_s=active.first_token_s,
+            )
+        )
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _extend(model, params, cache, ids, positions, reset, table, last, keys, counts, *sampling):
+    """One prefill or decode call: writes the new tokens to the cache, samples one per row."""
+    cache = set_block_tables(release_rows(cache, reset), table)
+    (logits, cache), _ = functional(
+        model,
+        prng_key=None,
+        state=params,
+        inputs={"input_ids": ids, "positions": positions, "cache_state": cache},
+        is_training=False,
+        method="extend_step",
+    )
+    logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
+    return sample_tokens(logits, step_keys, *sampling), cache
+
+
+def generate(
+    model: Any,
+    params: Any,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams | None = None,
+    *,
+    num_slots: int | None = None,
+    max_len: int | None = None,
+    on_token: Callable[[TokenEvent], None] | None = None,
+) -> list[Completion]:
+    """Continues every prompt with `sampling`; the completions in the order of `prompts`."""
+    if not prompts:
+        return []
+    sampling = sampling or SamplingParams()
+    max_len = max_len or max(len(p) for p in prompts) + sampling.max_new_tokens
+    engine = Engine(model, params, num_slots=num_slots or len(prompts), max_len=max_len)
+    ids = [engine.submit(Request(prompt=p, sampling=sampling)) for p in prompts]
+    by_id = {c.id: c for c in engine.run(on_token)}
+    return [by_id[i] for i in ids]

@@ -1,0 +1,105 @@
+"""Loading a trained (or imported) model for inference from its checkpoint directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from axplug.checkpoint import Checkpointer, storage_for
+from axplug.checkpoint.errors import CheckpointNotFoundError
+
+__all__ = ["LoadedModel", "load_checkpoint", "checkpoint_directory"]
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model, its restored parameters, the trainer config it came from and the step."""
+
+    model: Any
+    params: Any
+    config: Any
+    step: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model.decoder.vocab_size
+
+
+def checkpoint_directory(path: str) -> str:
+    """The checkpoints directory of a run: `path/checkpoints` when it exists, else `path`."""
+    storage = storage_for(path)
+    nested = storage.join(path, "checkpoints")
+    return nested if storage.exists(nested) else path
+
+
+def load_checkpoint(
+    path: str,
+    *,
+    step: int | None = None,
+    modifiers: Sequence[str] = (),
+    devices: list | None = None,
+) -> LoadedModel:
+    """Restores the model of the run at `path` (a run directory or its checkpoints directory).
+
+    The config comes from the checkpoint's metadata, so the same plugins must be installed as
+    when it was written; `modifiers` (specs such as `paged_kv_cache:page_size=32`) may change
+    how it runs but not its parameters. Parameters are laid out by the run's mesh rules over
+    `devices` (default: the first device only, which suits decoding small models).
+    """
+    from axplug.config import from_dict
+    from axplug.mesh import parameter_shardings
+    from axplug.modifiers import make_modifier
+
+    directory = checkpoint_directory(path)
+    with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
+        try:
+            step = checkpointer.latest_step() if step is None else step
+            if step is None:
+                raise CheckpointNotFoundError(f"no complete checkpoint in {directory}")
+            metadata = checkpointer.metadata(step)
+        except CheckpointNotFoundError as exc:
+            raise CheckpointNotFoundError(
+                f"{exc}; give a run directory written by `axplug train` or `axplug import-hf`"
+            ) from None
+        if "config" not in metadata:
+            raise CheckpointNotFoundError(
+                f"step {step} in {directory} has no trainer config in its metadata; it was not "
+                "written by `axplug train` or `axplug import-hf`"
+            )
+        cfg = from_dict(metadata["config"])
+        for spec in modifiers:
+            cfg = make_modifier(spec)(cfg)
+        mesh_builder = cfg.mesh.instantiate()
+        mesh = mesh_builder.build(devices if devices is not None else jax.devices()[:1])
+        model = cfg.model.instantiate(parent=None, _path="model")
+        specs = model.create_parameter_specs_recursively()
+        shardings = parameter_shardings(specs, mesh, mesh_builder.axis_rules)
+        tx = cfg.learner.instantiate().transform(specs, cfg.max_steps)
+        abstract_params = jax.eval_shape(
+            model.initialize_parameters_recursively, jax.random.PRNGKey(0)
+        )
+        target = {
+            "params": jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                abstract_params,
+                shardings,
+            ),
+            "opt_state": _on_host(jax.eval_shape(tx.init, abstract_params), mesh),
+            "step": jax.ShapeDtypeStruct((), "int32", sharding=_replicated(mesh)),
+        }
+        _, state, _ = checkpointer.restore(step, target=target)
+    return LoadedModel(model=model, params=state["params"], config=cfg, step=step)
+
+
+def _replicated(mesh):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def _on_host(tree: Any, mesh) -> Any:
+    sharding = _replicated(mesh)
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)

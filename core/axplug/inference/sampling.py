@@ -1,0 +1,65 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p, per row."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["SamplingParams", "sample_tokens"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens and when it stops."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0: greedy (argmax)
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0  # 1: no nucleus cut
+    stop_tokens: tuple[int, ...] = ()  # generation ends at any of these (not included)
+    seed: int = 0  # token t uses fold_in(PRNGKey(seed), t): independent of batching
+
+    def __post_init__(self):
+        problems = []
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+        if self.temperature < 0:
+            problems.append(f"temperature={self.temperature} must be >= 0 (0: greedy)")
+        if self.top_k < 0:
+            problems.append(f"top_k={self.top_k} must be >= 0 (0: off)")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p={self.top_p} must be in (0, 1] (1: off)")
+        if problems:
+            raise ValueError("invalid sampling parameters: " + "; ".join(problems))
+        object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+
+
+def sample_tokens(
+    logits: jax.Array,
+    keys: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+) -> jax.Array:
+    """Next token per row [b] from `logits` [b, vocab], each row with its own key and settings.
+
+    Top-k keeps the k highest logits, top-p then keeps the smallest prefix (by probability)
+    whose mass reaches p; tokens tied with the last kept one are kept too. A row with
+    temperature 0 takes the argmax.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    ranked = -jnp.sort(-scaled, axis=-1)  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = jnp.take_along_axis(ranked, (k - 1)[:, None], axis=-1)
+    ranked = jnp.where(ranked >= kth, ranked, -jnp.inf)
+    probs = jax.nn.softmax(ranked, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    kept = (mass_before < top_p[:, None]) & (ranked > -jnp.inf)
+    threshold = jnp.min(jnp.where(kept, ranked, jnp.inf), axis=-1, keepdims=True)
+    filtered = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    sampled = jax.vmap(jax.random.categorical)(keys, filtered)
+    return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)

@@ -1,0 +1,191 @@
+"""KV caches: the `kv_cache` slot of Attention, used only when decoding.
+
+A cache's state is an explicit dict of arrays that the caller carries between decode steps, so
+decoding works under jit. Every cache state has a `length` [batch] int32 leaf: the number of
+tokens cached per row. `extend` writes the valid new tokens of each row after its cached ones
+and returns the keys, values and positions to attend to, with every slot at or past `length`
+reported as `EMPTY_POSITION` (so a causal mask hides it). A row is released by setting its
+`length` to 0: nothing else needs clearing, which is what lets a batching scheduler reuse rows.
+
+New tokens whose position is `EMPTY_POSITION` are padding: they are never written, and they
+must come after the valid tokens of their row (right padding). That is how one call prefills
+prompts of different lengths, or decodes some rows while others sit idle.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import config_class
+from axplug.layers.base import BaseLayer
+
+__all__ = [
+    "EMPTY_POSITION",
+    "ContiguousKVCache",
+    "PagedKVCache",
+    "release_rows",
+    "set_block_tables",
+]
+
+# Position of a slot that holds no token: after every real position.
+EMPTY_POSITION = 2**30
+
+
+def _write_indices(length: jax.Array, positions: jax.Array, capacity: int) -> jax.Array:
+    """Logical cache index of each new token [b, s]; `capacity` (out of range) for padding."""
+    valid = positions != EMPTY_POSITION
+    index = length[:, None] + jnp.arange(positions.shape[1], dtype=jnp.int32)[None, :]
+    return jnp.where(valid, index, capacity)
+
+
+def _visible(positions: jax.Array, new_length: jax.Array) -> jax.Array:
+    """`positions` [b, n] with every slot at index >= new_length [b] set to EMPTY_POSITION."""
+    index = jnp.arange(positions.shape[1], dtype=jnp.int32)[None, :]
+    return jnp.where(index < new_length[:, None], positions, EMPTY_POSITION)
+
+
+def _new_length(length: jax.Array, positions: jax.Array) -> jax.Array:
+    return length + jnp.sum(positions != EMPTY_POSITION, axis=1, dtype=jnp.int32)
+
+
+class ContiguousKVCache(BaseLayer):
+    """Keys and values in [batch, max_len, kv_heads, head_dim] buffers, one row per sequence."""
+
+    def init_state(
+        self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
+    ) -> dict[str, jax.Array]:
+        shape = (batch_size, max_len, num_kv_heads, head_dim)
+        return {
+            "key": jnp.zeros(shape, dtype),
+            "value": jnp.zeros(shape, dtype),
+            "positions": jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
+            "length": jnp.zeros((batch_size,), jnp.int32),
+        }
+
+    def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new_state, key_all, value_all, kv_positions) after appending the valid tokens of
+        `key`/`value` [b, s, kvh, d] at `positions` [b, s]; *_all are [b, max_len, kvh, d].
+
+        Tokens past `max_len` are dropped: size the cache for prompt plus generated tokens.
+        """
+        max_len = state["key"].shape[1]
+        index = _write_indices(state["length"], positions, max_len)
+        rows = jnp.arange(key.shape[0])[:, None]
+
+        def write(buf, new):
+            return buf.at[rows, index].set(new.astype(buf.dtype), mode="drop")
+
+        length = _new_length(state["length"], positions)
+        new_state = {
+            "key": write(state["key"], key),
+            "value": write(state["value"], value),
+            "positions": write(state["positions"], positions),
+            "length": length,
+        }
+        kv_positions = _visible(new_state["positions"], length)
+        return new_state, new_state["key"], new_state["value"], kv_positions
+
+
+class PagedKVCache(BaseLayer):
+    """Keys and values in a pool of fixed-size pages; a block table maps each row's logical
+    pages to pool pages, so rows share one pool and hold only the pages they use.
+
+    State: `key`/`value` [num_pages, page_size, kv_heads, head_dim], `positions` [num_pages,
+    page_size], `block_table` [batch, max_len // page_size] and `length` [batch]. The default
+    block table gives row b the pages b * P .. b * P + P - 1, which needs `batch * P` pages
+    (P = pages per row); a scheduler that allocates pages itself (`axplug.inference.PageAllocator`)
+    sets `num_pages` lower and writes the block table. Entries past a row's length are never read.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        page_size: int = 16
+        num_pages: int | None = None  # None: enough for every row to reach max_len
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if cfg.page_size < 1:
+            raise ValueError(f"{cfg._path('page_size')}: must be at least 1, got {cfg.page_size}")
+        if cfg.num_pages is not None and cfg.num_pages < 1:
+            raise ValueError(f"{cfg._path('num_pages')}: must be at least 1, got {cfg.num_pages}")
+
+    def pages_per_row(self, max_len: int) -> int:
+        """Block-table width: pages a row needs to hold `max_len` tokens."""
+        return math.ceil(max_len / self._config.page_size)
+
+    def init_state(
+        self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
+    ) -> dict[str, jax.Array]:
+        cfg = self._config
+        per_row = self.pages_per_row(max_len)
+        num_pages = cfg.num_pages or batch_size * per_row
+        shape = (num_pages, cfg.page_size, num_kv_heads, head_dim)
+        table = jnp.arange(batch_size * per_row, dtype=jnp.int32).reshape(batch_size, per_row)
+        return {
+            "key": jnp.zeros(shape, dtype),
+            "value": jnp.zeros(shape, dtype),
+            "positions": jnp.full((num_pages, cfg.page_size), EMPTY_POSITION, jnp.int32),
+            # Rows without their own pages (num_pages too small) point at page 0; unread.
+            "block_table": jnp.where(table < num_pages, table, 0),
+            "length": jnp.zeros((batch_size,), jnp.int32),
+        }
+
+    def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """As `ContiguousKVCache.extend`; *_all are the row's pages gathered in logical order,
+        [b, pages_per_row * page_size, kvh, d]."""
+        page_size = self._config.page_size
+        table = state["block_table"]
+        num_pages = state["key"].shape[0]
+        capacity = table.shape[1] * page_size
+        index = _write_indices(state["length"], positions, capacity)  # logical, [b, s]
+        logical_page = jnp.minimum(index // page_size, table.shape[1] - 1)
+        page = jnp.take_along_axis(table, logical_page, axis=1)
+        page = jnp.where(index < capacity, page, num_pages)  # padding: out of range, dropped
+        offset = index % page_size
+
+        def write(pool, new):
+            return pool.at[page, offset].set(new.astype(pool.dtype), mode="drop")
+
+        length = _new_length(state["length"], positions)
+        new_state = {
+            "key": write(state["key"], key),
+            "value": write(state["value"], value),
+            "positions": write(state["positions"], positions),
+            "block_table": table,
+            "length": length,
+        }
+
+        def gather(pool):  # [num_pages, page, ...] -> [b, pages_per_row * page, ...]
+            rows = pool[table]
+            return rows.reshape(rows.shape[0], -1, *rows.shape[3:])
+
+        kv_positions = _visible(gather(new_state["positions"]), length)
+        return new_state, gather(new_state["key"]), gather(new_state["value"]), kv_positions
+
+
+def release_rows(cache_state, rows: jax.Array):
+    """`cache_state` (any pytree of cache states) with the rows where `rows` [batch] is True
+    emptied: their `length` leaves set to 0."""
+
+    def reset(path, leaf):
+        last = path[-1] if path else None
+        if isinstance(last, jax.tree_util.DictKey) and last.key == "length":
+            return jnp.where(rows, 0, leaf)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(reset, cache_state)
+
+
+def set_block_tables(cache_state, table: jax.Array):
+    """`cache_state` with every `block_table` leaf set to `table` [batch, pages_per_row]."""
+
+    def put(path, leaf):
+        last = path[-1] if path else None
+        if isinstance(last, jax.tree_util.DictKey) and last.key == "block_table":
+            return jnp.broadcast_to(jnp.asarray(table, leaf.dtype), leaf.shape)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(put, cache_state)

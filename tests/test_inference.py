@@ -1,0 +1,397 @@
+"""axplug.inference: KV-cache decoding against the full forward pass, the paged cache against
+the contiguous one, sampling, continuous batching against decoding each request alone,
+checkpoint loading and `axplug generate`.
+
+Tolerances: float32 logits of prefill + decode vs one forward pass reduce in different orders,
+so rtol = atol = 1e-4 (as in tests/test_attention_plugin.py). Token ids are compared exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug import registry
+from axplug.cli import main
+from axplug.context import functional
+from axplug.inference import (
+    Engine,
+    OutOfPagesError,
+    PageAllocator,
+    Request,
+    SamplingParams,
+    generate,
+    load_checkpoint,
+    sample_tokens,
+)
+from axplug.layers import CausalLM
+from axplug.layers.kv_cache import EMPTY_POSITION, set_block_tables
+from axplug.modifiers import make_modifier
+
+LOOSE = dict(rtol=1e-4, atol=1e-4)
+VOCAB, DIM, HEADS = 61, 32, 4
+
+
+def _installed(dist: str) -> bool:
+    return any(c.distribution == dist and c.loadable for c in registry.discover())
+
+
+needs_attention = pytest.mark.skipif(
+    not _installed("axplug-attention"), reason="axplug-attention is not installed"
+)
+needs_moe = pytest.mark.skipif(not _installed("axplug-moe"), reason="axplug-moe is not installed")
+
+
+def lm_cfg(*modifiers: str, layers: int = 2):
+    cfg = CausalLM.default_config()
+    cfg.decoder.set(vocab_size=VOCAB, dim=DIM)
+    cfg.decoder.transformer.set(num_layers=layers)
+    cfg.decoder.transformer.layer.attention.set(num_heads=HEADS)
+    cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
+    for spec in modifiers:
+        cfg = make_modifier(spec)(cfg)
+    return cfg
+
+
+def build(cfg, seed: int = 0):
+    model = cfg.instantiate(parent=None)
+    return model, model.initialize_parameters_recursively(jax.random.PRNGKey(seed))
+
+
+def call(model, params, inputs, method):
+    out, _ = functional(
+        model, prng_key=None, state=params, inputs=inputs, is_training=False, method=method
+    )
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward_logits(model, params, ids):
+    return call(model, params, (jnp.asarray(ids, jnp.int32),), "predict")
+
+
+def random_ids(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
+
+
+def decode_logits(model, params, ids: np.ndarray, prompt_lens, max_len: int, cache=None):
+    """Logits of every token of every row: a batched prefill of each row's first
+    `prompt_lens[b]` tokens (right-padded), then one token per call for the rest."""
+    batch, total = ids.shape
+    step = jax.jit(
+        lambda p, i, pos, c: call(
+            model, p, {"input_ids": i, "positions": pos, "cache_state": c}, "extend_step"
+        )
+    )
+    cache = model.init_cache_state(batch, max_len) if cache is None else cache
+    width = max(prompt_lens)
+    positions = np.full((batch, width), EMPTY_POSITION, np.int32)
+    prefill_ids = np.zeros((batch, width), np.int32)
+    for b, n in enumerate(prompt_lens):
+        positions[b, :n] = np.arange(n)
+        prefill_ids[b, :n] = ids[b, :n]
+    logits, cache = step(params, prefill_ids, positions, cache)
+    out = np.zeros((batch, total, VOCAB), np.float32)
+    for b, n in enumerate(prompt_lens):
+        out[b, :n] = logits[b, :n]
+    for t in range(min(prompt_lens), total):
+        pos = np.where(np.asarray(prompt_lens) <= t, t, EMPTY_POSITION)[:, None].astype(np.int32)
+        logits, cache = step(params, ids[:, t : t + 1], pos, cache)
+        for b, n in enumerate(prompt_lens):
+            if t >= n:
+                out[b, t] = logits[b, 0]
+    lengths = np.asarray(jax.tree.leaves(cache_lengths(cache))[0])
+    assert (lengths == total).all(), lengths
+    return out, cache
+
+
+def cache_lengths(cache):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: leaf if path[-1].key == "length" else None, cache
+    )
+
+
+DECODE_CASES = {
+    "plain": (),
+    "scanned": ("scan_layers",),
+    "paged": ("paged_kv_cache:page_size=4",),
+}
+if _installed("axplug-attention"):
+    DECODE_CASES |= {
+        "rope": ("rope",),
+        "rope_gqa": ("rope", "gqa:num_kv_heads=2"),
+        "rope_gqa_paged_scanned": (
+            "rope",
+            "gqa:num_kv_heads=1",
+            "paged_kv_cache:page_size=3",
+            "scan_layers",
+        ),
+    }
+if _installed("axplug-moe"):
+    DECODE_CASES |= {
+        "moe": ("moe:num_experts=4,top_k=2,capacity_factor=None",),
+        "moe_every2_scanned": (
+            "moe:num_experts=4,top_k=2,every=2,capacity_factor=None",
+            "scan_layers",
+        ),
+    }
+
+
+@pytest.mark.parametrize("mods", list(DECODE_CASES.values()), ids=list(DECODE_CASES))
+def test_decoding_with_the_cache_gives_the_forward_logits(mods):
+    model, params = build(lm_cfg(*mods, layers=4 if "every=2" in str(mods) else 2))
+    ids = random_ids(1, (3, 11))
+    full = np.asarray(forward_logits(model, params, ids))
+    decoded, _ = decode_logits(model, params, ids, prompt_lens=[5, 2, 7], max_len=12)
+    np.testing.assert_allclose(decoded, full, **LOOSE)
+
+
+def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache():
+    contiguous, params = build(lm_cfg())
+    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=20"))
+    ids = random_ids(2, (2, 9))
+    want, _ = decode_logits(contiguous, params, ids, prompt_lens=[4, 6], max_len=10)
+    # Each row's pages anywhere in the pool, in no particular order.
+    table = np.array([[17, 3, 9, 0, 12], [5, 19, 1, 14, 8]], np.int32)
+    cache = set_block_tables(paged.init_cache_state(2, 10), table)
+    got, cache = decode_logits(paged, params, ids, prompt_lens=[4, 6], max_len=10, cache=cache)
+    np.testing.assert_allclose(got, want, **LOOSE)
+    pool = cache["transformer"]["layer0"]["attention"]
+    assert pool["key"].shape[:2] == (20, 2) and pool["block_table"].shape == (2, 5)
+    # Only the pages in the table were written.
+    written = np.flatnonzero((np.asarray(pool["positions"]) != EMPTY_POSITION).any(axis=1))
+    assert sorted(written) == sorted(table.ravel())
+
+
+def test_cache_drops_padding_and_reports_only_cached_slots():
+    model, params = build(lm_cfg())
+    cache = model.init_cache_state(2, 6)
+    ids = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+    positions = np.array([[0, 1, 2], [0, EMPTY_POSITION, EMPTY_POSITION]], np.int32)
+    _, cache = call(
+        model, params, {"input_ids": ids, "positions": positions, "cache_state": cache},
+        "extend_step",
+    )  # fmt: skip
+    layer = cache["transformer"]["layer0"]["attention"]
+    np.testing.assert_array_equal(layer["length"], [3, 1])
+    np.testing.assert_array_equal(
+        layer["positions"], [[0, 1, 2] + [EMPTY_POSITION] * 3, [0] + [EMPTY_POSITION] * 5]
+    )
+    assert not np.asarray(layer["key"])[1, 1:].any()  # padding never written
+
+
+def test_paged_cache_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="page_size: must be at least 1"):
+        build(lm_cfg("paged_kv_cache:page_size=0"))
+
+
+# ------------------------------------------------------------------------------- sampling
+
+
+def _sample(logits, n, **settings):
+    logits = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits)))
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(n))
+    full = lambda name, default, dtype: jnp.full((n,), settings.get(name, default), dtype)  # noqa: E731
+    return np.asarray(
+        jax.jit(sample_tokens)(
+            logits,
+            keys,
+            full("temperature", 1.0, jnp.float32),
+            full("top_k", 0, jnp.int32),
+            full("top_p", 1.0, jnp.float32),
+        )
+    )
+
+
+def test_temperature_zero_is_argmax_and_sampling_follows_softmax():
+    logits = np.log(np.array([0.1, 0.6, 0.05, 0.25]))
+    assert (_sample(logits, 8, temperature=0.0) == 1).all()
+    draws = _sample(logits, 4000)
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    np.testing.assert_allclose(freq, [0.1, 0.6, 0.05, 0.25], atol=0.03)
+    hot = np.bincount(_sample(logits, 4000, temperature=2.0), minlength=4) / 4000
+    want = np.sqrt([0.1, 0.6, 0.05, 0.25])  # p^(1/T), T = 2
+    np.testing.assert_allclose(hot, want / want.sum(), atol=0.03)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+    logits = np.log(probs)
+    assert set(_sample(logits, 2000, top_k=2)) == {1, 3}
+    # Nucleus 0.75: 0.4 + 0.3 = 0.7 < 0.75, so 0.15 (index 4) joins; 0.85 >= 0.75 stops.
+    top_p = _sample(logits, 3000, top_p=0.75)
+    assert set(top_p) == {1, 3, 4}
+    freq = np.bincount(top_p, minlength=5)[[1, 3, 4]] / len(top_p)
+    np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.15]) / 0.85, atol=0.03)
+    assert set(_sample(logits, 500, top_k=3, top_p=0.5)) == {1, 3}
+    assert (_sample(logits, 50, top_k=1) == 1).all()
+
+
+def test_sampling_params_are_checked():
+    with pytest.raises(
+        ValueError, match=r"temperature=-1 must be >= 0.*top_p=1.5 must be in \(0, 1\]"
+    ):
+        SamplingParams(top_p=1.5, temperature=-1)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        SamplingParams(max_new_tokens=0)
+
+
+# ------------------------------------------------------------------- engine and batching
+
+
+def greedy_reference(model, params, prompt, new_tokens):
+    """Greedy continuation by a full forward pass per token: no cache at all."""
+    tokens = np.zeros((1, len(prompt) + new_tokens), np.int32)  # causal: the tail is unseen
+    tokens[0, : len(prompt)] = prompt
+    for t in range(len(prompt), tokens.shape[1]):
+        logits = forward_logits(model, params, tokens)
+        tokens[0, t] = int(jnp.argmax(logits[0, t - 1]))
+    return tokens[0, len(prompt) :].tolist()
+
+
+ROPE_MODS = ("rope", "gqa:num_kv_heads=2") if _installed("axplug-attention") else ()
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+    return build(lm_cfg(*ROPE_MODS), seed=3)
+
+
+def test_greedy_generation_equals_a_forward_pass_per_token(rope_model):
+    model, params = rope_model
+    prompts = [random_ids(5, 7).tolist(), random_ids(6, 3).tolist()]
+    done = generate(model, params, prompts, SamplingParams(max_new_tokens=6, temperature=0))
+    for prompt, completion in zip(prompts, done, strict=True):
+        assert completion.prompt_ids == prompt and completion.finish_reason == "length"
+        assert completion.output_ids == greedy_reference(model, params, prompt, 6)
+
+
+def test_stop_tokens_end_generation_without_the_stop_token(rope_model):
+    model, params = rope_model
+    prompt = random_ids(5, 7).tolist()
+    free = generate(model, params, [prompt], SamplingParams(max_new_tokens=6, temperature=0))[0]
+    stop = free.output_ids[2]
+    first = free.output_ids.index(stop)
+    stopped = generate(
+        model, params, [prompt], SamplingParams(max_new_tokens=6, temperature=0, stop_tokens=[stop])
+    )[0]
+    assert stopped.finish_reason == "stop" and stopped.output_ids == free.output_ids[:first]
+
+
+REQUESTS = [  # (arrival step, prompt length, sampling)
+    (0, 5, SamplingParams(max_new_tokens=6, temperature=0)),
+    (0, 9, SamplingParams(max_new_tokens=3, temperature=0.8, seed=1)),
+    (0, 2, SamplingParams(max_new_tokens=8, temperature=1.0, top_k=5, seed=2)),
+    (2, 4, SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, seed=3)),
+    (3, 12, SamplingParams(max_new_tokens=4, temperature=0)),
+    (7, 1, SamplingParams(max_new_tokens=7, temperature=1.2, seed=4)),
+]
+
+
+def alone(model, params, prompt, sampling):
+    engine = Engine(model, params, num_slots=1, max_len=16, min_prefill_len=4)
+    engine.submit(Request(prompt, sampling))
+    (completion,) = engine.run()
+    return completion.output_ids
+
+
+@pytest.mark.parametrize(
+    "cache", [(), ("paged_kv_cache:page_size=4,num_pages=9",)], ids=["contiguous", "paged"]
+)
+def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache):
+    model, params = rope_model
+    if cache:
+        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4)
+    prompts = {i: random_ids(10 + i, n).tolist() for i, (_, n, _) in enumerate(REQUESTS)}
+    pending = list(enumerate(REQUESTS))
+    finished, step, max_active = {}, 0, 0
+    while pending or engine.has_work:
+        while pending and pending[0][1][0] <= step:
+            i, (_, _, sampling) = pending.pop(0)
+            engine.submit(Request(prompts[i], sampling, id=i))
+        engine.step()
+        max_active = max(max_active, engine.num_active)
+        finished |= {c.id: c for c in engine.pop_finished()}
+        step += 1
+    assert max_active == 3  # requests really shared the batch
+    if engine.allocator is not None:
+        assert engine.allocator.num_free == engine.allocator.num_pages  # all pages came back
+    for i, (_, _, sampling) in enumerate(REQUESTS):
+        want = alone(model, params, prompts[i], sampling)
+        assert finished[i].output_ids == want, i
+        assert len(want) == sampling.max_new_tokens
+
+
+def test_engine_rejects_bad_requests(rope_model):
+    model, params = rope_model
+    engine = Engine(model, params, num_slots=2, max_len=8)
+    with pytest.raises(ValueError, match="request 'a': the prompt is empty"):
+        engine.submit(Request([], id="a"))
+    with pytest.raises(ValueError, match=r"token id 61 is outside the vocabulary \[0, 61\)"):
+        engine.submit([1, 61])
+    with pytest.raises(ValueError, match="need 10 cache slots but the engine's max_len is 8"):
+        engine.submit(Request([1] * 5, SamplingParams(max_new_tokens=6)))
+    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=3").instantiate(parent=None)
+    with pytest.raises(OutOfPagesError, match="needs 4 pages of 2 tokens, the pool has 3"):
+        Engine(paged, params, num_slots=2, max_len=8).submit(
+            Request([1] * 4, SamplingParams(max_new_tokens=4))
+        )
+
+
+def test_page_allocator_allocates_and_releases():
+    pool = PageAllocator(4)
+    a = pool.allocate(3)
+    assert len(set(a)) == 3 and pool.num_free == 1
+    with pytest.raises(OutOfPagesError, match="need 2 pages, 1 of 4 are free"):
+        pool.allocate(2)
+    assert pool.num_free == 1  # a failed allocation takes nothing
+    pool.release(a)
+    assert sorted(pool.allocate(4)) == [0, 1, 2, 3]
+
+
+# --------------------------------------------------------------- checkpoints and the CLI
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from axplug.presets import preset_config
+    from axplug.trainer.run import train
+
+    out = str(tmp_path_factory.mktemp("run"))
+    cfg = preset_config("gpt-tiny").clone(
+        output_dir=out, max_steps=2, checkpoint_every=2, compilation_cache_dir=None
+    )
+    cfg.input.set(seq_len=32, batch_size=8)
+    cfg.summary_writers = []
+    train(cfg)
+    return out
+
+
+def test_load_checkpoint_and_generate_cli(trained_run, capsys):
+    loaded = load_checkpoint(trained_run)
+    assert loaded.step == 2 and loaded.vocab_size == 256
+    prompt = list(b"To be")
+    want = generate(
+        loaded.model, loaded.params, [prompt], SamplingParams(max_new_tokens=5, temperature=0)
+    )[0].output_ids
+    args = ["generate", "--checkpoint", trained_run, "--max-new-tokens", "5", "--temperature", "0"]
+    assert main([*args, "--prompt-ids", ",".join(map(str, prompt)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"prompt_ids": prompt, "output_ids": want}
+    assert main([*args, "--prompt", "To be"]) == 0
+    assert capsys.readouterr().out == "To be" + bytes(want).decode("utf-8", "replace") + "\n"
+
+
+def test_generate_cli_errors(trained_run, tmp_path, capsys):
+    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 1
+    assert "no complete checkpoint" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,x"]) == 2
+    assert "--prompt-ids" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,999"]) == 1
+    assert "token id 999 is outside the vocabulary" in capsys.readouterr().err
