@@ -23,6 +23,7 @@ COMMANDS = (
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
     "axplug.cli.generate_cmd",
+    "axplug.cli.import_hf_cmd",
 )
 
 EPILOG = """\

@@ -1,0 +1,92 @@
+"""`axplug import-hf`: a Hugging Face LLaMA / Mixtral checkpoint -> an axplug run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+EPILOG = """\
+examples:
+  axplug import-hf ~/models/TinyLlama-1.1B --output runs/tinyllama
+  axplug import-hf ~/models/Mixtral-8x7B --output runs/mixtral \\
+      --modifier scan_layers:remat_policy=full        scan the layer stack
+  axplug import-hf DIR --output OUT --set model.compute_dtype=float32
+  axplug import-hf DIR --output OUT --print-config    print the config only; nothing is written
+
+DIR holds config.json and model.safetensors (or shards listed by model.safetensors.index.json);
+supported: LlamaForCausalLM (incl. GQA and Llama 3 rope scaling) and MixtralForCausalLM. RoPE
+and GQA come from the axplug-attention plugin, MoE from axplug-moe. OUTPUT gets config.txt and
+checkpoints/step_00000000 in the trainer's layout (fresh optimizer state), so `axplug train`
+on it fine-tunes and anything that loads a trained run loads it.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "import-hf",
+        help="import a Hugging Face LLaMA/Mixtral checkpoint (config.json + safetensors)",
+        description="Convert a Hugging Face checkpoint directory into an axplug config and\n"
+        "checkpoint. The config is the stock preset's recipe with the model's shapes and the\n"
+        "rope/gqa/moe modifiers set from config.json, then each --modifier, then each --set.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("directory", metavar="DIR", help="the Hugging Face checkpoint directory")
+    parser.add_argument("--output", required=True, help="the axplug run directory to write")
+    parser.add_argument(
+        "--modifier",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="apply a registered modifier after the import's own; repeatable",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="PATH=VALUE",
+        help="override one config field; repeatable",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the config and exit, writing nothing"
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from axplug.checkpoint import CheckpointError
+    from axplug.config import ConfigError
+    from axplug.registry import ComponentNotFoundError
+
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
+    try:
+        if args.print_config:
+            from axplug.interop import hf_trainer_config, read_hf_config
+
+            hf = read_hf_config(args.directory)
+            cfg = hf_trainer_config(
+                hf, output_dir=args.output, modifiers=args.modifier, overrides=args.overrides
+            )
+            print(cfg.debug_string())
+            return 0
+        from axplug.interop import import_hf
+
+        result = import_hf(
+            args.directory, args.output, modifiers=args.modifier, overrides=args.overrides
+        )
+    except (ConfigError, ComponentNotFoundError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"imported {result.architecture} ({result.num_params:,} parameters) from "
+        f"{args.directory}\n  modifiers: {' '.join(result.modifiers)}\n"
+        f"  checkpoint: {result.checkpoint}\n  config: {args.output.rstrip('/')}/config.txt"
+    )
+    return 0

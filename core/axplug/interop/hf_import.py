@@ -1,0 +1,119 @@
+"""`import_hf`: a Hugging Face LLaMA / Mixtral checkpoint directory -> an axplug run directory.
+
+The run directory looks like one the trainer wrote: `config.txt` and a complete checkpoint
+`checkpoints/step_00000000` holding `{"params", "opt_state", "step"}` (fresh optimizer state)
+with metadata `{"step": 0, "config": to_dict(trainer config), "source": ...}`. So whatever loads
+a trained run loads an imported one, and `axplug train` on it fine-tunes from the imported
+weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from axplug.config import to_dict
+from axplug.interop.hf_config import HFImportError, HFModelConfig, read_hf_config
+from axplug.interop.hf_params import IGNORED_SUFFIXES, hf_params
+from axplug.interop.hf_trainer_config import hf_modifier_specs, hf_trainer_config
+from axplug.interop.safetensors_dir import SafetensorsDir
+from axplug.trainer import Trainer
+from axplug.trainer.run import write_config
+
+__all__ = ["ImportResult", "import_hf", "IMPORT_STEP"]
+
+IMPORT_STEP = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportResult:
+    """What `import_hf` wrote."""
+
+    architecture: str
+    config: Trainer.Config
+    checkpoint: str  # the step directory
+    num_params: int
+    modifiers: tuple[str, ...]  # the modifier specs the import applied, in order
+
+
+def import_hf(
+    directory: str,
+    output_dir: str,
+    *,
+    modifiers: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    devices: Sequence[jax.Device] | None = None,
+) -> ImportResult:
+    """Imports the checkpoint in `directory` into the run directory `output_dir`.
+
+    `modifiers` and `overrides` apply after the import's own (e.g. `scan_layers` to scan the
+    layer stack, `model.compute_dtype=float32`); ones that change parameter shapes fail.
+    The state is laid out as the trainer lays it out on `devices` (default: all); a restore
+    re-lays it out for whatever mesh loads it. Nothing is written until every tensor has been
+    read and checked.
+    """
+    hf = read_hf_config(directory)
+    cfg = hf_trainer_config(hf, output_dir=output_dir, modifiers=modifiers, overrides=overrides)
+    # No summary writers: building them would create metric files in the output directory.
+    trainer = cfg.clone(compilation_cache_dir=None, summary_writers=[]).instantiate(devices=devices)
+    checkpointer = trainer.checkpointer
+    try:
+        existing = checkpointer.all_steps()
+        if existing:
+            raise HFImportError(
+                f"{checkpointer.directory} already holds checkpoint step(s) "
+                f"{', '.join(map(str, existing))}; import into an empty --output directory"
+            )
+        with SafetensorsDir(directory) as tensors:
+            params = hf_params(tensors, hf, trainer.param_specs)
+            leftover = [name for name in tensors.unused() if not _ignored(name, hf)]
+        if leftover:
+            raise HFImportError(
+                f"{directory}: {len(leftover)} tensor(s) of the checkpoint have no place in a "
+                f"{hf.architecture}: {', '.join(leftover[:5])}{' ...' if len(leftover) > 5 else ''}"
+            )
+        num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+        state = _state(trainer, params)
+        write_config(cfg)
+        metadata = {
+            "step": IMPORT_STEP,
+            "config": to_dict(cfg),
+            "source": {
+                "format": "huggingface",
+                "directory": os.path.abspath(directory),
+                "architecture": hf.architecture,
+                "config": hf.raw,
+            },
+        }
+        checkpointer.save(IMPORT_STEP, state, metadata)
+        checkpointer.wait_until_finished()
+    finally:
+        checkpointer.close()
+    return ImportResult(
+        architecture=hf.architecture,
+        config=cfg,
+        checkpoint=f"{checkpointer.directory}/step_{IMPORT_STEP:08d}",
+        num_params=num_params,
+        modifiers=(*hf_modifier_specs(hf), *modifiers),
+    )
+
+
+def _ignored(name: str, hf: HFModelConfig) -> bool:
+    if name.endswith(IGNORED_SUFFIXES):
+        return True
+    # Some tied checkpoints also store the (identical) output projection.
+    return hf.tie_word_embeddings and name == "lm_head.weight"
+
+
+def _state(trainer: Trainer, params: dict) -> dict:
+    """The trainer's state layout on its mesh: imported params, fresh optimizer state, step 0."""
+    shardings = trainer.state_shardings
+    params = jax.device_put(params, shardings["params"])
+    opt_state = jax.jit(trainer.tx.init, out_shardings=shardings["opt_state"])(params)
+    step = jax.device_put(jnp.asarray(IMPORT_STEP, jnp.int32), shardings["step"])
+    return {"params": params, "opt_state": opt_state, "step": step}

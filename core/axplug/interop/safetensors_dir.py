@@ -1,0 +1,115 @@
+"""The tensors of a Hugging Face checkpoint directory (`*.safetensors`, sharded or not), read
+lazily with `safetensors` into numpy, each checked against the shape the caller expects."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from safetensors import safe_open
+
+from axplug.interop.hf_config import HFImportError
+
+__all__ = ["SafetensorsDir"]
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class SafetensorsDir(contextlib.AbstractContextManager):
+    """Tensor name -> file map of `directory`: the shards its index file lists, else
+    model.safetensors, else every *.safetensors file. `get` reads one tensor and records it as
+    used, so leftovers can be reported."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._files = contextlib.ExitStack()
+        self._handles: dict[str, object] = {}
+        try:
+            self._where = self._index()
+        except BaseException:
+            self.close()
+            raise
+        self._used: set[str] = set()
+
+    def _index(self) -> dict[str, str]:
+        index = os.path.join(self.directory, INDEX_FILE)
+        if os.path.exists(index):
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise HFImportError(f"{index}: no 'weight_map' object")
+            for file in sorted(set(weight_map.values())):
+                if not os.path.exists(os.path.join(self.directory, file)):
+                    raise HFImportError(f"{index} lists {file}, which is missing")
+            return dict(weight_map)
+        single = os.path.join(self.directory, "model.safetensors")
+        # Some repositories also ship the original-format weights (consolidated.safetensors).
+        files = [single] if os.path.exists(single) else []
+        files = files or sorted(glob.glob(os.path.join(self.directory, "*.safetensors")))
+        if not files:
+            found = ", ".join(sorted(os.listdir(self.directory))) or "nothing"
+            raise HFImportError(
+                f"{self.directory}: no *.safetensors files (found: {found}); save the model "
+                "with safe_serialization=True"
+            )
+        where: dict[str, str] = {}
+        for path in files:
+            file = os.path.basename(path)
+            names = self._open(file).keys()  # a safe_open handle, not a dict
+            for name in names:
+                if name in where:
+                    raise HFImportError(
+                        f"{self.directory}: tensor {name!r} is in both {where[name]} and {file}"
+                    )
+                where[name] = file
+        return where
+
+    def _open(self, file: str):
+        if file not in self._handles:
+            path = os.path.join(self.directory, file)
+            try:
+                self._handles[file] = self._files.enter_context(safe_open(path, framework="np"))
+            except Exception as exc:
+                raise HFImportError(f"{path}: not a readable safetensors file ({exc})") from None
+        return self._handles[file]
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
+
+    def get(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """Tensor `name` as numpy; missing or of another shape than `shape` fails naming it."""
+        shape = tuple(int(d) for d in shape)
+        if name not in self._where:
+            raise HFImportError(
+                f"{self.directory}: tensor {name!r} (expected shape {list(shape)}) is missing "
+                f"from the checkpoint ({len(self._where)} tensors in "
+                f"{', '.join(sorted(set(self._where.values())))})"
+            )
+        file = self._where[name]
+        handle = self._open(file)
+        try:
+            found = tuple(handle.get_slice(name).get_shape())
+        except Exception as exc:  # the index names a tensor its file lacks
+            raise HFImportError(f"{self.directory}/{file}: cannot read {name!r} ({exc})") from None
+        if found != shape:
+            raise HFImportError(
+                f"{self.directory}/{file}: tensor {name!r} has shape {list(found)}, but "
+                f"config.json implies {list(shape)}; the weights and config.json disagree"
+            )
+        self._used.add(name)
+        return handle.get_tensor(name)
+
+    def unused(self) -> list[str]:
+        """Names never read by `get`."""
+        return sorted(set(self._where) - self._used)
+
+    def close(self) -> None:
+        self._files.close()
+        self._handles.clear()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
