@@ -348,7 +348,7 @@ def test_tied_llama3_rope_scaling_head_dim_import_into_a_scanned_stack(tmp_path)
     trainer.checkpointer.close()
 
 
-def test_mixtral_import_matches_hf_top_k_routing(tmp_path):
+def test_mixtral_import_matches_hf_top_k_routing(tmp_path, capsys):
     cfg = mixtral_config()
     weights = hf_weights(cfg, seed=2)
     src = write_hf(tmp_path / "hf", cfg, weights)
@@ -369,6 +369,15 @@ def test_mixtral_import_matches_hf_top_k_routing(tmp_path):
         predict(trainer.model, state["params"], IDS), hf_logits(cfg, weights, IDS), **TOL
     )
     trainer.checkpointer.close()
+
+    # `axplug generate` on the import continues a prompt as greedy decoding of the HF math does.
+    tokens = [3, 17, 42, 5]
+    prompt = list(tokens)
+    for _ in range(5):
+        tokens.append(int(np.argmax(hf_logits(cfg, weights, np.array([tokens]))[0, -1])))
+    args = ["generate", "--checkpoint", out, "--prompt-ids", "3,17,42,5", "--json"]
+    assert main([*args, "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"prompt_ids": prompt, "output_ids": tokens[4:]}
 
 
 def test_bfloat16_checkpoint_loads_exactly_and_computes_in_bfloat16(tmp_path):
