@@ -69,6 +69,8 @@ def test_every_problem_is_named_with_its_fix_and_exit_is_nonzero(plugin_site, ca
     plugin_site.add("fake-dangling", {"axplug.layers": {"gone": "fake_dangling:Missing"}},
                     modules={"fake_dangling": DENSE})  # fmt: skip
     plugin_site.add("fake-future", {"axplug.layers": {"new": "fake_future:Dense"}}, api="9")
+    plugin_site.add("fake-typo", {"axplug.layers": {"typo": "fake_typo.layres:Dense"}}, modules={
+        "fake_typo": DENSE})  # fmt: skip
     plugin_site.add("fake-one", {"axplug.layers": {"dup": "fake_one:Dense"}}, modules={
         "fake_one": DENSE})  # fmt: skip
     plugin_site.add("fake-two", {"axplug.layers": {"dup": "fake_two:Dense"}}, modules={
@@ -85,6 +87,10 @@ def test_every_problem_is_named_with_its_fix_and_exit_is_nonzero(plugin_site, ca
     assert boom["problem"] == "import error"
     assert "ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in boom["reason"]
     assert rows(report, "fake-dangling")["gone"]["problem"] == "entry point points at nothing"
+    # The entry's own module is missing (a typo in the value), unlike `fake-import` above.
+    typo = rows(report, "fake-typo")["typo"]
+    assert typo["problem"] == "entry point points at nothing", typo
+    assert "No module named 'fake_typo.layres'" in typo["reason"]
     new = rows(report, "fake-future")["new"]
     assert new["problem"] == "plugin API mismatch" and "upgrade axplug" in new["reason"]
     for dist in ("fake-one", "fake-two"):

@@ -274,3 +274,54 @@ def test_list_check_shows_hardware_kernels_unavailable_with_reasons(capsys):
         if name in rows and rows[name]["status"] != "disabled":
             assert rows[name]["status"] == "unavailable", rows[name]
             assert rows[name]["reason"], rows[name]
+
+
+# --- the conformance kit on every hardware mesh rule ------------------------------------------
+
+from axplug.testing import MeshRuleConformance  # noqa: E402
+
+# rule -> selectors it must win among the installed rules (`detect_selector()` forms included).
+RULE_SELECTORS = {
+    "gpu-a100-8": ["gpu-a100-8", "gpu-nvidia-a100-sxm4-80gb-8"],
+    "gpu-a100-8xn": ["gpu-a100-8x4"],
+    "gpu-h100-8": ["gpu-h100-8", "gpu-nvidia-h100-80gb-hbm3-8"],
+    "gpu-h100-8xn": ["gpu-h100-8x32"],
+    "gpu-h200-8": ["gpu-h200-8", "gpu-nvidia-h200-8"],
+    "gpu-h200-8xn": ["gpu-h200-8x2"],
+    "gpu-b200-8": ["gpu-b200-8"],
+    "gpu-b200-8xn": ["gpu-nvidia-b200-8x4"],
+    "tpu-v4-slice": ["tpu-v4-32", "tpu-tpu-v4-8"],
+    "tpu-v5e-256xn": ["tpu-v5e-256x4"],
+    "tpu-v5e-slice": ["tpu-v5e-256", "tpu-v5e-8"],
+    "tpu-v5e-detected": ["tpu-tpu-v5-lite-8"],
+    "tpu-v5p-512xn": ["tpu-v5p-512x2"],
+    "tpu-v5p-slice": ["tpu-v5p-512", "tpu-v5p-1024"],
+    "tpu-v5p-detected": ["tpu-tpu-v5-8"],
+    "tpu-v6e-256xn": ["tpu-v6e-256x2"],
+    "tpu-v6e-slice": ["tpu-v6e-256"],
+    "tpu-v6e-detected": ["tpu-tpu-v6-lite-8"],
+    "trn1-16": ["trn1-16"],
+    "trn1-16xn": ["trn1-16x4"],
+    "trn2-16": ["trn2-16"],
+    "trn2-16xn": ["trn2-16x2"],
+}
+
+
+def test_every_hardware_rule_is_run_through_the_kit():
+    assert sorted(RULE_SELECTORS) == HW_RULES
+
+
+class TestHardwareMeshRuleConformance(MeshRuleConformance):
+    capabilities = ("device_spec", "registered")
+
+    @pytest.fixture(params=sorted(RULE_SELECTORS))
+    def rule_name(self, request):
+        return request.param
+
+    @pytest.fixture
+    def rule(self, rule_name):
+        return registry.load("mesh_rules", rule_name)
+
+    @pytest.fixture
+    def selectors(self, rule_name):
+        return RULE_SELECTORS[rule_name]

@@ -715,3 +715,21 @@ def test_cli_trains_llama_tiny_with_the_moe_modifier(tmp_path):
     assert [r["step"] for r in rows] == [10, 20]
     assert rows[-1]["loss"] < math.log(256) - 1.5  # bytes: from ~ln(256) toward the corpus
     assert all("load_balance_loss" in r and "router_z_loss" in r for r in rows)
+
+
+# --------------------------------------------------------------- the conformance kit
+
+from axplug.testing import LayerConformance  # noqa: E402
+
+
+class TestMoEFeedForwardConformance(LayerConformance):
+    """The kit on the MoE layer: experts over the `expert` mesh axis, swapped for llama-tiny's
+    dense feed-forward (the default `swap_target`)."""
+
+    @pytest.fixture
+    def layer_config(self):
+        return moe_cfg("auto", capacity_factor=2.0)
+
+    @pytest.fixture
+    def mesh_shape(self):
+        return (2, 1, 2, 1, 2)  # data, expert and model parallel at once

@@ -1,5 +1,5 @@
 """`axplug new-plugin`: the generated package lints clean, installs, is discovered, and its
-tests (the conformance kit) pass."""
+tests (the conformance kit) pass; the plugin docs' tutorial and reference, checked as written."""
 
 import os
 import shutil
@@ -69,6 +69,26 @@ def cli_main(argv):
     return args.run(args)
 
 
+def test_every_kind_of_the_cli_has_a_template():
+    from axplug.cli.templates import KIND_FILES
+    from axplug.registry import KINDS as GROUPS
+
+    assert set(KINDS) == set(KIND_FILES) >= {"layer", "kernel", "mesh-rule", "modifier"}
+    for group, *_ in KIND_FILES.values():
+        assert group.split(".", 1)[1] in GROUPS, group
+
+
+def test_mesh_rule_kind_registers_a_rule_with_a_device_spec(tmp_path):
+    root = generate("axplug-l40s", "mesh-rule", tmp_path)[0].parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["axplug.mesh_rules"] == {
+        "l40s": "axplug_l40s.mesh_rule:l40s_rule"
+    }
+    source = (root / "axplug_l40s" / "mesh_rule.py").read_text()
+    assert "@with_device_spec(CHIP)" in source and 'PATTERN = "gpu-*l40s*-8"' in source
+    assert "MeshRuleConformance" in (root / "tests" / "test_mesh_rule.py").read_text()
+
+
 def test_cli_writes_and_refuses_to_overwrite(tmp_path, capsys):
     assert cli_main(["new-plugin", "axplug-x", "--kind", "modifier", "--dir", str(tmp_path)]) == 0
     root = tmp_path / "axplug-x"
@@ -102,12 +122,16 @@ def _installed_and_tested(tmp_path, kind):
     assert " passed" in out and "failed" not in out, out
 
 
-def test_generated_layer_plugin_passes_its_conformance_tests(tmp_path):
-    _installed_and_tested(tmp_path, "layer")
+FAST_KINDS = ("layer", "mesh-rule")  # the rest train a model each: `make test-all`
+
+
+@pytest.mark.parametrize("kind", FAST_KINDS)
+def test_generated_plugin_passes_its_conformance_tests(tmp_path, kind):
+    _installed_and_tested(tmp_path, kind)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "layer"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in FAST_KINDS])
 def test_generated_plugin_passes_its_tests(tmp_path, kind):
     _installed_and_tested(tmp_path, kind)
 
@@ -145,3 +169,98 @@ def test_pip_install_editable_in_a_fresh_virtualenv(tmp_path):
     assert any(c["distribution"] == "axplug-demo-pip" for c in listed), listed
     out = run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert " passed" in out and "failed" not in out, out
+
+
+# -- docs/writing-a-plugin.md, followed as a new user would ------------------------------------
+
+TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
+
+
+def tutorial_files(until_heading: str | None = None) -> dict[str, str]:
+    """The tutorial's file blocks (first line `# <path>`, or `# <path> (add to the end)`), in
+    order, up to the heading `until_heading`; later blocks for a path append to it."""
+    import re
+
+    text = TUTORIAL.read_text()
+    if until_heading is not None:
+        text = text[: text.index(f"\n## {until_heading}")]
+    files: dict[str, str] = {}
+    for block in re.findall(r"^```(?:python|toml)\n(.*?)^```", text, flags=re.S | re.M):
+        header, _, body = block.partition("\n")
+        match = re.fullmatch(r"# (axplug-sqrelu/\S+)( \(add to the end\))?", header)
+        if not match:
+            continue
+        path, append = match.groups()
+        assert append is None or path in files, f"{path}: added to before it is written"
+        files[path] = files.get(path, "") + body if append else body
+    return files
+
+
+def write_tutorial(files: dict[str, str], where: Path) -> Path:
+    for rel, text in files.items():
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        (where / rel).write_text(text)
+    return where / "axplug-sqrelu"
+
+
+def test_tutorial_first_step_is_a_listed_layer(tmp_path):
+    import json
+
+    files = tutorial_files(until_heading="3. Grow it")
+    assert set(files) == {"axplug-sqrelu/axplug_sqrelu.py", "axplug-sqrelu/pyproject.toml"}
+    code = files["axplug-sqrelu/axplug_sqrelu.py"].splitlines()
+    body = [line for line in code if line.strip() and not line.lstrip().startswith(('"""', "#"))]
+    assert len(body) <= 22, "the first layer stays about ten lines of code"
+    root = write_tutorial(files, tmp_path / "src")
+    env = fake_install(root, tmp_path / "site")
+    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
+    mine = [(c["kind"], c["name"], c["status"]) for c in json.loads(listed)
+            if c["distribution"] == "axplug-sqrelu"]  # fmt: skip
+    assert mine == [("layers", "sqrelu_feed_forward", "ok")]
+    info = run([sys.executable, "-m", "axplug.cli", "info", "sqrelu_feed_forward"], tmp_path, env)
+    assert "axplug-sqrelu" in info and "hidden_dim" in info, info
+
+
+def test_tutorial_plugin_passes_the_kit_and_trains_through_its_modifier(tmp_path):
+    import json
+
+    root = write_tutorial(tutorial_files(), tmp_path / "src")
+    env = fake_install(root, tmp_path / "site")
+    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
+    mine = {(c["kind"], c["name"]): c["status"] for c in json.loads(listed)
+            if c["distribution"] == "axplug-sqrelu"}  # fmt: skip
+    assert mine == {("layers", "sqrelu_feed_forward"): "ok", ("modifiers", "sqrelu"): "ok"}
+    out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
+    assert "8 passed" in out and "skipped" not in out, out
+    # The tutorial's train command, shortened.
+    cmd = [sys.executable, "-m", "axplug.cli", "train", "--preset", "gpt-tiny",
+           "--modifier", "sqrelu", "--output-dir", str(tmp_path / "run"), "--max-steps", "2",
+           "--set", "compilation_cache_dir=None", "--set", "input.batch_size=8",
+           "--set", "input.seq_len=32", "--print-config"]  # fmt: skip
+    assert "axplug_sqrelu:SqReluFeedForward" in run(cmd, tmp_path, env)
+
+
+def test_plugin_reference_covers_every_group_and_hook():
+    import inspect
+
+    from axplug import hookspecs
+    from axplug.registry import KINDS as GROUPS
+    from axplug.registry import SUPPORTED_PLUGIN_API
+
+    text = (TUTORIAL.parent / "plugin-reference.md").read_text()
+    for group in ("plugin_api", *GROUPS):
+        assert f"### `axplug.{group}`" in text or group == "plugin_api", group
+        assert f"`axplug.{group}`" in text, group
+    rows = {line.split("`")[1].split("(")[0]: line.split("`")[1] for line in text.splitlines()
+            if line.startswith("| `on_")}  # fmt: skip
+    for name in hookspecs.__all__:
+        if not hasattr(getattr(hookspecs, name), "axplug_spec"):
+            continue  # not a hook
+        assert name in rows, f"hook {name} is not documented"
+        documented = [
+            arg.split(":")[0].strip() for arg in rows[name][len(name) + 1 : -1].split(",")
+        ]
+        actual = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert documented == actual, f"hook {name}: documented {documented}, defined {actual}"
+    lo, hi = SUPPORTED_PLUGIN_API
+    assert f"loads **{lo} to {hi}**" in text, "update the documented window"

@@ -10,6 +10,7 @@ from axplug.layers.base import BaseLayer
 from axplug.testing import (
     KernelConformance,
     LayerConformance,
+    MeshRuleConformance,
     StorageConformance,
     reference_kernel,
 )
@@ -192,3 +193,108 @@ def test_kit_rejects_storage_whose_delete_leaves_files(tmp_path):
 
     with pytest.raises(AssertionError):
         StorageConformance().test_delete_file_tree_and_missing(NoRecursiveDelete(), str(tmp_path))
+
+
+# -- mesh rules ------------------------------------------------------------------------------
+
+
+class TestCpuMeshRuleConformance(MeshRuleConformance):
+    capabilities = ("registered",)  # the core's CPU rule carries no DeviceSpec
+
+    @pytest.fixture
+    def rule(self):
+        from axplug.mesh_rules import cpu_rule
+
+        return cpu_rule
+
+    @pytest.fixture
+    def rule_name(self):
+        return "cpu"
+
+    @pytest.fixture
+    def selectors(self):
+        return ["cpu-1", "cpu-8"]
+
+
+def _rule(pattern="gpu-*l40s*-8", modifiers=("mesh:fsdp=8",), description="L40S, one host"):
+    from axplug.mesh_rules import MeshRule
+
+    return lambda: MeshRule.default_config().set(
+        pattern=pattern, modifiers=list(modifiers), description=description
+    )
+
+
+def test_kit_rejects_a_rule_that_claims_every_machine():
+    with pytest.raises(AssertionError, match=r"also matches \['cpu-1', 'cpu-8'"):
+        MeshRuleConformance().test_matches_no_other_selector(_rule(pattern="*"), ["cpu-1", "cpu-8"])
+
+
+def test_kit_rejects_a_rule_that_misses_its_selectors():
+    with pytest.raises(AssertionError, match=r"does not match \['gpu-nvidia-l40s-8x2'\]"):
+        MeshRuleConformance().test_matches_its_selectors(
+            _rule(), ["gpu-l40s-8", "gpu-nvidia-l40s-8x2"]
+        )
+
+
+def test_kit_rejects_unregistered_modifiers_and_meshes_that_do_not_fit():
+    kit = MeshRuleConformance()
+    with pytest.raises(AssertionError, match="modifier spec 'flash_atention'"):
+        kit.test_modifiers_are_registered(_rule(modifiers=("mesh:fsdp=8", "flash_atention")))
+    with pytest.raises(AssertionError, match=r"does not fit the 16 devices of 'gpu-l40s-16'"):
+        kit.test_mesh_fits_the_selector_device_count(_rule(), ["gpu-l40s-16"], ["gpt-tiny"])
+
+
+SHADOWED_RULE = """
+from axplug.mesh_rules import MeshRule
+
+def my_cpu():
+    return MeshRule.default_config().set(pattern="cpu-*", modifiers=["mesh:fsdp=-1"])
+"""
+
+
+def test_kit_rejects_a_rule_another_installed_rule_shadows(plugin_site):
+    plugin_site.add(
+        "fake-rules", {"axplug.mesh_rules": {"my-cpu": "fake_rules:my_cpu"}},
+        modules={"fake_rules": SHADOWED_RULE},
+    )  # fmt: skip
+
+    class Registered(MeshRuleConformance):
+        capabilities = ("registered",)
+
+    with pytest.raises(AssertionError, match="'no-such-rule' is not installed"):
+        Registered().test_selected_among_installed_rules("no-such-rule", ["cpu-4"])
+    # Rules are tried by name: the core's `cpu` comes first and also matches `cpu-4`.
+    with pytest.raises(AssertionError, match="picks installed rule 'cpu', not 'my-cpu'"):
+        Registered().test_selected_among_installed_rules("my-cpu", ["cpu-4"])
+
+
+class ShardedGradBugLayer(BaseLayer):
+    """Same forward everywhere, but its gradient is 1.5x once traced for a second input layout
+    (a stand-in for a custom VJP that mishandles sharded operands)."""
+
+    traces = 0
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: int = 8
+
+    def _create_layer_parameter_specs(self):
+        d = self._config.input_dim
+        return {"w": ParameterSpec((d, d), jnp.float32, ("embed", "mlp"), jax.nn.initializers.ones)}
+
+    def forward(self, x):
+        y = x @ self.parameters["w"]
+        ShardedGradBugLayer.traces += 1
+        if ShardedGradBugLayer.traces > 2:  # the sharded forward and grad traces
+            y = y + 0.5 * (y - jax.lax.stop_gradient(y))
+        return y
+
+
+def test_kit_compares_sharded_gradients_not_only_outputs():
+    ShardedGradBugLayer.traces = 0
+    cfg = ShardedGradBugLayer.default_config()
+    with pytest.raises(AssertionError, match=r"sharded grad\['w'\]"):
+        Kit().test_sharded_matches_one_device(
+            cfg, (jnp.ones((4, 8, 8)),), (2, 2, 1, 1, 2), {"rtol": 1e-5, "atol": 1e-5}
+        )
+    assert ShardedGradBugLayer.traces == 4, "one-device and sharded forward and grad"

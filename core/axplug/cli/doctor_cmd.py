@@ -127,7 +127,21 @@ def _problem(component) -> str | None:
         return "unknown entry-point group"
     if reason.startswith("AttributeError") or "has no attribute" in reason:
         return "entry point points at nothing"
+    if _missing_own_module(component.value, reason):
+        return "entry point points at nothing"
     return "import error"
+
+
+def _missing_own_module(value: str, reason: str) -> bool:
+    """Whether `reason` says the entry point's own module (or a parent package) is missing,
+    as opposed to a module that the plugin imports."""
+    import re
+
+    found = re.match(r"ModuleNotFoundError: No module named '([\w.]+)'", reason)
+    if not found:
+        return False
+    module = value.split(":", 1)[0].strip()
+    return module == found.group(1) or module.startswith(found.group(1) + ".")
 
 
 def _kernel_note(obj: Any, backend: str | None) -> str | None:

@@ -10,17 +10,18 @@ from typing import Any
 
 __all__ = ["add_parser", "run", "KINDS", "generate", "names_for"]
 
-KINDS = ("layer", "kernel", "modifier", "hooks", "storage")
+KINDS = ("layer", "kernel", "mesh-rule", "modifier", "storage", "hooks")
 
 EPILOG = """\
 examples:
   axplug new-plugin axplug-sqrelu                  a layer plugin in ./axplug-sqrelu
   axplug new-plugin my-attn --kind kernel --dir plugins
+  axplug new-plugin axplug-l40s --kind mesh-rule
   cd axplug-sqrelu && pip install -e '.[test]' && pytest && axplug list --kind layers
 
 The package has pyproject.toml (entry points, the plugin API it targets, a dependency on
 axplug), a small working component, a README and tests that run the conformance kit
-`axplug.testing`. Kind mesh-rule is not generated yet.
+`axplug.testing`.
 """
 
 
@@ -78,8 +79,12 @@ def generate(name: str, kind: str, directory: Path, *, force: bool = False) -> l
         axplug_req=f"axplug>={major}.{minor},<{major}.{int(minor) + 1}",
         description=f"An axplug {kind} plugin: {values['name']}.",
     )
+    values["func"] = f"{values['name']}_rule"
+    values["selector"] = values["name"].replace("_", "-")
+    values["export"] = values["func"] if kind == "mesh-rule" else values["cls"]
     target = f"{values['module']}.{submodule}"
-    values["entry_value"] = f"{target}:plugin" if kind == "hooks" else f"{target}:{values['cls']}"
+    exported = "plugin" if kind == "hooks" else values["export"]
+    values["entry_value"] = f"{target}:{exported}"
     root = Path(directory) / values["dist"]
     if root.exists() and any(root.iterdir()) and not force:
         raise FileExistsError(f"{root} exists and is not empty; pass --force to overwrite")

@@ -11,21 +11,26 @@ class TestMyFeedForward(LayerConformance):
         return MyFeedForward.default_config().set(input_dim=16, hidden_dim=32)
 ```
 
-Capabilities are declared, not skipped: a class attribute `capabilities` names what the
-component supports, and checks for capabilities it lacks report as skipped with the reason.
+The other kinds: `KernelConformance` (override `kernel`), `MeshRuleConformance` (`rule`,
+`selectors`) and `StorageConformance` (`storage`). Capabilities are declared, not skipped: a
+class attribute `capabilities` names what the component supports, and checks for capabilities
+it lacks report as skipped with the reason.
 """
 
 from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
 from axplug.testing._layer import LAYER_CAPABILITIES, LayerConformance
+from axplug.testing._mesh_rule import MESH_RULE_CAPABILITIES, MeshRuleConformance
 from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
 from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
 
 __all__ = [
     "LAYER_CAPABILITIES",
     "KERNEL_CAPABILITIES",
+    "MESH_RULE_CAPABILITIES",
     "STORAGE_CAPABILITIES",
     "LayerConformance",
     "KernelConformance",
+    "MeshRuleConformance",
     "StorageConformance",
     "TraceCounter",
     "assert_finite",

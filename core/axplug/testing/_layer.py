@@ -14,10 +14,28 @@ from axplug.testing._util import TraceCounter, assert_finite, require, sum_of_sq
 
 __all__ = ["LAYER_CAPABILITIES", "LayerConformance"]
 
+
+def _assert_trees_close(got: Any, want: Any, tolerance: dict, what: str) -> None:
+    """Compares two pytrees leaf by leaf; a failure names the leaf's path."""
+    keys = jax.tree_util.keystr
+    want_leaves = dict(jax.tree_util.tree_leaves_with_path(want))
+    got_leaves = dict(jax.tree_util.tree_leaves_with_path(got))
+    assert sorted(map(keys, got_leaves)) == sorted(map(keys, want_leaves)), (
+        f"{what}: the trees differ in structure"
+    )
+    for path, value in got_leaves.items():
+        np.testing.assert_allclose(
+            np.asarray(value, np.float32),
+            np.asarray(want_leaves[path], np.float32),
+            **tolerance,
+            err_msg=f"{what}{keys(path)}",
+        )
+
+
 # What a layer may declare in `capabilities`; checks for undeclared ones are skipped with why.
 LAYER_CAPABILITIES = (
     "differentiable",  # gradients of a loss of its outputs are finite (and not all zero)
-    "shardable",  # 8-device sharded forward equals the 1-device forward
+    "shardable",  # 8-device sharded forward (and gradients, if differentiable) equal 1-device
     "swappable_in_llama",  # replacing `swap_target` in llama-tiny trains for a few steps
 )
 
@@ -179,7 +197,8 @@ class LayerConformance:
         if leaves:
             assert any(np.any(np.asarray(g) != 0) for g in leaves), "every gradient is zero"
 
-    def test_sharded_forward_matches_one_device(self, layer_config, inputs, mesh_shape, tolerance):
+    def test_sharded_matches_one_device(self, layer_config, inputs, mesh_shape, tolerance):
+        """Forward outputs, and gradients when `differentiable`, on 8 devices vs on one."""
         require(self, "shardable", LAYER_CAPABILITIES)
         from jax.sharding import NamedSharding
 
@@ -198,7 +217,12 @@ class LayerConformance:
             )
         layer = self.build(layer_config)
         params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
-        expected = jax.jit(lambda p, x: self.apply(layer, p, x))(params, inputs)
+        key = jax.random.PRNGKey(2)
+        forward = jax.jit(lambda p, x: self.apply(layer, p, x, prng_key=key))
+        grad = jax.jit(jax.grad(lambda p, x: sum_of_squares(self.apply(layer, p, x, prng_key=key))))
+        with_grads = "differentiable" in self.capabilities
+        expected = forward(params, inputs)
+        expected_grads = grad(params, inputs) if with_grads else None
 
         mesh = MeshBuilder.default_config().set(mesh_shape=mesh_shape).instantiate()
         mesh = mesh.build(jax.devices()[:needed])
@@ -212,8 +236,11 @@ class LayerConformance:
             return jax.device_put(x, NamedSharding(mesh, spec))
 
         sharded_inputs = jax.tree.map(put, inputs)
-        got = jax.jit(lambda p, x: self.apply(layer, p, x))(sharded_params, sharded_inputs)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **tolerance), got, expected)
+        got = forward(sharded_params, sharded_inputs)
+        _assert_trees_close(got, expected, tolerance, "sharded forward output")
+        if with_grads:
+            got_grads = grad(sharded_params, sharded_inputs)
+            _assert_trees_close(got_grads, expected_grads, tolerance, "sharded grad")
 
     def test_trains_in_llama_tiny(self, llama_modifier, tmp_path):
         require(self, "swappable_in_llama", LAYER_CAPABILITIES)

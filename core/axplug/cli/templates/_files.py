@@ -1,5 +1,5 @@
-"""The files of a new plugin package; `$dist`, `$module`, `$name`, `$cls`, `$group`, `$api` and
-`$axplug_req` are filled in by `axplug new-plugin`."""
+"""The files of a new plugin package; `$dist`, `$module`, `$name`, `$cls`, `$func`, `$export`,
+`$selector`, `$group`, `$api` and `$axplug_req` are filled in by `axplug new-plugin`."""
 
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 INIT = '''\
 """$description"""
 
-from $module.$submodule import $cls
+from $module.$submodule import $export
 
-__all__ = ["$cls"]
+__all__ = ["$export"]
 '''
 
 COMMON = {
@@ -384,10 +384,77 @@ class Test$cls(StorageConformance):
         return f"{SCHEME}://{tmp_path / 'root'}"
 '''
 
+MESH_RULE = '''\
+"""A mesh rule for 8-chip hosts of one accelerator: FSDP over the 8 chips, scanned layers with
+dot-saving remat, bfloat16 compute.
+
+`axplug train --mesh-rule auto` picks it where `detect_selector()` (`<platform>-<device
+kind>-<count>`) matches PATTERN. To force it, or to plan against CHIP without the hardware:
+
+    axplug train --preset llama-tiny --mesh-rule $name --output-dir runs/x
+    axplug aot --preset llama-tiny --mesh-rule $name
+"""
+
+from __future__ import annotations
+
+from axplug.aot import DeviceSpec, with_device_spec
+from axplug.mesh_rules import MeshRule
+
+__all__ = ["$func", "CHIP", "PATTERN"]
+
+# Replace with your chip's datasheet numbers: `axplug aot` uses them for memory and MFU.
+CHIP = DeviceSpec(
+    name="$selector",
+    platform="gpu",
+    peak_bf16_flops=362e12,  # dense bf16 FLOP/s per chip
+    hbm_bytes=48 * 2**30,  # per chip
+    chips_per_host=8,
+    interconnect="PCIe",
+    source="the vendor's datasheet",
+)
+PATTERN = "gpu-*$selector*-8"
+
+
+@with_device_spec(CHIP)
+def $func() -> MeshRule.Config:
+    """One host of 8: FSDP over its chips."""
+    return MeshRule.default_config().set(
+        pattern=PATTERN,
+        modifiers=["mesh:fsdp=8", "scan_layers:remat_policy=dots", "compute_dtype:dtype=bfloat16"],
+        description=f"{CHIP.name}, one host of 8 (FSDP)",
+    )
+'''
+
+MESH_RULE_TEST = '''\
+"""The axplug conformance kit run on this mesh rule: selectors, modifiers on stock presets."""
+
+import pytest
+from axplug.testing import MeshRuleConformance
+
+from $module import $func
+
+
+class TestMeshRule(MeshRuleConformance):
+    capabilities = ("device_spec", "registered")
+
+    @pytest.fixture
+    def rule(self):
+        return $func
+
+    @pytest.fixture
+    def rule_name(self):
+        return "$name"  # the entry-point name in pyproject.toml
+
+    @pytest.fixture
+    def selectors(self):
+        return ["gpu-$selector-8", "gpu-nvidia-$selector-48gb-8"]
+'''
+
 # kind -> (entry-point group, entry value suffix, component module source, test source)
 KIND_FILES = {
     "layer": ("axplug.layers", "layer", LAYER, LAYER_TEST),
     "kernel": ("axplug.kernels", "kernel", KERNEL, KERNEL_TEST),
+    "mesh-rule": ("axplug.mesh_rules", "mesh_rule", MESH_RULE, MESH_RULE_TEST),
     "modifier": ("axplug.modifiers", "modifier", MODIFIER, MODIFIER_TEST),
     "hooks": ("axplug.hooks", "hooks", HOOKS, HOOKS_TEST),
     "storage": ("axplug.storage", "storage", STORAGE, STORAGE_TEST),
