@@ -15,6 +15,8 @@ __all__ = [
     "on_eval_end",
     "on_checkpoint_saved",
     "on_train_end",
+    "on_hang",
+    "on_slow_step",
 ]
 
 PROJECT = "axplug"
@@ -45,3 +47,13 @@ def on_checkpoint_saved(trainer: Any, step: int, path: str) -> None:
 @hookspec
 def on_train_end(trainer: Any, metrics: dict) -> None:
     """Called once after the last step with the final metrics."""
+
+
+@hookspec
+def on_hang(trainer: Any, step: int | None, seconds: float, report: str) -> None:
+    """Called from the watchdog thread when no step completed for `seconds` after `step`."""
+
+
+@hookspec
+def on_slow_step(trainer: Any, step: int, seconds: float, median: float) -> None:
+    """Called when `step` took `seconds`, more than watchdog.slow_step_factor x `median`."""

@@ -2,6 +2,7 @@
 
 from axplug.checkpoint.checkpointer import Checkpointer
 from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError, StorageNotFoundError
+from axplug.checkpoint.inventory import StepInfo, delete_step, list_steps, resolve_checkpoint_dir
 from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
 
@@ -18,4 +19,8 @@ __all__ = [
     "step_dir_name",
     "parse_step",
     "steps_to_keep",
+    "StepInfo",
+    "list_steps",
+    "delete_step",
+    "resolve_checkpoint_dir",
 ]

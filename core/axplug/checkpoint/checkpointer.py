@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from axplug.checkpoint import layout
+from axplug.checkpoint import inventory, layout
 from axplug.checkpoint._tree import abstract_target, first_non_finite
 from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from axplug.checkpoint.storage import storage_for
@@ -46,14 +46,33 @@ class Checkpointer(Configurable):
             )
         self.directory: str = cfg.directory
         self.storage = storage_for(cfg.directory, cfg.storage_options)
+        try:
+            self.storage.check(cfg.directory)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint directory {cfg.directory} is not usable: {type(exc).__name__}: {exc}"
+            ) from exc
         atomicity = ocp.path.atomicity
         temporary_path_class = (
             atomicity.AtomicRenameTemporaryPath
             if self.storage.atomic_rename
             else atomicity.CommitFileTemporaryPath
         )
+        # On object stores the step's directories are created before `save` returns: when
+        # orbax creates them in the background and the store fails there, its other writer
+        # threads wait for that signal for orbax's full 5-minute barrier timeout.
+        async_options = ocp.options.AsyncOptions(
+            create_directories_asynchronously=self.storage.atomic_rename
+        )
+        # The items (state/, metadata/) commit the same way as the step directory: orbax's
+        # own default renames them unless the path is gs://.
+        handler = ocp.CompositeCheckpointHandler(
+            composite_options=ocp.CompositeOptions(
+                temporary_path_class=temporary_path_class, async_options=async_options
+            )
+        )
         self._orbax = ocp.AsyncCheckpointer(
-            ocp.CompositeCheckpointHandler(), temporary_path_class=temporary_path_class
+            handler, temporary_path_class=temporary_path_class, async_options=async_options
         )
         self._pending: int | None = None  # step being written in the background
         self._closed = False
@@ -62,12 +81,11 @@ class Checkpointer(Configurable):
 
     def all_steps(self) -> list[int]:
         """Steps with a complete checkpoint, ascending; partial and temporary saves are skipped."""
-        steps = []
-        for name in self.storage.listdir(self.directory):
-            step = layout.parse_step(name)
-            if step is not None and self._is_complete(name):
-                steps.append(step)
-        return sorted(steps)
+        return [info.step for info in self.step_infos() if info.complete]
+
+    def step_infos(self, *, sizes: bool = False) -> list[inventory.StepInfo]:
+        """Every step directory, complete or not (with size and time when `sizes`)."""
+        return inventory.list_steps(self.storage, self.directory, sizes=sizes)
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None when there is none."""
@@ -114,22 +132,33 @@ class Checkpointer(Configurable):
                 layout.METADATA_ITEM: ocp.args.JsonSave(metadata),
             }
         )
-        self._orbax.save(self.storage.path(self._step_url(step)), args=args)
+        try:
+            self._orbax.save(self.storage.path(self._step_url(step)), args=args)
+        except Exception as exc:
+            raise CheckpointError(
+                f"saving step {step} to {self._step_url(step)} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         self._pending = step
         if not self._config.async_save:
             self.wait_until_finished()
 
     def _prepare_step_dir(self, step: int) -> None:
         name = layout.step_dir_name(step)
-        if self._is_complete(name):
+        url = self._step_url(step)
+        try:
+            complete = self._is_complete(name)
+            if not complete and self.storage.exists(url):
+                # Leftover of an interrupted save of the same step, never committed.
+                self.storage.delete(url)
+        except Exception as exc:
+            raise CheckpointError(
+                f"saving step {step} to {url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if complete:
             raise CheckpointError(
                 f"step {step} already has a complete checkpoint in {self.directory}; save "
                 "under a new step, or delete that one first"
             )
-        url = self._step_url(step)
-        if self.storage.exists(url):
-            # Leftover of an interrupted save of the same step, never committed.
-            self.storage.delete(url)
 
     def wait_until_finished(self) -> None:
         """Blocks until the background write (if any) is committed, then applies retention."""
@@ -140,16 +169,29 @@ class Checkpointer(Configurable):
             self._orbax.wait_until_finished()
         except Exception as exc:
             raise CheckpointError(
-                f"saving step {step} to {self.directory} failed: {type(exc).__name__}: {exc}"
+                f"saving step {step} to {self._step_url(step)} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        self._apply_retention()
+        try:
+            self._apply_retention()
+        except Exception as exc:
+            raise CheckpointError(
+                f"step {step} is saved in {self.directory}, but deleting old steps failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _apply_retention(self) -> None:
         steps = self.all_steps()
         keep = layout.steps_to_keep(steps, self._config.keep_last, self._config.keep_every)
         for step in steps:
             if step not in keep:
-                self.storage.delete(self._step_url(step))
+                inventory.delete_step(self.storage, self.directory, step)
+
+    def delete(self, step: int) -> None:
+        """Deletes `step` (complete or not), its completion marker first."""
+        self._check_open()
+        self.wait_until_finished()
+        if not inventory.delete_step(self.storage, self.directory, step):
+            raise CheckpointNotFoundError(f"step {step} does not exist in {self.directory}")
 
     # -- restoring ---------------------------------------------------------------------------
 

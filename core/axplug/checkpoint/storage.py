@@ -64,6 +64,15 @@ class Storage(abc.ABC):
         """`url` with `names` appended as path components."""
         return "/".join([url.rstrip("/"), *names])
 
+    def check(self, url: str) -> None:
+        """Raises an error naming `url` when it cannot be reached (server, bucket, credentials)."""
+        # Called once when a Checkpointer is built, so a bad URL fails before training starts.
+        return None
+
+    def stat(self, url: str) -> tuple[int | None, float | None]:
+        """(total bytes, newest mtime in epoch seconds) of the tree at `url`; None when unknown."""
+        return None, None
+
 
 class LocalStorage(Storage):
     """The local filesystem: plain paths and `file://` URLs."""
@@ -103,6 +112,16 @@ class LocalStorage(Storage):
         os.makedirs(os.path.dirname(local), exist_ok=True)
         with open(local, "w", encoding="utf-8") as f:
             f.write(text)
+
+    def stat(self, url: str) -> tuple[int | None, float | None]:
+        local = self._local(url)
+        if not os.path.exists(local):
+            return None, None
+        files = [local]
+        if os.path.isdir(local):
+            files = [os.path.join(d, f) for d, _, names in os.walk(local) for f in names]
+        stats = [os.stat(f) for f in files]
+        return sum(s.st_size for s in stats), max((s.st_mtime for s in stats), default=None)
 
 
 def scheme_of(url: str) -> str:

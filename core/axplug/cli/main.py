@@ -19,9 +19,11 @@ COMMANDS = (
     "axplug.cli.list_cmd",
     "axplug.cli.info_cmd",
     "axplug.cli.train_cmd",
+    "axplug.cli.checkpoints_cmd",
     "axplug.cli.aot_cmd",
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
+    "axplug.cli.launch_cmd",
     "axplug.cli.generate_cmd",
     "axplug.cli.import_hf_cmd",
 )

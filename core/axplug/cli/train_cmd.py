@@ -8,6 +8,9 @@ from typing import Any
 
 __all__ = ["add_parser", "run", "build_config"]
 
+# The names of axplug.runtime.CLUSTERS, repeated so `--help` imports no jax.
+CLUSTER_NAMES = ("slurm", "ompi", "k8s", "gke-tpu", "tpu-vm", "mpi4py")
+
 EPILOG = """\
 examples:
   axplug train --preset llama-tiny --output-dir runs/tiny
@@ -17,10 +20,24 @@ examples:
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
       FSDP over every device (with XLA_FLAGS=--xla_force_host_platform_device_count=8 on CPU)
   axplug train --preset llama-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
+  axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
+      --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
+      one of two processes (run the same command with --process-id 1 on the other host)
 
 The effective config is written to OUTPUT_DIR/config.txt before training; metrics go to
 OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/, checkpoints to OUTPUT_DIR/checkpoints/.
 A run pointed at an output dir with checkpoints resumes from the latest complete one.
+At the end the run prints its goodput: wall time split into compile, data wait, step,
+checkpoint, restore and other (also appended to OUTPUT_DIR/goodput.jsonl).
+
+multi-process: --coordinator, --num-processes and --process-id may instead come from
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, or from a scheduler JAX
+detects (Slurm srun, Open MPI, GKE TPU; --cluster tpu-vm on Cloud TPU VMs). Every process
+runs the same command with the same --output-dir on a shared filesystem or bucket.
+See docs/launch.md and `axplug launch --print slurm|k8s|tpu-vm`.
+
+exit codes: 0 done, 2 bad config or flags, 75 hung and stopped by the watchdog
+(with --set watchdog.exit_on_hang=True): restart the same command to resume.
 """
 
 
@@ -64,6 +81,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-steps", type=int, help="train until this many steps in total")
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
     parser.add_argument("--seed", type=int, help="seed of initialization, data and dropout")
+    group = parser.add_argument_group("multi-process (one process per host, all the same command)")
+    group.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0")
+    group.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
+    group.add_argument(
+        "--cluster",
+        default="auto",
+        choices=("auto", "none", *CLUSTER_NAMES),
+        help="where the settings come from when not given: auto-detect a scheduler "
+        "(default), none, or a named one (tpu-vm asks the TPU metadata server)",
+    )
     parser.add_argument(
         "--print-config",
         action="store_true",
@@ -104,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
     from axplug.config import ConfigError
     from axplug.registry import ComponentNotFoundError
 
+    if not args.print_config:
+        # Before anything touches a device: the mesh rule is chosen from all processes' devices.
+        try:
+            start_processes(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         cfg = build_config(args)
     except (ConfigError, ComponentNotFoundError) as exc:
@@ -116,9 +151,28 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
+    from axplug.runtime import format_goodput
     from axplug.trainer.run import train
 
     metrics = train(cfg)
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
+    if "goodput/wall_s" in metrics:
+        print(format_goodput(metrics))
     return 0
+
+
+def start_processes(args: argparse.Namespace) -> None:
+    """Initializes jax.distributed when flags, environment or a scheduler ask for processes."""
+    import logging
+
+    from axplug.runtime import initialize_distributed, resolve_distributed
+
+    spec = resolve_distributed(
+        args.coordinator, args.num_processes, args.process_id, cluster=args.cluster
+    )
+    if spec is None:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    index, count = initialize_distributed(spec)
+    print(f"process {index} of {count}", file=sys.stderr)

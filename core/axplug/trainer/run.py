@@ -19,5 +19,8 @@ def write_config(cfg: Any) -> str:
 
 def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
-    write_config(cfg)
+    import jax
+
+    if jax.process_index() == 0:  # one writer for a directory all processes share
+        write_config(cfg)
     return cfg.instantiate(hooks=hooks).run()

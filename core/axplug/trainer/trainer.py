@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -13,7 +14,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
-from axplug.checkpoint import Checkpointer
+from axplug.checkpoint import Checkpointer, CheckpointError, storage_for
 from axplug.config import (
     REQUIRED,
     Configurable,
@@ -25,6 +26,13 @@ from axplug.config import (
 from axplug.input import ByteTextInput
 from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
+from axplug.runtime import (
+    GoodputRecorder,
+    Watchdog,
+    format_goodput,
+    put_process_batch,
+    shard_input_config,
+)
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.hooks import HookRunner
@@ -34,6 +42,7 @@ from axplug.trainer.step import build_eval_step, build_train_step
 __all__ = ["Trainer", "enable_compilation_cache"]
 
 log = logging.getLogger("axplug.trainer")
+_SAVE_ERROR_POLICIES = ("stop", "retry_next")
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -58,6 +67,7 @@ class Trainer(Configurable):
         mesh: MeshBuilder.Config = MeshBuilder.default_config()
         checkpointer: Checkpointer.Config = Checkpointer.default_config()
         aux_loss: AuxLossRule.Config = AuxLossRule.default_config()
+        watchdog: Watchdog.Config = Watchdog.default_config()
         # Writers whose `dir` is REQUIRED write under output_dir.
         summary_writers: list = [
             JsonlWriter.default_config(),
@@ -74,24 +84,54 @@ class Trainer(Configurable):
         max_nonfinite_steps: int = 3
         # None disables the persistent compilation cache.
         compilation_cache_dir: str | None = "~/.cache/axplug/xla"
+        # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
+        # again at the next checkpoint step (a failed last save of the run always raises).
+        on_save_error: str = "stop"
 
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
+        if cfg.on_save_error not in _SAVE_ERROR_POLICIES:
+            raise ValueError(
+                f"{cfg._path('on_save_error')}: must be one of {_SAVE_ERROR_POLICIES}, "
+                f"got {cfg.on_save_error!r}"
+            )
+        self.goodput = GoodputRecorder()  # counts from here: building is `setup`
         if cfg.compilation_cache_dir:
             enable_compilation_cache(cfg.compilation_cache_dir)
         self.mesh_builder = cfg.mesh.instantiate()
         self.mesh = self.mesh_builder.build(devices)
         self.model = cfg.model.instantiate(parent=None, _path="model")
         self.learner = cfg.learner.instantiate()
-        self.input = cfg.input.instantiate()
-        self.eval_input = cfg.eval_input.instantiate() if cfg.eval_input is not None else None
+        # With several processes, each produces only the rows its devices hold.
+        rules = self.mesh_builder.axis_rules
+        rows = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
+        self.input = shard_input_config(cfg.input, rows).instantiate()
+        self.eval_input = (
+            shard_input_config(cfg.eval_input, rows).instantiate()
+            if cfg.eval_input is not None
+            else None
+        )
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
             checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
+        if jax.process_index() != 0:
+            # Every process writes its shards, but only process 0 deletes old steps: the
+            # others would race it for the same files.
+            checkpointer_cfg.set(keep_last=2**31 - 1, keep_every=None)
         self.checkpointer = checkpointer_cfg.instantiate()
         self.aux_loss = cfg.aux_loss.instantiate()
-        self.writers = [self._writer(w) for w in cfg.summary_writers]
+        # Process 0 writes the summaries; the others would write the same values.
+        primary = jax.process_index() == 0
+        self.writers = [self._writer(w) for w in cfg.summary_writers] if primary else []
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
+        self.watchdog = cfg.watchdog.instantiate(
+            on_hang=lambda step, seconds, report: self.hooks(
+                "on_hang", trainer=self, step=step, seconds=seconds, report=report
+            ),
+            on_slow_step=lambda step, seconds, median: self.hooks(
+                "on_slow_step", trainer=self, step=step, seconds=seconds, median=median
+            ),
+        )
         self._build_step()
 
     # --- setup -----------------------------------------------------------------------------
@@ -179,13 +219,16 @@ class Trainer(Configurable):
         """The latest complete checkpoint in the output dir, else a fresh state."""
         latest = self.checkpointer.latest_step()
         if latest is None:
-            return self.init_state()
-        step, state, _ = self.checkpointer.restore(latest, target=self.abstract_state)
+            with self.goodput.phase("init"):
+                return self.init_state()
+        with self.goodput.phase("restore"):
+            step, state, _ = self.checkpointer.restore(latest, target=self.abstract_state)
         log.info("resumed from step %d of %s", step, self.checkpointer.directory)
         return state
 
     def put_batch(self, batch: dict) -> dict:
-        return {k: jax.device_put(np.asarray(v), self.batch_sharding) for k, v in batch.items()}
+        """Global batch arrays from this process's rows."""
+        return put_process_batch(batch, self.batch_sharding)
 
     # --- running -----------------------------------------------------------------------------
 
@@ -198,7 +241,15 @@ class Trainer(Configurable):
         return float(np.mean(jax.device_get(losses)))
 
     def _save(self, state: dict, step: int) -> None:
-        self.checkpointer.save(step, state, {"step": step, "config": to_dict(self._config)})
+        try:  # a failed background write of the previous checkpoint surfaces here
+            self.checkpointer.wait_until_finished()
+        except CheckpointError as exc:
+            self._save_failed(exc)
+        try:
+            self.checkpointer.save(step, state, {"step": step, "config": to_dict(self._config)})
+        except CheckpointError as exc:
+            self._save_failed(exc)
+            return
         self.hooks(
             "on_checkpoint_saved",
             trainer=self,
@@ -206,9 +257,15 @@ class Trainer(Configurable):
             path=f"{self.checkpointer.directory}/step_{step:08d}",
         )
 
+    def _save_failed(self, exc: CheckpointError) -> None:
+        if self._config.on_save_error != "retry_next":
+            raise exc
+        log.error("%s; training continues, the next checkpoint saves again", exc)
+
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics."""
         cfg = self._config
+        self.goodput.switch("other")
         state = self.restore_or_init()
         start = int(jax.device_get(state["step"]))
         for writer in self.writers:
@@ -224,8 +281,12 @@ class Trainer(Configurable):
         try:
             batches = self.input.iter_from(start)
             for step in range(start, cfg.max_steps):
-                batch = self.put_batch(next(batches)[1])
-                state, metrics = self._train_step(state, batch)
+                with self.goodput.phase("data_wait"):
+                    batch = self.put_batch(next(batches)[1])
+                if step == start:
+                    self._compile(state, batch)
+                with self.goodput.phase("step"):
+                    state, metrics = self._train_step(state, batch)
                 if pending is not None:  # read the previous step's metrics while this one runs
                     last = self._on_step_end(*pending, guard, timer)
                 pending = (step + 1, metrics)
@@ -233,9 +294,11 @@ class Trainer(Configurable):
                 if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
                     last = self._on_step_end(*pending, guard, timer)
                     pending = None
-                    self._save(state, done)
+                    with self.goodput.phase("checkpoint"):
+                        self._save(state, done)
                 if cfg.eval_every and self.eval_input is not None and done % cfg.eval_every == 0:
-                    eval_loss = self.evaluate(state["params"])
+                    with self.goodput.phase("eval"):
+                        eval_loss = self.evaluate(state["params"])
                     self._write(done, {"eval_loss": eval_loss})
                     self.hooks(
                         "on_eval_end", trainer=self, step=done, metrics={"eval_loss": eval_loss}
@@ -243,12 +306,39 @@ class Trainer(Configurable):
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
-            self.checkpointer.wait_until_finished()
+            self.watchdog.stop()
+            with self.goodput.phase("checkpoint"):
+                self.checkpointer.wait_until_finished()
             for writer in self.writers:
                 writer.close()
         self.state = state
+        last = {**last, **self._goodput_report()}
         self.hooks("on_train_end", trainer=self, metrics=last)
         return last
+
+    def _compile(self, state: dict, batch: dict) -> None:
+        # Compiling ahead of the first call fills the cache that call uses, so the time is
+        # counted as compilation and the watchdog's clock starts after it.
+        with self.goodput.phase("compile"):
+            self._train_step.lower(state, batch).compile()
+        self.watchdog.start(int(jax.device_get(state["step"])))
+        self._busy_mark = self._busy_seconds()
+
+    def _busy_seconds(self) -> float:
+        return self.goodput.total(("data_wait", "step", "other"))
+
+    def _goodput_report(self) -> dict:
+        """Goodput of this run, logged and appended to OUTPUT_DIR/goodput.jsonl by process 0."""
+        report = self.goodput.report()
+        report["goodput/slow_steps"] = len(self.watchdog.slow_steps)
+        if jax.process_index() == 0:
+            log.info("%s", format_goodput(report))
+            storage = storage_for(self._config.output_dir)
+            url = storage.join(self._config.output_dir, "goodput.jsonl")
+            previous = storage.read_text(url) if storage.exists(url) else ""
+            record = {"step": int(jax.device_get(self.state["step"])), **report}
+            storage.write_text(url, previous + json.dumps(record) + "\n")
+        return report
 
     def _tokens_per_step(self) -> int:
         cfg = self._config.input
@@ -257,7 +347,12 @@ class Trainer(Configurable):
     def _on_step_end(
         self, step: int, metrics: Any, guard: NonFiniteGuard, timer: StepTimer
     ) -> dict:
-        values = {k: v.item() for k, v in jax.device_get(metrics).items()}
+        with self.goodput.phase("step"):
+            values = {k: v.item() for k, v in jax.device_get(metrics).items()}
+        # Host time between step completions, leaving out checkpoints and evaluations.
+        busy = self._busy_seconds()
+        self.watchdog.step_completed(step, busy - self._busy_mark)
+        self._busy_mark = busy
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
         values.update(timer.tick(step))

@@ -1,0 +1,61 @@
+"""What a checkpoint directory holds, step by step, and deleting one step safely."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from axplug.checkpoint import layout
+from axplug.checkpoint.storage import Storage
+
+__all__ = ["StepInfo", "list_steps", "delete_step", "resolve_checkpoint_dir"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """One step directory: its step, whether it is complete, its size and last change."""
+
+    step: int
+    url: str
+    complete: bool
+    size_bytes: int | None = None  # None when the backend cannot tell
+    mtime: float | None = None  # seconds since the epoch, newest file in the step
+
+
+def list_steps(storage: Storage, directory: str, *, sizes: bool = False) -> list[StepInfo]:
+    """Every step directory under `directory`, complete or not, ascending by step."""
+    infos = []
+    for name in storage.listdir(directory):
+        step = layout.parse_step(name)
+        if step is None:
+            continue
+        url = storage.join(directory, name)
+        complete = storage.exists(storage.join(url, layout.COMMIT_MARKER))
+        size, mtime = storage.stat(url) if sizes else (None, None)
+        infos.append(StepInfo(step, url, complete, size, mtime))
+    return sorted(infos, key=lambda info: info.step)
+
+
+def delete_step(storage: Storage, directory: str, step: int) -> bool:
+    """Deletes one step directory, its completion marker first; False when it was not there.
+
+    On an object store a directory is deleted object by object: removing the marker first
+    means a deletion cut short leaves an incomplete step, never a complete-looking partial one.
+    """
+    url = storage.join(directory, layout.step_dir_name(step))
+    if not storage.exists(url):
+        return False
+    storage.delete(storage.join(url, layout.COMMIT_MARKER))
+    storage.delete(url)
+    return True
+
+
+def resolve_checkpoint_dir(storage: Storage, url: str) -> str:
+    """`url` if it holds step directories, else `url/checkpoints` when that does (a run dir)."""
+    if any(layout.parse_step(n) is not None for n in storage.listdir(url)):
+        return url
+    # Asked directly rather than looked for in the listing: some S3 servers leave
+    # "directories" out of a delimited listing.
+    nested = storage.join(url, "checkpoints")
+    if any(layout.parse_step(n) is not None for n in storage.listdir(nested)):
+        return nested
+    return url

@@ -1,0 +1,118 @@
+"""`axplug checkpoints ls|rm URL`: the steps of a checkpoint directory, local or in a bucket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_parser", "run", "format_size"]
+
+EPILOG = """\
+examples:
+  axplug checkpoints ls runs/tiny                 a run dir (its checkpoints/) or the dir itself
+  axplug checkpoints ls s3://bucket/run --json
+  axplug checkpoints rm gs://bucket/run --step 40 delete one step, completion marker first
+
+Storage settings (endpoint, region, retries) come from the standard environment
+(AWS_ENDPOINT_URL, AWS_REGION, STORAGE_EMULATOR_HOST, ...) or --storage-option KEY=VALUE.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="list or delete the checkpoint steps of a run (local or s3://, gs://)",
+        description="List or delete checkpoint steps, complete or not, anywhere a storage "
+        "backend is installed for.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = actions.add_parser("ls", help="steps with completeness, size and time")
+    ls.add_argument("url", help="checkpoint directory, or a run dir holding checkpoints/")
+    ls.add_argument("--json", action="store_true", help="one JSON object per step")
+    rm = actions.add_parser("rm", help="delete one step (its completion marker first)")
+    rm.add_argument("url", help="checkpoint directory, or a run dir holding checkpoints/")
+    rm.add_argument("--step", type=int, required=True, help="the step to delete")
+    for sub in (ls, rm):
+        sub.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a keyword argument of the storage backend (e.g. endpoint=http://...)",
+        )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def format_size(size: int | None) -> str:
+    """`12.3 MB`-style size; `?` when unknown."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option {pair!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    from axplug.checkpoint import (
+        CheckpointError,
+        delete_step,
+        list_steps,
+        resolve_checkpoint_dir,
+        storage_for,
+    )
+
+    try:
+        storage = storage_for(args.url, _options(args.storage_option))
+        directory = resolve_checkpoint_dir(storage, args.url)
+        if args.action == "rm":
+            if not delete_step(storage, directory, args.step):
+                print(f"error: step {args.step} does not exist in {directory}", file=sys.stderr)
+                return 1
+            print(f"deleted step {args.step} from {directory}")
+            return 0
+        infos = list_steps(storage, directory, sizes=True)
+    except (CheckpointError, ValueError, TypeError, OSError) as exc:
+        print(f"error: {args.url}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        for info in infos:
+            print(json.dumps({"step": info.step, "complete": info.complete,
+                              "size_bytes": info.size_bytes, "mtime": info.mtime,
+                              "url": info.url}))  # fmt: skip
+        return 0
+    if not infos:
+        print(f"no checkpoint steps in {directory}")
+        return 0
+    print(f"{directory}")
+    print(f"{'step':>10}  {'state':<10}  {'size':>10}  time (UTC)")
+    for info in infos:
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(info.mtime))
+            if info.mtime is not None
+            else "?"
+        )
+        state = "complete" if info.complete else "incomplete"
+        print(f"{info.step:>10}  {state:<10}  {format_size(info.size_bytes):>10}  {when}")
+    return 0

@@ -1,0 +1,33 @@
+"""Running at scale: multi-process start-up, per-process input, the watchdog and goodput."""
+
+from axplug.runtime.distributed import (
+    CLUSTERS,
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    DistributedSpec,
+    initialize_distributed,
+    resolve_distributed,
+)
+from axplug.runtime.goodput import PHASES, GoodputRecorder, format_goodput
+from axplug.runtime.host_batch import process_rows, put_process_batch, shard_input_config
+from axplug.runtime.watchdog import HANG_EXIT_CODE, Watchdog, thread_stacks
+
+__all__ = [
+    "CLUSTERS",
+    "ENV_COORDINATOR",
+    "ENV_NUM_PROCESSES",
+    "ENV_PROCESS_ID",
+    "HANG_EXIT_CODE",
+    "PHASES",
+    "DistributedSpec",
+    "GoodputRecorder",
+    "Watchdog",
+    "format_goodput",
+    "initialize_distributed",
+    "process_rows",
+    "put_process_batch",
+    "resolve_distributed",
+    "shard_input_config",
+    "thread_stacks",
+]

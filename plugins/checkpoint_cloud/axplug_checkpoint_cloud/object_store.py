@@ -1,0 +1,202 @@
+"""`ObjectStorage`: the `Storage` file operations on a bucket through fsspec, with clear errors."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from axplug.checkpoint import Storage
+
+if TYPE_CHECKING:
+    import fsspec
+    from etils import epath
+
+__all__ = ["ObjectStorage", "reject_secrets", "RetryBudget", "forget_epath_filesystems"]
+
+_NO_BUCKET = "the bucket does not exist; create it, or fix the URL"
+# Option names that would carry a secret by value; credentials are named by source instead.
+_SECRET_WORDS = ("secret", "password", "token_value", "access_key", "session_token", "key_id")
+
+
+def reject_secrets(scheme: str, options: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    """Raises ValueError for an option that would put a credential into the config."""
+    for name in options:
+        if name not in allowed and any(word in name.lower() for word in _SECRET_WORDS):
+            raise ValueError(
+                f"{scheme} storage option {name!r}: credentials are never taken from the "
+                "config (it is written to config.txt and into every checkpoint); use the "
+                "standard environment variables, or `profile`/`credentials_file`"
+            )
+
+
+class RetryBudget:
+    """How often and how long a request to the store is retried before the save fails."""
+
+    def __init__(self, max_retries: int, initial_delay_s: float, max_delay_s: float):
+        if max_retries < 0 or initial_delay_s <= 0 or max_delay_s < initial_delay_s:
+            raise ValueError(
+                "retry budget: need max_retries >= 0 and 0 < retry_initial_delay_s <= "
+                f"retry_max_delay_s, got {max_retries}, {initial_delay_s}, {max_delay_s}"
+            )
+        self.max_retries = max_retries
+        self.initial_delay_s = initial_delay_s
+        self.max_delay_s = max_delay_s
+
+    def tensorstore(self) -> dict[str, Any]:
+        """The `*_request_retries` context resource of tensorstore's s3 and gcs drivers."""
+        return {
+            "max_retries": self.max_retries,
+            "initial_delay": f"{self.initial_delay_s}s",
+            "max_delay": f"{self.max_delay_s}s",
+        }
+
+
+def forget_epath_filesystems() -> None:
+    """Drops etils.epath's cached fsspec filesystems, so it sees new fsspec settings."""
+    from etils.epath import backend
+
+    cached = getattr(backend.fsspec_backend, "_get_filesystem", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    value = info.get("LastModified") or info.get("updated") or info.get("mtime")
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        try:
+            return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+class ObjectStorage(Storage):
+    """A bucket-backed `Storage`: URLs `SCHEME://bucket/key`; orbax commits by marker file."""
+
+    atomic_rename = False
+    scheme: str = ""
+
+    @property
+    @abc.abstractmethod
+    def endpoint_name(self) -> str:
+        """The server, for error messages (`http://127.0.0.1:9000`, or the provider's)."""
+
+    @abc.abstractmethod
+    def _new_filesystem(self) -> fsspec.AbstractFileSystem:
+        """A fresh fsspec filesystem for this backend's endpoint and credentials."""
+
+    @abc.abstractmethod
+    def _orbax_path(self, url: str) -> epath.Path:
+        """Registers the bucket's tensorstore settings and returns orbax's path for `url`."""
+
+    # -- URLs --------------------------------------------------------------------------------
+
+    def split(self, url: str) -> tuple[str, str]:
+        """(bucket, key) of `url`; ValueError when it is not `SCHEME://bucket[/key]`."""
+        scheme, sep, rest = url.partition("://")
+        bucket, _, key = rest.partition("/")
+        if not sep or scheme.lower() not in self.schemes or not bucket:
+            raise ValueError(f"not a {self.scheme}:// URL with a bucket: {url!r}")
+        return bucket, key.strip("/")
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        return (self.scheme,)
+
+    def _key(self, url: str) -> str:
+        bucket, key = self.split(url)
+        return f"{bucket}/{key}" if key else bucket
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if getattr(self, "_fs", None) is None:
+            self._fs = self._new_filesystem()
+        return self._fs
+
+    # -- Storage -----------------------------------------------------------------------------
+
+    def path(self, url: str) -> epath.Path:
+        self.split(url)
+        return self._orbax_path(url)
+
+    def exists(self, url: str) -> bool:
+        with self._errors(url):
+            return self.fs.exists(self._key(url))
+
+    def listdir(self, url: str) -> list[str]:
+        key = self._key(url)
+        try:
+            with self._errors(url):
+                entries = self.fs.ls(key, detail=True)
+        except FileNotFoundError:
+            return []
+        names = {entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries}
+        only = entries[0] if len(entries) == 1 else {}
+        if only.get("type") == "file" and only["name"].rstrip("/") == key:
+            return []  # `url` is a file, not a directory
+        return sorted(n for n in names if n)
+
+    def delete(self, url: str) -> None:
+        key = self._key(url)
+        try:
+            with self._errors(url):
+                if self.fs.isdir(key):
+                    self.fs.rm(key, recursive=True)
+                elif self.fs.exists(key):
+                    self.fs.rm_file(key)
+        except FileNotFoundError:
+            pass
+
+    def read_text(self, url: str) -> str:
+        with self._errors(url):
+            return self.fs.cat_file(self._key(url)).decode("utf-8")
+
+    def write_text(self, url: str, text: str) -> None:
+        # Object stores have no directories to create: the parents exist once a child does.
+        with self._errors(url, missing=_NO_BUCKET):
+            self.fs.pipe_file(self._key(url), text.encode("utf-8"))
+
+    def stat(self, url: str) -> tuple[int | None, float | None]:
+        with self._errors(url):
+            found = self.fs.find(self._key(url), detail=True)
+        if not found:
+            return None, None
+        times = [t for t in (_mtime(info) for info in found.values()) if t is not None]
+        return sum(int(info.get("size") or 0) for info in found.values()), max(times, default=None)
+
+    def check(self, url: str) -> None:
+        bucket, _ = self.split(url)
+        with self._errors(url, missing=_NO_BUCKET):
+            self.fs.ls(bucket, detail=False)
+
+    @contextlib.contextmanager
+    def _errors(self, url: str, *, missing: str | None = None) -> Iterator[None]:
+        """Re-raises the store's errors with the bucket, the endpoint and what to do."""
+        bucket, _ = self.split(url)
+        where = f"bucket {bucket!r} at {self.endpoint_name} (url {url})"
+        try:
+            yield
+        except FileNotFoundError as exc:
+            if missing is None:
+                raise
+            raise FileNotFoundError(f"{where}: {missing}") from exc
+        except PermissionError as exc:
+            raise PermissionError(
+                f"{where}: access denied ({exc}); check the credentials "
+                f"({self.credentials_source}) and the bucket's permissions"
+            ) from None
+        except Exception as exc:  # botocore and aiohttp errors are not all OSErrors
+            raise ConnectionError(
+                f"{where}: cannot reach the server ({type(exc).__name__}: {exc}); check the "
+                "endpoint and that the server is up"
+            ) from None
+
+    @property
+    def credentials_source(self) -> str:
+        """Where the credentials come from, in words (never the credentials themselves)."""
+        return "the default credential chain"
