@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+# `[test]` for a plugin whose pyproject.toml defines test extras (e.g. object-store servers).
+TEST_EXTRA = $(if $(shell grep -s '^test = ' $(d)/pyproject.toml),[test])
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test test-all lint format clean
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]' $(foreach d,$(PLUGIN_DIRS),-e ./$(d))
+	$(BIN)/python -m pip install -q -e '.[test]' $(foreach d,$(PLUGIN_DIRS),-e './$(d)$(TEST_EXTRA)')
 	touch $@
 
 venv: $(STAMP)
@@ -20,7 +22,8 @@ DEMO_DIR ?= runs/demo
 demo: $(STAMP)
 	$(BIN)/axplug list
 	$(BIN)/axplug train --preset llama-tiny --output-dir $(DEMO_DIR) --checkpoint-every 100
-	$(BIN)/python examples/sample_demo.py $(DEMO_DIR) "HAMLET."
+	$(BIN)/axplug generate --checkpoint $(DEMO_DIR) --prompt "HAMLET." --max-new-tokens 300 \
+		--temperature 0.8 --top-p 0.95
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -39,8 +42,34 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-.PHONY: bench-quick
+.PHONY: bench-quick bench
+BENCH_STAMP := $(VENV)/.bench-installed
 
-# Step and compile time of llama-tiny against the same model in plain JAX (about a minute).
-bench-quick: $(STAMP)
+$(BENCH_STAMP): $(STAMP) bench/requirements.txt
+	$(BIN)/python -m pip install -q -r bench/requirements.txt
+	touch $@
+
+# llama-tiny step and compile time: axplug, plain JAX and Flax NNX (1-3 minutes); the last
+# line is `axplug/plain-jax step-time ratio: X.XXX`.
+bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/step_time.py --quick
+
+# Everything in bench/README.md on CPU (under ~10 minutes on 2 cores).
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/step_time.py
+	$(BIN)/python bench/deep_stack.py
+	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/loc_complexity.py
+	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/checkpoint_save.py
+
+.PHONY: wheels
+DIST ?= dist
+
+# One wheel for the core and one per plugin in $(DIST)/, e.g. for
+# `pip install --no-index --find-links dist axplug-moe` next to an installed core.
+wheels:
+	# A stale build/ would put since-deleted modules into the wheels.
+	rm -rf build $(addsuffix /build,$(PLUGIN_DIRS))
+	mkdir -p $(DIST) && rm -f $(DIST)/axplug*.whl
+	$(PYTHON) -m pip wheel -q --no-deps -w $(DIST) . $(addprefix ./,$(PLUGIN_DIRS))

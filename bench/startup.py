@@ -1,0 +1,89 @@
+"""Wall time of `axplug list` and `axplug --help` next to `python -c pass`.
+
+    python bench/startup.py [--runs 7]
+
+Each command runs `--runs` times in a fresh process, the commands interleaved so load from
+other processes hits all alike; the table gives the median and min and the median over bare
+Python. Also reports whether `axplug list` imported jax (it must not: listing plugins reads
+metadata only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+__all__ = ["COMMANDS", "time_commands", "main"]
+
+TARGET_S = 0.150  # over bare Python
+
+# `axplug` runs through the interpreter (not the console script) so every row pays the
+# same interpreter start-up and only the work after it differs.
+COMMANDS = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "axplug --help": [sys.executable, "-m", "axplug.cli", "--help"],
+    "axplug list": [sys.executable, "-m", "axplug.cli", "list"],
+}
+
+
+def time_commands(commands: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+    """Wall seconds of each command, `runs` times, interleaved; raises if one fails."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    env = {**os.environ, "COLUMNS": "120"}
+    for _ in range(runs):
+        for name, argv in commands.items():
+            t0 = time.perf_counter()
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+            times[name].append(time.perf_counter() - t0)
+            if proc.returncode:
+                raise RuntimeError(
+                    f"`{name}` exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+                )
+    return times
+
+
+def imports_jax(argv: list[str]) -> bool:
+    """Whether running `argv` (a `python -m ...` command) imports jax."""
+    code = (
+        "import runpy, sys; sys.argv = " + repr(argv[2:]) + "\n"
+        "try:\n    runpy.run_module(" + repr(argv[2]) + ", run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('JAX_IMPORTED' if 'jax' in sys.modules else 'NO_JAX', file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return "JAX_IMPORTED" in proc.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=7)
+    args = p.parse_args(argv)
+    if shutil.which("axplug") is None and not os.path.exists(
+        os.path.join(os.path.dirname(sys.executable), "axplug")
+    ):
+        print("axplug is not installed in this environment", file=sys.stderr)
+        return 2
+    times_by = time_commands(COMMANDS, args.runs)
+    bare = statistics.median(times_by["python -c pass"])
+    print(f"start-up, {args.runs} interleaved runs each (load average {os.getloadavg()[0]:.2f})")
+    print(f"{'command':16} {'median ms':>10} {'min ms':>8} {'over bare Python ms':>20}")
+    for name, ts in times_by.items():
+        med = statistics.median(ts)
+        print(f"{name:16} {med * 1e3:10.0f} {min(ts) * 1e3:8.0f} {(med - bare) * 1e3:20.0f}")
+    jax_list = imports_jax(COMMANDS["axplug list"])
+    over = statistics.median(times_by["axplug list"]) - bare
+    print(
+        f"axplug list imports jax: {'yes' if jax_list else 'no'}; "
+        f"{over * 1e3:.0f} ms over bare Python (target {TARGET_S * 1e3:.0f} ms): "
+        f"{'OK' if over <= TARGET_S and not jax_list else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
