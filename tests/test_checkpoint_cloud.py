@@ -23,6 +23,7 @@ from axplug.checkpoint import (
     step_dir_name,
     storage_for,
 )
+from axplug.summary import read_jsonl
 from axplug.testing import StorageConformance
 from object_stores import (
     S3RVER_KEY,
@@ -522,15 +523,14 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
 
     create_s3_bucket(s3rver.url, "e2e-bucket")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
-    env = dict(os.environ)
+    home = tmp_path / "home"  # summaries of a bucket run go to ~/.cache/axplug/runs/...
+    env = {**os.environ, "HOME": str(home)}
     cache = f"compilation_cache_dir={str(tmp_path / 'xla')!r}"
-    # The summary writers (metrics.jsonl, TensorBoard) write local directories only.
-    no_writers = "summary_writers=[]"
 
     def train(output_dir, max_steps):
         args = ["train", "--preset", "llama-tiny", "--output-dir", output_dir,
                 "--max-steps", str(max_steps), "--checkpoint-every", "4",
-                "--set", cache, "--set", no_writers]  # fmt: skip
+                "--set", cache]  # fmt: skip
         _axplug(*args, env=env, cwd=tmp_path)
         return args
 
@@ -547,6 +547,9 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     assert rows == [["4", "complete"], ["8", "complete"]], listing
     config = storage_for(url).read_text(f"{url}/config.txt")
     assert S3RVER_KEY not in config
+    mirror = home / ".cache/axplug/runs/s3/e2e-bucket/run"
+    logged = [r["step"] for r in read_jsonl(mirror / "metrics.jsonl") if "loss" in r]
+    assert logged[-1] == 8 and (mirror / "tensorboard").is_dir()
 
     trainer = build_config(build_parser().parse_args(args)).instantiate()
     states = []

@@ -355,6 +355,24 @@ def test_trainer_is_config_built_and_errors_name_paths(tmp_path):
         bad.instantiate()
 
 
+def test_batch_that_does_not_split_over_the_batch_axes_names_the_field(tmp_path):
+    from axplug.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^input.batch_size: 4 rows .* 8 devices .*'data'"):
+        tiny_config(tmp_path, "input.batch_size=4").instantiate()
+    tiny_config(tmp_path, "input.batch_size=4", "mesh.mesh_shape=(4, 1, 1, 1, 1)").instantiate(
+        devices=jax.devices()[:4]
+    )
+
+
+def test_summaries_of_a_bucket_run_go_to_a_local_mirror(tmp_path):
+    from axplug.trainer import summary_dir
+
+    assert summary_dir(str(tmp_path)) == str(tmp_path)
+    mirror = summary_dir("s3://bucket/runs/a/")
+    assert mirror.endswith("/.cache/axplug/runs/s3/bucket/runs/a") and "://" not in mirror
+
+
 def test_resume_onto_a_different_mesh(tmp_path):
     one = tiny_config(tmp_path, "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
     saved = one.instantiate(devices=jax.devices()[:1])

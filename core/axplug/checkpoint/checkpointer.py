@@ -147,8 +147,9 @@ class Checkpointer(Configurable):
         url = self._step_url(step)
         try:
             complete = self._is_complete(name)
-            if not complete and self.storage.exists(url):
-                # Leftover of an interrupted save of the same step, never committed.
+            # Leftover of an interrupted save of the same step, never committed. With several
+            # processes only process 0 deletes (orbax's save barrier orders the writers after).
+            if not complete and jax.process_index() == 0 and self.storage.exists(url):
                 self.storage.delete(url)
         except Exception as exc:
             raise CheckpointError(
@@ -180,6 +181,8 @@ class Checkpointer(Configurable):
             ) from exc
 
     def _apply_retention(self) -> None:
+        if jax.process_index() != 0:  # every process writes its shards; one deletes old steps
+            return
         steps = self.all_steps()
         keep = layout.steps_to_keep(steps, self._config.keep_last, self._config.keep_every)
         for step in steps:

@@ -154,7 +154,11 @@ def run(args: argparse.Namespace) -> int:
     from axplug.runtime import format_goodput
     from axplug.trainer.run import train
 
-    metrics = train(cfg)
+    try:
+        metrics = train(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
     if "goodput/wall_s" in metrics:

@@ -4,7 +4,7 @@ from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.hooks import HookRunner
 from axplug.trainer.loop_state import NonFiniteError
 from axplug.trainer.step import build_eval_step, build_train_step
-from axplug.trainer.trainer import Trainer, enable_compilation_cache
+from axplug.trainer.trainer import Trainer, enable_compilation_cache, summary_dir
 
 __all__ = [
     "AuxLossRule",
@@ -14,4 +14,5 @@ __all__ = [
     "build_eval_step",
     "build_train_step",
     "enable_compilation_cache",
+    "summary_dir",
 ]

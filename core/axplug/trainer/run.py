@@ -11,7 +11,7 @@ __all__ = ["train", "write_config"]
 
 def write_config(cfg: Any) -> str:
     """Writes `cfg.debug_string()` to OUTPUT_DIR/config.txt and returns its URL."""
-    storage = storage_for(cfg.output_dir)
+    storage = storage_for(cfg.output_dir, getattr(cfg.checkpointer, "storage_options", None))
     url = storage.join(cfg.output_dir, "config.txt")
     storage.write_text(url, cfg.debug_string() + "\n")
     return url
@@ -21,6 +21,7 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
     import jax
 
+    trainer = cfg.instantiate(hooks=hooks)  # bad configs and unreachable storage fail first
     if jax.process_index() == 0:  # one writer for a directory all processes share
         write_config(cfg)
-    return cfg.instantiate(hooks=hooks).run()
+    return trainer.run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -14,9 +15,10 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
-from axplug.checkpoint import Checkpointer, CheckpointError, storage_for
+from axplug.checkpoint import Checkpointer, CheckpointError, scheme_of, storage_for
 from axplug.config import (
     REQUIRED,
+    ConfigError,
     Configurable,
     InstantiableConfig,
     Required,
@@ -39,10 +41,23 @@ from axplug.trainer.hooks import HookRunner
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer
 from axplug.trainer.step import build_eval_step, build_train_step
 
-__all__ = ["Trainer", "enable_compilation_cache"]
+__all__ = ["Trainer", "enable_compilation_cache", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
 _SAVE_ERROR_POLICIES = ("stop", "retry_next")
+
+
+def summary_dir(output_dir: str) -> str:
+    """Where writers put the summaries of a run: `output_dir` itself when it is local, else a
+    local mirror `~/.cache/axplug/runs/SCHEME/PATH` (JSONL and event files are appended to,
+    which object stores cannot do)."""
+    scheme = scheme_of(output_dir)
+    if scheme == "file":
+        return output_dir
+    rest = output_dir.split("://", 1)[1].strip("/")
+    local = os.path.join(os.path.expanduser("~/.cache/axplug/runs"), scheme, rest)
+    log.info("summaries of %s are written locally to %s", output_dir, local)
+    return local
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -114,10 +129,6 @@ class Trainer(Configurable):
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
             checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
-        if jax.process_index() != 0:
-            # Every process writes its shards, but only process 0 deletes old steps: the
-            # others would race it for the same files.
-            checkpointer_cfg.set(keep_last=2**31 - 1, keep_every=None)
         self.checkpointer = checkpointer_cfg.instantiate()
         self.aux_loss = cfg.aux_loss.instantiate()
         # Process 0 writes the summaries; the others would write the same values.
@@ -139,7 +150,7 @@ class Trainer(Configurable):
     def _writer(self, cfg: InstantiableConfig) -> Any:
         cfg = cfg.clone()
         if getattr(cfg, "dir", None) is REQUIRED:
-            cfg.dir = self._config.output_dir
+            cfg.dir = summary_dir(self._config.output_dir)
         if hasattr(cfg, "max_steps") and cfg.max_steps is None:
             cfg.max_steps = self._config.max_steps
         if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
@@ -172,6 +183,8 @@ class Trainer(Configurable):
             "step": replicated,
         }
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
+        for input_cfg in (cfg.input, cfg.eval_input):
+            self._check_batch_size(input_cfg)
         self.abstract_state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             {
@@ -200,6 +213,19 @@ class Trainer(Configurable):
             in_shardings=(param_shardings, self.batch_sharding),
             out_shardings=replicated,
         )
+
+    def _check_batch_size(self, input_cfg: Any) -> None:
+        batch = getattr(input_cfg, "batch_size", None)
+        spec = self.batch_sharding.spec
+        axes = spec[0] if len(spec) else None
+        names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+        shards = math.prod(self.mesh.shape[name] for name in names)
+        if isinstance(batch, int) and batch % shards:
+            raise ConfigError(
+                f"{input_cfg._path('batch_size')}: {batch} rows cannot be split evenly over the "
+                f"{shards} devices of the batch mesh axes {names}; use a multiple of {shards}, "
+                "or a mesh with fewer devices on those axes"
+            )
 
     def init_state(self) -> dict:
         """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""
@@ -333,7 +359,9 @@ class Trainer(Configurable):
         report["goodput/slow_steps"] = len(self.watchdog.slow_steps)
         if jax.process_index() == 0:
             log.info("%s", format_goodput(report))
-            storage = storage_for(self._config.output_dir)
+            storage = storage_for(
+                self._config.output_dir, self._config.checkpointer.storage_options
+            )
             url = storage.join(self._config.output_dir, "goodput.jsonl")
             previous = storage.read_text(url) if storage.exists(url) else ""
             record = {"step": int(jax.device_get(self.state["step"])), **report}
