@@ -115,6 +115,12 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     assert "disabled: AXPLUG_DISABLE_PLUGINS lists it" in table
     assert "incompatible: declares plugin API 2; axplug 0.1.0 supports plugin API 1" in table
     assert main(["list", "--kind", "kernels"]) == 0
+    table = capsys.readouterr().out  # not a terminal: plain columns
+    assert table.splitlines()[0].split() == ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS"]
+    lines = {line.split()[3]: line for line in table.splitlines() if line.startswith("fake")}
+    assert "conflict" in lines["rope"] and "ok" in lines["flash"] and "fake-old" in lines["splash"]
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal: the rich table
+    assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out
     lines = {line.split("│")[4].strip(): line for line in table.splitlines() if "│ fake" in line}
     assert "conflict" in lines["rope"] and "ok" in lines["flash"] and "fake-old" in lines["splash"]

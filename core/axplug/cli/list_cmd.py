@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from typing import Any
 
 from axplug.registry import KINDS, Component
@@ -12,7 +13,7 @@ __all__ = ["add_parser", "run", "as_dict", "status_text"]
 
 EPILOG = """\
 examples:
-  axplug list                     a table of every component
+  axplug list                     a table of every component (plain columns when piped)
   axplug list --kind modifiers    only one kind
   axplug list --json              a JSON array for scripts; each object has the keys
                                   distribution, version, kind, name, status, reason, entry_point
@@ -53,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
         import json
 
         print(json.dumps([as_dict(c) for c in components], indent=2))
-    else:
+    elif sys.stdout.isatty():
         _print_table(components)
+    else:  # piped: plain columns for grep/awk, and no rich import to pay for
+        _print_plain(components)
     return 1 if args.check and any(c.status == "broken" for c in components) else 0
 
 
@@ -107,6 +110,24 @@ def _availability(c: Component) -> Component:
     return c._replace(status="unavailable", reason=reason) if reason else c
 
 
+def _caption(components: list[Component]) -> str:
+    dists = {c.distribution for c in components}
+    return f"{len(components)} component(s) from {len(dists)} distribution(s)"
+
+
+def _print_plain(components: list[Component]) -> None:
+    if not components:
+        print("no components installed; see `axplug list --help`")
+        return
+    rows = [("DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS")]
+    rows += [(c.distribution, c.version, c.kind, c.name, status_text(c)) for c in components]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        print("  ".join(cells) + "  " + row[4])
+    print(_caption(components))
+
+
 def _print_table(components: list[Component]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -116,8 +137,7 @@ def _print_table(components: list[Component]) -> None:
     if not components:
         console.print("no components installed; see `axplug list --help`")
         return
-    dists = {c.distribution for c in components}
-    table = Table(caption=f"{len(components)} component(s) from {len(dists)} distribution(s)")
+    table = Table(caption=_caption(components))
     for column in ("distribution", "version", "kind", "name", "status"):
         table.add_column(column, overflow="fold")
     for c in components:
