@@ -2,10 +2,11 @@
 
     python bench/startup.py [--runs 7]
 
-Each command runs `--runs` times in a fresh process, the commands interleaved so load from
-other processes hits all alike; the table gives the median and min and the median over bare
-Python. Also reports whether `axplug list` imported jax (it must not: listing plugins reads
-metadata only).
+`axplug list` piped (as here) prints plain columns; `list (terminal)` is the rich table an
+interactive terminal gets. Each command runs `--runs` times in a fresh process, the commands
+interleaved so load from other processes hits all alike; the table gives the median and min
+and the median over bare Python. Also reports whether `axplug list` imported jax (it must
+not: listing plugins reads metadata only).
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ __all__ = ["COMMANDS", "time_commands", "main"]
 
 TARGET_S = 0.150  # over bare Python
 
+_AS_TERMINAL = (
+    "import sys; sys.stdout.isatty = lambda: True; "
+    "from axplug.cli.main import main; sys.exit(main(['list']))"
+)
+
 # `axplug` runs through the interpreter (not the console script) so every row pays the
 # same interpreter start-up and only the work after it differs.
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "axplug --help": [sys.executable, "-m", "axplug.cli", "--help"],
-    "axplug list": [sys.executable, "-m", "axplug.cli", "list"],
+    "axplug list": [sys.executable, "-m", "axplug.cli", "list"],  # piped: plain columns
+    "list (terminal)": [sys.executable, "-c", _AS_TERMINAL],  # the rich table a terminal gets
+    "axplug list --json": [sys.executable, "-m", "axplug.cli", "list", "--json"],
 }
 
 
