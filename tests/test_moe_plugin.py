@@ -87,7 +87,6 @@ EXPECTED = {
     ("modifiers", "moe"),
     ("presets", "moe-tiny"),
     ("presets", "mixtral-tiny"),
-    ("hooks", "expert_mesh"),
 }
 
 

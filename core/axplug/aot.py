@@ -25,6 +25,7 @@ __all__ = [
     "check_batch",
     "analytic_flops",
     "compile_report",
+    "count_collectives",
     "GIB",
 ]
 
@@ -151,6 +152,7 @@ class AotReport:
     step_time_s: float | None = None
     mfu_at_step_time: float | None = None
     compile_s: float = 0.0
+    collectives: dict[str, int] = dataclasses.field(default_factory=dict)  # in the HLO
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -170,6 +172,20 @@ def _leaf_bytes(tree) -> int:
         shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding else leaf.shape
         total += math.prod(shape) * leaf.dtype.itemsize
     return total
+
+
+_COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+    """How many of each collective op a compiled (partitioned) HLO module holds."""
+    counts = {}
+    for op in _COLLECTIVES:
+        # An async collective is a `-start`/`-done` pair: count its start only.
+        n = len(re.findall(rf"= [^=]*? {op}(?:-start)?\(", hlo_text))
+        if n:
+            counts[op] = n
+    return counts
 
 
 def _xla_flops(compiled) -> float | None:
@@ -284,6 +300,7 @@ def compile_report(
         step_time_s=step_time_s,
         mfu_at_step_time=per_device / (peak * step_time_s) if peak and step_time_s else None,
         compile_s=compile_s,
+        collectives=count_collectives(compiled.as_text()),
     )
     if spec is not None and spec.platform != jax.default_backend():
         report.notes.append(

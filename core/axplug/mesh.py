@@ -25,7 +25,10 @@ __all__ = [
 MESH_AXES = ("data", "fsdp", "expert", "seq", "model")
 
 # Logical axis -> mesh axes it is sharded over (in order), or None for replicated.
-# `batch` is the leading axis of every input batch.
+# Parameters: embed, mlp, heads, vocab, kv (head_dim), expert, layers. Activations: `batch`
+# (the leading axis of every input batch: every batch-like mesh axis), `seq` (the sequence:
+# sequence parallelism), `act_embed` (the residual stream's features), `kv_seq` (keys and
+# values gathered along the sequence for exact attention), and heads, mlp, vocab, expert.
 DEFAULT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp", "expert")),
     ("embed", "fsdp"),
@@ -36,6 +39,8 @@ DEFAULT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("expert", "expert"),
     ("layers", None),
     ("seq", "seq"),
+    ("act_embed", None),
+    ("kv_seq", None),
 )
 
 

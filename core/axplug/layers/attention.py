@@ -13,6 +13,7 @@ from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
 from axplug.layers.kv_cache import ContiguousKVCache
 from axplug.module import Module
+from axplug.sharding import constrain
 
 __all__ = [
     "AttentionMask",
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 NEG_INF = -1e30
+_Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
+_KV_AXES = ("batch", "kv_seq", "heads", None)
 
 
 @jax.tree_util.register_dataclass
@@ -159,11 +162,13 @@ class Attention(BaseLayer):
         self._add_child("kv_cache", cfg.kv_cache)
 
     def make_mask(self, positions, segment_ids=None) -> AttentionMask:
+        """The self-attention mask; its key side is gathered along the sequence like k, v."""
+        gathered = lambda a: None if a is None else constrain(a, ("batch", "kv_seq"))  # noqa: E731
         return AttentionMask(
             q_positions=positions,
-            kv_positions=positions,
+            kv_positions=gathered(positions),
             q_segment_ids=segment_ids,
-            kv_segment_ids=segment_ids,
+            kv_segment_ids=gathered(segment_ids),
             causal=self._config.causal,
             sliding_window=self._config.sliding_window,
         )
@@ -172,7 +177,11 @@ class Attention(BaseLayer):
         # x: [batch, seq, dim]; positions: [batch, seq]
         q, k, v = self.qkv(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
-        out = self.kernel(q, k, v, self.make_mask(positions, segment_ids))
+        # Queries keep their sequence shard; keys and values are gathered along the sequence,
+        # so attention under sequence parallelism is exact (each shard sees every key).
+        q = constrain(q, _Q_AXES)
+        k, v = constrain(k, _KV_AXES), constrain(v, _KV_AXES)
+        out = constrain(self.kernel(q, k, v, self.make_mask(positions, segment_ids)), _Q_AXES)
         return self.output(out.reshape(*out.shape[:2], -1))
 
     def init_cache_state(self, batch_size: int, max_len: int, dtype=None) -> dict:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from axplug.config import REQUIRED, Required, config_class
 from axplug.layers.base import BaseLayer, ParameterSpec
+from axplug.sharding import constrain
 
 __all__ = ["Linear", "Embedding"]
 
@@ -76,7 +77,10 @@ class Embedding(BaseLayer):
 
     def forward(self, ids: jax.Array) -> jax.Array:
         # [batch, seq] -> [batch, seq, dim]
-        return jnp.take(self._cast(self.parameters["weight"]), ids, axis=0)
+        # Gathered over its FSDP shards like any weight before use: a lookup into a table
+        # split along `dim` would gather every row's ids instead, which grows with the batch.
+        table = constrain(self._cast(self.parameters["weight"]), (self._config.mesh_axes[0], None))
+        return jnp.take(table, ids, axis=0)
 
     def attend(self, x: jax.Array) -> jax.Array:
         # [batch, seq, dim] -> [batch, seq, num_embeddings]

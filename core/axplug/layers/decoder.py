@@ -10,7 +10,9 @@ from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.norm import RMSNorm
 from axplug.layers.stack import StackedTransformer
+from axplug.layers.transformer import RESIDUAL_AXES
 from axplug.module import Module
+from axplug.sharding import constrain
 
 __all__ = ["Decoder", "CausalLM", "cross_entropy"]
 
@@ -43,9 +45,12 @@ class Decoder(BaseLayer):
     def forward(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
-        x = self.embedding(input_ids)
+        positions = constrain(positions, ("batch", "seq"))
+        if segment_ids is not None:
+            segment_ids = constrain(segment_ids, ("batch", "seq"))
+        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
-        return self._logits(x)
+        return constrain(self._logits(x), ("batch", "seq", "vocab"))
 
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
@@ -108,6 +113,6 @@ class CausalLM(BaseLayer):
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
         """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
         logits = self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
-        loss, count = cross_entropy(logits, target_labels)
+        loss, count = cross_entropy(logits, constrain(target_labels, ("batch", "seq")))
         self.add_summary("loss", loss)
         return loss, {"logits": logits, "num_tokens": count}

@@ -8,6 +8,7 @@ from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
 from axplug.module import Module
+from axplug.sharding import constrain
 
 __all__ = ["FeedForward", "ACTIVATIONS", "get_activation"]
 
@@ -56,4 +57,4 @@ class FeedForward(BaseLayer):
     def forward(self, x: jax.Array) -> jax.Array:
         h = self.wi_up(x)
         h = self._act(self.wi_gate(x)) * h if self._config.gated else self._act(h)
-        return self.wo(h)
+        return self.wo(constrain(h, ("batch", "seq", "mlp")))

@@ -10,8 +10,11 @@ from axplug.layers.base import BaseLayer
 from axplug.layers.feed_forward import FeedForward
 from axplug.layers.norm import RMSNorm
 from axplug.module import Module
+from axplug.sharding import constrain
 
-__all__ = ["TransformerLayer"]
+__all__ = ["TransformerLayer", "RESIDUAL_AXES"]
+
+RESIDUAL_AXES = ("batch", "seq", "act_embed")  # logical axes of the residual stream
 
 
 class TransformerLayer(BaseLayer):
@@ -41,9 +44,11 @@ class TransformerLayer(BaseLayer):
         return jax.numpy.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
+        x = constrain(x, RESIDUAL_AXES)
         h = self.attention(self.attention_norm(x), positions=positions, segment_ids=segment_ids)
-        x = x + self._dropout(h, 0)
-        return x + self._dropout(self.feed_forward(self.feed_forward_norm(x)), 1)
+        x = constrain(x + self._dropout(h, 0), RESIDUAL_AXES)
+        h = self.feed_forward(self.feed_forward_norm(x))
+        return constrain(x + self._dropout(h, 1), RESIDUAL_AXES)
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
         """An empty decoding cache for `extend_step`."""

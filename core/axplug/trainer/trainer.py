@@ -35,6 +35,7 @@ from axplug.runtime import (
     put_process_batch,
     shard_input_config,
 )
+from axplug.sharding import scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.hooks import HookRunner
@@ -203,13 +204,13 @@ class Trainer(Configurable):
             learning_rate=self.schedule,
         )
         self._train_step = jax.jit(
-            step,
+            scoped(step, self.mesh, rules),
             in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, replicated),
             donate_argnums=0,
         )
         self._eval_step = jax.jit(
-            build_eval_step(self.model),
+            scoped(build_eval_step(self.model), self.mesh, rules),
             in_shardings=(param_shardings, self.batch_sharding),
             out_shardings=replicated,
         )

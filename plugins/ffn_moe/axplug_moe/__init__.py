@@ -18,7 +18,6 @@ from axplug_moe.group import MoELayerGroup
 from axplug_moe.layer import MoEFeedForward
 from axplug_moe.modifiers import MoEModifier
 from axplug_moe.router import Routing, TopKRouter, expert_capacity
-from axplug_moe.sharding import bind_mesh, bound_mesh, unbind_mesh
 
 __version__ = "0.1.0"
 
@@ -36,8 +35,5 @@ __all__ = [
     "Routing",
     "SortedDispatch",
     "TopKRouter",
-    "bind_mesh",
-    "bound_mesh",
     "expert_capacity",
-    "unbind_mesh",
 ]

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 
 from axplug.config import ConfigError, config_class
 from axplug.layers import BaseLayer
+from axplug.sharding import constrain
 from axplug_moe.router import Routing
-from axplug_moe.sharding import Constrain, _identity
 
 __all__ = [
     "Experts",
@@ -55,7 +55,6 @@ class Experts:
     wo: jax.Array  # [experts, hidden, dim]
     activation: Callable[[jax.Array], jax.Array]
     wi_gate: jax.Array | None = None  # [experts, dim, hidden]; None: not gated
-    constrain: Constrain = _identity
 
     @property
     def num_experts(self) -> int:
@@ -63,7 +62,7 @@ class Experts:
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[experts, groups, slots, dim] -> same shape; expert e runs on x[e]."""
-        c = self.constrain
+        c = constrain
         x = c(x, _BY_EXPERT)
         h = c(jnp.einsum("egcd,edh->egch", x, self.wi_up), _HIDDEN)
         if self.wi_gate is not None:
@@ -144,9 +143,9 @@ class GatherDispatch(Dispatch):
         token_of_slot = token_of_slot.at[jnp.arange(g)[:, None], slot].set(token)
         padded = jnp.concatenate([x, jnp.zeros((g, 1, d), x.dtype)], axis=1)
         expert_in = jnp.take_along_axis(padded, token_of_slot[:, : e * c, None], axis=1)
-        expert_in = experts.constrain(expert_in.reshape(g, e, c, d), _BY_GROUP)
+        expert_in = constrain(expert_in.reshape(g, e, c, d), _BY_GROUP)
         expert_out = experts(expert_in.transpose(1, 0, 2, 3))  # [e, g, c, d]
-        expert_out = experts.constrain(expert_out.transpose(1, 0, 2, 3), _BY_GROUP)
+        expert_out = constrain(expert_out.transpose(1, 0, 2, 3), _BY_GROUP)
         out = jnp.concatenate(
             [expert_out.reshape(g, e * c, d), jnp.zeros((g, 1, d), x.dtype)], axis=1
         )

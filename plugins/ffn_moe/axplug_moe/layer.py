@@ -9,7 +9,6 @@ from axplug.layers import BaseLayer, FeedForward, ParameterSpec
 from axplug.layers.feed_forward import get_activation
 from axplug_moe.dispatch import AutoDispatch, Experts
 from axplug_moe.router import TopKRouter
-from axplug_moe.sharding import constrainer
 
 __all__ = ["MoEFeedForward"]
 
@@ -94,7 +93,6 @@ class MoEFeedForward(BaseLayer):
             wo=self._cast(params["wo"]),
             wi_gate=self._cast(params["wi_gate"]) if "wi_gate" in params else None,
             activation=self._act,
-            constrain=constrainer(self),
         )
         routing = self.router(x)
         y = self.dispatch(x, routing, experts)

@@ -1,0 +1,124 @@
+"""Per-device cost of the compiled train step as the mesh grows, from XLA's own analysis.
+
+For each layout (a preset plus modifiers) the step is compiled on fake CPU devices at each
+device count, one sequence per batch shard (weak scaling), and the table shows per-device
+FLOPs and temp memory (`cost_analysis()` / `memory_analysis()`, deterministic) as ratios to
+the smallest count, and the collectives in the partitioned HLO. Sequence parallelism is strong
+scaling instead: one long sequence, ratios to one device (ideal 1/N).
+
+    python bench/scaling.py                 # every layout, 8 -> 64 devices (about 10 minutes)
+    python bench/scaling.py --quick         # 8 -> 16 devices
+    python bench/scaling.py --layout fsdp-scan --devices 8,64 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+MAX_DEVICES = 64
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={MAX_DEVICES}"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+# Weak-scaling layouts: (preset, modifiers, batch axes whose size sets the global batch).
+LAYOUTS = {
+    "data": ("llama-tiny", ["mesh:data=-1"]),
+    "fsdp-scan": ("llama-tiny", ["mesh:fsdp=-1", "scan_layers:remat_policy=full"]),
+    "fsdp": ("llama-tiny", ["mesh:fsdp=-1"]),
+    "fsdp+model": ("llama-tiny", ["mesh:fsdp=-1,model=2", "scan_layers:remat_policy=full"]),
+    "moe+expert": (
+        "llama-tiny",
+        ["moe:num_experts=8,top_k=2", "mesh:fsdp=-1,expert=4", "scan_layers:remat_policy=full"],
+    ),
+}
+# Strong scaling along the sequence: one sequence of SEQ_LEN tokens.
+SEQ_LAYOUT = ("llama-tiny", ["scan_layers:remat_policy=full"])
+SEQ_LEN = 4096
+
+
+def measure(preset: str, modifiers: list[str], devices: int, overrides: list[str]) -> dict:
+    """Per-device FLOPs, temp bytes and collective counts of the compiled step."""
+    from axplug.aot import compile_report
+    from axplug.presets import preset_config
+
+    cfg = preset_config(preset, modifiers=modifiers, overrides=overrides)
+    report = compile_report(cfg, num_devices=devices, max_devices=devices)
+    return {
+        "devices": devices,
+        "flops": report.flops_per_step_xla / devices,
+        "temp": report.memory["temp"],
+        "collectives": report.collectives,
+        "compile_s": report.compile_s,
+    }
+
+
+def weak_scaling(name: str, counts: list[int]) -> list[dict]:
+    preset, modifiers = LAYOUTS[name]
+    rows = []
+    for n in counts:
+        # One sequence per batch shard: batch axes are every mesh axis but model.
+        model = 2 if "model=2" in " ".join(modifiers) else 1
+        rows.append(measure(preset, modifiers, n, [f"input.batch_size={n // model}"]))
+    return rows
+
+
+def seq_scaling(counts: list[int]) -> list[dict]:
+    preset, modifiers = SEQ_LAYOUT
+    over = ["input.batch_size=1", f"input.seq_len={SEQ_LEN}"]
+    rows = [measure(preset, [*modifiers, "mesh:data=1"], 1, over)]
+    for n in counts:
+        rows.append(measure(preset, [*modifiers, f"mesh:seq={n}"], n, over))
+    return rows
+
+
+def _table(title: str, rows: list[dict]) -> str:
+    base = rows[0]
+    lines = [
+        title,
+        f"  {'devices':>7} {'GFLOP/dev':>10} {'x':>6} {'temp MiB':>9} {'x':>6}  collectives",
+    ]
+    for r in rows:
+        coll = ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items())) or "-"
+        lines.append(
+            f"  {r['devices']:>7} {r['flops'] / 1e9:>10.3f} {r['flops'] / base['flops']:>6.3f} "
+            f"{r['temp'] / 2**20:>9.1f} {r['temp'] / max(base['temp'], 1):>6.3f}  {coll}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 -> 16 devices only")
+    parser.add_argument("--devices", help="comma-separated device counts (default 8,64)")
+    parser.add_argument(
+        "--layout", action="append", choices=[*LAYOUTS, "seq"], help="repeatable; default all"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per layout")
+    args = parser.parse_args(argv)
+    counts = [int(c) for c in (args.devices or ("8,16" if args.quick else "8,64")).split(",")]
+    start = time.perf_counter()
+    print(f"jax {jax.__version__}, {jax.device_count()} fake CPU devices", file=sys.stderr)
+    for name in args.layout or [*LAYOUTS, "seq"]:
+        rows = seq_scaling(counts) if name == "seq" else weak_scaling(name, counts)
+        if args.json:
+            print(json.dumps({"layout": name, "rows": rows}))
+        else:
+            kind = (
+                f"strong scaling, one {SEQ_LEN}-token sequence, mesh:seq=N"
+                if name == "seq"
+                else "weak scaling, one sequence per batch shard"
+            )
+            print(_table(f"{name} ({kind})", rows), flush=True)
+    print(f"done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The sharding scope: the mesh and logical-axis rules that layers lay out activations with.
+
+The Trainer, `axplug aot`, the inference Engine and the conformance kit enter
+`sharding_scope(mesh, rules)` inside the functions they jit, so the trace carries the layout
+and never depends on state ambient at call time. Layers name the logical axes of their
+activations, `constrain(x, ("batch", "seq", "act_embed"))`, as they name those of their
+parameters; the rules map them to mesh axes. Outside any scope `constrain` falls back to the
+mesh of `jax.set_mesh` (with the default rules), and with no mesh at all it does nothing, so
+layers run unchanged on one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from axplug.mesh import DEFAULT_AXIS_RULES, logical_to_partition_spec
+
+__all__ = [
+    "ShardingScope",
+    "sharding_scope",
+    "current_scope",
+    "constrain",
+    "partition_spec",
+    "mesh_axis_size",
+    "scoped",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingScope:
+    """A mesh and the logical-to-mesh axis rules in force."""
+
+    mesh: Mesh | jax.sharding.AbstractMesh
+    rules: tuple[tuple[str, Any], ...]
+
+    def spec(self, logical_axes: Sequence[str | None], shape=None) -> PartitionSpec:
+        """The PartitionSpec of an array whose dims carry `logical_axes`."""
+        return logical_to_partition_spec(tuple(logical_axes), self.rules, self.mesh, shape)
+
+    def axis_size(self, logical_axis: str) -> int:
+        """How many ways the rules split `logical_axis` on this mesh."""
+        spec = self.spec((logical_axis,))[0]
+        names = () if spec is None else (spec,) if isinstance(spec, str) else spec
+        size = 1
+        for name in names:
+            size *= self.mesh.shape[name]
+        return size
+
+
+_SCOPE: contextvars.ContextVar[ShardingScope | None] = contextvars.ContextVar(
+    "axplug_sharding_scope", default=None
+)
+
+
+def _with_defaults(rules: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    # Rules saved by older runs lack the activation axes: the defaults fill what they lack.
+    given = {name for name, _ in rules}
+    return tuple(rules) + tuple(r for r in DEFAULT_AXIS_RULES if r[0] not in given)
+
+
+@contextlib.contextmanager
+def sharding_scope(
+    mesh: Mesh | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
+) -> Iterator[ShardingScope | None]:
+    """Lays out activations over `mesh` by `rules` inside the block (None: no constraints)."""
+    scope = None if mesh is None else ShardingScope(mesh, _with_defaults(rules))
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def scoped(
+    fn: Callable, mesh: Mesh | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
+) -> Callable:
+    """`fn` run inside `sharding_scope(mesh, rules)`: wrap a step before jitting it."""
+
+    @functools.wraps(fn)
+    def in_scope(*args: Any, **kwargs: Any) -> Any:
+        with sharding_scope(mesh, rules):
+            return fn(*args, **kwargs)
+
+    return in_scope
+
+
+def current_scope() -> ShardingScope | None:
+    """The innermost scope, else one over `jax.set_mesh`'s mesh with the default rules."""
+    scope = _SCOPE.get()
+    if scope is not None:
+        return scope
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    return ShardingScope(mesh, DEFAULT_AXIS_RULES)
+
+
+def partition_spec(logical_axes: Sequence[str | None], shape=None) -> PartitionSpec | None:
+    """The current scope's PartitionSpec for `logical_axes`, or None outside any scope."""
+    scope = current_scope()
+    return None if scope is None else scope.spec(logical_axes, shape)
+
+
+def mesh_axis_size(logical_axis: str) -> int:
+    """How many ways the current scope splits `logical_axis` (1 outside any scope)."""
+    scope = current_scope()
+    return 1 if scope is None else scope.axis_size(logical_axis)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`x` constrained to the layout its logical axes have in the current scope."""
+    scope = current_scope()
+    if scope is None:
+        return x
+    if len(logical_axes) != x.ndim:
+        raise ValueError(f"constrain: {len(logical_axes)} logical axes for a {x.ndim}-d array")
+    spec = scope.spec(logical_axes, x.shape)
+    if isinstance(scope.mesh, Mesh):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(scope.mesh, spec))
+    return jax.lax.with_sharding_constraint(x, spec)
