@@ -25,6 +25,7 @@ from axplug.mesh import DEFAULT_AXIS_RULES, logical_to_partition_spec
 
 __all__ = [
     "ShardingScope",
+    "make_scope",
     "sharding_scope",
     "current_scope",
     "constrain",
@@ -60,18 +61,26 @@ _SCOPE: contextvars.ContextVar[ShardingScope | None] = contextvars.ContextVar(
 )
 
 
-def _with_defaults(rules: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
-    # Rules saved by older runs lack the activation axes: the defaults fill what they lack.
-    given = {name for name, _ in rules}
-    return tuple(rules) + tuple(r for r in DEFAULT_AXIS_RULES if r[0] not in given)
+def make_scope(
+    mesh: Mesh | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
+) -> ShardingScope | None:
+    """A hashable scope of `mesh` and `rules` (None without a mesh).
+
+    Rules saved by older runs lack the activation axes: the defaults fill what they lack.
+    """
+    if mesh is None:
+        return None
+    frozen = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
+    given = {name for name, _ in frozen}
+    return ShardingScope(mesh, frozen + tuple(r for r in DEFAULT_AXIS_RULES if r[0] not in given))
 
 
 @contextlib.contextmanager
 def sharding_scope(
-    mesh: Mesh | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
+    mesh: Mesh | ShardingScope | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
 ) -> Iterator[ShardingScope | None]:
     """Lays out activations over `mesh` by `rules` inside the block (None: no constraints)."""
-    scope = None if mesh is None else ShardingScope(mesh, _with_defaults(rules))
+    scope = mesh if isinstance(mesh, ShardingScope) else make_scope(mesh, rules)
     token = _SCOPE.set(scope)
     try:
         yield scope

@@ -106,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
             loaded.params,
             num_slots=1,
             max_len=len(prompt) + sampling.max_new_tokens,
+            mesh=loaded.mesh,
+            axis_rules=loaded.axis_rules,
         )
         engine.submit(Request(prompt, sampling))
     except (CheckpointError, ConfigError, LookupError, ImportError, ValueError) as exc:

@@ -27,6 +27,8 @@ import numpy as np
 from axplug.context import functional
 from axplug.inference.sampling import SamplingParams, sample_tokens
 from axplug.layers.kv_cache import EMPTY_POSITION, release_rows, set_block_tables
+from axplug.mesh import DEFAULT_AXIS_RULES
+from axplug.sharding import make_scope, sharding_scope
 
 __all__ = [
     "Request",
@@ -129,7 +131,10 @@ def _bucket(length: int, minimum: int, maximum: int) -> int:
 
 
 class Engine:
-    """Serves requests with `model` (a CausalLM) and `params` over `num_slots` cache rows."""
+    """Serves requests with `model` (a CausalLM) and `params` over `num_slots` cache rows.
+
+    With a `mesh`, every call traces inside its sharding scope (`axis_rules`), as training does.
+    """
 
     def __init__(
         self,
@@ -139,6 +144,8 @@ class Engine:
         num_slots: int = 8,
         max_len: int = 256,
         min_prefill_len: int = 16,
+        mesh: jax.sharding.Mesh | None = None,
+        axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
     ):
         for method in ("init_cache_state", "extend_step"):
             if not hasattr(model, method):
@@ -149,6 +156,7 @@ class Engine:
         if num_slots < 1 or max_len < 1:
             raise ValueError(f"num_slots ({num_slots}) and max_len ({max_len}) must be >= 1")
         self.model, self.params = model, params
+        self._scope = make_scope(mesh, axis_rules)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
         self._cache = model.init_cache_state(num_slots, max_len)
@@ -294,6 +302,7 @@ class Engine:
             top_k[s], top_p[s] = sampling.top_k, sampling.top_p
         tokens, self._cache = _extend(
             self.model,
+            self._scope,
             self.params,
             self._cache,
             jnp.asarray(ids),
@@ -341,18 +350,21 @@ class Engine:
         )
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _extend(model, params, cache, ids, positions, reset, table, last, keys, counts, *sampling):
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=3)
+def _extend(
+    model, scope, params, cache, ids, positions, reset, table, last, keys, counts, *sampling
+):
     """One prefill or decode call: writes the new tokens to the cache, samples one per row."""
     cache = set_block_tables(release_rows(cache, reset), table)
-    (logits, cache), _ = functional(
-        model,
-        prng_key=None,
-        state=params,
-        inputs={"input_ids": ids, "positions": positions, "cache_state": cache},
-        is_training=False,
-        method="extend_step",
-    )
+    with sharding_scope(scope):
+        (logits, cache), _ = functional(
+            model,
+            prng_key=None,
+            state=params,
+            inputs={"input_ids": ids, "positions": positions, "cache_state": cache},
+            is_training=False,
+            method="extend_step",
+        )
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
     step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
     return sample_tokens(logits, step_keys, *sampling), cache

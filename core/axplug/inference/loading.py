@@ -16,12 +16,15 @@ __all__ = ["LoadedModel", "load_checkpoint", "checkpoint_directory"]
 
 @dataclasses.dataclass
 class LoadedModel:
-    """A model, its restored parameters, the trainer config it came from and the step."""
+    """A model, its restored parameters, the trainer config it came from and the step; the
+    mesh and axis rules the parameters are laid out by (for `Engine(mesh=, axis_rules=)`)."""
 
     model: Any
     params: Any
     config: Any
     step: int
+    mesh: Any = None
+    axis_rules: tuple = ()
 
     @property
     def vocab_size(self) -> int:
@@ -91,7 +94,14 @@ def load_checkpoint(
             "step": jax.ShapeDtypeStruct((), "int32", sharding=_replicated(mesh)),
         }
         _, state, _ = checkpointer.restore(step, target=target)
-    return LoadedModel(model=model, params=state["params"], config=cfg, step=step)
+    return LoadedModel(
+        model=model,
+        params=state["params"],
+        config=cfg,
+        step=step,
+        mesh=mesh,
+        axis_rules=mesh_builder.axis_rules,
+    )
 
 
 def _replicated(mesh):

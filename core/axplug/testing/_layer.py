@@ -208,6 +208,7 @@ class LayerConformance:
             logical_to_partition_spec,
             parameter_shardings,
         )
+        from axplug.sharding import scoped
 
         needed = math.prod(mesh_shape)
         if jax.device_count() < needed:
@@ -218,15 +219,20 @@ class LayerConformance:
         layer = self.build(layer_config)
         params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
         key = jax.random.PRNGKey(2)
-        forward = jax.jit(lambda p, x: self.apply(layer, p, x, prng_key=key))
-        grad = jax.jit(jax.grad(lambda p, x: sum_of_squares(self.apply(layer, p, x, prng_key=key))))
-        with_grads = "differentiable" in self.capabilities
-        expected = forward(params, inputs)
-        expected_grads = grad(params, inputs) if with_grads else None
-
         mesh = MeshBuilder.default_config().set(mesh_shape=mesh_shape).instantiate()
         mesh = mesh.build(jax.devices()[:needed])
         rules = DEFAULT_AXIS_RULES
+
+        def jitted(fn, mesh=None):
+            # Sharded runs trace inside the sharding scope, as the Trainer's step does.
+            return jax.jit(scoped(fn, mesh, rules))
+
+        run = lambda p, x: self.apply(layer, p, x, prng_key=key)  # noqa: E731
+        loss = lambda p, x: sum_of_squares(run(p, x))  # noqa: E731
+        with_grads = "differentiable" in self.capabilities
+        expected = jitted(run)(params, inputs)
+        expected_grads = jitted(jax.grad(loss))(params, inputs) if with_grads else None
+        forward, grad = jitted(run, mesh), jitted(jax.grad(loss), mesh)
         p_shard = parameter_shardings(layer.create_parameter_specs_recursively(), mesh, rules)
         sharded_params = jax.device_put(params, p_shard)
 
