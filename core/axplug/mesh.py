@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from axplug.config import ConfigError, Configurable, config_class
-from axplug.layers.base import ParameterSpec
 
 __all__ = [
     "MESH_AXES",
@@ -85,6 +86,8 @@ def logical_to_partition_spec(
 
 def parameter_shardings(specs: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> Any:
     """A tree of NamedShardings for a tree of ParameterSpecs."""
+    from axplug.layers.base import ParameterSpec  # layers import the mesh's rules
+
     return jax.tree.map(
         lambda s: NamedSharding(mesh, logical_to_partition_spec(s.mesh_axes, rules, mesh, s.shape)),
         specs,
@@ -132,10 +135,127 @@ class MeshBuilder(Configurable):
         return tuple(shape)
 
     def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+        """A Mesh over `devices` (default all), laid out by `_device_array` for the topology."""
         devices = list(jax.devices() if devices is None else devices)
         shape = self.resolved_shape(len(devices))
-        return Mesh(np.asarray(devices).reshape(shape), tuple(self._config.axis_names))
+        names = tuple(self._config.axis_names)
+        return Mesh(_device_array(devices, shape, names), names)
 
     @property
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
         return tuple(self._config.axis_rules)
+
+
+# --- device layout ---------------------------------------------------------------------------
+
+log = logging.getLogger("axplug.mesh")
+
+
+def _device_array(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str]):
+    """`devices` as a `shape` array: `data` across slices or hosts (DCN), other axes within one.
+
+    A pure function of the device objects' `platform`, `process_index`, `slice_index` (TPU) and
+    the attributes `jax.experimental.mesh_utils` reads (`coords`, `core_on_chip` on TPU).
+    """
+    shape = tuple(shape)
+    if not devices or devices[0].platform == "cpu":
+        # CPU devices have no topology; keep the given order (multi-process CPU runs rely on it).
+        return np.asarray(devices).reshape(shape)
+    groups = _device_groups(devices)
+    if len(groups) == 1:
+        return _within_one_group(devices, shape)
+    split = _hybrid_shapes(shape, axis_names, len(groups))
+    if split is None:
+        group = _group_noun(devices)
+        log.warning(
+            "mesh.mesh_shape %s: the `data` axis is not a multiple of the %d %ss the devices "
+            "span, so other mesh axes cross the slow network between %ss; make `data` a "
+            "multiple of %d (e.g. `mesh:fsdp=<devices per %s>,data=-1`). Using the plain "
+            "device order.",
+            shape,
+            len(groups),
+            group,
+            group,
+            len(groups),
+            group,
+        )
+        return np.asarray(devices).reshape(shape)
+    return _across_groups(devices, shape, *split)
+
+
+def _group_noun(devices: Sequence[Any]) -> str:
+    return "slice" if devices[0].platform == "tpu" else "host"
+
+
+def _device_groups(devices: Sequence[Any]) -> list[list[Any]]:
+    """Devices grouped by TPU slice or, on other accelerators, by process (host), in key order."""
+    key = "slice_index" if devices[0].platform == "tpu" else "process_index"
+    groups: dict[int, list[Any]] = {}
+    for device in devices:
+        groups.setdefault(getattr(device, key, 0), []).append(device)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _hybrid_shapes(
+    shape: Sequence[int], axis_names: Sequence[str], num_groups: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(within-group shape, across-group shape): `data` alone spans groups; None if it cannot."""
+    if "data" not in axis_names:
+        return None
+    i = list(axis_names).index("data")
+    if shape[i] % num_groups:
+        return None
+    inner, outer = list(shape), [1] * len(shape)
+    inner[i], outer[i] = shape[i] // num_groups, num_groups
+    return tuple(inner), tuple(outer)
+
+
+def _within_one_group(devices: Sequence[Any], shape: tuple[int, ...]):
+    """`create_device_mesh` over one slice or host (ICI)."""
+
+    def make(split: bool):
+        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=split)
+
+    return _topology_layout(devices, shape, make)
+
+
+def _across_groups(devices: Sequence[Any], shape, inner: tuple[int, ...], outer: tuple[int, ...]):
+    """`create_hybrid_device_mesh`: `inner` within each slice (TPU) or process, `outer` across."""
+
+    def make(split: bool):
+        return mesh_utils.create_hybrid_device_mesh(
+            inner,
+            outer,
+            devices,
+            process_is_granule=devices[0].platform != "tpu",
+            allow_split_physical_axes=split,
+        )
+
+    return _topology_layout(devices, shape, make)
+
+
+def _topology_layout(devices: Sequence[Any], shape: tuple[int, ...], make):
+    """`make(split)` without, then with, split physical axes (warned), else the plain order."""
+    try:
+        return make(False)
+    except Exception:  # mesh_utils raises several types for layouts it lacks
+        pass
+    try:
+        array = make(True)
+    except Exception as exc:  # e.g. an unusual device count, uneven hosts, holes in a slice
+        log.warning(
+            "mesh.mesh_shape %s: no topology-aware layout of %d %s devices (%s); using the "
+            "plain device order",
+            shape,
+            len(devices),
+            devices[0].platform,
+            exc,
+        )
+        return np.asarray(devices).reshape(shape)
+    log.warning(
+        "mesh.mesh_shape %s only fits the %s topology by splitting physical axes: "
+        "collectives over them are slower",
+        shape,
+        devices[0].platform,
+    )
+    return array

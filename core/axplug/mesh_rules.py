@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from axplug.config import REQUIRED, ConfigError, Configurable, Required, chain, config_class
@@ -16,12 +17,24 @@ class MeshRule(Configurable):
 
     @config_class
     class Config(Configurable.Config):
-        pattern: Required[str] = REQUIRED  # fnmatch pattern, e.g. "gpu-*h100*-8x*"
+        # fnmatch pattern, e.g. "gpu-*h100*-8x*", or `re:` and a regular expression that must
+        # match the whole selector, e.g. r"re:tpu-v5e-\d+" (one slice of any size, never `x4`).
+        pattern: Required[str] = REQUIRED
         modifiers: list[str] = []
         description: str = ""
 
     def matches(self, selector: str) -> bool:
-        return fnmatch.fnmatchcase(selector.lower(), self._config.pattern.lower())
+        """Whether `selector` matches `pattern` (case-insensitive)."""
+        pattern = self._config.pattern
+        if not pattern.startswith("re:"):
+            return fnmatch.fnmatchcase(selector.lower(), pattern.lower())
+        try:
+            return re.fullmatch(pattern[3:], selector, re.IGNORECASE) is not None
+        except re.error as exc:
+            raise ConfigError(
+                f"mesh rule pattern {pattern!r} is not a valid regular expression ({exc}); "
+                "fix it, or drop the `re:` prefix for an fnmatch pattern"
+            ) from None
 
     def modifier(self):
         """One modifier chaining this rule's modifiers in order."""
@@ -34,16 +47,30 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def _hosts(devices: Sequence) -> tuple[int, int]:
+    """(devices per host, hosts): hosts are TPU slices, else processes; the largest host counts."""
+    key = "slice_index" if devices[0].platform == "tpu" else "process_index"
+    sizes = Counter(getattr(d, key, 0) for d in devices)
+    return max(sizes.values()), len(sizes)
+
+
 def detect_selector(devices: Sequence | None = None) -> str:
-    """`<platform>-<device kind>-<count>` of local devices, e.g. `cpu-8`, `gpu-nvidia-h100-8`."""
+    """`<platform>-<device kind>-<per host>[x<hosts>]` of `devices` (default: all of them).
+
+    E.g. `cpu-8`, `gpu-nvidia-h100-80gb-hbm3-8` (one host), `gpu-nvidia-h100-80gb-hbm3-8x32`
+    (32 hosts of 8), `tpu-tpu-v5-lite-256x4` (4 slices of 256: on TPU a host is a slice),
+    `neuron-nc-v3d-64`. CPU gives the total count, `cpu-<devices>`.
+    """
     import jax
 
     devices = list(jax.devices() if devices is None else devices)
     platform = devices[0].platform
+    if platform == "cpu":
+        return f"cpu-{len(devices)}"
+    per_host, hosts = _hosts(devices)
+    count = f"{per_host}x{hosts}" if hosts > 1 else f"{per_host}"
     kind = _slug(getattr(devices[0], "device_kind", "") or "")
-    if platform == "cpu" or not kind:
-        return f"{platform}-{len(devices)}"
-    return f"{platform}-{kind}-{len(devices)}"
+    return f"{platform}-{kind}-{count}" if kind else f"{platform}-{count}"
 
 
 def select_mesh_rule(selector: str = "auto") -> tuple[str, MeshRule]:

@@ -2,8 +2,9 @@
 across hosts, scanned layers with dot-saving remat, bf16 compute and flash attention.
 
 Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
-Selectors: `gpu-h100-8` (one host, also what `detect_selector()` gives on an 8-GPU H100 host:
-`gpu-nvidia-h100-80gb-hbm3-8`) and `gpu-h100-8x32` (32 hosts of 8).
+Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
+`detect_selector()` gives: `gpu-nvidia-h100-80gb-hbm3-8` on one 8-GPU H100 host,
+`gpu-nvidia-h100-80gb-hbm3-8x32` over 32 of them (devices per host, then `x` processes).
 """
 
 from __future__ import annotations
