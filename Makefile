@@ -62,6 +62,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/loc_complexity.py
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/checkpoint_save.py
+	$(BIN)/python bench/scaling.py
 
 .PHONY: wheels
 DIST ?= dist

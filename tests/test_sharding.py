@@ -229,3 +229,18 @@ def test_engine_decodes_inside_the_scope(tmp_path):
     finally:
         type(model.decoder).extend_step = original
     assert seen and all(s is not None and s.mesh is mesh for s in seen)
+
+
+def test_count_collectives_reads_the_partitioned_hlo():
+    from jax.sharding import NamedSharding
+
+    from axplug.aot import count_collectives
+
+    mesh = mesh_of(fsdp=8)
+    x = jax.ShapeDtypeStruct(
+        (8, 4), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec("fsdp"))
+    )
+    gather = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    assert count_collectives(gather.lower(x).compile().as_text()) == {"all-gather": 1}
+    assert count_collectives(total.lower(x).compile().as_text()) == {"all-reduce": 1}
