@@ -1,5 +1,6 @@
-"""The axplug-attention plugin: RoPE, GQA, masks, kernel dispatch, KV-cache decoding, modifiers
-and tensor-parallel sharding. Kernel numerics are in tests/test_kernels.py.
+"""The axplug-attention plugin: RoPE, GQA, masks, KV-cache decoding, modifiers, tensor-parallel
+sharding, and the kernel names it re-exports from the core. Kernel dispatch and numerics are in
+tests/test_kernels.py.
 
 Tolerance policy (as in tests/test_layers.py): float32 layer outputs rtol = atol = 1e-5; whole
 models, gradients and runs on different meshes or in different chunkings (prefill vs decode,
@@ -28,23 +29,18 @@ if not any(c.distribution == "axplug-attention" and c.loadable for c in registry
     pytest.skip("axplug-attention is disabled", allow_module_level=True)
 
 from axplug_attention import (  # noqa: E402
-    FlashAttention,
     GroupedQKVLinear,
     RotaryPositionTransform,
-    Unsupported,
     apply_rope,
-    describe_kernels,
-    kernel_choices,
     rope_frequencies,
-    select_kernel,
 )
 
 from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError  # noqa: E402
 from axplug.context import functional  # noqa: E402
+from axplug.kernels import FlashAttention  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
-    AttentionMask,
     CausalLM,
     DotProductKernel,
     IdentityPositionTransform,
@@ -107,14 +103,10 @@ def build(cfg, seed: int = 0):
 # ------------------------------------------------------------------ distribution and CLI
 
 EXPECTED = {
-    ("kernels", "reference"),
-    ("kernels", "xla"),
     ("layers", "rope"),
     ("layers", "gqa_qkv_linear"),
-    ("layers", "flash_attention"),
     ("modifiers", "rope"),
     ("modifiers", "gqa"),
-    ("modifiers", "flash_attention"),
     ("modifiers", "sliding_window"),
 }
 
@@ -158,13 +150,17 @@ def test_core_alone_fails_with_the_install_hint(tmp_path):
     assert "preset llama-tiny needs modifier 'rope': pip install axplug-attention" in proc.stderr
 
 
-def test_describe_kernels_names_the_choice_on_this_machine():
-    lines = describe_kernels()
-    assert jax.default_backend() in lines[0]
-    chosen = [line.split()[0] for line in lines[1:] if line.endswith("chosen")]
-    assert chosen == ["xla"]  # CPU: XLA outranks the reference
-    assert FlashAttention.info_lines() == lines
-    assert axplug_attention.XlaKernel.info_lines() == lines
+def test_kernel_names_are_the_cores_re_exported():
+    # Moved to axplug.kernels; old imports and saved configs (`module:Qualname`) still resolve.
+    import axplug.kernels as core_kernels
+    from axplug.config import resolve_class
+
+    for name in ("FlashAttention", "ReferenceKernel", "XlaKernel", "select_kernel", "Unsupported"):
+        assert getattr(axplug_attention, name) is getattr(core_kernels, name), name
+    assert axplug_attention.kernels.check_shapes is core_kernels.check_shapes
+    assert axplug_attention.modifiers.FlashAttentionModifier is core_kernels.FlashAttentionModifier
+    assert resolve_class("axplug_attention.dispatch:FlashAttention") is FlashAttention
+    assert set(axplug_attention.__all__) <= set(dir(axplug_attention))
 
 
 # ----------------------------------------------------------------------------------- RoPE
@@ -365,117 +361,6 @@ def test_masks_compose_the_same_in_flash_and_core_attention():
     assert not np.allclose(out2[0, 1:3], out[0, 1:3])
 
 
-# ------------------------------------------------------------------------ kernel dispatch
-
-FAKE_KERNELS = """
-import jax.numpy as jnp
-from axplug_attention import AttentionKernel, Unsupported
-
-
-class NeedsGpu(AttentionKernel):
-    priority = 100
-
-    def is_supported(self, query, key, value, mask, backend):
-        return True if backend == "gpu" else Unsupported("needs the gpu backend")
-
-    def __call__(self, query, key, value, mask, *, scale):
-        return jnp.full(query.shape, 1.0, value.dtype)
-
-
-class TpuOnly(AttentionKernel):
-    priority = 50
-
-    def is_supported(self, query, key, value, mask, backend):
-        return backend == "tpu"
-
-    def __call__(self, query, key, value, mask, *, scale):
-        return jnp.full(query.shape, 2.0, value.dtype)
-
-
-class Raises(AttentionKernel):
-    priority = 70
-
-    def is_supported(self, query, key, value, mask, backend):
-        raise RuntimeError("bad check")
-"""
-
-
-@pytest.fixture
-def fake_kernels(plugin_site):
-    plugin_site.keep_installed("axplug-attention")  # the real reference and xla kernels
-    plugin_site.add(
-        "fake-hw",
-        {
-            "axplug.kernels": {
-                "needs_gpu": "fake_hw_kernels:NeedsGpu",
-                "tpu_only": "fake_hw_kernels:TpuOnly",
-                "raises": "fake_hw_kernels:Raises",
-                "broken": "fake_hw_missing:Kernel",
-            }
-        },
-        modules={"fake_hw_kernels": FAKE_KERNELS},
-    )
-    return plugin_site
-
-
-def example_call():
-    q = normal(1, (B, S, H, 8))
-    kv = normal(2, (B, S, 2, 8))
-    mask = AttentionMask(q_positions=arange_positions(), kv_positions=arange_positions())
-    return q, kv, kv, mask
-
-
-def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
-    args = example_call()
-    choices = kernel_choices(*args, backend="cpu")
-    assert [c.name for c in choices] == ["needs_gpu", "raises", "tpu_only", "xla", "reference"]
-    reasons = {c.name: c.reason for c in choices}
-    assert reasons["needs_gpu"] == "needs the gpu backend"
-    assert reasons["raises"] == "is_supported raised RuntimeError: bad check"
-    assert reasons["tpu_only"] == "not supported" and reasons["xla"] is None
-    assert select_kernel(*args, backend="cpu")[0] == "xla"
-    assert select_kernel(*args, backend="tpu")[0] == "tpu_only"
-    assert select_kernel(*args, backend="gpu")[0] == "needs_gpu"
-    # Only the named kernels, in the given order; none supported: the reference.
-    assert select_kernel(*args, backend="gpu", names=["tpu_only", "xla"])[0] == "xla"
-    assert select_kernel(*args, backend="cpu", names=["needs_gpu"])[0] == "reference"
-    # The broken kernel is skipped, never fatal, and `axplug list` reports it.
-    from axplug import registry
-
-    (broken,) = [c for c in registry.discover("kernels") if c.name == "broken"]
-    assert broken.status == "broken" and "fake_hw_missing" in broken.reason
-
-
-def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
-    q, k, v, mask = example_call()
-    for backend, value in (("tpu", 2.0), ("gpu", 1.0)):
-        layer, _ = build(FlashAttention.default_config().set(backend=backend))
-        assert_close(run(layer, {}, (q, k, v, mask)), jnp.full(q.shape, value))
-    layer, _ = build(FlashAttention.default_config().set(backend="tpu", kernels=["reference"]))
-    core, _ = build(DotProductKernel.default_config())
-    assert_close(run(layer, {}, (q, k, v, mask)), run(core, {}, (q, k, v, mask)))
-    lines = describe_kernels(backend="tpu")
-    assert any(line.split()[0] == "tpu_only" and line.endswith("chosen") for line in lines)
-    assert any("no: needs the gpu backend" in line for line in lines)
-
-
-def test_flash_attention_rejects_unknown_kernel_names():
-    with pytest.raises(ConfigError, match="kernels: no kernel 'warp_drive' is registered"):
-        build(FlashAttention.default_config().set(kernels=["warp_drive"]))
-
-
-def test_unsupported_is_false_and_says_why():
-    answer = Unsupported("needs bf16")
-    assert not answer and answer.reason == "needs bf16"
-    from axplug_attention import XlaKernel
-
-    q = jnp.zeros((2, 4, 2, 8))
-    bad_v = jnp.zeros((2, 4, 2, 4))  # value shape differs from key
-    mask = AttentionMask(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), jnp.int32))
-    answer = XlaKernel().is_supported(q, q, bad_v, mask, "cpu")
-    assert not answer and "shape" in answer.reason
-
-
 # ------------------------------------------------------------------------------ KV cache
 
 
@@ -671,7 +556,7 @@ def test_modifier_errors():
 SWAPS = {
     "rope:theta=500000": "attention.position.theta: 500000.0",
     "gqa:num_kv_heads=2": "attention.qkv.klass: axplug_attention.gqa:GroupedQKVLinear",
-    "flash_attention": "attention.kernel.klass: axplug_attention.dispatch:FlashAttention",
+    "flash_attention": "attention.kernel.klass: axplug.kernels.layer:FlashAttention",
     "sliding_window:size=8": "attention.sliding_window: 8",
 }
 
@@ -771,7 +656,7 @@ def test_tensor_parallel_on_8_devices_matches_one_device():
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import KernelConformance, LayerConformance  # noqa: E402
+from axplug.testing import LayerConformance  # noqa: E402
 
 
 class TestRopeGqaAttentionConformance(LayerConformance):
@@ -788,11 +673,3 @@ class TestRopeGqaAttentionConformance(LayerConformance):
     @pytest.fixture
     def swap_target(self):
         return Attention
-
-
-class TestXlaKernelConformance(KernelConformance):
-    capabilities = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable")
-
-    @pytest.fixture
-    def kernel(self):
-        return registry.load("kernels", "xla")()

@@ -66,7 +66,9 @@ def test_console_script_lists_the_fake_plugin(plugin_site):
     result = _axplug(plugin_site, "list", "--kind", "kernels", "--json", command=(str(script),))
     assert result.returncode == 0, result.stderr
     assert [(r["distribution"], r["name"]) for r in json.loads(result.stdout)] == [
-        ("fake-a", "flash")
+        ("axplug", "reference"),
+        ("axplug", "xla"),
+        ("fake-a", "flash"),
     ]
 
 
@@ -113,7 +115,7 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     assert main(["--disable", "fake-a", "list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out
     assert "disabled: AXPLUG_DISABLE_PLUGINS lists it" in table
-    assert "incompatible: declares plugin API 2; axplug 0.1.0 supports plugin API 1" in table
+    assert "incompatible: declares plugin API 2; axplug 0.1.1 supports plugin API 1" in table
     assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out  # not a terminal: plain columns
     assert table.splitlines()[0].split() == ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS"]

@@ -1,4 +1,4 @@
-"""Conformance of every attention kernel registered here against a plain-jnp reference.
+"""Attention kernels: every registered kernel against a plain-jnp reference, and dispatch.
 
 One test, parametrized over every `axplug.kernels` entry importable in this environment (plus
 the `flash_attention` dispatch layer), compares forward outputs and gradients with respect to
@@ -24,13 +24,19 @@ import numpy as np
 import pytest
 
 from axplug import registry
-
-axplug_attention = pytest.importorskip("axplug_attention")
-if not any(c.distribution == "axplug-attention" and c.loadable for c in registry.discover()):
-    pytest.skip("axplug-attention is disabled", allow_module_level=True)
-
-from axplug.context import functional  # noqa: E402
-from axplug.layers import AttentionMask  # noqa: E402
+from axplug.config import ConfigError
+from axplug.context import functional
+from axplug.kernels import (
+    FlashAttention,
+    Unsupported,
+    XlaKernel,
+    describe_kernels,
+    kernel_choices,
+    registered_kernels,
+    select_kernel,
+)
+from axplug.layers import AttentionMask, DotProductKernel
+from axplug.testing import KernelConformance
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_GRAD = dict(rtol=1e-4, atol=1e-4)
@@ -149,7 +155,7 @@ def ref_attention(q, k, v, allowed, scale):
 def run_kernel(name: str):
     """(fn(q, k, v, mask), kernel) for kernel `name`; `dispatch`: the dispatch layer, None."""
     if name == "dispatch":
-        layer = axplug_attention.FlashAttention.default_config().instantiate(parent=None)
+        layer = FlashAttention.default_config().instantiate(parent=None)
 
         def fn(q, k, v, mask):
             out, _ = functional(
@@ -158,7 +164,7 @@ def run_kernel(name: str):
             return out
 
         return fn, None
-    kernel = dict(axplug_attention.registered_kernels([name]))[name]
+    kernel = dict(registered_kernels([name]))[name]
 
     def fn(q, k, v, mask):
         return kernel(q, k, v, mask, scale=1.0 / math.sqrt(q.shape[-1]))
@@ -212,6 +218,153 @@ def test_kernel_matches_reference(name, case):
 
 
 def test_every_kernel_declares_a_priority_and_a_support_check():
-    for name, kernel in axplug_attention.registered_kernels():
+    for name, kernel in registered_kernels():
         assert isinstance(getattr(kernel, "priority", None), int), name
         assert callable(getattr(kernel, "is_supported", None)), name
+
+
+# ------------------------------------------------------------------------ kernel dispatch
+
+FAKE_KERNELS = """
+import jax.numpy as jnp
+from axplug.kernels import AttentionKernel, Unsupported
+
+
+class NeedsGpu(AttentionKernel):
+    priority = 100
+
+    def is_supported(self, query, key, value, mask, backend):
+        return True if backend == "gpu" else Unsupported("needs the gpu backend")
+
+    def __call__(self, query, key, value, mask, *, scale):
+        return jnp.full(query.shape, 1.0, value.dtype)
+
+
+class TpuOnly(AttentionKernel):
+    priority = 50
+
+    def is_supported(self, query, key, value, mask, backend):
+        return backend == "tpu"
+
+    def __call__(self, query, key, value, mask, *, scale):
+        return jnp.full(query.shape, 2.0, value.dtype)
+
+
+class Raises(AttentionKernel):
+    priority = 70
+
+    def is_supported(self, query, key, value, mask, backend):
+        raise RuntimeError("bad check")
+"""
+
+
+@pytest.fixture
+def fake_kernels(plugin_site):
+    # The core's reference and xla kernels are discovered with these.
+    plugin_site.add(
+        "fake-hw",
+        {
+            "axplug.kernels": {
+                "needs_gpu": "fake_hw_kernels:NeedsGpu",
+                "tpu_only": "fake_hw_kernels:TpuOnly",
+                "raises": "fake_hw_kernels:Raises",
+                "broken": "fake_hw_missing:Kernel",
+            }
+        },
+        modules={"fake_hw_kernels": FAKE_KERNELS},
+    )
+    return plugin_site
+
+
+def example_call():
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 8, 4, 8)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((2, 8, 2, 8)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
+    return q, kv, kv, AttentionMask(q_positions=positions, kv_positions=positions)
+
+
+def run_layer(cfg, args):
+    layer = cfg.instantiate(parent=None)
+    out, _ = functional(layer, prng_key=None, state={}, inputs=args, is_training=False)
+    return out
+
+
+def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
+    args = example_call()
+    choices = kernel_choices(*args, backend="cpu")
+    assert [c.name for c in choices] == ["needs_gpu", "raises", "tpu_only", "xla", "reference"]
+    reasons = {c.name: c.reason for c in choices}
+    assert reasons["needs_gpu"] == "needs the gpu backend"
+    assert reasons["raises"] == "is_supported raised RuntimeError: bad check"
+    assert reasons["tpu_only"] == "not supported" and reasons["xla"] is None
+    assert select_kernel(*args, backend="cpu")[0] == "xla"
+    assert select_kernel(*args, backend="tpu")[0] == "tpu_only"
+    assert select_kernel(*args, backend="gpu")[0] == "needs_gpu"
+    # Only the named kernels, in the given order; none supported: the reference.
+    assert select_kernel(*args, backend="gpu", names=["tpu_only", "xla"])[0] == "xla"
+    assert select_kernel(*args, backend="cpu", names=["needs_gpu"])[0] == "reference"
+    # The broken kernel is skipped, never fatal, and `axplug list` reports it.
+    (broken,) = [c for c in registry.discover("kernels") if c.name == "broken"]
+    assert broken.status == "broken" and "fake_hw_missing" in broken.reason
+
+
+def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
+    args = example_call()
+    for backend, value in (("tpu", 2.0), ("gpu", 1.0)):
+        out = run_layer(FlashAttention.default_config().set(backend=backend), args)
+        assert_close(out, jnp.full(args[0].shape, value), F32)
+    cfg = FlashAttention.default_config().set(backend="tpu", kernels=["reference"])
+    assert_close(run_layer(cfg, args), run_layer(DotProductKernel.default_config(), args), F32)
+    lines = describe_kernels(backend="tpu")
+    assert any(line.split()[0] == "tpu_only" and line.endswith("chosen") for line in lines)
+    assert any("no: needs the gpu backend" in line for line in lines)
+
+
+def test_flash_attention_rejects_unknown_kernel_names():
+    with pytest.raises(ConfigError, match="kernels: no kernel 'warp_drive' is registered"):
+        FlashAttention.default_config().set(kernels=["warp_drive"]).instantiate(parent=None)
+
+
+def test_describe_kernels_names_the_choice_on_this_machine():
+    lines = describe_kernels()
+    assert jax.default_backend() in lines[0]
+    chosen = [line.split()[0] for line in lines[1:] if line.endswith("chosen")]
+    assert chosen == ["xla"]  # CPU: XLA outranks the reference
+    assert FlashAttention.info_lines() == lines
+    assert XlaKernel.info_lines() == lines
+
+
+def test_unsupported_is_false_and_says_why():
+    answer = Unsupported("needs bf16")
+    assert not answer and answer.reason == "needs bf16"
+    q = jnp.zeros((2, 4, 2, 8))
+    bad_v = jnp.zeros((2, 4, 2, 4))  # value shape differs from key
+    mask = AttentionMask(jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), jnp.int32))
+    answer = XlaKernel().is_supported(q, q, bad_v, mask, "cpu")
+    assert not answer and "shape" in answer.reason
+
+
+def test_flash_attention_modifier_is_the_cores():
+    # Hardware mesh rules name it, and they depend on the core alone.
+    (component,) = [c for c in registry.discover("modifiers") if c.name == "flash_attention"]
+    assert component.distribution == "axplug"
+    from axplug.layers import Attention, QKVLinear
+    from axplug.modifiers import make_modifier
+
+    cfg = Attention.default_config().set(input_dim=8, num_heads=2)
+    flash = make_modifier("flash_attention:backend='tpu'")(cfg)
+    assert flash.kernel.klass is FlashAttention and flash.kernel.backend == "tpu"
+    assert cfg.kernel.klass is DotProductKernel  # never mutates its input
+    again = make_modifier("flash_attention:kernels=['xla']")(flash)
+    assert again.kernel.kernels == ["xla"] and again.kernel.backend is None
+    with pytest.raises(ConfigError, match="modifier 'flash_attention': the config has no"):
+        make_modifier("flash_attention")(QKVLinear.default_config())
+
+
+class TestXlaKernelConformance(KernelConformance):
+    capabilities = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable")
+
+    @pytest.fixture
+    def kernel(self):
+        return registry.load("kernels", "xla")()

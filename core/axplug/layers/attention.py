@@ -23,7 +23,6 @@ __all__ = [
     "Attention",
 ]
 
-NEG_INF = -1e30
 _Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
 _KV_AXES = ("batch", "kv_seq", "heads", None)
 
@@ -106,24 +105,15 @@ class DotProductKernel(BaseLayer):
 
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         # q: [b, sq, h, d]; k, v: [b, skv, kvh, d] -> [b, sq, h, d]
-        b, sq, h, d = q.shape
-        kvh = k.shape[2]
+        # Imported here: axplug.kernels builds on this module (AttentionMask, this layer).
+        from axplug.kernels.reference import reference_attention
+
+        h, kvh = q.shape[2], k.shape[2]
         if h % kvh:
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
+        d = q.shape[-1]
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
-        allowed = mask.dense()  # [b, 1, sq, skv]
-        if kvh == h:
-            # The plain 4-D layout: the grouped one below makes XLA:CPU copy the probabilities.
-            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-            logits = jnp.where(allowed, logits * scale, NEG_INF)
-            probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-            return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-        qg = q.reshape(b, sq, kvh, h // kvh, d)
-        logits = jnp.einsum("bqngd,bknd->bngqk", qg, k, preferred_element_type=jnp.float32)
-        logits = jnp.where(allowed[:, :, None], logits * scale, NEG_INF)  # [b, n, g, sq, skv]
-        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bngqk,bknd->bqngd", probs, v)
-        return out.reshape(b, sq, h, d)
+        return reference_attention(q, k, v, mask.dense(), scale=scale)
 
 
 class Attention(BaseLayer):

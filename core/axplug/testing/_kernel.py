@@ -48,33 +48,11 @@ CASES = {
 }
 
 
-class _CoreReference:
-    """The core DotProductKernel behind the kernel protocol (when axplug-attention is absent)."""
-
-    def __call__(self, query, key, value, mask, *, scale):
-        from axplug.context import functional
-        from axplug.layers import DotProductKernel
-
-        layer = DotProductKernel.default_config().set(name="reference", scale=scale)
-        out, _ = functional(
-            layer.instantiate(parent=None),
-            prng_key=None,
-            state={},
-            inputs=(query, key, value, mask),
-            is_training=False,
-        )
-        return out
-
-
 def reference_kernel() -> Any:
-    """The registered `reference` kernel if a plugin provides one, else the core's
-    DotProductKernel (the same math): found through the registry, never by import."""
-    from axplug import registry
+    """The core's reference attention kernel (`axplug.kernels.ReferenceKernel`)."""
+    from axplug.kernels import ReferenceKernel
 
-    try:
-        return registry.load("kernels", "reference")()
-    except (LookupError, ImportError):
-        return _CoreReference()
+    return ReferenceKernel()
 
 
 def make_problem(case: Case, dtype=jnp.float32, seed: int = 0):
@@ -106,9 +84,10 @@ class KernelConformance:
     """Subclass as `TestMyKernel(KernelConformance)` and override the `kernel` fixture.
 
     `kernel` returns an object with `__call__(query, key, value, mask, *, scale)` (and
-    optionally `is_supported(query, key, value, mask, backend)`), the `axplug.kernels`
-    protocol. Optional fixtures: `reference` (default `reference_kernel()`), `tolerance`,
-    `dtype`. Declare in `capabilities` which mask features and layouts the kernel supports.
+    optionally `is_supported(query, key, value, mask, backend)`), the protocol of
+    `axplug.kernels.AttentionKernel`. Optional fixtures: `reference` (default
+    `reference_kernel()`), `tolerance`, `dtype`. Declare in `capabilities` which mask features
+    and layouts the kernel supports.
     """
 
     capabilities: tuple[str, ...] = KERNEL_CAPABILITIES

@@ -1,18 +1,18 @@
-"""Kernel dispatch: the first supported registered kernel for this backend, else the reference."""
+"""Kernel dispatch and the `FlashAttention` slot, now in `axplug.kernels`.
 
-from __future__ import annotations
+Re-exported so `axplug_attention.dispatch:FlashAttention` in saved configs (`config.txt`,
+`to_dict` output) and existing imports keep resolving.
+"""
 
-import logging
-import math
-from typing import Any, NamedTuple
-
-import jax
-import jax.numpy as jnp
-
-from axplug import registry
-from axplug.config import ConfigError, config_class
-from axplug.layers import AttentionMask, BaseLayer
-from axplug_attention.kernels import ReferenceKernel
+from axplug.kernels import (
+    FALLBACK,
+    FlashAttention,
+    KernelChoice,
+    describe_kernels,
+    kernel_choices,
+    registered_kernels,
+    select_kernel,
+)
 
 __all__ = [
     "FALLBACK",
@@ -23,134 +23,3 @@ __all__ = [
     "select_kernel",
     "describe_kernels",
 ]
-
-log = logging.getLogger("axplug.attention")
-
-FALLBACK = "reference"
-
-
-class KernelChoice(NamedTuple):
-    """One registered kernel and whether it can run a given call."""
-
-    name: str  # registry name (`dist:name` when two distributions share it)
-    priority: int
-    supported: bool
-    reason: str | None  # why not, when unsupported
-
-
-def _instance(obj: Any) -> Any:
-    return obj() if isinstance(obj, type) else obj
-
-
-def registered_kernels(names: list[str] | None = None) -> list[tuple[str, Any]]:
-    """(name, kernel) of every loadable `axplug.kernels` entry by priority, or of `names` in
-    that order. A kernel whose import fails is skipped (the registry records it and
-    `axplug list` shows it as broken)."""
-    kernels = []
-    for name in registry.names("kernels") if names is None else names:
-        try:
-            kernels.append((name, _instance(registry.load("kernels", name))))
-        except registry.PluginLoadError:
-            continue
-    if names is None:
-        kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))
-    return kernels
-
-
-def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoice]:
-    out = []
-    for name, kernel in kernels:
-        try:
-            answer = kernel.is_supported(query, key, value, mask, backend)
-        except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch
-            answer, reason = False, f"is_supported raised {type(exc).__name__}: {exc}"
-        else:
-            reason = None if answer else getattr(answer, "reason", None) or "not supported"
-        out.append(KernelChoice(name, getattr(kernel, "priority", 0), bool(answer), reason))
-    return out
-
-
-def kernel_choices(query, key, value, mask, *, backend: str | None = None, names=None):
-    """A KernelChoice for every kernel in dispatch order, for this call on `backend`."""
-    kernels = registered_kernels(names)
-    return _choices(kernels, query, key, value, mask, backend or jax.default_backend())
-
-
-def select_kernel(query, key, value, mask, *, backend: str | None = None, names=None):
-    """(name, kernel): the first supported kernel in priority order, else the reference."""
-    kernels = registered_kernels(names)
-    choices = _choices(kernels, query, key, value, mask, backend or jax.default_backend())
-    for choice, (name, kernel) in zip(choices, kernels, strict=True):
-        if choice.supported:
-            return name, kernel
-    return FALLBACK, ReferenceKernel()
-
-
-def _example_call(
-    dtype: str = "bfloat16",
-    *,
-    seq: int = 2048,
-    heads: int = 8,
-    kv_heads: int = 8,
-    head_dim: int = 128,
-    sliding_window: int | None = None,
-):
-    q = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.dtype(dtype))
-    kv = jax.ShapeDtypeStruct((1, seq, kv_heads, head_dim), jnp.dtype(dtype))
-    positions = jax.ShapeDtypeStruct((1, seq), jnp.int32)
-    mask = AttentionMask(
-        q_positions=positions, kv_positions=positions, sliding_window=sliding_window
-    )
-    return q, kv, kv, mask
-
-
-def describe_kernels(backend: str | None = None, **example: Any) -> list[str]:
-    """Lines saying which kernel dispatch picks on `backend` for a typical causal call."""
-    backend = backend or jax.default_backend()
-    args = _example_call(**example)
-    q = args[0]
-    shape = "x".join(map(str, q.shape))
-    lines = [f"attention kernels on backend {backend!r} for a causal {q.dtype} [{shape}] call:"]
-    choices = kernel_choices(*args, backend=backend)
-    chosen = next((c.name for c in choices if c.supported), FALLBACK)
-    for c in choices:
-        mark = "chosen" if c.name == chosen else "ok" if c.supported else f"no: {c.reason}"
-        lines.append(f"  {c.name:<24} priority {c.priority:<4} {mark}")
-    if not any(c.name == chosen for c in choices):
-        lines.append(f"  {FALLBACK:<24} (built-in fallback) chosen")
-    return lines
-
-
-class FlashAttention(BaseLayer):
-    """Attention kernel slot that dispatches to the best registered kernel for the backend."""
-
-    @config_class
-    class Config(BaseLayer.Config):
-        scale: float | None = None  # None: 1/sqrt(head_dim)
-        # Registry names to try in this order; None: every registered kernel by priority.
-        kernels: list[str] | None = None
-        # Backend the kernels are chosen for; None: jax.default_backend().
-        backend: str | None = None
-
-    def __init__(self, cfg: Config, *, parent=None):
-        super().__init__(cfg, parent=parent)
-        if cfg.kernels is not None:
-            known = registry.names("kernels")
-            for name in cfg.kernels:
-                if name not in known:
-                    raise ConfigError(
-                        f"{self.path}.kernels: no kernel {name!r} is registered; "
-                        f"registered kernels: {', '.join(known) or 'none'}"
-                    )
-
-    def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
-        cfg = self._config
-        name, kernel = select_kernel(q, k, v, mask, backend=cfg.backend, names=cfg.kernels)
-        log.debug("%s: attention kernel %s", self.path, name)
-        scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        return kernel(q, k, v, mask, scale=scale)
-
-    @classmethod
-    def info_lines(cls) -> list[str]:
-        """Extra lines for `axplug info`: the kernel chosen on this machine."""
-        return describe_kernels()

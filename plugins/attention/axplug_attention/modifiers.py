@@ -1,6 +1,6 @@
-"""Modifiers that turn every attention layer of any config tree into RoPE / GQA / flash /
-sliding-window attention: `rope:theta=500000`, `gqa:num_kv_heads=8`, `flash_attention`,
-`sliding_window:size=4096`."""
+"""Modifiers that turn every attention layer of any config tree into RoPE / GQA /
+sliding-window attention: `rope:theta=500000`, `gqa:num_kv_heads=8`, `sliding_window:size=4096`.
+`flash_attention` is the core's (`axplug.kernels`), re-exported here for existing imports."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from axplug.config import (
     find_configs,
     replace_config,
 )
-from axplug.layers import Attention, DotProductKernel, IdentityPositionTransform, QKVLinear
-from axplug_attention.dispatch import FlashAttention
+from axplug.kernels import FlashAttentionModifier
+from axplug.layers import Attention, IdentityPositionTransform, QKVLinear
 from axplug_attention.gqa import GroupedQKVLinear
 from axplug_attention.rope import RotaryPositionTransform
 
@@ -108,27 +108,6 @@ class GQAModifier(ConfigModifier):
             new_cfg=qkv,
             again=GroupedQKVLinear,
             fields={"num_kv_heads": n},
-        )
-
-
-class FlashAttentionModifier(ConfigModifier):
-    """Every attention kernel dispatches to the best registered kernel for the backend."""
-
-    @config_class
-    class Config(ConfigModifier.Config):
-        kernels: list[str] | None = None  # try only these, in order
-        backend: str | None = None
-
-    def __call__(self, cfg: ConfigBase) -> ConfigBase:
-        fields = {"kernels": copy.copy(self._config.kernels), "backend": self._config.backend}
-        flash = FlashAttention.default_config().set(**fields)
-        return _swap(
-            cfg,
-            modifier="flash_attention",
-            target=DotProductKernel,
-            new_cfg=flash,
-            again=FlashAttention,
-            fields=fields,
         )
 
 

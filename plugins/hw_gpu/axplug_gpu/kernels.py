@@ -3,15 +3,24 @@
 Both compute attention by *index*: causal means key index <= query index. That equals the
 position-based mask of `AttentionMask` for self-attention over a whole sequence (training,
 prefill), where positions increase with the index; decoding (q_len != kv_len) is left to the
-XLA kernel. Packed sequences are handled through segment ids.
+XLA kernel. Packed sequences are handled through segment ids. Under a multi-device sharding
+scope each call runs per device on its batch rows (and heads) in a shard_map
+(`axplug.kernels.shard_over_batch`); a sequence sharded over the `seq` mesh axis is declined, so
+dispatch falls back to the XLA kernel, which is exact there.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from axplug_attention import AttentionKernel, Unsupported
-from axplug_attention.kernels import check_shapes
+
+from axplug.kernels import (
+    AttentionKernel,
+    Unsupported,
+    check_sequence_sharding,
+    check_shapes,
+    shard_over_batch,
+)
 
 __all__ = ["CudnnFlashKernel", "PallasGpuFlashKernel", "GPU_BACKENDS"]
 
@@ -26,7 +35,7 @@ else:
 
 
 def _common(query, key, value, mask, backend: str, dtypes) -> Unsupported | None:
-    """Checks both kernels share: backend, shapes, dtypes, self-attention."""
+    """Checks both kernels share: backend, shapes, dtypes, self-attention, sharding."""
     if backend not in GPU_BACKENDS:
         return Unsupported(f"needs a CUDA GPU backend, not {backend!r}")
     if (problem := check_shapes(query, key, value)) is not None:
@@ -38,7 +47,7 @@ def _common(query, key, value, mask, backend: str, dtypes) -> Unsupported | None
         return Unsupported(f"dtype {query.dtype} (needs {names})")
     if query.shape[1] != key.shape[1]:
         return Unsupported("q_len != kv_len (decoding): index-based masks would be wrong")
-    return None
+    return check_sequence_sharding(query)
 
 
 def _gpu_availability(backend: str | None) -> str | None:
@@ -84,6 +93,10 @@ class CudnnFlashKernel(AttentionKernel):
         return True
 
     def __call__(self, query, key, value, mask, *, scale):
+        return shard_over_batch(self.attend, query, key, value, mask, scale=scale)
+
+    def attend(self, query, key, value, mask, *, scale):
+        """The cuDNN call on one device's operands (what `__call__` runs per shard)."""
         window = None if mask.sliding_window is None else (mask.sliding_window - 1, 0)
         return jax.nn.dot_product_attention(
             query,
@@ -131,6 +144,10 @@ class PallasGpuFlashKernel(AttentionKernel):
         return True
 
     def __call__(self, query, key, value, mask, *, scale):
+        return shard_over_batch(self.attend, query, key, value, mask, scale=scale)
+
+    def attend(self, query, key, value, mask, *, scale):
+        """The Triton call on one device's operands (what `__call__` runs per shard)."""
         return _pallas_attention.mha(
             query,
             key,

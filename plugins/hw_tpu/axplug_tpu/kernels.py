@@ -3,7 +3,10 @@
 Splash masks by *index*: causal means key index <= query index, which equals `AttentionMask`'s
 position-based mask for self-attention over whole sequences (training, prefill). Decoding
 (q_len != kv_len) is left to the XLA kernel. The kernel runs per batch element and kv head
-(vmap); under a multi-device mesh it needs a shard_map wrapper, which this kernel does not add.
+(vmap). Mosaic calls cannot be partitioned by XLA, so under a multi-device sharding scope each
+call runs per device on its batch rows (and heads) in a shard_map
+(`axplug.kernels.shard_over_batch`); a sequence sharded over the `seq` mesh axis is declined, so
+dispatch falls back to the XLA kernel, which is exact there.
 """
 
 from __future__ import annotations
@@ -12,8 +15,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from axplug_attention import AttentionKernel, Unsupported
-from axplug_attention.kernels import check_shapes
+
+from axplug.kernels import (
+    AttentionKernel,
+    Unsupported,
+    check_sequence_sharding,
+    check_shapes,
+    shard_over_batch,
+)
 
 __all__ = ["SplashAttentionKernel"]
 
@@ -61,9 +70,14 @@ class SplashAttentionKernel(AttentionKernel):
             return Unsupported(f"head_dim {d} not a multiple of 128 (TPU lane width)")
         if mask.sliding_window is not None and not mask.causal:
             return Unsupported("a non-causal sliding window")
-        return True
+        problem = check_sequence_sharding(query)
+        return True if problem is None else problem
 
     def __call__(self, query, key, value, mask, *, scale):
+        return shard_over_batch(self.attend, query, key, value, mask, scale=scale)
+
+    def attend(self, query, key, value, mask, *, scale):
+        """The Splash call on one device's operands (what `__call__` runs per shard)."""
         b, s, h, d = query.shape
         kvh = key.shape[2]
         group = h // kvh

@@ -1,0 +1,115 @@
+"""Kernel dispatch: the first supported registered kernel for this backend, else the reference."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from axplug import registry
+from axplug.kernels.reference import ReferenceKernel
+from axplug.layers import AttentionMask
+
+__all__ = [
+    "FALLBACK",
+    "KernelChoice",
+    "registered_kernels",
+    "kernel_choices",
+    "select_kernel",
+    "describe_kernels",
+]
+
+FALLBACK = "reference"
+
+
+class KernelChoice(NamedTuple):
+    """One registered kernel and whether it can run a given call."""
+
+    name: str  # registry name (`dist:name` when two distributions share it)
+    priority: int
+    supported: bool
+    reason: str | None  # why not, when unsupported
+
+
+def _instance(obj: Any) -> Any:
+    return obj() if isinstance(obj, type) else obj
+
+
+def registered_kernels(names: list[str] | None = None) -> list[tuple[str, Any]]:
+    """(name, kernel) of every loadable `axplug.kernels` entry by priority, or of `names` in
+    that order. A kernel whose import fails is skipped (the registry records it and
+    `axplug list` shows it as broken)."""
+    kernels = []
+    for name in registry.names("kernels") if names is None else names:
+        try:
+            kernels.append((name, _instance(registry.load("kernels", name))))
+        except registry.PluginLoadError:
+            continue
+    if names is None:
+        kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))
+    return kernels
+
+
+def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoice]:
+    out = []
+    for name, kernel in kernels:
+        try:
+            answer = kernel.is_supported(query, key, value, mask, backend)
+        except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch
+            answer, reason = False, f"is_supported raised {type(exc).__name__}: {exc}"
+        else:
+            reason = None if answer else getattr(answer, "reason", None) or "not supported"
+        out.append(KernelChoice(name, getattr(kernel, "priority", 0), bool(answer), reason))
+    return out
+
+
+def kernel_choices(query, key, value, mask, *, backend: str | None = None, names=None):
+    """A KernelChoice for every kernel in dispatch order, for this call on `backend`."""
+    kernels = registered_kernels(names)
+    return _choices(kernels, query, key, value, mask, backend or jax.default_backend())
+
+
+def select_kernel(query, key, value, mask, *, backend: str | None = None, names=None):
+    """(name, kernel): the first supported kernel in priority order, else the reference."""
+    kernels = registered_kernels(names)
+    choices = _choices(kernels, query, key, value, mask, backend or jax.default_backend())
+    for choice, (name, kernel) in zip(choices, kernels, strict=True):
+        if choice.supported:
+            return name, kernel
+    return FALLBACK, ReferenceKernel()
+
+
+def _example_call(
+    dtype: str = "bfloat16",
+    *,
+    seq: int = 2048,
+    heads: int = 8,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    sliding_window: int | None = None,
+):
+    q = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.dtype(dtype))
+    kv = jax.ShapeDtypeStruct((1, seq, kv_heads, head_dim), jnp.dtype(dtype))
+    positions = jax.ShapeDtypeStruct((1, seq), jnp.int32)
+    mask = AttentionMask(
+        q_positions=positions, kv_positions=positions, sliding_window=sliding_window
+    )
+    return q, kv, kv, mask
+
+
+def describe_kernels(backend: str | None = None, **example: Any) -> list[str]:
+    """Lines saying which kernel dispatch picks on `backend` for a typical causal call."""
+    backend = backend or jax.default_backend()
+    args = _example_call(**example)
+    q = args[0]
+    shape = "x".join(map(str, q.shape))
+    lines = [f"attention kernels on backend {backend!r} for a causal {q.dtype} [{shape}] call:"]
+    choices = kernel_choices(*args, backend=backend)
+    chosen = next((c.name for c in choices if c.supported), FALLBACK)
+    for c in choices:
+        mark = "chosen" if c.name == chosen else "ok" if c.supported else f"no: {c.reason}"
+        lines.append(f"  {c.name:<24} priority {c.priority:<4} {mark}")
+    if not any(c.name == chosen for c in choices):
+        lines.append(f"  {FALLBACK:<24} (built-in fallback) chosen")
+    return lines

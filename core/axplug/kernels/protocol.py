@@ -1,0 +1,68 @@
+"""The attention-kernel protocol every `axplug.kernels` entry follows, and `Unsupported`.
+
+A kernel is registered under the `axplug.kernels` entry-point group; the entry loads a class
+(instantiated with no arguments) or an instance with:
+
+- `priority: int` - higher is tried first (reference 0, xla 10; hardware kernels use 100+);
+- `is_supported(query, key, value, mask, backend) -> True | Unsupported(reason)` - decides from
+  shapes, dtypes, the mask's static fields, the backend name and the sharding scope only
+  (arguments may be `jax.ShapeDtypeStruct`s), so the choice is made once at trace time;
+- `__call__(query, key, value, mask, *, scale) -> out` - query [b, sq, h, d],
+  key/value [b, skv, kvh, d] with h % kvh == 0, mask an `axplug.layers.AttentionMask`;
+  returns [b, sq, h, d] in value's dtype, differentiable.
+"""
+
+from __future__ import annotations
+
+import jax
+
+__all__ = ["AttentionKernel", "Unsupported", "check_shapes"]
+
+
+class Unsupported:
+    """A false `is_supported` answer that says why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"Unsupported({self.reason!r})"
+
+
+class AttentionKernel:
+    """Base of attention kernels (subclassing is optional: the protocol is what counts)."""
+
+    priority: int = 0
+
+    def is_supported(self, query, key, value, mask, backend: str):
+        problem = check_shapes(query, key, value)
+        return True if problem is None else problem
+
+    def __call__(self, query, key, value, mask, *, scale: float) -> jax.Array:
+        raise NotImplementedError(type(self).__qualname__)
+
+    @classmethod
+    def info_lines(cls) -> list[str]:
+        """Extra lines for `axplug info`: every kernel's answer here and the one chosen."""
+        from axplug.kernels.dispatch import describe_kernels  # dispatch imports this module
+
+        return describe_kernels()
+
+
+def check_shapes(query, key, value) -> Unsupported | None:
+    """None when q/k/v have the shapes every kernel expects, else why not."""
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        return Unsupported("q, k, v must be [batch, seq, heads, head_dim]")
+    if key.shape != value.shape:
+        return Unsupported(f"key {key.shape} and value {value.shape} shapes differ")
+    h, kvh = query.shape[2], key.shape[2]
+    if h % kvh:
+        return Unsupported(f"{h} query heads not divisible by {kvh} kv heads")
+    if query.shape[-1] != key.shape[-1]:
+        return Unsupported(f"query head_dim {query.shape[-1]} != key head_dim {key.shape[-1]}")
+    return None

@@ -1,0 +1,35 @@
+"""`jax.nn.dot_product_attention(implementation="xla")` as a kernel: exact under any sharding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
+
+__all__ = ["XlaKernel"]
+
+
+class XlaKernel(AttentionKernel):
+    """`jax.nn.dot_product_attention(implementation="xla")` with the mask made from positions.
+
+    XLA partitions it like any jnp code, so it stays exact when the sequence is sharded (the
+    keys and values arrive gathered): dispatch falls back to it where flash kernels decline.
+    """
+
+    priority = 10
+
+    def is_supported(self, query, key, value, mask, backend):
+        if (problem := check_shapes(query, key, value)) is not None:  # Unsupported is falsy
+            return problem
+        if not jnp.issubdtype(query.dtype, jnp.floating):
+            return Unsupported(f"dtype {query.dtype} is not floating point")
+        if not query.dtype == key.dtype == value.dtype:
+            return Unsupported("q, k, v dtypes differ")
+        return True
+
+    def __call__(self, query, key, value, mask, *, scale):
+        # The mask comes from positions, not indices: packed sequences and decode offsets work.
+        return jax.nn.dot_product_attention(
+            query, key, value, mask=mask.dense(), scale=scale, implementation="xla"
+        )
