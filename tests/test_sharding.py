@@ -22,6 +22,7 @@ from axplug.sharding import (
     constrain,
     current_scope,
     make_scope,
+    map_over_batch,
     mesh_axis_size,
     partition_spec,
     sharding_scope,
@@ -157,6 +158,18 @@ def _param_shapes(cfg) -> set[tuple[int, ...]]:
     return shapes
 
 
+def _not_parameter_shaped(gathered, params) -> set[tuple[int, ...]]:
+    """Gathered shapes that are no parameter's shape or a shard of one (dims dividing it)."""
+    return {
+        g
+        for g in gathered
+        if not any(
+            len(p) == len(g) and all(d and s % d == 0 for d, s in zip(g, p, strict=True))
+            for p in params
+        )
+    }
+
+
 def _all_gather_shapes(hlo: str) -> list[tuple[int, ...]]:
     found = re.findall(r"= \(?[a-z0-9]+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
     return [tuple(int(d) for d in dims.split(",") if d) for dims in found]
@@ -186,9 +199,9 @@ def test_fsdp_weak_scaling_is_flat_and_gathers_only_parameters(tmp_path, modifie
     (f2, t2, _), (f8, t8, hlo) = costs[2], costs[8]
     assert f8 / f2 <= 1.03 and t8 / t2 <= 1.03, (f8 / f2, t8 / t2)
     # FSDP gathers weights before use and never the batch of activations.
-    allowed = _param_shapes(small_llama(tmp_path, *modifiers, batch=8, seq=128))
     gathered = _all_gather_shapes(hlo)
-    assert gathered and set(gathered) <= allowed, set(gathered) - allowed
+    params = _param_shapes(small_llama(tmp_path, *modifiers, batch=8, seq=128))
+    assert gathered and not _not_parameter_shaped(gathered, params)
 
 
 def test_sequence_parallel_divides_the_work_of_one_sequence(tmp_path):
@@ -199,12 +212,30 @@ def test_sequence_parallel_divides_the_work_of_one_sequence(tmp_path):
     assert flops <= 0.14 and temp <= 0.18, (flops, temp)  # ideal 0.125
 
 
-def test_aot_traces_moe_with_its_expert_layout(tmp_path):
+def test_moe_expert_parallel_step_gathers_only_parameters(tmp_path):
     # The MoE dispatch reads the scope the Trainer jits in, so AOT sees the all-to-alls.
     # (tests/test_moe_plugin.py checks expert-parallel losses against one device.)
     cfg = small_llama(tmp_path, "moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4")
     report = compile_report(cfg, num_devices=8, max_devices=8)
     assert report.collectives.get("all-to-all", 0) >= 2
+    gathered = _all_gather_shapes(compile_step(cfg, 8)[2])
+    assert gathered and not _not_parameter_shaped(gathered, _param_shapes(cfg))
+
+
+def test_map_over_batch_runs_row_wise_ops_per_device():
+    mesh = mesh_of(fsdp=8)
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 16, 6))
+    top2 = lambda p: jax.lax.top_k(p, 2)  # noqa: E731
+
+    def f(x):
+        with sharding_scope(mesh):
+            return map_over_batch(top2, constrain(x, ("batch", None, None)))
+
+    got = jax.jit(f)(x)
+    jax.tree.map(np.testing.assert_array_equal, got, top2(x))
+    hlo = jax.jit(f).lower(x).compile().as_text()
+    assert "all-gather" not in hlo  # left to XLA, top_k gathers every row
+    assert map_over_batch(top2, x)[0].shape == (8, 16, 2)  # no scope: a plain call
 
 
 def test_engine_decodes_inside_the_scope(tmp_path):

@@ -32,6 +32,7 @@ __all__ = [
     "partition_spec",
     "mesh_axis_size",
     "scoped",
+    "map_over_batch",
 ]
 
 
@@ -122,6 +123,31 @@ def mesh_axis_size(logical_axis: str) -> int:
     """How many ways the current scope splits `logical_axis` (1 outside any scope)."""
     scope = current_scope()
     return 1 if scope is None else scope.axis_size(logical_axis)
+
+
+def map_over_batch(fn: Callable, *xs: jax.Array) -> Any:
+    """`fn(*xs)` run on each device's rows of `xs` (leading dim: batch) in a shard_map.
+
+    For row-wise ops that XLA's partitioner replicates instead of splitting (e.g. `top_k`
+    gathers every row onto every device). Outputs are split by rows like the inputs; outside
+    a scope, on one device or inside a shard_map it is a plain call.
+    """
+    scope = current_scope()
+    context = jax.sharding.get_abstract_mesh()
+    if scope is None or scope.mesh.size == 1 or (not context.empty and context.manual_axes):
+        return fn(*xs)
+    rows = scope.spec(("batch",), (xs[0].shape[0],))
+    if rows[0] is None:
+        return fn(*xs)
+    spec = PartitionSpec(rows[0])
+    out = jax.eval_shape(fn, *xs)
+    return jax.shard_map(
+        fn,
+        mesh=scope.mesh,
+        in_specs=tuple(spec for _ in xs),
+        out_specs=jax.tree.map(lambda _: spec, out),
+        check_vma=False,
+    )(*xs)
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

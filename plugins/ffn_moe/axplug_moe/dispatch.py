@@ -140,7 +140,9 @@ class GatherDispatch(Dispatch):
         token = jnp.broadcast_to(jnp.arange(s * k, dtype=jnp.int32) // k, (g, s * k))
         # token_of_slot[g, e * c + p]: the token in slot p of expert e; s (a zero row): empty.
         token_of_slot = jnp.full((g, e * c + 1), s, jnp.int32)
-        token_of_slot = token_of_slot.at[jnp.arange(g)[:, None], slot].set(token)
+        # Per group (vmap): a scatter batched over groups stays split like the groups, where
+        # indexing groups by an iota made XLA gather every group's slots onto every device.
+        token_of_slot = jax.vmap(lambda t, i, v: t.at[i].set(v))(token_of_slot, slot, token)
         padded = jnp.concatenate([x, jnp.zeros((g, 1, d), x.dtype)], axis=1)
         expert_in = jnp.take_along_axis(padded, token_of_slot[:, : e * c, None], axis=1)
         expert_in = constrain(expert_in.reshape(g, e, c, d), _BY_GROUP)

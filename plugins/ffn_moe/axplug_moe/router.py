@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers import BaseLayer, ParameterSpec
+from axplug.sharding import constrain, map_over_batch
 
 __all__ = ["TopKRouter", "Routing", "expert_capacity"]
 
@@ -90,8 +91,11 @@ class TopKRouter(BaseLayer):
         logits = jnp.einsum(
             "gsd,de->gse", x.astype(jnp.float32), self.parameters["weight"].astype(jnp.float32)
         )
+        logits = constrain(logits, ("batch", None, None))
         probs = jax.nn.softmax(logits, axis=-1)  # [g, s, e]
-        gates, index = jax.lax.top_k(probs, k)  # [g, s, k]
+        # Per device: XLA's partitioner replicates top_k (every group's probabilities
+        # gathered onto every device).
+        gates, index = map_over_batch(lambda p: jax.lax.top_k(p, k), probs)  # [g, s, k]
         if cfg.renormalize:
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         capacity = expert_capacity(size, num_experts, k, cfg.capacity_factor)

@@ -389,7 +389,8 @@ MESH_RULE = '''\
 dot-saving remat, bfloat16 compute.
 
 `axplug train --mesh-rule auto` picks it where `detect_selector()` (`<platform>-<device
-kind>-<count>`) matches PATTERN. To force it, or to plan against CHIP without the hardware:
+kind>-<devices per host>`, `...x<hosts>` on several hosts) matches PATTERN. To force it, or
+to plan against CHIP without the hardware:
 
     axplug train --preset llama-tiny --mesh-rule $name --output-dir runs/x
     axplug aot --preset llama-tiny --mesh-rule $name
