@@ -66,6 +66,7 @@ def test_console_script_lists_the_fake_plugin(plugin_site):
     result = _axplug(plugin_site, "list", "--kind", "kernels", "--json", command=(str(script),))
     assert result.returncode == 0, result.stderr
     assert [(r["distribution"], r["name"]) for r in json.loads(result.stdout)] == [
+        ("axplug", "blockwise"),
         ("axplug", "reference"),
         ("axplug", "xla"),
         ("fake-a", "flash"),

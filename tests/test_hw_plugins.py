@@ -149,9 +149,10 @@ def test_availability_says_why_a_kernel_cannot_run_here():
 # --- kernel gating through the real dispatch -------------------------------------------------
 
 
-def test_cpu_picks_xla_and_says_why_not_the_others():
+def test_cpu_picks_the_portable_kernel_and_says_why_not_the_others():
     args = _call()
-    assert _chosen("cpu", *args) == "xla"
+    assert _chosen("cpu", *args) == "blockwise"  # 2048 keys: the memory-efficient XLA kernel
+    assert _chosen("cpu", *_call(seq=512)) == "xla"
     assert "CUDA GPU backend" in _reason("cpu", "cudnn_flash", *args)
     assert "TPU backend" in _reason("cpu", "splash", *args)
     assert "jax-neuronx" in _reason("cpu", "nki_flash", *args)
@@ -165,11 +166,12 @@ def test_cpu_picks_xla_and_says_why_not_the_others():
         (dict(sliding_window=256), "cudnn_flash"),
         (dict(dtype="float32"), "pallas_gpu_flash"),  # cuDNN flash is 16-bit only
         (dict(segments=True), "pallas_gpu_flash"),  # packed sequences
-        (dict(segments=True, kv_heads=2), "xla"),  # neither: Pallas needs MHA
+        (dict(segments=True, kv_heads=2), "blockwise"),  # neither: Pallas needs MHA
         (dict(dtype="float32", seq=100), "xla"),  # Pallas block 128
-        (dict(q_seq=1), "xla"),  # decoding
+        (dict(q_seq=1), "blockwise"),  # decoding, 2048 cached keys
+        (dict(q_seq=1, seq=512), "xla"),  # short: the plain XLA kernel
         (dict(head_dim=256), "pallas_gpu_flash"),  # cuDNN flash head_dim <= 128
-        (dict(dtype="float32", head_dim=96), "xla"),
+        (dict(dtype="float32", head_dim=96), "blockwise"),
     ],
 )
 def test_gpu_selection(call, kernel):
@@ -191,10 +193,10 @@ def test_gpu_reasons_name_the_limit():
         (dict(segments=True, sliding_window=512), "splash"),
         (dict(causal=False), "splash"),
         (dict(dtype="float32"), "splash"),
-        (dict(head_dim=64), "xla"),
+        (dict(head_dim=64), "blockwise"),
         (dict(seq=1000), "xla"),
-        (dict(q_seq=1), "xla"),
-        (dict(dtype="float16"), "xla"),
+        (dict(q_seq=1), "blockwise"),
+        (dict(dtype="float16"), "blockwise"),
     ],
 )
 def test_tpu_selection(call, kernel):
@@ -210,7 +212,7 @@ def test_nki_gate_without_the_neuron_packages():
     assert "sliding" in kernel._check(*_call(sliding_window=64), "neuron").reason
     assert "neuron backend" in kernel._check(*_call(), "gpu").reason
     # Without jax-neuronx the dispatch falls back and says why.
-    assert _chosen("neuron", *_call()) == "xla"
+    assert _chosen("neuron", *_call()) == "blockwise"
 
 
 # --- the NKI custom_vjp wiring, with jnp stand-ins for flash_fwd / flash_attn_bwd -----------

@@ -293,7 +293,8 @@ def run_layer(cfg, args):
 def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
     args = example_call()
     choices = kernel_choices(*args, backend="cpu")
-    assert [c.name for c in choices] == ["needs_gpu", "raises", "tpu_only", "xla", "reference"]
+    names = ["needs_gpu", "raises", "tpu_only", "blockwise", "xla", "reference"]
+    assert [c.name for c in choices] == names
     reasons = {c.name: c.reason for c in choices}
     assert reasons["needs_gpu"] == "needs the gpu backend"
     assert reasons["raises"] == "is_supported raised RuntimeError: bad check"
@@ -368,3 +369,43 @@ class TestXlaKernelConformance(KernelConformance):
     @pytest.fixture
     def kernel(self):
         return registry.load("kernels", "xla")()
+
+
+class TestBlockwiseKernelConformance(KernelConformance):
+    capabilities = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable")
+
+    @pytest.fixture
+    def kernel(self):
+        # Small blocks, every length: the kit's problems span several blocks and a ragged one.
+        kernel = registry.load("kernels", "blockwise")()
+        kernel.block, kernel.min_kv_len = 16, 0
+        return kernel
+
+
+def test_blockwise_kernel_keeps_memory_linear_in_the_sequence():
+    from axplug.kernels import XlaKernel, blockwise_attention
+
+    b, s, h, d = 1, 8192, 8, 64
+    q = jax.ShapeDtypeStruct((b, s, h, d), jnp.float32)
+    pos = jax.ShapeDtypeStruct((b, s), jnp.int32)
+
+    def temp(attend):
+        def loss(q, k, v, pos):
+            return jnp.sum(attend(q, k, v, AttentionMask(pos, pos), scale=0.125))
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return grads.lower(q, q, q, pos).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp(blockwise_attention) < temp(XlaKernel()) / 8
+
+
+def test_blockwise_kernel_is_dispatched_for_long_sequences_only():
+    from axplug.kernels import BlockwiseKernel, select_kernel
+
+    def call(seq):
+        x = jax.ShapeDtypeStruct((1, seq, 4, 64), jnp.float32)
+        pos = jax.ShapeDtypeStruct((1, seq), jnp.int32)
+        return select_kernel(x, x, x, AttentionMask(pos, pos), backend="cpu")[0]
+
+    assert call(BlockwiseKernel.min_kv_len) == "blockwise"
+    assert call(BlockwiseKernel.min_kv_len // 4) == "xla"

@@ -7,6 +7,7 @@ every `axplug.kernels` entry, by priority, whether it supports a call and falls 
 reference kernel.
 """
 
+from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
 from axplug.kernels.dispatch import (
     FALLBACK,
     KernelChoice,
@@ -15,7 +16,7 @@ from axplug.kernels.dispatch import (
     registered_kernels,
     select_kernel,
 )
-from axplug.kernels.layer import FlashAttention
+from axplug.kernels.layer import BlockwiseAttention, FlashAttention
 from axplug.kernels.modifier import FlashAttentionModifier
 from axplug.kernels.partition import attention_specs, check_sequence_sharding, shard_over_batch
 from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
@@ -25,6 +26,8 @@ from axplug.kernels.xla import XlaKernel
 __all__ = [
     "FALLBACK",
     "AttentionKernel",
+    "BlockwiseAttention",
+    "BlockwiseKernel",
     "FlashAttention",
     "FlashAttentionModifier",
     "KernelChoice",
@@ -32,6 +35,7 @@ __all__ = [
     "Unsupported",
     "XlaKernel",
     "attention_specs",
+    "blockwise_attention",
     "check_sequence_sharding",
     "check_shapes",
     "describe_kernels",

@@ -1,4 +1,5 @@
-"""`FlashAttention`: the attention kernel slot that runs the best registered kernel."""
+"""Attention kernel slots: `FlashAttention` runs the best registered kernel,
+`BlockwiseAttention` always the memory-efficient blockwise one."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import jax
 
 from axplug import registry
 from axplug.config import ConfigError, config_class
+from axplug.kernels.blockwise import blockwise_attention
 from axplug.kernels.dispatch import describe_kernels, select_kernel
 from axplug.layers import AttentionMask, BaseLayer
 
-__all__ = ["FlashAttention"]
+__all__ = ["FlashAttention", "BlockwiseAttention"]
 
 log = logging.getLogger("axplug.kernels")
 
@@ -50,3 +52,20 @@ class FlashAttention(BaseLayer):
     def info_lines(cls) -> list[str]:
         """Extra lines for `axplug info`: the kernel chosen on this machine."""
         return describe_kernels()
+
+
+class BlockwiseAttention(BaseLayer):
+    """Attention kernel slot running `blockwise_attention` (O(seq) memory) at any length.
+
+    `axplug aot` plans a GPU/TPU/Trainium rule on CPU with it: its memory is a flash kernel's.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        scale: float | None = None  # None: 1/sqrt(head_dim)
+        block: int = 512  # keys per block
+
+    def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
+        cfg = self._config
+        scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        return blockwise_attention(q, k, v, mask, scale=scale, block=cfg.block)
