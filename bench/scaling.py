@@ -27,7 +27,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-# Weak-scaling layouts: (preset, modifiers, batch axes whose size sets the global batch).
+# Weak-scaling layouts: (preset, modifiers); the global batch is one sequence per batch shard.
 LAYOUTS = {
     "data": ("llama-tiny", ["mesh:data=-1"]),
     "fsdp-scan": ("llama-tiny", ["mesh:fsdp=-1", "scan_layers:remat_policy=full"]),

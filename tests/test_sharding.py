@@ -171,8 +171,10 @@ def _not_parameter_shaped(gathered, params) -> set[tuple[int, ...]]:
 
 
 def _all_gather_shapes(hlo: str) -> list[tuple[int, ...]]:
-    found = re.findall(r"= \(?[a-z0-9]+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
-    return [tuple(int(d) for d in dims.split(",") if d) for dims in found]
+    """The result shapes of every all-gather (each element of a tuple-shaped one)."""
+    results = re.findall(r"= ([^=]*?) all-gather(?:-start)?\(", hlo)
+    shapes = [dims for result in results for dims in re.findall(r"[a-z0-9]+\[([0-9,]*)\]", result)]
+    return [tuple(int(d) for d in dims.split(",") if d) for dims in shapes]
 
 
 def compile_step(cfg, devices: int):
@@ -275,3 +277,58 @@ def test_count_collectives_reads_the_partitioned_hlo():
     total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))
     assert count_collectives(gather.lower(x).compile().as_text()) == {"all-gather": 1}
     assert count_collectives(total.lower(x).compile().as_text()) == {"all-reduce": 1}
+
+
+def test_scope_none_and_shard_map_bodies_turn_constraints_off():
+    mesh = mesh_of(fsdp=8)
+    with jax.set_mesh(mesh), sharding_scope(None):
+        assert current_scope() is None  # not even jax.set_mesh's mesh
+
+    def per_shard(x):  # e.g. a kernel calling a layer inside shard_over_batch
+        return constrain(x, ("batch", None)) * 2
+
+    body = jax.shard_map(
+        per_shard, mesh=mesh, in_specs=PartitionSpec("fsdp"), out_specs=PartitionSpec("fsdp")
+    )
+    with sharding_scope(mesh):
+        out = jax.jit(body)(jnp.ones((8, 2)))
+    np.testing.assert_array_equal(out, 2 * np.ones((8, 2)))
+
+
+def test_a_run_trained_on_a_mesh_decodes_on_one_device(tmp_path):
+    from axplug.inference import generate, load_checkpoint
+
+    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
+    trainer = cfg.instantiate()
+    trainer.run()
+    loaded = load_checkpoint(str(tmp_path))
+    assert loaded.mesh.devices.size == 1
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        jax.device_get(loaded.params),
+        jax.device_get(trainer.state["params"]),
+    )
+    from axplug.inference import SamplingParams
+
+    sampling = SamplingParams(max_new_tokens=5, temperature=0.0)
+    (completion,) = generate(loaded.model, loaded.params, [[1, 2, 3]], sampling)
+    assert len(completion.output_ids) == 5
+
+
+@pytest.mark.parametrize(
+    "modifier, overrides, message",
+    [
+        ("mesh:seq=8", ["input.seq_len=60"], "input.seq_len: 60 tokens cannot be split over the 8"),
+        (
+            "mesh:fsdp=8",
+            ["input.batch_size=8", "learner.grad_accumulation_steps=2"],
+            "learner.grad_accumulation_steps: 2 microbatches of 4 rows cannot be split",
+        ),
+    ],
+)
+def test_a_mesh_that_would_split_nothing_is_a_config_error(tmp_path, modifier, overrides, message):
+    from axplug.config import ConfigError
+
+    cfg = small_llama(tmp_path, modifier, extra=overrides)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cfg.instantiate()

@@ -57,9 +57,8 @@ class ShardingScope:
         return size
 
 
-_SCOPE: contextvars.ContextVar[ShardingScope | None] = contextvars.ContextVar(
-    "axplug_sharding_scope", default=None
-)
+_OFF = object()  # `sharding_scope(None)`: no constraints, and no jax.set_mesh fallback either
+_SCOPE: contextvars.ContextVar[Any] = contextvars.ContextVar("axplug_sharding_scope", default=None)
 
 
 def make_scope(
@@ -82,7 +81,7 @@ def sharding_scope(
 ) -> Iterator[ShardingScope | None]:
     """Lays out activations over `mesh` by `rules` inside the block (None: no constraints)."""
     scope = mesh if isinstance(mesh, ShardingScope) else make_scope(mesh, rules)
-    token = _SCOPE.set(scope)
+    token = _SCOPE.set(_OFF if scope is None else scope)
     try:
         yield scope
     finally:
@@ -102,9 +101,18 @@ def scoped(
     return in_scope
 
 
+def _in_shard_map() -> bool:
+    # Inside a shard_map the arrays are one device's shards: there is nothing to lay out.
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and bool(mesh.manual_axes)
+
+
 def current_scope() -> ShardingScope | None:
-    """The innermost scope, else one over `jax.set_mesh`'s mesh with the default rules."""
+    """The innermost scope, else one over `jax.set_mesh`'s mesh with the default rules; None
+    inside `sharding_scope(None)`, inside a shard_map, or with no mesh at all."""
     scope = _SCOPE.get()
+    if scope is _OFF or _in_shard_map():
+        return None
     if scope is not None:
         return scope
     mesh = jax.sharding.get_abstract_mesh()
@@ -129,12 +137,11 @@ def map_over_batch(fn: Callable, *xs: jax.Array) -> Any:
     """`fn(*xs)` run on each device's rows of `xs` (leading dim: batch) in a shard_map.
 
     For row-wise ops that XLA's partitioner replicates instead of splitting (e.g. `top_k`
-    gathers every row onto every device). Outputs are split by rows like the inputs; outside
-    a scope, on one device or inside a shard_map it is a plain call.
+    gathers every row onto every device). Outputs are split by rows like the inputs; where
+    `current_scope()` is None or has one device it is a plain call.
     """
     scope = current_scope()
-    context = jax.sharding.get_abstract_mesh()
-    if scope is None or scope.mesh.size == 1 or (not context.empty and context.manual_axes):
+    if scope is None or scope.mesh.size == 1:
         return fn(*xs)
     rows = scope.spec(("batch",), (xs[0].shape[0],))
     if rows[0] is None:

@@ -75,8 +75,11 @@ def load_checkpoint(
         cfg = from_dict(metadata["config"])
         for spec in modifiers:
             cfg = make_modifier(spec)(cfg)
+        devices = list(devices if devices is not None else jax.devices()[:1])
+        if len(devices) == 1:  # a run trained on a mesh decodes on one device
+            cfg = cfg.clone(mesh=cfg.mesh.clone(mesh_shape=(1,) * len(cfg.mesh.axis_names)))
         mesh_builder = cfg.mesh.instantiate()
-        mesh = mesh_builder.build(devices if devices is not None else jax.devices()[:1])
+        mesh = mesh_builder.build(devices)
         model = cfg.model.instantiate(parent=None, _path="model")
         specs = model.create_parameter_specs_recursively()
         shardings = parameter_shardings(specs, mesh, mesh_builder.axis_rules)

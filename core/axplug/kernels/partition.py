@@ -27,12 +27,6 @@ __all__ = ["attention_specs", "check_sequence_sharding", "shard_over_batch"]
 _LAYOUT = ("batch", None, "heads", None)  # [batch, seq, heads, head_dim]
 
 
-def _already_per_shard() -> bool:
-    # Inside a shard_map (ours or a caller's) the operands are already one device's shard.
-    mesh = jax.sharding.get_abstract_mesh()
-    return not mesh.empty and bool(mesh.manual_axes)
-
-
 def attention_specs(scope, query, key) -> tuple[PartitionSpec, PartitionSpec]:
     """(query/output spec, key/value spec) of a per-shard attention call in `scope`."""
     q_spec = scope.spec(_LAYOUT, query.shape)
@@ -48,11 +42,13 @@ def attention_specs(scope, query, key) -> tuple[PartitionSpec, PartitionSpec]:
 def shard_over_batch(fn: Callable, query, key, value, mask, **kwargs: Any) -> jax.Array:
     """`fn(query, key, value, mask, **kwargs)` run on each device's batch rows (and heads).
 
-    Outside a sharding scope, on a one-device mesh or inside a shard_map it is a plain call.
+    Where `current_scope()` is None (no mesh, `sharding_scope(None)`, inside a shard_map) or
+    has one device it is a plain call.
     `mask` is an `AttentionMask`: its positions and segment ids are split like the batch.
     """
     scope = current_scope()
-    if scope is None or scope.mesh.size == 1 or _already_per_shard():
+    # current_scope() is None inside a shard_map (ours or a caller's): operands are shards.
+    if scope is None or scope.mesh.size == 1:
         return fn(query, key, value, mask, **kwargs)
     q_spec, kv_spec = attention_specs(scope, query, key)
     rows = PartitionSpec(q_spec[0])

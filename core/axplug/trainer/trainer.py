@@ -35,7 +35,7 @@ from axplug.runtime import (
     put_process_batch,
     shard_input_config,
 )
-from axplug.sharding import scoped
+from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.hooks import HookRunner
@@ -185,7 +185,7 @@ class Trainer(Configurable):
         }
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         for input_cfg in (cfg.input, cfg.eval_input):
-            self._check_batch_size(input_cfg)
+            self._check_input_split(input_cfg)
         self.abstract_state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             {
@@ -215,7 +215,9 @@ class Trainer(Configurable):
             out_shardings=replicated,
         )
 
-    def _check_batch_size(self, input_cfg: Any) -> None:
+    def _check_input_split(self, input_cfg: Any) -> None:
+        """A batch (and each accumulated microbatch) and a sequence that the mesh splits
+        evenly: a dim the mesh axes do not divide would be silently replicated instead."""
         batch = getattr(input_cfg, "batch_size", None)
         spec = self.batch_sharding.spec
         axes = spec[0] if len(spec) else None
@@ -226,6 +228,20 @@ class Trainer(Configurable):
                 f"{input_cfg._path('batch_size')}: {batch} rows cannot be split evenly over the "
                 f"{shards} devices of the batch mesh axes {names}; use a multiple of {shards}, "
                 "or a mesh with fewer devices on those axes"
+            )
+        k = self.learner.grad_accumulation_steps
+        if isinstance(batch, int) and k > 1 and (batch // k) % shards:
+            raise ConfigError(
+                f"learner.grad_accumulation_steps: {k} microbatches of {batch // k} rows cannot "
+                f"be split over the {shards} devices of the batch mesh axes {names}; use "
+                f"{input_cfg._path('batch_size')} a multiple of {k * shards}"
+            )
+        seq_len = getattr(input_cfg, "seq_len", None)
+        ways = make_scope(self.mesh, self.mesh_builder.axis_rules).axis_size("seq")
+        if isinstance(seq_len, int) and seq_len % ways:
+            raise ConfigError(
+                f"{input_cfg._path('seq_len')}: {seq_len} tokens cannot be split over the "
+                f"{ways} devices of the `seq` mesh axis; use a multiple of {ways}"
             )
 
     def init_state(self) -> dict:
