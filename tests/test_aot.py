@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from axplug import aot
 from axplug.cli import aot_cmd
 from axplug.config import ConfigError
+
+KEY = jax.random.PRNGKey(0)
 
 NAMES = ("data", "fsdp", "expert", "seq", "model")
 # One layer and short sequences keep each compile to a few seconds on two cores.
@@ -52,17 +55,18 @@ def test_text_report_names_the_verdict():
     report = aot.AotReport(
         preset="p", rule="gpu-h100-8", selector="gpu-h100-8", device="H100", num_devices=16,
         compiled_devices=8, mesh_shape={"data": 2, "fsdp": 8}, compiled_mesh_shape={},
-        scale_factor=2, params=7_000_000_000,
+        scale_factor=2, params=7_000_000_000, active_params=2e9,
         memory=dict.fromkeys(("params", "optimizer", "batch", "temp"), 0) | {"total": 90 * aot.GIB},
         hbm_bytes=80 * aot.GIB, fits=False, flops_per_step_analytic=1e18,
         flops_per_step_xla=None, scanned_layers=True, tokens_per_step=1 << 20,
         peak_flops_per_device=989e12, target_mfu=0.4, step_time_at_target_mfu_s=158.0,
-        notes=["n1"],
+        notes=["n1"], collectives={"all-gather": 3},
     )  # fmt: skip
     text = aot_cmd.format_report(report)
     assert "7.00B params" in text and "data=2, fsdp=8" in text
     assert "would OOM by 10.00 GiB" in text and "data axis and batch / 2" in text
     assert "step time at 40% MFU: 158 s" in text and "note: n1" in text
+    assert "2.00B params active per token" in text and "all-gather 3" in text
 
 
 def test_device_spec_travels_with_the_rule():
@@ -153,3 +157,21 @@ def test_llama2_7b_on_one_h100_host_plans_flash_attention_memory(capsys):
     assert code == 0 and report["fits"] is True
     assert 12 * 2**30 < report["memory"]["total"] < 45 * 2**30, report["memory"]
     assert any("blockwise" in note for note in report["notes"])
+
+
+def test_moe_flops_count_the_active_experts_only():
+    # Mixtral 8x7B: 46.7B parameters, 12.9B active per token (2 of 8 experts).
+    from axplug.presets import preset_config
+
+    cfg = preset_config("mixtral-8x7b")
+    model = cfg.model.instantiate(parent=None, _path="model")
+    active = aot.active_parameters(model)
+    assert active == pytest.approx(12.9e9, rel=0.01)
+    tokens = cfg.input.batch_size * cfg.input.seq_len
+    attention = 12 * 32 * 4096 * cfg.input.seq_len  # 12 * layers * dim * seq per token
+    per_token = aot.model_flops_per_step(cfg, model) / tokens
+    assert per_token == pytest.approx(6 * 12.9e9 + attention, rel=0.10)
+    # A dense model's active parameters are all of them.
+    dense = preset_config("llama-tiny").model.instantiate(parent=None, _path="model")
+    total = sum(x.size for x in jax.tree.leaves(dense.initialize_parameters_recursively(KEY)))
+    assert aot.active_parameters(dense) == total

@@ -24,6 +24,8 @@ __all__ = [
     "scale_down",
     "check_batch",
     "analytic_flops",
+    "active_parameters",
+    "model_flops_per_step",
     "compile_report",
     "count_collectives",
     "GIB",
@@ -125,6 +127,53 @@ def analytic_flops(num_params: int, *, layers: int, dim: int, seq: int, batch: i
     return 6.0 * num_params * tokens + 12.0 * layers * dim * seq * tokens
 
 
+def active_parameters(model) -> float:
+    """Parameters one token runs through: all of them, except that a layer with
+    `active_parameter_fraction()` (e.g. MoE experts: top_k / num_experts) counts that share of
+    its own weights. Scanned stacks count their layer `num_layers` times."""
+    from axplug.layers import RepeatedTransformer
+    from axplug.layers.base import ParameterSpec
+
+    def count(specs) -> int:
+        leaves = _leaves(specs, ParameterSpec)
+        return sum(math.prod(s.shape) for s in leaves)
+
+    inactive = 0.0
+
+    def visit(module, times: int) -> None:
+        nonlocal inactive
+        fraction = getattr(module, "active_parameter_fraction", None)
+        if fraction is not None:
+            own = count(module._create_layer_parameter_specs())
+            inactive += (1.0 - fraction()) * own * times
+        if isinstance(module, RepeatedTransformer):
+            times *= module.config.num_layers
+        for child in module.children.values():
+            visit(child, times)
+
+    visit(model, 1)
+    return count(model.create_parameter_specs_recursively()) - inactive
+
+
+def _leaves(tree, leaf_type) -> list:
+    import jax
+
+    return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, leaf_type))
+
+
+def model_flops_per_step(cfg, model=None) -> float:
+    """Analytic training FLOPs of one step of trainer config `cfg`: 6 x active parameters x
+    tokens plus attention (`analytic_flops`)."""
+    model = model or cfg.model.instantiate(parent=None, _path="model")
+    try:  # a decoder-only LM; other models get the 6·N·D term alone
+        layers, dim = cfg.model.decoder.transformer.num_layers, cfg.model.decoder.dim
+    except AttributeError:
+        layers, dim = 0, 0
+    seq = getattr(cfg.input, "seq_len", 0)
+    batch = getattr(cfg.input, "batch_size", 0)
+    return analytic_flops(active_parameters(model), layers=layers, dim=dim, seq=seq, batch=batch)
+
+
 @dataclasses.dataclass
 class AotReport:
     """What `compile_report` measured; `to_dict()` is the `axplug aot --json` output."""
@@ -139,6 +188,7 @@ class AotReport:
     compiled_mesh_shape: dict[str, int]
     scale_factor: int
     params: int
+    active_params: float  # per token (MoE: top_k / num_experts of the expert weights)
     memory: dict[str, int]  # per device, bytes
     hbm_bytes: int | None
     fits: bool | None
@@ -292,11 +342,9 @@ def compile_report(
     }
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
     tokens = cfg.input.batch_size * seq * factor
-    try:  # a decoder-only LM; other models get the 6·N·D term alone
-        layers, dim = cfg.model.decoder.transformer.num_layers, cfg.model.decoder.dim
-    except AttributeError:
-        layers, dim = 0, 0
-    flops = analytic_flops(params, layers=layers, dim=dim, seq=seq, batch=batch * factor)
+    # The compiled batch is the target's divided by `factor`: scale the FLOPs back.
+    flops = model_flops_per_step(cfg, trainer.model) * factor
+    active = active_parameters(trainer.model)
     xla = _xla_flops(compiled)
     if xla is not None:
         xla *= n * factor  # cost analysis is per device (the SPMD-partitioned program)
@@ -314,6 +362,7 @@ def compile_report(
         compiled_mesh_shape=dict(zip(names, shape, strict=True)),
         scale_factor=factor,
         params=params,
+        active_params=active,
         memory=memory,
         hbm_bytes=spec.hbm_bytes if spec else None,
         fits=fits,

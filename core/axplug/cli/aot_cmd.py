@@ -210,6 +210,8 @@ def format_report(r) -> str:
         f"{r.preset} on {r.rule} ({r.device or 'no device spec'}): {r.num_devices} devices, "
         f"mesh {mesh}, {_count(r.params)} params, {r.tokens_per_step} tokens/step",
     ]
+    if r.active_params < r.params:
+        lines.append(f"  {_count(int(r.active_params))} params active per token (FLOPs, MFU)")
     if r.scale_factor > 1:
         lines.append(
             f"  compiled on {r.compiled_devices} fake devices: data axis and batch / "
@@ -230,6 +232,9 @@ def format_report(r) -> str:
         )
     if r.mfu_at_step_time is not None:
         lines.append(f"  MFU at {r.step_time_s} s/step: {r.mfu_at_step_time:.1%}")
+    if r.collectives:
+        found = ", ".join(f"{op} {n}" for op, n in sorted(r.collectives.items()))
+        lines.append(f"  collectives in the compiled step: {found}")
     lines.append(f"  compile time {r.compile_s:.1f} s")
     lines += [f"  note: {note}" for note in r.notes]
     return "\n".join(lines)

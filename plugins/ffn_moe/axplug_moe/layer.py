@@ -83,6 +83,10 @@ class MoEFeedForward(BaseLayer):
             specs["wi_gate"] = up
         return specs
 
+    def active_parameter_fraction(self) -> float:
+        """The share of this layer's own (expert) weights one token runs: top_k / experts."""
+        return self.router.config.top_k / self._config.num_experts
+
     def forward(self, x: jax.Array) -> jax.Array:
         # x: [..., seq, dim]; each sequence is one routing group.
         shape = x.shape
