@@ -306,3 +306,12 @@ def test_detected_rule_and_layout_keep_fsdp_inside_a_host(devices, rule_name, gr
     groups = attr(_device_array(devices, mesh_shape, MESH_AXES), group)
     # Every data index holds devices of one host: fsdp (and the rest) never cross hosts.
     assert all(len(set(row)) == 1 for row in groups.reshape(mesh_shape[0], -1))
+
+
+def test_detected_device_spec_is_the_selected_rules_chip():
+    from axplug.aot import detected_device_spec
+
+    pytest.importorskip("axplug_gpu")
+    assert detected_device_spec(gpus(4)).peak_bf16_flops == 989e12  # H100 x 4 hosts
+    assert detected_device_spec(gpus(1, kind="NVIDIA H200")).name.startswith("NVIDIA H200")
+    assert detected_device_spec(jax.devices()) is None  # CPU: no device spec

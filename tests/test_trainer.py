@@ -397,3 +397,22 @@ def test_eval_runs_on_the_held_out_split(tmp_path):
     evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval_loss" in r]
     assert [r["step"] for r in evals] == [2, 4]
     assert all(0 < r["eval_loss"] < 10 for r in evals)
+
+
+def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
+    from axplug.aot import model_flops_per_step
+
+    peak = 1e9  # a fake device spec's FLOP/s: CPUs have none
+    cfg = with_jsonl(tiny_config(tmp_path, f"peak_flops_per_device={peak}", steps=4))
+    trainer = cfg.instantiate(devices=jax.devices()[:2])
+    trainer.run()
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "mfu" in r]
+    assert rows, "no step logged an MFU"
+    flops = model_flops_per_step(cfg, trainer.model)
+    for r in rows:
+        assert r["model_flops_per_sec"] == pytest.approx(flops / r["step_time"])
+        assert r["mfu"] == pytest.approx(r["model_flops_per_sec"] / (2 * peak))
+    # Without a device spec (CPU) there is no MFU to log.
+    plain = with_jsonl(tiny_config(tmp_path / "plain", steps=3)).instantiate()
+    plain.run()
+    assert not any("mfu" in r for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl"))

@@ -19,6 +19,7 @@ __all__ = [
     "AotReport",
     "with_device_spec",
     "device_spec_of",
+    "detected_device_spec",
     "resolve_rule",
     "selector_device_count",
     "scale_down",
@@ -63,6 +64,18 @@ def device_spec_of(rule_name: str) -> DeviceSpec | None:
     from axplug import registry
 
     return getattr(registry.load("mesh_rules", rule_name), "device_spec", None)
+
+
+def detected_device_spec(devices=None) -> DeviceSpec | None:
+    """The DeviceSpec of the installed mesh rule that auto-selection picks for `devices`."""
+    from axplug.config import ConfigError
+    from axplug.mesh_rules import detect_selector, select_mesh_rule
+
+    try:
+        name, _ = select_mesh_rule(detect_selector(devices))
+    except ConfigError:  # no rule for this accelerator
+        return None
+    return device_spec_of(name)
 
 
 def selector_device_count(selector: str) -> int | None:

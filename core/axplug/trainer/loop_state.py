@@ -45,10 +45,15 @@ class NonFiniteGuard:
 
 
 class StepTimer:
-    """Steps and tokens per second between consecutive logged steps."""
+    """Step time, tokens per second and, given the model's FLOPs per step and the devices'
+    total peak FLOP/s, model FLOP/s and MFU between consecutive logged steps."""
 
-    def __init__(self, tokens_per_step: int):
+    def __init__(
+        self, tokens_per_step: int, flops_per_step: float = 0.0, peak_flops: float | None = None
+    ):
         self.tokens_per_step = tokens_per_step
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
         self._last: tuple[int, float] | None = None
 
     def tick(self, step: int) -> dict[str, float]:
@@ -59,5 +64,9 @@ class StepTimer:
             out = {"step_time": seconds}
             if self.tokens_per_step:
                 out["tokens_per_sec"] = self.tokens_per_step / seconds
+            if self.flops_per_step:
+                out["model_flops_per_sec"] = self.flops_per_step / seconds
+                if self.peak_flops:
+                    out["mfu"] = out["model_flops_per_sec"] / self.peak_flops
         self._last = (step, now)
         return out

@@ -98,6 +98,9 @@ class Trainer(Configurable):
         seed: int = 0
         # Consecutive steps with a non-finite loss or gradient before the run stops.
         max_nonfinite_steps: int = 3
+        # Peak FLOP/s of one device for the logged MFU; None: the detected accelerator's device
+        # spec (from the hardware plugins' mesh rules), and no MFU where there is none (CPU).
+        peak_flops_per_device: float | None = None
         # None disables the persistent compilation cache.
         compilation_cache_dir: str | None = "~/.cache/axplug/xla"
         # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
@@ -315,7 +318,11 @@ class Trainer(Configurable):
             if hasattr(writer, "truncate"):  # steps after the checkpoint will be logged again
                 writer.truncate(start + 1)
         guard = NonFiniteGuard(cfg.max_nonfinite_steps)
-        timer = StepTimer(tokens_per_step=self._tokens_per_step())
+        timer = StepTimer(
+            tokens_per_step=self._tokens_per_step(),
+            flops_per_step=self._model_flops_per_step(),
+            peak_flops=self._peak_flops(),
+        )
         self.hooks("on_train_start", trainer=self)
         pending: tuple[int, Any] | None = None
         last: dict = {"step": start}
@@ -384,6 +391,24 @@ class Trainer(Configurable):
             record = {"step": int(jax.device_get(self.state["step"])), **report}
             storage.write_text(url, previous + json.dumps(record) + "\n")
         return report
+
+    def _model_flops_per_step(self) -> float:
+        from axplug.aot import model_flops_per_step
+
+        try:
+            return model_flops_per_step(self._config, self.model)
+        except (AttributeError, TypeError):  # an input without batch_size / seq_len
+            return 0.0
+
+    def _peak_flops(self) -> float | None:
+        """Peak FLOP/s of all the mesh's devices, or None when unknown."""
+        from axplug.aot import detected_device_spec
+
+        per_device = self._config.peak_flops_per_device
+        if per_device is None:
+            spec = detected_device_spec(list(self.mesh.devices.flat))
+            per_device = spec.peak_bf16_flops if spec else None
+        return per_device * self.mesh.devices.size if per_device else None
 
     def _tokens_per_step(self) -> int:
         cfg = self._config.input
