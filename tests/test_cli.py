@@ -252,3 +252,23 @@ def test_help_teaches_usage_with_examples(capsys, argv, example):
 def test_no_command_prints_usage(capsys):
     assert main([]) == 2
     assert "usage: axplug" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (["--checkpoint-every", "0"], "error: checkpoint_every: must be >= 1, got 0"),
+        (["--set", "input.batch_size=0"], "error: input.batch_size: must be >= 1, got 0"),
+        (
+            ["--set", "input.path='/nonexistent.txt'"],
+            "error: input.path: file '/nonexistent.txt' does not exist",
+        ),
+    ],
+    ids=["checkpoint_every", "batch_size", "path"],
+)
+def test_train_settings_errors_are_one_line(tmp_path, capsys, setting, message):
+    argv = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), *setting]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "checkpoints").exists()  # nothing was trained or written

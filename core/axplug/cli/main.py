@@ -84,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `axplug list | head`: the reader left. Quiet exit, and no second error at shutdown.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as exc:
+        # One boundary for every command: a bad setting is one line and exit status 2.
+        from axplug.config import ConfigError
+
+        if not isinstance(exc, ConfigError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         # Restore, so an in-process caller (tests, notebooks) is not left with plugins disabled.
         if saved is None:

@@ -68,6 +68,14 @@ class RequiredFieldError(ConfigError, ValueError):
     """A REQUIRED field still unset at instantiation."""
 
 
+class ConfigValueError(ConfigError, ValueError):
+    """A field value out of its range or set."""
+
+
+class ConfigFileError(ConfigError, FileNotFoundError):
+    """A field naming a file that does not exist."""
+
+
 _IMMUTABLE = (int, float, bool, str, bytes, type(None), RequiredFieldValue, type, frozenset)
 
 

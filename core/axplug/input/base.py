@@ -7,16 +7,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from axplug.config import Configurable, config_class
+from axplug.config import Configurable, ConfigValueError, config_class
 
 __all__ = ["Batch", "Input", "StepInput"]
 
 Batch = dict[str, np.ndarray]
 
 
-def field_error(cfg: Configurable.Config, name: str, problem: str) -> ValueError:
-    """A ValueError whose message starts with the dotted path of config field `name`."""
-    return ValueError(f"{cfg._path(name)}: {problem}")
+def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
+    """A ConfigValueError (a ValueError) whose message starts with the dotted path of `name`."""
+    return ConfigValueError(f"{cfg._path(name)}: {problem}")
 
 
 class Input(Configurable, abc.ABC):

@@ -8,7 +8,7 @@ import pathlib
 
 import numpy as np
 
-from axplug.config import config_class
+from axplug.config import ConfigFileError, config_class
 from axplug.input.base import StepInput, field_error
 
 __all__ = ["ByteTextInput", "bundled_corpus_path"]
@@ -42,7 +42,7 @@ class ByteTextInput(StepInput):
             raise field_error(cfg, "eval_fraction", f"must be in (0, 1), got {cfg.eval_fraction}")
         path = bundled_corpus_path() if cfg.path is None else pathlib.Path(cfg.path)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise ConfigFileError(
                 f"{cfg._path('path')}: file {str(path)!r} does not exist; set path to a text "
                 "file, or to None for the bundled corpus"
             )

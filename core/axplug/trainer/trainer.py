@@ -20,6 +20,7 @@ from axplug.config import (
     REQUIRED,
     ConfigError,
     Configurable,
+    ConfigValueError,
     InstantiableConfig,
     Required,
     config_class,
@@ -110,9 +111,16 @@ class Trainer(Configurable):
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
         if cfg.on_save_error not in _SAVE_ERROR_POLICIES:
-            raise ValueError(
+            raise ConfigValueError(
                 f"{cfg._path('on_save_error')}: must be one of {_SAVE_ERROR_POLICIES}, "
                 f"got {cfg.on_save_error!r}"
+            )
+        for name in ("checkpoint_every", "log_every", "eval_batches"):
+            if getattr(cfg, name) < 1:
+                raise ConfigValueError(f"{cfg._path(name)}: must be >= 1, got {getattr(cfg, name)}")
+        if cfg.eval_every is not None and cfg.eval_every < 1:
+            raise ConfigValueError(
+                f"{cfg._path('eval_every')}: must be >= 1 or None, got {cfg.eval_every}"
             )
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
         if cfg.compilation_cache_dir:
