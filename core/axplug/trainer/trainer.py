@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
 from axplug.checkpoint import Checkpointer, CheckpointError, scheme_of, storage_for
 from axplug.config import (
     REQUIRED,
-    ConfigError,
     Configurable,
     ConfigValueError,
     InstantiableConfig,
@@ -40,6 +37,7 @@ from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.hooks import HookRunner
+from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer
 from axplug.trainer.step import build_eval_step, build_train_step
 
@@ -180,32 +178,13 @@ class Trainer(Configurable):
         abstract_params = jax.eval_shape(
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
-        abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
-        # Optimizer moments are laid out like the parameters they track.
-        opt_shardings = optax.tree_map_params(
-            self.tx,
-            lambda _, sharding: sharding,
-            abstract_opt,
-            param_shardings,
-            transform_non_params=lambda _: replicated,
+        self.state_shardings, self.abstract_state = state_layout(
+            self.tx, abstract_params, param_shardings
         )
-        self.state_shardings = {
-            "params": param_shardings,
-            "opt_state": opt_shardings,
-            "step": replicated,
-        }
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
+        scope = make_scope(self.mesh, rules)
         for input_cfg in (cfg.input, cfg.eval_input):
-            self._check_input_split(input_cfg)
-        self.abstract_state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            {
-                "params": abstract_params,
-                "opt_state": abstract_opt,
-                "step": jax.ShapeDtypeStruct((), jnp.int32),
-            },
-            self.state_shardings,
-        )
+            check_input_split(input_cfg, scope, self.learner.grad_accumulation_steps)
         step = build_train_step(
             self.model,
             self.tx,
@@ -225,35 +204,6 @@ class Trainer(Configurable):
             in_shardings=(param_shardings, self.batch_sharding),
             out_shardings=replicated,
         )
-
-    def _check_input_split(self, input_cfg: Any) -> None:
-        """A batch (and each accumulated microbatch) and a sequence that the mesh splits
-        evenly: a dim the mesh axes do not divide would be silently replicated instead."""
-        batch = getattr(input_cfg, "batch_size", None)
-        spec = self.batch_sharding.spec
-        axes = spec[0] if len(spec) else None
-        names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
-        shards = math.prod(self.mesh.shape[name] for name in names)
-        if isinstance(batch, int) and batch % shards:
-            raise ConfigError(
-                f"{input_cfg._path('batch_size')}: {batch} rows cannot be split evenly over the "
-                f"{shards} devices of the batch mesh axes {names}; use a multiple of {shards}, "
-                "or a mesh with fewer devices on those axes"
-            )
-        k = self.learner.grad_accumulation_steps
-        if isinstance(batch, int) and k > 1 and (batch // k) % shards:
-            raise ConfigError(
-                f"learner.grad_accumulation_steps: {k} microbatches of {batch // k} rows cannot "
-                f"be split over the {shards} devices of the batch mesh axes {names}; use "
-                f"{input_cfg._path('batch_size')} a multiple of {k * shards}"
-            )
-        seq_len = getattr(input_cfg, "seq_len", None)
-        ways = make_scope(self.mesh, self.mesh_builder.axis_rules).axis_size("seq")
-        if isinstance(seq_len, int) and seq_len % ways:
-            raise ConfigError(
-                f"{input_cfg._path('seq_len')}: {seq_len} tokens cannot be split over the "
-                f"{ways} devices of the `seq` mesh axis; use a multiple of {ways}"
-            )
 
     def init_state(self) -> dict:
         """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""

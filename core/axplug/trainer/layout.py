@@ -1,0 +1,68 @@
+"""How the training state and the input batches are laid out over the mesh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axplug.config import ConfigError
+from axplug.sharding import ShardingScope
+
+__all__ = ["state_layout", "check_input_split"]
+
+
+def state_layout(tx: optax.GradientTransformation, abstract_params: Any, param_shardings: Any):
+    """(shardings, abstract sharded state) of `{"params", "opt_state", "step"}`."""
+    mesh = jax.tree.leaves(param_shardings)[0].mesh
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    # Optimizer moments are laid out like the parameters they track.
+    opt_shardings = optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+    )
+    shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
+    abstract = {
+        "params": abstract_params,
+        "opt_state": abstract_opt,
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+    }
+    return shardings, jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+
+
+def check_input_split(input_cfg: Any, scope: ShardingScope, grad_accumulation_steps: int) -> None:
+    """A batch (and each accumulated microbatch) and a sequence that the mesh splits evenly:
+    a dim the mesh axes do not divide would be silently replicated instead."""
+    batch = getattr(input_cfg, "batch_size", None)
+    axes = scope.spec(("batch",))[0]
+    names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+    shards = scope.axis_size("batch")
+    if isinstance(batch, int) and batch % shards:
+        raise ConfigError(
+            f"{input_cfg._path('batch_size')}: {batch} rows cannot be split evenly over the "
+            f"{shards} devices of the batch mesh axes {names}; use a multiple of {shards}, "
+            "or a mesh with fewer devices on those axes"
+        )
+    k = grad_accumulation_steps
+    if isinstance(batch, int) and k > 1 and (batch // k) % shards:
+        raise ConfigError(
+            f"learner.grad_accumulation_steps: {k} microbatches of {batch // k} rows cannot "
+            f"be split over the {shards} devices of the batch mesh axes {names}; use "
+            f"{input_cfg._path('batch_size')} a multiple of {k * shards}"
+        )
+    seq_len = getattr(input_cfg, "seq_len", None)
+    ways = scope.axis_size("seq")
+    if isinstance(seq_len, int) and seq_len % ways:
+        raise ConfigError(
+            f"{input_cfg._path('seq_len')}: {seq_len} tokens cannot be split over the "
+            f"{ways} devices of the `seq` mesh axis; use a multiple of {ways}"
+        )
