@@ -24,7 +24,6 @@ from axplug.sharding import (
     make_scope,
     map_over_batch,
     mesh_axis_size,
-    partition_spec,
     sharding_scope,
 )
 
@@ -48,7 +47,7 @@ def test_constrain_outside_a_scope_is_the_identity():
     assert current_scope() is None
     assert constrain(x, ("batch", "seq", "act_embed")) is x
     assert constraint_specs(lambda x: constrain(x, ("batch", "seq", "act_embed")), x) == []
-    assert mesh_axis_size("batch") == 1 and partition_spec(("batch",)) is None
+    assert mesh_axis_size("batch") == 1
 
 
 def test_scope_maps_logical_axes_to_mesh_axes():
@@ -60,10 +59,10 @@ def test_scope_maps_logical_axes_to_mesh_axes():
             return constrain(x, ("batch", "seq", "act_embed"))
 
     assert constraint_specs(f, x) == [PartitionSpec(("data", "fsdp"), "seq", None)]
-    with sharding_scope(mesh):
+    with sharding_scope(mesh) as scope:
         assert mesh_axis_size("batch") == 4 and mesh_axis_size("seq") == 2
         # A dim the mesh axes do not divide stays whole rather than failing.
-        assert partition_spec(("batch", "seq"), (3, 8)) == PartitionSpec(None, "seq")
+        assert scope.spec(("batch", "seq"), (3, 8)) == PartitionSpec(None, "seq")
         with sharding_scope(None):
             assert current_scope() is None  # an inner None scope turns constraints off
     assert current_scope() is None

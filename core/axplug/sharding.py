@@ -29,7 +29,6 @@ __all__ = [
     "sharding_scope",
     "current_scope",
     "constrain",
-    "partition_spec",
     "mesh_axis_size",
     "scoped",
     "map_over_batch",
@@ -119,12 +118,6 @@ def current_scope() -> ShardingScope | None:
     if mesh.empty:
         return None
     return ShardingScope(mesh, DEFAULT_AXIS_RULES)
-
-
-def partition_spec(logical_axes: Sequence[str | None], shape=None) -> PartitionSpec | None:
-    """The current scope's PartitionSpec for `logical_axes`, or None outside any scope."""
-    scope = current_scope()
-    return None if scope is None else scope.spec(logical_axes, shape)
 
 
 def mesh_axis_size(logical_axis: str) -> int:

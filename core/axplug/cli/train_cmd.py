@@ -129,7 +129,6 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.config import ConfigError
     from axplug.registry import ComponentNotFoundError
 
     if not args.print_config:
@@ -141,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         cfg = build_config(args)
-    except (ConfigError, ComponentNotFoundError) as exc:
+    except ComponentNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
@@ -154,11 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from axplug.runtime import format_goodput
     from axplug.trainer.run import train
 
-    try:
-        metrics = train(cfg)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    metrics = train(cfg)  # a ConfigError is reported by the CLI's one error boundary
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
     if "goodput/wall_s" in metrics:

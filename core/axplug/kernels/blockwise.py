@@ -50,6 +50,11 @@ def _blocks(x, block):
     return jnp.moveaxis(x.reshape(b, s // block, block, *x.shape[2:]), 1, 0)
 
 
+def _key_blocks(k, v, kv_pos, valid, kv_seg, block):
+    """The scanned-over key-side arrays, blocked (no segment ids: None, an empty pytree)."""
+    return tuple(None if x is None else _blocks(x, block) for x in (k, v, kv_pos, valid, kv_seg))
+
+
 def _unblocks(x):
     n, b, block = x.shape[:3]
     return jnp.moveaxis(x, 0, 1).reshape(b, n * block, *x.shape[3:])
@@ -58,13 +63,11 @@ def _unblocks(x):
 def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, *, scale, causal, window, block):
     """(out [b, sq, kvh, g, d] f32, lse [b, kvh, g, sq])."""
     b, sq, kvh, g, d = q.shape
-    xs = (_blocks(k, block), _blocks(v, block), _blocks(kv_pos, block), _blocks(valid, block))
-    xs += (_blocks(kv_seg, block),) if kv_seg is not None else ()
+    xs = _key_blocks(k, v, kv_pos, valid, kv_seg, block)
 
     def step(carry, blk):
         m, total, acc = carry
-        kb, vb, pb, validb = blk[:4]
-        segb = blk[4] if kv_seg is not None else None
+        kb, vb, pb, validb, segb = blk
         s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
@@ -109,12 +112,10 @@ def _attention_bwd(scale, causal, window, block, residuals, d_out):
     d_out = d_out.astype(jnp.float32)
     # delta = rowsum(dO * O): the softmax's Jacobian term, [b, kvh, g, sq].
     delta = jnp.moveaxis(jnp.sum(d_out * out.astype(jnp.float32), -1), 1, 3)
-    xs = (_blocks(k, block), _blocks(v, block), _blocks(kv_pos, block), _blocks(valid, block))
-    xs += (_blocks(kv_seg, block),) if kv_seg is not None else ()
+    xs = _key_blocks(k, v, kv_pos, valid, kv_seg, block)
 
     def step(dq, blk):
-        kb, vb, pb, validb = blk[:4]
-        segb = blk[4] if kv_seg is not None else None
+        kb, vb, pb, validb, segb = blk
         s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window)
         p = jnp.exp(s - lse[..., None])  # [b, n, g, sq, block]
         dv = jnp.einsum("bngqk,bqngd->bknd", p, d_out)
