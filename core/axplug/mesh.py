@@ -21,6 +21,7 @@ __all__ = [
     "logical_to_partition_spec",
     "parameter_shardings",
     "batch_partition_spec",
+    "device_groups",
 ]
 
 MESH_AXES = ("data", "fsdp", "expert", "seq", "model")
@@ -161,7 +162,7 @@ def _device_array(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequ
     if not devices or devices[0].platform == "cpu":
         # CPU devices have no topology; keep the given order (multi-process CPU runs rely on it).
         return np.asarray(devices).reshape(shape)
-    groups = _device_groups(devices)
+    groups = device_groups(devices)
     if len(groups) == 1:
         return _within_one_group(devices, shape)
     split = _hybrid_shapes(shape, axis_names, len(groups))
@@ -187,7 +188,7 @@ def _group_noun(devices: Sequence[Any]) -> str:
     return "slice" if devices[0].platform == "tpu" else "host"
 
 
-def _device_groups(devices: Sequence[Any]) -> list[list[Any]]:
+def device_groups(devices: Sequence[Any]) -> list[list[Any]]:
     """Devices grouped by TPU slice or, on other accelerators, by process (host), in key order."""
     key = "slice_index" if devices[0].platform == "tpu" else "process_index"
     groups: dict[int, list[Any]] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 from axplug.config import REQUIRED, ConfigError, Configurable, Required, chain, config_class
@@ -49,9 +48,10 @@ def _slug(text: str) -> str:
 
 def _hosts(devices: Sequence) -> tuple[int, int]:
     """(devices per host, hosts): hosts are TPU slices, else processes; the largest host counts."""
-    key = "slice_index" if devices[0].platform == "tpu" else "process_index"
-    sizes = Counter(getattr(d, key, 0) for d in devices)
-    return max(sizes.values()), len(sizes)
+    from axplug.mesh import device_groups
+
+    groups = device_groups(devices)
+    return max(len(g) for g in groups), len(groups)
 
 
 def detect_selector(devices: Sequence | None = None) -> str:
