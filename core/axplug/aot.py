@@ -261,6 +261,44 @@ def _plan_flash_attention(cfg, platform: str):
     return cfg, note
 
 
+def _plan_bfloat16(cfg):
+    """(config, note): bfloat16 settings as float16 for a CPU compile that plans an accelerator.
+
+    XLA:CPU cannot update bf16 buffers in place, so it widens every bf16 scan stack (the
+    activations a remat policy saves, the stacked gradients) to f32 and doubles their bytes;
+    float16 has bf16's width and stays 2 bytes there, as bf16 does on GPU/TPU/Trainium.
+    """
+    import copy
+
+    from axplug.config import ConfigBase
+
+    cfg = copy.deepcopy(cfg)
+    changed = []
+
+    def walk(node, path):
+        if isinstance(node, list | tuple):
+            for i, child in enumerate(node):
+                walk(child, f"{path}[{i}]")
+            return
+        if not isinstance(node, ConfigBase):
+            return
+        for key, value in node.items():
+            if isinstance(value, str) and value == "bfloat16":
+                setattr(node, key, "float16")
+                changed.append(f"{path}.{key}".lstrip("."))
+            else:
+                walk(value, f"{path}.{key}")
+
+    walk(cfg, "")
+    if not changed:
+        return cfg, None
+    note = (
+        f"bfloat16 compiled as float16 ({', '.join(changed)}): the same 2 bytes, which XLA:CPU "
+        "would otherwise widen to f32 in scanned activations and gradients"
+    )
+    return cfg, note
+
+
 _COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -326,9 +364,11 @@ def compile_report(
         compilation_cache_dir=None,
         output_dir="/nonexistent/axplug-aot",  # nothing is written: the trainer is never run
     )
-    attention_note = None
+    plan_notes = []
     if spec is not None and spec.platform != jax.default_backend():
         cfg, attention_note = _plan_flash_attention(cfg, spec.platform)
+        cfg, dtype_note = _plan_bfloat16(cfg)
+        plan_notes = [note for note in (attention_note, dtype_note) if note]
     trainer = Trainer(cfg, devices=jax.devices()[:n])
     seq = cfg.input.seq_len
     token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
@@ -391,8 +431,7 @@ def compile_report(
         compile_s=compile_s,
         collectives=count_collectives(compiled.as_text()),
     )
-    if attention_note:
-        report.notes.append(attention_note)
+    report.notes.extend(plan_notes)
     if report.scanned_layers:
         report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
     return report
