@@ -1,14 +1,18 @@
 """The step-time comparison of `step_time.py` on one GPU, for a ~1B-parameter LLaMA shape.
 
-    python bench/gpu_step_time.py [--device-spec h200] [--no-flax]
+    python bench/gpu_step_time.py [--device-spec h200] [--attention flash|xla] [--no-flax]
                                   [--dim 2048 --layers 16 --heads 16 --hidden 5632
                                    --vocab 32000 --seq 1024 --batch 8 --compute-dtype bfloat16]
 
 axplug, plain JAX and Flax NNX run the llama-tiny recipe (RMSNorm, SwiGLU, RoPE) at these
 shapes (0.95B parameters by default) with float32 parameters and bfloat16 compute, from the
-same initial parameters (first-step losses must agree to 2e-2 relative in bfloat16). MFU is
-the plain-jax step's XLA FLOPs over the step time and the dense bf16 peak of the GPU's
-device spec from the axplug-gpu plugin (detected from the device kind, or `--device-spec`).
+same initial parameters (first-step losses must agree to 2e-2 relative in bfloat16). With
+`--attention flash` (the default) axplug applies its `flash_attention` modifier (cuDNN on the
+GPU) and plain JAX calls `jax.nn.dot_product_attention(implementation="cudnn")`; Flax NNX
+runs only with `--attention xla`. MFU is printed twice against the dense bf16 peak of the
+GPU's device spec from the axplug-gpu plugin (detected from the device kind, or
+`--device-spec`): by the plain-jax step's XLA FLOPs (which leave out cuDNN's attention) and
+by the model's FLOPs (6 x params per token + attention, as the trainer's `mfu`).
 The defaults (one warm-up compile per side, no extra compiles, 4 rounds x 5 steps) take a few
 minutes on an H100/H200; the three sides' states (~16 GB each) stay resident together.
 Exits 2 with a message when JAX sees no GPU.
@@ -40,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps-per-round", type=int, default=5)
     p.add_argument("--compile-reps", type=int, default=0, help="fresh compiles per side")
     p.add_argument("--no-flax", action="store_true", help="axplug and plain JAX only")
+    p.add_argument(
+        "--attention",
+        default="flash",
+        choices=("flash", "xla"),
+        help="flash: axplug's flash_attention modifier (cuDNN on a GPU) against "
+        "jax.nn.dot_product_attention(implementation='cudnn'); xla: einsum attention on both",
+    )
     args = p.parse_args(argv)
     for name in ("dim", "layers", "heads", "hidden", "vocab", "seq", "batch", "rounds"):
         if getattr(args, name) < 1:
@@ -104,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{jax.devices()[0].device_kind} (spec: {spec.name}, {spec.peak_bf16_flops / 1e12:.0f} "
         f"TFLOP/s dense bf16), jax {jax.__version__}"
     )
-    cfg = step_time.shape_config("llama-tiny", overrides(args))
+    modifiers = ("flash_attention",) if args.attention == "flash" else ()
+    cfg = step_time.shape_config("llama-tiny", overrides(args), modifiers)
     result = step_time.run_shape(
         "llama-1b",
         cfg,
@@ -113,13 +125,23 @@ def main(argv: list[str] | None = None) -> int:
         compile_reps=args.compile_reps,
         peak=spec.peak_bf16_flops,
         peak_label=f"{spec.name} dense bf16 peak",
-        flax=not args.no_flax,
+        flax=not args.no_flax and args.attention == "xla",
     )
     if result is None:
         return 1
     step_time.print_summary([result])
     ratio = result["median"]["axplug"] / result["median"]["plain-jax"]
     print(f"axplug/plain-jax step-time ratio: {ratio:.3f}")
+    # XLA's FLOPs leave out a cuDNN kernel's work: MFU by the model's FLOPs (6 x params per
+    # token + attention, the count `axplug aot` and the trainer's `mfu` use) as well.
+    from axplug.aot import model_flops_per_step
+
+    flops = model_flops_per_step(cfg)
+    for side, seconds in result["median"].items():
+        print(
+            f"{side:10} model-FLOPs MFU {flops / seconds / spec.peak_bf16_flops:6.1%} "
+            f"({flops / 1e12:.2f} TFLOP/step)"
+        )
     return 0
 
 

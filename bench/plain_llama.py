@@ -48,6 +48,8 @@ class ModelSpec:
     rope_theta: float | None  # None: no position transform
     tie_embeddings: bool
     compute_dtype: str = "float32"  # parameters stay float32; cast where used
+    # "xla": einsums and a softmax; "flash": jax.nn.dot_product_attention (cuDNN on a GPU).
+    attention: str = "xla"
     # Mixture of experts in every layer's feed-forward (experts = 0: dense).
     experts: int = 0
     top_k: int = 2
@@ -84,7 +86,8 @@ def spec_from_config(cfg: Any) -> ModelSpec:
     attn, ffn, norm = layer.attention, layer.feed_forward, layer.norm
     need(layer.dropout_rate == 0.0, "dropout")
     need(_cls(attn.qkv) == "QKVLinear", f"qkv {_cls(attn.qkv)} (e.g. GQA)")
-    need(_cls(attn.kernel) == "DotProductKernel", f"kernel {_cls(attn.kernel)}")
+    kernel = _cls(attn.kernel)
+    need(kernel in ("DotProductKernel", "FlashAttention"), f"kernel {kernel}")
     need(attn.kernel.scale is None, "custom attention scale")
     need(attn.causal and attn.sliding_window is None, "non-causal or sliding-window attention")
     need(attn.head_dim in (None, dec.dim // attn.num_heads), "custom head_dim")
@@ -138,6 +141,7 @@ def spec_from_config(cfg: Any) -> ModelSpec:
         rope_theta=rope_theta,
         tie_embeddings=dec.tie_word_embeddings,
         compute_dtype=model.compute_dtype or "float32",
+        attention="flash" if kernel == "FlashAttention" else "xla",
         **moe,
     )
 
@@ -232,6 +236,12 @@ def _attention(p, x, spec: ModelSpec, rope, mask):
     )  # [b, s, h, hd]
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if spec.attention == "flash":
+        cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+        out = jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn" if cudnn else "xla"
+        )
+        return jnp.einsum("bse,ed->bsd", out.reshape(b, s, spec.dim), _c(p["wo"], spec))
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     logits = jnp.where(mask, logits * (1.0 / math.sqrt(hd)), NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)

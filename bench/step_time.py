@@ -64,7 +64,9 @@ SHAPES = {
 }
 
 
-def shape_config(name: str, extra_overrides: tuple[str, ...] = ()) -> Any:
+def shape_config(
+    name: str, extra_overrides: tuple[str, ...] = (), modifiers: tuple[str, ...] = ()
+) -> Any:
     """The Trainer config of shape `name` (or of the preset `name`) for benchmarking."""
     from axplug.presets import preset_config
 
@@ -72,6 +74,7 @@ def shape_config(name: str, extra_overrides: tuple[str, ...] = ()) -> Any:
     out_dir = tempfile.mkdtemp(prefix="axplug-bench-")
     return preset_config(
         shape.preset,
+        modifiers=modifiers,
         overrides=[
             "compilation_cache_dir=None",
             "summary_writers=[]",

@@ -472,3 +472,94 @@ class TestHardwareMeshRuleConformance(MeshRuleConformance):
     @pytest.fixture
     def selectors(self, rule_name):
         return RULE_SELECTORS[rule_name]
+
+
+# --- device utilisation for the watchdog (NVML, the TPU runtime) ------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    id: int
+    platform: str
+    local_hardware_id: int | None = None
+
+
+class _FakeNvml:
+    """pynvml's calls the GPU plugin makes, over fixed per-index busy percentages."""
+
+    def __init__(self, busy):
+        self.busy = busy
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Rates", (), {"gpu": self.busy[handle]})()
+
+
+def test_gpu_utilization_reads_nvml_for_the_jax_devices(monkeypatch):
+    import sys
+
+    from axplug_gpu import utilization
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml([10, 20, 30, 90]))
+    utilization._nvml.cache_clear()
+    gpus = [_Device(0, "gpu", local_hardware_id=0), _Device(1, "gpu", local_hardware_id=3)]
+    try:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        assert utilization.device_utilization(gpus) == (10 + 90) / 2
+        # CUDA_VISIBLE_DEVICES=2,0,3,1: JAX's GPU 0 is NVML's 2, its GPU 3 is NVML's 1.
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,3,1")
+        assert utilization.device_utilization(gpus) == (30 + 20) / 2
+        assert utilization.device_utilization([_Device(0, "cpu")]) is None  # not GPUs
+    finally:
+        utilization._nvml.cache_clear()
+
+
+def test_gpu_utilization_is_none_without_a_driver(monkeypatch):
+    import sys
+
+    from axplug_gpu import utilization
+
+    class NoDriver(_FakeNvml):
+        def nvmlInit(self):
+            raise OSError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", NoDriver([]))
+    utilization._nvml.cache_clear()
+    try:
+        assert utilization.device_utilization([_Device(0, "gpu", 0)]) is None
+    finally:
+        utilization._nvml.cache_clear()
+
+
+def test_tpu_utilization_averages_the_runtimes_duty_cycle(monkeypatch):
+    import sys
+    import types
+
+    from axplug_tpu import utilization
+
+    tpus = [_Device(0, "tpu"), _Device(1, "tpu")]
+    monkeypatch.setitem(sys.modules, "libtpu.sdk", None)  # libtpu absent: no reading
+    assert utilization.device_utilization(tpus) is None
+    metric = types.SimpleNamespace(data=lambda: ["45.5", "54.5", "60.0", "40.0"])
+    sdk = types.SimpleNamespace(
+        tpumonitoring=types.SimpleNamespace(get_metric={"duty_cycle_pct": metric}.__getitem__)
+    )
+    monkeypatch.setitem(sys.modules, "libtpu", types.SimpleNamespace(sdk=sdk))
+    monkeypatch.setitem(sys.modules, "libtpu.sdk", sdk)
+    assert utilization.device_utilization(tpus) == pytest.approx(50.0)
+    assert utilization.device_utilization([_Device(0, "gpu", 0)]) is None
+
+
+def test_installed_hardware_plugins_answer_the_utilization_hook_on_cpu():
+    from axplug.trainer.hooks import HookRunner
+
+    runner = HookRunner(registry.plugin_manager())
+    names = [impl.plugin_name for impl in runner._pm.hook.device_utilization.get_hookimpls()]
+    assert any("axplug-gpu" in n for n in names) and any("axplug-tpu" in n for n in names)
+    assert runner.first("device_utilization", devices=jax.devices()) is None  # CPUs: no reader
+    assert runner.failures == []

@@ -416,3 +416,36 @@ def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
     plain = with_jsonl(tiny_config(tmp_path / "plain", steps=3)).instantiate()
     plain.run()
     assert not any("mfu" in r for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl"))
+
+
+def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path):
+    class Monitor:
+        def __init__(self):
+            self.low, self.asked = [], []
+
+        @hookimpl
+        def device_utilization(self, devices):
+            self.asked.append(len(devices))
+            return 12.5
+
+        @hookimpl
+        def on_low_utilization(self, trainer, step, metric, value, threshold):
+            self.low.append((step, metric, value, threshold))
+
+    # A fake peak so large that MFU is ~0: every 2-step window is below min_mfu.
+    settings = [
+        "peak_flops_per_device=1e30",
+        "watchdog.min_mfu=0.5",
+        "watchdog.min_device_busy_percent=50.0",
+        "watchdog.utilization_window=2",
+    ]
+    monitor = Monitor()
+    trainer = tiny_config(tmp_path, *settings, steps=4).instantiate(
+        devices=jax.devices()[:2], hooks=(monitor,)
+    )
+    trainer.run()
+    assert monitor.asked == [2, 2]  # the local devices, once per window
+    flagged = [(step, metric) for step, metric, _, _ in monitor.low]
+    assert flagged == [(2, "mfu"), (2, "device_busy"), (4, "mfu"), (4, "device_busy")]
+    assert all(value < 1e-6 for _, m, value, _ in monitor.low if m == "mfu")
+    assert trainer.watchdog.low_utilization == monitor.low

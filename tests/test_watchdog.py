@@ -50,6 +50,43 @@ def test_short_steps_are_never_flagged():
     assert [s[0] for s in slow] == [6]  # 0.096 s and 0.4 s are > 3x the median, but short
 
 
+def test_sustained_low_mfu_is_flagged_once_per_window():
+    low = []
+    dog = Watchdog(
+        Watchdog.default_config().set(timeout_s=None, min_mfu=0.3, utilization_window=4),
+        on_low_utilization=lambda *args: low.append(args),
+    )
+    # Window 1 (steps 1-4): median 0.35, fine despite one slow step. Window 2: median 0.15.
+    for step, mfu in enumerate([0.4, 0.05, 0.3, 0.4, 0.1, 0.2, 0.5, 0.1], start=1):
+        dog.step_completed(step, 1.0, mfu)
+    assert low == [(8, "mfu", pytest.approx(0.15), 0.3)]
+    assert dog.low_utilization == low
+    # Steps with no MFU (no device spec) never flag it.
+    for step in range(9, 17):
+        dog.step_completed(step, 1.0)
+    assert len(low) == 1
+
+
+def test_device_busy_percentage_is_read_at_each_windows_end():
+    low, reads = [], []
+    readings = iter([95.0, None, 20.0])  # None: the plugin could not read this time
+
+    def read():
+        reads.append(True)
+        return next(readings)
+
+    dog = Watchdog(
+        Watchdog.default_config().set(
+            timeout_s=None, min_device_busy_percent=50.0, utilization_window=2
+        ),
+        on_low_utilization=lambda *args: low.append(args),
+        read_device_busy=read,
+    )
+    for step in range(1, 7):
+        dog.step_completed(step, 1.0)
+    assert len(reads) == 3 and low == [(6, "device_busy", 20.0, 50.0)]
+
+
 def _stuck_in_a_collective(release):
     release.wait(10)
 
@@ -97,6 +134,9 @@ def test_thread_stacks_names_the_calling_thread():
         ("timeout_s", 0.0, "timeout_s: must be > 0 or None"),
         ("slow_step_factor", 1.0, "slow_step_factor: must be > 1 or None"),
         ("exit_code", 300, "exit_code: must be in [0, 255]"),
+        ("min_mfu", 1.5, "min_mfu: must be in (0, 1] or None"),
+        ("min_device_busy_percent", 0.0, "min_device_busy_percent: must be in (0, 100]"),
+        ("utilization_window", 0, "utilization_window: must be >= 1"),
     ],
 )
 def test_bad_settings_name_the_field(field, value, message):

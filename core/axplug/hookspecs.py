@@ -17,6 +17,8 @@ __all__ = [
     "on_train_end",
     "on_hang",
     "on_slow_step",
+    "on_low_utilization",
+    "device_utilization",
 ]
 
 PROJECT = "axplug"
@@ -57,3 +59,17 @@ def on_hang(trainer: Any, step: int | None, seconds: float, report: str) -> None
 @hookspec
 def on_slow_step(trainer: Any, step: int, seconds: float, median: float) -> None:
     """Called when `step` took `seconds`, more than watchdog.slow_step_factor x `median`."""
+
+
+@hookspec
+def on_low_utilization(
+    trainer: Any, step: int, metric: str, value: float, threshold: float
+) -> None:
+    """Called when `metric` ("mfu" or "device_busy", a percentage) over the watchdog's last
+    utilization_window steps up to `step` was `value`, below the configured `threshold`."""
+
+
+@hookspec(firstresult=True)
+def device_utilization(devices: list) -> float | None:
+    """The mean busy percentage (0-100) of the local `devices` now, or None if this plugin
+    cannot read them (another kind of device, no driver library)."""

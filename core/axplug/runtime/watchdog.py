@@ -6,7 +6,11 @@ and with `exit_on_hang` ends the process with `exit_code` (75, EX_TEMPFAIL: "try
 scheduler restarts the job, which resumes from its last checkpoint. Independently, a step
 slower than `slow_step_factor` times the median of the last `slow_step_window` steps (a
 straggling or throttled host), and longer than `slow_step_min_s`, is logged and passed to
-`on_slow_step`.
+`on_slow_step`. Sustained low utilisation is flagged once per `utilization_window` steps: the
+median MFU of the window's steps below `min_mfu`, or the devices' busy percentage (read at the
+window's end through a hardware plugin's `device_utilization` hook: NVML on NVIDIA GPUs, the
+TPU runtime's duty cycle) below `min_device_busy_percent`; each is logged and passed to
+`on_low_utilization`.
 """
 
 from __future__ import annotations
@@ -59,6 +63,10 @@ class Watchdog(Configurable):
         # Steps shorter than this are never flagged: at millisecond steps, host jitter (an
         # asynchronous checkpoint write, say) is many times the median and means nothing.
         slow_step_min_s: float = 1.0
+        # Sustained low utilisation (see the module docstring); None: not checked.
+        min_mfu: float | None = None
+        min_device_busy_percent: float | None = None
+        utilization_window: int = 100
 
     def __init__(
         self,
@@ -66,6 +74,8 @@ class Watchdog(Configurable):
         *,
         on_hang: Callable[[int, float, str], None] | None = None,
         on_slow_step: Callable[[int, float, float], None] | None = None,
+        on_low_utilization: Callable[[int, str, float, float], None] | None = None,
+        read_device_busy: Callable[[], float | None] | None = None,
     ):
         super().__init__(cfg)
         cfg = self._config
@@ -77,8 +87,27 @@ class Watchdog(Configurable):
             )
         if not 0 <= cfg.exit_code <= 255:
             raise ValueError(f"{cfg._path('exit_code')}: must be in [0, 255], got {cfg.exit_code}")
+        if cfg.min_mfu is not None and not 0 < cfg.min_mfu <= 1:
+            raise ValueError(
+                f"{cfg._path('min_mfu')}: must be in (0, 1] or None, got {cfg.min_mfu}"
+            )
+        busy = cfg.min_device_busy_percent
+        if busy is not None and not 0 < busy <= 100:
+            raise ValueError(
+                f"{cfg._path('min_device_busy_percent')}: must be in (0, 100] or None, got {busy}"
+            )
+        if cfg.utilization_window < 1:
+            raise ValueError(
+                f"{cfg._path('utilization_window')}: must be >= 1, got {cfg.utilization_window}"
+            )
         self._on_hang = on_hang
         self._on_slow_step = on_slow_step
+        self._on_low_utilization = on_low_utilization
+        self._read_device_busy = read_device_busy
+        self._window_mfu: list[float] = []
+        self._window_steps = 0
+        # (step, metric, value, threshold) of every flagged window: metric "mfu" or "device_busy".
+        self.low_utilization: list[tuple[int, str, float, float]] = []
         self.step_times: collections.deque[tuple[int, float]] = collections.deque(
             maxlen=max(cfg.slow_step_window, 1)
         )
@@ -103,9 +132,11 @@ class Watchdog(Configurable):
         self._thread = threading.Thread(target=self._watch, name="axplug-watchdog", daemon=True)
         self._thread.start()
 
-    def step_completed(self, step: int, seconds: float) -> bool:
-        """Records that `step` took `seconds`; returns whether it was flagged as slow."""
+    def step_completed(self, step: int, seconds: float, mfu: float | None = None) -> bool:
+        """Records that `step` took `seconds` (at `mfu`, when known); returns whether it was
+        flagged as slow."""
         cfg = self._config
+        self._utilization(step, mfu)
         with self._lock:
             self._last_step, self._last_progress, self._fired = step, time.monotonic(), False
             known = [s for _, s in self.step_times]
@@ -132,6 +163,41 @@ class Watchdog(Configurable):
         if self._on_slow_step is not None:
             self._on_slow_step(step, seconds, median)
         return True
+
+    def _utilization(self, step: int, mfu: float | None) -> None:
+        cfg = self._config
+        if cfg.min_mfu is None and cfg.min_device_busy_percent is None:
+            return
+        if mfu is not None:
+            self._window_mfu.append(mfu)
+        self._window_steps += 1
+        if self._window_steps < cfg.utilization_window:
+            return
+        checks = []
+        if cfg.min_mfu is not None and self._window_mfu:
+            checks.append(("mfu", statistics.median(self._window_mfu), cfg.min_mfu))
+        if cfg.min_device_busy_percent is not None and self._read_device_busy is not None:
+            busy = self._read_device_busy()
+            if busy is not None:
+                checks.append(("device_busy", busy, cfg.min_device_busy_percent))
+        self._window_mfu, self._window_steps = [], 0
+        for metric, value, threshold in checks:
+            if value >= threshold:
+                continue
+            self.low_utilization.append((step, metric, value, threshold))
+            what = "median MFU" if metric == "mfu" else "device busy percentage"
+            log.warning(
+                "low utilisation at step %d: %s %.3g over the last %d steps is below %.3g "
+                "(watchdog.%s); an input-bound loop, a throttled device or a poor layout?",
+                step,
+                what,
+                value,
+                cfg.utilization_window,
+                threshold,
+                "min_mfu" if metric == "mfu" else "min_device_busy_percent",
+            )
+            if self._on_low_utilization is not None:
+                self._on_low_utilization(step, metric, value, threshold)
 
     def stop(self) -> None:
         """Stops the thread; idempotent."""

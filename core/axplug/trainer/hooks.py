@@ -18,10 +18,18 @@ class HookRunner:
         self.failures: list[str] = []
 
     def __call__(self, hook: str, **kwargs: Any) -> None:
+        for _ in self._results(hook, kwargs):
+            pass
+
+    def first(self, hook: str, **kwargs: Any) -> Any:
+        """The first non-None result of `hook`'s implementations (a query hook), or None."""
+        return next((r for r in self._results(hook, kwargs) if r is not None), None)
+
+    def _results(self, hook: str, kwargs: dict):
         caller = getattr(self._pm.hook, hook)
         for impl in reversed(caller.get_hookimpls()):  # pluggy's own order: last registered first
             try:
-                impl.function(*(kwargs[name] for name in impl.argnames))
+                yield impl.function(*(kwargs[name] for name in impl.argnames))
             except Exception as exc:  # noqa: BLE001 - a plugin must not kill the run
                 message = (
                     f"hook {hook} of plugin {impl.plugin_name} raised "

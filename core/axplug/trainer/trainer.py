@@ -152,6 +152,17 @@ class Trainer(Configurable):
             on_slow_step=lambda step, seconds, median: self.hooks(
                 "on_slow_step", trainer=self, step=step, seconds=seconds, median=median
             ),
+            on_low_utilization=lambda step, metric, value, threshold: self.hooks(
+                "on_low_utilization",
+                trainer=self,
+                step=step,
+                metric=metric,
+                value=value,
+                threshold=threshold,
+            ),
+            read_device_busy=lambda: self.hooks.first(
+                "device_utilization", devices=self._local_devices()
+            ),
         )
         self._build_step()
 
@@ -368,6 +379,9 @@ class Trainer(Configurable):
             per_device = spec.peak_bf16_flops if spec else None
         return per_device * self.mesh.devices.size if per_device else None
 
+    def _local_devices(self) -> list:
+        return [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+
     def _tokens_per_step(self) -> int:
         cfg = self._config.input
         return getattr(cfg, "batch_size", 0) * getattr(cfg, "seq_len", 0)
@@ -379,7 +393,11 @@ class Trainer(Configurable):
             values = {k: v.item() for k, v in jax.device_get(metrics).items()}
         # Host time between step completions, leaving out checkpoints and evaluations.
         busy = self._busy_seconds()
-        self.watchdog.step_completed(step, busy - self._busy_mark)
+        seconds = busy - self._busy_mark
+        mfu = None
+        if timer.flops_per_step and timer.peak_flops and seconds > 0:
+            mfu = timer.flops_per_step / (seconds * timer.peak_flops)
+        self.watchdog.step_completed(step, seconds, mfu)
         self._busy_mark = busy
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Everything axplug checks on one NVIDIA GPU, in one run of a few minutes (accelerator time is
+# scarce): the GPU kernel numerics tests, NVML utilisation, a training run's logged MFU, and
+# bench/gpu_step_time.py at two ~1B LLaMA shapes with cuDNN flash attention.
+#
+#   OUT=gpu-out bash bench/gpu_session.sh      # logs and metrics land in $OUT
+#
+# Each stage has its own time limit and a failing stage does not stop the next. With no network
+# on the GPU host, missing pure-Python wheels may be brought in .whl/ (installed to /tmp/site).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-gpu-out}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/session.log") 2>&1
+
+stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S)) ==="; }
+
+stage setup
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+  $(for d in plugins/*/; do printf -- '-e %s ' "$d"; done) 2>&1 | grep -v "^\s*$" | tail -3
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv
+"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+stage "GPU kernel numerics (pytest -m gpu)"
+timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
+
+stage "NVML utilisation through the device_utilization hook"
+timeout 30 "$PY" - <<'EOF'
+import jax
+from axplug import registry
+from axplug.trainer.hooks import HookRunner
+
+runner = HookRunner(registry.plugin_manager())
+print("busy percent now:", runner.first("device_utilization", devices=jax.devices()))
+EOF
+
+stage "training: logged MFU and the low-utilisation watchdog"
+rm -rf /tmp/axplug-gpu-run
+timeout 120 axplug train --preset llama-tiny --output-dir /tmp/axplug-gpu-run \
+  --modifier flash_attention --modifier compute_dtype:dtype=bfloat16 \
+  --set max_steps=60 --set log_every=10 --set checkpoint_every=60 \
+  --set watchdog.min_mfu=0.9 --set watchdog.min_device_busy_percent=99.5 \
+  --set watchdog.utilization_window=20 2>&1 | grep -v "^\s*$" | tail -20
+cp /tmp/axplug-gpu-run/metrics.jsonl "$OUT/train_metrics.jsonl" 2>/dev/null
+tail -2 /tmp/axplug-gpu-run/metrics.jsonl 2>/dev/null
+
+stage "gpu_step_time: 0.95B LLaMA, seq 1024 x batch 8, cuDNN flash"
+timeout 170 "$PY" bench/gpu_step_time.py --rounds 3 --steps-per-round 5
+
+stage "gpu_step_time: 0.95B LLaMA, seq 2048 x batch 8, cuDNN flash"
+timeout 150 "$PY" bench/gpu_step_time.py --seq 2048 --rounds 3 --steps-per-round 5
+
+stage done
