@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 stage "GPU kernel numerics (pytest -m gpu)"
-timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
+JAX_PLATFORMS=cuda timeout 120 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
 
 stage "NVML utilisation through the device_utilization hook"
 timeout 30 "$PY" - <<'EOF'

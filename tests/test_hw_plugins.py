@@ -110,6 +110,7 @@ def test_every_rule_has_a_spec_and_registered_modifiers(name):
         ("gpu-nvidia-h100-80gb-hbm3-8", "gpu-h100-8"),  # what detect_selector() gives
         ("gpu-h100-8x32", "gpu-h100-8xn"),
         ("gpu-h200-8", "gpu-h200-8"),
+        ("gpu-nvidia-h200-1", "gpu-h200-8"),  # a one-GPU host
         ("gpu-nvidia-b200-8x4", "gpu-b200-8xn"),
         ("gpu-a100-sxm4-80gb-8", "gpu-a100-8"),
         ("tpu-v5e-256", "tpu-v5e-slice"),

@@ -131,7 +131,9 @@ def test_tpu_slices_of_256_give_the_multi_slice_selector():
 @pytest.mark.parametrize(
     "selector, rule, mesh",
     [
-        ("gpu-nvidia-h100-80gb-hbm3-8", "gpu-h100-8", "mesh:fsdp=8"),
+        ("gpu-nvidia-h100-80gb-hbm3-8", "gpu-h100-8", "mesh:fsdp=-1"),
+        ("gpu-nvidia-h200-1", "gpu-h200-8", "mesh:fsdp=-1"),  # one GPU: the host rule
+        ("gpu-nvidia-h100-80gb-hbm3-4", "gpu-h100-8", "mesh:fsdp=-1"),
         ("gpu-nvidia-h100-80gb-hbm3-8x32", "gpu-h100-8xn", "mesh:fsdp=8,data=-1"),
         ("gpu-nvidia-h200-8x2", "gpu-h200-8xn", "mesh:fsdp=8,data=-1"),
         ("tpu-tpu-v5-lite-256", "tpu-v5e-detected", "mesh:fsdp=-1"),

@@ -449,3 +449,46 @@ def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path
     assert flagged == [(2, "mfu"), (2, "device_busy"), (4, "mfu"), (4, "device_busy")]
     assert all(value < 1e-6 for _, m, value, _ in monitor.low if m == "mfu")
     assert trainer.watchdog.low_utilization == monitor.low
+
+
+def test_clipping_takes_the_norm_the_step_already_computed():
+    from axplug.learner import clip_by_global_norm
+
+    grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # global norm 13
+    ours, theirs = clip_by_global_norm(6.5), optax.clip_by_global_norm(6.5)
+    state = ours.init(grads)
+    assert jax.tree.structure(state) == jax.tree.structure(theirs.init(grads))  # checkpoints
+    want, _ = theirs.update(grads, theirs.init(grads), None)
+    for given in (None, optax.tree_utils.tree_norm(grads)):
+        got, _ = ours.update(grads, state, None, grad_norm=given)
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+    np.testing.assert_array_equal(want["b"], [[6.0]])  # halved: 13 -> 6.5
+    small, _ = ours.update(grads, state, None, grad_norm=jnp.float32(1.0))  # under the max
+    jax.tree.map(np.testing.assert_array_equal, small, grads)
+
+
+def test_train_step_reads_the_gradients_for_one_global_norm(tmp_path):
+    cfg = tiny_config(tmp_path, "learner.optimizer='sgd'", "learner.max_grad_norm=1.0")
+    trainer = cfg.instantiate()
+    state, batch = (
+        trainer.abstract_state,
+        {k: jax.ShapeDtypeStruct((8, 32), jnp.int32) for k in ("input_ids", "target_labels")},
+    )
+
+    def sqrts(jaxpr) -> int:
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == "sqrt"
+            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else []:
+                n += sqrts(sub)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, tuple | list) else [param]:
+                    if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                        n += sqrts(sub.jaxpr)
+                    elif hasattr(sub, "eqns"):
+                        n += sqrts(sub)
+        return n
+
+    # SGD takes no square roots: the one left is the global norm's (two before: the NaN
+    # guard's and clip_by_global_norm's own, which XLA cannot merge across the cond).
+    assert sqrts(jax.make_jaxpr(trainer._train_step)(state, batch).jaxpr) == 1

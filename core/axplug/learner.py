@@ -10,10 +10,34 @@ import optax
 from axplug.config import ConfigError, Configurable, config_class
 from axplug.layers.base import ParameterSpec
 
-__all__ = ["Learner", "OPTIMIZERS", "SCHEDULES"]
+__all__ = ["Learner", "OPTIMIZERS", "SCHEDULES", "clip_by_global_norm"]
 
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """optax.clip_by_global_norm that takes an already computed norm as `grad_norm=`.
+
+    The train step needs the norm anyway (its non-finite guard), and XLA cannot share a norm
+    computed inside the optimizer with one outside it: passing it saves a pass over every
+    gradient. Its state is optax's (empty), so checkpoints are unchanged.
+    """
+    base = optax.clip_by_global_norm(max_norm)
+
+    def update(updates, state, params=None, *, grad_norm=None, **extra_args):
+        del params, extra_args
+        if grad_norm is None:
+            grad_norm = optax.tree_utils.tree_norm(updates)
+        trigger = grad_norm < max_norm
+        # optax's own arithmetic, so results match it bit for bit.
+        clipped = jax.tree.map(
+            lambda t: jax.numpy.where(trigger, t, (t / grad_norm.astype(t.dtype)) * max_norm),
+            updates,
+        )
+        return clipped, state
+
+    return optax.GradientTransformationExtraArgs(base.init, update)
 
 
 class Learner(Configurable):
@@ -94,4 +118,4 @@ class Learner(Configurable):
             )
         if cfg.max_grad_norm is None:
             return opt
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
+        return optax.chain(clip_by_global_norm(cfg.max_grad_norm), opt)

@@ -61,6 +61,7 @@ def build_train_step(
     """`step(state, batch) -> (state, metrics)`; a non-finite loss or gradient leaves the
     parameters and optimizer state unchanged and reports `finite=False`."""
     grad_fn = jax.value_and_grad(_loss_fn(model, aux_rule), has_aux=True)
+    tx = optax.with_extra_args_support(tx)
 
     def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         params, key = state["params"], step_key(seed, state["step"])
@@ -84,15 +85,18 @@ def build_train_step(
         grad_norm = optax.tree_utils.tree_norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
 
+        # The norm goes to the optimizer's clipping (axplug.learner.clip_by_global_norm;
+        # other transformations ignore it), so the gradients are read for it once.
         def apply(grads, opt_state, params):
-            updates, new_opt_state = tx.update(grads, opt_state, params)
+            updates, new_opt_state = tx.update(grads, opt_state, params, grad_norm=grad_norm)
             return optax.apply_updates(params, updates), new_opt_state
 
         def skip(grads, opt_state, params):
             return params, opt_state
 
-        # A branch rather than a select over every parameter and moment: no extra memory
-        # traffic on good steps, and a bad step leaves params and optimizer state untouched.
+        # A branch rather than a select over every parameter and moment: on XLA:CPU the
+        # select is not fused into the update (+2.3% bytes accessed on llama-tiny), the
+        # branch costs 4 KB, and a bad step leaves params and optimizer state untouched.
         new_params, new_opt_state = jax.lax.cond(
             finite, apply, skip, grads, state["opt_state"], params
         )

@@ -1,5 +1,6 @@
-"""Mesh rules for 8-GPU hosts: FSDP over the 8 NVLink-connected GPUs of a host, data parallel
-across hosts, scanned layers with dot-saving remat, bf16 compute and flash attention.
+"""Mesh rules for NVIDIA GPU hosts: FSDP over the (up to 8) NVLink-connected GPUs of a host,
+data parallel across 8-GPU hosts, scanned layers with dot-saving remat, bf16 compute and flash
+attention. The one-host rules also take a host of 1 to 7 GPUs (a workstation, a cloud VM).
 
 Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
 Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
@@ -28,9 +29,9 @@ _COMMON = ["scan_layers:remat_policy=dots", "compute_dtype:dtype=bfloat16", "fla
 
 
 def _rule(chip: str, spec, hosts: bool):
-    pattern = f"gpu-*{chip}*-8x*" if hosts else f"gpu-*{chip}*-8"
-    mesh = "mesh:fsdp=8,data=-1" if hosts else "mesh:fsdp=8"
-    where = "hosts of 8 (FSDP in a host, data parallel across)" if hosts else "one host of 8"
+    pattern = f"gpu-*{chip}*-8x*" if hosts else f"re:gpu-.*{chip}.*-[1-8]"
+    mesh = "mesh:fsdp=8,data=-1" if hosts else "mesh:fsdp=-1"
+    where = "hosts of 8 (FSDP in a host, data parallel across)" if hosts else "one host of 1-8"
 
     @with_device_spec(spec)
     def rule() -> MeshRule.Config:
