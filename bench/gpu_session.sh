@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything axplug checks on one NVIDIA GPU, in one run of a few minutes (accelerator time is
 # scarce): the GPU kernel numerics tests, NVML utilisation, a training run's logged MFU, and
-# bench/gpu_step_time.py at two ~1B LLaMA shapes with cuDNN flash attention.
+# bench/gpu_step_time.py on a ~1B LLaMA with cuDNN flash attention and with XLA's.
 #
 #   OUT=gpu-out bash bench/gpu_session.sh      # logs and metrics land in $OUT
 #
@@ -49,10 +49,10 @@ timeout 120 axplug train --preset llama-tiny --output-dir /tmp/axplug-gpu-run \
 cp /tmp/axplug-gpu-run/metrics.jsonl "$OUT/train_metrics.jsonl" 2>/dev/null
 tail -2 /tmp/axplug-gpu-run/metrics.jsonl 2>/dev/null
 
-stage "gpu_step_time: 0.95B LLaMA, seq 1024 x batch 8, cuDNN flash"
-timeout 170 "$PY" bench/gpu_step_time.py --rounds 3 --steps-per-round 5
-
 stage "gpu_step_time: 0.95B LLaMA, seq 2048 x batch 8, cuDNN flash"
-timeout 150 "$PY" bench/gpu_step_time.py --seq 2048 --rounds 3 --steps-per-round 5
+timeout 170 "$PY" bench/gpu_step_time.py --seq 2048 --rounds 3 --steps-per-round 5
+
+stage "gpu_step_time: 0.95B LLaMA, seq 1024 x batch 8, einsum attention on both sides"
+timeout 150 "$PY" bench/gpu_step_time.py --attention xla --no-flax --rounds 3 --steps-per-round 5
 
 stage done

@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{side:10} model-FLOPs MFU {flops / seconds / spec.peak_bf16_flops:6.1%} "
             f"({flops / 1e12:.2f} TFLOP/step)"
         )
+    ours, plain = result["opcodes"]["axplug"], result["opcodes"]["plain-jax"]
+    diff = sorted((ours[k] - plain[k], k) for k in ours | plain if ours[k] != plain[k])
+    print(
+        "compiled HLO opcodes, axplug minus plain-jax:", ", ".join(f"{k} {d:+d}" for d, k in diff)
+    )
     return 0
 
 

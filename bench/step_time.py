@@ -16,9 +16,11 @@ functions. MFU is against an f32 matmul peak measured in the same run. The last 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import gc
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -274,6 +276,11 @@ def compiled_stats(compiled: Any) -> dict[str, float]:
     }
 
 
+def opcode_counts(hlo_text: str) -> collections.Counter:
+    """How many instructions of each HLO opcode a compiled module's text holds."""
+    return collections.Counter(re.findall(r"= \S+ ([a-z][a-z0-9-]*)\(", hlo_text))
+
+
 def fmt_ms(s: float) -> str:
     return f"{s * 1e3:9.1f} ms"
 
@@ -409,6 +416,7 @@ def run_shape(
         "peak_flops": peak_flops,
         "gflops": {n: st["gflops"] for n, st in stats.items()},
         "tokens_per_s": {n: tokens / t for n, t in med.items()},
+        "opcodes": {s.name: opcode_counts(cold[s.name][2].as_text()) for s in sides},
     }
     for other in [s.name for s in sides[1:]]:
         per_round = [
