@@ -206,3 +206,77 @@ def test_moe_flops_count_the_active_experts_only():
     dense = preset_config("llama-tiny").model.instantiate(parent=None, _path="model")
     total = sum(x.size for x in jax.tree.leaves(dense.initialize_parameters_recursively(KEY)))
     assert aot.active_parameters(dense) == total
+
+
+# --- compile-only TPU topologies (libtpu) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "selector, expected",
+    [
+        ("tpu-v5e-256", ("v5e:16x16", 1)),
+        ("tpu-v5e-256x4", ("v5e:16x16", 4)),
+        ("tpu-tpu-v5-lite-8", ("v5e:2x4", 1)),  # what detect_selector() gives on a v5e host
+        ("tpu-v5p-512", ("v5p:8x8x8", 1)),  # selectors count chips (JAX devices)
+        ("tpu-v4-32x2", ("v4:2x4x4", 2)),
+        ("tpu-v6e-3", None),  # no such slice
+        ("gpu-h100-8", None),
+        ("tpu-v5e-slice", None),  # a rule name, not a selector
+    ],
+)
+def test_tpu_topology_names(selector, expected):
+    from axplug.topology import tpu_topology_name
+
+    assert tpu_topology_name(selector) == expected
+
+
+def test_compile_only_devices_say_why_not(monkeypatch):
+    from axplug import topology
+
+    assert topology.compile_only_devices("gpu", "gpu-h100-8", 8) == (
+        None, "JAX has no compile-only gpu client",
+    )  # fmt: skip
+    assert "no TPU topology" in topology.compile_only_devices("tpu", "tpu-v6e-3", 3)[1]
+    monkeypatch.setattr(topology, "libtpu_available", lambda: False)
+    devices, why = topology.compile_only_devices("tpu", "tpu-v5e-16", 16)
+    assert devices is None and "pip install libtpu" in why
+
+
+def test_tpu_rule_compiles_on_the_topologys_devices_unscaled(monkeypatch, capsys):
+    """The dispatch: compile-only devices are used as they are (no data-axis scaling, no
+    fake-CPU planning), and the flash slots choose kernels for the target platform."""
+    from axplug import topology
+
+    if "tpu-v5e-slice" not in __import__("axplug").registry.names("mesh_rules"):
+        pytest.skip("needs axplug-tpu installed and enabled")
+    asked, planned = [], []
+    monkeypatch.setattr(
+        topology,
+        "compile_only_devices",
+        lambda platform, selector, n: (
+            asked.append((platform, selector, n)) or (jax.devices()[:n], "a stand-in topology")
+        ),
+    )
+    monkeypatch.setattr(aot, "_kernels_for", lambda cfg, p: planned.append(p) or cfg)
+    code = _run(
+        "--preset", "gpt-tiny", "--mesh-rule", "tpu-v5e-8", "--max-devices", "2", "--json",
+        *SMALL, "--set=input.batch_size=8", "--modifier", "mesh:fsdp=-1",
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and asked == [("tpu", "tpu-v5e-8", 8)] and planned == ["tpu"]
+    assert report["compiled_devices"] == 8 and report["scale_factor"] == 1  # not scaled down
+    assert report["notes"][0] == "compiled for a stand-in topology"
+    assert not any("float16" in note or "blockwise" in note for note in report["notes"])
+
+
+def test_real_tpu_topology_compile_with_libtpu(capsys):
+    pytest.importorskip("libtpu")
+    if "tpu-v5e-slice" not in __import__("axplug").registry.names("mesh_rules"):
+        pytest.skip("needs axplug-tpu installed and enabled")
+    code = _run(
+        "--preset", "gpt-tiny", "--mesh-rule", "tpu-v5e-16", "--json", *SMALL,
+        "--set=input.batch_size=16",
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["compiled_devices"] == 16
+    assert report["notes"][0] == "compiled for TPU topology v5e:4x4 x1 (libtpu, compile-only)"

@@ -261,6 +261,17 @@ def _plan_flash_attention(cfg, platform: str):
     return cfg, note
 
 
+def _kernels_for(cfg, platform: str):
+    """`cfg` with its flash-attention slots choosing kernels for `platform`, not this host."""
+    from axplug.config import find_configs
+    from axplug.kernels import FlashAttention
+
+    cfg = cfg.clone()
+    for _, slot in find_configs(cfg, FlashAttention):
+        slot.backend = platform
+    return cfg
+
+
 def _plan_bfloat16(cfg):
     """(config, note): bfloat16 settings as float16 for a CPU compile that plans an accelerator.
 
@@ -335,9 +346,13 @@ def compile_report(
     max_devices: int = 256,
     target_mfu: float = 0.4,
     step_time_s: float | None = None,
+    devices: list | None = None,
+    devices_note: str | None = None,
 ) -> AotReport:
-    """Lower and compile `cfg`'s train step for a `num_devices` mesh on the local (fake CPU)
-    devices, from abstract shapes only: nothing is allocated or run."""
+    """Lower and compile `cfg`'s train step for a `num_devices` mesh, from abstract shapes
+    only: nothing is allocated or run. `devices`: compile-only devices of the target
+    (`axplug.topology.compile_only_devices`), else the local (fake CPU) devices;
+    `devices_note`: why there are none, for the report."""
     import time
 
     import jax
@@ -350,9 +365,11 @@ def compile_report(
     target = builder.resolved_shape(num_devices)
     names = tuple(cfg.mesh.axis_names)
     check_batch(target, names, cfg.input.batch_size)
+    if devices is not None:  # the target's own compiler: the whole mesh, no scaling down
+        max_devices = len(devices)
     shape, batch, factor = scale_down(target, names, cfg.input.batch_size, max_devices)
     n = math.prod(shape)
-    if len(jax.devices()) < n:
+    if devices is None and len(jax.devices()) < n:
         raise RuntimeError(
             f"compiling for {n} devices but jax has {len(jax.devices())}; set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax starts"
@@ -365,11 +382,16 @@ def compile_report(
         output_dir="/nonexistent/axplug-aot",  # nothing is written: the trainer is never run
     )
     plan_notes = []
-    if spec is not None and spec.platform != jax.default_backend():
+    if devices is not None:
+        plan_notes.append(f"compiled for {devices_note}")
+        cfg = _kernels_for(cfg, spec.platform)
+    elif spec is not None and spec.platform != jax.default_backend():
+        if devices_note:
+            plan_notes.append(f"compiled on {n} fake CPU devices: {devices_note}")
         cfg, attention_note = _plan_flash_attention(cfg, spec.platform)
         cfg, dtype_note = _plan_bfloat16(cfg)
-        plan_notes = [note for note in (attention_note, dtype_note) if note]
-    trainer = Trainer(cfg, devices=jax.devices()[:n])
+        plan_notes += [note for note in (attention_note, dtype_note) if note]
+    trainer = Trainer(cfg, devices=devices or jax.devices()[:n])
     seq = cfg.input.seq_len
     token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
     abstract_batch = {"input_ids": token, "target_labels": token}

@@ -86,11 +86,37 @@ class InvocationContext:
     ):
         self.module = module
         self.state = state
-        self.prng_key = prng_key
+        self._prng_key = prng_key
+        # (parent, child name, call number) when this call's key derives from its parent's.
+        self._key_source: tuple[InvocationContext, str, int] | None = None
         self.is_training = is_training
         self.output_collection = output_collection
         self.parent = parent
         self._child_calls: dict[str, int] = {}
+
+    @property
+    def has_prng_key(self) -> bool:
+        """Whether `prng_key` is an array (functional() was given one), without deriving it."""
+        if self._key_source is not None:
+            return self._key_source[0].has_prng_key
+        return self._prng_key is not None
+
+    @property
+    def prng_key(self) -> jax.Array | None:
+        """This call's key: fold_in(fold_in(parent key, hash(name)), call number).
+
+        Derived when read, not when the child is entered: most modules never read one, and
+        the fold-ins of every module were a quarter of a small model's traced step. Not
+        cached, since a read may happen under an inner trace (a remat, a custom VJP) whose
+        values must not outlive it.
+        """
+        if self._key_source is None:
+            return self._prng_key
+        parent, name, call = self._key_source
+        base = parent.prng_key
+        if base is None:
+            return None
+        return jax.random.fold_in(jax.random.fold_in(base, name_hash(name)), call)
 
     def add_child(self, name: str) -> InvocationContext:
         """The context for one call of child `name`; its key depends on the name, not order."""
@@ -99,20 +125,19 @@ class InvocationContext:
             raise ContextError(f"{self.module.path}: has no child {name!r}")
         call = self._child_calls.get(name, 0)
         self._child_calls[name] = call + 1
-        key = None
-        if self.prng_key is not None:
-            key = jax.random.fold_in(jax.random.fold_in(self.prng_key, name_hash(name)), call)
         # A repeated call writes its outputs under `name#k`, so nothing is overwritten.
         collection_name = name if call == 0 else f"{name}#{call}"
         state = self.state.get(name, {}) if isinstance(self.state, dict) else {}
-        return InvocationContext(
+        context = InvocationContext(
             module=child,
             state=state,
-            prng_key=key,
+            prng_key=None,
             is_training=self.is_training,
             output_collection=self.output_collection.add_child(collection_name),
             parent=self,
         )
+        context._key_source = (self, name, call)
+        return context
 
     def _add(self, branch: dict, kind: str, name: str, value: Any) -> None:
         if name in branch:

@@ -29,10 +29,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
         del params, extra_args
         if grad_norm is None:
             grad_norm = optax.tree_utils.tree_norm(updates)
-        trigger = grad_norm < max_norm
-        # optax's own arithmetic, so results match it bit for bit.
+        trigger = jax.numpy.squeeze(grad_norm < max_norm)
+        # optax's own arithmetic (a scalar select), so results match it bit for bit.
         clipped = jax.tree.map(
-            lambda t: jax.numpy.where(trigger, t, (t / grad_norm.astype(t.dtype)) * max_norm),
+            lambda t: jax.lax.select(trigger, t, (t / grad_norm.astype(t.dtype)) * max_norm),
             updates,
         )
         return clipped, state

@@ -153,10 +153,10 @@ def map_over_batch(fn: Callable, *xs: jax.Array) -> Any:
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """`x` constrained to the layout its logical axes have in the current scope."""
     scope = current_scope()
-    if scope is None:
-        return x
     if len(logical_axes) != x.ndim:
         raise ValueError(f"constrain: {len(logical_axes)} logical axes for a {x.ndim}-d array")
+    if scope is None or scope.mesh.size == 1:  # one device: every layout is the same
+        return x
     spec = scope.spec(logical_axes, x.shape)
     if isinstance(scope.mesh, Mesh):
         return jax.lax.with_sharding_constraint(x, NamedSharding(scope.mesh, spec))

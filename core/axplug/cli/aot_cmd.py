@@ -21,11 +21,15 @@ examples:
   axplug aot --preset gpt-tiny --mesh-rule gpu-h100-8 --modifier mesh:fsdp=4,data=-1
   axplug aot --preset llama2-70b --mesh-rule gpu-h100-8      would it fit on one H100 host?
 
-The step is lowered and compiled from abstract shapes on fake CPU devices
-(XLA_FLAGS=--xla_force_host_platform_device_count=N; the command re-runs itself with it when
-jax already started with fewer devices); nothing is allocated or run. A mesh larger than
---max-devices is compiled with its `data` axis and the global batch divided by the same factor:
-data replicas are identical, so per-device memory is unchanged, and FLOPs are scaled back.
+The step is lowered and compiled from abstract shapes; nothing is allocated or run. A TPU rule
+compiles for the real TPU topology (jax.experimental.topologies) where libtpu is installed.
+Otherwise the step compiles on fake CPU devices (XLA_FLAGS=
+--xla_force_host_platform_device_count=N; the command re-runs itself with it when jax already
+started with fewer devices), with the rule's flash attention as the blockwise XLA kernel and
+bfloat16 as float16 so that memory is the accelerator's; the report's notes say which. There,
+a mesh larger than --max-devices is compiled with its `data` axis and the global batch divided
+by the same factor: data replicas are identical, so per-device memory is unchanged, and FLOPs
+are scaled back.
 Exit status 3 when the step would not fit in the device's HBM.
 """
 
@@ -140,31 +144,35 @@ def run(args: argparse.Namespace) -> int:
     from axplug.aot import check_batch, scale_down
     from axplug.config import ConfigError
     from axplug.registry import ComponentNotFoundError
+    from axplug.topology import compile_only_devices
 
     try:
         cfg, name, spec, count = build_config(args)
         shape = cfg.mesh.instantiate().resolved_shape(count)
         check_batch(shape, cfg.mesh.axis_names, cfg.input.batch_size)
-        _, _, factor = scale_down(
-            shape, cfg.mesh.axis_names, cfg.input.batch_size, args.max_devices
-        )
+        devices, devices_note = None, None
+        if spec is not None:
+            devices, devices_note = compile_only_devices(spec.platform, args.mesh_rule, count)
+        if devices is None:
+            _, _, factor = scale_down(
+                shape, cfg.mesh.axis_names, cfg.input.batch_size, args.max_devices
+            )
     except (ConfigError, ComponentNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    needed = _prod(shape) // factor
+    if devices is None and not _ensure_devices(needed := _prod(shape) // factor):
+        if os.environ.get(_CHILD_ENV):
+            print(f"error: could not get {needed} fake CPU devices", file=sys.stderr)
+            return 2
+        return _rerun(needed, args)
     try:
-        return _report(args, cfg, name, spec, count, needed)
+        return _report(args, cfg, name, spec, count, devices, devices_note)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _report(args, cfg, name, spec, count, needed) -> int:
-    if not _ensure_devices(needed):
-        if os.environ.get(_CHILD_ENV):
-            print(f"error: could not get {needed} fake CPU devices", file=sys.stderr)
-            return 2
-        return _rerun(needed, args)
+def _report(args, cfg, name, spec, count, devices, devices_note) -> int:
     from axplug.aot import compile_report
 
     report = compile_report(
@@ -177,6 +185,8 @@ def _report(args, cfg, name, spec, count, needed) -> int:
         max_devices=args.max_devices,
         target_mfu=args.target_mfu,
         step_time_s=args.step_time,
+        devices=devices,
+        devices_note=devices_note,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -114,8 +114,9 @@ class RepeatedTransformer(BaseLayer):
         layer_ctx = ctx.add_child("layer")
         n = self._config.num_layers
         keys = None
-        if layer_ctx.prng_key is not None:
-            keys = jax.vmap(lambda i: jax.random.fold_in(layer_ctx.prng_key, i))(jnp.arange(n))
+        if layer_ctx.has_prng_key:
+            base = layer_ctx.prng_key
+            keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(n))
 
         def body(carry, xs):
             params, key = xs

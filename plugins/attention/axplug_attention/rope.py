@@ -11,7 +11,7 @@ import numpy as np
 from axplug.config import ConfigError, config_class
 from axplug.layers import BaseLayer
 
-__all__ = ["RotaryPositionTransform", "rope_frequencies", "apply_rope"]
+__all__ = ["RotaryPositionTransform", "rope_frequencies", "rope_tables", "apply_rope"]
 
 
 def rope_frequencies(
@@ -47,17 +47,22 @@ def rope_frequencies(
 
 
 def apply_rope(
-    x: jax.Array, positions: jax.Array, freqs: np.ndarray, *, interleaved: bool = False
+    x: jax.Array,
+    positions: jax.Array,
+    freqs: np.ndarray,
+    *,
+    interleaved: bool = False,
+    tables: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Rotates the first 2 * len(freqs) dims of `x` [b, s, heads, d] by `positions` [b, s].
 
     Pairs are (i, i + rotary_dim/2) (the GPT-NeoX / Hugging Face Llama layout) or, when
     `interleaved`, (2i, 2i + 1) (the original Llama / GPT-J layout). Computed in float32.
+    `tables`: the (cos, sin) of `rope_tables(positions, freqs)`, when already computed.
     """
     rot = 2 * len(freqs)
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(freqs)  # [b, s, rot/2]
-    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]  # [b, s, 1, rot/2]
-    xr, rest = x[..., :rot].astype(jnp.float32), x[..., rot:]
+    cos, sin = tables if tables is not None else rope_tables(positions, freqs)
+    xr = x[..., :rot].astype(jnp.float32)
     if interleaved:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
     else:
@@ -67,7 +72,15 @@ def apply_rope(
         rotated = jnp.stack([y1, y2], axis=-1).reshape(xr.shape)
     else:
         rotated = jnp.concatenate([y1, y2], axis=-1)
-    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+    if rot == x.shape[-1]:
+        return rotated.astype(x.dtype)
+    return jnp.concatenate([rotated.astype(x.dtype), x[..., rot:]], axis=-1)
+
+
+def rope_tables(positions: jax.Array, freqs: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) of positions [b, s] times freqs, each [b, s, 1, len(freqs)] in float32."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(freqs)
+    return jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
 
 
 class RotaryPositionTransform(BaseLayer):
@@ -125,7 +138,10 @@ class RotaryPositionTransform(BaseLayer):
         # q: [b, sq, h, d], k: [b, skv, kvh, d]; positions are data (packing, decode offsets).
         freqs = self.frequencies(q.shape[-1])
         interleaved = self._config.interleaved
+        q_tables = rope_tables(q_positions, freqs)
+        # Self-attention without a cache passes one positions array for both: one table.
+        kv_tables = q_tables if kv_positions is q_positions else None
         return (
-            apply_rope(q, q_positions, freqs, interleaved=interleaved),
-            apply_rope(k, kv_positions, freqs, interleaved=interleaved),
+            apply_rope(q, q_positions, freqs, interleaved=interleaved, tables=q_tables),
+            apply_rope(k, kv_positions, freqs, interleaved=interleaved, tables=kv_tables),
         )
