@@ -170,3 +170,20 @@ def test_axplug_list_does_not_import_jax():
     proc = subprocess.run(startup.COMMANDS["axplug list"], capture_output=True, text=True)
     assert proc.returncode == 0 and "presets" in proc.stdout
     assert not startup.imports_jax(startup.COMMANDS["axplug list"])
+
+
+def test_axplug_step_reads_the_bytes_a_plain_jax_step_reads():
+    """The compiled steps on one device: the module system, context and the non-finite guard
+    add no memory traffic beyond the guard's branch (a few scalars), and no FLOPs."""
+    cfg = step_time.shape_config("llama-tiny", TINY)
+    trainer = cfg.instantiate(devices=jax.devices()[:1])
+    token = jax.ShapeDtypeStruct((8, 16), np.int32, sharding=trainer.batch_sharding)
+    batch = {"input_ids": token, "target_labels": token}
+    ours = trainer._train_step.lower(trainer.abstract_state, batch).compile()
+    plain = step_time.PlainSide(cfg)
+    plain.set_params(trainer.init_state()["params"])
+    theirs = plain.jitted.lower(*plain.abstract_args()).compile()
+    a, b = (step_time.compiled_stats(c) for c in (ours, theirs))
+    assert abs(a["gbytes_accessed"] - b["gbytes_accessed"]) * 1e9 <= 8192, (a, b)
+    assert a["gflops"] == pytest.approx(b["gflops"], rel=1e-3)
+    assert a["temp_mb"] == pytest.approx(b["temp_mb"], rel=1e-2)
