@@ -192,13 +192,13 @@ def test_to_dict_from_dict_round_trip_exactly_through_json():
     holder.options.level = 7
     for original in (cfg, holder, CausalLM.default_config()):
         data = json.loads(json.dumps(to_dict(original)))
-        restored = from_dict(data)
+        restored = from_dict(data, trusted=True)  # this module's classes
         assert restored == original
         assert restored.debug_string() == original.debug_string()
-    assert from_dict(to_dict(holder)).pairs == ((1, 2), (3, 4))
-    assert from_dict(to_dict(holder)).factory is Dense
-    assert from_dict(to_dict(holder)).label is REQUIRED
-    assert from_dict(to_dict(holder.clone(label="REQUIRED"))).label == "REQUIRED"
+    assert from_dict(to_dict(holder), trusted=True).pairs == ((1, 2), (3, 4))
+    assert from_dict(to_dict(holder), trusted=True).factory is Dense
+    assert from_dict(to_dict(holder), trusted=True).label is REQUIRED
+    assert from_dict(to_dict(holder.clone(label="REQUIRED")), trusted=True).label == "REQUIRED"
     assert to_dict(cfg)["klass"] == "test_config:Model"
 
 
@@ -206,19 +206,50 @@ def test_from_dict_fails_on_unknown_class_and_field():
     data = to_dict(model_config())
     data["block"]["feed_forward"]["klass"] = "no_such_module:Nope"
     with pytest.raises(ConfigError, match=r"block\.feed_forward\.klass: unknown class 'no_such"):
-        from_dict(data)
+        from_dict(data, trusted=True)
     data = to_dict(model_config())
     data["block"]["feed_forward"]["hiden_dim"] = 3
     with pytest.raises(UnknownFieldError, match=r"block\.feed_forward\.hiden_dim.*'hidden_dim'"):
-        from_dict(data)
-    with pytest.raises(ConfigError, match="not configurable"):
-        from_dict({"klass": "json:dumps"})
+        from_dict(data, trusted=True)
+    with pytest.raises(ConfigError, match="not a configurable class"):
+        from_dict({"klass": "json:dumps"}, trusted=True)
 
 
 def test_from_dict_accepts_registry_names():
     data = to_dict(FeedForward.default_config())
     data["klass"] = "feed_forward"  # the core's own entry point name
     assert from_dict(data).klass is FeedForward
+
+
+def test_untrusted_data_names_no_code_outside_axplug_and_its_plugins(monkeypatch):
+    """A config from a checkpoint or a file is data: crafted class names run nothing."""
+    import os
+
+    from axplug.config import UntrustedCodeError
+    from axplug.input import IteratorInput
+
+    called = []
+    monkeypatch.setattr(os, "abort", lambda: called.append("abort"))
+    monkeypatch.setattr(os, "spawnve", lambda *a: called.append("spawnve"))
+    crafted = to_dict(CausalLM.default_config())
+    crafted["config_class"] = "os:abort"
+    with pytest.raises(UntrustedCodeError, match=r"config_class: 'os:abort' names code outside"):
+        from_dict(crafted)
+    with pytest.raises(UntrustedCodeError, match=r"klass: 'json:dumps'"):
+        from_dict({"klass": "json:dumps"})
+    data = to_dict(IteratorInput.default_config().set(make_iterator="os:spawnve"))
+    data["kwargs"] = {"mode": 0, "file": "/bin/sh", "args": ["sh", "-c", "true"], "env": {}}
+    with pytest.raises(UntrustedCodeError, match=r"make_iterator: 'os:spawnve'"):
+        from_dict(data)
+    assert called == []
+    # The user's own config, and the core's and plugins' classes, load as before.
+    assert from_dict(to_dict(CausalLM.default_config())) == CausalLM.default_config()
+    ok = IteratorInput.default_config().set(make_iterator="axplug.input.text:bundled_corpus_path")
+    assert from_dict(to_dict(ok)).make_iterator == "axplug.input.text:bundled_corpus_path"
+    assert from_dict(data, trusted=True).make_iterator == "os:spawnve"  # not resolved here
+    # A class that is not a config class is refused even where code may be named.
+    with pytest.raises(ConfigError, match="is not a config class"):
+        from_dict({"config_class": "axplug.config:to_dict"})
 
 
 def test_replace_config_swaps_every_match_and_carries_dims():

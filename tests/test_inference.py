@@ -395,3 +395,28 @@ def test_generate_cli_errors(trained_run, tmp_path, capsys):
     assert "--prompt-ids" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,999"]) == 1
     assert "token id 999 is outside the vocabulary" in capsys.readouterr().err
+
+
+def test_generate_refuses_code_named_in_checkpoint_metadata(trained_run, tmp_path, capsys):
+    """Crafted metadata in a copied run dir: `os:abort` as a config class is refused, not run."""
+    import os
+    import shutil
+
+    from axplug.checkpoint import layout
+
+    run = tmp_path / "crafted"
+    shutil.copytree(trained_run, run)
+    (step_dir,) = (run / "checkpoints").glob("step_*")
+    meta = step_dir / layout.METADATA_ITEM / layout.METADATA_FILE
+    data = json.loads(meta.read_text())
+    data["config"]["model"]["config_class"] = "os:abort"
+    meta.write_text(json.dumps(data))
+    aborted = []
+    original, os.abort = os.abort, lambda: aborted.append(True)
+    try:
+        code = main(["generate", "--checkpoint", str(run), "--prompt", "x"])
+    finally:
+        os.abort = original
+    assert code == 1 and not aborted  # an error exit, not SIGABRT (134)
+    err = capsys.readouterr().err
+    assert "model.config_class: 'os:abort' names code outside axplug" in err

@@ -16,7 +16,7 @@ from axplug.config.base import (
     visit,
 )
 from axplug.config.overrides import apply_overrides, parse_value
-from axplug.config.serialize import from_dict, resolve_class, to_dict
+from axplug.config.serialize import UntrustedCodeError, from_dict, resolve_class, to_dict
 from axplug.config.tree import (
     ChainConfigModifier,
     ConfigModifier,
@@ -38,6 +38,7 @@ __all__ = [
     "ConfigValueError",
     "RequiredFieldError",
     "UnknownFieldError",
+    "UntrustedCodeError",
     "visit",
     "find_configs",
     "replace_config",

@@ -61,5 +61,5 @@ def apply_overrides(cfg: ConfigBase, overrides: Iterable[str]) -> ConfigBase:
         value = parse_value(text)
         if not isinstance(value, str) and _allows(tp, str) and not _allows(tp, type(value)):
             value = text  # e.g. `name=123` for a str field stays a string
-        setattr(node, name, decode(value, tp, path.strip()))
+        setattr(node, name, decode(value, tp, path.strip(), trusted=True))
     return cfg

@@ -1,4 +1,13 @@
-"""`to_dict` / `from_dict`: configs as JSON-compatible dicts, classes named, never pickled."""
+"""`to_dict` / `from_dict`: configs as JSON-compatible dicts, classes named, never pickled.
+
+Trust: a dict from a file or a checkpoint's metadata is data, and `from_dict` treats it so
+unless told `trusted=True`. Untrusted, a class or function named in it resolves only inside
+the core (`axplug`) or a package of an installed, enabled axplug plugin distribution (the
+code the user chose to install), never by importing any other module; a `config_class` must
+be a config class and a `klass` a configurable class. Fields a config class lists in
+`CODE_FIELDS` (strings naming a function, e.g. `IteratorInput.make_iterator`) obey the same
+rule. The user's own `--set` and Python build trusted configs and stay free.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +29,40 @@ from axplug.config.base import (
     _suggest,
 )
 
-__all__ = ["to_dict", "from_dict", "class_name", "resolve_class"]
+__all__ = ["to_dict", "from_dict", "class_name", "resolve_class", "UntrustedCodeError"]
 
 _QUALNAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # How an unset REQUIRED field is written: unambiguous even for string fields.
 _REQUIRED_MARK = {"axplug": "REQUIRED"}
 _SEARCH_KINDS = ("layers", "kernels", "modifiers", "storage", "mesh_rules", "presets")
+
+
+class UntrustedCodeError(ConfigError):
+    """Untrusted config data named code outside the core and the installed plugins."""
+
+
+def _trusted_packages() -> set[str]:
+    """Top-level packages whose code an untrusted config may name: the core and the installed,
+    enabled axplug plugin distributions."""
+    from axplug import registry
+
+    packages = {"axplug"}
+    for component in registry.discover():
+        if component.loadable:
+            packages.add(component.value.split(":")[0].split(".")[0])
+    return packages
+
+
+def check_trusted_reference(name: str, path: str) -> None:
+    """Raise UntrustedCodeError unless `name` (`module:Qualname`) lies in a trusted package."""
+    package = name.partition(":")[0].split(".")[0]
+    if package not in _trusted_packages():
+        raise UntrustedCodeError(
+            f"{path}: {name!r} names code outside axplug and its installed plugins in an "
+            "untrusted config (a checkpoint's metadata or a file); it was not imported. If you "
+            "wrote this config, load it with from_dict(data, trusted=True) or set the field "
+            "yourself (--set)"
+        )
 
 
 def class_name(obj: Any) -> str:
@@ -46,10 +83,14 @@ def _import_qualname(name: str) -> Any:
     return obj
 
 
-def resolve_class(name: str, path: str = "klass") -> Any:
-    """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`)."""
-    if _QUALNAME.match(name) and (obj := _import_qualname(name)) is not None:
-        return obj
+def resolve_class(name: str, path: str = "klass", *, trusted: bool = True) -> Any:
+    """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`);
+    untrusted, a `module:Qualname` must lie in the core or an installed plugin package."""
+    if _QUALNAME.match(name):
+        if not trusted:
+            check_trusted_reference(name, path)
+        if (obj := _import_qualname(name)) is not None:
+            return obj
     from axplug import registry
 
     for kind in _SEARCH_KINDS:
@@ -93,31 +134,47 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def from_dict(data: dict[str, Any], path: str = "") -> ConfigBase:
-    """Rebuilds a config written by `to_dict`; unknown classes and fields fail with the path."""
+def from_dict(data: dict[str, Any], path: str = "", *, trusted: bool = False) -> ConfigBase:
+    """Rebuilds a config written by `to_dict`; unknown classes and fields fail with the path.
+
+    `trusted=False` (the default: data read from a file or a checkpoint) resolves code only
+    inside the core and the installed plugins; see the module docstring.
+    """
     if not isinstance(data, dict):
         raise ConfigTypeError(f"{path or '<root>'}: expected a config dict, got {type(data)}")
     where = lambda k: f"{path}.{k}" if path else k  # noqa: E731
     if "config_class" in data:
-        cfg = resolve_class(data["config_class"], where("config_class"))()
+        config_class = resolve_class(data["config_class"], where("config_class"), trusted=trusted)
+        if not (isinstance(config_class, type) and issubclass(config_class, ConfigBase)):
+            raise ConfigTypeError(
+                f"{where('config_class')}: {data['config_class']!r} is not a config class"
+            )
+        cfg = config_class()
         if "klass" in data and data["klass"] is not None:
-            cfg.klass = resolve_class(data["klass"], where("klass"))
+            cfg.klass = _configurable(data["klass"], where("klass"), trusted)
     elif data.get("klass") is not None:
-        klass = resolve_class(data["klass"], where("klass"))
-        if not hasattr(klass, "default_config"):
-            raise ConfigError(f"{where('klass')}: {data['klass']!r} is not configurable")
-        cfg = klass.default_config()
+        cfg = _configurable(data["klass"], where("klass"), trusted).default_config()
     else:
         raise ConfigError(f"{path or '<root>'}: a config dict needs 'klass' or 'config_class'")
     fields = attrs.fields_dict(type(cfg))
     types_ = _field_types(type(cfg))
+    code_fields = getattr(type(cfg), "CODE_FIELDS", ())
     for key, value in data.items():
         if key in ("config_class", "klass"):
             continue
         if key not in fields:
             raise UnknownFieldError(f"{where(key)}: unknown field{_suggest(key, list(fields))}")
-        setattr(cfg, key, decode(value, types_.get(key, Any), where(key)))
+        if not trusted and key in code_fields and isinstance(value, str):
+            check_trusted_reference(value, where(key))
+        setattr(cfg, key, decode(value, types_.get(key, Any), where(key), trusted=trusted))
     return cfg
+
+
+def _configurable(name: str, path: str, trusted: bool) -> type:
+    klass = resolve_class(name, path, trusted=trusted)
+    if not (isinstance(klass, type) and hasattr(klass, "default_config")):
+        raise ConfigTypeError(f"{path}: {name!r} is not a configurable class")
+    return klass
 
 
 def _allows(tp: Any, kind: type) -> bool:
@@ -127,19 +184,20 @@ def _allows(tp: Any, kind: type) -> bool:
     return origin is kind or tp is kind
 
 
-def decode(value: Any, tp: Any, path: str) -> Any:
+def decode(value: Any, tp: Any, path: str, *, trusted: bool = False) -> Any:
     """Converts a JSON value back to the field's type (tuples, classes, configs, REQUIRED)."""
     if value == _REQUIRED_MARK:
         return REQUIRED
     if isinstance(value, dict) and ("klass" in value or "config_class" in value):
-        return from_dict(value, path)
+        return from_dict(value, path, trusted=trusted)
     if isinstance(value, list):
-        items = [decode(v, _element_type(tp), f"{path}[{i}]") for i, v in enumerate(value)]
+        element = _element_type(tp)
+        items = [decode(v, element, f"{path}[{i}]", trusted=trusted) for i, v in enumerate(value)]
         return tuple(items) if _allows(tp, tuple) and not _allows(tp, list) else items
     if isinstance(value, dict):
-        return {k: decode(v, Any, f"{path}[{k!r}]") for k, v in value.items()}
+        return {k: decode(v, Any, f"{path}[{k!r}]", trusted=trusted) for k, v in value.items()}
     if isinstance(value, str) and (_allows(tp, type) or _is_callable_type(tp)):
-        return resolve_class(value, path)
+        return resolve_class(value, path, trusted=trusted)
     return value
 
 

@@ -54,6 +54,10 @@ class IteratorInput(Input):
         make_iterator: Required[str] = REQUIRED  # "module:function"
         kwargs: dict[str, Any] = {}
 
+        # Names code: an untrusted config (a checkpoint's metadata) may only name the core's
+        # or an installed plugin's (axplug.config.serialize).
+        CODE_FIELDS = ("make_iterator",)
+
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         try:

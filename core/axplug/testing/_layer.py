@@ -125,7 +125,7 @@ class LayerConformance:
         from axplug.config import from_dict, to_dict
 
         data = to_dict(layer_config)
-        again = from_dict(data)
+        again = from_dict(data, trusted=True)
         assert type(again) is type(layer_config)
         assert again.debug_string() == layer_config.debug_string(), "to_dict/from_dict lost fields"
         assert to_dict(again) == data

@@ -106,7 +106,7 @@ class MeshRuleConformance:
         from axplug.config import from_dict, to_dict
 
         cfg = rule()
-        again = from_dict(to_dict(cfg))
+        again = from_dict(to_dict(cfg), trusted=True)
         assert again.debug_string() == cfg.debug_string(), "to_dict/from_dict lost fields"
         assert cfg.description, "describe the rule: `axplug list` and `axplug aot` show it"
 
