@@ -1,4 +1,5 @@
-"""Running at scale: multi-process start-up, per-process input, the watchdog and goodput."""
+"""Running at scale: multi-process start-up, per-process input, the watchdog, goodput and
+the run directory's lease."""
 
 from axplug.runtime.distributed import (
     CLUSTERS,
@@ -11,6 +12,7 @@ from axplug.runtime.distributed import (
 )
 from axplug.runtime.goodput import PHASES, GoodputRecorder, format_goodput
 from axplug.runtime.host_batch import process_rows, put_process_batch, shard_input_config
+from axplug.runtime.run_lock import RunDirLock, RunDirLockedError
 from axplug.runtime.watchdog import HANG_EXIT_CODE, Watchdog, thread_stacks
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "HANG_EXIT_CODE",
     "PHASES",
     "DistributedSpec",
+    "RunDirLock",
+    "RunDirLockedError",
     "GoodputRecorder",
     "Watchdog",
     "format_goodput",

@@ -21,7 +21,13 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
     import jax
 
-    trainer = cfg.instantiate(hooks=hooks)  # bad configs and unreachable storage fail first
-    if jax.process_index() == 0:  # one writer for a directory all processes share
+    from axplug.runtime import RunDirLock
+    from axplug.trainer.trainer import summary_dir
+
+    if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
+        return cfg.instantiate(hooks=hooks).run()
+    # The lease before anything is written (summary files open when the trainer is built).
+    with RunDirLock(summary_dir(cfg.output_dir)):
+        trainer = cfg.instantiate(hooks=hooks)  # bad configs and unreachable storage fail first
         write_config(cfg)
-    return trainer.run()
+        return trainer.run()

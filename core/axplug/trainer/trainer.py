@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
 from axplug.runtime import (
     GoodputRecorder,
+    RunDirLock,
     Watchdog,
     format_goodput,
     put_process_batch,
@@ -144,6 +146,11 @@ class Trainer(Configurable):
         # Process 0 writes the summaries; the others would write the same values.
         primary = jax.process_index() == 0
         self.writers = [self._writer(w) for w in cfg.summary_writers] if primary else []
+        # Process 0's lease on the run directory, held while training (train() also holds it
+        # around writing config.txt): a second run into the directory is refused.
+        self.run_lock = (
+            RunDirLock(summary_dir(cfg.output_dir)) if primary else contextlib.nullcontext()
+        )
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
         self.watchdog = cfg.watchdog.instantiate(
             on_hang=lambda step, seconds, report: self.hooks(
@@ -279,6 +286,10 @@ class Trainer(Configurable):
 
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics."""
+        with self.run_lock:
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self._config
         self.goodput.switch("other")
         state = self.restore_or_init()
