@@ -42,7 +42,8 @@ def tpu_topology_name(selector: str) -> tuple[str, int] | None:
 
 def libtpu_available() -> bool:
     """Whether libtpu (the TPU compiler and its compile-only client) is importable."""
-    return importlib.util.find_spec("libtpu") is not None
+    spec = importlib.util.find_spec("libtpu")
+    return spec is not None and spec.origin is not None  # not a stray `libtpu/` directory
 
 
 def compile_only_devices(platform: str, selector: str, num_devices: int):

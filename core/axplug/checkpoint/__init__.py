@@ -1,7 +1,13 @@
 """Asynchronous, config-built Orbax checkpoints of a training state, on pluggable storage."""
 
 from axplug.checkpoint.checkpointer import Checkpointer
-from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError, StorageNotFoundError
+from axplug.checkpoint.checksum import host_checksums, tree_checksums
+from axplug.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    StorageNotFoundError,
+)
 from axplug.checkpoint.inventory import StepInfo, delete_step, list_steps, resolve_checkpoint_dir
 from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
@@ -14,6 +20,9 @@ __all__ = [
     "scheme_of",
     "CheckpointError",
     "CheckpointNotFoundError",
+    "CheckpointCorruptError",
+    "tree_checksums",
+    "host_checksums",
     "StorageNotFoundError",
     "COMMIT_MARKER",
     "step_dir_name",

@@ -10,7 +10,12 @@ import orbax.checkpoint as ocp
 
 from axplug.checkpoint import inventory, layout
 from axplug.checkpoint._tree import abstract_target, first_non_finite
-from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from axplug.checkpoint.checksum import tree_checksums
+from axplug.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+)
 from axplug.checkpoint.storage import storage_for
 from axplug.config import REQUIRED, Configurable, Required, config_class
 
@@ -24,7 +29,9 @@ class Checkpointer(Configurable):
     next `save`, `restore`, `wait_until_finished` or `close` waits for it. A step counts only
     when complete (orbax's `commit_success.txt` is present), so an interrupted save is never
     listed or restored. Old steps are deleted after each completed save, keeping the last
-    `keep_last` plus every multiple of `keep_every`.
+    `keep_last` plus every multiple of `keep_every`. Each save also writes a checksum of every
+    state leaf (`axplug.checkpoint.checksum`); `restore` and `verify` check them, so a file
+    changed after the save (bit rot, a partial copy) is an error, never silently restored.
     """
 
     @config_class
@@ -130,6 +137,7 @@ class Checkpointer(Configurable):
             **{
                 layout.STATE_ITEM: ocp.args.StandardSave(state),
                 layout.METADATA_ITEM: ocp.args.JsonSave(metadata),
+                layout.CHECKSUMS_ITEM: ocp.args.JsonSave(tree_checksums(state)),
             }
         )
         try:
@@ -196,6 +204,15 @@ class Checkpointer(Configurable):
         if not inventory.delete_step(self.storage, self.directory, step):
             raise CheckpointNotFoundError(f"step {step} does not exist in {self.directory}")
 
+    def uncommit(self, step: int) -> None:
+        """Marks a complete `step` incomplete (its marker removed): listed and restored no more,
+        replaced when that step is saved again. Process 0 only."""
+        self._check_open()
+        if jax.process_index() == 0:
+            url = self.storage.join(self._step_url(step), layout.COMMIT_MARKER)
+            if self.storage.exists(url):
+                self.storage.delete(url)
+
     # -- restoring ---------------------------------------------------------------------------
 
     def restore(self, step: int | None = None, *, target: Any) -> tuple[int, Any, dict]:
@@ -220,10 +237,64 @@ class Checkpointer(Configurable):
             restored = self._orbax.restore(self.storage.path(self._step_url(step)), args=args)
             state = jax.tree.unflatten(treedef, treedef.flatten_up_to(restored[layout.STATE_ITEM]))
         except Exception as exc:
-            raise CheckpointError(
-                f"cannot restore step {step} from {self.directory} into the given target: {exc}"
+            raise CheckpointCorruptError(
+                f"cannot restore step {step} from {self.directory} into the given target: "
+                f"{_first_line(exc)}"
             ) from exc
+        self._verify(step, tree_checksums(state))
         return step, state, restored[layout.METADATA_ITEM] or {}
+
+    def verify(self, step: int) -> int | None:
+        """Reads `step`'s state to host memory and checks every leaf against its saved
+        checksum; returns the number of leaves checked (None: saved without checksums).
+        Raises CheckpointCorruptError naming the step and leaves when one differs."""
+        import numpy as np
+
+        from axplug.checkpoint.checksum import host_checksums
+
+        self._check_open()
+        self.wait_until_finished()
+        step = self._resolve_step(step)
+        if self.saved_checksums(step) is None:
+            return None
+        path = self.storage.path(self.storage.join(self._step_url(step), layout.STATE_ITEM))
+        try:
+            tree = ocp.PyTreeCheckpointHandler().metadata(path).tree
+            to_host = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+            with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+                state = reader.restore(path, args=ocp.args.PyTreeRestore(restore_args=to_host))
+        except Exception as exc:
+            raise CheckpointCorruptError(
+                f"step {step} in {self.directory} cannot be read: {_first_line(exc)}"
+            ) from exc
+        actual = host_checksums(state)
+        self._verify(step, actual)
+        return len(actual)
+
+    def saved_checksums(self, step: int) -> dict[str, str] | None:
+        """The leaf checksums written with `step`; None for a step saved before checksums."""
+        url = self.storage.join(self._step_url(step), layout.CHECKSUMS_ITEM, layout.METADATA_FILE)
+        if not self.storage.exists(url):
+            return None
+        try:
+            return json.loads(self.storage.read_text(url))
+        except (OSError, ValueError) as exc:
+            raise CheckpointCorruptError(
+                f"step {step} in {self.directory}: its checksums cannot be read: {exc}"
+            ) from exc
+
+    def _verify(self, step: int, actual: dict[str, str]) -> None:
+        saved = self.saved_checksums(step)
+        if saved is None:
+            return
+        bad = [name for name, value in actual.items() if saved.get(name, value) != value]
+        if bad:
+            shown = ", ".join(f"{n} (saved {saved[n]}, read {actual[n]})" for n in bad[:3])
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise CheckpointCorruptError(
+                f"step {step} in {self.directory} fails verification: {shown}{more} differ from "
+                "what was saved; its files changed after the save (bit rot, a partial copy)"
+            )
 
     def metadata(self, step: int | None = None) -> dict:
         """The JSON metadata saved with `step` (default: the latest), without reading arrays."""
@@ -231,7 +302,12 @@ class Checkpointer(Configurable):
         self.wait_until_finished()
         step = self._resolve_step(step)
         url = self.storage.join(self._step_url(step), layout.METADATA_ITEM, layout.METADATA_FILE)
-        return json.loads(self.storage.read_text(url))
+        try:
+            return json.loads(self.storage.read_text(url))
+        except (OSError, ValueError) as exc:
+            raise CheckpointCorruptError(
+                f"step {step} in {self.directory}: its metadata cannot be read ({exc})"
+            ) from exc
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -271,3 +347,9 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    """`Type: first line` of an error whose message may run to a TensorStore dump."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]

@@ -1,6 +1,11 @@
 """Errors raised by the checkpointer and by storage lookup."""
 
-__all__ = ["CheckpointError", "CheckpointNotFoundError", "StorageNotFoundError"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointCorruptError",
+    "StorageNotFoundError",
+]
 
 
 class CheckpointError(Exception):
@@ -9,6 +14,10 @@ class CheckpointError(Exception):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No complete checkpoint (or not the requested step) in the directory."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A complete step whose files no longer hold what was saved (or cannot be read)."""
 
 
 class StorageNotFoundError(CheckpointError, LookupError):

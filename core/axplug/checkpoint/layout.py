@@ -11,6 +11,7 @@ __all__ = [
     "STATE_ITEM",
     "METADATA_ITEM",
     "METADATA_FILE",
+    "CHECKSUMS_ITEM",
     "step_dir_name",
     "parse_step",
     "steps_to_keep",
@@ -23,6 +24,7 @@ COMMIT_MARKER = "commit_success.txt"
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 METADATA_FILE = "metadata"  # orbax JsonCheckpointHandler's default file name in its item dir
+CHECKSUMS_ITEM = "checksums"  # {leaf name: checksum} (axplug.checkpoint.checksum); JSON too
 
 # Exact match: orbax's `step_00000009.orbax-checkpoint-tmp...` temporary dirs never parse.
 _STEP_RE = re.compile(re.escape(STEP_PREFIX) + r"(\d{8,})")

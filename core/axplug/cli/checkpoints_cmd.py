@@ -1,4 +1,5 @@
-"""`axplug checkpoints ls|rm URL`: the steps of a checkpoint directory, local or in a bucket."""
+"""`axplug checkpoints ls|rm|verify URL`: the steps of a checkpoint directory, local or in a
+bucket."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ examples:
   axplug checkpoints ls runs/tiny                 a run dir (its checkpoints/) or the dir itself
   axplug checkpoints ls s3://bucket/run --json
   axplug checkpoints rm gs://bucket/run --step 40 delete one step, completion marker first
+  axplug checkpoints verify runs/tiny             read each complete step, check its checksums
 
 Storage settings (endpoint, region, retries) come from the standard environment
 (AWS_ENDPOINT_URL, AWS_REGION, STORAGE_EMULATOR_HOST, ...) or --storage-option KEY=VALUE.
@@ -24,9 +26,9 @@ Storage settings (endpoint, region, retries) come from the standard environment
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "checkpoints",
-        help="list or delete the checkpoint steps of a run (local or s3://, gs://)",
-        description="List or delete checkpoint steps, complete or not, anywhere a storage "
-        "backend is installed for.",
+        help="list, delete or verify the checkpoint steps of a run (local or s3://, gs://)",
+        description="List, delete or verify checkpoint steps, complete or not, anywhere a "
+        "storage backend is installed for.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -37,7 +39,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rm = actions.add_parser("rm", help="delete one step (its completion marker first)")
     rm.add_argument("url", help="checkpoint directory, or a run dir holding checkpoints/")
     rm.add_argument("--step", type=int, required=True, help="the step to delete")
-    for sub in (ls, rm):
+    verify = actions.add_parser(
+        "verify", help="read every complete step (or --step) and check its leaf checksums"
+    )
+    verify.add_argument("url", help="checkpoint directory, or a run dir holding checkpoints/")
+    verify.add_argument("--step", type=int, default=None, help="only this step")
+    for sub in (ls, rm, verify):
         sub.add_argument(
             "--storage-option",
             action="append",
@@ -74,6 +81,32 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+def _verify(args: argparse.Namespace, directory: str) -> int:
+    from axplug.checkpoint import CheckpointCorruptError, Checkpointer
+
+    cfg = Checkpointer.default_config().set(
+        directory=directory, storage_options=_options(args.storage_option) or None
+    )
+    bad = 0
+    with cfg.instantiate() as checkpointer:
+        steps = checkpointer.all_steps() if args.step is None else [args.step]
+        if not steps:
+            print(f"error: no complete checkpoint steps in {directory}", file=sys.stderr)
+            return 1
+        for step in steps:
+            try:
+                leaves = checkpointer.verify(step)
+            except CheckpointCorruptError as exc:
+                bad += 1
+                print(f"step {step}: CORRUPT: {exc}")
+                continue
+            if leaves is None:
+                print(f"step {step}: not verifiable (saved without checksums)")
+            else:
+                print(f"step {step}: ok ({leaves} leaves match their checksums)")
+    return 1 if bad else 0
+
+
 def run(args: argparse.Namespace) -> int:
     from axplug.checkpoint import (
         CheckpointError,
@@ -92,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             print(f"deleted step {args.step} from {directory}")
             return 0
+        if args.action == "verify":
+            return _verify(args, directory)
         infos = list_steps(storage, directory, sizes=True)
+        if not infos and not storage.exists(directory):
+            print(f"error: {args.url}: no such checkpoint directory", file=sys.stderr)
+            return 1
     except (CheckpointError, ValueError, TypeError, OSError) as exc:
         print(f"error: {args.url}: {exc}", file=sys.stderr)
         return 2

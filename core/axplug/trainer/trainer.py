@@ -14,7 +14,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
-from axplug.checkpoint import Checkpointer, CheckpointError, scheme_of, storage_for
+from axplug.checkpoint import (
+    CheckpointCorruptError,
+    Checkpointer,
+    CheckpointError,
+    scheme_of,
+    storage_for,
+)
 from axplug.config import (
     REQUIRED,
     Configurable,
@@ -47,6 +53,7 @@ __all__ = ["Trainer", "enable_compilation_cache", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
 _SAVE_ERROR_POLICIES = ("stop", "retry_next")
+_CORRUPT_POLICIES = ("previous", "stop")
 
 
 def summary_dir(output_dir: str) -> str:
@@ -107,6 +114,9 @@ class Trainer(Configurable):
         # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
         # again at the next checkpoint step (a failed last save of the run always raises).
         on_save_error: str = "stop"
+        # A latest checkpoint that fails to restore or verify: "previous" warns, marks it
+        # incomplete and resumes from the step before; "stop" raises.
+        on_corrupt_checkpoint: str = "previous"
 
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
@@ -114,6 +124,11 @@ class Trainer(Configurable):
             raise ConfigValueError(
                 f"{cfg._path('on_save_error')}: must be one of {_SAVE_ERROR_POLICIES}, "
                 f"got {cfg.on_save_error!r}"
+            )
+        if cfg.on_corrupt_checkpoint not in _CORRUPT_POLICIES:
+            raise ConfigValueError(
+                f"{cfg._path('on_corrupt_checkpoint')}: must be one of {_CORRUPT_POLICIES}, "
+                f"got {cfg.on_corrupt_checkpoint!r}"
             )
         for name in ("checkpoint_every", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
@@ -238,15 +253,33 @@ class Trainer(Configurable):
         return jax.jit(init, out_shardings=self.state_shardings)(key)
 
     def restore_or_init(self) -> dict:
-        """The latest complete checkpoint in the output dir, else a fresh state."""
-        latest = self.checkpointer.latest_step()
-        if latest is None:
+        """The latest complete checkpoint that restores and verifies, else a fresh state.
+
+        A step that fails (a truncated or changed file, unreadable metadata) is reported; with
+        `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
+        reaches it again) and the step before is tried.
+        """
+        steps = self.checkpointer.all_steps()
+        if not steps:
             with self.goodput.phase("init"):
                 return self.init_state()
-        with self.goodput.phase("restore"):
-            step, state, _ = self.checkpointer.restore(latest, target=self.abstract_state)
-        log.info("resumed from step %d of %s", step, self.checkpointer.directory)
-        return state
+        for step in reversed(steps):
+            try:
+                with self.goodput.phase("restore"):
+                    step, state, _ = self.checkpointer.restore(step, target=self.abstract_state)
+            except CheckpointCorruptError as exc:
+                if self._config.on_corrupt_checkpoint == "stop":
+                    raise
+                log.warning("%s; marking it incomplete and trying the step before", exc)
+                self.checkpointer.uncommit(step)
+                continue
+            log.info("resumed from step %d of %s", step, self.checkpointer.directory)
+            return state
+        raise CheckpointCorruptError(
+            f"no complete step of {self.checkpointer.directory} restores (tried "
+            f"{', '.join(map(str, reversed(steps)))}); they are marked incomplete. Move the "
+            "directory aside to start over, or restore a copy"
+        )
 
     def put_batch(self, batch: dict) -> dict:
         """Global batch arrays from this process's rows."""

@@ -1,0 +1,177 @@
+"""Checkpoint integrity: per-leaf checksums catch changed files, and resume falls back past a
+latest step that fails to restore (truncated, emptied or missing files) to the one before."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.checkpoint import CheckpointCorruptError, host_checksums, tree_checksums
+from axplug.presets import preset_config
+
+
+def config(out, steps=4, *extra):
+    return preset_config(
+        "gpt-tiny",
+        overrides=[
+            f"output_dir={str(out)!r}",
+            f"max_steps={steps}",
+            "checkpoint_every=2",
+            "compilation_cache_dir=None",
+            "model.decoder.dim=32",
+            "model.decoder.transformer.num_layers=1",
+            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+            "input.seq_len=16",
+            "input.batch_size=8",
+            "summary_writers=[]",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run with complete steps 2 and 4, and the state of each."""
+    out = tmp_path_factory.mktemp("run")
+    trainer = config(out).instantiate(devices=jax.devices()[:1])
+    trainer.run()
+    states = {}
+    for step in (2, 4):
+        _, state, _ = trainer.checkpointer.restore(step, target=trainer.abstract_state)
+        states[step] = jax.device_get(state)
+    trainer.checkpointer.close()
+    return out, states
+
+
+def copy(run, tmp_path):
+    dest = tmp_path / "run"
+    shutil.copytree(run[0], dest)
+    return dest
+
+
+def step_dir(out, step):
+    return out / "checkpoints" / f"step_{step:08d}"
+
+
+def data_files(out, step):
+    files = [p for p in (step_dir(out, step) / "state").rglob("*") if p.is_file()]
+    return sorted((p for p in files if "/d/" in str(p)), key=lambda p: -p.stat().st_size)
+
+
+def test_checksums_do_not_depend_on_sharding_and_catch_any_flipped_byte():
+    mesh = jax.make_mesh((8,), ("x",))
+    tree = {
+        "w": np.arange(8 * 6, dtype=np.float32).reshape(8, 6) / 7,
+        "b": np.full(16, 3, dtype=jax.numpy.bfloat16),
+        "n": np.int32(7),
+        "mask": np.array([True, False, True]),
+    }
+    sharded = dict(
+        tree,
+        w=jax.device_put(tree["w"], jax.sharding.NamedSharding(mesh, jax.P("x"))),
+    )
+    want = host_checksums(tree)
+    assert tree_checksums(sharded) == tree_checksums(jax.device_put(tree)) == want
+    raw = tree["w"].view(np.uint8).reshape(-1)
+    for i in range(raw.size):  # every byte, every one of its bits changed: always a new sum
+        changed = tree["w"].copy()
+        changed.view(np.uint8).reshape(-1)[i] ^= 1 << (i % 8)
+        assert host_checksums({"w": changed})["w"] != want["w"], i
+
+
+def test_a_changed_data_file_is_never_restored_silently(run, tmp_path):
+    out = copy(run, tmp_path)
+    target = data_files(out, 4)[0]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    target.write_bytes(bytes(data))
+    trainer = config(out).instantiate(devices=jax.devices()[:1])
+    try:
+        _, state, _ = trainer.checkpointer.restore(4, target=trainer.abstract_state)
+    except CheckpointCorruptError as exc:
+        assert "step 4" in str(exc)
+    else:  # the byte held nothing restored: then the values must be exactly the saved ones
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), run[1][4])
+    trainer.checkpointer.close()
+
+
+def test_verification_compares_every_leaf_with_what_was_saved(run, tmp_path):
+    out = copy(run, tmp_path)
+    trainer = config(out).instantiate(devices=jax.devices()[:1])
+    saved = trainer.checkpointer.saved_checksums(4)
+    assert saved == host_checksums(run[1][4])
+    # As if the bytes of one leaf changed on disk: the recorded sum no longer matches.
+    name = sorted(saved)[0]
+    bad = dict(saved, **{name: f"{(int(saved[name], 16) + 1) % 2**32:08x}"})
+    item = step_dir(out, 4) / "checksums" / "metadata"
+    item.write_text(__import__("json").dumps(bad))
+    with pytest.raises(CheckpointCorruptError, match=rf"step 4 .* fails verification: {name}"):
+        trainer.checkpointer.restore(4, target=trainer.abstract_state)
+    trainer.checkpointer.close()
+
+
+def _truncate(out):
+    f = data_files(out, 4)[0]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _zero(out):
+    data_files(out, 4)[0].write_bytes(b"")
+
+
+def _no_metadata(out):
+    (step_dir(out, 4) / "state" / "_METADATA").unlink()
+
+
+def _empty_json(out):
+    (step_dir(out, 4) / "metadata" / "metadata").write_text("")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _zero, _no_metadata, _empty_json])
+def test_resume_falls_back_past_a_corrupt_latest_step(run, tmp_path, caplog, damage):
+    out = copy(run, tmp_path)
+    damage(out)
+    trainer = config(out, 6).instantiate(devices=jax.devices()[:1])
+    with caplog.at_level(logging.WARNING, logger="axplug.trainer"):
+        state = trainer.restore_or_init()
+    assert int(state["step"]) == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), run[1][2])
+    assert "step 4" in caplog.text and "trying the step before" in caplog.text
+    assert len(caplog.text.splitlines()) <= 3  # the cause in a line, no TensorStore dump
+    assert trainer.checkpointer.all_steps() == [2]  # step 4 marked incomplete
+    trainer.checkpointer.close()
+    trainer = config(out, 6).instantiate(devices=jax.devices()[:1])
+    trainer.run()  # trains on from 2 and saves 4 and 6 again
+    assert trainer.checkpointer.all_steps() == [2, 4, 6]
+    trainer.checkpointer.close()
+
+
+def test_stop_policy_raises_instead(run, tmp_path):
+    out = copy(run, tmp_path)
+    _zero(out)
+    trainer = config(out, 6, "on_corrupt_checkpoint='stop'").instantiate(devices=jax.devices()[:1])
+    with pytest.raises(CheckpointCorruptError, match="step 4"):
+        trainer.restore_or_init()
+    assert trainer.checkpointer.all_steps() == [2, 4]  # nothing marked
+    trainer.checkpointer.close()
+
+
+def test_checkpoints_verify_command(run, tmp_path, capsys):
+    from axplug.cli import main
+
+    out = copy(run, tmp_path)
+    assert main(["checkpoints", "verify", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "step 2: ok (" in text and "step 4: ok (" in text
+    _truncate(out)
+    assert main(["checkpoints", "verify", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "step 2: ok" in text and "step 4: CORRUPT:" in text
+    assert main(["checkpoints", "verify", str(out), "--step", "2"]) == 0
+    capsys.readouterr()
+    assert main(["checkpoints", "ls", str(tmp_path / "nowhere")]) == 1
+    assert "no such checkpoint directory" in capsys.readouterr().err
