@@ -328,3 +328,40 @@ def test_plugin_manager_registers_caller_objects_and_validates_them(plugin_site)
 
     with pytest.raises(pluggy.PluginValidationError, match="on_checkpoint_save"):
         registry.plugin_manager(Typo())
+
+
+def test_a_third_party_reusing_a_first_party_name_does_not_break_the_core(
+    plugin_site, tmp_path, caplog, capsys
+):
+    """A third-party `file` storage and `rope` modifier: the plain names keep meaning the
+    first-party components, the others load qualified, and the checks report the conflict."""
+    import logging
+
+    from axplug.checkpoint import storage_for
+    from axplug.cli import main
+
+    plugin_site.keep_installed("axplug-attention")
+    plugin_site.add(
+        "fake-thirdparty",
+        {
+            "axplug.storage": {"file": "fake_tp:Other"},
+            "axplug.modifiers": {"rope": "fake_tp:Other"},
+        },
+        modules={"fake_tp": "class Other:\n    pass\n"},
+    )
+    with caplog.at_level(logging.WARNING, logger="axplug.registry"):
+        assert registry.entry("storage", "file").distribution == "axplug"
+    assert "the first-party one from axplug is used" in caplog.text
+    assert "'fake-thirdparty:file'" in caplog.text
+    assert registry.load("storage", "fake-thirdparty:file").__module__ == "fake_tp"
+    assert registry.entry("modifiers", "rope").distribution == "axplug-attention"
+    assert "file" in registry.names("storage")
+    assert "fake-thirdparty:file" in registry.names("storage")
+    storage_for(str(tmp_path))  # local checkpoints and `checkpoints ls` work as before
+    from axplug.presets import preset_config
+
+    preset_config("llama-tiny")  # its `rope` modifier is the installed first-party one
+    assert main(["list", "--check"]) == 1
+    assert "fake-thirdparty registers storage 'file', a first-party name" in capsys.readouterr().err
+    assert main(["doctor"]) == 1
+    assert "reuses a first-party name" in capsys.readouterr().out

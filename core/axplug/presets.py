@@ -158,6 +158,8 @@ def _check_modifiers(preset: Preset, specs: Sequence[str]) -> None:
         name, _ = parse_modifier_spec(spec)
         try:
             component = registry.entry("modifiers", name)
+        except registry.ComponentConflictError as exc:
+            raise ConfigError(f"preset {preset.name} needs modifier {name!r}: {exc}") from None
         except LookupError:
             package = preset.providers.get(name)
             hint = f": pip install {package}" if package else "; see `axplug list --kind modifiers`"

@@ -10,8 +10,10 @@ from typing import Any
 
 __all__ = ["add_parser", "run", "collect", "PROBLEM_STATUSES"]
 
-# Statuses that make `axplug doctor` exit 1; `conflict` and `disabled` are reported only.
+# Statuses that make `axplug doctor` exit 1; `conflict` and `disabled` are reported only, but a
+# distribution reusing a first-party name (registry.shadowing_first_party) fails it too.
 PROBLEM_STATUSES = ("broken", "incompatible")
+_SHADOWING = "reuses a first-party name"
 
 EPILOG = """\
 examples:
@@ -184,15 +186,18 @@ def collect() -> dict[str, Any]:
     with contextlib.suppress(Exception):
         registry.plugin_manager()  # imports hooks plugins, rejects hooks the core lacks
     dists: dict[str, dict[str, Any]] = {}
+    shadowing = {c.key for c in registry.shadowing_first_party(registry.discover())}
     for c in registry.discover():
         d = dists.setdefault(
             c.distribution, {"distribution": c.distribution, "version": c.version, "components": []}
         )
-        row = as_dict(c) | {"problem": _problem(c), "note": notes.get(c.key)}
-        d["components"].append(row)
+        problem = _SHADOWING if c.key in shadowing else _problem(c)
+        d["components"].append(as_dict(c) | {"problem": problem, "note": notes.get(c.key)})
     for d in dists.values():
         statuses = {row["status"] for row in d["components"]}
         d["status"] = next((s for s in PROBLEM_STATUSES if s in statuses), "ok")
+        if any(row["problem"] == _SHADOWING for row in d["components"]):
+            d["status"] = "conflict"
     ok = env["device_error"] is None and all(d["status"] == "ok" for d in dists.values())
     return {"environment": env, "distributions": list(dists.values()), "ok": ok}
 

@@ -17,7 +17,8 @@ examples:
   axplug list --kind modifiers    only one kind
   axplug list --json              a JSON array for scripts; each object has the keys
                                   distribution, version, kind, name, status, reason, entry_point
-  axplug list --check             also import each component; exit 1 if any is broken
+  axplug list --check             also import each component; exit 1 if any is broken or
+                                  reuses a first-party name
 
 status is one of: ok, disabled, broken, conflict (two distributions share the name; use
 `dist:name`), incompatible (the plugin targets another plugin API than this core).
@@ -58,7 +59,16 @@ def run(args: argparse.Namespace) -> int:
         _print_table(components)
     else:  # piped: plain columns for grep/awk, and no rich import to pay for
         _print_plain(components)
-    return 1 if args.check and any(c.status == "broken" for c in components) else 0
+    if not args.check:
+        return 0
+    shadowing = registry.shadowing_first_party(components)
+    for c in shadowing:
+        print(
+            f"conflict: {c.distribution} registers {c.kind} {c.name!r}, a first-party name; "
+            f"the plain name means the first-party one, this one loads as {c.qualified_name!r}",
+            file=sys.stderr,
+        )
+    return 1 if shadowing or any(c.status == "broken" for c in components) else 0
 
 
 def as_dict(component: Component) -> dict[str, Any]:

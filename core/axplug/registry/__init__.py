@@ -12,7 +12,7 @@ from axplug.registry._component import (
 )
 from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
 from axplug.registry._hooks import plugin_manager
-from axplug.registry._loading import entry, load, names, reset
+from axplug.registry._loading import entry, load, names, reset, shadowing_first_party
 
 __all__ = [
     "KINDS",
@@ -31,4 +31,5 @@ __all__ = [
     "load",
     "plugin_manager",
     "reset",
+    "shadowing_first_party",
 ]

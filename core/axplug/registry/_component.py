@@ -11,6 +11,7 @@ __all__ = [
     "KINDS",
     "SUPPORTED_PLUGIN_API",
     "CORE_DISTRIBUTION",
+    "FIRST_PARTY",
     "STATUSES",
     "Component",
     "normalize",
@@ -26,6 +27,20 @@ KINDS = ("layers", "modifiers", "kernels", "mesh_rules", "storage", "presets", "
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)
 CORE_DISTRIBUTION = "axplug"
+# The project's own distributions: where one of them and a third party register the same
+# kind and name, the plain name means the first-party component (the core and the presets
+# rely on these names); the other is still loadable as `distribution:name`.
+FIRST_PARTY = frozenset(
+    {
+        "axplug",
+        "axplug-attention",
+        "axplug-moe",
+        "axplug-gpu",
+        "axplug-tpu",
+        "axplug-trainium",
+        "axplug-checkpoint-cloud",
+    }
+)
 # `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here.
 STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable")
 
@@ -56,6 +71,11 @@ class Component(NamedTuple):
     @property
     def key(self) -> tuple[str, str, str]:
         return normalize(self.distribution), self.kind, self.name
+
+    @property
+    def first_party(self) -> bool:
+        """Whether a distribution of this project provides it (see FIRST_PARTY)."""
+        return normalize(self.distribution) in FIRST_PARTY
 
     @property
     def loadable(self) -> bool:

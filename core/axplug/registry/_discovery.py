@@ -166,7 +166,11 @@ def _mark_conflicts(components: list[Component]) -> list[Component]:
         rivals = [o for o in owners.get((c.kind, c.name), []) if o is not c]
         if c.status == "ok" and rivals:
             others = ", ".join(o.qualified_name for o in rivals)
-            reason = f"also provided by {others}; load it as {c.qualified_name!r}"
+            first = [o for o in (c, *rivals) if o.first_party]
+            if len(first) == 1 and first[0] is c:
+                reason = f"also provided by {others}; {c.name!r} means this first-party one"
+            else:
+                reason = f"also provided by {others}; load it as {c.qualified_name!r}"
             c = c._replace(status="conflict", reason=reason)
         out.append(c)
     return out

@@ -16,7 +16,7 @@ from axplug.registry._component import (
     normalize,
 )
 
-__all__ = ["names", "entry", "load", "load_component", "reset"]
+__all__ = ["names", "entry", "load", "load_component", "reset", "shadowing_first_party"]
 
 _loaded: dict[tuple[str, str, str], Any] = {}
 
@@ -24,17 +24,28 @@ _loaded: dict[tuple[str, str, str], Any] = {}
 def reset() -> None:
     """Forget discovered metadata, loaded objects and recorded failures (for tests)."""
     _loaded.clear()
+    _warned.clear()
     _discovery.clear()
     importlib.invalidate_caches()
 
 
 def names(kind: str) -> list[str]:
-    """Names `load(kind, name)` accepts; a name two distributions share appears as `dist:name`."""
+    """Names `load(kind, name)` accepts; a name two distributions share appears as `dist:name`,
+    except the first-party one, which keeps the plain name."""
     usable = [c for c in _discovery.discover(kind) if c.loadable]
     counts: dict[str, int] = {}
     for c in usable:
         counts[c.name] = counts.get(c.name, 0) + 1
-    return sorted(c.qualified_name if counts[c.name] > 1 else c.name for c in usable)
+    return sorted(
+        c.name if counts[c.name] == 1 or _winner(usable, c.name) is c else c.qualified_name
+        for c in usable
+    )
+
+
+def _winner(usable: list[Component], name: str) -> Component | None:
+    """The one first-party component among several named `name`, if there is exactly one."""
+    first = [c for c in usable if c.name == name and c.first_party]
+    return first[0] if len(first) == 1 else None
 
 
 def entry(kind: str, name: str) -> Component:
@@ -48,6 +59,9 @@ def entry(kind: str, name: str) -> Component:
     if not matches:
         raise _not_found(kind, name, plain)
     usable = [c for c in matches if c.loadable]
+    if len(usable) > 1 and (winner := _winner(usable, plain)) is not None:
+        _warn_shadowed(kind, winner, [c for c in usable if c is not winner])
+        return winner
     if len(usable) > 1:
         forms = ", ".join(repr(c.qualified_name) for c in usable)
         raise ComponentConflictError(
@@ -55,6 +69,35 @@ def entry(kind: str, name: str) -> Component:
             f"name one of them, e.g. {usable[0].qualified_name!r}"
         )
     return (usable or matches)[0]
+
+
+def shadowing_first_party(components: list[Component]) -> list[Component]:
+    """The third-party components among `components` that reuse a first-party kind and name."""
+    first = {(c.kind, c.name) for c in components if c.first_party and c.status == "conflict"}
+    return [
+        c
+        for c in components
+        if c.status == "conflict" and not c.first_party and (c.kind, c.name) in first
+    ]
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_shadowed(kind: str, winner: Component, others: list[Component]) -> None:
+    if (kind, winner.name) in _warned:
+        return
+    _warned.add((kind, winner.name))
+    import logging
+
+    logging.getLogger("axplug.registry").warning(
+        "%s %r is also provided by %s; the first-party one from %s is used (load the other as %s)",
+        kind,
+        winner.name,
+        ", ".join(c.distribution for c in others),
+        winner.distribution,
+        " or ".join(repr(c.qualified_name) for c in others),
+    )
 
 
 def load(kind: str, name: str) -> Any:
