@@ -175,3 +175,36 @@ def test_checkpoints_verify_command(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["checkpoints", "ls", str(tmp_path / "nowhere")]) == 1
     assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+DISK_FULL = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))  # a disk that fills at 60 kB
+from axplug.cli import main
+sys.exit(main(["train", "--preset", "gpt-tiny", "--output-dir", sys.argv[1], "--max-steps", "4",
+    "--checkpoint-every", "2", "--set", "model.decoder.dim=64", "--set", "input.seq_len=16",
+    "--set", "model.decoder.transformer.num_layers=2", "--set", "compilation_cache_dir=None"]))
+"""
+
+
+def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    proc = subprocess.run(
+        [sys.executable, "-c", DISK_FULL, str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    assert err.count("error: saving step 2 to ") == 1 and "Error writing" in err
+    assert "Exception ignored" not in err and "ERROR:absl" not in err
+    assert "axplug/trainer" not in err  # no traceback through the trainer: the cause, once
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == []

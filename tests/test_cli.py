@@ -272,3 +272,13 @@ def test_train_settings_errors_are_one_line(tmp_path, capsys, setting, message):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "checkpoints").exists()  # nothing was trained or written
+
+
+def test_modifier_spec_mistakes_are_named(capsys):
+    from axplug.config import ConfigError
+    from axplug.modifiers import make_modifier
+
+    with pytest.raises(ConfigError, match=r"expected key=value after 'rope:', e.g. rope:theta="):
+        make_modifier("rope:theta")
+    with pytest.raises(ConfigError, match="'theta' is given twice"):
+        make_modifier("rope:theta=1,theta=2")

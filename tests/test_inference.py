@@ -420,3 +420,13 @@ def test_generate_refuses_code_named_in_checkpoint_metadata(trained_run, tmp_pat
     assert code == 1 and not aborted  # an error exit, not SIGABRT (134)
     err = capsys.readouterr().err
     assert "model.config_class: 'os:abort' names code outside axplug" in err
+
+
+def test_generate_checks_what_it_is_asked_for(trained_run, capsys):
+    args = ["generate", "--checkpoint", trained_run, "--prompt", "x"]
+    assert main([*args, "--max-new-tokens", "1000000000"]) == 1
+    err = capsys.readouterr().err
+    assert "--max-new-tokens: a 1000000001-token sequence needs a" in err
+    assert "trained on 32-token sequences" in err
+    assert main([*args, "--temperature", "nan"]) == 1
+    assert "temperature=nan must be a finite number >= 0" in capsys.readouterr().err

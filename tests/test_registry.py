@@ -365,3 +365,38 @@ def test_a_third_party_reusing_a_first_party_name_does_not_break_the_core(
     assert "fake-thirdparty registers storage 'file', a first-party name" in capsys.readouterr().err
     assert main(["doctor"]) == 1
     assert "reuses a first-party name" in capsys.readouterr().out
+
+
+def test_a_plugin_that_hangs_at_import_is_reported_not_waited_for(plugin_site, monkeypatch, capsys):
+    from axplug.cli import list_cmd, main
+
+    plugin_site.add(
+        "fake-slow",
+        {"axplug.hooks": {"slow": "fake_slow_mod"}, "axplug.layers": {"slowl": "fake_slow_l:D"}},
+        modules={
+            "fake_slow_mod": "import time\ntime.sleep(30)\n",
+            "fake_slow_l": "import time\ntime.sleep(30)\nD = 1\n",
+        },
+    )
+    monkeypatch.setattr(list_cmd, "IMPORT_TIMEOUT_S", 0.5)
+    start = __import__("time").monotonic()
+    assert main(["list", "--check", "--json"]) == 1
+    assert __import__("time").monotonic() - start < 10
+    rows = {r["name"]: r for r in __import__("json").loads(capsys.readouterr().out)}
+    for name in ("slow", "slowl"):
+        assert rows[name]["status"] == "broken"
+        assert "import did not finish within 0.5 s" in rows[name]["reason"]
+
+
+def test_a_hooks_plugin_broken_at_import_is_warned_about(plugin_site, caplog):
+    import logging
+
+    plugin_site.add(
+        "fake-hookbad",
+        {"axplug.hooks": {"bad": "fake_hookbad"}},
+        modules={"fake_hookbad": EXPLODES},
+    )
+    with caplog.at_level(logging.WARNING, logger="axplug.registry"):
+        registry.plugin_manager()
+    assert "cannot load hooks 'bad' from fake-hookbad" in caplog.text
+    assert "its hooks will not run" in caplog.text

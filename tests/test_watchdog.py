@@ -197,3 +197,57 @@ def test_injected_hang_dumps_stacks_calls_the_hook_and_exits_75(tmp_path):
     assert "ON_HANG step=3 stalled=True" in out
     assert "exiting with code 75 (watchdog.exit_on_hang)" in out
     assert "NOT REACHED" not in out
+
+
+STALLED_START = """
+import sys, time
+from axplug.input import IteratorInput
+from axplug.presets import preset_config
+from axplug.trainer.run import train
+
+cfg = preset_config("gpt-tiny", overrides=[
+    f"output_dir={sys.argv[1]!r}", "max_steps=5", "compilation_cache_dir=None",
+    "summary_writers=[]", "model.decoder.dim=32", "model.decoder.transformer.num_layers=1",
+    "model.decoder.transformer.layer.feed_forward.hidden_dim=64", "input.seq_len=16",
+    "watchdog.startup_timeout_s=3", "watchdog.exit_on_hang=True",
+])
+cfg.input = IteratorInput.default_config().set(
+    make_iterator="never_batches:batches"
+)
+train(cfg)
+print("NOT REACHED", flush=True)
+"""
+
+NEVER_BATCHES = """
+import time
+
+def batches(start_step):
+    time.sleep(120)  # the first batch never comes
+    yield {}
+"""
+
+
+def test_a_first_batch_that_never_comes_exits_75(tmp_path):
+    (tmp_path / "stalled_start.py").write_text(textwrap.dedent(STALLED_START))
+    (tmp_path / "never_batches.py").write_text(textwrap.dedent(NEVER_BATCHES))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "stalled_start.py"), str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == HANG_EXIT_CODE, out[-3000:]
+    assert time.time() - start < 100
+    assert "start-up stalled for" in out and "in waiting for the first batch" in out
+    assert "time.sleep(120)  # the first batch never comes" in out
+    assert "NOT REACHED" not in out
+
+
+def test_startup_timeout_is_validated():
+    with pytest.raises(ValueError, match="startup_timeout_s: must be > 0 or None"):
+        Watchdog(Watchdog.default_config().set(startup_timeout_s=0.0))

@@ -41,6 +41,8 @@ def parse_modifier_spec(spec: str) -> tuple[str, dict]:
     kwargs = {}
     for item in _KWARG_SPLIT.split(spec[colon + 1 :]):
         key, _, text = item.partition("=")
+        if key.strip() in kwargs:
+            raise ConfigError(f"modifier {spec!r}: {key.strip()!r} is given twice")
         kwargs[key.strip()] = parse_value(text)
     return spec[:colon], kwargs
 
@@ -50,7 +52,17 @@ def make_modifier(spec: str) -> ConfigModifier:
     from axplug import registry
 
     name, kwargs = parse_modifier_spec(spec)
-    cls = registry.load("modifiers", name)
+    try:
+        cls = registry.load("modifiers", name)
+    except registry.ComponentNotFoundError:
+        head, _, tail = name.rpartition(":")
+        if head and not kwargs and head in registry.names("modifiers"):
+            # `rope:theta`: a key without a value, not a distribution-qualified name.
+            raise ConfigError(
+                f"modifier {spec!r}: expected key=value after {head + ':'!r}, e.g. "
+                f"{head}:{tail}=VALUE"
+            ) from None
+        raise
     cfg = cls.default_config()
     for key, value in kwargs.items():
         try:

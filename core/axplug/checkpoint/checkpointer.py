@@ -9,6 +9,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from axplug.checkpoint import inventory, layout
+from axplug.checkpoint._quiet import drop_orbax_error_logs, quiet_after_failed_save
 from axplug.checkpoint._tree import abstract_target, first_non_finite
 from axplug.checkpoint.checksum import tree_checksums
 from axplug.checkpoint.errors import (
@@ -83,6 +84,7 @@ class Checkpointer(Configurable):
         )
         self._pending: int | None = None  # step being written in the background
         self._closed = False
+        drop_orbax_error_logs()
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -143,8 +145,9 @@ class Checkpointer(Configurable):
         try:
             self._orbax.save(self.storage.path(self._step_url(step)), args=args)
         except Exception as exc:
+            self._save_failed(step)
             raise CheckpointError(
-                f"saving step {step} to {self._step_url(step)} failed: {type(exc).__name__}: {exc}"
+                f"saving step {step} to {self._step_url(step)} failed: {_first_line(exc)}"
             ) from exc
         self._pending = step
         if not self._config.async_save:
@@ -177,8 +180,9 @@ class Checkpointer(Configurable):
         try:
             self._orbax.wait_until_finished()
         except Exception as exc:
+            self._save_failed(step)
             raise CheckpointError(
-                f"saving step {step} to {self._step_url(step)} failed: {type(exc).__name__}: {exc}"
+                f"saving step {step} to {self._step_url(step)} failed: {_first_line(exc)}"
             ) from exc
         try:
             self._apply_retention()
@@ -187,6 +191,19 @@ class Checkpointer(Configurable):
                 f"step {step} is saved in {self.directory}, but deleting old steps failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+    def _save_failed(self, step: int) -> None:
+        """After a failed save: its echoes silenced, its temporary directories removed."""
+        quiet_after_failed_save()
+        if jax.process_index() != 0:
+            return
+        prefix = layout.step_dir_name(step) + "."  # orbax's `step_N.orbax-checkpoint-tmp...`
+        try:
+            for name in self.storage.listdir(self.directory):
+                if name.startswith(prefix):
+                    self.storage.delete(self.storage.join(self.directory, name))
+        except Exception:  # noqa: BLE001 - the save's own error is the one to report
+            pass
 
     def _apply_retention(self) -> None:
         if jax.process_index() != 0:  # every process writes its shards; one deletes old steps

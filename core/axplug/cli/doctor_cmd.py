@@ -14,6 +14,7 @@ __all__ = ["add_parser", "run", "collect", "PROBLEM_STATUSES"]
 # distribution reusing a first-party name (registry.shadowing_first_party) fails it too.
 PROBLEM_STATUSES = ("broken", "incompatible")
 _SHADOWING = "reuses a first-party name"
+IMPORT_TIMEOUT_S = 30.0  # per plugin import: one that hangs is reported, not waited for
 
 EPILOG = """\
 examples:
@@ -177,12 +178,14 @@ def collect() -> dict[str, Any]:
     env = environment()
     notes: dict[tuple[str, str, str], str] = {}
     for c in registry.discover():
-        if not c.loadable or c.kind not in registry.KINDS or c.kind == "hooks":
+        if not c.loadable or c.kind not in registry.KINDS:
             continue
-        with contextlib.suppress(ImportError, LookupError):  # recorded for discover()
-            obj = load_component(c)
-            if c.kind == "kernels" and (note := _kernel_note(obj, env.get("backend"))):
-                notes[c.key] = note
+        # A failure or a hang is recorded; hooks are imported here first for the same reason.
+        if not registry.load_within(c, IMPORT_TIMEOUT_S) or c.kind == "hooks":
+            continue
+        obj = load_component(c)
+        if c.kind == "kernels" and (note := _kernel_note(obj, env.get("backend"))):
+            notes[c.key] = note
     with contextlib.suppress(Exception):
         registry.plugin_manager()  # imports hooks plugins, rejects hooks the core lacks
     dists: dict[str, dict[str, Any]] = {}

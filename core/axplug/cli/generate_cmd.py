@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -77,6 +78,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _device_bytes() -> int | None:
+    """Memory of the first device (HBM), or of the host for CPU devices; None if unknown."""
+    import jax
+
+    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_cache_fits(loaded, max_len: int) -> None:
+    """ValueError when the KV cache for `max_len` tokens cannot fit in the device's memory."""
+    import jax
+
+    shapes = jax.eval_shape(lambda: loaded.model.init_cache_state(1, max_len))
+    need = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    have = _device_bytes()
+    if have is not None and need > have:
+        trained = getattr(loaded.config.input, "seq_len", None)
+        hint = f"; the model was trained on {trained}-token sequences" if trained else ""
+        raise ValueError(
+            f"--max-new-tokens: a {max_len}-token sequence needs a {need / 2**30:.1f} GiB KV "
+            f"cache, more than the device's {have / 2**30:.1f} GiB{hint}; ask for fewer tokens"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from axplug.checkpoint.errors import CheckpointError
     from axplug.config import ConfigError
@@ -101,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             prompt = list(args.prompt.encode("utf-8"))
         else:
             prompt = args.prompt_ids
+        _check_cache_fits(loaded, len(prompt) + sampling.max_new_tokens)
         engine = Engine(
             loaded.model,
             loaded.params,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from typing import Any
 
@@ -91,14 +90,16 @@ def status_text(component: Component) -> str:
     return f"{component.status}: {component.reason}"
 
 
+IMPORT_TIMEOUT_S = 30.0
+
+
 def _check(components: list[Component], kind: str | None) -> list[Component]:
     from axplug import registry
 
     for c in components:
         if c.loadable and c.kind in KINDS:
-            # A failure is recorded; the fresh discovery below reports it.
-            with contextlib.suppress(ImportError, LookupError):
-                registry.load(c.kind, c.qualified_name)
+            # A failure (or a hang) is recorded; the fresh discovery below reports it.
+            registry.load_within(c, IMPORT_TIMEOUT_S)
     if any(c.kind == "hooks" for c in components):
         registry.plugin_manager()  # also rejects hooks the core does not define
     return [_availability(c) for c in registry.discover(kind)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +26,10 @@ class SamplingParams:
         problems = []
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens={self.max_new_tokens} must be at least 1")
-        if self.temperature < 0:
-            problems.append(f"temperature={self.temperature} must be >= 0 (0: greedy)")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            problems.append(
+                f"temperature={self.temperature} must be a finite number >= 0 (0: greedy)"
+            )
         if self.top_k < 0:
             problems.append(f"top_k={self.top_k} must be >= 0 (0: off)")
         if not 0.0 < self.top_p <= 1.0:

@@ -12,7 +12,14 @@ from axplug.registry._component import (
 )
 from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
 from axplug.registry._hooks import plugin_manager
-from axplug.registry._loading import entry, load, names, reset, shadowing_first_party
+from axplug.registry._loading import (
+    entry,
+    load,
+    load_within,
+    names,
+    reset,
+    shadowing_first_party,
+)
 
 __all__ = [
     "KINDS",
@@ -29,6 +36,7 @@ __all__ = [
     "names",
     "entry",
     "load",
+    "load_within",
     "plugin_manager",
     "reset",
     "shadowing_first_party",

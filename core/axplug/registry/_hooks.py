@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from axplug.registry import _discovery
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     import pluggy
 
 __all__ = ["plugin_manager"]
+
+_reported: set[tuple[str, str, str]] = set()  # hooks plugins whose load failure was logged
 
 
 def plugin_manager(*plugins: object) -> pluggy.PluginManager:
@@ -37,8 +40,13 @@ def _register(pm: pluggy.PluginManager, component: Component) -> None:
 
     try:
         obj = load_component(component)
-    except PluginLoadError:
-        return  # recorded; `axplug list` shows it as broken
+    except PluginLoadError as exc:
+        # Recorded (`axplug list` shows it as broken); said once here, since its hooks will
+        # not run.
+        if component.key not in _reported:
+            _reported.add(component.key)
+            logging.getLogger("axplug.registry").warning("%s; its hooks will not run", exc)
+        return
     if pm.is_registered(obj):
         return
     try:

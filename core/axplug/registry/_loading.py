@@ -16,15 +16,26 @@ from axplug.registry._component import (
     normalize,
 )
 
-__all__ = ["names", "entry", "load", "load_component", "reset", "shadowing_first_party"]
+__all__ = [
+    "names",
+    "entry",
+    "load",
+    "load_component",
+    "load_within",
+    "reset",
+    "shadowing_first_party",
+]
 
 _loaded: dict[tuple[str, str, str], Any] = {}
 
 
 def reset() -> None:
     """Forget discovered metadata, loaded objects and recorded failures (for tests)."""
+    from axplug.registry import _hooks
+
     _loaded.clear()
     _warned.clear()
+    _hooks._reported.clear()
     _discovery.clear()
     importlib.invalidate_caches()
 
@@ -134,6 +145,32 @@ def load_component(component: Component) -> Any:
         f" or skip it with {_discovery.DISABLE_ENV}={component.distribution}",
         component,
     ) from cause
+
+
+def load_within(component: Component, seconds: float) -> bool:
+    """`load_component` on a helper thread, given up after `seconds` (a plugin that hangs at
+    import is recorded as broken and left behind); whether it loaded."""
+    import threading
+
+    done: list[bool] = []
+
+    def target() -> None:
+        try:
+            load_component(component)
+        except (ImportError, LookupError):
+            return  # recorded
+        done.append(True)
+
+    thread = threading.Thread(target=target, name=f"axplug-import-{component.name}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _discovery.record_failure(
+            component,
+            f"import did not finish within {seconds:g} s (it hangs at import); skip it with "
+            f"{_discovery.DISABLE_ENV}={component.distribution}",
+        )
+    return bool(done)
 
 
 def _summary(exc: BaseException) -> str:

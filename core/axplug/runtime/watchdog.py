@@ -3,7 +3,9 @@
 A step counts as completed when the trainer has read its metrics. When none completes within
 `timeout_s`, the watchdog logs every thread's stack and the recent step times, calls `on_hang`,
 and with `exit_on_hang` ends the process with `exit_code` (75, EX_TEMPFAIL: "try again"), so a
-scheduler restarts the job, which resumes from its last checkpoint. Independently, a step
+scheduler restarts the job, which resumes from its last checkpoint. Start-up (building the
+trainer and importing plugins, restoring, the first batch, compiling) is watched the same way
+with `startup_timeout_s`, and its report names the phase that stalled. Independently, a step
 slower than `slow_step_factor` times the median of the last `slow_step_window` steps (a
 straggling or throttled host), and longer than `slow_step_min_s`, is logged and passed to
 `on_slow_step`. Sustained low utilisation is flagged once per `utilization_window` steps: the
@@ -52,6 +54,9 @@ class Watchdog(Configurable):
         # Seconds without a completed step before the job counts as hung; None: never. Must
         # exceed the longest pause between steps (a blocking checkpoint save, an evaluation).
         timeout_s: float | None = 1800.0
+        # The same for start-up, before the first step: building the trainer (plugin imports),
+        # restoring, the first batch, compiling. None: start-up is not watched.
+        startup_timeout_s: float | None = 3600.0
         exit_on_hang: bool = False
         exit_code: int = HANG_EXIT_CODE
         # How long on_hang hooks may run before the watchdog goes on (and exits) without them.
@@ -79,8 +84,10 @@ class Watchdog(Configurable):
     ):
         super().__init__(cfg)
         cfg = self._config
-        if cfg.timeout_s is not None and cfg.timeout_s <= 0:
-            raise ValueError(f"{cfg._path('timeout_s')}: must be > 0 or None, got {cfg.timeout_s}")
+        for name in ("timeout_s", "startup_timeout_s"):
+            value = getattr(cfg, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{cfg._path(name)}: must be > 0 or None, got {value}")
         if cfg.slow_step_factor is not None and cfg.slow_step_factor <= 1:
             raise ValueError(
                 f"{cfg._path('slow_step_factor')}: must be > 1 or None, got {cfg.slow_step_factor}"
@@ -119,14 +126,29 @@ class Watchdog(Configurable):
         self._fired = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._phase: str | None = None  # a start-up phase, or None once steps run
+        self._timeout: float | None = cfg.timeout_s
 
     # -- called by the training loop ---------------------------------------------------------
 
+    def start_startup(self, phase: str) -> None:
+        """Arms the hang timer with `startup_timeout_s` from now, for start-up `phase`."""
+        self._arm(self._config.startup_timeout_s, phase, None)
+
+    def phase(self, phase: str) -> None:
+        """Names the start-up phase now running (in a hang report); the timer keeps running."""
+        with self._lock:
+            self._phase = phase
+
     def start(self, step: int) -> None:
         """Arms the hang timer from now (call after compilation); `step` is the last one done."""
+        self._arm(self._config.timeout_s, None, step)
+
+    def _arm(self, timeout: float | None, phase: str | None, step: int | None) -> None:
         with self._lock:
             self._last_step, self._last_progress, self._fired = step, time.monotonic(), False
-        if self._config.timeout_s is None or self._thread is not None:
+            self._phase, self._timeout = phase, timeout
+        if timeout is None or self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="axplug-watchdog", daemon=True)
@@ -209,12 +231,10 @@ class Watchdog(Configurable):
     # -- the thread --------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        timeout = self._config.timeout_s
-        poll = min(max(timeout / 10, 0.05), 5.0)
-        while not self._stop.wait(poll):
+        while not self._stop.wait(min(max((self._timeout or 50) / 10, 0.05), 5.0)):
             with self._lock:
                 idle = time.monotonic() - self._last_progress
-                due = idle > timeout and not self._fired
+                due = self._timeout is not None and idle > self._timeout and not self._fired
                 if due:
                     self._fired = True
                     step = self._last_step
@@ -227,9 +247,18 @@ class Watchdog(Configurable):
             recent = list(self.step_times)[-5:]
         times = ", ".join(f"step {s}: {t:.3f} s" for s, t in recent) or "none completed yet"
         median = statistics.median(t for _, t in self.step_times) if self.step_times else None
+        if self._phase is not None:
+            stalled = (
+                f"start-up stalled for {idle:.1f} s in {self._phase} (watchdog.startup_timeout_s"
+                f" = {self._config.startup_timeout_s})"
+            )
+        else:
+            stalled = (
+                f"no training step completed for {idle:.1f} s (watchdog.timeout_s = "
+                f"{self._config.timeout_s})"
+            )
         return (
-            f"no training step completed for {idle:.1f} s (watchdog.timeout_s = "
-            f"{self._config.timeout_s}); last completed step: {step}\n"
+            f"{stalled}; last completed step: {step}\n"
             f"last step times: {times}"
             + (f"; median {median:.3f} s\n" if median is not None else "\n")
             + f"stacks of all threads (pid {os.getpid()}):\n{thread_stacks()}"

@@ -11,11 +11,13 @@ log = logging.getLogger("axplug.trainer")
 
 
 class HookRunner:
-    """Runs every implementation of a hook; one that raises is reported and skipped."""
+    """Runs every implementation of a hook; one that raises is reported and, for the rest of
+    the run, not called again."""
 
     def __init__(self, plugin_manager: Any):
         self._pm = plugin_manager
         self.failures: list[str] = []
+        self._dropped: set[tuple[str, str]] = set()  # (hook, plugin) that raised
 
     def __call__(self, hook: str, **kwargs: Any) -> None:
         for _ in self._results(hook, kwargs):
@@ -28,9 +30,12 @@ class HookRunner:
     def _results(self, hook: str, kwargs: dict):
         caller = getattr(self._pm.hook, hook)
         for impl in reversed(caller.get_hookimpls()):  # pluggy's own order: last registered first
+            if (hook, impl.plugin_name) in self._dropped:
+                continue
             try:
                 yield impl.function(*(kwargs[name] for name in impl.argnames))
             except Exception as exc:  # noqa: BLE001 - a plugin must not kill the run
+                self._dropped.add((hook, impl.plugin_name))
                 message = (
                     f"hook {hook} of plugin {impl.plugin_name} raised "
                     f"{type(exc).__name__}: {exc}; the run continues without it"

@@ -25,9 +25,19 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     from axplug.trainer.trainer import summary_dir
 
     if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
-        return cfg.instantiate(hooks=hooks).run()
+        return _build(cfg, hooks).run()
     # The lease before anything is written (summary files open when the trainer is built).
     with RunDirLock(summary_dir(cfg.output_dir)):
-        trainer = cfg.instantiate(hooks=hooks)  # bad configs and unreachable storage fail first
+        trainer = _build(cfg, hooks)  # bad configs and unreachable storage fail first
         write_config(cfg)
         return trainer.run()
+
+
+def _build(cfg: Any, hooks: tuple) -> Any:
+    """The trainer, built under a start-up watchdog: a plugin import that hangs is a hang."""
+    watchdog = cfg.watchdog.instantiate()
+    watchdog.start_startup("building the trainer (importing plugins, tracing shapes)")
+    try:
+        return cfg.instantiate(hooks=hooks)
+    finally:
+        watchdog.stop()

@@ -130,7 +130,7 @@ class Trainer(Configurable):
                 f"{cfg._path('on_corrupt_checkpoint')}: must be one of {_CORRUPT_POLICIES}, "
                 f"got {cfg.on_corrupt_checkpoint!r}"
             )
-        for name in ("checkpoint_every", "log_every", "eval_batches"):
+        for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
                 raise ConfigValueError(f"{cfg._path(name)}: must be >= 1, got {getattr(cfg, name)}")
         if cfg.eval_every is not None and cfg.eval_every < 1:
@@ -325,7 +325,13 @@ class Trainer(Configurable):
     def _run(self) -> dict:
         cfg = self._config
         self.goodput.switch("other")
-        state = self.restore_or_init()
+        self.watchdog.start_startup("restoring the latest checkpoint")
+        try:
+            state = self.restore_or_init()
+        except BaseException:
+            self.watchdog.stop()
+            raise
+        self.watchdog.phase("waiting for the first batch")
         start = int(jax.device_get(state["step"]))
         for writer in self.writers:
             if hasattr(writer, "truncate"):  # steps after the checkpoint will be logged again
@@ -347,6 +353,7 @@ class Trainer(Configurable):
                 with self.goodput.phase("data_wait"):
                     batch = self.put_batch(next(batches)[1])
                 if step == start:
+                    self.watchdog.phase("compiling the train step")
                     self._compile(state, batch)
                 with self.goodput.phase("step"):
                     state, metrics = self._train_step(state, batch)
