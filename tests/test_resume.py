@@ -8,6 +8,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from axplug.checkpoint import Checkpointer
 from axplug.cli.main import build_parser
@@ -92,3 +93,44 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
     assert (resumed / "config.txt").read_text() == (reference / "config.txt").read_text().replace(
         str(reference), str(resumed)
     )
+
+
+@pytest.mark.slow
+def test_ten_kills_at_seeded_random_times_resume_bit_identically(tmp_path):
+    """Ten kills at points drawn from a seed (0.2-2 s after start: imports, restore,
+    compile; or 1-25 steps on: mid-step, mid-save, mid-retention), then one run to the end:
+    the same losses and parameters as an uninterrupted run."""
+    import random
+
+    cache = tmp_path / "xla-cache"
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    finish(start(reference, cache))
+    rng = random.Random(20261130)
+    kills = 0
+    for _ in range(10):
+        done = len(records(killed))
+        proc = start(killed, cache)
+        if rng.random() < 0.3:  # early: imports, restore, compile
+            time.sleep(rng.uniform(0.2, 2.0))
+        else:  # a few steps on: mid-step, mid-save, mid-retention
+            target = min(done + rng.randint(1, 25), STEPS - 1)
+            deadline = time.time() + 120
+            while len(records(killed)) < target and proc.poll() is None:
+                assert time.time() < deadline, "no progress"
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))
+        if proc.poll() is not None:  # it finished first: the run is done
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 8, f"only {kills} kills landed before the run finished"
+    if not records(killed) or records(killed)[-1]["step"] != STEPS:
+        finish(start(killed, cache))
+    ref, res = records(reference), records(killed)
+    assert [r["step"] for r in res] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in res] == [r["loss"] for r in ref]
+    step_a, state_a = final_params(reference, cache)
+    step_b, state_b = final_params(killed, cache)
+    assert step_a == step_b == STEPS
+    jax.tree.map(np.testing.assert_array_equal, state_a, state_b)
