@@ -561,3 +561,35 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
         assert step == 8
         states.append(jax.device_get(state))
     _assert_same(*states)
+
+
+# -- the run directory's lease in a bucket ----------------------------------------------------
+
+
+def test_a_bucket_run_dir_has_one_live_lease(moto, s3_bucket, monkeypatch):
+    from axplug.runtime import RunDirLockedError, StoreLease
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+    storage, run = S3Storage(), f"s3://{s3_bucket}/run"
+    first = StoreLease(storage, run, ttl_s=2.0, settle_s=0.1)
+    first.acquire()
+    record = json.loads(storage.read_text(f"{run}/.axplug-lease.json"))
+    assert record["pid"] == os.getpid() and record["token"] == first.token
+    second = StoreLease(storage, run, ttl_s=2.0, settle_s=0.1)
+    start = time.monotonic()
+    with pytest.raises(RunDirLockedError, match=rf"output_dir {run} is in use by another run"):
+        second.acquire()  # it waited out one ttl while the first kept renewing
+    assert time.monotonic() - start >= 2.0
+    first.release()
+    assert not storage.exists(f"{run}/.axplug-lease.json")
+    with StoreLease(storage, run, ttl_s=2.0, settle_s=0.1):  # released: free at once
+        pass
+    # A holder that died (stopped renewing, never released): its lease lapses after ttl_s.
+    crashed = StoreLease(storage, run, ttl_s=2.0, settle_s=0.1)
+    crashed.acquire()
+    crashed._stop.set()
+    crashed._thread.join()
+    start = time.monotonic()
+    with StoreLease(storage, run, ttl_s=2.0, settle_s=0.1) as taker:
+        assert json.loads(storage.read_text(f"{run}/.axplug-lease.json"))["token"] == taker.token
+    assert 0.5 <= time.monotonic() - start < 6.0

@@ -12,7 +12,7 @@ from axplug.runtime.distributed import (
 )
 from axplug.runtime.goodput import PHASES, GoodputRecorder, format_goodput
 from axplug.runtime.host_batch import process_rows, put_process_batch, shard_input_config
-from axplug.runtime.run_lock import RunDirLock, RunDirLockedError
+from axplug.runtime.run_lock import RunDirLock, RunDirLockedError, StoreLease
 from axplug.runtime.watchdog import HANG_EXIT_CODE, Watchdog, thread_stacks
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "DistributedSpec",
     "RunDirLock",
     "RunDirLockedError",
+    "StoreLease",
     "GoodputRecorder",
     "Watchdog",
     "format_goodput",

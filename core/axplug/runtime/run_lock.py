@@ -5,7 +5,8 @@ holds the holder's host, PID, start time and command for the message a second ru
 kernel drops the lock when its process dies, however it dies (SIGKILL, OOM), so a dead run's
 lease is never stale: the next run takes it over. The lease is per process and re-entrant
 (`train()` holds it around writing config.txt and the run; two trainers built one after the
-other in one process share it).
+other in one process share it). A run directory in an object store has no locks: `StoreLease`
+keeps a renewed lease object there instead.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import time
 
 from axplug.config import ConfigError
 
-__all__ = ["RunDirLock", "RunDirLockedError", "LOCK_FILE"]
+__all__ = ["RunDirLock", "StoreLease", "RunDirLockedError", "LOCK_FILE", "LEASE_OBJECT"]
 
 LOCK_FILE = ".axplug-lock"
+LEASE_OBJECT = ".axplug-lease.json"
 
 _held: dict[str, list[int]] = {}  # lock path -> [fd, depth], this process's leases
 _guard = threading.Lock()
@@ -87,6 +89,95 @@ class RunDirLock:
             os.close(fd)
 
     def __enter__(self) -> RunDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class StoreLease:
+    """The same lease for a run directory in an object store (`s3://`, `gs://`), which has no
+    locks: `DIR/.axplug-lease.json` names the holder and when it last renewed the lease (every
+    `ttl_s / 4` from a thread). A lease renewed within `ttl_s` is live. Acquiring waits up to
+    `ttl_s` for a live one to lapse (a killed run's, when its job restarts at once) and is
+    refused if it keeps being renewed; after writing its own record it reads it back after
+    `settle_s`, so of two runs starting together one sees the other's and stands down.
+    """
+
+    def __init__(self, storage, directory: str, *, ttl_s: float = 60.0, settle_s: float = 1.0):
+        self.storage, self.directory = storage, directory
+        self.url = storage.join(directory, LEASE_OBJECT)
+        self.ttl_s, self.settle_s = ttl_s, settle_s
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> dict:
+        try:
+            return (
+                json.loads(self.storage.read_text(self.url))
+                if self.storage.exists(self.url)
+                else {}
+            )
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self) -> None:
+        self.storage.write_text(
+            self.url, json.dumps({**_me(), "token": self.token, "renewed": time.time()})
+        )
+
+    def acquire(self) -> None:
+        """Takes the lease, or raises RunDirLockedError naming the live run that holds it."""
+        deadline = time.monotonic() + self.ttl_s
+        while (held := self._read()) and time.time() - held.get("renewed", 0) < self.ttl_s:
+            if time.monotonic() > deadline:
+                raise RunDirLockedError(
+                    f"output_dir {self.directory} is in use by another run ({_describe(held)}), "
+                    f"which renewed its lease {time.time() - held['renewed']:.0f} s ago; stop "
+                    "that run, or train into another --output-dir"
+                )
+            time.sleep(min(self.ttl_s / 8, 5.0))
+        self._write()
+        time.sleep(self.settle_s)
+        if (held := self._read()).get("token") != self.token:
+            raise RunDirLockedError(
+                f"output_dir {self.directory} was taken by another run starting at the same "
+                f"time ({_describe(held)}); train into another --output-dir"
+            )
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew, name="axplug-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                if self._read().get("token") != self.token:
+                    import logging
+
+                    logging.getLogger("axplug.trainer").error(
+                        "the lease on %s was taken by another run; two runs now write there",
+                        self.directory,
+                    )
+                    return
+                self._write()
+            except Exception:  # noqa: BLE001 - a store hiccup: try again at the next renewal
+                continue
+
+    def release(self) -> None:
+        """Stops renewing and deletes the lease record if it is still this run's."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            try:
+                if self._read().get("token") == self.token:
+                    self.storage.delete(self.url)
+            except Exception:  # noqa: BLE001 - an unreleased lease lapses after ttl_s
+                pass
+
+    def __enter__(self) -> StoreLease:
         self.acquire()
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from axplug.checkpoint import storage_for
@@ -21,13 +22,21 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
     import jax
 
-    from axplug.runtime import RunDirLock
+    from axplug.checkpoint import scheme_of
+    from axplug.runtime import RunDirLock, StoreLease
     from axplug.trainer.trainer import summary_dir
 
     if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
         return _build(cfg, hooks).run()
-    # The lease before anything is written (summary files open when the trainer is built).
-    with RunDirLock(summary_dir(cfg.output_dir)):
+    # The lease before anything is written (summary files open when the trainer is built):
+    # an flock on the local directory (a bucket's local mirror), and for a bucket a lease
+    # object in it as well.
+    with contextlib.ExitStack() as leases:
+        leases.enter_context(RunDirLock(summary_dir(cfg.output_dir)))
+        if scheme_of(cfg.output_dir) != "file":
+            options = getattr(cfg.checkpointer, "storage_options", None)
+            storage = storage_for(cfg.output_dir, options)
+            leases.enter_context(StoreLease(storage, cfg.output_dir.rstrip("/")))
         trainer = _build(cfg, hooks)  # bad configs and unreachable storage fail first
         write_config(cfg)
         return trainer.run()
