@@ -233,9 +233,8 @@ def test_top_k_and_top_p_restrict_the_support():
 
 
 def test_sampling_params_are_checked():
-    with pytest.raises(
-        ValueError, match=r"temperature=-1 must be >= 0.*top_p=1.5 must be in \(0, 1\]"
-    ):
+    expected = r"temperature=-1 must be a finite number >= 0.*top_p=1.5 must be in \(0, 1\]"
+    with pytest.raises(ValueError, match=expected):
         SamplingParams(top_p=1.5, temperature=-1)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         SamplingParams(max_new_tokens=0)
