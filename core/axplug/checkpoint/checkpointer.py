@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -60,6 +61,13 @@ class Checkpointer(Configurable):
             raise CheckpointError(
                 f"checkpoint directory {cfg.directory} is not usable: {type(exc).__name__}: {exc}"
             ) from exc
+        self._orbax = self._new_orbax()
+        self._pending: int | None = None  # step being written in the background
+        self._closed = False
+        drop_orbax_error_logs()
+
+    def _new_orbax(self) -> ocp.AsyncCheckpointer:
+        """Orbax's async checkpointer, committing the way this storage needs."""
         atomicity = ocp.path.atomicity
         temporary_path_class = (
             atomicity.AtomicRenameTemporaryPath
@@ -79,12 +87,9 @@ class Checkpointer(Configurable):
                 temporary_path_class=temporary_path_class, async_options=async_options
             )
         )
-        self._orbax = ocp.AsyncCheckpointer(
+        return ocp.AsyncCheckpointer(
             handler, temporary_path_class=temporary_path_class, async_options=async_options
         )
-        self._pending: int | None = None  # step being written in the background
-        self._closed = False
-        drop_orbax_error_logs()
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -193,8 +198,12 @@ class Checkpointer(Configurable):
             ) from exc
 
     def _save_failed(self, step: int) -> None:
-        """After a failed save: its echoes silenced, its temporary directories removed."""
+        """After a failed save: its echoes silenced, orbax's threads joined (a fresh
+        checkpointer for the next save), its temporary directories removed."""
         quiet_after_failed_save()
+        with contextlib.suppress(Exception):  # the save's own error is the one to report
+            self._orbax.close()  # its other writer threads may still be creating files
+        self._orbax = self._new_orbax()
         if jax.process_index() != 0:
             return
         prefix = layout.step_dir_name(step) + "."  # orbax's `step_N.orbax-checkpoint-tmp...`
