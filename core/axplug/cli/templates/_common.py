@@ -7,7 +7,7 @@ __all__ = ["COMMON"]
 
 PYPROJECT = """\
 [build-system]
-requires = ["setuptools>=69"]
+requires = ["setuptools>=77"]
 build-backend = "setuptools.build_meta"
 
 [project]
@@ -15,7 +15,7 @@ name = "$dist"
 version = "0.1.0"
 description = "$description"
 readme = "README.md"
-requires-python = ">=3.10"
+requires-python = ">=3.11"
 dependencies = ["$axplug_req"]
 
 [project.optional-dependencies]
