@@ -282,3 +282,10 @@ def test_modifier_spec_mistakes_are_named(capsys):
         make_modifier("rope:theta")
     with pytest.raises(ConfigError, match="'theta' is given twice"):
         make_modifier("rope:theta=1,theta=2")
+
+
+def test_print_config_needs_no_output_dir_and_training_does(capsys):
+    assert main(["train", "--preset", "gpt-tiny", "--print-config"]) == 0
+    assert "model.decoder.vocab_size: 256" in capsys.readouterr().out
+    assert main(["train", "--preset", "gpt-tiny"]) == 2
+    assert "--output-dir is required" in capsys.readouterr().err

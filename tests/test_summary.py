@@ -147,3 +147,24 @@ def test_composite_fans_out_and_closes_every_writer_even_if_one_fails(tmp_path):
     assert a.calls == b.calls == [("write", 7, {"loss": 1.0}), ("close",)]
     assert read_jsonl(tmp_path / "metrics.jsonl")[0]["step"] == 7
     assert CompositeWriter.of(a).writers == [a]
+
+
+def test_tensorboard_resume_purges_the_replayed_steps(tmp_path):
+    import time
+
+    first = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
+    for step in range(1, 6):
+        first.write(step, {"loss": float(step)})
+    first.close()
+    time.sleep(1.1)  # event file names carry the second they were opened in
+    resumed = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
+    resumed.truncate(3)  # resumed from the step-2 checkpoint: 3, 4, 5 are logged again
+    resumed.write(3, {"loss": 30.0})
+    resumed.truncate(4)  # after a write: no effect (the file has begun)
+    resumed.close()
+    files = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 2
+    events = list(read_events(files[1]))
+    purges = [e.step for e in events if e.HasField("session_log") and e.session_log.status == 1]
+    assert purges == [3]  # SessionLog.START at step 3: TensorBoard drops older events from 3 on
+    assert [(e.step, v.simple_value) for e in events for v in e.summary.value] == [(3, 30.0)]

@@ -76,7 +76,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tpu-v5p-512, or 'none' (default: auto)",
     )
     parser.add_argument(
-        "--output-dir", required=True, help="where config, metrics and checkpoints go"
+        "--output-dir",
+        default=None,
+        help="where config, metrics and checkpoints go (required unless --print-config)",
     )
     parser.add_argument("--max-steps", type=int, help="train until this many steps in total")
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
@@ -108,7 +110,7 @@ def build_config(args: argparse.Namespace):
     from axplug.modifiers import make_modifier
     from axplug.presets import preset_config
 
-    overrides = [f"output_dir={args.output_dir!r}"]
+    overrides = [] if args.output_dir is None else [f"output_dir={args.output_dir!r}"]
     for flag, field in (
         ("max_steps", "max_steps"),
         ("checkpoint_every", "checkpoint_every"),
@@ -131,6 +133,9 @@ def build_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from axplug.registry import ComponentNotFoundError
 
+    if args.output_dir is None and not args.print_config:
+        print("error: --output-dir is required (only --print-config does without)", file=sys.stderr)
+        return 2
     if not args.print_config:
         # Before anything touches a device: the mesh rule is chosen from all processes' devices.
         try:

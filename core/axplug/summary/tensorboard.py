@@ -14,8 +14,10 @@ __all__ = ["TensorBoardWriter"]
 class TensorBoardWriter(SummaryWriter):
     """One scalar summary per name and step.
 
-    A resumed run writes a new event file beside the old ones; set `purge_step` to the resumed
-    step so TensorBoard hides the old run's events from that step on.
+    A resumed run writes a new event file beside the old ones; the trainer calls
+    `truncate(step)` with the first step it will log again, which starts that file with a
+    purge at `step`, so TensorBoard hides the old run's events from that step on instead of
+    showing the replayed steps twice. `purge_step` does the same from the start.
     """
 
     @config_class
@@ -30,11 +32,21 @@ class TensorBoardWriter(SummaryWriter):
         import tensorboardX  # imported here: `axplug.summary` stays cheap to import
 
         self.logdir = pathlib.Path(cfg.dir) / cfg.subdir
-        self._writer = tensorboardX.SummaryWriter(
-            logdir=str(self.logdir), flush_secs=cfg.flush_secs, purge_step=cfg.purge_step
+        self._open = lambda purge_step: tensorboardX.SummaryWriter(
+            logdir=str(self.logdir), flush_secs=cfg.flush_secs, purge_step=purge_step
         )
+        self._writer = self._open(cfg.purge_step)
+        self._written = False  # nothing yet: a purge can still open the file
+
+    def truncate(self, step: int) -> None:
+        """Hides events at or after `step` from earlier runs (a purge where the file starts)."""
+        if step <= 1 or self._written:
+            return
+        self._writer.close()
+        self._writer = self._open(step)
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        self._written = True
         for name, value in to_scalars(scalars).items():
             self._writer.add_scalar(name, value, global_step=int(step))
 
