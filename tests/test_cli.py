@@ -289,3 +289,12 @@ def test_print_config_needs_no_output_dir_and_training_does(capsys):
     assert "model.decoder.vocab_size: 256" in capsys.readouterr().out
     assert main(["train", "--preset", "gpt-tiny"]) == 2
     assert "--output-dir is required" in capsys.readouterr().err
+
+
+def test_info_of_a_preset_shows_its_description_modifiers_and_config(capsys):
+    assert main(["info", "llama-tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "description:   4-layer LLaMA recipe on bytes" in out
+    assert "modifier:      rope  (from axplug-attention)" in out
+    # The effective config: RoPE is in it, so the modifier was applied.
+    assert "RotaryPositionTransform" in out and "`build()` gives" not in out

@@ -90,8 +90,14 @@ def find(name: str, kind: str | None = None) -> Component:
 def _print_object(obj: Any) -> int:
     import inspect
 
+    from axplug.presets import Preset
+
+    if isinstance(obj, Preset):
+        return _print_preset(obj)
     doc = (inspect.getdoc(obj) or "").strip()
-    print(f"doc:           {doc.splitlines()[0] if doc else '(none)'}")
+    # The first paragraph, whole: a first line alone can stop mid-sentence.
+    summary = " ".join(doc.split("\n\n")[0].split()) if doc else "(none)"
+    print(f"doc:           {summary}")
     # A component may describe its state on this machine (e.g. which kernel dispatch picks).
     extra = getattr(obj, "info_lines", None)
     if callable(extra):
@@ -109,6 +115,26 @@ def _print_object(obj: Any) -> int:
         print(f"default config: error: {type(exc).__name__}: {exc}")
         return 1
     print("default config:")
+    for line in text.splitlines():
+        print(f"  {line}")
+    return 0
+
+
+def _print_preset(preset: Any) -> int:
+    """A preset: what it trains, the modifiers that complete it, its effective config."""
+    from axplug.presets import preset_config
+
+    print(f"description:   {preset.description}")
+    for spec in preset.modifiers or ("(none)",):
+        name = spec.partition(":")[0]
+        provider = preset.providers.get(name)
+        print(f"modifier:      {spec}" + (f"  (from {provider})" if provider else ""))
+    try:
+        text = preset_config(preset.name).debug_string()
+    except Exception as exc:  # noqa: BLE001 - e.g. a modifier's plugin is not installed
+        print(f"config: error: {type(exc).__name__}: {exc}")
+        return 1
+    print("config (the preset with its modifiers applied):")
     for line in text.splitlines():
         print(f"  {line}")
     return 0
