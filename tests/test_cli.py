@@ -298,3 +298,25 @@ def test_info_of_a_preset_shows_its_description_modifiers_and_config(capsys):
     assert "modifier:      rope  (from axplug-attention)" in out
     # The effective config: RoPE is in it, so the modifier was applied.
     assert "RotaryPositionTransform" in out and "`build()` gives" not in out
+
+
+def test_one_boundary_prints_axplug_errors_in_a_line_and_tracebacks_on_request(
+    monkeypatch, tmp_path, capsys
+):
+    from axplug.checkpoint import CheckpointError
+    from axplug.trainer import NonFiniteError, run
+
+    args = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--mesh-rule", "none"]
+    for error, code in ((CheckpointError("saving step 4 failed: disk full"), 1),
+                        (NonFiniteError("stopping at step 9: 3 non-finite steps"), 1)):  # fmt: skip
+        monkeypatch.setattr(run, "train", lambda cfg, error=error: (_ for _ in ()).throw(error))
+        assert main(args) == code
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == f"error: {error}"
+    monkeypatch.setenv("AXPLUG_TRACEBACK", "1")
+    with pytest.raises(NonFiniteError):
+        main(args)
+    monkeypatch.setattr(run, "train", lambda cfg: 1 / 0)  # a bug is never hidden
+    monkeypatch.delenv("AXPLUG_TRACEBACK")
+    with pytest.raises(ZeroDivisionError):
+        main(args)

@@ -65,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_code(exc: BaseException) -> int | None:
+    """2 for a bad setting, 1 for one of axplug's own failures, None for anything else."""
+    from axplug.checkpoint import CheckpointError
+    from axplug.config import ConfigError
+    from axplug.registry import PluginLoadError
+    from axplug.trainer.loop_state import NonFiniteError
+
+    if isinstance(exc, ConfigError):
+        return 2
+    if isinstance(exc, CheckpointError | NonFiniteError | PluginLoadError):
+        return 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `axplug` with `argv` (default: the process arguments); returns the exit code."""
     parser = build_parser()
@@ -85,13 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as exc:
-        # One boundary for every command: a bad setting is one line and exit status 2.
-        from axplug.config import ConfigError
-
-        if not isinstance(exc, ConfigError):
+        # One boundary for every command: axplug's own errors are one line (their messages
+        # name the setting, step or plugin), exit 2 for a bad setting and 1 for a failed run;
+        # AXPLUG_TRACEBACK=1 shows the traceback. Anything else is a bug: its traceback.
+        code = _exit_code(exc)
+        if code is None or os.environ.get("AXPLUG_TRACEBACK"):
             raise
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return code
     finally:
         # Restore, so an in-process caller (tests, notebooks) is not left with plugins disabled.
         if saved is None:

@@ -155,15 +155,11 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
-    from axplug.checkpoint import CheckpointError
     from axplug.runtime import format_goodput
     from axplug.trainer.run import train
 
-    try:
-        metrics = train(cfg)  # a ConfigError is reported by the CLI's one error boundary
-    except CheckpointError as exc:  # a failed save or an unusable checkpoint dir: its cause
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    # A bad setting, a failed save, a non-finite run: one line from the CLI's one boundary.
+    metrics = train(cfg)
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
     if "goodput/wall_s" in metrics:
