@@ -33,3 +33,18 @@ def plugin_site(tmp_path, monkeypatch):
     yield site
     registry.reset()
     site.forget_modules()
+
+
+@pytest.fixture(autouse=True)
+def _axplug_logging_reset():
+    """`axplug train` in-process gives the `axplug` logger its own handler and stops it
+    propagating; undo that after each test, so caplog (on the root) sees axplug's records."""
+    yield
+    import logging
+
+    logger = logging.getLogger("axplug")
+    for handler in list(logger.handlers):
+        if type(handler).__name__ == "_Handler":
+            logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)

@@ -320,3 +320,17 @@ def test_one_boundary_prints_axplug_errors_in_a_line_and_tracebacks_on_request(
     monkeypatch.delenv("AXPLUG_TRACEBACK")
     with pytest.raises(ZeroDivisionError):
         main(args)
+
+
+def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):
+    args = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--max-steps", "1"]
+    args += ["--set", "model.decoder.transformer.num_layers=1", "--set", "input.seq_len=16"]
+    args += ["--set", "compilation_cache_dir=None"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0  # again: resumed, nothing to train; both said on stderr
+    err = capsys.readouterr().err
+    assert "INFO axplug.trainer: resumed from step 1 of" in err
+    assert "already at step 1 of max_steps 1: nothing to train" in err
+    assert main([*args, "-q"]) == 0
+    assert "resumed from step" not in capsys.readouterr().err

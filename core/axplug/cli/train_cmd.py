@@ -81,6 +81,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where config, metrics and checkpoints go (required unless --print-config)",
     )
     parser.add_argument("--max-steps", type=int, help="train until this many steps in total")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log detail (DEBUG)"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=0, help="fewer logs: -q warnings, -qq errors"
+    )
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
     parser.add_argument("--seed", type=int, help="seed of initialization, data and dropout")
     group = parser.add_argument_group("multi-process (one process per host, all the same command)")
@@ -151,11 +157,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.debug_string())
         return 0
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
+    from axplug.cli._logging import configure_logging
     from axplug.runtime import format_goodput
+
+    configure_logging(args.verbose - args.quiet)
     from axplug.trainer.run import train
 
     # A bad setting, a failed save, a non-finite run: one line from the CLI's one boundary.
@@ -169,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
 
 def start_processes(args: argparse.Namespace) -> None:
     """Initializes jax.distributed when flags, environment or a scheduler ask for processes."""
-    import logging
-
     from axplug.runtime import initialize_distributed, resolve_distributed
 
     spec = resolve_distributed(
@@ -178,6 +181,8 @@ def start_processes(args: argparse.Namespace) -> None:
     )
     if spec is None:
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from axplug.cli._logging import configure_logging
+
+    configure_logging(args.verbose - args.quiet)
     index, count = initialize_distributed(spec)
     print(f"process {index} of {count}", file=sys.stderr)

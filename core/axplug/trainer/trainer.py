@@ -402,7 +402,8 @@ class Trainer(Configurable):
         report = self.goodput.report()
         report["goodput/slow_steps"] = len(self.watchdog.slow_steps)
         if jax.process_index() == 0:
-            log.info("%s", format_goodput(report))
+            # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
+            log.debug("%s", format_goodput(report))
             storage = storage_for(
                 self._config.output_dir, self._config.checkpointer.storage_options
             )
