@@ -498,3 +498,18 @@ def test_max_steps_below_one_is_refused_naming_the_field(tmp_path):
 
     with pytest.raises(ConfigValueError, match=r"max_steps: must be >= 1, got -5"):
         tiny_config(tmp_path, steps=-5).instantiate()
+
+
+def test_progress_moves_every_step_while_files_log_every_log_every(tmp_path, capsys):
+    from axplug.summary import JsonlWriter, ProgressBar
+
+    cfg = tiny_config(tmp_path, "log_every=3", steps=4).clone(
+        summary_writers=[
+            ProgressBar.default_config().set(terminal=False, every_n_steps=1),
+            JsonlWriter.default_config(),
+        ]
+    )
+    cfg.instantiate().run()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [3, 4]

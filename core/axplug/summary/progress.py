@@ -27,8 +27,11 @@ class ProgressBar(SummaryWriter):
     compact line every `every_n_steps` steps, and at the first and last step.
 
     Tokens/s is the `tokens_per_sec` scalar when one is written, else `tokens_per_step` times
-    the measured steps per second since the previous write.
+    the measured steps per second since the previous write. The trainer writes to it every
+    step (`every_step`), to other writers every `log_every` steps.
     """
+
+    every_step = True
 
     @config_class
     class Config(SummaryWriter.Config):

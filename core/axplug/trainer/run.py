@@ -44,6 +44,9 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
 
 def _build(cfg: Any, hooks: tuple) -> Any:
     """The trainer, built under a start-up watchdog: a plugin import that hangs is a hang."""
+    import logging
+
+    logging.getLogger("axplug.trainer").info("building the trainer")
     watchdog = cfg.watchdog.instantiate()
     watchdog.start_startup("building the trainer (importing plugins, tracing shapes)")
     try:

@@ -78,6 +78,22 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+@contextlib.contextmanager
+def _cache_events():
+    """The names of the persistent compilation cache's events recorded inside the block."""
+    events: set[str] = set()
+
+    def listener(event: str, **_: Any) -> None:
+        if event.startswith("/jax/compilation_cache/"):
+            events.add(event)
+
+    jax.monitoring.register_event_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+
+
 class Trainer(Configurable):
     """Trains `model` on `input` with `learner` over `mesh`, checkpointing to `output_dir`."""
 
@@ -261,9 +277,11 @@ class Trainer(Configurable):
         """
         steps = self.checkpointer.all_steps()
         if not steps:
+            log.info("initializing parameters and optimizer state")
             with self.goodput.phase("init"):
                 return self.init_state()
         for step in reversed(steps):
+            log.info("restoring step %d", step)
             try:
                 with self.goodput.phase("restore"):
                     step, state, _ = self.checkpointer.restore(step, target=self.abstract_state)
@@ -389,8 +407,19 @@ class Trainer(Configurable):
     def _compile(self, state: dict, batch: dict) -> None:
         # Compiling ahead of the first call fills the cache that call uses, so the time is
         # counted as compilation and the watchdog's clock starts after it.
-        with self.goodput.phase("compile"):
+        import time
+
+        log.info("compiling the train step")
+        start = time.perf_counter()
+        with self.goodput.phase("compile"), _cache_events() as events:
             self._train_step.lower(state, batch).compile()
+        if "/jax/compilation_cache/cache_hits" in events:
+            cache = "a persistent-cache hit"
+        elif "/jax/compilation_cache/cache_misses" in events:
+            cache = "a persistent-cache miss, now cached"
+        else:
+            cache = "no persistent cache"
+        log.info("compiled the train step in %.1f s (%s)", time.perf_counter() - start, cache)
         self.watchdog.start(int(jax.device_get(state["step"])))
         self._busy_mark = self._busy_seconds()
 
@@ -457,9 +486,12 @@ class Trainer(Configurable):
         cfg = self._config
         if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
             self._write(step, values)
+        else:  # a progress display moves every step; files and sinks every log_every
+            self._write(step, values, every_step_only=True)
         self.hooks("on_step_end", trainer=self, step=step, metrics=values)
         return {"step": step, **values}
 
-    def _write(self, step: int, scalars: dict) -> None:
+    def _write(self, step: int, scalars: dict, *, every_step_only: bool = False) -> None:
         for writer in self.writers:
-            writer.write(step, scalars)
+            if not every_step_only or getattr(writer, "every_step", False):
+                writer.write(step, scalars)
