@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from axplug import hookimpl
-from axplug.config import config_class
+from axplug.config import config_class, find_configs
 from axplug.layers import CausalLM, FeedForward
 from axplug.learner import Learner
 from axplug.presets import preset_config
@@ -513,3 +513,31 @@ def test_progress_moves_every_step_while_files_log_every_log_every(tmp_path, cap
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [3, 4]
+
+
+def test_layer_summaries_reach_the_metrics(tmp_path):
+    pytest.importorskip("axplug_moe")
+    from axplug.summary import JsonlWriter
+
+    def last_record(capacity_factor):
+        out = tmp_path / str(capacity_factor)
+        cfg = preset_config(
+            "moe-tiny",
+            overrides=[
+                f"output_dir={str(out)!r}", "max_steps=1", "compilation_cache_dir=None",
+                "model.decoder.transformer.num_layers=1", "input.seq_len=16",
+            ],
+        ).clone(summary_writers=[JsonlWriter.default_config()])  # fmt: skip
+        for _, router in find_configs(cfg, "axplug_moe.router:TopKRouter"):
+            router.capacity_factor = capacity_factor
+        cfg.instantiate(devices=jax.devices()[:1]).run()
+        return read_jsonl(out / "metrics.jsonl")[-1]
+
+    prefix = "summary/decoder/transformer/layer0/feed_forward/router"
+    roomy, tight = last_record(None), last_record(0.25)
+    assert roomy[f"{prefix}/dropped_fraction"] == 0.0  # drop-free routing drops nothing
+    assert tight[f"{prefix}/dropped_fraction"] >= 0.5  # a quarter of the room: most dropped
+    for record in (roomy, tight):
+        experts = 8
+        assert record[f"{prefix}/expert_load"] == pytest.approx(1 / experts)  # loads sum to 1
+        assert record[f"{prefix}/expert_load/max"] >= 1 / experts

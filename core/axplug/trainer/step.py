@@ -13,7 +13,7 @@ from axplug.context import functional
 from axplug.module import Module
 from axplug.trainer.aux_losses import AuxLossRule
 
-__all__ = ["build_train_step", "build_eval_step", "step_key"]
+__all__ = ["build_train_step", "build_eval_step", "step_key", "summary_scalars"]
 
 TrainState = dict[str, Any]  # {"params", "opt_state", "step"}
 
@@ -21,6 +21,26 @@ TrainState = dict[str, Any]  # {"params", "opt_state", "step"}
 def step_key(seed: int, step: jax.Array) -> jax.Array:
     """The PRNG key of a step: a function of (seed, step) only, so resumed runs replay it."""
     return jax.random.fold_in(jax.random.PRNGKey(seed), step)
+
+
+def summary_scalars(collection) -> dict[str, jax.Array]:
+    """The layers' `add_summary` values as scalar metrics `summary/<module path>/<name>`: a
+    scalar as it is; an array (per expert, or per layer of a scanned stack) as its mean, and
+    its max under `.../max`."""
+    out = {}
+
+    def visit(tree: dict, path: str) -> None:
+        for name, value in tree.items():
+            if isinstance(value, dict):
+                visit(value, f"{path}/{name}")
+                continue
+            value = jnp.asarray(value, jnp.float32)
+            out[f"{path}/{name}"] = jnp.mean(value)
+            if value.size > 1:
+                out[f"{path}/{name}/max"] = jnp.max(value)
+
+    visit(collection.summaries, "summary")
+    return out
 
 
 def _loss_fn(model: Module, aux_rule: AuxLossRule):
@@ -33,7 +53,7 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
             is_training=True,
         )
         aux_total, aux_terms = aux_rule(collection.module_outputs)
-        return loss + aux_total, {"ce_loss": loss, **aux_terms}
+        return loss + aux_total, {"ce_loss": loss, **aux_terms, **summary_scalars(collection)}
 
     return loss_fn
 
