@@ -208,3 +208,19 @@ def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_p
     assert "Exception ignored" not in err and "ERROR:absl" not in err
     assert "axplug/trainer" not in err  # no traceback through the trainer: the cause, once
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == []
+
+
+def test_resuming_with_another_model_names_the_difference_and_keeps_every_step(run, tmp_path):
+    """A changed config is not a corrupt checkpoint: nothing is marked, nothing falls back."""
+    from axplug.checkpoint import CheckpointError
+
+    out = copy(run, tmp_path)
+    wider = config(out, 6, "model.decoder.dim=48").instantiate(devices=jax.devices()[:1])
+    with pytest.raises(CheckpointError, match=r"step 4 .* holds a different state") as info:
+        wider.restore_or_init()
+    assert not isinstance(info.value, CheckpointCorruptError)
+    assert "params/decoder/embedding/weight: saved float32[256, 32], here float32[256, 48]" in (
+        str(info.value)
+    )
+    assert wider.checkpointer.all_steps() == [2, 4]  # both steps still complete
+    wider.checkpointer.close()

@@ -252,6 +252,7 @@ class Checkpointer(Configurable):
         self.wait_until_finished()
         step = self._resolve_step(step)
         abstract = abstract_target(target)
+        self._check_target(step, abstract)
         treedef = jax.tree.structure(abstract)
         args = ocp.args.Composite(
             **{
@@ -296,6 +297,50 @@ class Checkpointer(Configurable):
         actual = host_checksums(state)
         self._verify(step, actual)
         return len(actual)
+
+    def _saved_tree(self, step: int) -> Any:
+        """The array metadata tree of `step`'s state (shapes and dtypes, no data)."""
+        path = self.storage.path(self.storage.join(self._step_url(step), layout.STATE_ITEM))
+        try:
+            return ocp.PyTreeCheckpointHandler().metadata(path).tree
+        except Exception as exc:
+            raise CheckpointCorruptError(
+                f"step {step} in {self.directory}: its array metadata cannot be read: "
+                f"{_first_line(exc)}"
+            ) from exc
+
+    def _check_target(self, step: int, abstract: Any) -> None:
+        """CheckpointError (not corruption) naming the leaves where `abstract` differs from
+        what `step` holds: a config that builds another model or optimizer."""
+        from axplug.checkpoint.checksum import leaf_names
+
+        tree = self._saved_tree(step)
+        saved = {
+            n: (tuple(m.shape), str(m.dtype))
+            for n, m in zip(leaf_names(tree), jax.tree.leaves(tree), strict=True)
+        }
+        wanted = {
+            n: (tuple(a.shape), str(a.dtype))
+            for n, a in zip(leaf_names(abstract), jax.tree.leaves(abstract), strict=True)
+        }
+        if saved == wanted:
+            return
+        order = lambda names: sorted(names, key=lambda n: (not n.startswith("params/"), n))  # noqa: E731
+        problems = [
+            f"{n}: saved {saved[n][1]}{list(saved[n][0])}, here {wanted[n][1]}{list(wanted[n][0])}"
+            for n in order(saved.keys() & wanted.keys())
+            if saved[n] != wanted[n]
+        ]
+        problems += [f"missing here: {n}" for n in order(saved.keys() - wanted.keys())]
+        problems += [f"not in the checkpoint: {n}" for n in order(wanted.keys() - saved.keys())]
+        shown = "; ".join(problems[:4]) + (
+            f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
+        )
+        raise CheckpointError(
+            f"step {step} in {self.directory} holds a different state than this config builds "
+            f"({shown}); resume with the config it was trained with (config.txt beside it), "
+            "or train into another --output-dir"
+        )
 
     def saved_checksums(self, step: int) -> dict[str, str] | None:
         """The leaf checksums written with `step`; None for a step saved before checksums."""
