@@ -1,11 +1,12 @@
-"""`train(cfg)`: write the effective config next to the run, then train or resume."""
+"""`train(cfg)`: take the run directory's lease, write the effective config next to the run,
+then train or resume."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
-from axplug.checkpoint import storage_for
+from axplug.checkpoint import scheme_of, storage_for
 
 __all__ = ["train", "write_config"]
 
@@ -22,7 +23,6 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
     import jax
 
-    from axplug.checkpoint import scheme_of
     from axplug.runtime import RunDirLock, StoreLease
     from axplug.trainer.trainer import summary_dir
 
