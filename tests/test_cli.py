@@ -334,3 +334,26 @@ def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):
     assert "already at step 1 of max_steps 1: nothing to train" in err
     assert main([*args, "-q"]) == 0
     assert "resumed from step" not in capsys.readouterr().err
+
+
+def test_metrics_prints_the_last_records_and_plots_them(tmp_path, capsys):
+    from axplug.cli.metrics_cmd import series
+    from axplug.summary import JsonlWriter
+
+    writer = JsonlWriter.default_config().set(dir=str(tmp_path)).instantiate()
+    for step, loss in ((10, 3.0), (20, float("nan")), (30, 1.0), (40, 2.0)):
+        writer.write(step, {"loss": loss, "learning_rate": 0.1 * step})
+    writer.close()
+    assert series([{"step": 1, "x": 1.0}, {"step": 2, "x": "nan"}, {"step": 3}], "x") == (
+        [1],
+        [1.0],
+    )
+    assert main(["metrics", str(tmp_path), "--last", "2", "--plot", "loss,grad_norm"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0].splitlines()
+    assert table[0].split() == ["step", "loss", "learning_rate"]
+    assert [row.split()[0] for row in table[1:]] == ["30", "40"]  # the last two records
+    assert "loss" in out and "3.00┤" in out and "1.00┤" in out  # the axis spans the data
+    assert "(no grad_norm in these records)" in out
+    assert main(["metrics", str(tmp_path / "nowhere")]) == 1
+    assert "no metrics records in" in capsys.readouterr().err

@@ -19,6 +19,7 @@ COMMANDS = (
     "axplug.cli.list_cmd",
     "axplug.cli.info_cmd",
     "axplug.cli.train_cmd",
+    "axplug.cli.metrics_cmd",
     "axplug.cli.checkpoints_cmd",
     "axplug.cli.aot_cmd",
     "axplug.cli.new_plugin_cmd",
