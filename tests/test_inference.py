@@ -168,6 +168,23 @@ def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache():
     assert sorted(written) == sorted(table.ravel())
 
 
+def test_a_row_without_pages_never_touches_another_rows_pages():
+    """A pool of 5 pages for 2 rows x 5: row 1 has none. Row 0 decodes exactly as alone,
+    and no page is written for row 1 (it pointed at page 0 and overwrote row 0)."""
+    contiguous, params = build(lm_cfg())
+    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=5"))
+    ids = random_ids(3, (2, 9))
+    want, _ = decode_logits(contiguous, params, ids[:1], prompt_lens=[4], max_len=10)
+    cache = paged.init_cache_state(2, 10)
+    table = cache["transformer"]["layer0"]["attention"]["block_table"]
+    np.testing.assert_array_equal(table, [[0, 1, 2, 3, 4], [5] * 5])  # 5: no page
+    got, cache = decode_logits(paged, params, ids, prompt_lens=[4, 4], max_len=10, cache=cache)
+    np.testing.assert_allclose(got[:1], want, **LOOSE)
+    pool = np.asarray(cache["transformer"]["layer0"]["attention"]["positions"])
+    # Row 0's 9 tokens at positions 0..8 in its pages, and nothing of row 1 anywhere.
+    np.testing.assert_array_equal(pool.reshape(-1), [*range(9), EMPTY_POSITION])
+
+
 def test_cache_drops_padding_and_reports_only_cached_slots():
     model, params = build(lm_cfg())
     cache = model.init_cache_state(2, 6)

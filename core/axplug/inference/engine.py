@@ -163,7 +163,9 @@ class Engine:
         paging = _paging(self._cache)
         self.page_size = paging[1] if paging else None
         self.allocator = PageAllocator(paging[0]) if paging else None
-        self._table = np.zeros((num_slots, paging[2] if paging else 1), np.int32)
+        # Every entry starts as "no page" (the pool size, the paged cache's sentinel).
+        no_page = paging[0] if paging else 0
+        self._table = np.full((num_slots, paging[2] if paging else 1), no_page, np.int32)
         self._slots: list[_Active | None] = [None] * num_slots
         self._waiting: collections.deque[_Active] = collections.deque()
         self._ids = itertools.count()
@@ -254,7 +256,7 @@ class Engine:
                 if count > self.allocator.num_free:
                     break  # first come, first served: wait for pages to be released
                 active.pages = self.allocator.allocate(count)
-                self._table[slot] = 0
+                self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
                 self._table[slot, :count] = active.pages
             self._waiting.popleft()
             self._slots[slot] = active

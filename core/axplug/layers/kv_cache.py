@@ -97,7 +97,8 @@ class PagedKVCache(BaseLayer):
     page_size], `block_table` [batch, max_len // page_size] and `length` [batch]. The default
     block table gives row b the pages b * P .. b * P + P - 1, which needs `batch * P` pages
     (P = pages per row); a scheduler that allocates pages itself (`axplug.inference.PageAllocator`)
-    sets `num_pages` lower and writes the block table. Entries past a row's length are never read.
+    sets `num_pages` lower and writes the block table; an entry equal to `num_pages` means "no
+    page" (writes dropped, reads empty). Entries past a row's length are never read.
     """
 
     @config_class
@@ -128,8 +129,10 @@ class PagedKVCache(BaseLayer):
             "key": jnp.zeros(shape, dtype),
             "value": jnp.zeros(shape, dtype),
             "positions": jnp.full((num_pages, cfg.page_size), EMPTY_POSITION, jnp.int32),
-            # Rows without their own pages (num_pages too small) point at page 0; unread.
-            "block_table": jnp.where(table < num_pages, table, 0),
+            # Entries past the pool (num_pages too small for every row) are `num_pages`: no
+            # page. Writes through them are dropped and reads see empty slots, so a row without
+            # pages never touches another row's (it pointed at page 0 and overwrote row 0).
+            "block_table": jnp.where(table < num_pages, table, num_pages),
             "length": jnp.zeros((batch_size,), jnp.int32),
         }
 
@@ -158,11 +161,11 @@ class PagedKVCache(BaseLayer):
             "length": length,
         }
 
-        def gather(pool):  # [num_pages, page, ...] -> [b, pages_per_row * page, ...]
-            rows = pool[table]
+        def gather(pool, empty=0):  # [num_pages, page, ...] -> [b, pages_per_row * page, ...]
+            rows = jnp.take(pool, table, axis=0, mode="fill", fill_value=empty)
             return rows.reshape(rows.shape[0], -1, *rows.shape[3:])
 
-        kv_positions = _visible(gather(new_state["positions"]), length)
+        kv_positions = _visible(gather(new_state["positions"], EMPTY_POSITION), length)
         return new_state, gather(new_state["key"]), gather(new_state["value"]), kv_positions
 
 
