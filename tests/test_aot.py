@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from axplug import aot
+from axplug import aot, aot_plan
 from axplug.cli import aot_cmd
 from axplug.config import ConfigError
 
@@ -166,10 +166,10 @@ def test_bfloat16_plans_as_float16_whose_scan_stacks_stay_two_bytes():
 
     cfg = preset_config("llama-tiny").clone()
     cfg.model.compute_dtype = "bfloat16"
-    planned, note = aot._plan_bfloat16(cfg)
+    planned, note = aot_plan.plan_bfloat16(cfg)
     assert planned.model.compute_dtype == "float16" and "model.compute_dtype" in note
     assert cfg.model.compute_dtype == "bfloat16"  # the caller's config is left alone
-    assert aot._plan_bfloat16(planned) == (planned, None)
+    assert aot_plan.plan_bfloat16(planned) == (planned, None)
 
     def temp_bytes(dtype):
         def loss(w, x):
@@ -257,7 +257,7 @@ def test_tpu_rule_compiles_on_the_topologys_devices_unscaled(monkeypatch, capsys
             asked.append((platform, selector, n)) or (jax.devices()[:n], "a stand-in topology")
         ),
     )
-    monkeypatch.setattr(aot, "_kernels_for", lambda cfg, p: planned.append(p) or cfg)
+    monkeypatch.setattr(aot_plan, "kernels_for", lambda cfg, p: planned.append(p) or cfg)
     code = _run(
         "--preset", "gpt-tiny", "--mesh-rule", "tpu-v5e-8", "--max-devices", "2", "--json",
         *SMALL, "--set=input.batch_size=8", "--modifier", "mesh:fsdp=-1",

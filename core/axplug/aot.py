@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from axplug import aot_plan
+
 __all__ = [
     "DeviceSpec",
     "AotReport",
@@ -237,79 +239,6 @@ def _leaf_bytes(tree) -> int:
     return total
 
 
-def _plan_flash_attention(cfg, platform: str):
-    """(config, note): the rule's flash-attention slots as the blockwise kernel, whose memory
-    is a flash kernel's, for a CPU compile that plans `platform`."""
-    import jax
-
-    from axplug.config import find_configs, replace_config
-    from axplug.kernels import BlockwiseAttention, FlashAttention
-
-    where = f"compiled for {jax.default_backend()}, planning {platform}"
-    if not find_configs(cfg, FlashAttention):
-        note = (
-            f"{where}: attention is the plain XLA kernel, as it would be there (no "
-            "flash_attention slot), keeping [batch, heads, seq, seq] scores"
-        )
-        return cfg, note
-    new = BlockwiseAttention.default_config()
-    cfg = replace_config(cfg, target=FlashAttention, new_cfg=new)
-    note = (
-        f"{where}: flash attention assumed, compiled as the blockwise XLA kernel (O(seq) "
-        f"memory like the {platform} flash kernel; its scratch is one [seq, 512] block of scores)"
-    )
-    return cfg, note
-
-
-def _kernels_for(cfg, platform: str):
-    """`cfg` with its flash-attention slots choosing kernels for `platform`, not this host."""
-    from axplug.config import find_configs
-    from axplug.kernels import FlashAttention
-
-    cfg = cfg.clone()
-    for _, slot in find_configs(cfg, FlashAttention):
-        slot.backend = platform
-    return cfg
-
-
-def _plan_bfloat16(cfg):
-    """(config, note): bfloat16 settings as float16 for a CPU compile that plans an accelerator.
-
-    XLA:CPU cannot update bf16 buffers in place, so it widens every bf16 scan stack (the
-    activations a remat policy saves, the stacked gradients) to f32 and doubles their bytes;
-    float16 has bf16's width and stays 2 bytes there, as bf16 does on GPU/TPU/Trainium.
-    """
-    import copy
-
-    from axplug.config import ConfigBase
-
-    cfg = copy.deepcopy(cfg)
-    changed = []
-
-    def walk(node, path):
-        if isinstance(node, list | tuple):
-            for i, child in enumerate(node):
-                walk(child, f"{path}[{i}]")
-            return
-        if not isinstance(node, ConfigBase):
-            return
-        for key, value in node.items():
-            if isinstance(value, str) and value == "bfloat16":
-                setattr(node, key, "float16")
-                changed.append(f"{path}.{key}".lstrip("."))
-            else:
-                walk(value, f"{path}.{key}")
-
-    walk(cfg, "")
-    if not changed:
-        return cfg, None
-    note = (
-        f"bfloat16 compiled as float16 ({', '.join(changed)}): the same 2 bytes, which XLA:CPU "
-        "would otherwise widen to f32 in scanned activations and gradients"
-    )
-    return cfg, note
-
-
 _COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -384,12 +313,12 @@ def compile_report(
     plan_notes = []
     if devices is not None:
         plan_notes.append(f"compiled for {devices_note}")
-        cfg = _kernels_for(cfg, spec.platform)
+        cfg = aot_plan.kernels_for(cfg, spec.platform)
     elif spec is not None and spec.platform != jax.default_backend():
         if devices_note:
             plan_notes.append(f"compiled on {n} fake CPU devices: {devices_note}")
-        cfg, attention_note = _plan_flash_attention(cfg, spec.platform)
-        cfg, dtype_note = _plan_bfloat16(cfg)
+        cfg, attention_note = aot_plan.plan_flash_attention(cfg, spec.platform)
+        cfg, dtype_note = aot_plan.plan_bfloat16(cfg)
         plan_notes += [note for note in (attention_note, dtype_note) if note]
     trainer = Trainer(cfg, devices=devices or jax.devices()[:n])
     seq = cfg.input.seq_len

@@ -18,6 +18,7 @@ from axplug.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
 )
+from axplug.checkpoint.integrity import checksum_mismatch, first_line, layout_mismatch
 from axplug.checkpoint.storage import storage_for
 from axplug.config import REQUIRED, Configurable, Required, config_class
 
@@ -152,7 +153,7 @@ class Checkpointer(Configurable):
         except Exception as exc:
             self._save_failed(step)
             raise CheckpointError(
-                f"saving step {step} to {self._step_url(step)} failed: {_first_line(exc)}"
+                f"saving step {step} to {self._step_url(step)} failed: {first_line(exc)}"
             ) from exc
         self._pending = step
         if not self._config.async_save:
@@ -187,7 +188,7 @@ class Checkpointer(Configurable):
         except Exception as exc:
             self._save_failed(step)
             raise CheckpointError(
-                f"saving step {step} to {self._step_url(step)} failed: {_first_line(exc)}"
+                f"saving step {step} to {self._step_url(step)} failed: {first_line(exc)}"
             ) from exc
         try:
             self._apply_retention()
@@ -266,7 +267,7 @@ class Checkpointer(Configurable):
         except Exception as exc:
             raise CheckpointCorruptError(
                 f"cannot restore step {step} from {self.directory} into the given target: "
-                f"{_first_line(exc)}"
+                f"{first_line(exc)}"
             ) from exc
         self._verify(step, tree_checksums(state))
         return step, state, restored[layout.METADATA_ITEM] or {}
@@ -285,14 +286,15 @@ class Checkpointer(Configurable):
         if self.saved_checksums(step) is None:
             return None
         path = self.storage.path(self.storage.join(self._step_url(step), layout.STATE_ITEM))
+        to_host = jax.tree.map(
+            lambda _: ocp.RestoreArgs(restore_type=np.ndarray), self._saved_tree(step)
+        )
         try:
-            tree = ocp.PyTreeCheckpointHandler().metadata(path).tree
-            to_host = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
             with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
                 state = reader.restore(path, args=ocp.args.PyTreeRestore(restore_args=to_host))
         except Exception as exc:
             raise CheckpointCorruptError(
-                f"step {step} in {self.directory} cannot be read: {_first_line(exc)}"
+                f"step {step} in {self.directory} cannot be read: {first_line(exc)}"
             ) from exc
         actual = host_checksums(state)
         self._verify(step, actual)
@@ -306,64 +308,28 @@ class Checkpointer(Configurable):
         except Exception as exc:
             raise CheckpointCorruptError(
                 f"step {step} in {self.directory}: its array metadata cannot be read: "
-                f"{_first_line(exc)}"
+                f"{first_line(exc)}"
             ) from exc
 
     def _check_target(self, step: int, abstract: Any) -> None:
-        """CheckpointError (not corruption) naming the leaves where `abstract` differs from
-        what `step` holds: a config that builds another model or optimizer."""
-        from axplug.checkpoint.checksum import leaf_names
-
-        tree = self._saved_tree(step)
-        saved = {
-            n: (tuple(m.shape), str(m.dtype))
-            for n, m in zip(leaf_names(tree), jax.tree.leaves(tree), strict=True)
-        }
-        wanted = {
-            n: (tuple(a.shape), str(a.dtype))
-            for n, a in zip(leaf_names(abstract), jax.tree.leaves(abstract), strict=True)
-        }
-        if saved == wanted:
-            return
-        order = lambda names: sorted(names, key=lambda n: (not n.startswith("params/"), n))  # noqa: E731
-        problems = [
-            f"{n}: saved {saved[n][1]}{list(saved[n][0])}, here {wanted[n][1]}{list(wanted[n][0])}"
-            for n in order(saved.keys() & wanted.keys())
-            if saved[n] != wanted[n]
-        ]
-        problems += [f"missing here: {n}" for n in order(saved.keys() - wanted.keys())]
-        problems += [f"not in the checkpoint: {n}" for n in order(wanted.keys() - saved.keys())]
-        shown = "; ".join(problems[:4]) + (
-            f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
-        )
-        raise CheckpointError(
-            f"step {step} in {self.directory} holds a different state than this config builds "
-            f"({shown}); resume with the config it was trained with (config.txt beside it), "
-            "or train into another --output-dir"
-        )
+        """CheckpointError (not corruption) when `abstract` differs from what `step` holds:
+        a config that builds another model or optimizer."""
+        if (shown := layout_mismatch(self._saved_tree(step), abstract)) is not None:
+            raise CheckpointError(
+                f"step {step} in {self.directory} holds a different state than this config "
+                f"builds ({shown}); resume with the config it was trained with (config.txt "
+                "beside it), or train into another --output-dir"
+            )
 
     def saved_checksums(self, step: int) -> dict[str, str] | None:
         """The leaf checksums written with `step`; None for a step saved before checksums."""
-        url = self.storage.join(self._step_url(step), layout.CHECKSUMS_ITEM, layout.METADATA_FILE)
-        if not self.storage.exists(url):
-            return None
-        try:
-            return json.loads(self.storage.read_text(url))
-        except (OSError, ValueError) as exc:
-            raise CheckpointCorruptError(
-                f"step {step} in {self.directory}: its checksums cannot be read: {exc}"
-            ) from exc
+        return self._read_json(step, layout.CHECKSUMS_ITEM, "checksums", missing_ok=True)
 
     def _verify(self, step: int, actual: dict[str, str]) -> None:
         saved = self.saved_checksums(step)
-        if saved is None:
-            return
-        bad = [name for name, value in actual.items() if saved.get(name, value) != value]
-        if bad:
-            shown = ", ".join(f"{n} (saved {saved[n]}, read {actual[n]})" for n in bad[:3])
-            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        if saved is not None and (shown := checksum_mismatch(saved, actual)) is not None:
             raise CheckpointCorruptError(
-                f"step {step} in {self.directory} fails verification: {shown}{more} differ from "
+                f"step {step} in {self.directory} fails verification: {shown} differ from "
                 "what was saved; its files changed after the save (bit rot, a partial copy)"
             )
 
@@ -371,13 +337,18 @@ class Checkpointer(Configurable):
         """The JSON metadata saved with `step` (default: the latest), without reading arrays."""
         self._check_open()
         self.wait_until_finished()
-        step = self._resolve_step(step)
-        url = self.storage.join(self._step_url(step), layout.METADATA_ITEM, layout.METADATA_FILE)
+        return self._read_json(self._resolve_step(step), layout.METADATA_ITEM, "metadata")
+
+    def _read_json(self, step: int, item: str, what: str, *, missing_ok: bool = False) -> Any:
+        """A JSON item of `step`; CheckpointCorruptError when it cannot be read."""
+        url = self.storage.join(self._step_url(step), item, layout.METADATA_FILE)
+        if missing_ok and not self.storage.exists(url):
+            return None
         try:
             return json.loads(self.storage.read_text(url))
         except (OSError, ValueError) as exc:
             raise CheckpointCorruptError(
-                f"step {step} in {self.directory}: its metadata cannot be read ({exc})"
+                f"step {step} in {self.directory}: its {what} cannot be read ({exc})"
             ) from exc
 
     def _resolve_step(self, step: int | None) -> int:
@@ -418,9 +389,3 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    """`Type: first line` of an error whose message may run to a TensorStore dump."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]

@@ -109,15 +109,7 @@ def _print_object(obj: Any) -> int:
     factory = getattr(obj, "default_config", None)
     if not callable(factory):
         return 0
-    try:
-        text = factory().debug_string()
-    except Exception as exc:
-        print(f"default config: error: {type(exc).__name__}: {exc}")
-        return 1
-    print("default config:")
-    for line in text.splitlines():
-        print(f"  {line}")
-    return 0
+    return _print_config("default config", factory)
 
 
 def _print_preset(preset: Any) -> int:
@@ -129,12 +121,19 @@ def _print_preset(preset: Any) -> int:
         name = spec.partition(":")[0]
         provider = preset.providers.get(name)
         print(f"modifier:      {spec}" + (f"  (from {provider})" if provider else ""))
+    title = "config (the preset with its modifiers applied)"
+    return _print_config(title, lambda: preset_config(preset.name))
+
+
+def _print_config(title: str, build) -> int:
+    """`title:` and the config `build()` gives, one indented line per field; 1 if it fails
+    (a required plugin missing, a bad default)."""
     try:
-        text = preset_config(preset.name).debug_string()
-    except Exception as exc:  # noqa: BLE001 - e.g. a modifier's plugin is not installed
-        print(f"config: error: {type(exc).__name__}: {exc}")
+        text = build().debug_string()
+    except Exception as exc:  # noqa: BLE001 - a plugin's config must not break info
+        print(f"{title}: error: {type(exc).__name__}: {exc}")
         return 1
-    print("config (the preset with its modifiers applied):")
+    print(f"{title}:")
     for line in text.splitlines():
         print(f"  {line}")
     return 0

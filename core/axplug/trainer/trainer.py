@@ -44,12 +44,13 @@ from axplug.runtime import (
 from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
+from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
 from axplug.trainer.hooks import HookRunner
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer
 from axplug.trainer.step import build_eval_step, build_train_step
 
-__all__ = ["Trainer", "enable_compilation_cache", "summary_dir"]
+__all__ = ["Trainer", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
 _SAVE_ERROR_POLICIES = ("stop", "retry_next")
@@ -67,31 +68,6 @@ def summary_dir(output_dir: str) -> str:
     local = os.path.join(os.path.expanduser("~/.cache/axplug/runs"), scheme, rest)
     log.info("summaries of %s are written locally to %s", output_dir, local)
     return local
-
-
-def enable_compilation_cache(directory: str) -> None:
-    """Persist compiled XLA programs in `directory` so a rerun skips compilation."""
-    path = os.path.expanduser(directory)
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-@contextlib.contextmanager
-def _cache_events():
-    """The names of the persistent compilation cache's events recorded inside the block."""
-    events: set[str] = set()
-
-    def listener(event: str, **_: Any) -> None:
-        if event.startswith("/jax/compilation_cache/"):
-            events.add(event)
-
-    jax.monitoring.register_event_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_listener(listener)
 
 
 class Trainer(Configurable):
@@ -407,19 +383,10 @@ class Trainer(Configurable):
     def _compile(self, state: dict, batch: dict) -> None:
         # Compiling ahead of the first call fills the cache that call uses, so the time is
         # counted as compilation and the watchdog's clock starts after it.
-        import time
-
         log.info("compiling the train step")
-        start = time.perf_counter()
-        with self.goodput.phase("compile"), _cache_events() as events:
-            self._train_step.lower(state, batch).compile()
-        if "/jax/compilation_cache/cache_hits" in events:
-            cache = "a persistent-cache hit"
-        elif "/jax/compilation_cache/cache_misses" in events:
-            cache = "a persistent-cache miss, now cached"
-        else:
-            cache = "no persistent cache"
-        log.info("compiled the train step in %.1f s (%s)", time.perf_counter() - start, cache)
+        with self.goodput.phase("compile"):
+            seconds, cache = compile_ahead(self._train_step, state, batch)
+        log.info("compiled the train step in %.1f s (%s)", seconds, cache)
         self.watchdog.start(int(jax.device_get(state["step"])))
         self._busy_mark = self._busy_seconds()
 
