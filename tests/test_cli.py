@@ -116,7 +116,7 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     assert main(["--disable", "fake-a", "list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out
     assert "disabled: AXPLUG_DISABLE_PLUGINS lists it" in table
-    assert "incompatible: declares plugin API 2; axplug 0.1.1 supports plugin API 1" in table
+    assert "incompatible: declares plugin API 2; axplug 0.1.2 supports plugin API 1" in table
     assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out  # not a terminal: plain columns
     assert table.splitlines()[0].split() == ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS"]
@@ -343,6 +343,7 @@ def test_metrics_prints_the_last_records_and_plots_them(tmp_path, capsys):
     writer = JsonlWriter.default_config().set(dir=str(tmp_path)).instantiate()
     for step, loss in ((10, 3.0), (20, float("nan")), (30, 1.0), (40, 2.0)):
         writer.write(step, {"loss": loss, "learning_rate": 0.1 * step})
+    writer.write(40, {"goodput/wall_s": 12.0})  # the run's goodput record: not a table row
     writer.close()
     assert series([{"step": 1, "x": 1.0}, {"step": 2, "x": "nan"}, {"step": 3}], "x") == (
         [1],
@@ -357,3 +358,32 @@ def test_metrics_prints_the_last_records_and_plots_them(tmp_path, capsys):
     assert "(no grad_norm in these records)" in out
     assert main(["metrics", str(tmp_path / "nowhere")]) == 1
     assert "no metrics records in" in capsys.readouterr().err
+
+
+def png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's signature and IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_metrics_png_is_an_image_of_the_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    from axplug.cli.metrics_cmd import PNG_ROW_HEIGHT, PNG_WIDTH
+    from axplug.summary import JsonlWriter
+
+    with JsonlWriter.default_config().set(dir=str(tmp_path)).instantiate() as writer:
+        for step in range(1, 21):
+            writer.write(step, {"loss": 5.0 / step, "grad_norm": 1.0 + step % 3})
+    png = tmp_path / "curves.png"
+    assert main(["metrics", str(tmp_path), "--plot", "loss,grad_norm,mfu", "--png", str(png)]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png_size(png) == (PNG_WIDTH, 2 * PNG_ROW_HEIGHT)  # a row per metric it has
+    pixels = matplotlib.image.imread(png)
+    assert pixels.shape[:2] == (2 * PNG_ROW_HEIGHT, PNG_WIDTH)
+    dark = (pixels[..., :3].mean(axis=-1) < 0.5).mean()
+    assert 0.001 < dark < 0.3  # axes, labels and curves drawn; not blank, not filled
+    assert main(["metrics", str(tmp_path), "--plot", "none", "--png", str(png)]) == 1
+    assert "nothing to plot" in capsys.readouterr().err

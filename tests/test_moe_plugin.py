@@ -264,8 +264,8 @@ def test_every_dispatch_matches_the_numpy_reference(dispatch, case):
     assert_close(router_out["load_balance_loss"], 0.5 * stats["load_balance"])
     assert_close(router_out["router_z_loss"], 0.25 * stats["z"])
     summaries = collection.summaries["router"]
-    assert_close(summaries["dropped_fraction"], stats["dropped_fraction"])
-    assert_close(summaries["expert_load"], stats["expert_load"])
+    assert_close(summaries["moe/dropped_fraction"], stats["dropped_fraction"])
+    assert_close(summaries["moe/expert_load"], stats["expert_load"])
     if capacity_factor is None:
         assert stats["dropped_fraction"] == 0.0
     else:
@@ -290,7 +290,7 @@ def test_one_expert_top1_equals_the_dense_ffn(dispatch):
     want, _ = _jitted(dense)(dense_params, x)
     got, collection = run(moe_cfg(dispatch, top_k=1, experts=1), params, x)
     assert_close(got, want)
-    assert_close(collection.summaries["router"]["dropped_fraction"], 0.0)
+    assert_close(collection.summaries["router"]["moe/dropped_fraction"], 0.0)
 
 
 def jnp_reference(params, x, *, top_k, capacity_factor):

@@ -2,6 +2,7 @@
 
 import io
 import json
+import math
 import struct
 
 import numpy as np
@@ -13,6 +14,7 @@ from axplug.summary import (
     ProgressBar,
     SummaryWriter,
     TensorBoardWriter,
+    group_tag,
     read_jsonl,
 )
 
@@ -46,10 +48,18 @@ def test_jsonl_appends_on_resume_and_drops_a_partial_line(tmp_path):
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "lo')  # a write cut short by a crash
     with jsonl(tmp_path) as writer:
-        writer.write(3, {"loss": 3.0, "bad": float("nan")})
+        writer.write(3, {"loss": 3.0, "bad": float("nan"), "big": float("-inf")})
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 3.0)]
-    assert records[-1]["bad"] == "nan"
+    assert math.isnan(records[-1]["bad"]) and records[-1]["big"] == -math.inf
+    last_line = (tmp_path / "metrics.jsonl").read_text().splitlines()[-1]
+    assert '"bad": NaN' in last_line and '"big": -Infinity' in last_line  # numbers, not strings
+
+
+def test_jsonl_reads_the_nonfinite_strings_older_files_hold(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": "nan", "x": "inf", "n": "n"}\n')
+    (record,) = read_jsonl(tmp_path / "metrics.jsonl")
+    assert math.isnan(record["loss"]) and record["x"] == math.inf and record["n"] == "n"
 
 
 def test_jsonl_truncate_drops_steps_from_a_resumed_checkpoint_on(tmp_path):
@@ -94,7 +104,11 @@ def test_tensorboard_event_file_holds_the_scalars(tmp_path):
         for event in read_events(files[0])
         for value in event.summary.value
     }
-    assert scalars == {(1, "loss"): 2.5, (2, "loss"): 1.25, (2, "lr"): pytest.approx(0.1)}
+    assert scalars == {
+        (1, "train/loss"): 2.5,
+        (2, "train/loss"): 1.25,
+        (2, "train/lr"): pytest.approx(0.1),
+    }
 
 
 def test_progress_prints_compact_lines_when_not_a_tty(capsys):
@@ -168,3 +182,12 @@ def test_tensorboard_resume_purges_the_replayed_steps(tmp_path):
     purges = [e.step for e in events if e.HasField("session_log") and e.session_log.status == 1]
     assert purges == [3]  # SessionLog.START at step 3: TensorBoard drops older events from 3 on
     assert [(e.step, v.simple_value) for e in events for v in e.summary.value] == [(3, 30.0)]
+
+
+def test_group_tags():
+    assert [group_tag(n) for n in ("loss", "eval_loss", "goodput/wall_s", "moe/x")] == [
+        "train/loss",
+        "eval/loss",
+        "goodput/wall_s",
+        "moe/x",
+    ]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
+from axplug.component_spec import component_config, parse_spec
 from axplug.config import (
     ConfigBase,
-    ConfigError,
     ConfigModifier,
     apply_overrides,
     config_class,
     find_configs,
-    parse_value,
     replace_config,
 )
 from axplug.mesh import MESH_AXES
@@ -26,52 +23,15 @@ __all__ = [
     "PagedKVCacheModifier",
 ]
 
-_KWARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
-
 
 def parse_modifier_spec(spec: str) -> tuple[str, dict]:
     """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier."""
-    spec = spec.strip()
-    eq = spec.find("=")
-    if eq < 0:
-        return spec, {}
-    colon = spec.rfind(":", 0, eq)
-    if colon < 0:
-        raise ConfigError(f"modifier {spec!r}: expected NAME or NAME:key=value,...")
-    kwargs = {}
-    for item in _KWARG_SPLIT.split(spec[colon + 1 :]):
-        key, _, text = item.partition("=")
-        if key.strip() in kwargs:
-            raise ConfigError(f"modifier {spec!r}: {key.strip()!r} is given twice")
-        kwargs[key.strip()] = parse_value(text)
-    return spec[:colon], kwargs
+    return parse_spec(spec, "modifier")
 
 
 def make_modifier(spec: str) -> ConfigModifier:
     """The registered modifier named by `spec`, configured with its key=value pairs."""
-    from axplug import registry
-
-    name, kwargs = parse_modifier_spec(spec)
-    try:
-        cls = registry.load("modifiers", name)
-    except registry.ComponentNotFoundError:
-        head, _, tail = name.rpartition(":")
-        if head and not kwargs and head in registry.names("modifiers"):
-            # `rope:theta`: a key without a value, not a distribution-qualified name.
-            raise ConfigError(
-                f"modifier {spec!r}: expected key=value after {head + ':'!r}, e.g. "
-                f"{head}:{tail}=VALUE"
-            ) from None
-        raise
-    cfg = cls.default_config()
-    for key, value in kwargs.items():
-        try:
-            if isinstance(value, list) and isinstance(getattr(cfg, key, None), tuple):
-                value = tuple(value)
-            setattr(cfg, key, value)
-        except ConfigError as e:
-            raise type(e)(f"modifier {name!r}: {e}") from None
-    return cfg.instantiate()
+    return component_config("modifiers", spec, "modifier").instantiate()
 
 
 class SetModifier(ConfigModifier):

@@ -20,12 +20,15 @@ examples:
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
       FSDP over every device (with XLA_FLAGS=--xla_force_host_platform_device_count=8 on CPU)
   axplug train --preset llama-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
+  axplug train --preset llama-tiny --output-dir runs/tiny --writer wandb:project=tiny
+      also log to Weights & Biases (pip install axplug-wandb; axplug-mlflow for MLflow)
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
       --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
       one of two processes (run the same command with --process-id 1 on the other host)
 
 The effective config is written to OUTPUT_DIR/config.txt before training; metrics go to
-OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/, checkpoints to OUTPUT_DIR/checkpoints/.
+OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/ (and to each --writer), checkpoints to
+OUTPUT_DIR/checkpoints/; `axplug metrics OUTPUT_DIR` plots them in the terminal.
 A run pointed at an output dir with checkpoints resumes from the latest complete one.
 At the end the run prints its goodput: wall time split into compile, data wait, step,
 checkpoint, restore and other (also appended to OUTPUT_DIR/goodput.jsonl).
@@ -67,6 +70,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         dest="overrides",
         metavar="PATH=VALUE",
         help="override one config field; repeatable",
+    )
+    parser.add_argument(
+        "--writer",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="also send metrics to a registered summary writer, e.g. wandb:project=demo or "
+        "mlflow:experiment=demo (see `axplug list --kind summary_writers`); repeatable",
     )
     parser.add_argument(
         "--mesh-rule",
@@ -111,6 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_config(args: argparse.Namespace):
     """The effective Trainer config for the parsed arguments."""
+    from axplug.component_spec import component_config
     from axplug.config import apply_overrides
     from axplug.mesh_rules import select_mesh_rule
     from axplug.modifiers import make_modifier
@@ -131,6 +143,9 @@ def build_config(args: argparse.Namespace):
         print(f"mesh rule: {name}", file=sys.stderr)
     for spec in args.modifier:
         cfg = make_modifier(spec)(cfg)
+    if args.writer:
+        writers = [component_config("summary_writers", spec, "writer") for spec in args.writer]
+        cfg.summary_writers = [*cfg.summary_writers, *writers]
     if args.seed is not None:
         cfg.input.seed = args.seed
     return apply_overrides(cfg, args.overrides)

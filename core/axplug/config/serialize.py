@@ -34,7 +34,15 @@ __all__ = ["to_dict", "from_dict", "class_name", "resolve_class", "UntrustedCode
 _QUALNAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # How an unset REQUIRED field is written: unambiguous even for string fields.
 _REQUIRED_MARK = {"axplug": "REQUIRED"}
-_SEARCH_KINDS = ("layers", "kernels", "modifiers", "storage", "mesh_rules", "presets")
+_SEARCH_KINDS = (
+    "layers",
+    "kernels",
+    "modifiers",
+    "storage",
+    "mesh_rules",
+    "presets",
+    "summary_writers",
+)
 
 
 class UntrustedCodeError(ConfigError):

@@ -23,7 +23,16 @@ __all__ = [
 
 GROUP_PREFIX = "axplug."
 API_GROUP = "axplug.plugin_api"
-KINDS = ("layers", "modifiers", "kernels", "mesh_rules", "storage", "presets", "hooks")
+KINDS = (
+    "layers",
+    "modifiers",
+    "kernels",
+    "mesh_rules",
+    "storage",
+    "presets",
+    "summary_writers",
+    "hooks",
+)
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)
 CORE_DISTRIBUTION = "axplug"
@@ -39,6 +48,8 @@ FIRST_PARTY = frozenset(
         "axplug-tpu",
         "axplug-trainium",
         "axplug-checkpoint-cloud",
+        "axplug-wandb",
+        "axplug-mlflow",
     }
 )
 # `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here.

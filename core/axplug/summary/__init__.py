@@ -1,6 +1,7 @@
-"""Summary writers: per-step scalars to JSON lines, TensorBoard and the terminal."""
+"""Summary writers: per-step scalars to JSON lines, TensorBoard and the terminal; plugins add
+more under the `axplug.summary_writers` entry-point group (`--writer NAME`)."""
 
-from axplug.summary.base import CompositeWriter, SummaryWriter, to_scalars
+from axplug.summary.base import CompositeWriter, SummaryWriter, group_tag, to_scalars
 from axplug.summary.jsonl import JsonlWriter, read_jsonl
 from axplug.summary.progress import ProgressBar
 from axplug.summary.tensorboard import TensorBoardWriter
@@ -13,4 +14,5 @@ __all__ = [
     "ProgressBar",
     "read_jsonl",
     "to_scalars",
+    "group_tag",
 ]

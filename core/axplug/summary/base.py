@@ -9,7 +9,7 @@ from typing import Any
 
 from axplug.config import Configurable, config_class
 
-__all__ = ["SummaryWriter", "CompositeWriter", "to_scalars"]
+__all__ = ["SummaryWriter", "CompositeWriter", "to_scalars", "group_tag"]
 
 
 def to_scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
@@ -23,6 +23,16 @@ def to_scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
                 f"summary {name!r}: expected a scalar, got {type(value).__name__} ({value!r:.80})"
             ) from e
     return out
+
+
+def group_tag(name: str) -> str:
+    """The dashboard tag of a metric: names with a group keep it (`goodput/wall_s`,
+    `moe/dropped_fraction`), `eval_loss` -> `eval/loss`, the rest -> `train/<name>`."""
+    if "/" in name:
+        return name
+    if name.startswith("eval_"):
+        return "eval/" + name[len("eval_") :]
+    return "train/" + name
 
 
 def format_scalar(value: float) -> str:
@@ -41,6 +51,10 @@ class SummaryWriter(Configurable, abc.ABC):
     @abc.abstractmethod
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Records `scalars` (name -> number) at `step`."""
+
+    def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:  # noqa: B027
+        """Records the distribution of each array at `step`; writers that can show one
+        override this (the default drops them: their mean and max are also scalars)."""
 
     def flush(self) -> None:  # noqa: B027 - optional for writers that do not buffer
         """Pushes anything buffered to its destination."""
@@ -79,6 +93,10 @@ class CompositeWriter(SummaryWriter):
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         for w in self.writers:
             w.write(step, scalars)
+
+    def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
+        for w in self.writers:
+            w.write_histograms(step, arrays)
 
     def flush(self) -> None:
         for w in self.writers:

@@ -15,21 +15,28 @@ from axplug.summary.base import SummaryWriter, to_scalars
 __all__ = ["JsonlWriter", "read_jsonl"]
 
 
+# Files written before NaN was written as NaN held the strings "nan", "inf", "-inf".
+_OLD_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """The records of a metrics file, in order (a file that does not exist has none)."""
     path = pathlib.Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _json_value(value: float) -> float | str:
-    # NaN and infinities are not JSON: written as "nan", "inf", "-inf" so any parser reads them.
-    return value if math.isfinite(value) else str(value)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for record in records:
+        for key, value in record.items():
+            if isinstance(value, str) and value in _OLD_NONFINITE:
+                record[key] = _OLD_NONFINITE[value]
+    return records
 
 
 class JsonlWriter(SummaryWriter):
     """Appends `{"step": .., "time": .., <scalars>}` lines to `dir/filename`.
+
+    Names stay flat (`loss`, `eval_loss`, `goodput/wall_s`): columns for pandas and jq; the
+    dashboard writers group them (`group_tag`).
 
     Each line is written with one call and flushed, so a killed process leaves only whole
     lines; a partial last line (from a crash mid-write) is removed when the file is reopened,
@@ -63,7 +70,9 @@ class JsonlWriter(SummaryWriter):
         if clash:
             raise ValueError(f"summary names {sorted(clash)} are reserved by {type(self).__name__}")
         record = {"step": int(step), "time": round(time.time(), 3)}
-        record.update((k, _json_value(v)) for k, v in values.items())
+        # NaN and infinities as `NaN` / `Infinity`: what Python's json, pandas and
+        # JavaScript's JSON5 read back as numbers.
+        record.update(values)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Mapping
+from typing import Any
 
 from axplug.config import REQUIRED, Required, config_class
-from axplug.summary.base import SummaryWriter, to_scalars
+from axplug.summary.base import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["TensorBoardWriter"]
 
 
 class TensorBoardWriter(SummaryWriter):
-    """One scalar summary per name and step.
+    """One scalar summary per name and step, tagged by group (`train/loss`, `eval/loss`,
+    `goodput/...`, `moe/...`), and histograms of array summaries.
 
     A resumed run writes a new event file beside the old ones; the trainer calls
     `truncate(step)` with the first step it will log again, which starts that file with a
@@ -48,7 +50,14 @@ class TensorBoardWriter(SummaryWriter):
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         self._written = True
         for name, value in to_scalars(scalars).items():
-            self._writer.add_scalar(name, value, global_step=int(step))
+            self._writer.add_scalar(group_tag(name), value, global_step=int(step))
+
+    def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
+        import numpy as np
+
+        self._written = True
+        for name, value in arrays.items():
+            self._writer.add_histogram(group_tag(name), np.asarray(value), global_step=int(step))
 
     def flush(self) -> None:
         self._writer.flush()

@@ -23,23 +23,39 @@ def step_key(seed: int, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.PRNGKey(seed), step)
 
 
-def summary_scalars(collection) -> dict[str, jax.Array]:
-    """The layers' `add_summary` values as scalar metrics `summary/<module path>/<name>`: a
-    scalar as it is; an array (per expert, or per layer of a scanned stack) as its mean, and
-    its max under `.../max`."""
-    out = {}
+def summary_scalars(collection) -> dict[str, Any]:
+    """The layers' `add_summary` values as metrics.
+
+    A summary named `name` is `summary/<module path>/<name>`; one named `group/name` (the
+    MoE router's `moe/dropped_fraction`) is `group/name`, averaged over every module that
+    records it. A scalar is its value; an array (per expert, or per layer of a scanned stack)
+    is its mean, its max under `.../max`, and the array itself under `histograms` for the
+    writers that draw distributions.
+    """
+    grouped: dict[str, list[jax.Array]] = {}
+    out: dict[str, Any] = {}
+    histograms: dict[str, jax.Array] = {}
 
     def visit(tree: dict, path: str) -> None:
         for name, value in tree.items():
             if isinstance(value, dict):
                 visit(value, f"{path}/{name}")
-                continue
-            value = jnp.asarray(value, jnp.float32)
-            out[f"{path}/{name}"] = jnp.mean(value)
-            if value.size > 1:
-                out[f"{path}/{name}/max"] = jnp.max(value)
+            elif "/" in name:
+                grouped.setdefault(name, []).append(jnp.asarray(value, jnp.float32))
+            else:
+                add(f"summary{path}/{name}", jnp.asarray(value, jnp.float32))
 
-    visit(collection.summaries, "summary")
+    def add(metric: str, value: jax.Array) -> None:
+        out[metric] = jnp.mean(value)
+        if value.size > 1:
+            out[f"{metric}/max"] = jnp.max(value)
+            histograms[metric] = value
+
+    visit(collection.summaries, "")
+    for name, values in grouped.items():
+        add(name, values[0] if len(values) == 1 else jnp.concatenate([v.ravel() for v in values]))
+    if histograms:
+        out["histograms"] = histograms
     return out
 
 

@@ -327,20 +327,34 @@ class Trainer(Configurable):
             raise
         self.watchdog.phase("waiting for the first batch")
         start = int(jax.device_get(state["step"]))
-        for writer in self.writers:
-            if hasattr(writer, "truncate"):  # steps after the checkpoint will be logged again
-                writer.truncate(start + 1)
-        guard = NonFiniteGuard(cfg.max_nonfinite_steps)
-        timer = StepTimer(
-            tokens_per_step=self._tokens_per_step(),
-            flops_per_step=self._model_flops_per_step(),
-            peak_flops=self._peak_flops(),
-        )
-        self.hooks("on_train_start", trainer=self)
-        pending: tuple[int, Any] | None = None
+        with contextlib.ExitStack() as writers:  # closed on every way out, after the goodput
+            for writer in self.writers:
+                writers.enter_context(writer)
+                if hasattr(writer, "truncate"):  # steps after the checkpoint are logged again
+                    writer.truncate(start + 1)
+            guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+            timer = StepTimer(
+                tokens_per_step=self._tokens_per_step(),
+                flops_per_step=self._model_flops_per_step(),
+                peak_flops=self._peak_flops(),
+            )
+            self.hooks("on_train_start", trainer=self)
+            if start >= cfg.max_steps:
+                log.info(
+                    "already at step %d of max_steps %d: nothing to train", start, cfg.max_steps
+                )
+            last = self._train_loop(state, start, guard, timer)
+            report = self._goodput_report()
+            self._write(int(last["step"]), report, records_only=True)
+        last = {**last, **report}
+        self.hooks("on_train_end", trainer=self, metrics=last)
+        return last
+
+    def _train_loop(self, state: dict, start: int, guard: NonFiniteGuard, timer: StepTimer) -> dict:
+        """Steps from `start` to max_steps; returns the last step's metrics, keeps the state."""
+        cfg = self._config
         last: dict = {"step": start}
-        if start >= cfg.max_steps:
-            log.info("already at step %d of max_steps %d: nothing to train", start, cfg.max_steps)
+        pending: tuple[int, Any] | None = None
         try:
             batches = self.input.iter_from(start)
             for step in range(start, cfg.max_steps):
@@ -373,11 +387,7 @@ class Trainer(Configurable):
             self.watchdog.stop()
             with self.goodput.phase("checkpoint"):
                 self.checkpointer.wait_until_finished()
-            for writer in self.writers:
-                writer.close()
         self.state = state
-        last = {**last, **self._goodput_report()}
-        self.hooks("on_train_end", trainer=self, metrics=last)
         return last
 
     def _compile(self, state: dict, batch: dict) -> None:
@@ -438,7 +448,9 @@ class Trainer(Configurable):
         self, step: int, metrics: Any, guard: NonFiniteGuard, timer: StepTimer
     ) -> dict:
         with self.goodput.phase("step"):
-            values = {k: v.item() for k, v in jax.device_get(metrics).items()}
+            metrics = jax.device_get(metrics)
+            histograms = metrics.pop("histograms", {})
+            values = {k: v.item() for k, v in metrics.items()}
         # Host time between step completions, leaving out checkpoints and evaluations.
         busy = self._busy_seconds()
         seconds = busy - self._busy_mark
@@ -453,12 +465,18 @@ class Trainer(Configurable):
         cfg = self._config
         if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
             self._write(step, values)
+            for writer in self.writers:
+                writer.write_histograms(step, histograms)
         else:  # a progress display moves every step; files and sinks every log_every
             self._write(step, values, every_step_only=True)
         self.hooks("on_step_end", trainer=self, step=step, metrics=values)
         return {"step": step, **values}
 
-    def _write(self, step: int, scalars: dict, *, every_step_only: bool = False) -> None:
+    def _write(
+        self, step: int, scalars: dict, *, every_step_only: bool = False, records_only: bool = False
+    ) -> None:
+        # every_step_only: the displays that move each step; records_only: not the displays.
         for writer in self.writers:
-            if not every_step_only or getattr(writer, "every_step", False):
+            display = getattr(writer, "every_step", False)
+            if (display or not every_step_only) and not (display and records_only):
                 writer.write(step, scalars)

@@ -40,7 +40,7 @@ class TopKRouter(BaseLayer):
     order, then every second choice...), as in GShard; a choice beyond its expert's
     `capacity` is dropped (its gate becomes 0). Emits `load_balance_loss` and
     `router_z_loss` (already multiplied by their coefficients) as module outputs, and the
-    summaries `dropped_fraction` and `expert_load`.
+    summaries `moe/dropped_fraction` and `moe/expert_load` (group `moe`).
     """
 
     @config_class
@@ -124,5 +124,5 @@ class TopKRouter(BaseLayer):
         z = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
         self.add_module_output("load_balance_loss", cfg.load_balance_coefficient * balance)
         self.add_module_output("router_z_loss", cfg.z_loss_coefficient * z)
-        self.add_summary("dropped_fraction", 1.0 - jnp.mean(kept.astype(jnp.float32)))
-        self.add_summary("expert_load", load)
+        self.add_summary("moe/dropped_fraction", 1.0 - jnp.mean(kept.astype(jnp.float32)))
+        self.add_summary("moe/expert_load", load)
