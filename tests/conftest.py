@@ -29,6 +29,8 @@ def plugin_site(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib_metadata, "distributions", site.distributions)
     monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS", raising=False)
     monkeypatch.delenv("AXPLUG_LOAD_PLUGINS", raising=False)
+    # `axplug list`'s description cache: per test, so a fake module's docstring is read fresh.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     registry.reset()
     yield site
     registry.reset()

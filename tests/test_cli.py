@@ -15,7 +15,16 @@ class Dense:
     """A fake dense layer."""
 '''
 EXPLODES = "raise RuntimeError('boom')\n"
-JSON_KEYS = {"distribution", "version", "kind", "name", "status", "reason", "entry_point"}
+JSON_KEYS = {
+    "distribution",
+    "version",
+    "kind",
+    "name",
+    "status",
+    "reason",
+    "entry_point",
+    "description",
+}
 
 
 def _axplug(site, *args, command=(sys.executable, "-m", "axplug.cli"), **env):
@@ -53,6 +62,7 @@ def test_list_json_contract_in_a_subprocess(plugin_site):
             "status": "ok",
             "reason": None,
             "entry_point": "fake_a_mod:Dense",
+            "description": "A fake dense layer.",
         }
     ]
     assert {"linear", "rms_norm"} <= {r["name"] for r in _rows(rows, "axplug")}
@@ -119,14 +129,62 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     assert "incompatible: declares plugin API 2; axplug 0.1.2 supports plugin API 1" in table
     assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out  # not a terminal: plain columns
-    assert table.splitlines()[0].split() == ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS"]
+    header = ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS", "DESCRIPTION"]
+    assert table.splitlines()[0].split() == header
     lines = {line.split()[3]: line for line in table.splitlines() if line.startswith("fake")}
-    assert "conflict" in lines["rope"] and "ok" in lines["flash"] and "fake-old" in lines["splash"]
+    assert "conflict" in lines["rope"] and "fake-old" in lines["splash"]
+    assert "unchecked" in lines["flash"]  # a plugin's kernel: runs here? only --check knows
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal: the rich table
     assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out
     lines = {line.split("│")[4].strip(): line for line in table.splitlines() if "│ fake" in line}
-    assert "conflict" in lines["rope"] and "ok" in lines["flash"] and "fake-old" in lines["splash"]
+    assert "conflict" in lines["rope"] and "fake-old" in lines["splash"]
+    assert "unchecked" in lines["flash"]
+
+
+KERNEL = '''
+class Kernel:
+    """A fake kernel for tests. It runs nowhere."""
+
+    def availability(self):
+        return "needs a fake accelerator"
+'''
+
+
+def test_list_describes_components_from_source_and_counts_distributions(plugin_site, capsys):
+    plugin_site.add(
+        "fake-a",
+        {"axplug.kernels": {"k": "fake_k:Kernel"}, "axplug.layers": {"dense": "fake_a_mod:Dense"}},
+        modules={"fake_k": KERNEL, "fake_a_mod": DENSE},
+    )
+    rows = {r["name"]: r for r in _json(capsys, "list")}
+    assert rows["k"]["description"] == "A fake kernel for tests."  # the first sentence
+    assert rows["k"]["status"] == "unchecked"
+    assert rows["rms_norm"]["description"] == "x / rms(x) * scale."
+    assert rows["mesh"]["description"].endswith("e.g. `mesh:fsdp=-1,model=2`.")  # not cut at e.g.
+    # A preset is an object built by a call: its description argument.
+    assert rows["gpt-tiny"]["description"].startswith("2-layer GPT on bytes")
+    assert rows["cpu"]["description"] == "Data parallel over every CPU device."
+    checked = {r["name"]: r for r in _json(capsys, "list", "--check")}
+    assert checked["k"]["status"] == "unavailable"
+    assert checked["k"]["reason"] == "needs a fake accelerator"
+    assert checked["cpu"]["description"] == "cpu-*: Data parallel over every CPU device."
+
+    # Edited source: the cached description follows the file (size and mtime key the cache).
+    module = next(plugin_site.path.rglob("fake_k.py"))
+    module.write_text(KERNEL.replace("A fake kernel for tests.", "A renamed kernel, longer."))
+    rows = {r["name"]: r for r in _json(capsys, "list")}
+    assert rows["k"]["description"] == "A renamed kernel, longer."
+
+    by_dist = {r["distribution"]: r for r in _json(capsys, "list", "--by-dist")}
+    assert by_dist["fake-a"]["components"] == "2: 1 kernels, 1 layers"
+    assert by_dist["fake-a"]["status"] == "1 unchecked, 1 ok"
+    core_count = sum(1 for r in _json(capsys, "list") if r["distribution"] == "axplug")
+    assert by_dist["axplug"]["components"].startswith(f"{core_count}: ")
+    assert main(["list", "--by-dist"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["DISTRIBUTION", "VERSION", "COMPONENTS", "STATUS", "SUMMARY"]
+    assert any(line.startswith("fake-a ") for line in lines)
 
 
 def test_disable_flag_does_not_leak_into_the_process(plugin_site, capsys):

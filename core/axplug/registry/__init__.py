@@ -10,6 +10,7 @@ from axplug.registry._component import (
     ComponentUnavailableError,
     PluginLoadError,
 )
+from axplug.registry._describe import describe, first_sentence
 from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
 from axplug.registry._hooks import plugin_manager
 from axplug.registry._loading import (
@@ -33,6 +34,8 @@ __all__ = [
     "ComponentConflictError",
     "PluginLoadError",
     "discover",
+    "describe",
+    "first_sentence",
     "names",
     "entry",
     "load",

@@ -52,8 +52,9 @@ FIRST_PARTY = frozenset(
         "axplug-mlflow",
     }
 )
-# `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here.
-STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable")
+# `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here;
+# `unchecked` by `axplug list` without it, for a plugin's kernel.
+STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable", "unchecked")
 
 
 def normalize(distribution: str) -> str:
