@@ -141,7 +141,10 @@ def test_resume_falls_back_past_a_corrupt_latest_step(run, tmp_path, caplog, dam
     assert int(state["step"]) == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), run[1][2])
     assert "step 4" in caplog.text and "trying the step before" in caplog.text
-    assert len(caplog.text.splitlines()) <= 3  # the cause in a line, no TensorStore dump
+    # The cause in a line, no TensorStore dump (axplug's records: asyncio may also log a
+    # TensorStore task's traceback on its own when the read is abandoned).
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("axplug")]
+    assert ours and all(len(m.splitlines()) == 1 for m in ours), ours
     assert trainer.checkpointer.all_steps() == [2]  # step 4 marked incomplete
     trainer.checkpointer.close()
     trainer = config(out, 6).instantiate(devices=jax.devices()[:1])

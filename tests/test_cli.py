@@ -380,6 +380,26 @@ def test_one_boundary_prints_axplug_errors_in_a_line_and_tracebacks_on_request(
         main(args)
 
 
+def test_real_failures_end_in_one_error_line(tmp_path, capsys):
+    base = ["train", "--preset", "gpt-tiny", "--mesh-rule", "none", "-q"]
+    base += ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16"]
+    diverges = [*base, "--output-dir", str(tmp_path / "nan"), "--max-steps", "8"]
+    assert main([*diverges, "--set", "learner.learning_rate=1e30"]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: stopping at step 5: 3 consecutive steps had a non-finite")
+    assert "Traceback" not in err and "NaN or Inf found" not in err  # tensorboardX kept quiet
+
+    run = [*base, "--output-dir", str(tmp_path / "run")]
+    assert main([*run, "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48"]) == 1
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: step 1 in ") and "holds a different state" in line
+    assert "params/decoder/embedding/weight: saved float32[256, 128], here float32[256, 48]" in line
+
+
 def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):
     args = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--max-steps", "1"]
     args += ["--set", "model.decoder.transformer.num_layers=1", "--set", "input.seq_len=16"]

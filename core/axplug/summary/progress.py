@@ -23,8 +23,10 @@ def _format_eta(seconds: float | None) -> str:
 class ProgressBar(SummaryWriter):
     """Shows step/max_steps, loss, tokens/s and ETA.
 
-    On a terminal this is a `rich.progress` bar; otherwise (logs, CI, pipes) it prints one
-    compact line every `every_n_steps` steps, and at the first and last step.
+    On a terminal this is a `rich.progress` bar redrawn at every write, with one compact line
+    printed above it every `every_n_steps` steps (the loss history stays on screen);
+    otherwise (logs, CI, pipes) only those lines, and the first and last step's.
+    `every_n_steps=None` takes the trainer's `log_every` (10 outside a trainer).
 
     Tokens/s is the `tokens_per_sec` scalar when one is written, else `tokens_per_step` times
     the measured steps per second since the previous write. The trainer writes to it every
@@ -36,14 +38,15 @@ class ProgressBar(SummaryWriter):
     @config_class
     class Config(SummaryWriter.Config):
         max_steps: int | None = None
-        every_n_steps: int = 10
+        every_n_steps: int | None = None
         tokens_per_step: int | None = None
         terminal: bool | None = None  # None: whether the stream is a TTY
 
     def __init__(self, cfg: Config, *, stream: TextIO | None = None):
         super().__init__(cfg)
-        if cfg.every_n_steps < 1:
+        if cfg.every_n_steps is not None and cfg.every_n_steps < 1:
             raise ValueError(f"{cfg._path('every_n_steps')}: must be >= 1, got {cfg.every_n_steps}")
+        self._every = cfg.every_n_steps or 10
         self._stream = stream if stream is not None else sys.stdout
         isatty = getattr(self._stream, "isatty", None)
         self.terminal = cfg.terminal if cfg.terminal is not None else bool(isatty and isatty())
@@ -67,12 +70,15 @@ class ProgressBar(SummaryWriter):
         loss = values.get("loss")
         loss_text = "-" if loss is None else format_scalar(loss)
         tps_text = "-" if tokens_per_sec is None else format_scalar(tokens_per_sec)
-        if self.terminal:
-            self._update_bar(step, loss_text, tps_text)
-        elif first or step % self._config.every_n_steps == 0 or step == self._config.max_steps:
+        logged = step % self._every == 0 or step == self._config.max_steps
+        line = None
+        if logged or (first and not self.terminal):
             total = "" if self._config.max_steps is None else f"/{self._config.max_steps}"
             eta = _format_eta(self._eta(now, step))
             line = f"step {step}{total} loss {loss_text} tok/s {tps_text} eta {eta}"
+        if self.terminal:
+            self._update_bar(step, loss_text, tps_text, line)
+        elif line is not None:
             print(line, file=self._stream, flush=True)
 
     def _eta(self, now: float, step: int) -> float | None:
@@ -82,7 +88,7 @@ class ProgressBar(SummaryWriter):
         rate = (step - start_step) / (now - start_time)
         return max(self._config.max_steps - step, 0) / rate
 
-    def _update_bar(self, step: int, loss: str, tokens_per_sec: str) -> None:
+    def _update_bar(self, step: int, loss: str, tokens_per_sec: str, line: str | None) -> None:
         if self._progress is None:
             from rich.console import Console
             from rich.progress import (
@@ -111,7 +117,10 @@ class ProgressBar(SummaryWriter):
                 tokens_per_sec=tokens_per_sec,
             )
             self._progress.start()
+        if line is not None:
+            self._progress.console.print(line, highlight=False)  # above the bar, kept
         self._progress.update(self._task, completed=step, loss=loss, tokens_per_sec=tokens_per_sec)
+        self._progress.refresh()  # every step, not only at the 10 Hz auto refresh
 
     def close(self) -> None:
         if self._progress is not None:

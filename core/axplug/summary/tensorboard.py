@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,9 @@ class TensorBoardWriter(SummaryWriter):
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         import tensorboardX  # imported here: `axplug.summary` stays cheap to import
+
+        # A NaN loss is logged as NaN on purpose; tensorboardX would warn on the root logger.
+        logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
         self.logdir = pathlib.Path(cfg.dir) / cfg.subdir
         self._open = lambda purge_step: tensorboardX.SummaryWriter(

@@ -188,6 +188,8 @@ class Trainer(Configurable):
             cfg.dir = summary_dir(self._config.output_dir)
         if hasattr(cfg, "max_steps") and cfg.max_steps is None:
             cfg.max_steps = self._config.max_steps
+        if hasattr(cfg, "every_n_steps") and cfg.every_n_steps is None:
+            cfg.every_n_steps = self._config.log_every
         if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
             cfg.tokens_per_step = self._tokens_per_step() or None
         return cfg.instantiate()
