@@ -512,9 +512,7 @@ def test_progress_moves_every_step_while_files_log_every_log_every(tmp_path, cap
     cfg.instantiate().run()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
-    records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records if "loss" in r] == [3, 4]
-    assert "goodput/wall_s" in records[-1] and records[-1]["step"] == 4  # then the goodput
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [3, 4]
 
 
 def test_layer_summaries_reach_the_metrics(tmp_path):

@@ -100,10 +100,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: no metrics records in {path} (is it a run dir?)", file=sys.stderr)
         return 1
     columns = [c for c in COLUMNS if any(c in r for r in records)]
-    # Training records only: the run's goodput record at its last step has none of them.
-    shown = [r for r in records if any(c in r for c in columns)][-args.last :]
     rows = [("step", *columns)]
-    rows += [(str(r["step"]), *(_cell(r.get(c)) for c in columns)) for r in shown]
+    rows += [(str(r["step"]), *(_cell(r.get(c)) for c in columns)) for r in records[-args.last :]]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))

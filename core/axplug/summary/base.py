@@ -52,6 +52,11 @@ class SummaryWriter(Configurable, abc.ABC):
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Records `scalars` (name -> number) at `step`."""
 
+    def write_run_summary(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Records a run's closing figures (its goodput) at its last step; by default as one
+        more `write`. Writers whose records hold one line per step override it."""
+        self.write(step, scalars)
+
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:  # noqa: B027
         """Records the distribution of each array at `step`; writers that can show one
         override this (the default drops them: their mean and max are also scalars)."""
@@ -93,6 +98,10 @@ class CompositeWriter(SummaryWriter):
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         for w in self.writers:
             w.write(step, scalars)
+
+    def write_run_summary(self, step: int, scalars: Mapping[str, float]) -> None:
+        for w in self.writers:
+            w.write_run_summary(step, scalars)
 
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
         for w in self.writers:

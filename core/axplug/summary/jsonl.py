@@ -76,6 +76,9 @@ class JsonlWriter(SummaryWriter):
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def write_run_summary(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Not written: one record per step here; OUTPUT_DIR/goodput.jsonl holds each run's."""
+
     def flush(self) -> None:
         self._file.flush()
 

@@ -81,6 +81,9 @@ class ProgressBar(SummaryWriter):
         elif line is not None:
             print(line, file=self._stream, flush=True)
 
+    def write_run_summary(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Not shown: `axplug train` prints the goodput after the bar."""
+
     def _eta(self, now: float, step: int) -> float | None:
         start_time, start_step = self._first
         if self._config.max_steps is None or step <= start_step or now <= start_time:

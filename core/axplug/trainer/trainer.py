@@ -347,7 +347,8 @@ class Trainer(Configurable):
                 )
             last = self._train_loop(state, start, guard, timer)
             report = self._goodput_report()
-            self._write(int(last["step"]), report, records_only=True)
+            for writer in self.writers:
+                writer.write_run_summary(int(last["step"]), report)
         last = {**last, **report}
         self.hooks("on_train_end", trainer=self, metrics=last)
         return last
@@ -474,11 +475,7 @@ class Trainer(Configurable):
         self.hooks("on_step_end", trainer=self, step=step, metrics=values)
         return {"step": step, **values}
 
-    def _write(
-        self, step: int, scalars: dict, *, every_step_only: bool = False, records_only: bool = False
-    ) -> None:
-        # every_step_only: the displays that move each step; records_only: not the displays.
+    def _write(self, step: int, scalars: dict, *, every_step_only: bool = False) -> None:
         for writer in self.writers:
-            display = getattr(writer, "every_step", False)
-            if (display or not every_step_only) and not (display and records_only):
+            if not every_step_only or getattr(writer, "every_step", False):
                 writer.write(step, scalars)
