@@ -108,6 +108,7 @@ EXPECTED = {
     ("modifiers", "rope"),
     ("modifiers", "gqa"),
     ("modifiers", "sliding_window"),
+    ("modifiers", "alibi"),
 }
 
 
@@ -115,7 +116,10 @@ def test_list_json_shows_this_distribution_components(capsys):
     assert main(["list", "--json"]) == 0
     rows = [r for r in json.loads(capsys.readouterr().out) if r["distribution"] == DIST]
     assert {(r["kind"], r["name"]) for r in rows} == EXPECTED
-    assert all(r["status"] == "ok" and r["version"] == "0.1.0" for r in rows), rows
+    import importlib_metadata
+
+    version = importlib_metadata.version(DIST)
+    assert all(r["status"] == "ok" and r["version"] == version for r in rows), rows
 
 
 def test_list_check_imports_every_component(capsys):
@@ -361,6 +365,78 @@ def test_masks_compose_the_same_in_flash_and_core_attention():
     assert not np.allclose(out2[0, 1:3], out[0, 1:3])
 
 
+# ---------------------------------------------------------------------------------- ALiBi
+
+
+def test_alibi_slopes_are_the_papers():
+    from axplug_attention.alibi import alibi_slopes
+
+    assert alibi_slopes(8) == tuple(2.0**-i for i in range(1, 9))
+    # 6 heads: the 4-head slopes, then every other slope of 8 heads (the reference code).
+    assert alibi_slopes(6) == (0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125)
+    assert alibi_slopes(4, max_bias=4.0) == (0.5, 0.25, 0.125, 0.0625)
+
+
+def ref_alibi_attention(x, params, slopes, positions):
+    """ALiBi self-attention in numpy from the layer's weights, written from the paper."""
+    x = np.asarray(x, np.float64)
+    w = {n: np.asarray(params["qkv"][n]["weight"], np.float64) for n in "qkv"}
+    b, s, _ = x.shape
+    hd = D // H
+    q, k, v = ((x @ w[n]).reshape(b, s, H, hd) for n in "qkv")
+    out = np.zeros((b, s, H, hd))
+    for bi in range(b):
+        pos = np.asarray(positions[bi])
+        for h in range(H):
+            scores = q[bi, :, h] @ k[bi, :, h].T / np.sqrt(hd)
+            scores -= slopes[h] * np.abs(pos[:, None] - pos[None, :])
+            scores = np.where(pos[None, :] <= pos[:, None], scores, -np.inf)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            out[bi, :, h] = (p / p.sum(-1, keepdims=True)) @ v[bi, :, h]
+    return out.reshape(b, s, D) @ np.asarray(params["output"]["weight"], np.float64)
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["core_kernel", "flash_dispatch"])
+def test_alibi_attention_matches_a_numpy_reference(flash):
+    from axplug_attention.alibi import alibi_slopes
+
+    cfg = attention_cfg("alibi", *(["flash_attention"] if flash else []))
+    assert cfg.linear_bias_slopes == alibi_slopes(H)
+    m, params = build(cfg)
+    x, positions = normal(1, (B, S, D)), arange_positions() + 5
+    out = run(m, params, {"x": x, "positions": positions})
+    assert_close(out, ref_alibi_attention(x, params, alibi_slopes(H), positions), F32_LOOSE)
+    # The bias moves the output: without it the layer computes something else.
+    off = build(attention_cfg("alibi:max_bias=0"))[0]
+    assert not np.allclose(run(off, params, {"x": x, "positions": positions}), out, atol=1e-3)
+
+
+def test_alibi_keeps_the_bias_kernels_selectable():
+    # Dispatch with the simulated backends: cuDNN stays chosen on CUDA for an ALiBi mask;
+    # Splash (TPU) declines it, so TPU runs the XLA kernel (exact, any sharding).
+    pytest.importorskip("axplug_gpu")
+    pytest.importorskip("axplug_tpu")
+    from axplug_attention.alibi import alibi_slopes
+
+    from axplug.kernels import select_kernel
+    from axplug.layers import AttentionMask
+
+    q = jax.ShapeDtypeStruct((1, 512, 8, 128), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((1, 512), jnp.int32)
+    mask = AttentionMask(pos, pos, linear_bias_slopes=jnp.asarray(alibi_slopes(8)))
+    assert select_kernel(q, q, q, mask, backend="cuda")[0] == "cudnn_flash"
+    assert select_kernel(q, q, q, mask, backend="tpu")[0] == "xla"
+    plain = AttentionMask(pos, pos)
+    assert select_kernel(q, q, q, plain, backend="tpu")[0] == "splash"
+
+
+def test_alibi_errors_name_the_field():
+    with pytest.raises(ConfigError, match="alibi': max_bias=-1.0 must be >= 0"):
+        make_modifier("alibi:max_bias=-1")(attention_cfg())
+    with pytest.raises(ConfigError, match="linear_bias_slopes: 2 slopes for 4 heads"):
+        attention_cfg(linear_bias_slopes=(0.5, 0.25)).instantiate(parent=None)
+
+
 # ------------------------------------------------------------------------------ KV cache
 
 
@@ -391,8 +467,10 @@ def decode_in_chunks(m, params, x, positions, chunks, max_len):
         (),
         ("rope", "gqa:num_kv_heads=2"),
         ("rope", "gqa:num_kv_heads=1", "sliding_window:size=3", "flash_attention"),
+        ("alibi", "gqa:num_kv_heads=2"),
+        ("alibi", "sliding_window:size=3", "flash_attention"),
     ],
-    ids=["plain", "rope_gqa", "rope_mqa_window_flash"],
+    ids=["plain", "rope_gqa", "rope_mqa_window_flash", "alibi_gqa", "alibi_window_flash"],
 )
 def test_token_by_token_decode_matches_forward(mods):
     m, params = build(attention_cfg(*mods))
@@ -475,10 +553,13 @@ def model_decode_logits(model, params, ids, chunks, max_len):
     return jnp.concatenate(logits, axis=1)
 
 
-def test_model_decode_logits_match_the_full_forward():
-    model, params = build(
-        small_lm_cfg("rope:theta=500000", "gqa:num_kv_heads=2", "flash_attention")
-    )
+@pytest.mark.parametrize(
+    "mods",
+    [("rope:theta=500000", "gqa:num_kv_heads=2", "flash_attention"), ("alibi", "flash_attention")],
+    ids=["rope_gqa_flash", "alibi_flash"],
+)
+def test_model_decode_logits_match_the_full_forward(mods):
+    model, params = build(small_lm_cfg(*mods))
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (B, S)), jnp.int32)
     full = run(model, params, (ids,), method="predict")
     decoded = model_decode_logits(model, params, ids, [4] + [1] * (S - 4), max_len=S)
@@ -554,6 +635,8 @@ def test_modifier_errors():
 
 
 SWAPS = {
+    "alibi": "attention.linear_bias_slopes: (0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, "
+    "0.0078125, 0.00390625)",  # llama-tiny's 8 heads
     "rope:theta=500000": "attention.position.theta: 500000.0",
     "gqa:num_kv_heads=2": "attention.qkv.klass: axplug_attention.gqa:GroupedQKVLinear",
     "flash_attention": "attention.kernel.klass: axplug.kernels.layer:FlashAttention",

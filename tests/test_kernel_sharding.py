@@ -318,3 +318,37 @@ def test_inside_a_shard_map_the_wrapper_is_a_plain_call():
     out = jax.jit(fn)(q, k, v, mask)
     assert seen == [(1, 128, 4, 16)]  # one device's rows, not wrapped again
     np.testing.assert_allclose(out, ReferenceKernel()(q, k, v, mask, scale=0.25), **F32)
+
+
+@pytest.mark.parametrize("mesh_name", ["data8", "fsdp4_model2"])
+def test_bias_slopes_are_split_with_the_heads(mesh_name):
+    # ALiBi under the wrapper: on fsdp4_model2 each device holds 2 of the 4 query heads, so
+    # it must get those heads' slopes (a wrong split biases every head like head 0).
+    import dataclasses
+
+    q, k, v, mask, cot = inputs(kv_heads=4)
+    mask = dataclasses.replace(mask, linear_bias_slopes=jnp.asarray([1.0, 0.5, 0.25, 0.125]))
+    ref = ReferenceKernel()
+    fn = lambda q, k, v: shard_over_batch(ref, q, k, v, mask, scale=0.25)  # noqa: E731
+    got = out_and_grads(fn, q, k, v, cot, make_mesh(mesh_name))
+    assert_matches(got, out_and_grads(lambda q, k, v: ref(q, k, v, mask, scale=0.25), q, k, v, cot))
+
+
+def test_cudnn_takes_the_bias_and_lowers_on_a_sharded_batch(cudnn_probe):
+    mesh = make_mesh("fsdp4_model2")
+    q, k, v, pos = problem(mesh, "bfloat16")
+    slopes = tuple(2.0 ** (-8.0 * i / 4) for i in range(1, 5))
+    layer = FlashAttention.default_config().set(backend="cuda").instantiate(parent=None)
+
+    def step(q, k, v, positions):
+        with sharding_scope(mesh, DEFAULT_AXIS_RULES):
+            mask = AttentionMask(positions, positions, linear_bias_slopes=jnp.asarray(slopes))
+            assert select_kernel(q, k, v, mask, backend="cuda")[0] == "cudnn_flash"
+            out, _ = functional(
+                layer, prng_key=None, state={}, inputs=(q, k, v, mask), is_training=False
+            )
+            return out
+
+    text = jax.jit(step).trace(q, k, v, pos).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__cudnn$fmhaScaleBiasSoftmax" in custom_calls(text), custom_calls(text)
+    assert has_manual_region(text)

@@ -56,6 +56,7 @@ class Case:
     window: int | None = None
     dtype: str = "float32"
     head_dim: int = 16
+    slopes: tuple | None = None  # per query head: ALiBi's linear distance bias
 
 
 CASES = [
@@ -95,6 +96,22 @@ CASES = [
         kv_heads=1,
     ),
     Case("causal_gqa_bf16", kv_heads=2, dtype="bfloat16"),
+    Case("alibi", slopes=(0.5, 0.25, 0.125, 0.0625)),
+    Case(  # ALiBi on packed sequences, grouped heads and a window
+        "alibi_gqa_segments_window",
+        q_positions=(0, 1, 2, 3, 4, 0, 1, 2),
+        segments=(0, 0, 0, 0, 0, 1, 1, 1),
+        window=3,
+        kv_heads=2,
+        slopes=(1.0, 0.5, 0.25, 0.125),
+    ),
+    Case(  # one ALiBi decode step: the bias follows positions, not cache slots
+        "alibi_decode",
+        q_positions=(6,),
+        kv_positions=(0, 1, 2, 3, 4, 5, 6, EMPTY, EMPTY, EMPTY),
+        kv_heads=1,
+        slopes=(0.5, 0.25, 0.125, 0.0625),
+    ),
 ]
 
 
@@ -121,6 +138,7 @@ def inputs(case: Case, batch: int = 2):
         kv_segment_ids=seg,
         causal=case.causal,
         sliding_window=case.window,
+        linear_bias_slopes=None if case.slopes is None else jnp.asarray(case.slopes, jnp.float32),
     )
     dt = jnp.dtype(case.dtype)
     return (jnp.asarray(q, dt), jnp.asarray(k, dt), jnp.asarray(v, dt)), mask, jnp.asarray(cot)
@@ -141,12 +159,20 @@ def ref_allowed(case: Case) -> np.ndarray:
     return out
 
 
-def ref_attention(q, k, v, allowed, scale):
+def ref_bias(case: Case) -> np.ndarray:
+    """[heads, q, kv] ALiBi bias -slope_h * |q_pos - kv_pos|, from the definition."""
+    qp = np.asarray(case.q_positions, np.float64)
+    kp = np.asarray(case.kv_positions or case.q_positions, np.float64)
+    slopes = np.asarray(case.slopes or (0.0,) * case.heads, np.float64)
+    return -slopes[:, None, None] * np.abs(qp[:, None] - kp[None, :])
+
+
+def ref_attention(q, k, v, allowed, scale, bias=0.0):
     """Plain softmax attention in float32 with k/v heads repeated to the query heads."""
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     rep = q.shape[2] // k.shape[2]
     k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale + jnp.asarray(bias, jnp.float32)
     logits = jnp.where(jnp.asarray(allowed), logits, -jnp.inf)
     e = jnp.exp(logits - logits.max(-1, keepdims=True))
     return jnp.einsum("bhqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v)
@@ -191,9 +217,11 @@ def forward_and_grads(fn, q, k, v, cot):
 @functools.cache
 def reference(case: Case):
     (q, k, v), _, cot = inputs(case)
-    allowed = ref_allowed(case)
+    allowed, bias = ref_allowed(case), ref_bias(case)
     scale = 1.0 / math.sqrt(case.head_dim)
-    return forward_and_grads(lambda q, k, v: ref_attention(q, k, v, allowed, scale), q, k, v, cot)
+    return forward_and_grads(
+        lambda q, k, v: ref_attention(q, k, v, allowed, scale, bias), q, k, v, cot
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -202,6 +230,8 @@ def test_kernel_matches_reference(name, case):
     (q, k, v), mask, cot = inputs(case)
     fn, kernel = run_kernel(name)
     if kernel is not None:
+        if case.slopes is not None and not getattr(kernel, "supports_linear_bias", False):
+            pytest.skip(f"{name}: no supports_linear_bias (dispatch never gives it a bias)")
         answer = kernel.is_supported(q, k, v, mask, jax.default_backend())
         if not answer:
             pytest.skip(f"{name}: {getattr(answer, 'reason', 'unsupported')}")
@@ -310,6 +340,17 @@ def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
     assert broken.status == "broken" and "fake_hw_missing" in broken.reason
 
 
+def test_a_bias_goes_only_to_kernels_that_declare_it(fake_kernels):
+    # A kernel from before plugin API 1.1 would ignore the slopes: dispatch never picks it.
+    q, k, v, mask = example_call()
+    biased = dataclasses.replace(mask, linear_bias_slopes=jnp.asarray([1.0, 0.5, 0.25, 0.125]))
+    assert select_kernel(q, k, v, mask, backend="gpu")[0] == "needs_gpu"
+    assert select_kernel(q, k, v, biased, backend="gpu")[0] == "xla"
+    reasons = {c.name: c.reason for c in kernel_choices(q, k, v, biased, backend="gpu")}
+    assert reasons["needs_gpu"] == "a score bias (the kernel does not declare supports_linear_bias)"
+    assert reasons["xla"] is None and reasons["reference"] is None
+
+
 def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
     args = example_call()
     for backend, value in (("tpu", 2.0), ("gpu", 1.0)):
@@ -364,8 +405,11 @@ def test_flash_attention_modifier_is_the_cores():
         make_modifier("flash_attention")(QKVLinear.default_config())
 
 
+ALL = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable", "linear_bias")
+
+
 class TestXlaKernelConformance(KernelConformance):
-    capabilities = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable")
+    capabilities = ALL
 
     @pytest.fixture
     def kernel(self):
@@ -373,7 +417,7 @@ class TestXlaKernelConformance(KernelConformance):
 
 
 class TestBlockwiseKernelConformance(KernelConformance):
-    capabilities = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable")
+    capabilities = ALL
 
     @pytest.fixture
     def kernel(self):

@@ -5,7 +5,8 @@ so it never holds more than [queries, block] scores; it saves only the output an
 log-sum-exp. The backward pass (a custom VJP) recomputes each block's probabilities from the
 log-sum-exp, as flash attention does. Memory is O(seq * block) instead of O(seq^2); FLOPs are
 those of the plain kernel plus the recompute. Masks come from positions and segment ids, so
-packed sequences, sliding windows, GQA and decoding offsets all work, on every backend.
+packed sequences, sliding windows, GQA, decoding offsets and a linear (ALiBi) score bias all
+work, on every backend.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def _allowed(q_pos, kv_pos, q_seg, kv_seg, causal, window):
     return ok[:, None, None]
 
 
-def _scores(q, k, scale, mask_args, valid, causal, window):
-    """Masked f32 scores [b, kvh, g, sq, block] of grouped q against one key block."""
+def _scores(q, k, scale, mask_args, valid, causal, window, slopes):
+    """Masked f32 scores [b, kvh, g, sq, block] of grouped q against one key block; slopes
+    ([kvh, g] or None) add the linear distance bias."""
     s = jnp.einsum("bqngd,bknd->bngqk", q, k, preferred_element_type=jnp.float32) * scale
+    if slopes is not None:
+        q_pos, kv_pos = mask_args[0], mask_args[1]
+        distance = jnp.abs(q_pos[:, :, None] - kv_pos[:, None, :]).astype(jnp.float32)
+        s = s - slopes[None, :, :, None, None] * distance[:, None, None]
     s = jnp.where(_allowed(*mask_args, causal, window), s, NEG_INF)
     return jnp.where(valid[:, None, None, None, :], s, _PAD)
 
@@ -60,7 +66,7 @@ def _unblocks(x):
     return jnp.moveaxis(x, 0, 1).reshape(b, n * block, *x.shape[3:])
 
 
-def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, *, scale, causal, window, block):
+def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, causal, window, block):
     """(out [b, sq, kvh, g, d] f32, lse [b, kvh, g, sq])."""
     b, sq, kvh, g, d = q.shape
     xs = _key_blocks(k, v, kv_pos, valid, kv_seg, block)
@@ -68,7 +74,7 @@ def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, *, scale, causal, win
     def step(carry, blk):
         m, total, acc = carry
         kb, vb, pb, validb, segb = blk
-        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window)
+        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
         correction = jnp.exp(m - m_new)
@@ -89,26 +95,28 @@ def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, *, scale, causal, win
     return out, m + jnp.log(total)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
-def _attention(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, scale, causal, window, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
+def _attention(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block):
     out, _ = _forward(
-        q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid,
+        q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes,
         scale=scale, causal=causal, window=window, block=block,
     )  # fmt: skip
     return out.astype(v.dtype)
 
 
-def _attention_fwd(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, scale, causal, window, block):
+def _attention_fwd(
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block
+):
     out, lse = _forward(
-        q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid,
+        q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes,
         scale=scale, causal=causal, window=window, block=block,
     )  # fmt: skip
     out = out.astype(v.dtype)
-    return out, (q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, out, lse)
+    return out, (q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse)
 
 
 def _attention_bwd(scale, causal, window, block, residuals, d_out):
-    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, out, lse = residuals
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse = residuals
     d_out = d_out.astype(jnp.float32)
     # delta = rowsum(dO * O): the softmax's Jacobian term, [b, kvh, g, sq].
     delta = jnp.moveaxis(jnp.sum(d_out * out.astype(jnp.float32), -1), 1, 3)
@@ -116,7 +124,7 @@ def _attention_bwd(scale, causal, window, block, residuals, d_out):
 
     def step(dq, blk):
         kb, vb, pb, validb, segb = blk
-        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window)
+        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes)
         p = jnp.exp(s - lse[..., None])  # [b, n, g, sq, block]
         dv = jnp.einsum("bngqk,bqngd->bknd", p, d_out)
         dp = jnp.einsum("bqngd,bknd->bngqk", d_out, vb.astype(jnp.float32))
@@ -129,7 +137,9 @@ def _attention_bwd(scale, causal, window, block, residuals, d_out):
     ints = (q_pos, kv_pos, q_seg, kv_seg, valid)
     zeros = tuple(None if a is None else np.zeros(a.shape, jax.dtypes.float0) for a in ints)
     dk, dv = _unblocks(dk), _unblocks(dv)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros)
+    # The bias slopes are constants of the model (ALiBi's are fixed): no gradient.
+    d_slopes = None if slopes is None else jnp.zeros_like(slopes)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros, d_slopes)
 
 
 # optimize_remat: under a layer remat policy that saves dots (`dots`), recomputing the
@@ -151,8 +161,11 @@ def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 5
         key, value, valid, kv_pos = widen(key), widen(value), widen(valid), widen(kv_pos)
         kv_seg = None if kv_seg is None else widen(kv_seg)
     q = query.reshape(b, sq, kvh, h // kvh, d)
+    slopes = mask.linear_bias_slopes
+    if slopes is not None:
+        slopes = jnp.asarray(slopes, jnp.float32).reshape(kvh, h // kvh)
     out = _attention(
-        q, key, value, mask.q_positions, kv_pos, mask.q_segment_ids, kv_seg, valid,
+        q, key, value, mask.q_positions, kv_pos, mask.q_segment_ids, kv_seg, valid, slopes,
         float(scale), mask.causal, mask.sliding_window, block,
     )  # fmt: skip
     return out.reshape(b, sq, h, d)
@@ -163,6 +176,7 @@ class BlockwiseKernel(AttentionKernel):
     plain XLA kernel's [b, h, s, s] scores dominate memory (short ones run faster plain)."""
 
     priority = 20
+    supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
     block = 512
     # Measured on 2 CPU cores (fwd+bwd, 8 heads of 32, 4096 tokens a batch): 0.64-1.13x the
     # XLA kernel's time from 512 to 4096 keys, noisy at 1024; short sequences stay plain.

@@ -54,6 +54,13 @@ def registered_kernels(names: list[str] | None = None) -> list[tuple[str, Any]]:
 def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoice]:
     out = []
     for name, kernel in kernels:
+        if mask.linear_bias_slopes is not None and not getattr(
+            kernel, "supports_linear_bias", False
+        ):
+            # A kernel written before the bias existed would ignore it: never chosen for one.
+            reason = "a score bias (the kernel does not declare supports_linear_bias)"
+            out.append(KernelChoice(name, getattr(kernel, "priority", 0), False, reason))
+            continue
         try:
             answer = kernel.is_supported(query, key, value, mask, backend)
         except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch

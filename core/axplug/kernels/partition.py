@@ -13,6 +13,7 @@ everything else replicated. A sequence sharded over the `seq` mesh axis is not p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,8 @@ def shard_over_batch(fn: Callable, query, key, value, mask, **kwargs: Any) -> ja
 
     Where `current_scope()` is None (no mesh, `sharding_scope(None)`, inside a shard_map) or
     has one device it is a plain call.
-    `mask` is an `AttentionMask`: its positions and segment ids are split like the batch.
+    `mask` is an `AttentionMask`: its positions and segment ids are split like the batch, its
+    bias slopes like the heads.
     """
     scope = current_scope()
     # current_scope() is None inside a shard_map (ours or a caller's): operands are shards.
@@ -53,6 +55,8 @@ def shard_over_batch(fn: Callable, query, key, value, mask, **kwargs: Any) -> ja
     q_spec, kv_spec = attention_specs(scope, query, key)
     rows = PartitionSpec(q_spec[0])
     mask_spec = jax.tree.map(lambda _: rows, mask)
+    if mask.linear_bias_slopes is not None:  # [heads]: split like the query heads
+        mask_spec = dataclasses.replace(mask_spec, linear_bias_slopes=PartitionSpec(q_spec[2]))
 
     def per_shard(q, k, v, m):
         with sharding_scope(None):  # nothing inside may lay out for the global mesh

@@ -9,7 +9,10 @@ A kernel is registered under the `axplug.kernels` entry-point group; the entry l
   (arguments may be `jax.ShapeDtypeStruct`s), so the choice is made once at trace time;
 - `__call__(query, key, value, mask, *, scale) -> out` - query [b, sq, h, d],
   key/value [b, skv, kvh, d] with h % kvh == 0, mask an `axplug.layers.AttentionMask`;
-  returns [b, sq, h, d] in value's dtype, differentiable.
+  returns [b, sq, h, d] in value's dtype, differentiable;
+- `supports_linear_bias: bool` (optional, plugin API 1.1) - True when the kernel adds
+  `mask.bias()` (ALiBi) to its scores; dispatch never gives a mask with bias slopes to a
+  kernel without it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class AttentionKernel:
     """Base of attention kernels (subclassing is optional: the protocol is what counts)."""
 
     priority: int = 0
+    supports_linear_bias: bool = False
 
     def is_supported(self, query, key, value, mask, backend: str):
         problem = check_shapes(query, key, value)

@@ -12,23 +12,28 @@ __all__ = ["NEG_INF", "ReferenceKernel", "reference_attention"]
 NEG_INF = -1e30
 
 
-def reference_attention(query, key, value, allowed, *, scale: float) -> jax.Array:
-    """softmax(q k^T * scale, masked by `allowed`) v, logits in float32.
+def reference_attention(query, key, value, allowed, *, scale: float, bias=None) -> jax.Array:
+    """softmax(q k^T * scale + bias, masked by `allowed`) v, logits in float32.
 
     query [b, sq, h, d]; key, value [b, skv, kvh, d] with h % kvh == 0; allowed boolean
-    [b, 1, sq, skv] (`AttentionMask.dense()`). Returns [b, sq, h, d] in value's dtype.
+    [b, 1, sq, skv] (`AttentionMask.dense()`); bias None or float32 [b, h, sq, skv]
+    (`AttentionMask.bias()`). Returns [b, sq, h, d] in value's dtype.
     """
     b, sq, h, d = query.shape
     kvh = key.shape[2]
     if kvh == h:
         # The plain 4-D layout: the grouped one below makes XLA:CPU copy the probabilities.
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
-        logits = jnp.where(allowed, logits * scale, NEG_INF)
+        logits = logits * scale if bias is None else logits * scale + bias
+        logits = jnp.where(allowed, logits, NEG_INF)
         probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, value)
     qg = query.reshape(b, sq, kvh, h // kvh, d)  # [b, sq, kvh, group, d]
     logits = jnp.einsum("bqngd,bknd->bngqk", qg, key, preferred_element_type=jnp.float32)
-    logits = jnp.where(allowed[:, :, None], logits * scale, NEG_INF)  # [b, n, g, sq, skv]
+    logits = logits * scale  # [b, n, g, sq, skv]; query head = n * g_size + g
+    if bias is not None:
+        logits = logits + bias.reshape(b, kvh, h // kvh, *bias.shape[2:])
+    logits = jnp.where(allowed[:, :, None], logits, NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
     out = jnp.einsum("bngqk,bknd->bqngd", probs, value)
     return out.reshape(b, sq, h, d)
@@ -38,6 +43,7 @@ class ReferenceKernel(AttentionKernel):
     """Plain jnp softmax attention in float32: runs everywhere, the fallback and the yardstick."""
 
     priority = 0
+    supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
 
     def __call__(self, query, key, value, mask, *, scale):
-        return reference_attention(query, key, value, mask.dense(), scale=scale)
+        return reference_attention(query, key, value, mask.dense(), scale=scale, bias=mask.bias())

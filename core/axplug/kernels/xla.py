@@ -18,6 +18,7 @@ class XlaKernel(AttentionKernel):
     """
 
     priority = 10
+    supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
 
     def is_supported(self, query, key, value, mask, backend):
         if (problem := check_shapes(query, key, value)) is not None:  # Unsupported is falsy
@@ -31,5 +32,6 @@ class XlaKernel(AttentionKernel):
     def __call__(self, query, key, value, mask, *, scale):
         # The mask comes from positions, not indices: packed sequences and decode offsets work.
         return jax.nn.dot_product_attention(
-            query, key, value, mask=mask.dense(), scale=scale, implementation="xla"
-        )
+            query, key, value, bias=mask.bias(), mask=mask.dense(), scale=scale,
+            implementation="xla",
+        )  # fmt: skip

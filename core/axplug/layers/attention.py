@@ -17,6 +17,7 @@ from axplug.sharding import constrain
 
 __all__ = [
     "AttentionMask",
+    "linear_bias",
     "QKVLinear",
     "IdentityPositionTransform",
     "DotProductKernel",
@@ -30,7 +31,15 @@ _KV_AXES = ("batch", "kv_seq", "heads", None)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionMask:
-    """Which keys each query may see: positions and segments are data, the kind is static."""
+    """Which keys each query may see, and how the scores are biased: positions, segments and
+    bias slopes are data, the kind is static. Part of the plugin API (docs/plugin-reference.md).
+
+    A key is allowed when `kv_position <= q_position` (causal), `|q - kv| < sliding_window`
+    and the segment ids are equal. `linear_bias_slopes` [heads] adds
+    `-slope[h] * |q_position - kv_position|` to head h's scaled scores (ALiBi); kernels that
+    cannot add it answer Unsupported, so dispatch picks one that can. Padding and empty cache
+    slots have position `EMPTY_POSITION`, which a causal mask hides.
+    """
 
     q_positions: jax.Array  # [batch, q_len] int32
     kv_positions: jax.Array  # [batch, kv_len] int32
@@ -38,6 +47,7 @@ class AttentionMask:
     kv_segment_ids: jax.Array | None = None  # [batch, kv_len]
     causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
     sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    linear_bias_slopes: jax.Array | None = None  # [heads] float32 (plugin API 1.1)
 
     def dense(self) -> jax.Array:
         """Boolean [batch, 1, q_len, kv_len]: True where attention is allowed."""
@@ -51,6 +61,18 @@ class AttentionMask:
         if self.q_segment_ids is not None:
             allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
         return allowed[:, None]
+
+    def bias(self) -> jax.Array | None:
+        """Float32 [batch, heads, q_len, kv_len] added to the scaled scores, or None."""
+        if self.linear_bias_slopes is None:
+            return None
+        return linear_bias(self.linear_bias_slopes, self.q_positions, self.kv_positions)
+
+
+def linear_bias(slopes: jax.Array, q_positions: jax.Array, kv_positions: jax.Array) -> jax.Array:
+    """`-slopes[h] * |q - kv|`: float32 [batch, heads, q_len, kv_len] (ALiBi's bias)."""
+    distance = jnp.abs(q_positions[:, :, None] - kv_positions[:, None, :]).astype(jnp.float32)
+    return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None]
 
 
 class QKVLinear(BaseLayer):
@@ -97,7 +119,11 @@ class IdentityPositionTransform(BaseLayer):
 
 
 class DotProductKernel(BaseLayer):
-    """softmax(q k^T * scale + mask) v in float32; k/v may have fewer heads (grouped)."""
+    """softmax(q k^T * scale + bias, masked) v in float32; k/v may have fewer heads (grouped).
+
+    The kernel slot's contract: `forward(q [b, sq, h, d], k [b, skv, kvh, d], v, mask)` ->
+    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`.
+    """
 
     @config_class
     class Config(BaseLayer.Config):
@@ -113,7 +139,7 @@ class DotProductKernel(BaseLayer):
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
         d = q.shape[-1]
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
-        return reference_attention(q, k, v, mask.dense(), scale=scale)
+        return reference_attention(q, k, v, mask.dense(), scale=scale, bias=mask.bias())
 
 
 class Attention(BaseLayer):
@@ -126,6 +152,9 @@ class Attention(BaseLayer):
         head_dim: int | None = None  # None: input_dim // num_heads
         causal: bool = True
         sliding_window: int | None = None
+        # Per-head slopes of a linear distance bias on the scores (ALiBi: `alibi` modifier of
+        # axplug-attention); None: no bias. Plugin API 1.1.
+        linear_bias_slopes: tuple[float, ...] | None = None
         qkv: BaseLayer.Config = QKVLinear.default_config()
         position: BaseLayer.Config = IdentityPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -150,6 +179,16 @@ class Attention(BaseLayer):
             "output", cfg.output.clone(input_dim=cfg.num_heads * head_dim, output_dim=cfg.input_dim)
         )
         self._add_child("kv_cache", cfg.kv_cache)
+        slopes = cfg.linear_bias_slopes
+        if slopes is not None and len(slopes) != cfg.num_heads:
+            raise ConfigError(
+                f"{cfg._path('linear_bias_slopes')}: {len(slopes)} slopes for "
+                f"{cfg.num_heads} heads; give one per query head"
+            )
+
+    def _slopes(self) -> jax.Array | None:
+        slopes = self._config.linear_bias_slopes
+        return None if slopes is None else jnp.asarray(slopes, jnp.float32)
 
     def make_mask(self, positions, segment_ids=None) -> AttentionMask:
         """The self-attention mask; its key side is gathered along the sequence like k, v."""
@@ -161,6 +200,7 @@ class Attention(BaseLayer):
             kv_segment_ids=gathered(segment_ids),
             causal=self._config.causal,
             sliding_window=self._config.sliding_window,
+            linear_bias_slopes=self._slopes(),
         )
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
@@ -203,6 +243,7 @@ class Attention(BaseLayer):
             kv_positions=kv_positions,
             causal=True,
             sliding_window=self._config.sliding_window,
+            linear_bias_slopes=self._slopes(),
         )
         out = self.kernel(q, k_all, v_all, mask)
         return self.output(out.reshape(*out.shape[:2], -1)), cache_state

@@ -12,7 +12,13 @@ import pytest
 
 from axplug.testing._util import TraceCounter, assert_finite, require
 
-__all__ = ["KERNEL_CAPABILITIES", "KernelConformance", "reference_kernel"]
+__all__ = [
+    "KERNEL_CAPABILITIES",
+    "DEFAULT_CAPABILITIES",
+    "KernelConformance",
+    "reference_kernel",
+    "alibi_slopes",
+]
 
 KERNEL_CAPABILITIES = (
     "gqa",  # fewer kv heads than query heads
@@ -20,7 +26,11 @@ KERNEL_CAPABILITIES = (
     "sliding_window",  # AttentionMask.sliding_window
     "segment_ids",  # packed sequences: q/kv segment ids
     "differentiable",  # gradients match the reference's
+    "linear_bias",  # AttentionMask.linear_bias_slopes (ALiBi); plugin API 1.1
 )
+# What a kernel that declares nothing is checked for: the plugin API 1.0 features. A new
+# capability is opt-in, so kernels written before it keep passing.
+DEFAULT_CAPABILITIES = KERNEL_CAPABILITIES[:5]
 
 
 class Case(NamedTuple):
@@ -35,6 +45,7 @@ class Case(NamedTuple):
     causal: bool = True
     window: int | None = None
     segments: bool = False
+    bias: bool = False  # ALiBi slopes on the mask
     needs: tuple[str, ...] = ()
 
 
@@ -45,6 +56,8 @@ CASES = {
     "non_causal": Case(causal=False, needs=("non_causal",)),
     "sliding_window": Case(window=4, needs=("sliding_window",)),
     "segments": Case(segments=True, needs=("segment_ids",)),
+    "alibi": Case(bias=True, needs=("linear_bias",)),
+    "alibi_gqa_decode": Case(q_len=1, kv_heads=2, bias=True, needs=("linear_bias", "gqa")),
 }
 
 
@@ -76,8 +89,14 @@ def make_problem(case: Case, dtype=jnp.float32, seed: int = 0):
         kv_segment_ids=seg_kv,
         causal=case.causal,
         sliding_window=case.window,
+        linear_bias_slopes=alibi_slopes(case.heads) if case.bias else None,
     )
     return q, k, v, mask
+
+
+def alibi_slopes(heads: int) -> jax.Array:
+    """ALiBi's geometric slopes 2^(-8 i / heads), i = 1..heads (for the bias cases)."""
+    return jnp.asarray([2.0 ** (-8.0 * i / heads) for i in range(1, heads + 1)], jnp.float32)
 
 
 class KernelConformance:
@@ -87,10 +106,15 @@ class KernelConformance:
     optionally `is_supported(query, key, value, mask, backend)`), the protocol of
     `axplug.kernels.AttentionKernel`. Optional fixtures: `reference` (default
     `reference_kernel()`), `tolerance`, `dtype`. Declare in `capabilities` which mask features
-    and layouts the kernel supports.
+    and layouts the kernel supports (default `DEFAULT_CAPABILITIES`, the plugin API 1.0 set;
+    add "linear_bias" with `supports_linear_bias = True` on the kernel).
+
+    The `reference` fixture is what every case is compared with: any object with the kernel
+    protocol's `__call__`; override it for a kernel whose numerics legitimately differ (a
+    quantized kernel against a quantized reference).
     """
 
-    capabilities: tuple[str, ...] = KERNEL_CAPABILITIES
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
 
     @pytest.fixture
     def kernel(self):
@@ -130,6 +154,14 @@ class KernelConformance:
     def test_capabilities_are_known(self):
         unknown = set(self.capabilities) - set(KERNEL_CAPABILITIES)
         assert not unknown, f"unknown capabilities {sorted(unknown)}; known: {KERNEL_CAPABILITIES}"
+
+    def test_bias_capability_matches_the_kernel_attribute(self, kernel):
+        declared = "linear_bias" in self.capabilities
+        attribute = bool(getattr(kernel, "supports_linear_bias", False))
+        assert declared == attribute, (
+            f"capabilities {'include' if declared else 'omit'} 'linear_bias' but the kernel's "
+            f"supports_linear_bias is {attribute}: dispatch reads the attribute"
+        )
 
     @pytest.mark.parametrize("case_name", list(CASES))
     def test_matches_reference(self, kernel, reference, case_name, dtype, tolerance):

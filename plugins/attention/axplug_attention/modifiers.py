@@ -1,5 +1,7 @@
 """Modifiers that turn every attention layer of any config tree into RoPE / GQA /
-sliding-window attention: `rope:theta=500000`, `gqa:num_kv_heads=8`, `sliding_window:size=4096`.
+sliding-window / ALiBi attention: `rope:theta=500000`, `gqa:num_kv_heads=8`,
+`sliding_window:size=4096`, `alibi`. Re-applying one sets every option it owns, given or
+default (the rule in docs/plugin-reference.md).
 `flash_attention` is the core's (`axplug.kernels`), re-exported here for existing imports."""
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ from axplug.config import (
 )
 from axplug.kernels import FlashAttentionModifier
 from axplug.layers import Attention, IdentityPositionTransform, QKVLinear
+from axplug_attention.alibi import alibi_slopes
 from axplug_attention.gqa import GroupedQKVLinear
 from axplug_attention.rope import RotaryPositionTransform
 
-__all__ = ["RopeModifier", "GQAModifier", "FlashAttentionModifier", "SlidingWindowModifier"]
+__all__ = [
+    "RopeModifier",
+    "GQAModifier",
+    "FlashAttentionModifier",
+    "SlidingWindowModifier",
+    "AlibiModifier",
+]
 
 
 def _swap(
@@ -124,3 +133,29 @@ class SlidingWindowModifier(ConfigModifier):
         if not find_configs(cfg, Attention):
             raise ConfigError("modifier 'sliding_window': the config has no Attention layer")
         return _update(cfg, Attention, {"sliding_window": self._config.size})
+
+
+class AlibiModifier(ConfigModifier):
+    """ALiBi in every attention layer: head h's scores get -slope_h * |q_pos - kv_pos|."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        max_bias: float = 8.0  # slopes 2^(-max_bias * i / heads); 0 turns the bias off
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        max_bias = float(self.config.max_bias)
+        if max_bias < 0:
+            raise ConfigError(f"modifier 'alibi': max_bias={max_bias} must be >= 0")
+        attentions = find_configs(cfg, Attention)
+        if not attentions:
+            raise ConfigError("modifier 'alibi': the config has no Attention layer")
+        cfg = copy.deepcopy(cfg)
+        for path, attention in find_configs(cfg, Attention):
+            heads = attention.num_heads
+            if not isinstance(heads, int):
+                where = f"{path}.num_heads" if path else "num_heads"
+                raise ConfigError(f"modifier 'alibi': {where} is not set; set it first")
+            # Per-head slopes, so the kernels that take a bias (reference, xla, blockwise,
+            # cuDNN) stay selectable; max_bias=0: no bias at all.
+            attention.linear_bias_slopes = alibi_slopes(heads, max_bias) if max_bias else None
+        return cfg

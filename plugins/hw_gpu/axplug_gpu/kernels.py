@@ -72,6 +72,7 @@ class CudnnFlashKernel(AttentionKernel):
 
     priority = 120
     dtypes = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    supports_linear_bias = True  # passed to cuDNN as a 4-D bias
 
     def availability(self, backend: str | None = None) -> str | None:
         """None when this kernel can run on `backend` (default: jax's), else why not."""
@@ -87,6 +88,8 @@ class CudnnFlashKernel(AttentionKernel):
             return Unsupported("segment ids (packed sequences) are not passed to cuDNN")
         if mask.sliding_window is not None and not mask.causal:
             return Unsupported("a non-causal sliding window")
+        if mask.linear_bias_slopes is not None and mask.sliding_window is not None:
+            return Unsupported("a score bias with a sliding window")
         cc = _compute_capability()
         if cc is not None and cc < 8.0:
             return Unsupported(f"compute capability {cc} (cuDNN flash needs >= 8.0, Ampere)")
@@ -102,6 +105,7 @@ class CudnnFlashKernel(AttentionKernel):
             query,
             key,
             value,
+            bias=mask.bias(),  # the ALiBi bias from positions (a 4-D bias cuDNN adds)
             scale=scale,
             is_causal=mask.causal,
             local_window_size=window,
@@ -141,6 +145,8 @@ class PallasGpuFlashKernel(AttentionKernel):
             return Unsupported("sliding window")
         if mask.q_segment_ids is not mask.kv_segment_ids:
             return Unsupported("different q and kv segment ids")
+        if mask.linear_bias_slopes is not None:
+            return Unsupported("a score bias (the Pallas GPU kernel takes none)")
         return True
 
     def __call__(self, query, key, value, mask, *, scale):

@@ -70,6 +70,8 @@ class SplashAttentionKernel(AttentionKernel):
             return Unsupported(f"head_dim {d} not a multiple of 128 (TPU lane width)")
         if mask.sliding_window is not None and not mask.causal:
             return Unsupported("a non-causal sliding window")
+        if mask.linear_bias_slopes is not None:
+            return Unsupported("a score bias (splash masks scores, it adds none)")
         problem = check_sequence_sharding(query)
         return True if problem is None else problem
 

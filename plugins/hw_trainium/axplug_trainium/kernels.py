@@ -97,6 +97,8 @@ class NkiFlashKernel(AttentionKernel):
             return Unsupported("sliding window")
         if mask.q_segment_ids is not None:
             return Unsupported("segment ids (packed sequences)")
+        if mask.linear_bias_slopes is not None:
+            return Unsupported("a score bias (the NKI flash kernel takes none)")
         problem = check_sequence_sharding(query)
         return True if problem is None else problem
 
