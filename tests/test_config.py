@@ -273,6 +273,19 @@ def test_replace_config_swaps_every_match_and_carries_dims():
     assert new.block.feed_forward is not new.block.extra[0].feed_forward
 
 
+def test_replace_config_owned_fields_reset_on_a_second_application():
+    # A modifier swapping Experts in, applied again with num_experts back at its default:
+    # without `owned` the old value would be carried and the option could never be reset.
+    cfg = model_config()
+    first = replace_config(cfg, target=Dense, new_cfg=Experts.default_config().set(num_experts=2))
+    default_experts = Experts.default_config()
+    again = replace_config(first, target=Experts, new_cfg=default_experts)
+    assert again.block.feed_forward.num_experts == 2  # carried: the trap
+    owned = replace_config(first, target=Experts, new_cfg=default_experts, owned=["num_experts"])
+    assert owned.block.feed_forward.num_experts == default_experts.num_experts
+    assert owned.block.feed_forward.input_dim == 8  # what it does not own still carries
+
+
 def test_replace_config_on_a_deep_model_tree_by_registry_name():
     cfg = CausalLM.default_config()
     cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64, activation="gelu")
@@ -293,6 +306,18 @@ def test_replace_config_on_a_deep_model_tree_by_registry_name():
 def test_replace_config_without_match_fails_unless_allowed():
     with pytest.raises(ConfigError, match="no sub-config of class Experts"):
         replace_config(model_config(), target=Experts, new_cfg=Dense.default_config())
+    # A match that `where` rejects is reported as such, with its path (not "none found").
+    with pytest.raises(
+        ConfigError,
+        match=r"1 sub-config\(s\) of class Dense found, but `where` rejected every one "
+        r"\(paths: block.feed_forward\); .*whose path is \"\"",
+    ):
+        replace_config(
+            model_config(), target=Dense, new_cfg=Dense.default_config(), where=lambda p, c: False
+        )
+    root = Dense.default_config()
+    with pytest.raises(ConfigError, match=r'paths: ""'):
+        replace_config(root, target=Dense, new_cfg=root, where=lambda p, c: p != "")
     cfg = model_config()
     assert (
         replace_config(cfg, target=Experts, new_cfg=Dense.default_config(), missing_ok=True) == cfg

@@ -229,9 +229,13 @@ def test_tutorial_plugin_passes_the_kit_and_trains_through_its_modifier(tmp_path
     listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
     mine = {(c["kind"], c["name"]): c["status"] for c in json.loads(listed)
             if c["distribution"] == "axplug-sqrelu"}  # fmt: skip
-    assert mine == {("layers", "sqrelu_feed_forward"): "ok", ("modifiers", "sqrelu"): "ok"}
+    assert mine == {
+        ("layers", "sqrelu_feed_forward"): "ok",
+        ("modifiers", "sqrelu"): "ok",
+        ("modifiers", "scalenorm"): "ok",
+    }
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
-    assert "8 passed" in out and "skipped" not in out, out
+    assert "16 passed" in out and "skipped" not in out, out
     # The tutorial's train command, shortened.
     cmd = [sys.executable, "-m", "axplug.cli", "train", "--preset", "gpt-tiny",
            "--modifier", "sqrelu", "--output-dir", str(tmp_path / "run"), "--max-steps", "2",

@@ -298,3 +298,33 @@ def test_kit_compares_sharded_gradients_not_only_outputs():
             cfg, (jnp.ones((4, 8, 8)),), (2, 2, 1, 1, 2), {"rtol": 1e-5, "atol": 1e-5}
         )
     assert ShardedGradBugLayer.traces == 4, "one-device and sharded forward and grad"
+
+
+def test_default_swap_target_is_refused_for_a_layer_that_is_not_a_feed_forward():
+    # A norm plugin forgetting `swap_target` would otherwise "train in llama-tiny" by
+    # replacing every FeedForward with a norm.
+    from axplug.layers import FeedForward, RMSNorm
+
+    swap_target = LayerConformance.swap_target.__wrapped__
+    norm = RMSNorm.default_config().set(input_dim=16)
+    with pytest.raises(NotImplementedError, match=r"lacks its required fields \['hidden_dim'\]"):
+        swap_target(LayerConformance(), norm)
+    ffn = FeedForward.default_config().set(input_dim=16, hidden_dim=32)
+    assert swap_target(LayerConformance(), ffn) is FeedForward
+
+
+def test_a_llama_modifier_that_adds_nothing_fails_the_training_check(tmp_path):
+    from axplug.layers import RMSNorm
+
+    norm = RMSNorm.default_config().set(input_dim=16)
+    with pytest.raises(AssertionError, match="llama_modifier left no RMSNorm"):
+        LayerConformance().test_trains_in_llama_tiny(
+            norm, lambda cfg: _without_norms(cfg), tmp_path
+        )
+
+
+def _without_norms(cfg):
+    from axplug.config import replace_config
+    from axplug.layers import LayerNorm, RMSNorm
+
+    return replace_config(cfg, target=RMSNorm, new_cfg=LayerNorm.default_config())

@@ -45,13 +45,18 @@ def _fresh_default(cfg: ConfigBase) -> ConfigBase:
     return klass.default_config() if hasattr(klass, "default_config") else type(cfg)()
 
 
-def _carried(old: ConfigBase, new_cfg: ConfigBase, carry: Iterable[str] | None) -> ConfigBase:
+def _carried(
+    old: ConfigBase,
+    new_cfg: ConfigBase,
+    carry: Iterable[str] | None,
+    owned: Iterable[str] | None,
+) -> ConfigBase:
     new = copy.deepcopy(new_cfg)
     default = _fresh_default(new_cfg)
     old_fields = set(old.keys())
-    forced = set(carry or ())
+    forced, kept = set(carry or ()), set(owned or ())
     for name, value in new.items():
-        if name in ("klass", "name") or name not in old_fields:
+        if name in ("klass", "name") or name not in old_fields or name in kept:
             continue
         if name in forced or value is REQUIRED or value == getattr(default, name):
             setattr(new, name, copy.deepcopy(getattr(old, name)))
@@ -64,6 +69,7 @@ def replace_config(
     target: type | str,
     new_cfg: InstantiableConfig,
     carry: Iterable[str] | None = None,
+    owned: Iterable[str] | None = None,
     where: Callable[[str, InstantiableConfig], bool] | None = None,
     missing_ok: bool = False,
 ) -> ConfigBase:
@@ -72,17 +78,23 @@ def replace_config(
     Fields the two configs share take the replaced config's value where `new_cfg` leaves
     them at its class default (REQUIRED included), so dims, activations and nested layers
     carry over while what the caller set on `new_cfg` wins; fields named in `carry` are
-    always carried. `where(path, old)` narrows the match. The caller's `cfg` and `new_cfg`
+    always carried, fields named in `owned` never are (a modifier's own options: re-applied
+    with an option at its default, the default wins). `where(path, old)` narrows the match;
+    paths are dotted from the root, whose own path is "". The caller's `cfg` and `new_cfg`
     are never mutated.
     """
     target_cls = _resolve_target(target)
-    count = 0
+    count = rejected = 0
+    rejected_paths: list[str] = []
 
     def swap(path: str, value: Any) -> Any:
-        nonlocal count
-        if _matches(value, target_cls) and (where is None or where(path, value)):
-            count += 1
-            return _carried(value, new_cfg, carry)
+        nonlocal count, rejected
+        if _matches(value, target_cls):
+            if where is None or where(path, value):
+                count += 1
+                return _carried(value, new_cfg, carry, owned)
+            rejected += 1
+            rejected_paths.append(path or '""')
         if isinstance(value, ConfigBase):
             for key, child in value.items():
                 new_child = swap(f"{path}.{key}".lstrip("."), child)
@@ -98,6 +110,13 @@ def replace_config(
         return value
 
     result = swap("", copy.deepcopy(cfg))
+    if count == 0 and rejected and not missing_ok:
+        shown = ", ".join(rejected_paths[:5]) + (" ..." if len(rejected_paths) > 5 else "")
+        raise ConfigError(
+            f"replace_config: {rejected} sub-config(s) of class {target_cls.__qualname__} "
+            f"found, but `where` rejected every one (paths: {shown}); paths are dotted from "
+            'the root, whose path is ""'
+        )
     if count == 0 and not missing_ok:
         raise ConfigError(
             f"replace_config: no sub-config of class {target_cls.__qualname__} "

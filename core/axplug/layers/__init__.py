@@ -6,18 +6,22 @@ from axplug.layers.attention import (
     DotProductKernel,
     IdentityPositionTransform,
     QKVLinear,
+    linear_bias,
 )
-from axplug.layers.base import BaseLayer, ParameterSpec
+from axplug.layers.base import BaseLayer, Initializer, ParameterSpec
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
 from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
-from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
+from axplug.layers.kv_cache import EMPTY_POSITION, ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
 from axplug.layers.transformer import TransformerLayer
 
 __all__ = [
     "ACTIVATIONS",
+    "EMPTY_POSITION",
+    "Initializer",
+    "linear_bias",
     "REMAT_POLICIES",
     "Attention",
     "AttentionMask",

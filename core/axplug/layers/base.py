@@ -15,6 +15,8 @@ from axplug.module import Module
 
 __all__ = ["ParameterSpec", "BaseLayer", "Initializer"]
 
+# `initializer(prng_key, shape, dtype) -> array`: every `jax.nn.initializers.*` fits
+# (ones, zeros, constant(v), normal(stddev), variance_scaling(...)).
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
 
@@ -108,8 +110,9 @@ class BaseLayer(Module):
                     params[name] = child_params
         return params
 
-    def _cast(self, x: jax.Array) -> jax.Array:
-        """`x` in this layer's compute dtype."""
+    def cast(self, x: jax.Array) -> jax.Array:
+        """`x` in this layer's compute dtype: what a layer's output should be (a norm that
+        computes in float32 returns `self.cast(y)`)."""
         return x.astype(self._compute_dtype)
 
 

@@ -48,9 +48,9 @@ class Linear(BaseLayer):
 
     def forward(self, x: jax.Array) -> jax.Array:
         params = self.parameters
-        y = jnp.einsum("...i,io->...o", self._cast(x), self._cast(params["weight"]))
+        y = jnp.einsum("...i,io->...o", self.cast(x), self.cast(params["weight"]))
         if "bias" in params:
-            y = y + self._cast(params["bias"])
+            y = y + self.cast(params["bias"])
         return y
 
 
@@ -79,9 +79,9 @@ class Embedding(BaseLayer):
         # [batch, seq] -> [batch, seq, dim]
         # Gathered over its FSDP shards like any weight before use: a lookup into a table
         # split along `dim` would gather every row's ids instead, which grows with the batch.
-        table = constrain(self._cast(self.parameters["weight"]), (self._config.mesh_axes[0], None))
+        table = constrain(self.cast(self.parameters["weight"]), (self._config.mesh_axes[0], None))
         return jnp.take(table, ids, axis=0)
 
     def attend(self, x: jax.Array) -> jax.Array:
         # [batch, seq, dim] -> [batch, seq, num_embeddings]
-        return jnp.einsum("...d,vd->...v", self._cast(x), self._cast(self.parameters["weight"]))
+        return jnp.einsum("...d,vd->...v", self.cast(x), self.cast(self.parameters["weight"]))

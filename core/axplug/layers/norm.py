@@ -33,7 +33,7 @@ class RMSNorm(BaseLayer):
     def forward(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self._config.eps)
-        return self._cast(y * self.parameters["scale"].astype(jnp.float32))
+        return self.cast(y * self.parameters["scale"].astype(jnp.float32))
 
 
 class LayerNorm(BaseLayer):
@@ -66,4 +66,4 @@ class LayerNorm(BaseLayer):
         y = y * self.parameters["scale"].astype(jnp.float32)
         if "bias" in self.parameters:
             y = y + self.parameters["bias"].astype(jnp.float32)
-        return self._cast(y)
+        return self.cast(y)

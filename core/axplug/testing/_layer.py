@@ -44,8 +44,13 @@ class LayerConformance:
     """Subclass as `TestMyLayer(LayerConformance)` and override `layer_config` (required).
 
     Optional fixtures: `input_shape` (default [4, 8, input_dim]), `inputs` (positional tuple or
-    keyword dict for `forward`), `swap_target` (the class in llama-tiny this layer replaces,
-    default the core FeedForward), `llama_modifier`, `tolerance`, `mesh_shape`.
+    keyword dict for `forward`; any pytree of arrays: each leaf is sharded along its batch
+    dim in the sharding check), `swap_target` (the class in llama-tiny this layer replaces;
+    the default, the core FeedForward, is taken only for a layer whose config has the
+    FeedForward's required fields, so a norm or attention plugin must name its own),
+    `llama_modifier` (returns a function cfg -> cfg that puts the layer into a config tree;
+    the default replaces every `swap_target` with `replace_config`), `tolerance`,
+    `mesh_shape`.
     """
 
     capabilities: tuple[str, ...] = LAYER_CAPABILITIES
@@ -75,9 +80,20 @@ class LayerConformance:
         return (jax.random.normal(jax.random.PRNGKey(1), input_shape, jnp.float32),)
 
     @pytest.fixture
-    def swap_target(self):
+    def swap_target(self, layer_config):
+        from axplug.config import REQUIRED
         from axplug.layers import FeedForward
 
+        needed = [k for k, v in FeedForward.default_config().items() if v is REQUIRED]
+        fields = set(layer_config.keys())
+        missing = [k for k in needed if k not in fields]
+        if missing:
+            raise NotImplementedError(
+                f"{type(self).__name__}: the default swap_target is the core FeedForward, but "
+                f"this layer's config lacks its required fields {missing}, so it is not a "
+                "feed-forward layer; override the `swap_target` fixture with the class it "
+                "replaces in llama-tiny (e.g. axplug.layers.RMSNorm for a norm)"
+            )
         return FeedForward
 
     @pytest.fixture
@@ -248,7 +264,7 @@ class LayerConformance:
             got_grads = grad(sharded_params, sharded_inputs)
             _assert_trees_close(got_grads, expected_grads, tolerance, "sharded grad")
 
-    def test_trains_in_llama_tiny(self, llama_modifier, tmp_path):
+    def test_trains_in_llama_tiny(self, layer_config, llama_modifier, tmp_path):
         require(self, "swappable_in_llama", LAYER_CAPABILITIES)
         from axplug import hookimpl, registry
         from axplug.presets import preset_config
@@ -276,6 +292,13 @@ class LayerConformance:
             ],
         )
         cfg = llama_modifier(cfg)
+        from axplug.config import find_configs
+
+        if not find_configs(cfg, layer_config.klass):
+            raise AssertionError(
+                f"{type(self).__name__}: llama_modifier left no {layer_config.klass.__name__} "
+                "in llama-tiny; it must put this layer into the config tree"
+            )
         losses: list[float] = []
 
         class Record:

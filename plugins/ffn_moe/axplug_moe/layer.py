@@ -90,12 +90,12 @@ class MoEFeedForward(BaseLayer):
     def forward(self, x: jax.Array) -> jax.Array:
         # x: [..., seq, dim]; each sequence is one routing group.
         shape = x.shape
-        x = self._cast(x.reshape(-1, *shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1))
+        x = self.cast(x.reshape(-1, *shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1))
         params = self.parameters
         experts = Experts(
-            wi_up=self._cast(params["wi_up"]),
-            wo=self._cast(params["wo"]),
-            wi_gate=self._cast(params["wi_gate"]) if "wi_gate" in params else None,
+            wi_up=self.cast(params["wi_up"]),
+            wo=self.cast(params["wo"]),
+            wi_gate=self.cast(params["wi_gate"]) if "wi_gate" in params else None,
             activation=self._act,
         )
         routing = self.router(x)

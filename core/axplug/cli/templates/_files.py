@@ -141,7 +141,7 @@ class $cls(ConfigModifier):
         if not found:
             raise ConfigError("modifier $name: the config has no FeedForward to modify")
         for _, sub in found:
-            sub.activation = self._config.activation
+            sub.activation = self.config.activation
         return cfg
 '''
 
