@@ -756,3 +756,24 @@ class TestRopeGqaAttentionConformance(LayerConformance):
     @pytest.fixture
     def swap_target(self):
         return Attention
+
+
+@pytest.mark.parametrize(
+    "given, field, default",
+    [
+        ("rope:theta=500000", lambda a: a.position.theta, 10000.0),
+        ("gqa:num_kv_heads=2", lambda a: a.qkv.num_kv_heads, 1),
+        ("sliding_window:size=8", lambda a: a.sliding_window, 4096),
+        ("alibi:max_bias=4", lambda a: a.linear_bias_slopes[0], 2.0**-1),  # 8 heads, bias 8
+    ],
+    ids=["rope", "gqa", "sliding_window", "alibi"],
+)
+def test_reapplying_a_modifier_resets_the_options_it_owns(given, field, default):
+    # The documented rule: applied again, a modifier sets every option it owns, given or
+    # default (llama3-style theta back to 10000 when `rope` comes again without it).
+    name = given.split(":")[0]
+    cfg = make_modifier(given)(preset_config("llama-tiny"))
+    attention = cfg.model.decoder.transformer.layer.attention
+    assert field(attention) != default
+    again = make_modifier(name)(cfg).model.decoder.transformer.layer.attention
+    assert field(again) == default

@@ -732,3 +732,22 @@ class TestMoEFeedForwardConformance(LayerConformance):
     @pytest.fixture
     def mesh_shape(self):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
+
+
+def test_reapplying_moe_resets_the_options_it_owns():
+    # mixtral-tiny is drop-free (capacity_factor=None); `moe` applied again without the option
+    # takes the modifier's default, as every modifier does (docs/plugin-reference.md).
+    from axplug.config import find_configs
+    from axplug.modifiers import make_modifier
+    from axplug.presets import preset_config
+    from axplug_moe import MoEFeedForward
+
+    cfg = preset_config("mixtral-tiny")
+    (router,) = {ffn.router.capacity_factor for _, ffn in find_configs(cfg, MoEFeedForward)}
+    assert router is None
+    again = make_modifier("moe")(cfg)
+    default = make_modifier("moe").config.capacity_factor
+    assert {ffn.router.capacity_factor for _, ffn in find_configs(again, MoEFeedForward)} == {
+        default
+    }
+    assert default == 1.25
