@@ -737,10 +737,11 @@ class TestMoEFeedForwardConformance(LayerConformance):
 def test_reapplying_moe_resets_the_options_it_owns():
     # mixtral-tiny is drop-free (capacity_factor=None); `moe` applied again without the option
     # takes the modifier's default, as every modifier does (docs/plugin-reference.md).
+    from axplug_moe import MoEFeedForward
+
     from axplug.config import find_configs
     from axplug.modifiers import make_modifier
     from axplug.presets import preset_config
-    from axplug_moe import MoEFeedForward
 
     cfg = preset_config("mixtral-tiny")
     (router,) = {ffn.router.capacity_factor for _, ffn in find_configs(cfg, MoEFeedForward)}

@@ -222,6 +222,26 @@ def test_disable_env_marks_distributions_but_never_the_core(plugin_site, monkeyp
     assert "fake_a_mod" not in sys.modules
 
 
+def test_a_saved_config_naming_a_disabled_plugins_class_is_refused(plugin_site, monkeypatch):
+    # `module:Qualname` in a saved config would import the plugin behind the user's back.
+    from axplug.config import ConfigError, from_dict
+
+    plugin_site.add(
+        "fake-a", {"axplug.layers": {"dense": "fake_a_mod:Dense"}}, modules={"fake_a_mod": EXPLODES}
+    )
+    monkeypatch.setenv("AXPLUG_DISABLE_PLUGINS", "fake-a")
+    for trusted in (True, False):
+        message = r"'fake_a_mod:Dense' is code of fake-a, which is disabled \(AXPLUG_DISABLE_"
+        with pytest.raises(ConfigError, match=message):
+            from_dict({"klass": "fake_a_mod:Dense"}, trusted=trusted)
+    assert "fake_a_mod" not in sys.modules
+    monkeypatch.setenv("AXPLUG_LOAD_PLUGINS", "")  # core only: the same
+    monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS")
+    with pytest.raises(ConfigError, match="is code of fake-a, which is disabled"):
+        from_dict({"klass": "fake_a_mod:Dense"}, trusted=True)
+    assert "fake_a_mod" not in sys.modules
+
+
 @pytest.mark.parametrize(("allow", "enabled"), [("", set()), ("fake_b", {"fake-b"})])
 def test_load_plugins_env_is_an_allow_list(plugin_site, monkeypatch, allow, enabled):
     plugin_site.add("fake-a", {"axplug.layers": {"one": "m:D"}})

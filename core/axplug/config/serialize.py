@@ -61,6 +61,36 @@ def _trusted_packages() -> set[str]:
     return packages
 
 
+def _disabled_packages() -> dict[str, str]:
+    """{top-level package: distribution} of the plugins AXPLUG_DISABLE_PLUGINS or
+    AXPLUG_LOAD_PLUGINS turn off."""
+    from axplug import registry
+
+    return {
+        c.value.split(":")[0].split(".")[0]: c.distribution
+        for c in registry.discover()
+        if c.status == "disabled"
+    }
+
+
+def check_enabled_reference(name: str, path: str) -> None:
+    """ConfigError when `name` (`module:Qualname`) lies in a plugin the user turned off."""
+    package = name.partition(":")[0].split(".")[0]
+    dist = _disabled_packages().get(package)
+    if dist is not None:
+        raise ConfigError(
+            f"{path}: {name!r} is code of {dist}, which is disabled "
+            f"({_env_names()}); it was not imported. Enable {dist} to load this "
+            "config, or replace the component"
+        )
+
+
+def _env_names() -> str:
+    from axplug.registry import ALLOW_ENV, DISABLE_ENV
+
+    return f"{DISABLE_ENV} / {ALLOW_ENV}"
+
+
 def check_trusted_reference(name: str, path: str) -> None:
     """Raise UntrustedCodeError unless `name` (`module:Qualname`) lies in a trusted package."""
     package = name.partition(":")[0].split(".")[0]
@@ -95,6 +125,7 @@ def resolve_class(name: str, path: str = "klass", *, trusted: bool = True) -> An
     """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`);
     untrusted, a `module:Qualname` must lie in the core or an installed plugin package."""
     if _QUALNAME.match(name):
+        check_enabled_reference(name, path)
         if not trusted:
             check_trusted_reference(name, path)
         if (obj := _import_qualname(name)) is not None:
