@@ -136,6 +136,37 @@ def test_generated_plugin_passes_its_tests(tmp_path, kind):
     _installed_and_tested(tmp_path, kind)
 
 
+def test_layer_with_its_modifier_under_a_chosen_name_installs_and_passes(tmp_path, capsys):
+    argv = ["new-plugin", "axplug-acts", "--component", "sq_relu", "--with-modifier"]
+    assert cli_main([*argv, "--dir", str(tmp_path / "src")]) == 0
+    assert "created layer + modifier plugin" in capsys.readouterr().out
+    root = tmp_path / "src" / "axplug-acts"
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["axplug.layers"] == {"sq_relu": "axplug_acts.layer:SqRelu"}
+    assert project["entry-points"]["axplug.modifiers"] == {
+        "sq_relu": "axplug_acts.modifier:SqReluModifier"
+    }
+    run([RUFF, "check", "--no-cache", "."], cwd=root)
+    run([RUFF, "format", "--check", "--no-cache", "."], cwd=root)
+    env = fake_install(root, tmp_path / "site")
+    import json
+
+    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
+    mine = {(c["kind"], c["name"]): c["status"] for c in json.loads(listed)
+            if c["distribution"] == "axplug-acts"}  # fmt: skip
+    assert mine == {("layers", "sq_relu"): "ok", ("modifiers", "sq_relu"): "ok"}
+    out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
+    assert "passed" in out and "failed" not in out and "skipped" not in out, out
+
+
+def test_with_modifier_and_component_are_checked(tmp_path, capsys):
+    base = ["new-plugin", "axplug-x", "--dir", str(tmp_path)]
+    assert cli_main([*base, "--kind", "kernel", "--with-modifier"]) == 2
+    assert "--with-modifier goes with --kind layer" in capsys.readouterr().err
+    assert cli_main([*base, "--component", "Bad-Name"]) == 2
+    assert "--component 'Bad-Name': use lowercase letters" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_pip_install_editable_in_a_fresh_virtualenv(tmp_path):
     """The real story: `pip install -e` into a virtualenv layered over this environment."""

@@ -15,6 +15,9 @@ KINDS = ("layer", "kernel", "mesh-rule", "modifier", "storage", "hooks")
 EPILOG = """\
 examples:
   axplug new-plugin axplug-sqrelu                  a layer plugin in ./axplug-sqrelu
+  axplug new-plugin axplug-acts --component sq_relu --with-modifier
+                                                   layer `sq_relu` (class SqRelu) and the
+                                                   modifier `sq_relu` that swaps it in
   axplug new-plugin my-attn --kind kernel --dir plugins
   axplug new-plugin axplug-l40s --kind mesh-rule
   cd axplug-sqrelu && pip install -e '.[test]' && pytest && axplug list --kind layers
@@ -38,6 +41,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--dir", default=".", help="parent directory; the package goes to DIR/NAME (default: .)"
     )
+    parser.add_argument(
+        "--component",
+        metavar="NAME",
+        help="the component's registry name (default: from the distribution name); the class "
+        "is its CamelCase",
+    )
+    parser.add_argument(
+        "--with-modifier",
+        action="store_true",
+        help="with --kind layer: also a modifier of the same name that puts the layer in "
+        "place of every FeedForward, registered and tested",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing directory")
     parser.set_defaults(run=run)
     return parser
@@ -59,17 +74,36 @@ def names_for(name: str) -> dict[str, str]:
     return {"dist": dist, "module": module, "name": short, "cls": cls}
 
 
-def generate(name: str, kind: str, directory: Path, *, force: bool = False) -> list[Path]:
+def generate(
+    name: str,
+    kind: str,
+    directory: Path,
+    *,
+    force: bool = False,
+    component: str | None = None,
+    with_modifier: bool = False,
+) -> list[Path]:
     """Writes the package for `name` to directory/<dist>; returns the files written."""
     from string import Template
 
     from axplug import PLUGIN_API_VERSION, __version__
     from axplug.cli.templates import COMMON, KIND_FILES
+    from axplug.cli.templates._files import LAYER_MODIFIER, LAYER_MODIFIER_TEST
 
     if kind not in KIND_FILES:
         raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KIND_FILES)}")
+    if with_modifier and kind != "layer":
+        raise ValueError(f"--with-modifier goes with --kind layer, not {kind!r}")
     group, submodule, source, test = KIND_FILES[kind]
     values = names_for(name)
+    if component is not None:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", component) or keyword.iskeyword(component):
+            raise ValueError(
+                f"--component {component!r}: use lowercase letters, digits and underscores, "
+                "starting with a letter (e.g. sq_relu)"
+            )
+        values["name"] = component
+        values["cls"] = "".join(part.capitalize() for part in component.split("_"))
     major, minor = __version__.split(".")[:2]
     values.update(
         group=group,
@@ -85,12 +119,21 @@ def generate(name: str, kind: str, directory: Path, *, force: bool = False) -> l
     target = f"{values['module']}.{submodule}"
     exported = "plugin" if kind == "hooks" else values["export"]
     values["entry_value"] = f"{target}:{exported}"
+    values["extra_entry_points"] = (
+        f'\n[project.entry-points."axplug.modifiers"]\n'
+        f'{values["name"]} = "{values["module"]}.modifier:{values["cls"]}Modifier"\n'
+        if with_modifier
+        else ""
+    )
     root = Path(directory) / values["dist"]
     if root.exists() and any(root.iterdir()) and not force:
         raise FileExistsError(f"{root} exists and is not empty; pass --force to overwrite")
     files = dict(COMMON)
     files[f"$module/{submodule}.py"] = source
     files[f"tests/test_{submodule}.py"] = test
+    if with_modifier:
+        files["$module/modifier.py"] = LAYER_MODIFIER
+        files["tests/test_modifier.py"] = LAYER_MODIFIER_TEST
     written = []
     for rel, text in files.items():
         path = root / Template(rel).substitute(values)
@@ -104,12 +147,20 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     try:
-        written = generate(args.name, args.kind, Path(args.dir), force=args.force)
+        written = generate(
+            args.name,
+            args.kind,
+            Path(args.dir),
+            force=args.force,
+            component=args.component,
+            with_modifier=args.with_modifier,
+        )
     except (ValueError, FileExistsError) as exc:
         print(f"axplug new-plugin: {exc}", file=sys.stderr)
         return 2
     root = written[0].parent
-    print(f"created {args.kind} plugin in {root}:")
+    what = f"{args.kind} + modifier" if args.with_modifier else args.kind
+    print(f"created {what} plugin in {root}:")
     for path in written:
         print(f"  {path.relative_to(root)}")
     print(f"\nnext: cd {root} && pip install -e '.[test]' && pytest && axplug list")

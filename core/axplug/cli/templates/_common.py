@@ -27,7 +27,7 @@ test = ["pytest>=8", "ruff>=0.6"]
 
 [project.entry-points."$group"]
 $name = "$entry_value"
-
+$extra_entry_points
 [tool.setuptools.packages.find]
 include = ["$module*"]
 

@@ -3,7 +3,7 @@ filled in by `axplug new-plugin`."""
 
 from __future__ import annotations
 
-__all__ = ["KIND_FILES"]
+__all__ = ["KIND_FILES", "LAYER_MODIFIER", "LAYER_MODIFIER_TEST"]
 
 LAYER = '''\
 """A feed-forward layer with a squared-ReLU activation: wo(relu(wi(x)) ** 2)."""
@@ -369,6 +369,65 @@ class TestMeshRule(MeshRuleConformance):
 '''
 
 # kind -> (entry-point group, entry value suffix, component module source, test source)
+LAYER_MODIFIER = '''\
+"""`--modifier $name`: $cls in place of every core FeedForward of a config tree."""
+
+from __future__ import annotations
+
+from axplug.config import ConfigBase, ConfigError, ConfigModifier, find_configs, replace_config
+from axplug.layers import FeedForward
+
+from $module.layer import $cls
+
+__all__ = ["${cls}Modifier"]
+
+
+class ${cls}Modifier(ConfigModifier):
+    """Every FeedForward becomes a $cls, its dims carried over; the input is not mutated."""
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        if not find_configs(cfg, FeedForward) and not find_configs(cfg, $cls):
+            raise ConfigError("modifier '$name': the config has no FeedForward to replace")
+        # Options would be fields of a Config here, read as self.config.<field> and passed as
+        # replace_config(..., owned=[...]) so that applying the modifier again resets them.
+        new = $cls.default_config()
+        return replace_config(cfg, target=FeedForward, new_cfg=new, missing_ok=True)
+'''
+
+LAYER_MODIFIER_TEST = '''\
+"""`--modifier $name` puts the layer into a stock preset, which then trains."""
+
+import jax
+from axplug.config import find_configs
+from axplug.layers import FeedForward
+from axplug.modifiers import make_modifier
+from axplug.presets import preset_config
+
+from $module import $cls
+
+
+def test_modifier_swaps_every_feed_forward_and_trains(tmp_path):
+    cfg = preset_config(
+        "gpt-tiny",
+        overrides=[
+            f"output_dir={str(tmp_path)!r}",
+            "max_steps=2",
+            "checkpoint_every=2",
+            "compilation_cache_dir=None",
+            "summary_writers=[]",
+            "model.decoder.dim=32",
+            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+            "input.seq_len=32",
+            "input.batch_size=4",
+            "mesh.mesh_shape=(1, 1, 1, 1, 1)",
+        ],
+    )
+    out = make_modifier("$name")(cfg)  # through the registry, as `--modifier $name` does
+    assert find_configs(out, $cls) and not find_configs(out, FeedForward)
+    assert make_modifier("$name")(out).debug_string() == out.debug_string()  # idempotent
+    assert out.instantiate(devices=jax.devices()[:1]).run()["step"] == 2
+'''
+
 KIND_FILES = {
     "layer": ("axplug.layers", "layer", LAYER, LAYER_TEST),
     "kernel": ("axplug.kernels", "kernel", KERNEL, KERNEL_TEST),
