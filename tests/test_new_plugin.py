@@ -299,3 +299,70 @@ def test_plugin_reference_covers_every_group_and_hook():
         assert documented == actual, f"hook {name}: documented {documented}, defined {actual}"
     lo, hi = SUPPORTED_PLUGIN_API
     assert f"loads **{lo} to {hi}**" in text, "update the documented window"
+
+
+def _signature(method) -> str:
+    """`name(a, b, *, c)`: parameter names and kinds as the contract tables write them."""
+    import inspect
+
+    parts, star = [], False
+    for p in list(inspect.signature(method).parameters.values())[1:]:  # not self
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name)
+    return f"{method.__name__}({', '.join(parts)})"
+
+
+def test_slot_contracts_and_attention_mask_are_documented_as_coded():
+    import dataclasses
+
+    from axplug.kernels import FlashAttention
+    from axplug.layers import (
+        AttentionMask,
+        ContiguousKVCache,
+        DotProductKernel,
+        FeedForward,
+        IdentityPositionTransform,
+        PagedKVCache,
+        QKVLinear,
+    )
+
+    text = (TUTORIAL.parent / "plugin-reference.md").read_text()
+    table = text[text.index("#### Slot contracts") : text.index("`AttentionMask` (`axplug")]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    documented = [(r[0].strip("| `"), r[2].split("`")[1]) for r in rows]
+    fillers = {  # the core default first, then the first-party alternatives
+        "Attention.qkv": [QKVLinear],
+        "Attention.position": [IdentityPositionTransform],
+        "Attention.kernel": [DotProductKernel, FlashAttention],
+        "Attention.kv_cache": [ContiguousKVCache, PagedKVCache],
+        "TransformerLayer.feed_forward": [FeedForward],
+    }
+    try:
+        from axplug_attention.gqa import GroupedQKVLinear
+        from axplug_attention.rope import RotaryPositionTransform
+
+        fillers["Attention.qkv"].append(GroupedQKVLinear)
+        fillers["Attention.position"].append(RotaryPositionTransform)
+    except ImportError:
+        pass
+    try:
+        from axplug_moe import MoEFeedForward
+
+        fillers["TransformerLayer.feed_forward"].append(MoEFeedForward)
+    except ImportError:
+        pass
+    assert {slot for slot, _ in documented} == set(fillers)
+    for slot, contract in documented:
+        method = contract.split("(")[0]
+        for cls in fillers[slot]:
+            assert _signature(getattr(cls, method)) == contract, (slot, cls.__name__)
+    assert "num_kv_heads" in dir(QKVLinear) and "num_kv_heads" in dir(GroupedQKVLinear)
+
+    mask_table = text[text.index("`AttentionMask` (`axplug") : text.index("`mask.dense()`")]
+    mask_rows = [line.split(" | ") for line in mask_table.splitlines() if line.startswith("| `")]
+    fields = dataclasses.fields(AttentionMask)
+    assert [r[0].strip("| `") for r in mask_rows] == [f.name for f in fields]
+    for row, field in zip(mask_rows, fields, strict=True):
+        assert ("static" in row[1]) == bool(field.metadata.get("static")), field.name

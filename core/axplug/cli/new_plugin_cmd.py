@@ -105,12 +105,13 @@ def generate(
         values["name"] = component
         values["cls"] = "".join(part.capitalize() for part in component.split("_"))
     major, minor = __version__.split(".")[:2]
+    api_major = PLUGIN_API_VERSION.split(".")[0]
     values.update(
         group=group,
         submodule=submodule,
         kind=group.split(".", 1)[1],
-        api=PLUGIN_API_VERSION,
-        axplug_req=f"axplug>={major}.{minor},<{major}.{int(minor) + 1}",
+        api=api_major,  # the entry name loading reads; the minor goes in the requirement
+        axplug_req=f"axplug>={__version__},<{major}.{int(minor) + 1}",
         description=f"An axplug {kind} plugin: {values['name']}.",
     )
     values["func"] = f"{values['name']}_rule"
