@@ -408,6 +408,12 @@ def test_kernels_on_real_hardware(backend, names):
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     for name in names:
         _on_hardware(q, k, v, AttentionMask(pos, pos), name)
+    # ALiBi slopes: only kernels declaring the bias take it; they must equal the reference.
+    slopes = jnp.asarray([2.0 ** (-i) for i in range(1, 9)], jnp.float32)
+    biased = AttentionMask(pos, pos, linear_bias_slopes=slopes)
+    for name in names:
+        if getattr(registry.load("kernels", name), "supports_linear_bias", False):
+            _on_hardware(q, k, v, biased, name)
 
 
 def test_list_check_shows_hardware_kernels_unavailable_with_reasons(capsys):
