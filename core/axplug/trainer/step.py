@@ -13,9 +13,22 @@ from axplug.context import functional
 from axplug.module import Module
 from axplug.trainer.aux_losses import AuxLossRule
 
-__all__ = ["build_train_step", "build_eval_step", "step_key", "summary_scalars"]
+__all__ = [
+    "build_train_step",
+    "build_eval_step",
+    "model_inputs",
+    "step_key",
+    "summary_scalars",
+]
 
 TrainState = dict[str, Any]  # {"params", "opt_state", "step"}
+
+
+def model_inputs(batch: dict) -> dict:
+    """The model's keyword arguments from a batch: ids, labels, and a packed batch's
+    `positions` and `segment_ids` when it has them."""
+    keys = ("input_ids", "target_labels", "positions", "segment_ids")
+    return {k: batch[k] for k in keys if k in batch}
 
 
 def step_key(seed: int, step: jax.Array) -> jax.Array:
@@ -65,7 +78,7 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
             model,
             prng_key=key,
             state=params,
-            inputs=(batch["input_ids"], batch["target_labels"]),
+            inputs=model_inputs(batch),
             is_training=True,
         )
         aux_total, aux_terms = aux_rule(collection.module_outputs)
@@ -153,7 +166,7 @@ def build_eval_step(model: Module) -> Callable[[Any, dict], jax.Array]:
             model,
             prng_key=None,
             state=params,
-            inputs=(batch["input_ids"], batch["target_labels"]),
+            inputs=model_inputs(batch),
             is_training=False,
         )
         return loss

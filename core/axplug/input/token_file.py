@@ -1,0 +1,162 @@
+"""Tokenized data on disk (what `axplug prepare-data` writes) and the input that trains on it.
+
+A data directory holds `meta.json`, the tokenizer file, and shards: `shard_NNNNN.bin` (the
+token ids of whole documents, each ending with the tokenizer's EOS when it has one; uint16
+or uint32) with `shard_NNNNN.docs.npy` (int64 document start offsets in the shard, plus its
+length). Shards are written whole and renamed into place, so a directory is never half a
+shard, and `meta.json` is written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Iterator
+
+import numpy as np
+
+from axplug.config import REQUIRED, ConfigFileError, Required, config_class
+from axplug.input.base import Batch, StepInput, field_error
+
+__all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
+
+FORMAT = "axplug-tokens-1"
+IGNORE_LABEL = -1  # a target the loss skips (CausalLM ignores labels < 0)
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+    """The `meta.json` of a prepared data directory, checked."""
+    path = pathlib.Path(directory) / "meta.json"
+    if not path.is_file():
+        raise ConfigFileError(
+            f"{str(directory)!r} is not a prepared data directory (no meta.json); make one with "
+            "`axplug prepare-data FILES --tokenizer PATH --output DIR`"
+        )
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ConfigFileError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def write_shard(directory: pathlib.Path, name: str, documents: list, dtype: str) -> dict:
+    """Writes the documents (lists of ids) as shard `name` atomically; returns its record."""
+    lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.fromiter(
+        (t for d in documents for t in d), dtype=np.dtype(dtype), count=int(starts[-1])
+    )
+    for suffix, write in ((".bin", tokens.tofile), (".docs.npy", lambda f: np.save(f, starts))):
+        tmp = directory / f".{name}{suffix}.tmp"
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, directory / f"{name}{suffix}")
+    return {"name": name, "tokens": int(starts[-1]), "documents": len(documents)}
+
+
+class TokenFileInput(StepInput):
+    """Batches of a prepared data directory, a pure function of `(seed, step)`.
+
+    The split's token stream (its documents in order) is cut into windows of `seq_len + 1`
+    tokens starting every `seq_len`; each epoch visits every window once, in a seeded
+    permutation of its own, so a resumed run sees the same batches. The last `eval_fraction`
+    of the documents (at least one) is the `eval` split, the rest `train`.
+
+    `packing=True` adds `segment_ids` (one per document within a row) and `positions`
+    restarting at each document, so attention stays inside a document and a packed row
+    computes what its documents would alone; targets across a document boundary are
+    `IGNORE_LABEL`. Without packing a window runs across documents (GPT-style).
+    """
+
+    @config_class
+    class Config(StepInput.Config):
+        path: Required[str] = REQUIRED
+        split: str = "train"
+        eval_fraction: float = 0.05
+        packing: bool = False
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        if cfg.split not in ("train", "eval"):
+            raise field_error(cfg, "split", f"must be 'train' or 'eval', got {cfg.split!r}")
+        if not 0.0 < cfg.eval_fraction < 1.0:
+            raise field_error(cfg, "eval_fraction", f"must be in (0, 1), got {cfg.eval_fraction}")
+        root = pathlib.Path(cfg.path).expanduser()
+        self.meta = read_meta(root)
+        self.vocab_size = int(self.meta["vocab_size"])
+        self._shards, starts, doc_starts = [], [0], [np.zeros(1, np.int64)]
+        for shard in self.meta["shards"]:
+            tokens = np.memmap(root / f"{shard['name']}.bin", dtype=self.meta["dtype"], mode="r")
+            docs = np.load(root / f"{shard['name']}.docs.npy")
+            self._shards.append(tokens)
+            doc_starts.append(docs[1:] + starts[-1])
+            starts.append(starts[-1] + len(tokens))
+        self._offsets = np.asarray(starts, np.int64)  # global token offset of each shard
+        self._doc_starts = np.concatenate(doc_starts)  # [documents + 1]
+        n_docs = len(self._doc_starts) - 1
+        if n_docs < 2:
+            raise field_error(cfg, "path", f"{root} holds {n_docs} document(s): no eval split")
+        eval_docs = max(1, int(n_docs * cfg.eval_fraction))
+        boundary = int(self._doc_starts[n_docs - eval_docs])
+        lo, hi = (0, boundary) if cfg.split == "train" else (boundary, int(self._offsets[-1]))
+        self._lo = lo
+        self.num_windows = (hi - lo - 1) // cfg.seq_len
+        if self.num_windows < 1:
+            raise field_error(
+                cfg,
+                "seq_len",
+                f"the {cfg.split} split of {root} has {hi - lo} tokens, fewer than seq_len + 1 "
+                f"= {cfg.seq_len + 1}; use a smaller seq_len, eval_fraction or more data",
+            )
+        self._epoch: tuple[int, np.ndarray] | None = None
+
+    def _read(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) of the whole stream, across shards."""
+        out, end = [], start + length
+        first = int(np.searchsorted(self._offsets, start, side="right")) - 1
+        for i in range(first, len(self._shards)):
+            lo, hi = max(start, self._offsets[i]), min(end, self._offsets[i + 1])
+            if lo >= hi:
+                break
+            out.append(self._shards[i][lo - self._offsets[i] : hi - self._offsets[i]])
+        return np.concatenate(out).astype(np.int32)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self._epoch is None or self._epoch[0] != epoch:
+            rng = np.random.default_rng([self._config.seed, 0x7F4A, epoch])
+            self._epoch = (epoch, rng.permutation(self.num_windows))
+        return self._epoch[1]
+
+    def window_start(self, sample: int) -> int:
+        """Global token offset of the `sample`-th window served (across epochs)."""
+        epoch, index = divmod(sample, self.num_windows)
+        return self._lo + int(self._permutation(epoch)[index]) * self._config.seq_len
+
+    def batch(self, step: int) -> Batch:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        cfg = self._config
+        first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
+        starts = [self.window_start(first + r) for r in range(self.local_batch_size)]
+        windows = np.stack([self._read(s, cfg.seq_len + 1) for s in starts])
+        batch = {
+            "input_ids": np.ascontiguousarray(windows[:, :-1]),
+            "target_labels": np.ascontiguousarray(windows[:, 1:]),
+        }
+        if cfg.packing:
+            index = np.asarray(starts, np.int64)[:, None] + np.arange(cfg.seq_len + 1)
+            doc = np.searchsorted(self._doc_starts, index, side="right") - 1  # [b, L + 1]
+            same = doc[:, 1:] == doc[:, :-1]
+            batch["target_labels"] = np.where(same, batch["target_labels"], IGNORE_LABEL)
+            batch["segment_ids"] = (doc[:, :-1] - doc[:, :1] + 1).astype(np.int32)
+            batch["positions"] = (index[:, :-1] - self._doc_starts[doc[:, :-1]]).astype(np.int32)
+        return {k: v.astype(np.int32) for k, v in batch.items()}
+
+    def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
+        while True:
+            yield step, self.batch(step)
+            step += 1
+
+    def _windows(self, rng, rows):
+        """Unused: `batch` indexes epoch permutations instead of drawing random windows."""
+        raise NotImplementedError("TokenFileInput.batch does not draw random windows")

@@ -1,0 +1,142 @@
+"""The token-file input: epochs without replacement, process rows, packing, splits."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug.input.token_file import FORMAT, IGNORE_LABEL, TokenFileInput, write_shard
+
+
+def make_data(path, documents, *, shard_docs=3, vocab=50):
+    """A data directory of `documents` (lists of ids) in shards of `shard_docs` documents."""
+    path.mkdir(parents=True, exist_ok=True)
+    shards = [
+        write_shard(path, f"shard_{i:05d}", documents[s : s + shard_docs], "uint16")
+        for i, s in enumerate(range(0, len(documents), shard_docs))
+    ]
+    meta = {"format": FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def documents(n=12, seed=0, vocab=50):
+    rng = np.random.default_rng(seed)
+    return [list(rng.integers(1, vocab, size=rng.integers(3, 15))) for _ in range(n)]
+
+
+def token_input(path, **kwargs):
+    cfg = TokenFileInput.default_config().set(path=str(path), seq_len=8, batch_size=4, **kwargs)
+    return cfg.instantiate()
+
+
+def test_an_epoch_visits_every_window_once_in_a_seeded_order(tmp_path):
+    docs = documents()
+    data = make_data(tmp_path, docs)
+    inp = token_input(data)
+    stream = np.concatenate(docs)
+    train_tokens = sum(len(d) for d in docs[: len(docs) - max(1, int(len(docs) * 0.05))])
+    assert inp.num_windows == (train_tokens - 1) // 8
+    n = inp.num_windows
+    starts = [inp.window_start(i) for i in range(n)]
+    assert sorted(starts) == [8 * i for i in range(n)]  # each window once
+    second = [inp.window_start(n + i) for i in range(n)]
+    assert sorted(second) == sorted(starts) and second != starts  # a new order each epoch
+    batch = inp.batch(1)
+    for row, start in enumerate(starts[4:8]):  # step 1 = samples 4..7
+        np.testing.assert_array_equal(batch["input_ids"][row], stream[start : start + 8])
+        np.testing.assert_array_equal(batch["target_labels"][row], stream[start + 1 : start + 9])
+    again = token_input(data)  # a resumed run: the same batches, from any step
+    step, resumed = next(again.iter_from(3))
+    assert step == 3
+    for key, value in inp.batch(3).items():
+        np.testing.assert_array_equal(resumed[key], value)
+    other = token_input(data, seed=1)
+    assert not np.array_equal(other.batch(0)["input_ids"], inp.batch(0)["input_ids"])
+
+
+def test_process_rows_concatenate_to_the_global_batch(tmp_path):
+    data = make_data(tmp_path, documents(20))
+    whole = token_input(data, packing=True).batch(2)
+    parts = [token_input(data, packing=True, process_index=i, process_count=2).batch(2)
+             for i in range(2)]  # fmt: skip
+    for key in whole:
+        np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+
+
+def test_eval_split_holds_the_last_documents(tmp_path):
+    docs = documents(20)
+    data = make_data(tmp_path, docs)
+    ev = token_input(data, split="eval", eval_fraction=0.25)
+    first_eval_token = sum(len(d) for d in docs[:15])
+    seen = {ev.window_start(i) for i in range(ev.num_windows)}
+    assert min(seen) == first_eval_token
+    tr = token_input(data, split="train", eval_fraction=0.25)
+    assert max(tr.window_start(i) for i in range(tr.num_windows)) + 9 <= first_eval_token
+
+
+def test_packing_marks_documents_positions_and_boundary_targets(tmp_path):
+    docs = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [18] * 20]
+    data = make_data(tmp_path, docs, shard_docs=2)
+    inp = token_input(data, packing=True, eval_fraction=0.2)
+    starts = [inp.window_start(i) for i in range(4)]
+    batch = inp.batch(0)
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    first_of = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    for row, s in enumerate(starts):
+        idx = np.arange(s, s + 9)
+        d = doc_of[idx]
+        np.testing.assert_array_equal(batch["segment_ids"][row], d[:-1] - d[0] + 1)
+        np.testing.assert_array_equal(batch["positions"][row], idx[:-1] - first_of[d[:-1]])
+        want = np.where(d[1:] == d[:-1], np.concatenate(docs)[idx[1:]], IGNORE_LABEL)
+        np.testing.assert_array_equal(batch["target_labels"][row], want)
+
+
+def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
+    from axplug.context import functional
+    from axplug.layers import CausalLM
+
+    docs = documents(10, vocab=40)
+    inp = token_input(make_data(tmp_path, docs, vocab=40), packing=True)
+    batch = inp.batch(0)
+    cfg = CausalLM.default_config()
+    cfg.decoder.set(vocab_size=40, dim=16)
+    cfg.decoder.transformer.set(num_layers=2)
+    cfg.decoder.transformer.layer.attention.set(num_heads=2)
+    cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=32)
+    model = cfg.instantiate(parent=None)
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+
+    def total(inputs):  # summed token losses and the token count
+        (loss, aux), _ = functional(
+            model, prng_key=None, state=params, inputs=inputs, is_training=False
+        )
+        return float(loss) * float(aux["num_tokens"]), float(aux["num_tokens"])
+
+    for row in range(batch["input_ids"].shape[0]):
+        packed = total({k: jnp.asarray(v[row : row + 1]) for k, v in batch.items()})
+        alone, count = 0.0, 0.0
+        seg = batch["segment_ids"][row]
+        for s in np.unique(seg):
+            cols = seg == s
+            labels = batch["target_labels"][row][cols]
+            if (labels >= 0).any():
+                ids = batch["input_ids"][row][cols]
+                loss, n = total((jnp.asarray(ids[None]), jnp.asarray(labels[None])))
+                alone, count = alone + loss, count + n
+        assert packed[1] == count
+        np.testing.assert_allclose(packed[0], alone, rtol=2e-5)
+
+
+def test_bad_settings_name_the_field(tmp_path):
+    from axplug.config import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a prepared data directory .*axplug prepare-data"):
+        token_input(tmp_path)
+    data = make_data(tmp_path / "d", documents(4))
+    with pytest.raises(ValueError, match="seq_len: the train split of .* fewer than seq_len"):
+        token_input(data).__class__(
+            TokenFileInput.default_config().set(path=str(data), seq_len=4000)
+        )
