@@ -18,7 +18,7 @@ from axplug.summary import read_jsonl
 STEPS = 120
 
 
-def train_args(output_dir, cache_dir):
+def train_args(output_dir, cache_dir, extra=()):
     return [
         "train", "--preset", "gpt-tiny", "--output-dir", str(output_dir),
         "--max-steps", str(STEPS), "--checkpoint-every", "10", "--seed", "3",
@@ -28,12 +28,13 @@ def train_args(output_dir, cache_dir):
         "--set", "model.decoder.transformer.num_layers=1",
         "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
         "--set", "input.seq_len=32",
+        *extra,
     ]  # fmt: skip
 
 
-def start(output_dir, cache_dir):
+def start(output_dir, cache_dir, extra=()):
     return subprocess.Popen(
-        [sys.executable, "-m", "axplug.cli", *train_args(output_dir, cache_dir)],
+        [sys.executable, "-m", "axplug.cli", *train_args(output_dir, cache_dir, extra)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -50,8 +51,8 @@ def records(output_dir):
     return read_jsonl(path) if path.exists() else []
 
 
-def final_params(output_dir, cache_dir):
-    args = build_parser().parse_args(train_args(output_dir, cache_dir))
+def final_params(output_dir, cache_dir, extra=()):
+    args = build_parser().parse_args(train_args(output_dir, cache_dir, extra))
     trainer = build_config(args).instantiate()
     directory = str(output_dir / "checkpoints")
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
@@ -63,14 +64,30 @@ def cache_entries(cache_dir):
     return set(os.listdir(cache_dir)) if cache_dir.exists() else set()
 
 
-def test_sigkill_and_resume_is_bit_identical(tmp_path):
+@pytest.fixture(params=["bytes", "packed_token_files"])
+def extra(request, tmp_path):
+    """The run's input: the preset's bytes, or packed token shards from `prepare-data`."""
+    if request.param == "bytes":
+        return ()
+    pytest.importorskip("tokenizers")
+    from axplug.input import bundled_corpus_path
+    from axplug.input.prepare import prepare_data
+    from tokenizer_files import hf_bpe
+
+    data = tmp_path / "data"
+    prepare_data([bundled_corpus_path()], tokenizer=hf_bpe(tmp_path / "tok"), output=data,
+                 text_unit="paragraph", docs_per_shard=500, workers=1)  # fmt: skip
+    return ("--input", f"token_file:path={str(data)!r},packing=True")
+
+
+def test_sigkill_and_resume_is_bit_identical(tmp_path, extra):
     cache = tmp_path / "xla-cache"
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    finish(start(reference, cache))
+    finish(start(reference, cache, extra))
     after_first = cache_entries(cache)
     assert after_first, "the persistent compilation cache stayed empty"
 
-    proc = start(resumed, cache)
+    proc = start(resumed, cache, extra)
     deadline = time.time() + 120
     while len(records(resumed)) < 25 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -82,12 +99,12 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
     # The same config compiled the same programs: the rerun took them all from the cache.
     assert cache_entries(cache) == after_first
 
-    finish(start(resumed, cache))
+    finish(start(resumed, cache, extra))
     ref, res = records(reference), records(resumed)
     assert [r["step"] for r in res] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in res] == [r["loss"] for r in ref]  # exact, not approximate
-    step_a, state_a = final_params(reference, cache)
-    step_b, state_b = final_params(resumed, cache)
+    step_a, state_a = final_params(reference, cache, extra)
+    step_b, state_b = final_params(resumed, cache, extra)
     assert step_a == step_b == STEPS
     jax.tree.map(np.testing.assert_array_equal, state_a, state_b)
     assert (resumed / "config.txt").read_text() == (reference / "config.txt").read_text().replace(

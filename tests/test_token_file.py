@@ -140,3 +140,87 @@ def test_bad_settings_name_the_field(tmp_path):
         token_input(data).__class__(
             TokenFileInput.default_config().set(path=str(data), seq_len=4000)
         )
+
+
+# -- `axplug train --input` -------------------------------------------------------------------
+
+
+def parse(*argv):
+    from axplug.cli.main import build_parser
+
+    return build_parser().parse_args(["train", *argv])
+
+
+def test_input_flag_swaps_the_input_carries_its_shape_and_sizes_the_vocab(tmp_path, capsys):
+    from axplug.cli.train_cmd import build_config
+
+    data = make_data(tmp_path / "d", documents(40, vocab=300), vocab=300)
+    cfg = build_config(parse("--preset", "llama-tiny", "--mesh-rule", "none",
+                             "--input", f"token_file:path={str(data)!r},packing=True"))  # fmt: skip
+    assert cfg.input.klass is TokenFileInput and cfg.input.packing is True
+    preset = build_config(parse("--preset", "llama-tiny", "--mesh-rule", "none"))
+    assert (cfg.input.seq_len, cfg.input.batch_size) == (preset.input.seq_len,
+                                                         preset.input.batch_size)  # fmt: skip
+    assert cfg.model.decoder.vocab_size == 300
+    assert "model vocab: 300 (the data's tokenizer; was 256)" in capsys.readouterr().err
+
+
+def test_vocab_and_class_swap_mistakes_are_one_line_errors(tmp_path, capsys):
+    from axplug.cli import main
+
+    data = make_data(tmp_path / "d", documents(40, vocab=300), vocab=300)
+    base = ["train", "--mesh-rule", "none", "--print-config"]
+    cases = [
+        (["--preset", "llama-tiny", "--input", f"token_file:path={str(data)!r}",
+          "--set", "model.decoder.vocab_size=100"],
+         "model.decoder.vocab_size: 100 is smaller than the data's vocabulary 300"),
+        (["--preset", "llama2-7b"],
+         "--preset llama2-7b has a 32000-token vocabulary but its input is bytes"),
+        (["--preset", "llama-tiny", "--set", "input.klass=axplug.input.iterator:IteratorInput"],
+         "input.klass: IteratorInput has its own Config"),
+        (["--preset", "llama-tiny", "--input", "token_file"],
+         "--input 'token_file': give path=... (e.g. --input token_file:path=VALUE)"),
+        (["--preset", "llama-tiny", "--input", f"token_file:path={str(tmp_path)!r}"],
+         "is not a prepared data directory"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main([*base, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert main([*base, "--preset", "llama2-7b", "--allow-vocab-mismatch"]) == 0
+    capsys.readouterr()
+
+
+def test_eval_every_uses_the_inputs_held_out_split(tmp_path):
+    from axplug.cli.train_cmd import build_config
+    from axplug.summary import read_jsonl
+
+    data = make_data(tmp_path / "d", documents(60, vocab=64), vocab=64)
+    args = parse(
+        "--preset", "gpt-tiny", "--mesh-rule", "none", "--output-dir", str(tmp_path / "run"),
+        "--max-steps", "4", "--input", f"token_file:path={str(data)!r}",
+        "--set", "eval_every=2", "--set", "eval_batches=1", "--set", "input.seq_len=16",
+        "--set", "input.batch_size=8", "--set", "compilation_cache_dir=None",
+        "--set", "summary_writers=[]", "--set", "eval_input.eval_fraction=0.5",
+    )  # fmt: skip
+    cfg = build_config(args)
+    assert cfg.eval_input.split == "eval" and cfg.eval_input.eval_fraction == 0.5
+    from axplug.summary import JsonlWriter
+
+    trainer = cfg.clone(summary_writers=[JsonlWriter.default_config()]).instantiate()
+    assert trainer.eval_input.meta["shards"] and trainer.eval_input._config.split == "eval"
+    trainer.run()
+    evals = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4] and all(r["eval_loss"] > 0 for r in evals)
+    # Without an eval_input the trainer derives one from an input that has a split...
+    bytes_args = ["--preset", "gpt-tiny", "--mesh-rule", "none", "--output-dir", str(tmp_path)]
+    bytes_cfg = build_config(parse(*bytes_args, "--set", "eval_every=5"))
+    assert bytes_cfg.eval_input is None
+    assert bytes_cfg.instantiate().eval_input._config.split == "eval"
+    # ...and refuses one without.
+    from axplug.config import ConfigError
+    from axplug.input import SyntheticInput
+
+    synthetic = bytes_cfg.clone(input=SyntheticInput.default_config().set(vocab_size=256))
+    with pytest.raises(ConfigError, match="eval_every: SyntheticInput has no eval split"):
+        synthetic.instantiate()

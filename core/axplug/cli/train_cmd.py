@@ -72,6 +72,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="override one config field; repeatable",
     )
     parser.add_argument(
+        "--input",
+        metavar="NAME[:k=v,...]",
+        help="train on a registered input instead of the preset's, e.g. "
+        "token_file:path=DATA_DIR (from `axplug prepare-data`); seq_len, batch_size and seed "
+        "carry over unless given; the model's vocab is sized from the data's tokenizer",
+    )
+    parser.add_argument(
+        "--allow-vocab-mismatch",
+        action="store_true",
+        help="train although the model's vocab differs from the data's (e.g. bytes into a "
+        "32000-token model)",
+    )
+    parser.add_argument(
         "--writer",
         action="append",
         default=[],
@@ -143,12 +156,80 @@ def build_config(args: argparse.Namespace):
         print(f"mesh rule: {name}", file=sys.stderr)
     for spec in args.modifier:
         cfg = make_modifier(spec)(cfg)
+    if args.input is not None:
+        cfg = with_input(cfg, args.input)
     if args.writer:
         writers = [component_config("summary_writers", spec, "writer") for spec in args.writer]
         cfg.summary_writers = [*cfg.summary_writers, *writers]
     if args.seed is not None:
         cfg.input.seed = args.seed
-    return apply_overrides(cfg, args.overrides)
+    if cfg.eval_input is None and any(o.strip().startswith("eval_input.") for o in args.overrides):
+        cfg.eval_input = eval_input_for(cfg.input)  # `--set eval_input.x=...` edits this one
+    cfg = apply_overrides(cfg, args.overrides)
+    check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, preset=args.preset)
+    return cfg
+
+
+# What a run's shape is made of: kept from the preset's input unless the --input spec sets it.
+_CARRIED_INPUT_FIELDS = ("seq_len", "batch_size", "seed")
+
+
+def with_input(cfg, spec: str):
+    """`cfg` training on the input `spec`: fields the spec leaves out (seq_len, batch_size,
+    seed...) carry over from the preset's input; the model's vocab becomes the data's."""
+    from axplug.component_spec import component_config, parse_spec
+    from axplug.config import REQUIRED, ConfigError
+    from axplug.input import data_vocab_size
+
+    _, given = parse_spec(spec, "input")
+    new = component_config("inputs", spec, "input")
+    missing = [k for k, v in new.items() if v is REQUIRED]
+    if missing:
+        raise ConfigError(
+            f"--input {spec!r}: give {', '.join(f'{k}=...' for k in missing)} "
+            f"(e.g. --input {spec.split(':')[0]}:{missing[0]}=VALUE)"
+        )
+    for key in _CARRIED_INPUT_FIELDS:
+        if key not in given and hasattr(new, key) and hasattr(cfg.input, key):
+            setattr(new, key, getattr(cfg.input, key))
+    cfg = cfg.clone(input=new, eval_input=None)
+    vocab = data_vocab_size(new)
+    decoder = getattr(cfg.model, "decoder", None)
+    if vocab is not None and getattr(decoder, "vocab_size", None) not in (None, vocab):
+        print(f"model vocab: {vocab} (the data's tokenizer; was {decoder.vocab_size})",
+              file=sys.stderr)  # fmt: skip
+        decoder.vocab_size = vocab
+    return cfg
+
+
+def eval_input_for(input_cfg):
+    """The held-out split of an input that has one, else None."""
+    return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
+
+
+def check_vocab(cfg, *, allow_mismatch: bool, preset: str) -> None:
+    """Refuses a model whose vocab cannot hold the data's ids, and (unless allowed) a large
+    model vocab trained on bytes."""
+    from axplug.config import ConfigError
+    from axplug.input import data_vocab_size
+
+    decoder = getattr(cfg.model, "decoder", None)
+    model = getattr(decoder, "vocab_size", None)
+    data = data_vocab_size(cfg.input)
+    if not isinstance(model, int) or data is None or model == data:
+        return
+    if model < data:
+        raise ConfigError(
+            f"model.decoder.vocab_size: {model} is smaller than the data's vocabulary {data}; "
+            f"token ids up to {data - 1} would index past the embedding. Set it to >= {data}"
+        )
+    if data == 256 and not allow_mismatch:
+        raise ConfigError(
+            f"--preset {preset} has a {model}-token vocabulary but its input is bytes "
+            "(vocab 256): tokenize your data with `axplug prepare-data FILES --tokenizer PATH "
+            "--output DIR` and pass --input token_file:path=DIR, or give "
+            "--allow-vocab-mismatch to train on bytes anyway"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,5 +61,27 @@ def apply_overrides(cfg: ConfigBase, overrides: Iterable[str]) -> ConfigBase:
         value = parse_value(text)
         if not isinstance(value, str) and _allows(tp, str) and not _allows(tp, type(value)):
             value = text  # e.g. `name=123` for a str field stays a string
-        setattr(node, name, decode(value, tp, path.strip(), trusted=True))
+        value = decode(value, tp, path.strip(), trusted=True)
+        if name == "klass":
+            _check_klass_swap(node, value, path.strip())
+        setattr(node, name, value)
     return cfg
+
+
+def _check_klass_swap(node: ConfigBase, klass: Any, path: str) -> None:
+    """A `klass` override keeps the config's fields, so it only works for a class with the
+    same Config; anything else would fail later, far from the cause."""
+    wanted = getattr(klass, "Config", None)
+    if wanted is None or isinstance(node, wanted):
+        return
+    where = path.rsplit(".", 1)[0] if "." in path else "the root"
+    hint = (
+        " use --input NAME[:k=v,...] to change the input (axplug list --kind inputs)"
+        if where == "input"
+        else " use a modifier that swaps it (axplug list --kind modifiers)"
+    )
+    raise ConfigError(
+        f"{path}: {klass.__qualname__} has its own Config ({wanted.__qualname__}) and "
+        f"{where}'s fields ({type(node).__qualname__}) do not fit it; setting klass alone "
+        f"cannot work:{hint}"
+    )

@@ -41,6 +41,7 @@ _SEARCH_KINDS = (
     "storage",
     "mesh_rules",
     "presets",
+    "inputs",
     "summary_writers",
 )
 

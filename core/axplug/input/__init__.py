@@ -1,13 +1,16 @@
-"""Input pipelines: step-addressed batches (bytes of a text file, synthetic) and your own data.
+"""Input pipelines: step-addressed batches (bytes of a text file, prepared token shards,
+synthetic) and your own data.
 
-`ByteTextInput` and `SyntheticInput` build each batch on the host as a pure function of
-`(seed, step)`; `IteratorInput` wraps a user `module:function` that makes an iterator.
+`ByteTextInput`, `TokenFileInput` and `SyntheticInput` build each batch on the host as a pure
+function of `(seed, step)`; `IteratorInput` wraps a user `module:function` that makes an
+iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 """
 
-from axplug.input.base import Batch, Input, StepInput
+from axplug.input.base import Batch, Input, StepInput, data_vocab_size
 from axplug.input.iterator import IteratorInput, resolve_function
 from axplug.input.synthetic import SyntheticInput
 from axplug.input.text import ByteTextInput, bundled_corpus_path
+from axplug.input.token_file import TokenFileInput
 
 __all__ = [
     "Batch",
@@ -16,6 +19,8 @@ __all__ = [
     "ByteTextInput",
     "SyntheticInput",
     "IteratorInput",
+    "TokenFileInput",
+    "data_vocab_size",
     "bundled_corpus_path",
     "resolve_function",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 
 from axplug.config import Configurable, ConfigValueError, config_class
 
-__all__ = ["Batch", "Input", "StepInput"]
+__all__ = ["Batch", "Input", "StepInput", "data_vocab_size"]
 
 Batch = dict[str, np.ndarray]
 
@@ -17,6 +17,21 @@ Batch = dict[str, np.ndarray]
 def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
     """A ConfigValueError (a ValueError) whose message starts with the dotted path of `name`."""
     return ConfigValueError(f"{cfg._path(name)}: {problem}")
+
+
+def data_vocab_size(cfg: Configurable.Config) -> int | None:
+    """The token vocabulary an input config's batches draw from, when it is known without
+    building the input: a class's `vocab_size` (bytes: 256), a config field, or a data
+    directory's tokenizer (`Input.vocab_size_of`)."""
+    klass = getattr(cfg, "klass", None)
+    of = getattr(klass, "vocab_size_of", None)
+    if callable(of):
+        return of(cfg)
+    size = getattr(cfg, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    size = getattr(klass, "vocab_size", None)
+    return size if isinstance(size, int) else None
 
 
 class Input(Configurable, abc.ABC):

@@ -75,6 +75,13 @@ class TokenFileInput(StepInput):
         eval_fraction: float = 0.05
         packing: bool = False
 
+    @classmethod
+    def vocab_size_of(cls, cfg: Config) -> int | None:
+        """The data's tokenizer vocabulary, read from its meta.json (None: path unset)."""
+        if cfg.path is REQUIRED:
+            return None
+        return int(read_meta(pathlib.Path(cfg.path).expanduser())["vocab_size"])
+
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         if cfg.split not in ("train", "eval"):

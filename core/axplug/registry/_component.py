@@ -30,6 +30,7 @@ KINDS = (
     "mesh_rules",
     "storage",
     "presets",
+    "inputs",
     "summary_writers",
     "hooks",
 )

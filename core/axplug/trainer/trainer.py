@@ -140,10 +140,16 @@ class Trainer(Configurable):
         rules = self.mesh_builder.axis_rules
         rows = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         self.input = shard_input_config(cfg.input, rows).instantiate()
+        eval_cfg = cfg.eval_input
+        if eval_cfg is None and cfg.eval_every is not None:
+            if not hasattr(cfg.input, "split"):
+                raise ConfigValueError(
+                    f"{cfg._path('eval_every')}: {cfg.input.klass.__name__} has no eval "
+                    "split; set eval_input to an input config, or eval_every=None"
+                )
+            eval_cfg = cfg.input.clone(split="eval")  # the input's held-out split
         self.eval_input = (
-            shard_input_config(cfg.eval_input, rows).instantiate()
-            if cfg.eval_input is not None
-            else None
+            shard_input_config(eval_cfg, rows).instantiate() if eval_cfg is not None else None
         )
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
