@@ -534,3 +534,42 @@ def test_changes_that_no_longer_fit_the_weights_are_named(tmp_path, modifiers, o
         import_hf(src, str(tmp_path / "run"), modifiers=modifiers, overrides=overrides)
     assert expected in str(info.value)
     assert not (tmp_path / "run" / "config.txt").exists()
+
+
+def word_tokenizer(directory, vocab_size: int) -> list[str]:
+    """A word-level tokenizer.json of `vocab_size` tokens (`</s>` the EOS) and its config."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab_size - 5)] + ["to", "be"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text('{"eos_token": "</s>", "bos_token": "<s>"}')
+    return words
+
+
+def test_import_copies_the_tokenizer_and_generate_speaks_text(tmp_path, capsys):
+    cfg = llama_config()
+    src = write_hf(tmp_path / "hf", cfg, hf_weights(cfg))
+    word_tokenizer(tmp_path / "hf", cfg["vocab_size"])
+    out = str(tmp_path / "run")
+    assert main(["import-hf", src, "--output", out]) == 0
+    capsys.readouterr()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
+
+    argv = ["generate", "--checkpoint", out, "--prompt", "to be w3", "--temperature", "0",
+            "--max-new-tokens", "6"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    ids = json.loads(capsys.readouterr().out)
+    assert ids["prompt_ids"] == [cfg["vocab_size"] - 2, cfg["vocab_size"] - 1, 6]
+    expected = ids["output_ids"]
+    assert 1 <= len(expected) <= 6 and 2 not in expected[:-1]  # stops at the EOS, if reached
+    assert main(argv) == 0
+    text = capsys.readouterr().out.strip()
+    from axplug.tokenizer import load_tokenizer
+
+    assert text == load_tokenizer(out).decode(ids["prompt_ids"] + expected)
+    assert text.startswith("to be w3")

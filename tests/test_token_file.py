@@ -224,3 +224,29 @@ def test_eval_every_uses_the_inputs_held_out_split(tmp_path):
     synthetic = bytes_cfg.clone(input=SyntheticInput.default_config().set(vocab_size=256))
     with pytest.raises(ConfigError, match="eval_every: SyntheticInput has no eval split"):
         synthetic.instantiate()
+
+
+def test_train_on_prepared_text_then_generate_text(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from axplug.cli import main
+    from axplug.input import bundled_corpus_path
+    from axplug.input.prepare import prepare_data
+    from axplug.tokenizer import load_tokenizer
+    from tokenizer_files import hf_bpe
+
+    data = tmp_path / "data"
+    prepare_data([bundled_corpus_path()], tokenizer=hf_bpe(tmp_path / "tok"), output=data,
+                 text_unit="paragraph", docs_per_shard=1000, workers=1)  # fmt: skip
+    run = str(tmp_path / "run")
+    assert main(["train", "--preset", "gpt-tiny", "--mesh-rule", "none", "--output-dir", run,
+                 "--max-steps", "3", "--input", f"token_file:path={str(data)!r},packing=True",
+                 "--set", "compilation_cache_dir=None", "-q"]) == 0  # fmt: skip
+    capsys.readouterr()
+    argv = ["generate", "--checkpoint", run, "--prompt", "HAMLET. To be", "--max-new-tokens",
+            "8", "--temperature", "0"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    ids = json.loads(capsys.readouterr().out)
+    tok = load_tokenizer(data)  # the data's tokenizer, found through the run's input config
+    assert ids["prompt_ids"] == tok.encode("HAMLET. To be")
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == tok.decode(ids["prompt_ids"] + ids["output_ids"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import codecs
 import json
 import os
 import sys
@@ -20,9 +19,11 @@ examples:
   axplug generate --checkpoint runs/demo --prompt "Go" --modifier paged_kv_cache:page_size=32
 
 --checkpoint is a run directory of `axplug train` or `axplug import-hf` (or its checkpoints/
-subdirectory); the model config comes from the checkpoint. --prompt is for byte-level models
-(vocabulary 256, as the bundled presets); other models take token ids with --prompt-ids.
-Text streams to stdout as it is generated; timings go to stderr.
+subdirectory); the model config comes from the checkpoint. --prompt text is tokenized with
+--tokenizer, else the tokenizer in the run directory (`import-hf` copies the model's), else
+the one of the data the run trained on (`--input token_file`), else bytes for a 256-token
+model; --prompt-ids takes token ids. Generation stops at the tokenizer's EOS unless --stop
+says otherwise. Text streams to stdout as it is generated; timings go to stderr.
 """
 
 
@@ -50,9 +51,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="prompt text (byte-level models)")
+    prompt.add_argument("--prompt", help="prompt text (tokenized: see --tokenizer)")
     prompt.add_argument(
         "--prompt-ids", type=_token_ids, metavar="ID,ID,...", help="prompt as token ids"
+    )
+    parser.add_argument(
+        "--tokenizer", metavar="PATH", help="tokenizer file or directory, or `bytes`"
     )
     parser.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
     parser.add_argument(
@@ -107,30 +111,71 @@ def _check_cache_fits(loaded, max_len: int) -> None:
         )
 
 
+def find_tokenizer(loaded, run_dir: str, explicit: str | None):
+    """The tokenizer for a run's text: explicit, in the run dir, of its data, or bytes."""
+    from axplug.config import REQUIRED
+    from axplug.tokenizer import TOKENIZER_FILES, load_tokenizer
+
+    if explicit is not None:
+        return load_tokenizer(explicit)
+    local = run_dir if os.path.isdir(run_dir) else None
+    if local and any(os.path.isfile(os.path.join(local, n)) for n in TOKENIZER_FILES):
+        return load_tokenizer(local)
+    data = getattr(loaded.config.input, "path", None)
+    if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
+        return load_tokenizer(data)
+    if loaded.vocab_size == 256:
+        return load_tokenizer("bytes")
+    raise ValueError(
+        f"--prompt: no tokenizer for this {loaded.vocab_size}-token model (none in the run "
+        "directory or its data); pass --tokenizer PATH, or token ids with --prompt-ids"
+    )
+
+
+class _TextStream:
+    """Prints the text of a growing id sequence as it grows; holds back a partial character."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self._tok, self._ids = tokenizer, list(prompt_ids)
+        self._shown = len(tokenizer.decode(self._ids))
+
+    def push(self, token: int) -> None:
+        self._ids.append(token)
+        text = self._tok.decode(self._ids)
+        if not text.endswith("\ufffd") and len(text) > self._shown:
+            sys.stdout.write(text[self._shown :])
+            sys.stdout.flush()
+            self._shown = len(text)
+
+    def close(self) -> None:
+        text = self._tok.decode(self._ids)
+        sys.stdout.write(text[self._shown :] + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
     from axplug.checkpoint.errors import CheckpointError
     from axplug.config import ConfigError
     from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
 
     try:
+        loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+        tokenizer = None
+        if args.prompt is not None or args.tokenizer is not None:
+            tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
+        prompt = tokenizer.encode(args.prompt) if args.prompt is not None else args.prompt_ids
+        if not prompt:
+            raise ValueError("--prompt: the prompt has no tokens")
+        stop = tuple(args.stop)
+        if not stop and tokenizer is not None and tokenizer.eos_id is not None:
+            stop = (tokenizer.eos_id,)
         sampling = SamplingParams(
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
-            stop_tokens=tuple(args.stop),
+            stop_tokens=stop,
             seed=args.seed,
         )
-        loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
-        if args.prompt is not None:
-            if loaded.vocab_size != 256:
-                raise ValueError(
-                    f"--prompt needs a byte-level model (vocabulary 256); this one has "
-                    f"{loaded.vocab_size} tokens: pass token ids with --prompt-ids"
-                )
-            prompt = list(args.prompt.encode("utf-8"))
-        else:
-            prompt = args.prompt_ids
         _check_cache_fits(loaded, len(prompt) + sampling.max_new_tokens)
         engine = Engine(
             loaded.model,
@@ -145,24 +190,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"axplug generate: error: {exc}", file=sys.stderr)
         return 1
 
-    stream = not args.json and args.prompt is not None
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    if stream:
-        sys.stdout.write(args.prompt)
+    stream = None
+    if not args.json and tokenizer is not None:
+        sys.stdout.write(tokenizer.decode(prompt))
         sys.stdout.flush()
+        stream = _TextStream(tokenizer, prompt)
 
     def on_token(event) -> None:
-        if stream and event.token is not None:
-            sys.stdout.write(decoder.decode(bytes([event.token])))
-            sys.stdout.flush()
+        if stream is not None and event.token is not None:
+            stream.push(event.token)
 
     start = time.perf_counter()
     (completion,) = engine.run(on_token)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps({"prompt_ids": prompt, "output_ids": completion.output_ids}))
-    elif stream:
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+    elif stream is not None:
+        stream.close()
     else:
         print(",".join(map(str, completion.output_ids)))
     count = len(completion.output_ids)

@@ -25,7 +25,7 @@ from axplug.interop.safetensors_dir import SafetensorsDir
 from axplug.trainer import Trainer
 from axplug.trainer.run import write_config
 
-__all__ = ["ImportResult", "import_hf", "IMPORT_STEP"]
+__all__ = ["ImportResult", "import_hf", "IMPORT_STEP", "copy_tokenizer_files"]
 
 IMPORT_STEP = 0
 
@@ -92,6 +92,7 @@ def import_hf(
         }
         checkpointer.save(IMPORT_STEP, state, metadata)
         checkpointer.wait_until_finished()
+        copy_tokenizer_files(directory, output_dir)
     finally:
         checkpointer.close()
     return ImportResult(
@@ -101,6 +102,25 @@ def import_hf(
         num_params=num_params,
         modifiers=(*hf_modifier_specs(hf), *modifiers),
     )
+
+
+# A Hugging Face model's tokenizer: copied beside the import, where `axplug generate` finds it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def copy_tokenizer_files(directory: str, output_dir: str) -> list[str]:
+    """Copies the tokenizer files `directory` has into the run directory; returns their names."""
+    from axplug.checkpoint import storage_for
+
+    storage = storage_for(output_dir)
+    copied = []
+    for name in TOKENIZER_FILES:
+        source = os.path.join(directory, name)
+        if os.path.isfile(source):
+            with open(source, "rb") as f:
+                storage.path(storage.join(output_dir, name)).write_bytes(f.read())
+            copied.append(name)
+    return copied
 
 
 def _ignored(name: str, hf: HFModelConfig) -> bool:
