@@ -1,0 +1,43 @@
+"""docs/your-data.md, followed as written: its shell blocks run in order in a fresh directory."""
+
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from axplug.cli import main
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "your-data.md"
+
+
+def commands() -> list[list[str]]:
+    blocks = re.findall(r"^```sh\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tokenizers")
+    from axplug.input import bundled_corpus_path
+    from tokenizer_files import hf_bpe
+
+    shutil.copyfile(bundled_corpus_path(), tmp_path / "corpus.txt")
+    hf_bpe(tmp_path / "tok")
+    shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
+    monkeypatch.chdir(tmp_path)
+    steps = commands()
+    assert [argv[:2] for argv in steps] == [
+        ["axplug", "prepare-data"],
+        ["axplug", "train"],
+        ["axplug", "generate"],
+    ]
+    for argv in steps:
+        assert main(argv[1:]) == 0, argv
+    out = capsys.readouterr().out
+    assert "wrote data/corpus:" in out and "done: step 10" in out
+    assert "\nHAMLET." in out.split("done: step 10")[1]  # the generated text, from the prompt
+    metrics = (tmp_path / "runs" / "corpus" / "metrics.jsonl").read_text()
+    assert '"eval_loss"' in metrics  # eval_every ran on the held-out documents
+    assert os.path.isfile(tmp_path / "data" / "corpus" / "tokenizer.json")
