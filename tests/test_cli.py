@@ -393,11 +393,16 @@ def test_real_failures_end_in_one_error_line(tmp_path, capsys):
     run = [*base, "--output-dir", str(tmp_path / "run")]
     assert main([*run, "--max-steps", "1"]) == 0
     capsys.readouterr()
-    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48"]) == 1
+    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48"]) == 2
     err = capsys.readouterr().err
     (line,) = err.strip().splitlines()
-    assert line.startswith("error: step 1 in ") and "holds a different state" in line
-    assert "params/decoder/embedding/weight: saved float32[256, 128], here float32[256, 48]" in line
+    assert line.startswith("error: ") and "resumes from step 1, whose model differs" in line
+    assert "model.decoder.dim: saved 128, now 48" in line and "--allow-config-change" in line
+    # Let through, the checkpoint's arrays still cannot go into the other model: named too.
+    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48",
+                 "--allow-config-change"]) == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert "params/decoder/embedding/weight: saved float32[256, 128], here float32[256, 48]" in err
 
 
 def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):

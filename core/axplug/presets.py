@@ -141,13 +141,40 @@ PRESETS = (gpt_tiny, llama_tiny, llama2_7b, llama2_70b, llama3_8b, mixtral_8x7b)
 
 
 def resolve_preset(name: str) -> Preset:
-    """The registered preset `name`, or an error listing the installed ones."""
+    """The registered preset `name`, or a `module:function` (your own recipe, importable)
+    returning a Preset or a Trainer config; else an error listing the installed presets."""
+    import re
+
     from axplug import registry
 
-    preset = registry.load("presets", name)
+    try:
+        preset = registry.load("presets", name)
+    except registry.ComponentNotFoundError:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", name):
+            raise
+        preset = _recipe(name)
     if not isinstance(preset, Preset):
         raise ConfigError(f"preset {name!r} is a {type(preset).__qualname__}, not a Preset")
     return preset
+
+
+def _recipe(name: str) -> Preset:
+    """`module:function` -> a Preset: what it returns (a Preset, or a Trainer config)."""
+    from axplug.input.iterator import resolve_function
+
+    try:
+        made = resolve_function(name)
+    except ValueError as e:
+        raise ConfigError(f"--preset {name!r}: {e}") from None
+    made = made if isinstance(made, Preset) else made()
+    if isinstance(made, Preset):
+        return made
+    if isinstance(made, Trainer.Config):
+        return Preset(name, f"the recipe {name}", lambda: made.clone())
+    raise ConfigError(
+        f"--preset {name!r} returned a {type(made).__qualname__}; a recipe function returns "
+        "an axplug.presets.Preset or a Trainer config"
+    )
 
 
 def _check_modifiers(preset: Preset, specs: Sequence[str]) -> None:

@@ -53,8 +53,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--preset",
+        help="preset name (see `axplug list --kind presets`), or your recipe as "
+        "module:function returning a Preset or a Trainer config",
+    )
+    source.add_argument(
+        "--from",
+        dest="from_run",
+        metavar="RUN_DIR",
+        help="fine-tune: the config and weights of a run (or `axplug import-hf` output); "
+        "--set/--modifier/--input still apply; a new --output-dir",
+    )
+    source.add_argument(
+        "--config", metavar="FILE", help="a config file (config.json of a run, or to_dict JSON)"
+    )
+    parser.add_argument("--step", type=int, help="with --from: that step (default: the latest)")
     parser.add_argument(
-        "--preset", required=True, help="preset name (see `axplug list --kind presets`)"
+        "--resume-optimizer",
+        action="store_true",
+        help="with --from: keep the run's optimizer state (default: fresh)",
+    )
+    parser.add_argument(
+        "--trust-config",
+        action="store_true",
+        help="with --config: allow code outside axplug and its installed plugins",
     )
     parser.add_argument(
         "--modifier",
@@ -77,6 +101,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train on a registered input instead of the preset's, e.g. "
         "token_file:path=DATA_DIR (from `axplug prepare-data`); seq_len, batch_size and seed "
         "carry over unless given; the model's vocab is sized from the data's tokenizer",
+    )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume although the model config differs from the checkpoint's",
     )
     parser.add_argument(
         "--allow-vocab-mismatch",
@@ -136,7 +165,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace):
     """The effective Trainer config for the parsed arguments."""
     from axplug.component_spec import component_config
-    from axplug.config import apply_overrides
+    from axplug.config import ConfigError, apply_overrides
     from axplug.mesh_rules import select_mesh_rule
     from axplug.modifiers import make_modifier
     from axplug.presets import preset_config
@@ -149,7 +178,17 @@ def build_config(args: argparse.Namespace):
     ):
         if getattr(args, flag) is not None:
             overrides.append(f"{field}={getattr(args, flag)}")
-    cfg = preset_config(args.preset, overrides=overrides)
+    if (args.step is not None or args.resume_optimizer) and args.from_run is None:
+        raise ConfigError("--step and --resume-optimizer go with --from RUN_DIR")
+    if args.from_run is not None:
+        cfg = apply_overrides(run_config(args.from_run, args.step), overrides)
+        cfg = cfg.clone(
+            init_from=args.from_run, init_step=args.step, init_optimizer=args.resume_optimizer
+        )
+    elif args.config is not None:
+        cfg = apply_overrides(config_file(args.config, trusted=args.trust_config), overrides)
+    else:
+        cfg = preset_config(args.preset, overrides=overrides)
     if args.mesh_rule != "none":
         name, rule = select_mesh_rule(args.mesh_rule)
         cfg = rule.modifier()(cfg)
@@ -166,8 +205,60 @@ def build_config(args: argparse.Namespace):
     if cfg.eval_input is None and any(o.strip().startswith("eval_input.") for o in args.overrides):
         cfg.eval_input = eval_input_for(cfg.input)  # `--set eval_input.x=...` edits this one
     cfg = apply_overrides(cfg, args.overrides)
-    check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, preset=args.preset)
+    check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, source=source_label(args))
     return cfg
+
+
+def source_label(args: argparse.Namespace) -> str:
+    """How the command line named the base config, for messages and provenance."""
+    if args.from_run is not None:
+        return f"--from {args.from_run}"
+    if args.config is not None:
+        return f"--config {args.config}"
+    return f"--preset {args.preset}"
+
+
+def run_config(run_dir: str, step: int | None):
+    """The trainer config saved with a run's checkpoint (its latest, or `step`)."""
+    from axplug.checkpoint import Checkpointer
+    from axplug.config import from_dict
+    from axplug.inference.loading import checkpoint_directory
+
+    directory = checkpoint_directory(run_dir)
+    with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
+        metadata = checkpointer.metadata(step)
+    if "config" not in metadata:
+        from axplug.config import ConfigError
+
+        raise ConfigError(f"--from {run_dir}: its checkpoint metadata holds no trainer config")
+    return from_dict(metadata["config"])
+
+
+def config_file(path: str, *, trusted: bool):
+    """A Trainer config from a JSON (or YAML) file of `to_dict` form, or a run's config.json."""
+    import json
+    import pathlib
+
+    from axplug.config import ConfigError, ConfigFileError, from_dict
+
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ConfigFileError(f"--config: {path!r} does not exist")
+    text = file.read_text(encoding="utf-8")
+    if file.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"--config {path}: YAML needs PyYAML: pip install pyyaml") from None
+        data = yaml.safe_load(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config {path}: not JSON ({e})") from None
+    if isinstance(data, dict) and "config" in data and "provenance" in data:
+        data = data["config"]  # a run's config.json
+    return from_dict(data, trusted=trusted)
 
 
 # What a run's shape is made of: kept from the preset's input unless the --input spec sets it.
@@ -207,7 +298,7 @@ def eval_input_for(input_cfg):
     return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
 
 
-def check_vocab(cfg, *, allow_mismatch: bool, preset: str) -> None:
+def check_vocab(cfg, *, allow_mismatch: bool, source: str) -> None:
     """Refuses a model whose vocab cannot hold the data's ids, and (unless allowed) a large
     model vocab trained on bytes."""
     from axplug.config import ConfigError
@@ -225,7 +316,7 @@ def check_vocab(cfg, *, allow_mismatch: bool, preset: str) -> None:
         )
     if data == 256 and not allow_mismatch:
         raise ConfigError(
-            f"--preset {preset} has a {model}-token vocabulary but its input is bytes "
+            f"{source} has a {model}-token vocabulary but its input is bytes "
             "(vocab 256): tokenize your data with `axplug prepare-data FILES --tokenizer PATH "
             "--output DIR` and pass --input token_file:path=DIR, or give "
             "--allow-vocab-mismatch to train on bytes anyway"
@@ -260,7 +351,15 @@ def run(args: argparse.Namespace) -> int:
     from axplug.trainer.run import train
 
     # A bad setting, a failed save, a non-finite run: one line from the CLI's one boundary.
-    metrics = train(cfg)
+    provenance = {
+        "argv": sys.argv,
+        "source": source_label(args),
+        "modifiers": args.modifier,
+        "input": args.input,
+        "writers": args.writer,
+        "overrides": args.overrides,
+    }
+    metrics = train(cfg, provenance=provenance, allow_config_change=args.allow_config_change)
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
     if "goodput/wall_s" in metrics:

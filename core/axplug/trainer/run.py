@@ -8,19 +8,91 @@ from typing import Any
 
 from axplug.checkpoint import scheme_of, storage_for
 
-__all__ = ["train", "write_config"]
+__all__ = ["train", "write_config", "model_changes", "versions"]
 
 
-def write_config(cfg: Any) -> str:
-    """Writes `cfg.debug_string()` to OUTPUT_DIR/config.txt and returns its URL."""
+def write_config(cfg: Any, provenance: dict | None = None) -> str:
+    """Writes OUTPUT_DIR/config.txt (`debug_string()`, to read) and OUTPUT_DIR/config.json
+    (`{"config": to_dict(cfg), "provenance": ...}`: exact, `--config` loads it); returns the
+    config.txt URL."""
+    import datetime
+    import json
+
+    from axplug.config import to_dict
+
     storage = storage_for(cfg.output_dir, getattr(cfg.checkpointer, "storage_options", None))
     url = storage.join(cfg.output_dir, "config.txt")
     storage.write_text(url, cfg.debug_string() + "\n")
+    record = {
+        "config": to_dict(cfg),
+        "provenance": {
+            "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "versions": versions(),
+            **(provenance or {}),
+        },
+    }
+    storage.write_text(storage.join(cfg.output_dir, "config.json"), json.dumps(record, indent=1))
     return url
 
 
-def train(cfg: Any, *, hooks: tuple = ()) -> dict:
-    """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics."""
+def versions() -> dict[str, str]:
+    """Versions of jax, the libraries a run depends on, and every axplug distribution."""
+    import importlib_metadata
+
+    out = {}
+    for dist in importlib_metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("axplug") or name in ("jax", "jaxlib", "optax", "orbax-checkpoint"):
+            out[name] = dist.version
+    return dict(sorted(out.items()))
+
+
+def model_changes(saved: dict, current: dict, prefix: str = "model") -> list[str]:
+    """`path: saved X, now Y` for each field where two `to_dict` model trees differ."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += model_changes(a, b, f"{prefix}.{key}")
+        elif a != b:
+            out.append(f"{prefix}.{key}: saved {a!r}, now {b!r}")
+    return out
+
+
+def _check_same_model(trainer: Any, cfg: Any) -> None:
+    """A resumed run whose model config differs from its checkpoint's is refused: the old
+    weights would silently run in another model."""
+    from axplug.config import ConfigError, to_dict
+
+    step = trainer.checkpointer.latest_step()
+    if step is None:
+        return
+    saved = trainer.checkpointer.metadata(step).get("config", {}).get("model")
+    if saved is None:
+        return
+    changes = model_changes(saved, to_dict(cfg.model))
+    if changes:
+        shown = "; ".join(changes[:5]) + (
+            f"; and {len(changes) - 5} more" if len(changes) > 5 else ""
+        )
+        raise ConfigError(
+            f"{cfg.output_dir} resumes from step {step}, whose model differs from this one "
+            f"({shown}); train into a new --output-dir (or --from this run to fine-tune it), "
+            "or pass --allow-config-change to resume anyway"
+        )
+
+
+def train(
+    cfg: Any,
+    *,
+    hooks: tuple = (),
+    provenance: dict | None = None,
+    allow_config_change: bool = False,
+) -> dict:
+    """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics.
+
+    Resuming a run whose checkpoint holds another model config is an error unless
+    `allow_config_change`; `provenance` (the command line, ...) goes into config.json."""
     import jax
 
     from axplug.runtime import RunDirLock, StoreLease
@@ -38,7 +110,9 @@ def train(cfg: Any, *, hooks: tuple = ()) -> dict:
             storage = storage_for(cfg.output_dir, options)
             leases.enter_context(StoreLease(storage, cfg.output_dir.rstrip("/")))
         trainer = _build(cfg, hooks)  # bad configs and unreachable storage fail first
-        write_config(cfg)
+        if not allow_config_change:
+            _check_same_model(trainer, cfg)
+        write_config(cfg, provenance)
         return trainer.run()
 
 

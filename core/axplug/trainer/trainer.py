@@ -109,6 +109,12 @@ class Trainer(Configurable):
         # A latest checkpoint that fails to restore or verify: "previous" warns, marks it
         # incomplete and resumes from the step before; "stop" raises.
         on_corrupt_checkpoint: str = "previous"
+        # Fine-tuning: a run (or import) directory whose weights start this run while it has
+        # no checkpoint of its own; its latest step unless `init_step`. The optimizer state
+        # starts fresh unless `init_optimizer` (then the learner must be the same).
+        init_from: str | None = None
+        init_step: int | None = None
+        init_optimizer: bool = False
 
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
@@ -252,6 +258,23 @@ class Trainer(Configurable):
         key = jax.random.PRNGKey(self._config.seed)
         return jax.jit(init, out_shardings=self.state_shardings)(key)
 
+    def _init_from(self, fresh: dict) -> dict:
+        from axplug.trainer.init_from import restore_weights
+
+        cfg = self._config
+        step, params, opt_state = restore_weights(
+            cfg.init_from,
+            cfg.init_step,
+            abstract_state=self.abstract_state,
+            param_specs=self.param_specs,
+            optimizer=cfg.init_optimizer,
+        )
+        log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+        state = {**fresh, "params": params}  # step 0: the fine-tune's own count and schedule
+        if opt_state is not None:
+            state["opt_state"] = opt_state
+        return state
+
     def restore_or_init(self) -> dict:
         """The latest complete checkpoint that restores and verifies, else a fresh state.
 
@@ -263,7 +286,11 @@ class Trainer(Configurable):
         if not steps:
             log.info("initializing parameters and optimizer state")
             with self.goodput.phase("init"):
-                return self.init_state()
+                state = self.init_state()
+            if self._config.init_from is not None:
+                with self.goodput.phase("restore"):
+                    state = self._init_from(state)
+            return state
         for step in reversed(steps):
             log.info("restoring step %d", step)
             try:
