@@ -20,6 +20,12 @@ examples:
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
       FSDP over every device (with XLA_FLAGS=--xla_force_host_platform_device_count=8 on CPU)
   axplug train --preset llama-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
+  axplug train --preset llama-tiny --input token_file:path=data/mine --output-dir runs/mine
+      train on data tokenized by `axplug prepare-data` (docs/your-data.md)
+  axplug train --from runs/imported --input token_file:path=data/mine --output-dir runs/ft
+      fine-tune an `axplug import-hf` run (docs/fine-tuning.md)
+  axplug train --config runs/mine/config.json --output-dir runs/again
+  axplug train --preset my_recipes:small --output-dir runs/mine    your own recipe function
   axplug train --preset llama-tiny --output-dir runs/tiny --writer wandb:project=tiny
       also log to Weights & Biases (pip install axplug-wandb; axplug-mlflow for MLflow)
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
@@ -48,8 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train",
         help="train a model from a preset (resumes from OUTPUT_DIR)",
-        description="Train a model. The config is the preset's (with its own modifiers), then\n"
-        "the mesh rule's modifiers, then each --modifier in order, then each --set override.",
+        description="Train a model. The config is the preset's (with its own modifiers), a\n"
+        "run's (--from, to fine-tune its weights) or a file's (--config); then the mesh rule's\n"
+        "modifiers, each --modifier in order, --input, each --writer, each --set override.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
