@@ -50,3 +50,16 @@ def _axplug_logging_reset():
             logger.removeHandler(handler)
     logger.propagate = True
     logger.setLevel(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jax's compiled programs and traces after each test module: one process runs the
+    whole suite, and their memory would otherwise grow module after module."""
+    yield
+    import gc
+    import sys
+
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any
 
 import jax
@@ -23,6 +24,10 @@ from axplug.checkpoint.storage import storage_for
 from axplug.config import REQUIRED, Configurable, Required, config_class
 
 __all__ = ["Checkpointer"]
+
+
+# How many times (0.05 s apart) a failed save's temporary directory is looked for and deleted.
+_CLEANUP_POLLS = 60
 
 
 class Checkpointer(Configurable):
@@ -208,12 +213,22 @@ class Checkpointer(Configurable):
         if jax.process_index() != 0:
             return
         prefix = layout.step_dir_name(step) + "."  # orbax's `step_N.orbax-checkpoint-tmp...`
-        try:
-            for name in self.storage.listdir(self.directory):
-                if name.startswith(prefix):
+        # TensorStore's writer threads are not joined by orbax's close: a write in flight can
+        # recreate the temporary directory after it is deleted. Delete until it stays gone.
+        clean_checks = 0
+        for _ in range(_CLEANUP_POLLS):
+            try:
+                leftovers = [
+                    n for n in self.storage.listdir(self.directory) if n.startswith(prefix)
+                ]
+                for name in leftovers:
                     self.storage.delete(self.storage.join(self.directory, name))
-        except Exception:  # noqa: BLE001 - the save's own error is the one to report
-            pass
+            except Exception:  # noqa: BLE001 - the save's own error is the one to report
+                return
+            clean_checks = clean_checks + 1 if not leftovers else 0
+            if clean_checks == 3:
+                return
+            time.sleep(0.05)
 
     def _apply_retention(self) -> None:
         if jax.process_index() != 0:  # every process writes its shards; one deletes old steps
