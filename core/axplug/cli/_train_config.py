@@ -1,0 +1,171 @@
+"""How `axplug train` builds its Trainer config: a preset, a run (`--from`) or a file
+(`--config`); then mesh rule, modifiers, `--input`, writers and overrides; then the checks
+that need the whole config (vocabulary against the data)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["build_config", "source_label", "with_input", "check_vocab", "run_config", "config_file"]
+
+
+def build_config(args: argparse.Namespace):
+    """The effective Trainer config for the parsed arguments."""
+    from axplug.component_spec import component_config
+    from axplug.config import ConfigError, apply_overrides
+    from axplug.mesh_rules import select_mesh_rule
+    from axplug.modifiers import make_modifier
+    from axplug.presets import preset_config
+
+    overrides = [] if args.output_dir is None else [f"output_dir={args.output_dir!r}"]
+    for flag, field in (
+        ("max_steps", "max_steps"),
+        ("checkpoint_every", "checkpoint_every"),
+        ("seed", "seed"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{field}={getattr(args, flag)}")
+    if (args.step is not None or args.resume_optimizer) and args.from_run is None:
+        raise ConfigError("--step and --resume-optimizer go with --from RUN_DIR")
+    if args.from_run is not None:
+        cfg = apply_overrides(run_config(args.from_run, args.step), overrides)
+        cfg = cfg.clone(
+            init_from=args.from_run, init_step=args.step, init_optimizer=args.resume_optimizer
+        )
+    elif args.config is not None:
+        cfg = apply_overrides(config_file(args.config, trusted=args.trust_config), overrides)
+    else:
+        cfg = preset_config(args.preset, overrides=overrides)
+    if args.mesh_rule != "none":
+        name, rule = select_mesh_rule(args.mesh_rule)
+        cfg = rule.modifier()(cfg)
+        print(f"mesh rule: {name}", file=sys.stderr)
+    for spec in args.modifier:
+        cfg = make_modifier(spec)(cfg)
+    if args.input is not None:
+        cfg = with_input(cfg, args.input)
+    if args.writer:
+        writers = [component_config("summary_writers", spec, "writer") for spec in args.writer]
+        cfg.summary_writers = [*cfg.summary_writers, *writers]
+    if args.seed is not None:
+        cfg.input.seed = args.seed
+    if cfg.eval_input is None and any(o.strip().startswith("eval_input.") for o in args.overrides):
+        cfg.eval_input = eval_input_for(cfg.input)  # `--set eval_input.x=...` edits this one
+    cfg = apply_overrides(cfg, args.overrides)
+    check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, source=source_label(args))
+    return cfg
+
+
+def source_label(args: argparse.Namespace) -> str:
+    """How the command line named the base config, for messages and provenance."""
+    if args.from_run is not None:
+        return f"--from {args.from_run}"
+    if args.config is not None:
+        return f"--config {args.config}"
+    return f"--preset {args.preset}"
+
+
+def run_config(run_dir: str, step: int | None):
+    """The trainer config saved with a run's checkpoint (its latest, or `step`)."""
+    from axplug.checkpoint import Checkpointer
+    from axplug.config import from_dict
+    from axplug.inference.loading import checkpoint_directory
+
+    directory = checkpoint_directory(run_dir)
+    with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
+        metadata = checkpointer.metadata(step)
+    if "config" not in metadata:
+        from axplug.config import ConfigError
+
+        raise ConfigError(f"--from {run_dir}: its checkpoint metadata holds no trainer config")
+    return from_dict(metadata["config"])
+
+
+def config_file(path: str, *, trusted: bool):
+    """A Trainer config from a JSON (or YAML) file of `to_dict` form, or a run's config.json."""
+    import json
+    import pathlib
+
+    from axplug.config import ConfigError, ConfigFileError, from_dict
+
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ConfigFileError(f"--config: {path!r} does not exist")
+    text = file.read_text(encoding="utf-8")
+    if file.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"--config {path}: YAML needs PyYAML: pip install pyyaml") from None
+        data = yaml.safe_load(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config {path}: not JSON ({e})") from None
+    if isinstance(data, dict) and "config" in data and "provenance" in data:
+        data = data["config"]  # a run's config.json
+    return from_dict(data, trusted=trusted)
+
+
+# What a run's shape is made of: kept from the preset's input unless the --input spec sets it.
+_CARRIED_INPUT_FIELDS = ("seq_len", "batch_size", "seed")
+
+
+def with_input(cfg, spec: str):
+    """`cfg` training on the input `spec`: fields the spec leaves out (seq_len, batch_size,
+    seed...) carry over from the preset's input; the model's vocab becomes the data's."""
+    from axplug.component_spec import component_config, parse_spec
+    from axplug.config import REQUIRED, ConfigError
+    from axplug.input import data_vocab_size
+
+    _, given = parse_spec(spec, "input")
+    new = component_config("inputs", spec, "input")
+    missing = [k for k, v in new.items() if v is REQUIRED]
+    if missing:
+        raise ConfigError(
+            f"--input {spec!r}: give {', '.join(f'{k}=...' for k in missing)} "
+            f"(e.g. --input {spec.split(':')[0]}:{missing[0]}=VALUE)"
+        )
+    for key in _CARRIED_INPUT_FIELDS:
+        if key not in given and hasattr(new, key) and hasattr(cfg.input, key):
+            setattr(new, key, getattr(cfg.input, key))
+    cfg = cfg.clone(input=new, eval_input=None)
+    vocab = data_vocab_size(new)
+    decoder = getattr(cfg.model, "decoder", None)
+    if vocab is not None and getattr(decoder, "vocab_size", None) not in (None, vocab):
+        print(f"model vocab: {vocab} (the data's tokenizer; was {decoder.vocab_size})",
+              file=sys.stderr)  # fmt: skip
+        decoder.vocab_size = vocab
+    return cfg
+
+
+def eval_input_for(input_cfg):
+    """The held-out split of an input that has one, else None."""
+    return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
+
+
+def check_vocab(cfg, *, allow_mismatch: bool, source: str) -> None:
+    """Refuses a model whose vocab cannot hold the data's ids, and (unless allowed) a large
+    model vocab trained on bytes."""
+    from axplug.config import ConfigError
+    from axplug.input import data_vocab_size
+
+    decoder = getattr(cfg.model, "decoder", None)
+    model = getattr(decoder, "vocab_size", None)
+    data = data_vocab_size(cfg.input)
+    if not isinstance(model, int) or data is None or model == data:
+        return
+    if model < data:
+        raise ConfigError(
+            f"model.decoder.vocab_size: {model} is smaller than the data's vocabulary {data}; "
+            f"token ids up to {data - 1} would index past the embedding. Set it to >= {data}"
+        )
+    if data == 256 and not allow_mismatch:
+        raise ConfigError(
+            f"{source} has a {model}-token vocabulary but its input is bytes "
+            "(vocab 256): tokenize your data with `axplug prepare-data FILES --tokenizer PATH "
+            "--output DIR` and pass --input token_file:path=DIR, or give "
+            "--allow-vocab-mismatch to train on bytes anyway"
+        )
