@@ -367,7 +367,9 @@ def test_one_boundary_prints_axplug_errors_in_a_line_and_tracebacks_on_request(
     args = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--mesh-rule", "none"]
     for error, code in ((CheckpointError("saving step 4 failed: disk full"), 1),
                         (NonFiniteError("stopping at step 9: 3 non-finite steps"), 1)):  # fmt: skip
-        monkeypatch.setattr(run, "train", lambda cfg, error=error, **_: (_ for _ in ()).throw(error))
+        monkeypatch.setattr(
+            run, "train", lambda cfg, error=error, **_: (_ for _ in ()).throw(error)
+        )
         assert main(args) == code
         err = capsys.readouterr().err
         assert err.strip().splitlines()[-1] == f"error: {error}"

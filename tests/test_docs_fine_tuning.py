@@ -29,7 +29,13 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
     monkeypatch.chdir(tmp_path)
     steps = commands()
-    assert [argv[1] for argv in steps] == ["import-hf", "prepare-data", "train", "generate"]
+    assert [argv[1] for argv in steps] == [
+        "import-hf",
+        "prepare-data",
+        "train",
+        "generate",
+        "export-hf",
+    ]
     for argv in steps:
         assert main(argv[1:]) == 0, argv
     out = capsys.readouterr().out
@@ -38,3 +44,6 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     record = json.loads((tmp_path / "runs" / "tuned" / "config.json").read_text())
     assert record["provenance"]["source"] == "--from runs/base"
     assert record["config"]["init_from"] == "runs/base"
+    exported = json.loads((tmp_path / "hf" / "tuned" / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLM"] and exported["eos_token_id"] == 2
+    assert (tmp_path / "hf" / "tuned" / "tokenizer.json").is_file()

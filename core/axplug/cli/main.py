@@ -27,6 +27,7 @@ COMMANDS = (
     "axplug.cli.launch_cmd",
     "axplug.cli.generate_cmd",
     "axplug.cli.import_hf_cmd",
+    "axplug.cli.export_hf_cmd",
     "axplug.cli.prepare_data_cmd",
 )
 

@@ -1,0 +1,47 @@
+"""`axplug export-hf`: a run's model as a Hugging Face checkpoint directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+EPILOG = """\
+examples:
+  axplug export-hf runs/tuned --output hf/tuned
+  axplug export-hf runs/tuned --output hf/tuned-step200 --step 200
+
+The model must be LLaMA-shaped (RMSNorm, SwiGLU, RoPE; GQA allowed): an `axplug import-hf`
+import and its fine-tunes, or a llama-tiny style preset. The output holds config.json
+(the imported model's own, updated), sharded safetensors with their index, and the run's
+tokenizer files. `axplug import-hf` on it gives back the same parameters.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export-hf",
+        help="write a run's model as a Hugging Face checkpoint (LLaMA)",
+        description="Write a run's model as a Hugging Face checkpoint directory.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run (or import) directory")
+    parser.add_argument("--output", required=True, metavar="DIR", help="where to write")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from axplug.interop.hf_export import export_hf
+
+    raw = export_hf(args.run_dir, args.output, step=args.step)
+    print(
+        f"wrote {args.output}: {raw['architectures'][0]}, {raw['num_hidden_layers']} layers, "
+        f"hidden {raw['hidden_size']}, vocab {raw['vocab_size']}",
+        file=sys.stdout,
+    )
+    return 0

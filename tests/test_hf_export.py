@@ -1,0 +1,75 @@
+"""`export_hf`: the inverse of import_hf, exact for an unmodified import and after fine-tuning."""
+
+import json
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from axplug.cli import main
+from axplug.interop.hf_export import export_hf
+from test_hf_import import hf_weights, llama_config, write_hf
+
+
+def read_dir(directory) -> dict:
+    out = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+def test_export_of_an_import_equals_the_original_tensors(tmp_path, capsys):
+    cfg = llama_config()
+    weights = hf_weights(cfg)
+    src = write_hf(tmp_path / "hf", cfg, weights, shards=2)
+    run = str(tmp_path / "run")
+    assert main(["import-hf", src, "--output", run]) == 0
+    capsys.readouterr()
+    raw = export_hf(run, str(tmp_path / "out"), shard_bytes=20_000)
+    got = read_dir(tmp_path / "out")
+    assert sorted(got) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+        assert got[name].dtype == value.dtype
+    assert len(list((tmp_path / "out").glob("*.safetensors"))) > 1  # sharded, with an index
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved == raw and all(saved[k] == v for k, v in cfg.items() if k != "torch_dtype")
+
+
+def test_import_fine_tune_export_import_is_exact(tmp_path, capsys):
+    import jax
+
+    from test_finetune import SMALL
+    from test_hf_import import load_run
+
+    cfg = llama_config()
+    src = write_hf(tmp_path / "hf", cfg, hf_weights(cfg))
+    base, tuned = str(tmp_path / "base"), str(tmp_path / "tuned")
+    assert main(["import-hf", src, "--output", base]) == 0
+    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "3",
+                 "--input", "synthetic:vocab_size=96", *SMALL]) == 0  # fmt: skip
+    assert main(["export-hf", tuned, "--output", str(tmp_path / "out")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    again = str(tmp_path / "again")
+    assert main(["import-hf", str(tmp_path / "out"), "--output", again]) == 0
+    _, step, tuned_state, _ = load_run(tuned)
+    _, _, again_state, _ = load_run(again)
+    assert step == 3
+    jax.tree.map(np.testing.assert_array_equal, again_state["params"], tuned_state["params"])
+
+
+def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, capsys):
+    from test_finetune import SMALL
+
+    run = str(tmp_path / "llama")
+    assert main(["train", "--preset", "llama-tiny", "--output-dir", run, "--max-steps", "1",
+                 "--set", "model.decoder.transformer.num_layers=1", *SMALL]) == 0  # fmt: skip
+    assert main(["export-hf", run, "--output", str(tmp_path / "out")]) == 0
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["num_hidden_layers"] == 1 and saved["vocab_size"] == 256
+    gpt = str(tmp_path / "gpt")
+    assert main(["train", "--preset", "gpt-tiny", "--output-dir", gpt, "--max-steps", "1",
+                 *SMALL]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["export-hf", gpt, "--output", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot export as LlamaForCausalLM" in err and "LayerNorm" in err
