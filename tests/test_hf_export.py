@@ -73,3 +73,53 @@ def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, c
     assert main(["export-hf", gpt, "--output", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert "cannot export as LlamaForCausalLM" in err and "LayerNorm" in err
+
+
+def test_mixtral_round_trips_through_the_moe_plugins_mapping(tmp_path, capsys):
+    import jax
+    import pytest
+
+    pytest.importorskip("axplug_moe")
+    from test_finetune import SMALL
+    from test_hf_import import load_run, mixtral_config
+
+    cfg = mixtral_config()
+    weights = hf_weights(cfg)
+    src = write_hf(tmp_path / "hf", cfg, weights)
+    base, tuned = str(tmp_path / "base"), str(tmp_path / "tuned")
+    assert main(["import-hf", src, "--output", base]) == 0
+    raw = export_hf(base, str(tmp_path / "same"))
+    got = read_dir(tmp_path / "same")
+    assert sorted(got) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert raw["architectures"] == ["MixtralForCausalLM"]
+    for key in ("num_local_experts", "num_experts_per_tok"):
+        assert raw[key] == cfg[key]
+    assert raw["router_aux_loss_coef"] == pytest.approx(cfg.get("router_aux_loss_coef", 0.001))
+
+    vocab = cfg["vocab_size"]
+    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "2",
+                 "--input", f"synthetic:vocab_size={vocab}", *SMALL]) == 0  # fmt: skip
+    assert main(["export-hf", tuned, "--output", str(tmp_path / "out")]) == 0
+    again = str(tmp_path / "again")
+    assert main(["import-hf", str(tmp_path / "out"), "--output", again]) == 0
+    capsys.readouterr()
+    _, _, tuned_state, _ = load_run(tuned)
+    _, _, again_state, _ = load_run(again)
+    jax.tree.map(np.testing.assert_array_equal, again_state["params"], tuned_state["params"])
+
+
+def test_a_moe_that_mixtral_cannot_express_is_refused_by_name(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("axplug_moe")
+    from test_finetune import SMALL
+
+    run = str(tmp_path / "moe")
+    assert main(["train", "--preset", "moe-tiny", "--output-dir", run, "--max-steps", "1",
+                 "--set", "model.decoder.transformer.num_layers=1", *SMALL]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["export-hf", run, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot export as MixtralForCausalLM" in err and "capacity_factor=1.25" in err

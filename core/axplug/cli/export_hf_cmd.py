@@ -13,8 +13,9 @@ examples:
   axplug export-hf runs/tuned --output hf/tuned
   axplug export-hf runs/tuned --output hf/tuned-step200 --step 200
 
-The model must be LLaMA-shaped (RMSNorm, SwiGLU, RoPE; GQA allowed): an `axplug import-hf`
-import and its fine-tunes, or a llama-tiny style preset. The output holds config.json
+The model must be LLaMA-shaped (RMSNorm, SwiGLU, RoPE; GQA allowed), or a Mixtral through
+axplug-moe's mapping: an `axplug import-hf` import and its fine-tunes, or a llama-tiny style
+preset. The output holds config.json
 (the imported model's own, updated), sharded safetensors with their index, and the run's
 tokenizer files. `axplug import-hf` on it gives back the same parameters.
 """
@@ -23,7 +24,7 @@ tokenizer files. `axplug import-hf` on it gives back the same parameters.
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "export-hf",
-        help="write a run's model as a Hugging Face checkpoint (LLaMA)",
+        help="write a run's model as a Hugging Face checkpoint (LLaMA, Mixtral)",
         description="Write a run's model as a Hugging Face checkpoint directory.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

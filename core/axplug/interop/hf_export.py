@@ -1,4 +1,5 @@
-"""`export_hf`: an axplug run of a LLaMA-shaped model -> a Hugging Face checkpoint directory
+"""`export_hf`: an axplug run of a LLaMA-shaped model (or a Mixtral, through the MoE plugin's
+registered mapping) -> a Hugging Face checkpoint directory
 (`config.json`, sharded safetensors with their index, the tokenizer files). The inverse of
 `import_hf`: Linear weights are transposed back to [out, in], a scanned stack is unstacked."""
 
@@ -31,11 +32,15 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> dict:
     stack = decoder.transformer
     layer = stack.layer
     attention, ffn = layer.attention, layer.feed_forward
+    from axplug.interop.hf_mappings import mapping_for_layer
+
+    mapping = None if _klass_name(ffn) == "FeedForward" else mapping_for_layer(_klass_name(ffn))
     problems = []
     for path, sub, want in (
         ("model.decoder.output_norm", decoder.output_norm, "RMSNorm"),
         ("model.decoder.transformer.layer.norm", layer.norm, "RMSNorm"),
-        ("model.decoder.transformer.layer.feed_forward", ffn, "FeedForward"),
+        ("model.decoder.transformer.layer.feed_forward", ffn,
+         _klass_name(ffn) if mapping is not None else "FeedForward"),
         ("model.decoder.transformer.layer.attention.position", attention.position,
          "RotaryPositionTransform"),
     ):  # fmt: skip
@@ -48,15 +53,22 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> dict:
         problems.append("the RoPE is interleaved or partial (Hugging Face LLaMA: neither)")
     if attention.sliding_window is not None or attention.linear_bias_slopes is not None:
         problems.append("attention has a sliding window or an ALiBi bias")
+    architecture = mapping.architecture if mapping is not None else "LlamaForCausalLM"
+    extra = {}
+    if mapping is not None:
+        try:
+            extra = mapping.hf_config(ffn)
+        except ValueError as e:
+            problems.append(f"model.decoder.transformer.layer.feed_forward: {e}")
     if problems:
-        raise HFExportError("cannot export as LlamaForCausalLM: " + "; ".join(problems))
+        raise HFExportError(f"cannot export as {architecture}: " + "; ".join(problems))
     heads = attention.num_heads
     kv_heads = getattr(attention.qkv, "num_kv_heads", None) or heads
     head_dim = attention.head_dim or decoder.dim // heads
     raw = dict(source or {})
     raw.update(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
+        architectures=[architecture],
+        model_type="llama" if mapping is None else architecture.split("For")[0].lower(),
         vocab_size=decoder.vocab_size,
         hidden_size=decoder.dim,
         intermediate_size=ffn.hidden_dim,
@@ -70,6 +82,7 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> dict:
         tie_word_embeddings=bool(decoder.tie_word_embeddings),
         attention_bias=False,
         mlp_bias=False,
+        **extra,
     )
     if position.scaling_factor is not None:
         raw["rope_scaling"] = {
@@ -94,7 +107,12 @@ def _layers(transformer: dict, num_layers: int) -> list[dict]:
 
 
 def hf_tensors(params: dict, raw: dict) -> dict[str, np.ndarray]:
-    """Hugging Face tensor name -> numpy array, [out, in] for every projection."""
+    """Hugging Face tensor name -> numpy array, [out, in] for every projection; a plugin
+    feed-forward's through its registered mapping."""
+    from axplug.interop.hf_mappings import mapping_for_architecture
+
+    arch = raw["architectures"][0]
+    mapping = None if arch == "LlamaForCausalLM" else mapping_for_architecture(arch)
     decoder = params["decoder"]
     out = {
         "model.embed_tokens.weight": decoder["embedding"]["weight"],
@@ -111,6 +129,9 @@ def hf_tensors(params: dict, raw: dict) -> dict[str, np.ndarray]:
             out[f"{p}.self_attn.{name}_proj.weight"] = attention["qkv"][name]["weight"].T
         out[f"{p}.self_attn.o_proj.weight"] = attention["output"]["weight"].T
         ffn = layer["feed_forward"]
+        if mapping is not None:
+            out.update(mapping.export_tensors(ffn, p))
+            continue
         out[f"{p}.mlp.gate_proj.weight"] = ffn["wi_gate"]["weight"].T
         out[f"{p}.mlp.up_proj.weight"] = ffn["wi_up"]["weight"].T
         out[f"{p}.mlp.down_proj.weight"] = ffn["wo"]["weight"].T

@@ -72,21 +72,10 @@ def _mlp(tensors: SafetensorsDir, hf: HFModelConfig, p: str) -> dict:
 
 
 def _moe(tensors: SafetensorsDir, hf: HFModelConfig, p: str) -> dict:
-    # Mixtral expert: w2(silu(w1 x) * w3 x), i.e. w1 = gate, w3 = up, w2 = down.
-    d, h, e = hf.hidden_size, hf.intermediate_size, hf.num_experts
-    moe = f"{p}.block_sparse_moe"
+    """A Mixtral layer's experts, through the mapping the MoE plugin registers."""
+    from axplug.interop.hf_mappings import mapping_for_architecture
 
-    def experts(w: str, in_dim: int, out_dim: int) -> np.ndarray:
-        return np.stack(
-            [_linear(tensors, f"{moe}.experts.{j}.{w}.weight", in_dim, out_dim) for j in range(e)]
-        )
-
-    return {
-        "router": {"weight": _linear(tensors, f"{moe}.gate.weight", d, e)},
-        "wi_gate": experts("w1", d, h),
-        "wi_up": experts("w3", d, h),
-        "wo": experts("w2", h, d),
-    }
+    return mapping_for_architecture(hf.architecture).import_params(tensors.get, hf, p)
 
 
 def _stack(layers: list[dict]) -> dict:

@@ -32,6 +32,7 @@ KINDS = (
     "presets",
     "inputs",
     "summary_writers",
+    "hf_mappings",
     "hooks",
 )
 # Inclusive window of plugin API major versions this core can load.
