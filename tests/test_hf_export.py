@@ -45,7 +45,7 @@ def test_import_fine_tune_export_import_is_exact(tmp_path, capsys):
     src = write_hf(tmp_path / "hf", cfg, hf_weights(cfg))
     base, tuned = str(tmp_path / "base"), str(tmp_path / "tuned")
     assert main(["import-hf", src, "--output", base]) == 0
-    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "3",
+    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "20",
                  "--input", "synthetic:vocab_size=96", *SMALL]) == 0  # fmt: skip
     assert main(["export-hf", tuned, "--output", str(tmp_path / "out")]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -53,8 +53,12 @@ def test_import_fine_tune_export_import_is_exact(tmp_path, capsys):
     assert main(["import-hf", str(tmp_path / "out"), "--output", again]) == 0
     _, step, tuned_state, _ = load_run(tuned)
     _, _, again_state, _ = load_run(again)
-    assert step == 3
+    _, _, base_state, _ = load_run(base)
+    assert step == 20
     jax.tree.map(np.testing.assert_array_equal, again_state["params"], tuned_state["params"])
+    moved = jax.tree.map(lambda a, b: bool((np.asarray(a) != np.asarray(b)).any()),
+                         tuned_state["params"], base_state["params"])  # fmt: skip
+    assert all(jax.tree.leaves(moved)), "fine-tuning changed every parameter"
 
 
 def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, capsys):
@@ -99,7 +103,7 @@ def test_mixtral_round_trips_through_the_moe_plugins_mapping(tmp_path, capsys):
     assert raw["router_aux_loss_coef"] == pytest.approx(cfg.get("router_aux_loss_coef", 0.001))
 
     vocab = cfg["vocab_size"]
-    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "2",
+    assert main(["train", "--from", base, "--output-dir", tuned, "--max-steps", "20",
                  "--input", f"synthetic:vocab_size={vocab}", *SMALL]) == 0  # fmt: skip
     assert main(["export-hf", tuned, "--output", str(tmp_path / "out")]) == 0
     again = str(tmp_path / "again")
