@@ -1,22 +1,13 @@
 """docs/fine-tuning.md, followed as written: import, tokenize, fine-tune, generate."""
 
 import json
-import re
-import shlex
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from axplug.cli import main
+from doc_pages import shell_commands
 from test_hf_import import hf_weights, llama_config, word_tokenizer, write_hf
-
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "fine-tuning.md"
-
-
-def commands() -> list[list[str]]:
-    blocks = re.findall(r"^```sh\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
 
 
 def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
@@ -28,7 +19,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     lines = [" ".join(rng.choice(words[3:], size=rng.integers(5, 30))) for _ in range(200)]
     (tmp_path / "notes.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
     monkeypatch.chdir(tmp_path)
-    steps = commands()
+    steps = shell_commands("fine-tuning.md")
     assert [argv[1] for argv in steps] == [
         "import-hf",
         "prepare-data",

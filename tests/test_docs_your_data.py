@@ -1,21 +1,12 @@
 """docs/your-data.md, followed as written: its shell blocks run in order in a fresh directory."""
 
 import os
-import re
-import shlex
 import shutil
-from pathlib import Path
 
 import pytest
 
 from axplug.cli import main
-
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "your-data.md"
-
-
-def commands() -> list[list[str]]:
-    blocks = re.findall(r"^```sh\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+from doc_pages import shell_commands
 
 
 def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
@@ -27,7 +18,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     hf_bpe(tmp_path / "tok")
     shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
-    steps = commands()
+    steps = shell_commands("your-data.md")
     assert [argv[:2] for argv in steps] == [
         ["axplug", "prepare-data"],
         ["axplug", "train"],

@@ -17,6 +17,7 @@ __all__ = [
     "SentencePieceTokenizer",
     "TiktokenTokenizer",
     "load_tokenizer",
+    "has_tokenizer",
     "TOKENIZER_FILES",
 ]
 
@@ -183,6 +184,13 @@ _BY_SUFFIX = {
 }
 _EXTRA = {HFTokenizer: "tokenizers", SentencePieceTokenizer: "sentencepiece",
           TiktokenTokenizer: "tiktoken"}  # fmt: skip
+
+
+def has_tokenizer(directory: str | pathlib.Path | None) -> bool:
+    """Whether `directory` holds one of `TOKENIZER_FILES`."""
+    return directory is not None and any(
+        (pathlib.Path(directory) / name).is_file() for name in TOKENIZER_FILES
+    )
 
 
 def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:

@@ -51,7 +51,9 @@ def build_config(args: argparse.Namespace):
     if args.seed is not None:
         cfg.input.seed = args.seed
     if cfg.eval_input is None and any(o.strip().startswith("eval_input.") for o in args.overrides):
-        cfg.eval_input = eval_input_for(cfg.input)  # `--set eval_input.x=...` edits this one
+        from axplug.input import eval_split_of
+
+        cfg.eval_input = eval_split_of(cfg.input)  # `--set eval_input.x=...` edits this one
     cfg = apply_overrides(cfg, args.overrides)
     check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, source=source_label(args))
     return cfg
@@ -139,11 +141,6 @@ def with_input(cfg, spec: str):
               file=sys.stderr)  # fmt: skip
         decoder.vocab_size = vocab
     return cfg
-
-
-def eval_input_for(input_cfg):
-    """The held-out split of an input that has one, else None."""
-    return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
 
 
 def check_vocab(cfg, *, allow_mismatch: bool, source: str) -> None:

@@ -114,13 +114,12 @@ def _check_cache_fits(loaded, max_len: int) -> None:
 def find_tokenizer(loaded, run_dir: str, explicit: str | None):
     """The tokenizer for a run's text: explicit, in the run dir, of its data, or bytes."""
     from axplug.config import REQUIRED
-    from axplug.tokenizer import TOKENIZER_FILES, load_tokenizer
+    from axplug.tokenizer import has_tokenizer, load_tokenizer
 
     if explicit is not None:
         return load_tokenizer(explicit)
-    local = run_dir if os.path.isdir(run_dir) else None
-    if local and any(os.path.isfile(os.path.join(local, n)) for n in TOKENIZER_FILES):
-        return load_tokenizer(local)
+    if has_tokenizer(run_dir):  # an import's copy of its model's tokenizer
+        return load_tokenizer(run_dir)
     data = getattr(loaded.config.input, "path", None)
     if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
         return load_tokenizer(data)

@@ -6,7 +6,7 @@ function of `(seed, step)`; `IteratorInput` wraps a user `module:function` that 
 iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 """
 
-from axplug.input.base import Batch, Input, StepInput, data_vocab_size
+from axplug.input.base import Batch, Input, StepInput, data_vocab_size, eval_split_of
 from axplug.input.iterator import IteratorInput, resolve_function
 from axplug.input.synthetic import SyntheticInput
 from axplug.input.text import ByteTextInput, bundled_corpus_path
@@ -21,6 +21,7 @@ __all__ = [
     "IteratorInput",
     "TokenFileInput",
     "data_vocab_size",
+    "eval_split_of",
     "bundled_corpus_path",
     "resolve_function",
 ]

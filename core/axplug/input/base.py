@@ -9,7 +9,7 @@ import numpy as np
 
 from axplug.config import Configurable, ConfigValueError, config_class
 
-__all__ = ["Batch", "Input", "StepInput", "data_vocab_size"]
+__all__ = ["Batch", "Input", "StepInput", "data_vocab_size", "check_split", "eval_split_of"]
 
 Batch = dict[str, np.ndarray]
 
@@ -17,6 +17,19 @@ Batch = dict[str, np.ndarray]
 def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
     """A ConfigValueError (a ValueError) whose message starts with the dotted path of `name`."""
     return ConfigValueError(f"{cfg._path(name)}: {problem}")
+
+
+def check_split(cfg: Configurable.Config) -> None:
+    """Validates the `split` and `eval_fraction` fields of an input with a held-out split."""
+    if cfg.split not in ("train", "eval"):
+        raise field_error(cfg, "split", f"must be 'train' or 'eval', got {cfg.split!r}")
+    if not 0.0 < cfg.eval_fraction < 1.0:
+        raise field_error(cfg, "eval_fraction", f"must be in (0, 1), got {cfg.eval_fraction}")
+
+
+def eval_split_of(input_cfg: Configurable.Config) -> Configurable.Config | None:
+    """The held-out split of an input config that has one (a `split` field), else None."""
+    return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
 
 
 def data_vocab_size(cfg: Configurable.Config) -> int | None:

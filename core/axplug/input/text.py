@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 
 from axplug.config import ConfigFileError, config_class
-from axplug.input.base import StepInput, field_error
+from axplug.input.base import StepInput, check_split, field_error
 
 __all__ = ["ByteTextInput", "bundled_corpus_path"]
 
@@ -36,10 +36,7 @@ class ByteTextInput(StepInput):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
-        if cfg.split not in ("train", "eval"):
-            raise field_error(cfg, "split", f"must be 'train' or 'eval', got {cfg.split!r}")
-        if not 0.0 < cfg.eval_fraction < 1.0:
-            raise field_error(cfg, "eval_fraction", f"must be in (0, 1), got {cfg.eval_fraction}")
+        check_split(cfg)
         path = bundled_corpus_path() if cfg.path is None else pathlib.Path(cfg.path)
         if not path.is_file():
             raise ConfigFileError(

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
-from axplug.input.base import Batch, StepInput, field_error
+from axplug.input.base import Batch, StepInput, check_split, field_error
 
 __all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
 
@@ -84,10 +84,7 @@ class TokenFileInput(StepInput):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
-        if cfg.split not in ("train", "eval"):
-            raise field_error(cfg, "split", f"must be 'train' or 'eval', got {cfg.split!r}")
-        if not 0.0 < cfg.eval_fraction < 1.0:
-            raise field_error(cfg, "eval_fraction", f"must be in (0, 1), got {cfg.eval_fraction}")
+        check_split(cfg)
         root = pathlib.Path(cfg.path).expanduser()
         self.meta = read_meta(root)
         self.vocab_size = int(self.meta["vocab_size"])

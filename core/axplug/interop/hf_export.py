@@ -204,10 +204,8 @@ def _lineage(run_dir: str, step: int) -> list[tuple[str, dict]]:
 
 def _tokenizer_home(run_dirs: list[str], cfg: Any) -> str | None:
     """The first of the runs' directories, then the run's data directory, with a tokenizer."""
-    from axplug.interop.hf_import import TOKENIZER_FILES
+    from axplug.tokenizer import has_tokenizer
 
     data = getattr(cfg.input, "path", None)
-    for directory in [*run_dirs, data if isinstance(data, str) else None]:
-        if directory and any(os.path.isfile(os.path.join(directory, n)) for n in TOKENIZER_FILES):
-            return directory
-    return None
+    candidates = [*run_dirs, data if isinstance(data, str) else None]
+    return next((d for d in candidates if has_tokenizer(d)), None)

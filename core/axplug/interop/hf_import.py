@@ -22,6 +22,7 @@ from axplug.interop.hf_config import HFImportError, HFModelConfig, read_hf_confi
 from axplug.interop.hf_params import IGNORED_SUFFIXES, hf_params
 from axplug.interop.hf_trainer_config import hf_modifier_specs, hf_trainer_config
 from axplug.interop.safetensors_dir import SafetensorsDir
+from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer
 from axplug.trainer.run import write_config
 
@@ -104,8 +105,9 @@ def import_hf(
     )
 
 
-# A Hugging Face model's tokenizer: copied beside the import, where `axplug generate` finds it.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# A Hugging Face model's tokenizer, with its special-token config: copied beside the import,
+# where `axplug generate` finds it.
+COPIED_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_config.json")
 
 
 def copy_tokenizer_files(directory: str, output_dir: str) -> list[str]:
@@ -114,7 +116,7 @@ def copy_tokenizer_files(directory: str, output_dir: str) -> list[str]:
 
     storage = storage_for(output_dir)
     copied = []
-    for name in TOKENIZER_FILES:
+    for name in COPIED_TOKENIZER_FILES:
         source = os.path.join(directory, name)
         if os.path.isfile(source):
             with open(source, "rb") as f:

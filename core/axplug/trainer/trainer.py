@@ -30,7 +30,7 @@ from axplug.config import (
     config_class,
     to_dict,
 )
-from axplug.input import ByteTextInput
+from axplug.input import ByteTextInput, eval_split_of
 from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
 from axplug.runtime import (
@@ -148,12 +148,12 @@ class Trainer(Configurable):
         self.input = shard_input_config(cfg.input, rows).instantiate()
         eval_cfg = cfg.eval_input
         if eval_cfg is None and cfg.eval_every is not None:
-            if not hasattr(cfg.input, "split"):
+            eval_cfg = eval_split_of(cfg.input)
+            if eval_cfg is None:
                 raise ConfigValueError(
                     f"{cfg._path('eval_every')}: {cfg.input.klass.__name__} has no eval "
                     "split; set eval_input to an input config, or eval_every=None"
                 )
-            eval_cfg = cfg.input.clone(split="eval")  # the input's held-out split
         self.eval_input = (
             shard_input_config(eval_cfg, rows).instantiate() if eval_cfg is not None else None
         )

@@ -1,0 +1,14 @@
+"""The shell commands of a docs page, for the tests that follow a page as written."""
+
+import re
+import shlex
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def shell_commands(page: str) -> list[list[str]]:
+    """Each line of the page's ```sh blocks, split like a shell would, in order."""
+    text = (DOCS / page).read_text()
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
