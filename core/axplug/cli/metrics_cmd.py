@@ -88,7 +88,7 @@ def _plot(name: str, steps: list[int], values: list[float], width: int, height: 
 
 def run(args: argparse.Namespace) -> int:
     from axplug.summary import read_jsonl
-    from axplug.trainer.trainer import summary_dir
+    from axplug.trainer.summaries import summary_dir
 
     for flag in ("last", "width", "height"):
         if getattr(args, flag) < 1:

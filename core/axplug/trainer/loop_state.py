@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer"]
+__all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer", "tokens_per_step"]
 
 log = logging.getLogger("axplug.trainer")
 
@@ -44,6 +45,11 @@ class NonFiniteGuard:
             )
 
 
+def tokens_per_step(input_cfg: Any) -> int:
+    """Tokens in a global batch of an input config (0 when it has no batch_size/seq_len)."""
+    return getattr(input_cfg, "batch_size", 0) * getattr(input_cfg, "seq_len", 0)
+
+
 class StepTimer:
     """Step time, tokens per second and, given the model's FLOPs per step and the devices'
     total peak FLOP/s, model FLOP/s and MFU between consecutive logged steps."""
@@ -55,6 +61,23 @@ class StepTimer:
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
         self._last: tuple[int, float] | None = None
+
+    @classmethod
+    def for_run(cls, trainer_cfg: Any, model: Any, mesh: Any) -> StepTimer:
+        """The timer of a run: its tokens and model FLOPs per step, and the mesh's total peak
+        FLOP/s (`peak_flops_per_device`, else the detected accelerator's spec; None on CPU)."""
+        from axplug.aot import detected_device_spec, model_flops_per_step
+
+        try:
+            flops = model_flops_per_step(trainer_cfg, model)
+        except (AttributeError, TypeError):  # an input without batch_size / seq_len
+            flops = 0.0
+        per_device = trainer_cfg.peak_flops_per_device
+        if per_device is None:
+            spec = detected_device_spec(list(mesh.devices.flat))
+            per_device = spec.peak_bf16_flops if spec else None
+        peak = per_device * mesh.devices.size if per_device else None
+        return cls(tokens_per_step(trainer_cfg.input), flops, peak)
 
     def tick(self, step: int) -> dict[str, float]:
         now = time.perf_counter()

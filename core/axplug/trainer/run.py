@@ -96,7 +96,7 @@ def train(
     import jax
 
     from axplug.runtime import RunDirLock, StoreLease
-    from axplug.trainer.trainer import summary_dir
+    from axplug.trainer.summaries import summary_dir
 
     if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
         return _build(cfg, hooks).run()

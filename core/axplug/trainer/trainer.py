@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 from typing import Any
 
 import jax
@@ -18,8 +16,6 @@ from axplug.checkpoint import (
     CheckpointCorruptError,
     Checkpointer,
     CheckpointError,
-    scheme_of,
-    storage_for,
 )
 from axplug.config import (
     REQUIRED,
@@ -47,27 +43,15 @@ from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
 from axplug.trainer.hooks import HookRunner
 from axplug.trainer.layout import check_input_split, state_layout
-from axplug.trainer.loop_state import NonFiniteGuard, StepTimer
+from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.step import build_eval_step, build_train_step
+from axplug.trainer.summaries import append_goodput, build_writer, summary_dir
 
 __all__ = ["Trainer", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
 _SAVE_ERROR_POLICIES = ("stop", "retry_next")
 _CORRUPT_POLICIES = ("previous", "stop")
-
-
-def summary_dir(output_dir: str) -> str:
-    """Where writers put the summaries of a run: `output_dir` itself when it is local, else a
-    local mirror `~/.cache/axplug/runs/SCHEME/PATH` (JSONL and event files are appended to,
-    which object stores cannot do)."""
-    scheme = scheme_of(output_dir)
-    if scheme == "file":
-        return output_dir
-    rest = output_dir.split("://", 1)[1].strip("/")
-    local = os.path.join(os.path.expanduser("~/.cache/axplug/runs"), scheme, rest)
-    log.info("summaries of %s are written locally to %s", output_dir, local)
-    return local
 
 
 class Trainer(Configurable):
@@ -164,7 +148,11 @@ class Trainer(Configurable):
         self.aux_loss = cfg.aux_loss.instantiate()
         # Process 0 writes the summaries; the others would write the same values.
         primary = jax.process_index() == 0
-        self.writers = [self._writer(w) for w in cfg.summary_writers] if primary else []
+        self.writers = (
+            [build_writer(w, cfg, tokens_per_step(cfg.input)) for w in cfg.summary_writers]
+            if primary
+            else []
+        )
         # Process 0's lease on the run directory, held while training (train() also holds it
         # around writing config.txt): a second run into the directory is refused.
         self.run_lock = (
@@ -193,18 +181,6 @@ class Trainer(Configurable):
         self._build_step()
 
     # --- setup -----------------------------------------------------------------------------
-
-    def _writer(self, cfg: InstantiableConfig) -> Any:
-        cfg = cfg.clone()
-        if getattr(cfg, "dir", None) is REQUIRED:
-            cfg.dir = summary_dir(self._config.output_dir)
-        if hasattr(cfg, "max_steps") and cfg.max_steps is None:
-            cfg.max_steps = self._config.max_steps
-        if hasattr(cfg, "every_n_steps") and cfg.every_n_steps is None:
-            cfg.every_n_steps = self._config.log_every
-        if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
-            cfg.tokens_per_step = self._tokens_per_step() or None
-        return cfg.instantiate()
 
     def _build_step(self) -> None:
         cfg = self._config
@@ -368,11 +344,7 @@ class Trainer(Configurable):
                 if hasattr(writer, "truncate"):  # steps after the checkpoint are logged again
                     writer.truncate(start + 1)
             guard = NonFiniteGuard(cfg.max_nonfinite_steps)
-            timer = StepTimer(
-                tokens_per_step=self._tokens_per_step(),
-                flops_per_step=self._model_flops_per_step(),
-                peak_flops=self._peak_flops(),
-            )
+            timer = StepTimer.for_run(cfg, self.model, self.mesh)
             self.hooks("on_train_start", trainer=self)
             if start >= cfg.max_steps:
                 log.info(
@@ -446,39 +418,11 @@ class Trainer(Configurable):
         if jax.process_index() == 0:
             # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
             log.debug("%s", format_goodput(report))
-            storage = storage_for(
-                self._config.output_dir, self._config.checkpointer.storage_options
-            )
-            url = storage.join(self._config.output_dir, "goodput.jsonl")
-            previous = storage.read_text(url) if storage.exists(url) else ""
-            record = {"step": int(jax.device_get(self.state["step"])), **report}
-            storage.write_text(url, previous + json.dumps(record) + "\n")
+            append_goodput(self._config, int(jax.device_get(self.state["step"])), report)
         return report
-
-    def _model_flops_per_step(self) -> float:
-        from axplug.aot import model_flops_per_step
-
-        try:
-            return model_flops_per_step(self._config, self.model)
-        except (AttributeError, TypeError):  # an input without batch_size / seq_len
-            return 0.0
-
-    def _peak_flops(self) -> float | None:
-        """Peak FLOP/s of all the mesh's devices, or None when unknown."""
-        from axplug.aot import detected_device_spec
-
-        per_device = self._config.peak_flops_per_device
-        if per_device is None:
-            spec = detected_device_spec(list(self.mesh.devices.flat))
-            per_device = spec.peak_bf16_flops if spec else None
-        return per_device * self.mesh.devices.size if per_device else None
 
     def _local_devices(self) -> list:
         return [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-
-    def _tokens_per_step(self) -> int:
-        cfg = self._config.input
-        return getattr(cfg, "batch_size", 0) * getattr(cfg, "seq_len", 0)
 
     def _on_step_end(
         self, step: int, metrics: Any, guard: NonFiniteGuard, timer: StepTimer

@@ -1,0 +1,52 @@
+"""Where a run's summaries go: the local summary directory, the writers built for a run, and
+the goodput record appended after it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from axplug.checkpoint import scheme_of, storage_for
+from axplug.config import REQUIRED, InstantiableConfig
+
+__all__ = ["summary_dir", "build_writer", "append_goodput"]
+
+log = logging.getLogger("axplug.trainer")
+
+
+def summary_dir(output_dir: str) -> str:
+    """Where writers put the summaries of a run: `output_dir` itself when it is local, else a
+    local mirror `~/.cache/axplug/runs/SCHEME/PATH` (JSONL and event files are appended to,
+    which object stores cannot do)."""
+    scheme = scheme_of(output_dir)
+    if scheme == "file":
+        return output_dir
+    rest = output_dir.split("://", 1)[1].strip("/")
+    local = os.path.join(os.path.expanduser("~/.cache/axplug/runs"), scheme, rest)
+    log.info("summaries of %s are written locally to %s", output_dir, local)
+    return local
+
+
+def build_writer(cfg: InstantiableConfig, trainer_cfg: Any, tokens_per_step: int) -> Any:
+    """A summary writer with the fields it leaves to the trainer filled in: `dir` (the run's
+    summary directory), `max_steps`, `every_n_steps` (log_every), `tokens_per_step`."""
+    cfg = cfg.clone()
+    if getattr(cfg, "dir", None) is REQUIRED:
+        cfg.dir = summary_dir(trainer_cfg.output_dir)
+    if hasattr(cfg, "max_steps") and cfg.max_steps is None:
+        cfg.max_steps = trainer_cfg.max_steps
+    if hasattr(cfg, "every_n_steps") and cfg.every_n_steps is None:
+        cfg.every_n_steps = trainer_cfg.log_every
+    if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
+        cfg.tokens_per_step = tokens_per_step or None
+    return cfg.instantiate()
+
+
+def append_goodput(trainer_cfg: Any, step: int, report: dict) -> None:
+    """Appends `{"step", <report>}` to OUTPUT_DIR/goodput.jsonl (in a bucket too)."""
+    storage = storage_for(trainer_cfg.output_dir, trainer_cfg.checkpointer.storage_options)
+    url = storage.join(trainer_cfg.output_dir, "goodput.jsonl")
+    previous = storage.read_text(url) if storage.exists(url) else ""
+    storage.write_text(url, previous + json.dumps({"step": step, **report}) + "\n")
