@@ -218,6 +218,8 @@ class AotReport:
     mfu_at_step_time: float | None = None
     compile_s: float = 0.0
     collectives: dict[str, int] = dataclasses.field(default_factory=dict)  # in the HLO
+    # stages, microbatches, schedule, repeats, bubble (idle share) of a pipelined stack
+    pipeline: dict[str, Any] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -226,6 +228,28 @@ class AotReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"over_bytes": self.over_bytes}
+
+
+def _pipeline_summary(model) -> dict[str, Any] | None:
+    from axplug.layers import PipelinedTransformer
+
+    for module in _modules(model):
+        if isinstance(module, PipelinedTransformer):
+            cfg = module.config
+            return {
+                "stages": cfg.num_stages,
+                "microbatches": cfg.num_microbatches,
+                "schedule": cfg.schedule,
+                "repeats": module.repeats,
+                "bubble": module.bubble,
+            }
+    return None
+
+
+def _modules(module):
+    yield module
+    for child in module.children.values():
+        yield from _modules(child)
 
 
 def _leaf_bytes(tree) -> int:
@@ -287,7 +311,7 @@ def compile_report(
     import jax
 
     from axplug.config import find_configs
-    from axplug.layers import RepeatedTransformer
+    from axplug.layers import PipelinedTransformer, RepeatedTransformer
     from axplug.trainer import Trainer
 
     builder = cfg.mesh.instantiate()
@@ -372,7 +396,9 @@ def compile_report(
         fits=fits,
         flops_per_step_analytic=flops,
         flops_per_step_xla=xla,
-        scanned_layers=bool(find_configs(cfg, RepeatedTransformer)),
+        scanned_layers=bool(
+            find_configs(cfg, RepeatedTransformer) or find_configs(cfg, PipelinedTransformer)
+        ),
         tokens_per_step=tokens,
         peak_flops_per_device=peak,
         target_mfu=target_mfu,
@@ -381,6 +407,7 @@ def compile_report(
         mfu_at_step_time=per_device / (peak * step_time_s) if peak and step_time_s else None,
         compile_s=compile_s,
         collectives=count_collectives(compiled.as_text()),
+        pipeline=_pipeline_summary(trainer.model),
     )
     report.notes.extend(plan_notes)
     if report.scanned_layers:

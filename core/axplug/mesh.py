@@ -16,6 +16,7 @@ from axplug.config import ConfigError, Configurable, config_class
 
 __all__ = [
     "MESH_AXES",
+    "PIPELINE_AXIS",
     "DEFAULT_AXIS_RULES",
     "MeshBuilder",
     "logical_to_partition_spec",
@@ -25,6 +26,9 @@ __all__ = [
 ]
 
 MESH_AXES = ("data", "fsdp", "expert", "seq", "model")
+# The pipeline axis joins the mesh (outermost) only when a run pipelines its layers, so a
+# mesh without it keeps the five-entry shape every saved config has.
+PIPELINE_AXIS = "pipeline"
 
 # Logical axis -> mesh axes it is sharded over (in order), or None for replicated.
 # Parameters: embed, mlp, heads, vocab, kv (head_dim), expert, layers. Activations: `batch`
@@ -32,7 +36,7 @@ MESH_AXES = ("data", "fsdp", "expert", "seq", "model")
 # sequence parallelism), `act_embed` (the residual stream's features), `kv_seq` (keys and
 # values gathered along the sequence for exact attention), and heads, mlp, vocab, expert.
 DEFAULT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp", "expert")),
+    ("batch", ("data", "fsdp", "expert", PIPELINE_AXIS)),
     ("embed", "fsdp"),
     ("mlp", "model"),
     ("heads", "model"),
@@ -40,6 +44,7 @@ DEFAULT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("kv", None),
     ("expert", "expert"),
     ("layers", None),
+    ("stage", PIPELINE_AXIS),
     ("seq", "seq"),
     ("act_embed", None),
     ("kv_seq", None),

@@ -11,7 +11,7 @@ from axplug.config import (
     find_configs,
     replace_config,
 )
-from axplug.mesh import MESH_AXES
+from axplug.mesh import MESH_AXES, PIPELINE_AXIS
 
 __all__ = [
     "parse_modifier_spec",
@@ -19,6 +19,7 @@ __all__ = [
     "SetModifier",
     "MeshShapeModifier",
     "ScanLayersModifier",
+    "PipelineModifier",
     "ComputeDtypeModifier",
     "PagedKVCacheModifier",
 ]
@@ -46,7 +47,10 @@ class SetModifier(ConfigModifier):
 
 
 class MeshShapeModifier(ConfigModifier):
-    """Sets `mesh.mesh_shape` from per-axis sizes, e.g. `mesh:fsdp=-1,model=2`."""
+    """Sets `mesh.mesh_shape` from per-axis sizes, e.g. `mesh:fsdp=-1,model=2`.
+
+    `pipeline=S` adds a `pipeline` axis (outermost) for the `pipeline` modifier's stages.
+    """
 
     @config_class
     class Config(ConfigModifier.Config):
@@ -55,10 +59,12 @@ class MeshShapeModifier(ConfigModifier):
         expert: int = 1
         seq: int = 1
         model: int = 1
+        pipeline: int = 1
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
-        shape = tuple(getattr(self._config, axis) for axis in MESH_AXES)
-        return cfg.clone(mesh=cfg.mesh.clone(mesh_shape=shape, axis_names=MESH_AXES))
+        names = MESH_AXES if self._config.pipeline == 1 else (PIPELINE_AXIS, *MESH_AXES)
+        shape = tuple(getattr(self._config, axis) for axis in names)
+        return cfg.clone(mesh=cfg.mesh.clone(mesh_shape=shape, axis_names=names))
 
 
 class ScanLayersModifier(ConfigModifier):
@@ -75,6 +81,44 @@ class ScanLayersModifier(ConfigModifier):
         if find_configs(cfg, RepeatedTransformer):
             return replace_config(cfg, target=RepeatedTransformer, new_cfg=new, carry=["layer"])
         return replace_config(cfg, target=StackedTransformer, new_cfg=new)
+
+
+class PipelineModifier(ConfigModifier):
+    """Runs the layer stack as pipeline stages, e.g. `pipeline:stages=4,microbatches=8`.
+
+    `schedule`: `gpipe`, or `circular` with `repeats` virtual stages per device (a smaller
+    bubble). Put the stages on devices with `mesh:pipeline=<stages>`. The parameters keep the
+    scanned stack's tree, so checkpoints move between pipelined and scanned runs.
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        stages: int = 2
+        microbatches: int = 4
+        schedule: str = "gpipe"
+        repeats: int = 2
+        remat_policy: str | None = None  # None: keep the stack's
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        from axplug.layers import PipelinedTransformer, RepeatedTransformer, StackedTransformer
+
+        c = self._config
+        new = PipelinedTransformer.default_config().set(
+            num_stages=c.stages,
+            num_microbatches=c.microbatches,
+            schedule=c.schedule,
+            num_repeats=c.repeats,
+        )
+        owned = ["num_stages", "num_microbatches", "schedule", "num_repeats"]
+        if c.remat_policy is not None:
+            new.remat_policy = c.remat_policy
+            owned.append("remat_policy")
+        for target in (PipelinedTransformer, RepeatedTransformer):
+            if find_configs(cfg, target):
+                return replace_config(
+                    cfg, target=target, new_cfg=new, carry=["layer"], owned=owned
+                )
+        return replace_config(cfg, target=StackedTransformer, new_cfg=new, owned=owned)
 
 
 class ComputeDtypeModifier(ConfigModifier):

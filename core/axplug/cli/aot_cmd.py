@@ -227,6 +227,14 @@ def format_report(r) -> str:
             f"  compiled on {r.compiled_devices} fake devices: data axis and batch / "
             f"{r.scale_factor} (per-device memory unchanged)"
         )
+    if r.pipeline:
+        p = r.pipeline
+        virtual = f" x {p['repeats']} virtual" if p["repeats"] > 1 else ""
+        lines.append(
+            f"  pipeline: {p['stages']} stages{virtual} x {p['microbatches']} microbatches "
+            f"({p['schedule']}), bubble {p['bubble']:.1%}; one stage per `pipeline` device, so "
+            "per-device memory is per stage"
+        )
     lines.append("  per-device memory (GiB; temp: activations and scratch):")
     for key in ("params", "optimizer", "batch", "temp", "total"):
         lines.append(f"    {key:<10} {r.memory[key] / gib:12.4f}")

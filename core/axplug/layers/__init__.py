@@ -14,6 +14,7 @@ from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
 from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
 from axplug.layers.kv_cache import EMPTY_POSITION, ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
+from axplug.layers.pipeline import PipelinedTransformer
 from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
 from axplug.layers.transformer import TransformerLayer
 
@@ -36,6 +37,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "PagedKVCache",
+    "PipelinedTransformer",
     "ParameterSpec",
     "QKVLinear",
     "RMSNorm",

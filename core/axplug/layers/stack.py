@@ -117,22 +117,9 @@ class RepeatedTransformer(BaseLayer):
         if layer_ctx.has_prng_key:
             base = layer_ctx.prng_key
             keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(n))
-
-        def body(carry, xs):
-            params, key = xs
-            out, collection = functional(
-                self.layer,
-                prng_key=key,
-                state=params,
-                inputs=(carry,) if not kwargs else {"x": carry, **kwargs},
-                is_training=ctx.is_training,
-            )
-            return out, collection
-
-        policy = REMAT_POLICIES[self._config.remat_policy]
-        if self._config.remat_policy != "none":
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        x, stacked = jax.lax.scan(body, x, (layer_ctx.state, keys))
+        x, stacked = scan_layer(
+            self.layer, layer_ctx.state, x, kwargs, keys, ctx.is_training, self._config.remat_policy
+        )
         _merge(layer_ctx.output_collection, stacked)
         return x
 
@@ -163,6 +150,33 @@ class RepeatedTransformer(BaseLayer):
 
         x, new_cache = jax.lax.scan(body, x, (layer_ctx.state, cache_state["layer"]))
         return x, {"layer": new_cache}
+
+
+def scan_layer(
+    layer: Module,
+    params: Any,
+    x: jax.Array,
+    kwargs: dict,
+    keys: jax.Array | None,
+    is_training: bool,
+    remat_policy: str,
+) -> tuple[jax.Array, OutputCollection]:
+    """`layer` applied once per slice of `params`' leading axis, by lax.scan with remat;
+    (output, the layer's outputs stacked along that axis)."""
+
+    def body(carry, xs):
+        layer_params, key = xs
+        return functional(
+            layer,
+            prng_key=key,
+            state=layer_params,
+            inputs=(carry,) if not kwargs else {"x": carry, **kwargs},
+            is_training=is_training,
+        )
+
+    if remat_policy != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat_policy], prevent_cse=False)
+    return jax.lax.scan(body, x, (params, keys))
 
 
 def _merge(target: OutputCollection, source: OutputCollection) -> None:

@@ -1,0 +1,236 @@
+"""Pipeline parallelism over a scanned layer stack: stages on the `pipeline` mesh axis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import ConfigError, config_class
+from axplug.context import OutputCollection
+from axplug.layers.base import ParameterSpec
+from axplug.layers.stack import RepeatedTransformer, _merge, scan_layer
+from axplug.layers.transformer import RESIDUAL_AXES
+from axplug.module import Module
+from axplug.mesh import PIPELINE_AXIS
+from axplug.sharding import ShardingScope, constrain, current_scope, sharding_scope
+
+__all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
+
+PIPELINE_SCHEDULES = ("gpipe", "circular")
+STAGE_AXIS = "stage"  # logical axis of the stage dimension; the rules map it to `pipeline`
+
+
+def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
+    """The share of stage-iterations that are idle: (S - 1) / (M * V + S - 1)."""
+    return (stages - 1) / (microbatches * repeats + stages - 1)
+
+
+class PipelinedTransformer(RepeatedTransformer):
+    """A RepeatedTransformer whose layers run as `num_stages` pipeline stages.
+
+    The parameters are RepeatedTransformer's tree ([num_layers, ...] per leaf, so checkpoints
+    move between pipelined and scanned runs unchanged), with the layer axis split over the
+    `pipeline` mesh axis. The batch is cut into `num_microbatches`; one `lax.scan` over
+    M * V + S - 1 iterations runs every stage on its microbatch at once (a `vmap` over stages
+    that the partitioner places one stage per `pipeline` device) and shifts the stage outputs
+    one stage on (a collective permute). `circular` gives each device `num_repeats` virtual
+    stages (layers s, S + s, 2S + s, ... chunks), cutting the bubble by that factor; its
+    stage-major regrouping of the layer axis moves (V - 1) / V of the weights between
+    devices each step. Autodiff runs the same iterations backwards (all forwards, then all
+    backwards, as GPipe); `remat_policy` applies per layer inside each stage.
+    """
+
+    @config_class
+    class Config(RepeatedTransformer.Config):
+        num_stages: int = 2
+        num_microbatches: int = 2
+        schedule: str = "gpipe"
+        num_repeats: int = 2  # virtual stages per device with `circular`
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        S, M, V = cfg.num_stages, cfg.num_microbatches, self.repeats
+        where = self.path
+        if cfg.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"{where}.schedule: unknown schedule {cfg.schedule!r}; choose from "
+                f"{list(PIPELINE_SCHEDULES)}"
+            )
+        if S < 1 or M < 1 or V < 1:
+            raise ConfigError(f"{where}: num_stages, num_microbatches and num_repeats must be >= 1")
+        if cfg.num_layers % (S * V):
+            raise ConfigError(
+                f"{where}: num_layers={cfg.num_layers} does not split into {S} stages x {V} "
+                f"repeats; use a stage count that divides the layers"
+            )
+        if cfg.schedule == "circular" and M < S:
+            raise ConfigError(
+                f"{where}: the circular schedule needs num_microbatches ({M}) >= num_stages "
+                f"({S}), so a microbatch's output is back before its next repeat starts"
+            )
+
+    @property
+    def repeats(self) -> int:
+        cfg = self._config
+        return cfg.num_repeats if cfg.schedule == "circular" else 1
+
+    @property
+    def bubble(self) -> float:
+        cfg = self._config
+        return bubble_fraction(cfg.num_stages, cfg.num_microbatches, self.repeats)
+
+    def create_parameter_specs_recursively(self) -> dict[str, Any]:
+        specs = super().create_parameter_specs_recursively()
+        return jax.tree.map(
+            lambda s: ParameterSpec(
+                shape=s.shape,
+                dtype=s.dtype,
+                mesh_axes=(STAGE_AXIS, *s.mesh_axes[1:]),
+                initializer=s.initializer,
+                weight_decay_scale=s.weight_decay_scale,
+            ),
+            specs,
+            is_leaf=lambda s: isinstance(s, ParameterSpec),
+        )
+
+    def _stage_params(self, params: Any) -> Any:
+        """[L, ...] leaves -> [S, V, L / (S V), ...], stage s holding virtual stages s, S + s..."""
+        cfg = self._config
+        S, V = cfg.num_stages, self.repeats
+        inner = self.layer.create_parameter_specs_recursively()
+
+        def regroup(leaf, spec):
+            per = cfg.num_layers // (S * V)
+            x = leaf.reshape(V, S, per, *leaf.shape[1:]).swapaxes(0, 1)
+            return constrain(x, (STAGE_AXIS, None, "layers", *spec.mesh_axes))
+
+        return jax.tree.map(regroup, params, inner, is_leaf=lambda s: isinstance(s, ParameterSpec))
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        cfg = self._config
+        S, M, V = cfg.num_stages, cfg.num_microbatches, self.repeats
+        ctx = self._context()
+        layer_ctx = ctx.add_child("layer")
+        batch = x.shape[0]
+        if batch % M:
+            raise ConfigError(
+                f"{self.path}.num_microbatches={M} does not divide the batch of {batch} rows"
+            )
+        per = cfg.num_layers // (S * V)
+        iterations = M * V + S - 1
+
+        # Microbatch m is rows m, M + m, 2M + m, ...: each keeps the batch's data sharding.
+        def split(a):
+            return a.reshape(batch // M, M, *a.shape[1:]).swapaxes(0, 1)
+
+        scope = current_scope()
+        inner = None
+        if scope is not None and scope.mesh.shape.get(PIPELINE_AXIS, 1) > 1:
+            inner = _without_pipeline(scope)
+
+        def replicated_over_stages(a, axes):
+            # Every stage reads and writes the microbatches: keep them on every stage's
+            # devices (split by the data axes only) rather than spread over the stages.
+            with sharding_scope(inner if inner is not None else scope):
+                return constrain(a, axes)
+
+        def microbatches(a, axes):
+            return replicated_over_stages(split(replicated_over_stages(a, axes)), (None, *axes))
+
+        extras = {
+            k: microbatches(v, ("batch", "seq")) for k, v in kwargs.items() if v is not None
+        }
+        io = microbatches(x, RESIDUAL_AXES)  # the inputs, then each repeat's outputs
+        params = self._stage_params(layer_ctx.state)
+        base_key = layer_ctx.prng_key if layer_ctx.has_prng_key else None
+        stage_ids = jnp.arange(S)
+        policy = self._config.remat_policy
+
+        def run_stage(stage_params, h, stage, repeat, micro, stage_extras, valid):
+            layer_params = jax.tree.map(lambda p: p[repeat], stage_params)
+            keys = None
+            if base_key is not None:  # a key per (layer, microbatch)
+                first = (repeat * S + stage) * per
+                keys = jax.vmap(
+                    lambda i: jax.random.fold_in(jax.random.fold_in(base_key, first + i), micro)
+                )(jnp.arange(per))
+            out, collection = scan_layer(
+                self.layer, layer_params, h, stage_extras, keys, ctx.is_training, policy
+            )
+            collection = jax.tree.map(lambda c: jnp.where(valid, c, jnp.zeros_like(c)), collection)
+            return out, collection
+
+        spmd_axis = None
+        if inner is not None:
+            spmd_axis = PIPELINE_AXIS
+            run_stage = _in_scope(run_stage, inner)
+        stages = jax.vmap(run_stage, spmd_axis_name=spmd_axis)
+
+        def iteration(carry, t):
+            state, io = carry
+            k = t - stage_ids  # each stage's position in the microbatch x repeat order
+            valid = (k >= 0) & (k < M * V)
+            kc = jnp.clip(k, 0, M * V - 1)
+            micro, repeat = kc % M, kc // M
+            # Stage 0 reads the next microbatch (or a finished repeat) from `io`; stage s > 0
+            # reads what stage s - 1 computed last iteration.
+            first = jax.lax.dynamic_index_in_dim(io, t % M, keepdims=False)
+            shifted = jnp.concatenate([first[None].astype(state.dtype), state[:-1]], axis=0)
+            shifted = constrain(shifted, (STAGE_AXIS, *RESIDUAL_AXES))
+            stage_extras = {k_: jnp.take(v, micro, axis=0) for k_, v in extras.items()}
+            out, collection = stages(params, shifted, stage_ids, repeat, micro, stage_extras, valid)
+            out = constrain(out, (STAGE_AXIS, *RESIDUAL_AXES))
+            done = t - (S - 1)  # the microbatch x repeat the last stage just finished
+            slot = jnp.clip(done, 0, M * V - 1) % M
+            io = jnp.where(
+                done >= 0,
+                jax.lax.dynamic_update_index_in_dim(io, out[S - 1], slot, axis=0),
+                io,
+            )
+            io = replicated_over_stages(io, (None, *RESIDUAL_AXES))
+            return (out, io), collection
+
+        state = jnp.zeros((S, *io.shape[1:]), x.dtype)
+        (_, io), collections = jax.lax.scan(iteration, (state, io), jnp.arange(iterations))
+        _merge(layer_ctx.output_collection, _per_layer(collections, M, S, V, per))
+        return replicated_over_stages(io.swapaxes(0, 1).reshape(x.shape), RESIDUAL_AXES)
+
+
+def _per_layer(
+    collection: OutputCollection, microbatches: int, S: int, V: int, per: int
+) -> OutputCollection:
+    """[iterations, S, per, ...] outputs (zero where a stage idled) -> [L, ...], averaged over
+    the microbatches, in layer order like RepeatedTransformer's."""
+
+    def fold(x):
+        # Each (stage, repeat) ran once per microbatch; iteration t ran repeat (t - s) // M.
+        iterations = x.shape[0]
+        t = jnp.arange(iterations)[:, None]
+        k = t - jnp.arange(S)[None, :]
+        repeat = jnp.clip(k, 0, microbatches * V - 1) // microbatches
+        onehot = jax.nn.one_hot(repeat, V, dtype=x.dtype)  # [iterations, S, V]
+        summed = jnp.einsum("tsv,ts...->vs...", onehot, x) / microbatches
+        return summed.reshape(V * S * per, *x.shape[3:])
+
+    return OutputCollection(*(jax.tree.map(fold, branch) for branch in collection))
+
+
+def _without_pipeline(scope: ShardingScope) -> ShardingScope:
+    """The scope a stage's layers run in: vmap over stages owns the `pipeline` axis."""
+
+    def drop(axes):
+        if axes is None or isinstance(axes, str):
+            return None if axes == PIPELINE_AXIS else axes
+        return tuple(a for a in axes if a != PIPELINE_AXIS) or None
+
+    return ShardingScope(scope.mesh, tuple((name, drop(axes)) for name, axes in scope.rules))
+
+
+def _in_scope(fn, scope: ShardingScope):
+    def in_scope(*args):
+        with sharding_scope(scope):
+            return fn(*args)
+
+    return in_scope

@@ -1,0 +1,186 @@
+"""Pipeline parallelism: the same losses, gradients and checkpoints as the scanned stack."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug.config import ConfigError, replace_config
+from axplug.context import functional
+from axplug.layers import FeedForward
+from axplug.layers.pipeline import bubble_fraction
+from axplug.presets import preset_config
+from axplug.summary import read_jsonl
+
+SMALL = [
+    "compilation_cache_dir=None",
+    "log_every=1",
+    "checkpoint_every=3",
+    "model.decoder.dim=64",
+    "model.decoder.transformer.num_layers=8",
+    "model.decoder.transformer.layer.attention.num_heads=4",
+    "model.decoder.transformer.layer.feed_forward.hidden_dim=128",
+    "input.seq_len=32",
+    "input.batch_size=8",
+]
+
+
+def llama8(tmp_path, *modifiers, steps=3):
+    from axplug.summary import JsonlWriter
+
+    cfg = preset_config(
+        "llama-tiny",
+        modifiers=["scan_layers", *modifiers],
+        overrides=[f"output_dir={str(tmp_path)!r}", f"max_steps={steps}", *SMALL],
+    )
+    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
+
+
+def run(cfg, devices=None):
+    trainer = cfg.instantiate(devices=devices)
+    trainer.run()
+    losses = [r["loss"] for r in read_jsonl(cfg.output_dir + "/metrics.jsonl") if "loss" in r]
+    return trainer, losses
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    cfg = llama8(tmp_path_factory.mktemp("scanned"), "mesh:data=1")
+    return run(cfg, devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize(
+    "pipeline, mesh",
+    [
+        ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2"),
+        ("pipeline:stages=4,microbatches=4,schedule=circular,repeats=2", "mesh:pipeline=4,fsdp=2"),
+        ("pipeline:stages=2,microbatches=8,schedule=circular,repeats=4", "mesh:pipeline=2,data=4"),
+        ("pipeline:stages=4,microbatches=2", "mesh:data=1"),
+    ],
+    ids=["gpipe-fsdp2", "circular-fsdp2", "circular-r4-data4", "gpipe-one-device"],
+)
+def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipeline, mesh):
+    base, base_losses = scanned
+    devices = jax.devices()[:1] if mesh == "mesh:data=1" else None
+    trainer, losses = run(llama8(tmp_path, pipeline, mesh), devices)
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
+    # After 3 Adam steps the parameters agree as closely as the losses.
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        jax.device_get(trainer.state["params"]),
+        jax.device_get(base.state["params"]),
+    )
+    if devices is None:  # each stage's layers live on its own `pipeline` devices
+        weight = trainer.state["params"]["decoder"]["transformer"]["layer"]["attention"]
+        weight = jax.tree.leaves(weight)[0]
+        stages = int(pipeline.split("stages=")[1].split(",")[0])
+        assert weight.sharding.shard_shape(weight.shape)[0] == 8 // stages
+
+
+def test_gradients_match_the_scanned_stack():
+    from axplug.sharding import scoped
+    from axplug.trainer.step import _loss_fn
+
+    def grads(*modifiers):
+        cfg = llama8("/tmp/unused", *modifiers)
+        trainer = cfg.instantiate(devices=jax.devices()[:1] if not modifiers else None)
+        state = trainer.init_state()
+        batch = trainer.put_batch(trainer.input.batch(0))
+        loss_fn = _loss_fn(trainer.model, trainer.aux_loss)
+        fn = jax.jit(scoped(jax.grad(lambda p: loss_fn(p, batch, None)[0]), trainer.mesh))
+        return jax.device_get(fn(state["params"]))
+
+    want = grads()
+    got = grads("pipeline:stages=4,microbatches=4,schedule=circular", "mesh:pipeline=4,fsdp=2")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), got, want)
+
+
+def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path):
+    from axplug.trainer.init_from import restore_weights
+
+    pipelined, losses = run(
+        llama8(tmp_path / "pp", "pipeline:stages=4,microbatches=4", "mesh:pipeline=4,data=2")
+    )
+    target = llama8(tmp_path / "scan", "mesh:fsdp=8").instantiate()
+    step, params, opt_state = restore_weights(
+        str(tmp_path / "pp"),
+        None,
+        abstract_state=target.abstract_state,
+        param_specs=target.param_specs,
+        optimizer=True,
+    )
+    assert step == 3
+    saved = jax.device_get(pipelined.state)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), saved["params"])
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(opt_state), saved["opt_state"])
+
+
+class MeanRecordingFeedForward(FeedForward):
+    """A FeedForward that records the mean of its input: a value per layer and microbatch."""
+
+    def forward(self, x):
+        self.add_module_output("input_mean", jnp.mean(x))
+        self.add_summary("input_mean", jnp.mean(x))
+        return super().forward(x)
+
+
+def test_layer_outputs_come_back_per_layer_averaged_over_microbatches():
+    """RepeatedTransformer's [num_layers] outputs, in layer order, for every schedule."""
+
+    def outputs(*modifiers):
+        cfg = llama8("/tmp/unused", *modifiers, "mesh:data=1")
+        cfg = replace_config(
+            cfg, target=FeedForward, new_cfg=MeanRecordingFeedForward.default_config()
+        )
+        trainer = cfg.instantiate(devices=jax.devices()[:1])
+        params = trainer.init_state()["params"]
+        batch = trainer.input.batch(0)
+        _, collection = functional(
+            trainer.model,
+            prng_key=None,
+            state=params,
+            inputs={k: jnp.asarray(batch[k]) for k in ("input_ids", "target_labels")},
+            is_training=False,
+        )
+        layer = collection.module_outputs["decoder"]["transformer"]["layer"]
+        summary = collection.summaries["decoder"]["transformer"]["layer"]
+        return layer["feed_forward"]["input_mean"], summary["feed_forward"]["input_mean"]
+
+    want_output, want_summary = outputs()
+    assert want_output.shape == (8,) and len(set(np.asarray(want_output).tolist())) == 8
+    for pipeline in ("pipeline:stages=4,microbatches=2", "pipeline:stages=2,microbatches=4,schedule=circular"):
+        got_output, got_summary = outputs(pipeline)
+        np.testing.assert_allclose(got_output, want_output, rtol=1e-5)
+        np.testing.assert_allclose(got_summary, want_summary, rtol=1e-5)
+
+
+def test_bubble_fraction():
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(4, 8, repeats=2) == pytest.approx(3 / 19)
+    assert bubble_fraction(1, 5) == 0.0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("schedule='1f2b'", "unknown schedule '1f2b'"),
+        ("num_stages=3", "num_layers=8 does not split into 3 stages"),
+        ("schedule='circular'", "needs num_microbatches (2) >= num_stages (4)"),
+    ],
+)
+def test_bad_pipelines_are_config_errors(override, message):
+    cfg = preset_config(
+        "llama-tiny",
+        modifiers=["pipeline:stages=4,microbatches=2"],
+        overrides=[*SMALL, f"model.decoder.transformer.{override}"],
+    )
+    with pytest.raises(ConfigError, match="model.decoder.transformer") as err:
+        cfg.model.instantiate(parent=None)
+    assert message in str(err.value)
+
+
+def test_microbatches_must_divide_the_batch(tmp_path):
+    cfg = llama8(tmp_path, "pipeline:stages=2,microbatches=3", "mesh:data=1")
+    trainer = cfg.instantiate(devices=jax.devices()[:1])
+    with pytest.raises(ConfigError, match="num_microbatches=3 does not divide the batch of 8"):
+        trainer.run()
