@@ -148,7 +148,10 @@ def test_layer_outputs_come_back_per_layer_averaged_over_microbatches():
 
     want_output, want_summary = outputs()
     assert want_output.shape == (8,) and len(set(np.asarray(want_output).tolist())) == 8
-    for pipeline in ("pipeline:stages=4,microbatches=2", "pipeline:stages=2,microbatches=4,schedule=circular"):
+    for pipeline in (
+        "pipeline:stages=4,microbatches=2",
+        "pipeline:stages=2,microbatches=4,schedule=circular",
+    ):
         got_output, got_summary = outputs(pipeline)
         np.testing.assert_allclose(got_output, want_output, rtol=1e-5)
         np.testing.assert_allclose(got_summary, want_summary, rtol=1e-5)

@@ -115,9 +115,7 @@ class PipelineModifier(ConfigModifier):
             owned.append("remat_policy")
         for target in (PipelinedTransformer, RepeatedTransformer):
             if find_configs(cfg, target):
-                return replace_config(
-                    cfg, target=target, new_cfg=new, carry=["layer"], owned=owned
-                )
+                return replace_config(cfg, target=target, new_cfg=new, carry=["layer"], owned=owned)
         return replace_config(cfg, target=StackedTransformer, new_cfg=new, owned=owned)
 
 

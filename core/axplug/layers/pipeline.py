@@ -12,8 +12,8 @@ from axplug.context import OutputCollection
 from axplug.layers.base import ParameterSpec
 from axplug.layers.stack import RepeatedTransformer, _merge, scan_layer
 from axplug.layers.transformer import RESIDUAL_AXES
-from axplug.module import Module
 from axplug.mesh import PIPELINE_AXIS
+from axplug.module import Module
 from axplug.sharding import ShardingScope, constrain, current_scope, sharding_scope
 
 __all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
@@ -139,9 +139,7 @@ class PipelinedTransformer(RepeatedTransformer):
         def microbatches(a, axes):
             return replicated_over_stages(split(replicated_over_stages(a, axes)), (None, *axes))
 
-        extras = {
-            k: microbatches(v, ("batch", "seq")) for k, v in kwargs.items() if v is not None
-        }
+        extras = {k: microbatches(v, ("batch", "seq")) for k, v in kwargs.items() if v is not None}
         io = microbatches(x, RESIDUAL_AXES)  # the inputs, then each repeat's outputs
         params = self._stage_params(layer_ctx.state)
         base_key = layer_ctx.prng_key if layer_ctx.has_prng_key else None
