@@ -6,7 +6,7 @@ import re
 
 from axplug.config import ConfigError, InstantiableConfig, parse_value
 
-__all__ = ["parse_spec", "component_config"]
+__all__ = ["parse_spec", "resolve_spec", "component_config"]
 
 _KWARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
 
@@ -29,12 +29,26 @@ def parse_spec(spec: str, what: str = "modifier") -> tuple[str, dict]:
     return spec[:colon], kwargs
 
 
+def resolve_spec(kind: str, spec: str, what: str) -> tuple[str, dict]:
+    """`parse_spec`, plus `NAME:VALUE` for a registered component that declares a
+    `positional_option` (`quantize:int8` sets `mode`); `dist:NAME` otherwise."""
+    from axplug import registry
+
+    name, kwargs = parse_spec(spec, what)
+    head, _, tail = name.rpartition(":")
+    if head and not kwargs and head in registry.names(kind) and name not in registry.names(kind):
+        positional = getattr(registry.load(kind, head), "positional_option", None)
+        if positional is not None:
+            return head, {positional: parse_value(tail)}
+    return name, kwargs
+
+
 def component_config(kind: str, spec: str, what: str) -> InstantiableConfig:
     """The default config of the registered `kind` component named by `spec`, with its
     key=value pairs set (unknown keys and bad values name the component)."""
     from axplug import registry
 
-    name, kwargs = parse_spec(spec, what)
+    name, kwargs = resolve_spec(kind, spec, what)
     try:
         cls = registry.load(kind, name)
     except registry.ComponentNotFoundError:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from axplug.component_spec import component_config, parse_spec
+from axplug.component_spec import component_config, resolve_spec
 from axplug.config import (
     ConfigBase,
+    ConfigError,
     ConfigModifier,
     apply_overrides,
     config_class,
@@ -20,14 +21,16 @@ __all__ = [
     "MeshShapeModifier",
     "ScanLayersModifier",
     "PipelineModifier",
+    "QuantizeModifier",
     "ComputeDtypeModifier",
     "PagedKVCacheModifier",
 ]
 
 
 def parse_modifier_spec(spec: str) -> tuple[str, dict]:
-    """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier."""
-    return parse_spec(spec, "modifier")
+    """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier;
+    `quantize:int8` -> ("quantize", {"mode": "int8"})."""
+    return resolve_spec("modifiers", spec, "modifier")
 
 
 def make_modifier(spec: str) -> ConfigModifier:
@@ -117,6 +120,58 @@ class PipelineModifier(ConfigModifier):
             if find_configs(cfg, target):
                 return replace_config(cfg, target=target, new_cfg=new, carry=["layer"], owned=owned)
         return replace_config(cfg, target=StackedTransformer, new_cfg=new, owned=owned)
+
+
+class QuantizeModifier(ConfigModifier):
+    """Quantized matmuls in the layers' projections: `quantize:int8`, `quantize:fp8`, or
+    `quantize:none` (back to float).
+
+    int8: dynamic per-token x per-channel scales, int32 accumulation, int8 gradient matmuls
+    unless `int8_backward=false`. fp8: e4m3 inputs and weights, e5m2 gradients, delayed
+    scaling from `amax_history_length`-step histories. `targets` names the sub-layers whose
+    Linear layers are quantized (path components; MoE experts and the LM head stay float).
+    """
+
+    positional_option = "mode"
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        mode: str | None = "int8"  # None or "none": float
+        targets: tuple[str, ...] = ("attention", "feed_forward")
+        int8_backward: bool = True
+        amax_history_length: int = 16
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        from axplug.layers import Linear, PipelinedTransformer, QuantizedLinear
+        from axplug.layers.quantized import QUANTIZE_MODES
+
+        c = self._config
+        mode = "none" if c.mode is None else c.mode
+        if mode not in (*QUANTIZE_MODES, "none"):
+            raise ConfigError(
+                f"modifier quantize: unknown mode {mode!r}; choose from "
+                f"{[*QUANTIZE_MODES, 'none']}"
+            )
+        if mode == "fp8" and find_configs(cfg, PipelinedTransformer):
+            raise ConfigError(
+                "modifier quantize: fp8 amax histories are not kept per microbatch in a "
+                "pipelined stack; use quantize:int8 or no `pipeline` modifier"
+            )
+        targets = set(c.targets)
+
+        def under_targets(path, _old):
+            return bool(targets & set(path.split(".")))
+
+        # Back to float first, so re-applying with other options replaces them all.
+        cfg = replace_config(
+            cfg, target=QuantizedLinear, new_cfg=Linear.default_config(), missing_ok=True
+        )
+        if mode == "none":
+            return cfg
+        new = QuantizedLinear.default_config().set(
+            mode=mode, int8_backward=c.int8_backward, amax_history_length=c.amax_history_length
+        )
+        return replace_config(cfg, target=Linear, new_cfg=new, where=under_targets)
 
 
 class ComputeDtypeModifier(ConfigModifier):

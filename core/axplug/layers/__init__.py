@@ -15,6 +15,7 @@ from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
 from axplug.layers.kv_cache import EMPTY_POSITION, ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.pipeline import PipelinedTransformer
+from axplug.layers.quantized import QuantizedLinear
 from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
 from axplug.layers.transformer import TransformerLayer
 
@@ -40,6 +41,7 @@ __all__ = [
     "PipelinedTransformer",
     "ParameterSpec",
     "QKVLinear",
+    "QuantizedLinear",
     "RMSNorm",
     "RepeatedTransformer",
     "StackedTransformer",

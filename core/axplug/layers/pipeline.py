@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -84,13 +85,7 @@ class PipelinedTransformer(RepeatedTransformer):
     def create_parameter_specs_recursively(self) -> dict[str, Any]:
         specs = super().create_parameter_specs_recursively()
         return jax.tree.map(
-            lambda s: ParameterSpec(
-                shape=s.shape,
-                dtype=s.dtype,
-                mesh_axes=(STAGE_AXIS, *s.mesh_axes[1:]),
-                initializer=s.initializer,
-                weight_decay_scale=s.weight_decay_scale,
-            ),
+            lambda s: dataclasses.replace(s, mesh_axes=(STAGE_AXIS, *s.mesh_axes[1:])),
             specs,
             is_leaf=lambda s: isinstance(s, ParameterSpec),
         )

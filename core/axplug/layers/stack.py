@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -91,12 +92,8 @@ class RepeatedTransformer(BaseLayer):
         n = self._config.num_layers
 
         def stacked(spec: ParameterSpec) -> ParameterSpec:
-            return ParameterSpec(
-                shape=(n, *spec.shape),
-                dtype=spec.dtype,
-                mesh_axes=("layers", *spec.mesh_axes),
-                initializer=spec.initializer,
-                weight_decay_scale=spec.weight_decay_scale,
+            return dataclasses.replace(
+                spec, shape=(n, *spec.shape), mesh_axes=("layers", *spec.mesh_axes)
             )
 
         specs = self.layer.create_parameter_specs_recursively()

@@ -73,6 +73,8 @@ def summary_scalars(collection) -> dict[str, Any]:
 
 
 def _loss_fn(model: Module, aux_rule: AuxLossRule):
+    """`(params, batch, key) -> (total loss, (metrics, state updates))`."""
+
     def loss_fn(params, batch, key):
         (loss, _), collection = functional(
             model,
@@ -82,9 +84,53 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
             is_training=True,
         )
         aux_total, aux_terms = aux_rule(collection.module_outputs)
-        return loss + aux_total, {"ce_loss": loss, **aux_terms, **summary_scalars(collection)}
+        metrics = {"ce_loss": loss, **aux_terms, **summary_scalars(collection)}
+        return loss + aux_total, (metrics, collection.pruned().state_updates)
 
     return loss_fn
+
+
+def _update_kinds(model: Module) -> Any:
+    """The params tree of each parameter's `ParameterSpec.update`."""
+    from axplug.layers.base import ParameterSpec
+
+    return jax.tree.map(
+        lambda s: s.update,
+        model.create_parameter_specs_recursively(),
+        is_leaf=lambda s: isinstance(s, ParameterSpec),
+    )
+
+
+def _split_non_trainable(kinds: Any, grads: Any) -> tuple[Any, Any]:
+    """(gradients with non-trainable leaves zeroed, the `gradient` leaves' new values)."""
+    trained = jax.tree.map(
+        lambda kind, g: g if kind == "optimizer" else jnp.zeros_like(g), kinds, grads
+    )
+    overwrite = jax.tree.map(lambda kind, g: g if kind == "gradient" else None, kinds, grads)
+    return trained, overwrite
+
+
+def _non_trainable_values(
+    kinds: Any, new: Any, old: Any, updates: dict, overwrite: Any
+) -> Any:
+    """The optimizer's `new` params, except `state` leaves: the recorded update (else the
+    `old` value), and `gradient` leaves: their gradient."""
+
+    def visit(kind, new, old, update, overwrite):
+        if isinstance(kind, dict):
+            update = update if isinstance(update, dict) else {}
+            return {
+                name: visit(kind[name], new[name], old[name], update.get(name), overwrite[name])
+                for name in kind
+            }
+        if kind == "state":
+            value = old if update is None else update
+            return jnp.asarray(value, old.dtype).reshape(old.shape)
+        if kind == "gradient":
+            return overwrite.astype(old.dtype)
+        return new
+
+    return visit(kinds, new, old, updates, overwrite)
 
 
 def _split_microbatches(batch: dict, k: int) -> dict:
@@ -111,34 +157,46 @@ def build_train_step(
     parameters and optimizer state unchanged and reports `finite=False`."""
     grad_fn = jax.value_and_grad(_loss_fn(model, aux_rule), has_aux=True)
     tx = optax.with_extra_args_support(tx)
+    kinds = _update_kinds(model)
+    has_non_trainable = any(k != "optimizer" for k in jax.tree.leaves(kinds))
 
     def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         params, key = state["params"], step_key(seed, state["step"])
+        # With accumulation, state updates and overwriting gradients are averaged over the
+        # microbatches like the gradients.
         if grad_accumulation_steps == 1:
-            (total, terms), grads = grad_fn(params, batch, key)
+            (total, (terms, updates)), grads = grad_fn(params, batch, key)
         else:
             micro = _split_microbatches(batch, grad_accumulation_steps)
 
             def accumulate(carry, xs):
                 i, mb = xs
-                (t, terms), g = grad_fn(params, mb, jax.random.fold_in(key, i))
-                return jax.tree.map(jnp.add, carry, (t, terms, g)), None
+                (t, aux), g = grad_fn(params, mb, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, carry, (t, aux, g)), None
 
-            (t0, terms0), g0 = jax.eval_shape(
+            (t0, aux0), g0 = jax.eval_shape(
                 grad_fn, params, jax.tree.map(lambda x: x[0], micro), key
             )
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (t0, terms0, g0))
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (t0, aux0, g0))
             idx = jnp.arange(grad_accumulation_steps)
             summed, _ = jax.lax.scan(accumulate, zeros, (idx, micro))
-            total, terms, grads = jax.tree.map(lambda x: x / grad_accumulation_steps, summed)
+            total, (terms, updates), grads = jax.tree.map(
+                lambda x: x / grad_accumulation_steps, summed
+            )
+        overwrite = None
+        if has_non_trainable:
+            grads, overwrite = _split_non_trainable(kinds, grads)
         grad_norm = optax.tree_utils.tree_norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
 
         # The norm goes to the optimizer's clipping (axplug.learner.clip_by_global_norm;
         # other transformations ignore it), so the gradients are read for it once.
         def apply(grads, opt_state, params):
-            updates, new_opt_state = tx.update(grads, opt_state, params, grad_norm=grad_norm)
-            return optax.apply_updates(params, updates), new_opt_state
+            deltas, new_opt_state = tx.update(grads, opt_state, params, grad_norm=grad_norm)
+            new_params = optax.apply_updates(params, deltas)
+            if has_non_trainable:
+                new_params = _non_trainable_values(kinds, new_params, params, updates, overwrite)
+            return new_params, new_opt_state
 
         def skip(grads, opt_state, params):
             return params, opt_state

@@ -1,0 +1,212 @@
+"""Quantized training matmuls: int8 (dynamic per-token / per-channel scales, int32
+accumulation) and fp8 (e4m3 forward, e5m2 gradients, delayed scaling from amax histories)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from axplug.config import ConfigError, config_class
+from axplug.layers.base import ParameterSpec
+from axplug.layers.basic import Linear
+from axplug.module import Module
+
+__all__ = ["QuantizedLinear", "QUANTIZE_MODES", "int8_matmul", "fp8_matmul"]
+
+QUANTIZE_MODES = ("int8", "fp8")
+_INT8_MAX = 127.0
+_E4M3, _E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+_E4M3_MAX, _E5M2_MAX = float(jnp.finfo(_E4M3).max), float(jnp.finfo(_E5M2).max)
+
+
+# --- int8 ------------------------------------------------------------------------------------
+
+
+def _int8(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+    """`x` as int8 with a float32 scale per slice along `axis` (symmetric, round to nearest)."""
+    x = x.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True) / _INT8_MAX
+    scale = jnp.where(scale == 0, 1.0, scale)
+    return jnp.round(x / scale).astype(jnp.int8), scale
+
+
+def _int8_dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """[m, k] x [k, n] int8 -> int32, the accelerator's integer matmul."""
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def _int8_forward(x2: jax.Array, w: jax.Array) -> jax.Array:
+    xq, sx = _int8(x2, axis=1)  # a scale per token
+    wq, sw = _int8(w, axis=0)  # a scale per output channel
+    return _int8_dot(xq, wq).astype(jnp.float32) * sx * sw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def int8_matmul(x2: jax.Array, w: jax.Array, int8_backward: bool) -> jax.Array:
+    """[tokens, in] @ [in, out] through int8 x int8 -> int32 (float32 out).
+
+    Backward: straight-through; the two gradient matmuls run in int8 too with
+    `int8_backward` (dx: per-token x per-input-channel scales; dw: per-channel scales over
+    the tokens), else in float32.
+    """
+    return _int8_forward(x2, w)
+
+
+def _int8_fwd(x2, w, int8_backward):
+    return _int8_forward(x2, w), (x2, w)
+
+
+def _int8_bwd(int8_backward, residuals, dy):
+    x2, w = residuals
+    dy = dy.astype(jnp.float32)
+    if not int8_backward:
+        dx = dy @ w.astype(jnp.float32).T
+        dw = x2.astype(jnp.float32).T @ dy
+    else:
+        dyq, sdy = _int8(dy, axis=1)  # per token
+        wq, sw = _int8(w, axis=1)  # per input channel (the rows dx is made of)
+        dx = _int8_dot(dyq, wq.T).astype(jnp.float32) * sdy * sw.T
+        xq, sx = _int8(x2, axis=0)  # per input channel, over tokens
+        dyq2, sdy2 = _int8(dy, axis=0)  # per output channel, over tokens
+        dw = _int8_dot(xq.T, dyq2).astype(jnp.float32) * sx.T * sdy2
+    return dx.astype(x2.dtype), dw.astype(w.dtype)
+
+
+int8_matmul.defvjp(_int8_fwd, _int8_bwd)
+
+
+# --- fp8 -------------------------------------------------------------------------------------
+
+
+def _scale(history: jax.Array, fmax: float) -> jax.Array:
+    """Delayed scaling: the largest recent amax maps to the format's max (1 before any)."""
+    amax = jnp.max(history)
+    return jnp.where(amax > 0, amax / fmax, 1.0).astype(jnp.float32)
+
+
+def _qdq(x: jax.Array, scale: jax.Array, dtype, fmax: float) -> jax.Array:
+    """Quantize to `dtype` and back (XLA on GPU fuses the pattern into an fp8 GEMM)."""
+    q = jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
+    return q.astype(jnp.float32) * scale
+
+
+def _rolled(history: jax.Array, amax: jax.Array) -> jax.Array:
+    return jnp.roll(history, 1).at[0].set(amax.astype(history.dtype))
+
+
+@jax.custom_vjp
+def fp8_matmul(x2, w, x_history, w_history, dy_history):
+    """[tokens, in] @ [in, out] with x and w in e4m3 (scales from their amax histories).
+
+    The gradient of the output is e5m2, scaled from `dy_history`; the cotangent returned
+    for `dy_history` is that history rolled with this step's gradient amax (the layer's
+    parameter takes it as its new value, `ParameterSpec.update == "gradient"`).
+    """
+    return _fp8_forward(x2, w, x_history, w_history)
+
+
+def _fp8_operands(x2, w, x_history, w_history):
+    xs = _qdq(x2, _scale(x_history, _E4M3_MAX), _E4M3, _E4M3_MAX).astype(x2.dtype)
+    ws = _qdq(w, _scale(w_history, _E4M3_MAX), _E4M3, _E4M3_MAX).astype(w.dtype)
+    return xs, ws
+
+
+def _fp8_forward(x2, w, x_history, w_history):
+    xs, ws = _fp8_operands(x2, w, x_history, w_history)
+    return xs @ ws
+
+
+def _fp8_fwd(x2, w, x_history, w_history, dy_history):
+    xs, ws = _fp8_operands(x2, w, x_history, w_history)
+    return xs @ ws, (xs, ws, x_history, w_history, dy_history)
+
+
+def _fp8_bwd(residuals, dy):
+    xs, ws, x_history, w_history, dy_history = residuals
+    dys = _qdq(dy, _scale(dy_history, _E5M2_MAX), _E5M2, _E5M2_MAX).astype(dy.dtype)
+    dx = dys @ ws.T
+    dw = xs.T @ dys
+    new_dy_history = _rolled(dy_history, jnp.max(jnp.abs(dy)))
+    return (
+        dx.astype(xs.dtype),
+        dw.astype(ws.dtype),
+        jnp.zeros_like(x_history),
+        jnp.zeros_like(w_history),
+        new_dy_history,
+    )
+
+
+fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
+
+
+# --- the layer -------------------------------------------------------------------------------
+
+
+class QuantizedLinear(Linear):
+    """A Linear whose matmul is int8 or fp8 in training and inference alike.
+
+    Parameters and optimizer state keep their dtype; only the matmul's operands are
+    quantized. fp8 adds three float32 amax histories (non-trainable: the forward records the
+    inputs' and weights' amax as state updates, the backward the gradients' amax).
+    """
+
+    @config_class
+    class Config(Linear.Config):
+        mode: str = "int8"
+        int8_backward: bool = True  # int8 gradient matmuls; False: float32
+        amax_history_length: int = 16  # fp8
+
+    def __init__(self, cfg: Config, *, parent: Module | None = None):
+        super().__init__(cfg, parent=parent)
+        if cfg.mode not in QUANTIZE_MODES:
+            raise ConfigError(
+                f"{self.path}.mode: unknown mode {cfg.mode!r}; choose from {list(QUANTIZE_MODES)}"
+            )
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self._config
+        specs = super()._create_layer_parameter_specs()
+        if cfg.mode == "fp8":
+            for name, update in (("x", "state"), ("w", "state"), ("dy", "gradient")):
+                specs[f"{name}_amax_history"] = ParameterSpec(
+                    shape=(cfg.amax_history_length,),
+                    dtype=jnp.float32,
+                    mesh_axes=(None,),
+                    initializer=jax.nn.initializers.zeros,
+                    weight_decay_scale=0.0,
+                    update=update,
+                )
+        return specs
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        cfg = self._config
+        params = self.parameters
+        x = self.cast(x)
+        w = self.cast(params["weight"])
+        x2 = x.reshape(-1, x.shape[-1])
+        if cfg.mode == "int8":
+            y = int8_matmul(x2, w, cfg.int8_backward)
+        else:
+            y = fp8_matmul(
+                x2,
+                w,
+                params["x_amax_history"],
+                params["w_amax_history"],
+                params["dy_amax_history"],
+            )
+            if self.is_training:
+                amax = jax.lax.stop_gradient
+                self.add_state_update(
+                    "x_amax_history",
+                    _rolled(params["x_amax_history"], amax(jnp.max(jnp.abs(x)))),
+                )
+                self.add_state_update(
+                    "w_amax_history",
+                    _rolled(params["w_amax_history"], amax(jnp.max(jnp.abs(w)))),
+                )
+        y = self.cast(y).reshape(*x.shape[:-1], y.shape[-1])
+        if "bias" in params:
+            y = y + self.cast(params["bias"])
+        return y
