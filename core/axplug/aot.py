@@ -230,6 +230,13 @@ class AotReport:
         return dataclasses.asdict(self) | {"over_bytes": self.over_bytes}
 
 
+def _host_bytes(mem) -> int:
+    """Host-memory bytes of a compiled step (0 where the backend reports none)."""
+    parts = ("argument", "output", "temp")
+    total = sum(getattr(mem, f"host_{p}_size_in_bytes", 0) or 0 for p in parts)
+    return max(0, total - (getattr(mem, "host_alias_size_in_bytes", 0) or 0))
+
+
 def _pipeline_summary(model) -> dict[str, Any] | None:
     from axplug.layers import PipelinedTransformer
 
@@ -367,6 +374,8 @@ def compile_report(
         "generated_code": mem.generated_code_size_in_bytes,
         # On CPU peak_memory_in_bytes leaves out temp memory (shared FACTS): add it ourselves.
         "total": args + out + temp - alias,
+        # Host memory the step uses (offloaded activations, host-resident state): not HBM.
+        "host": _host_bytes(mem),
     }
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
     tokens = cfg.input.batch_size * seq * factor
@@ -412,4 +421,14 @@ def compile_report(
     report.notes.extend(plan_notes)
     if report.scanned_layers:
         report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
+    offloads = any(
+        str(stack.remat_policy).startswith("offload")
+        for target in (RepeatedTransformer, PipelinedTransformer)
+        for _, stack in find_configs(cfg, target)
+    )
+    if offloads and not memory["host"]:
+        report.notes.append(
+            "the offload remat policy's host copies are not separate here (XLA:CPU has one "
+            "memory space): temp includes the activations a GPU or TPU keeps in host memory"
+        )
     return report

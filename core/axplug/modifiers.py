@@ -149,8 +149,7 @@ class QuantizeModifier(ConfigModifier):
         mode = "none" if c.mode is None else c.mode
         if mode not in (*QUANTIZE_MODES, "none"):
             raise ConfigError(
-                f"modifier quantize: unknown mode {mode!r}; choose from "
-                f"{[*QUANTIZE_MODES, 'none']}"
+                f"modifier quantize: unknown mode {mode!r}; choose from {[*QUANTIZE_MODES, 'none']}"
             )
         if mode == "fp8" and find_configs(cfg, PipelinedTransformer):
             raise ConfigError(

@@ -238,6 +238,10 @@ def format_report(r) -> str:
     lines.append("  per-device memory (GiB; temp: activations and scratch):")
     for key in ("params", "optimizer", "batch", "temp", "total"):
         lines.append(f"    {key:<10} {r.memory[key] / gib:12.4f}")
+    if r.memory.get("host"):
+        lines.append(
+            f"    {'host':<10} {r.memory['host'] / gib:12.4f}  (pinned host memory, not HBM)"
+        )
     if r.hbm_bytes is not None:
         verdict = "fits" if r.fits else f"would OOM by {r.over_bytes / gib:.2f} GiB"
         lines.append(f"    {'HBM':<10} {r.hbm_bytes / gib:12.4f}  -> {verdict}")

@@ -56,12 +56,27 @@ class StackedTransformer(BaseLayer):
         return x, new_cache
 
 
+def _offload(*names: str):
+    """Recompute everything except `names`, which go to pinned host memory and back."""
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(names),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+
+# Names of TransformerLayer activations: layer_input, attention_output, feed_forward_output.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_saveable,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "everything": jax.checkpoint_policies.everything_saveable,
+    # Offload: device memory of full remat, less recompute; the copies overlap compute on
+    # accelerators with host DMA engines.
+    "offload": _offload("layer_input"),
+    "offload_outputs": _offload("layer_input", "attention_output", "feed_forward_output"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from axplug.config import REQUIRED, Required, config_class
 from axplug.layers.attention import Attention
@@ -44,10 +45,12 @@ class TransformerLayer(BaseLayer):
         return jax.numpy.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
-        x = constrain(x, RESIDUAL_AXES)
+        # Named for remat policies (`offload` moves the layer inputs to host memory).
+        x = checkpoint_name(constrain(x, RESIDUAL_AXES), "layer_input")
         h = self.attention(self.attention_norm(x), positions=positions, segment_ids=segment_ids)
+        h = checkpoint_name(h, "attention_output")
         x = constrain(x + self._dropout(h, 0), RESIDUAL_AXES)
-        h = self.feed_forward(self.feed_forward_norm(x))
+        h = checkpoint_name(self.feed_forward(self.feed_forward_norm(x)), "feed_forward_output")
         return constrain(x + self._dropout(h, 1), RESIDUAL_AXES)
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:

@@ -110,9 +110,7 @@ def _split_non_trainable(kinds: Any, grads: Any) -> tuple[Any, Any]:
     return trained, overwrite
 
 
-def _non_trainable_values(
-    kinds: Any, new: Any, old: Any, updates: dict, overwrite: Any
-) -> Any:
+def _non_trainable_values(kinds: Any, new: Any, old: Any, updates: dict, overwrite: Any) -> Any:
     """The optimizer's `new` params, except `state` leaves: the recorded update (else the
     `old` value), and `gradient` leaves: their gradient."""
 
