@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Quantized training and activation offload on one NVIDIA GPU, in one run of a few minutes:
+# bench/quantized_matmul.py (which GEMMs XLA picks for int8 / fp8, and their speed against
+# bf16), bench/train_variants.py on a 0.5B LLaMA (bf16 with dot-saving remat, int8, fp8,
+# full remat, offload), and the GPU numerics tests.
+#
+#   OUT=gpu-out bash bench/gpu_quantize.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-gpu-out}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/quantize.log") 2>&1
+stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S)) ==="; }
+
+stage setup
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+  $(for d in plugins/*/; do printf -- '-e %s ' "$d"; done) 2>&1 | grep -v "^\s*$" | tail -3
+"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+stage "quantized matmuls: [8192x4096] @ [4096x4096], forward + both gradients"
+timeout 120 "$PY" bench/quantized_matmul.py --rounds 5 --reps 20
+
+BIG=(--set model.decoder.dim=2048 --set model.decoder.transformer.num_layers=8
+     --set model.decoder.transformer.layer.attention.num_heads=16
+     --set model.decoder.transformer.layer.feed_forward.hidden_dim=5632
+     --set model.decoder.vocab_size=32000 --set input.seq_len=1024 --set input.batch_size=8)
+COMMON=compute_dtype:dtype=bfloat16+flash_attention
+stage "train_variants: 0.5B LLaMA, seq 1024 x batch 8"
+timeout 300 "$PY" bench/train_variants.py "${BIG[@]}" --rounds 3 --steps 3 \
+  --variant "dots=scan_layers:remat_policy=dots+$COMMON" \
+  --variant "int8=scan_layers:remat_policy=dots+$COMMON+quantize:int8" \
+  --variant "fp8=scan_layers:remat_policy=dots+$COMMON+quantize:fp8" \
+  --variant "full=scan_layers:remat_policy=full+$COMMON" \
+  --variant "offload=scan_layers:remat_policy=offload+$COMMON"
+
+stage "GPU kernel numerics (pytest -m gpu)"
+JAX_PLATFORMS=cuda timeout 120 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
+stage done
