@@ -1,7 +1,8 @@
 """Step time and compiled memory of one preset under several modifier sets, interleaved.
 
     python bench/train_variants.py                                   # llama-tiny on CPU
-    python bench/train_variants.py --devices 4 --variant pp=scan_layers+pipeline:stages=4+mesh:pipeline=4
+    python bench/train_variants.py --devices 4 \
+        --variant pp=scan_layers+pipeline:stages=4+mesh:pipeline=4
     python bench/train_variants.py --set model.decoder.dim=2048 ...  # on a GPU: bigger shapes
 
 Each variant is `NAME=MODIFIER+MODIFIER...` applied to the preset (then `--set` overrides).
@@ -19,6 +20,8 @@ import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_VARIANTS = [
     "scan-full=scan_layers:remat_policy=full",
@@ -38,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", type=int, default=1, help="fake CPU devices (CPU only)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
+    p.add_argument("--gemms", action="store_true", help="print each step's compiled GEMMs")
     return p.parse_args(argv)
 
 
@@ -90,6 +94,10 @@ def main(argv=None) -> None:
             }
         )
         print(f"compiled {name} in {compile_s:.1f} s", file=sys.stderr)
+        if args.gemms:
+            from quantized_matmul import gemm_census
+
+            print(f"{name} GEMMs: {gemm_census(step.as_text())}")
 
     for _ in range(args.rounds):
         for v in variants:
@@ -108,7 +116,8 @@ def main(argv=None) -> None:
         f"{args.rounds} rounds x {args.steps} steps, jax {jax.__version__}"
     )
     print(
-        "| variant | first loss | params/device MiB | temp MiB | host MiB | step ms median [min-max] | time x | temp x |"
+        "| variant | first loss | params/device MiB | temp MiB | host MiB "
+        "| step ms median [min-max] | time x | temp x |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     mib = 2**20

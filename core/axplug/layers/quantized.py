@@ -86,10 +86,18 @@ def _scale(history: jax.Array, fmax: float) -> jax.Array:
     return jnp.where(amax > 0, amax / fmax, 1.0).astype(jnp.float32)
 
 
-def _qdq(x: jax.Array, scale: jax.Array, dtype, fmax: float) -> jax.Array:
-    """Quantize to `dtype` and back (XLA on GPU fuses the pattern into an fp8 GEMM)."""
-    q = jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
-    return q.astype(jnp.float32) * scale
+def _fp8(x: jax.Array, scale: jax.Array, dtype, fmax: float) -> jax.Array:
+    """`x / scale` in the fp8 `dtype`, saturating at its largest finite value."""
+    return jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
+
+
+def _fp8_dot(a: jax.Array, b: jax.Array, scale: jax.Array, dtype) -> jax.Array:
+    """[m, k] x [k, n] fp8 operands (a cuBLASLt fp8 GEMM on Hopper and later), rescaled.
+
+    The operands are fp8 arrays, not a quantize-dequantize round trip: XLA:GPU's
+    excess-precision simplification erases such round trips inside a model."""
+    out = jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return (out * scale).astype(dtype)
 
 
 def _rolled(history: jax.Array, amax: jax.Array) -> jax.Array:
@@ -104,38 +112,27 @@ def fp8_matmul(x2, w, x_history, w_history, dy_history):
     for `dy_history` is that history rolled with this step's gradient amax (the layer's
     parameter takes it as its new value, `ParameterSpec.update == "gradient"`).
     """
-    return _fp8_forward(x2, w, x_history, w_history)
-
-
-def _fp8_operands(x2, w, x_history, w_history):
-    xs = _qdq(x2, _scale(x_history, _E4M3_MAX), _E4M3, _E4M3_MAX).astype(x2.dtype)
-    ws = _qdq(w, _scale(w_history, _E4M3_MAX), _E4M3, _E4M3_MAX).astype(w.dtype)
-    return xs, ws
-
-
-def _fp8_forward(x2, w, x_history, w_history):
-    xs, ws = _fp8_operands(x2, w, x_history, w_history)
-    return xs @ ws
+    return _fp8_fwd(x2, w, x_history, w_history, dy_history)[0]
 
 
 def _fp8_fwd(x2, w, x_history, w_history, dy_history):
-    xs, ws = _fp8_operands(x2, w, x_history, w_history)
-    return xs @ ws, (xs, ws, x_history, w_history, dy_history)
+    sx, sw = _scale(x_history, _E4M3_MAX), _scale(w_history, _E4M3_MAX)
+    qx, qw = _fp8(x2, sx, _E4M3, _E4M3_MAX), _fp8(w, sw, _E4M3, _E4M3_MAX)
+    y = _fp8_dot(qx, qw, sx * sw, x2.dtype)
+    # The backward pass keeps fp8 operands (a byte per element); zero-size arrays carry
+    # the inputs' dtypes for the gradients.
+    dtypes = (jnp.zeros((0,), x2.dtype), jnp.zeros((0,), w.dtype))
+    return y, (qx, qw, sx, sw, dtypes, x_history, w_history, dy_history)
 
 
 def _fp8_bwd(residuals, dy):
-    xs, ws, x_history, w_history, dy_history = residuals
-    dys = _qdq(dy, _scale(dy_history, _E5M2_MAX), _E5M2, _E5M2_MAX).astype(dy.dtype)
-    dx = dys @ ws.T
-    dw = xs.T @ dys
-    new_dy_history = _rolled(dy_history, jnp.max(jnp.abs(dy)))
-    return (
-        dx.astype(xs.dtype),
-        dw.astype(ws.dtype),
-        jnp.zeros_like(x_history),
-        jnp.zeros_like(w_history),
-        new_dy_history,
-    )
+    qx, qw, sx, sw, (x_like, w_like), x_history, w_history, dy_history = residuals
+    sdy = _scale(dy_history, _E5M2_MAX)
+    qdy = _fp8(dy, sdy, _E5M2, _E5M2_MAX)
+    dx = _fp8_dot(qdy, qw.T, sdy * sw, x_like.dtype)
+    dw = _fp8_dot(qx.T, qdy, sx * sdy, w_like.dtype)
+    new_dy_history = _rolled(dy_history, jnp.max(jnp.abs(dy)).astype(jnp.float32))
+    return dx, dw, jnp.zeros_like(x_history), jnp.zeros_like(w_history), new_dy_history
 
 
 fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
