@@ -570,3 +570,21 @@ def test_installed_hardware_plugins_answer_the_utilization_hook_on_cpu():
     assert any("axplug-gpu" in n for n in names) and any("axplug-tpu" in n for n in names)
     assert runner.first("device_utilization", devices=jax.devices()) is None  # CPUs: no reader
     assert runner.failures == []
+
+
+def test_the_v5e_rule_trains_int8_with_offload_and_each_choice_is_overridable():
+    from axplug.config import find_configs
+    from axplug.layers import QuantizedLinear, RepeatedTransformer
+    from axplug.presets import preset_config
+
+    _, rule = select_mesh_rule("tpu-v5e-256x4")
+    cfg = rule.modifier()(preset_config("llama-tiny"))
+    assert find_configs(cfg, QuantizedLinear)
+    assert {s.remat_policy for _, s in find_configs(cfg, RepeatedTransformer)} == {"offload"}
+    cfg = make_modifier("quantize:none")(cfg)
+    cfg = make_modifier("scan_layers:remat_policy=full")(cfg)
+    assert not find_configs(cfg, QuantizedLinear)
+    assert {s.remat_policy for _, s in find_configs(cfg, RepeatedTransformer)} == {"full"}
+    # GPU rules leave the matmuls in bf16 (fp8 measured slower end to end).
+    _, rule = select_mesh_rule("gpu-h200-8")
+    assert not find_configs(rule.modifier()(preset_config("llama-tiny")), QuantizedLinear)

@@ -2,6 +2,10 @@
 data parallel across 8-GPU hosts, scanned layers with dot-saving remat, bf16 compute and flash
 attention. The one-host rules also take a host of 1 to 7 GPUs (a workstation, a cloud VM).
 
+No rule picks `quantize:fp8`: on an H200 the fp8 GEMMs are 1.24x bf16's alone, but a 0.5B
+LLaMA step with them was 1.05x slower (scales and amax reductions; bench/RESULTS.md); add
+`--modifier quantize:fp8` where the matmuls are large enough to pay.
+
 Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
 Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
 `detect_selector()` gives: `gpu-nvidia-h100-80gb-hbm3-8` on one 8-GPU H100 host,

@@ -1,5 +1,8 @@
 """Mesh rules for TPU slices: FSDP over the chips of a slice (ICI), data parallel across slices
 (DCN), scanned layers with remat, bf16 compute and Splash attention via `flash_attention`.
+TPU v5e (16 GiB of HBM, int8 at twice the bf16 rate) also trains with int8 matmuls
+(`quantize:int8`) and offloads the layer inputs to host memory (`remat_policy=offload`);
+`--modifier quantize:none` or `--modifier scan_layers:remat_policy=full` undo either.
 
 Selectors: `tpu-v5e-256` (one slice of 256), `tpu-v5e-256x4` (4 slices of 256), `tpu-v5p-512`,
 `tpu-v5p-1024`, and what `detect_selector()` gives on a TPU VM: `tpu-<device kind>-<chips per
@@ -20,12 +23,13 @@ from axplug_tpu.specs import V4, V5E, V5P, V6E
 __all__ = ["RULES"]
 
 
-def _rule(name: str, spec, pattern: str, mesh: str, remat: str, where: str):
+def _rule(name: str, spec, pattern: str, mesh: str, remat: str, where: str, extra=()):
     modifiers = [
         mesh,
         f"scan_layers:remat_policy={remat}",
         "compute_dtype:dtype=bfloat16",
         "flash_attention",
+        *extra,
     ]
 
     @with_device_spec(spec)
@@ -40,6 +44,7 @@ def _rule(name: str, spec, pattern: str, mesh: str, remat: str, where: str):
 
 
 _SLICE = "FSDP over every chip of one slice"
+_INT8 = ("quantize:int8",)  # v5e: int8 matmuls; with `offload` remat
 _MULTI = "FSDP within 256-chip slices, data parallel across slices"
 _MULTI_512 = "FSDP over 512 chips within slices of 512 or more, data parallel across slices"
 
@@ -63,13 +68,31 @@ def _slices(stem: str, per_slice: str) -> str:
 RULES = {
     "tpu-v4-slice": _rule("tpu-v4-slice", V4, _one_slice(_V4), "mesh:fsdp=-1", "dots", _SLICE),
     "tpu-v5e-256xn": _rule(
-        "tpu-v5e-256xn", V5E, _slices(_V5E, "256"), "mesh:fsdp=256,data=-1", "full", _MULTI
+        "tpu-v5e-256xn",
+        V5E,
+        _slices(_V5E, "256"),
+        "mesh:fsdp=256,data=-1",
+        "offload",
+        _MULTI + ", int8, offload",
+        _INT8,
     ),
     "tpu-v5e-slice": _rule(
-        "tpu-v5e-slice", V5E, _one_slice("tpu-v5e"), "mesh:fsdp=-1", "full", _SLICE
+        "tpu-v5e-slice",
+        V5E,
+        _one_slice("tpu-v5e"),
+        "mesh:fsdp=-1",
+        "offload",
+        _SLICE + ", int8, offload",
+        _INT8,
     ),
     "tpu-v5e-detected": _rule(
-        "tpu-v5e-detected", V5E, _one_slice("tpu-tpu-(v5-lite|v5e)"), "mesh:fsdp=-1", "full", _SLICE
+        "tpu-v5e-detected",
+        V5E,
+        _one_slice("tpu-tpu-(v5-lite|v5e)"),
+        "mesh:fsdp=-1",
+        "offload",
+        _SLICE + ", int8, offload",
+        _INT8,
     ),
     "tpu-v5p-512xn": _rule(
         "tpu-v5p-512xn",
