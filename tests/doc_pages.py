@@ -8,7 +8,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def shell_commands(page: str) -> list[list[str]]:
-    """Each line of the page's ```sh blocks, split like a shell would, in order."""
+    r"""Each command of the page's ```sh blocks (a line, or lines joined by a trailing `\`),
+    split like a shell would, in order."""
     text = (DOCS / page).read_text()
     blocks = re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line) for line in lines if line.strip()]

@@ -126,7 +126,7 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     assert main(["--disable", "fake-a", "list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out
     assert "disabled: AXPLUG_DISABLE_PLUGINS lists it" in table
-    assert "incompatible: declares plugin API 2; axplug 0.1.2 supports plugin API 1" in table
+    assert "incompatible: declares plugin API 2; axplug 0.1.3 supports plugin API 1" in table
     assert main(["list", "--kind", "kernels"]) == 0
     table = capsys.readouterr().out  # not a terminal: plain columns
     header = ["DISTRIBUTION", "VERSION", "KIND", "NAME", "STATUS", "DESCRIPTION"]
