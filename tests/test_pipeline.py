@@ -56,8 +56,17 @@ def scanned(tmp_path_factory):
         ("pipeline:stages=4,microbatches=4,schedule=circular,repeats=2", "mesh:pipeline=4,fsdp=2"),
         ("pipeline:stages=2,microbatches=8,schedule=circular,repeats=4", "mesh:pipeline=2,data=4"),
         ("pipeline:stages=4,microbatches=2", "mesh:data=1"),
+        ("pipeline:stages=4,microbatches=8,schedule=1f1b", "mesh:pipeline=4,fsdp=2"),
+        ("pipeline:stages=2,microbatches=2,schedule=1f1b", "mesh:pipeline=2,data=4"),
     ],
-    ids=["gpipe-fsdp2", "circular-fsdp2", "circular-r4-data4", "gpipe-one-device"],
+    ids=[
+        "gpipe-fsdp2",
+        "circular-fsdp2",
+        "circular-r4-data4",
+        "gpipe-one-device",
+        "1f1b-fsdp2",
+        "1f1b-m2-data4",
+    ],
 )
 def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipeline, mesh):
     base, base_losses = scanned
@@ -77,7 +86,14 @@ def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipelin
         assert weight.sharding.shard_shape(weight.shape)[0] == 8 // stages
 
 
-def test_gradients_match_the_scanned_stack():
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        "pipeline:stages=4,microbatches=4,schedule=circular",
+        "pipeline:stages=4,microbatches=8,schedule=1f1b",
+    ],
+)
+def test_gradients_match_the_scanned_stack(pipeline):
     from axplug.sharding import scoped
     from axplug.trainer.step import _loss_fn
 
@@ -91,7 +107,7 @@ def test_gradients_match_the_scanned_stack():
         return jax.device_get(fn(state["params"]))
 
     want = grads()
-    got = grads("pipeline:stages=4,microbatches=4,schedule=circular", "mesh:pipeline=4,fsdp=2")
+    got = grads(pipeline, "mesh:pipeline=4,fsdp=2")
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), got, want)
 
 
@@ -161,6 +177,53 @@ def test_bubble_fraction():
     assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
     assert bubble_fraction(4, 8, repeats=2) == pytest.approx(3 / 19)
     assert bubble_fraction(1, 5) == 0.0
+    assert bubble_fraction(4, 16, schedule="1f1b") == pytest.approx(7 / 23)
+
+
+def test_1f1b_keeps_activation_memory_flat_in_the_microbatches():
+    """GPipe keeps every microbatch's activations for the backward pass; 1F1B at most
+    2S - 1 stage inputs, so its temp memory does not grow with M and is far below GPipe's."""
+
+    def temp(schedule, microbatches):
+        cfg = llama8(
+            "/tmp/unused",
+            f"pipeline:stages=4,microbatches={microbatches},schedule={schedule}",
+            "mesh:pipeline=4,data=2",
+        )
+        cfg = cfg.clone(input=cfg.input.clone(batch_size=32))
+        cfg.model.decoder.transformer.remat_policy = "none"
+        trainer = cfg.instantiate()
+        token = jax.ShapeDtypeStruct((32, 32), jnp.int32, sharding=trainer.batch_sharding)
+        lowered = trainer._train_step.lower(
+            trainer.abstract_state, {"input_ids": token, "target_labels": token}
+        )
+        return lowered.compile().memory_analysis().temp_size_in_bytes
+
+    gpipe4, gpipe16 = temp("gpipe", 4), temp("gpipe", 16)
+    f1b4, f1b16 = temp("1f1b", 4), temp("1f1b", 16)
+    assert f1b16 <= f1b4 and f1b4 < gpipe4 / 2 and f1b16 < gpipe16 / 2, (
+        gpipe4,
+        gpipe16,
+        f1b4,
+        f1b16,
+    )
+
+
+def test_1f1b_refuses_layers_with_outputs():
+    from axplug.trainer.step import _loss_fn
+
+    class PenalizedFeedForward(FeedForward):
+        def forward(self, x):
+            self.add_module_output("penalty_loss", jnp.sum(x))
+            return super().forward(x)
+
+    cfg = llama8("/tmp/unused", "pipeline:stages=2,microbatches=2,schedule=1f1b", "mesh:data=1")
+    cfg = replace_config(cfg, target=FeedForward, new_cfg=PenalizedFeedForward.default_config())
+    trainer = cfg.instantiate(devices=jax.devices()[:1])
+    params = trainer.init_state()["params"]
+    batch = trainer.input.batch(0)
+    with pytest.raises(ConfigError, match="schedule='1f1b': the layers record outputs"):
+        _loss_fn(trainer.model, trainer.aux_loss)(params, batch, None)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.config import REQUIRED, Required, config_class
+from axplug.context import functional
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.norm import RMSNorm
@@ -52,6 +53,42 @@ class Decoder(BaseLayer):
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
         return constrain(self._logits(x), ("batch", "seq", "vocab"))
 
+    @property
+    def fuses_loss(self) -> bool:
+        """Whether the stack computes the loss itself when training (a 1F1B pipeline)."""
+        return bool(getattr(self.transformer, "fuses_loss", False))
+
+    def fused_loss(
+        self, input_ids: jax.Array, labels: jax.Array, *, positions=None, segment_ids=None
+    ) -> tuple[jax.Array, jax.Array]:
+        """(mean cross entropy, label count) with the head inside the stack's schedule."""
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+        positions = constrain(positions, ("batch", "seq"))
+        if segment_ids is not None:
+            segment_ids = constrain(segment_ids, ("batch", "seq"))
+        labels = constrain(labels, ("batch", "seq"))
+        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
+        used = ("output_norm", "embedding" if self._config.tie_word_embeddings else "lm_head")
+        head_params = {name: self.parameters[name] for name in used}
+
+        def head(params, h, labels):
+            logits, _ = functional(
+                self, prng_key=None, state=params, inputs=(h,), is_training=True, method="_logits"
+            )
+            return cross_entropy_sum(logits, labels)
+
+        total = self.transformer.forward_with_loss(
+            x,
+            head=head,
+            head_params=head_params,
+            labels=labels,
+            positions=positions,
+            segment_ids=segment_ids,
+        )
+        count = jnp.sum(labels >= 0)
+        return total / jnp.maximum(count, 1), count
+
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
         if self._config.tie_word_embeddings:
@@ -76,15 +113,18 @@ class Decoder(BaseLayer):
         return self._logits(x), {"transformer": cache}
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Mean token cross entropy in float32 over labels >= 0, and the count of those labels."""
+def cross_entropy_sum(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Summed token cross entropy in float32 over labels >= 0."""
     logits = logits.astype(jnp.float32)
-    valid = labels >= 0
     log_z = jax.nn.logsumexp(logits, axis=-1)
     label_logit = jnp.take_along_axis(logits, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
-    count = jnp.sum(valid)
-    loss = jnp.sum(jnp.where(valid, log_z - label_logit, 0.0)) / jnp.maximum(count, 1)
-    return loss, count
+    return jnp.sum(jnp.where(labels >= 0, log_z - label_logit, 0.0))
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean token cross entropy in float32 over labels >= 0, and the count of those labels."""
+    count = jnp.sum(labels >= 0)
+    return cross_entropy_sum(logits, labels) / jnp.maximum(count, 1), count
 
 
 class CausalLM(BaseLayer):
@@ -111,8 +151,15 @@ class CausalLM(BaseLayer):
         return self.decoder.extend_step(input_ids, positions=positions, cache_state=cache_state)
 
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
-        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
-        logits = self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
-        loss, count = cross_entropy(logits, constrain(target_labels, ("batch", "seq")))
+        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs;
+        no logits where the stack computes the loss itself (a 1F1B pipeline in training)."""
+        if self.is_training and self.decoder.fuses_loss:
+            logits = None
+            loss, count = self.decoder.fused_loss(
+                input_ids, target_labels, positions=positions, segment_ids=segment_ids
+            )
+        else:
+            logits = self.decoder(input_ids, positions=positions, segment_ids=segment_ids)
+            loss, count = cross_entropy(logits, constrain(target_labels, ("batch", "seq")))
         self.add_summary("loss", loss)
         return loss, {"logits": logits, "num_tokens": count}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +20,17 @@ from axplug.sharding import ShardingScope, constrain, current_scope, sharding_sc
 
 __all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
 
-PIPELINE_SCHEDULES = ("gpipe", "circular")
+PIPELINE_SCHEDULES = ("gpipe", "circular", "1f1b")
 STAGE_AXIS = "stage"  # logical axis of the stage dimension; the rules map it to `pipeline`
 
 
-def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
-    """The share of stage-iterations that are idle: (S - 1) / (M * V + S - 1)."""
+def bubble_fraction(
+    stages: int, microbatches: int, repeats: int = 1, schedule: str = "gpipe"
+) -> float:
+    """The share of stage-iterations that are idle: (S - 1) / (M V + S - 1); with `1f1b`,
+    whose every iteration runs one forward and one backward, (2S - 1) / (M + 2S - 1)."""
+    if schedule == "1f1b":
+        return (2 * stages - 1) / (microbatches + 2 * stages - 1)
     return (stages - 1) / (microbatches * repeats + stages - 1)
 
 
@@ -80,7 +86,7 @@ class PipelinedTransformer(RepeatedTransformer):
     @property
     def bubble(self) -> float:
         cfg = self._config
-        return bubble_fraction(cfg.num_stages, cfg.num_microbatches, self.repeats)
+        return bubble_fraction(cfg.num_stages, cfg.num_microbatches, self.repeats, cfg.schedule)
 
     def create_parameter_specs_recursively(self) -> dict[str, Any]:
         specs = super().create_parameter_specs_recursively()
@@ -103,7 +109,12 @@ class PipelinedTransformer(RepeatedTransformer):
 
         return jax.tree.map(regroup, params, inner, is_leaf=lambda s: isinstance(s, ParameterSpec))
 
-    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+    @property
+    def fuses_loss(self) -> bool:
+        """Whether training calls `forward_with_loss` (1F1B needs the loss in the pipeline)."""
+        return self._config.schedule == "1f1b"
+
+    def _setup(self, x: jax.Array, kwargs: dict) -> _Pipeline:
         cfg = self._config
         S, M, V = cfg.num_stages, cfg.num_microbatches, self.repeats
         ctx = self._context()
@@ -114,34 +125,26 @@ class PipelinedTransformer(RepeatedTransformer):
                 f"{self.path}.num_microbatches={M} does not divide the batch of {batch} rows"
             )
         per = cfg.num_layers // (S * V)
-        iterations = M * V + S - 1
-
-        # Microbatch m is rows m, M + m, 2M + m, ...: each keeps the batch's data sharding.
-        def split(a):
-            return a.reshape(batch // M, M, *a.shape[1:]).swapaxes(0, 1)
-
         scope = current_scope()
         inner = None
         if scope is not None and scope.mesh.shape.get(PIPELINE_AXIS, 1) > 1:
             inner = _without_pipeline(scope)
 
-        def replicated_over_stages(a, axes):
+        def whole(a, axes):
             # Every stage reads and writes the microbatches: keep them on every stage's
             # devices (split by the data axes only) rather than spread over the stages.
             with sharding_scope(inner if inner is not None else scope):
                 return constrain(a, axes)
 
         def microbatches(a, axes):
-            return replicated_over_stages(split(replicated_over_stages(a, axes)), (None, *axes))
+            # Microbatch m is rows m, M + m, 2M + m, ...: each keeps the data sharding.
+            a = whole(a, axes)
+            return whole(a.reshape(batch // M, M, *a.shape[1:]).swapaxes(0, 1), (None, *axes))
 
-        extras = {k: microbatches(v, ("batch", "seq")) for k, v in kwargs.items() if v is not None}
-        io = microbatches(x, RESIDUAL_AXES)  # the inputs, then each repeat's outputs
-        params = self._stage_params(layer_ctx.state)
         base_key = layer_ctx.prng_key if layer_ctx.has_prng_key else None
-        stage_ids = jnp.arange(S)
-        policy = self._config.remat_policy
+        policy = cfg.remat_policy
 
-        def run_stage(stage_params, h, stage, repeat, micro, stage_extras, valid):
+        def run_stage(stage_params, h, stage, repeat, micro, stage_extras):
             layer_params = jax.tree.map(lambda p: p[repeat], stage_params)
             keys = None
             if base_key is not None:  # a key per (layer, microbatch)
@@ -149,17 +152,33 @@ class PipelinedTransformer(RepeatedTransformer):
                 keys = jax.vmap(
                     lambda i: jax.random.fold_in(jax.random.fold_in(base_key, first + i), micro)
                 )(jnp.arange(per))
-            out, collection = scan_layer(
+            return scan_layer(
                 self.layer, layer_params, h, stage_extras, keys, ctx.is_training, policy
             )
-            collection = jax.tree.map(lambda c: jnp.where(valid, c, jnp.zeros_like(c)), collection)
-            return out, collection
 
-        spmd_axis = None
         if inner is not None:
-            spmd_axis = PIPELINE_AXIS
             run_stage = _in_scope(run_stage, inner)
-        stages = jax.vmap(run_stage, spmd_axis_name=spmd_axis)
+        return _Pipeline(
+            S=S,
+            M=M,
+            V=V,
+            per=per,
+            layer_ctx=layer_ctx,
+            whole=whole,
+            extras={
+                k: microbatches(v, ("batch", "seq")) for k, v in kwargs.items() if v is not None
+            },
+            xs=microbatches(x, RESIDUAL_AXES),
+            labels=lambda a: microbatches(a, ("batch", "seq")),
+            params=self._stage_params(layer_ctx.state),
+            stages=jax.vmap(run_stage, spmd_axis_name=PIPELINE_AXIS if inner else None),
+            unbatch=lambda a: whole(a.swapaxes(0, 1).reshape(x.shape), RESIDUAL_AXES),
+        )
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        p = self._setup(x, kwargs)
+        S, M, V = p.S, p.M, p.V
+        stage_ids = jnp.arange(S)
 
         def iteration(carry, t):
             state, io = carry
@@ -172,8 +191,9 @@ class PipelinedTransformer(RepeatedTransformer):
             first = jax.lax.dynamic_index_in_dim(io, t % M, keepdims=False)
             shifted = jnp.concatenate([first[None].astype(state.dtype), state[:-1]], axis=0)
             shifted = constrain(shifted, (STAGE_AXIS, *RESIDUAL_AXES))
-            stage_extras = {k_: jnp.take(v, micro, axis=0) for k_, v in extras.items()}
-            out, collection = stages(params, shifted, stage_ids, repeat, micro, stage_extras, valid)
+            stage_extras = {k_: jnp.take(v, micro, axis=0) for k_, v in p.extras.items()}
+            out, collection = p.stages(p.params, shifted, stage_ids, repeat, micro, stage_extras)
+            collection = jax.tree.map(lambda c: _masked(valid, c), collection)
             out = constrain(out, (STAGE_AXIS, *RESIDUAL_AXES))
             done = t - (S - 1)  # the microbatch x repeat the last stage just finished
             slot = jnp.clip(done, 0, M * V - 1) % M
@@ -182,13 +202,85 @@ class PipelinedTransformer(RepeatedTransformer):
                 jax.lax.dynamic_update_index_in_dim(io, out[S - 1], slot, axis=0),
                 io,
             )
-            io = replicated_over_stages(io, (None, *RESIDUAL_AXES))
-            return (out, io), collection
+            return (out, p.whole(io, (None, *RESIDUAL_AXES))), collection
 
+        io = p.xs  # the inputs, then each repeat's outputs
         state = jnp.zeros((S, *io.shape[1:]), x.dtype)
-        (_, io), collections = jax.lax.scan(iteration, (state, io), jnp.arange(iterations))
-        _merge(layer_ctx.output_collection, _per_layer(collections, M, S, V, per))
-        return replicated_over_stages(io.swapaxes(0, 1).reshape(x.shape), RESIDUAL_AXES)
+        (_, io), collections = jax.lax.scan(iteration, (state, io), jnp.arange(M * V + S - 1))
+        _merge(p.layer_ctx.output_collection, _per_layer(collections, M, S, V, p.per))
+        return p.unbatch(io)
+
+    def forward_with_loss(
+        self,
+        x: jax.Array,
+        *,
+        head: Callable[[Any, jax.Array, jax.Array], jax.Array],
+        head_params: Any,
+        labels: jax.Array,
+        **kwargs: Any,
+    ) -> jax.Array:
+        """The summed loss of `head(head_params, stack output, labels)` over the microbatches,
+        with its gradients from a 1F1B schedule (see `one_f_one_b`)."""
+        from axplug.layers.pipeline_1f1b import one_f_one_b
+
+        p = self._setup(x, kwargs)
+        if p.V != 1:
+            raise ConfigError(f"{self.path}: forward_with_loss runs the 1f1b schedule only")
+        stage_ids = jnp.arange(p.S)
+        zero = jnp.zeros((), jnp.int32)
+
+        def stage_fn(params, h, stage, micro, stage_extras):
+            out, collection = p.stages(
+                params, h, stage, jnp.broadcast_to(zero, stage.shape), micro, stage_extras
+            )
+            return out, collection
+
+        _check_no_outputs(self.path, stage_fn, p.params, p.xs[0], stage_ids, p.extras)
+        return one_f_one_b(
+            lambda params, h, micro, ex: stage_fn(params, h, stage_ids, micro, ex)[0],
+            head,
+            params=p.params,
+            head_params=head_params,
+            xs=p.xs,
+            labels=p.labels(labels),
+            extras=p.extras,
+            whole=p.whole,
+        )
+
+
+class _Pipeline(NamedTuple):
+    """What one call of a pipelined stack needs: sizes, the microbatched inputs, the stages."""
+
+    S: int
+    M: int
+    V: int
+    per: int
+    layer_ctx: Any
+    whole: Callable
+    extras: dict
+    xs: jax.Array
+    labels: Callable
+    params: Any
+    stages: Callable
+    unbatch: Callable
+
+
+def _masked(valid: jax.Array, value: jax.Array) -> jax.Array:
+    return jnp.where(valid.reshape(valid.shape + (1,) * (value.ndim - valid.ndim)), value, 0)
+
+
+def _check_no_outputs(path, stage_fn, params, x0, stage_ids, extras) -> None:
+    """1F1B computes gradients itself: layer outputs (aux losses) would miss them."""
+    S = stage_ids.shape[0]
+    h = jnp.broadcast_to(x0, (S, *x0.shape))
+    ex = {k: jnp.broadcast_to(v[0], (S, *v.shape[1:])) for k, v in extras.items()}
+    _, collection = jax.eval_shape(stage_fn, params, h, stage_ids, jnp.zeros(S, jnp.int32), ex)
+    if collection.module_outputs or collection.state_updates:
+        raise ConfigError(
+            f"{path}.schedule='1f1b': the layers record outputs or state updates (e.g. MoE "
+            "aux losses), which the 1F1B schedule's own backward pass does not carry; use "
+            "schedule=gpipe or circular"
+        )
 
 
 def _per_layer(
