@@ -46,7 +46,9 @@ class PipelinedTransformer(RepeatedTransformer):
     stages (layers s, S + s, 2S + s, ... chunks), cutting the bubble by that factor; its
     stage-major regrouping of the layer axis moves (V - 1) / V of the weights between
     devices each step. Autodiff runs the same iterations backwards (all forwards, then all
-    backwards, as GPipe); `remat_policy` applies per layer inside each stage.
+    backwards, as GPipe); `remat_policy` applies per layer inside each stage. `1f1b` trains
+    through `forward_with_loss` instead (axplug.layers.pipeline_1f1b), its forward pass in
+    evaluation and decoding is GPipe's.
     """
 
     @config_class
