@@ -29,7 +29,9 @@ DEFAULT_VARIANTS = [
     "fp8=scan_layers:remat_policy=full+quantize:fp8",
     "offload=scan_layers:remat_policy=offload",
     "gpipe-s4-m8=scan_layers:remat_policy=full+pipeline:stages=4,microbatches=8",
-    "circular-s4-m8-r2=scan_layers:remat_policy=full+pipeline:stages=4,microbatches=8,schedule=circular",
+    "circular-s2-m8-r2=scan_layers:remat_policy=full"
+    "+pipeline:stages=2,microbatches=8,schedule=circular",
+    "1f1b-s4-m8=scan_layers:remat_policy=full+pipeline:stages=4,microbatches=8,schedule=1f1b",
 ]
 
 

@@ -139,6 +139,7 @@ def float32_loss(tmp_path_factory):
     return final_loss(tmp_path_factory.mktemp("float32"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
 def test_quantized_training_tracks_float32(tmp_path, float32_loss, mode):
     """100 steps of llama-tiny: the final loss within 3% of the float32 run's."""
