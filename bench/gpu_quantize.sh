@@ -5,22 +5,7 @@
 # full remat, offload), and the GPU numerics tests.
 #
 #   OUT=gpu-out bash bench/gpu_quantize.sh
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}
-PY=${PYTHON:-python3}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/quantize.log") 2>&1
-stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S)) ==="; }
-
-stage setup
-if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-  $(for d in plugins/*/; do printf -- '-e %s ' "$d"; done) 2>&1 | grep -v "^\s*$" | tail -3
-"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+LOG=quantize.log source "$(dirname "$0")/gpu_setup.sh"
 
 stage "quantized matmuls: [8192x4096] @ [4096x4096], forward + both gradients"
 timeout 120 "$PY" bench/quantized_matmul.py --rounds 5 --reps 20

@@ -7,24 +7,7 @@
 #
 # Each stage has its own time limit and a failing stage does not stop the next. With no network
 # on the GPU host, missing pure-Python wheels may be brought in .whl/ (installed to /tmp/site).
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}
-PY=${PYTHON:-python3}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/session.log") 2>&1
-
-stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S)) ==="; }
-
-stage setup
-if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . \
-  $(for d in plugins/*/; do printf -- '-e %s ' "$d"; done) 2>&1 | grep -v "^\s*$" | tail -3
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv
-"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+LOG=session.log source "$(dirname "$0")/gpu_setup.sh"
 
 stage "GPU kernel numerics (pytest -m gpu)"
 JAX_PLATFORMS=cuda timeout 120 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
