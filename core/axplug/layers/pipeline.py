@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from axplug.config import ConfigError, config_class
 from axplug.context import OutputCollection
 from axplug.layers.base import ParameterSpec
+from axplug.layers.pipeline_1f1b import _masked, one_f_one_b
 from axplug.layers.stack import RepeatedTransformer, _merge, scan_layer
 from axplug.layers.transformer import RESIDUAL_AXES
 from axplug.mesh import PIPELINE_AXIS
@@ -223,23 +224,17 @@ class PipelinedTransformer(RepeatedTransformer):
     ) -> jax.Array:
         """The summed loss of `head(head_params, stack output, labels)` over the microbatches,
         with its gradients from a 1F1B schedule (see `one_f_one_b`)."""
-        from axplug.layers.pipeline_1f1b import one_f_one_b
-
         p = self._setup(x, kwargs)
         if p.V != 1:
             raise ConfigError(f"{self.path}: forward_with_loss runs the 1f1b schedule only")
-        stage_ids = jnp.arange(p.S)
-        zero = jnp.zeros((), jnp.int32)
+        stage_ids, first_repeat = jnp.arange(p.S), jnp.zeros(p.S, jnp.int32)
 
-        def stage_fn(params, h, stage, micro, stage_extras):
-            out, collection = p.stages(
-                params, h, stage, jnp.broadcast_to(zero, stage.shape), micro, stage_extras
-            )
-            return out, collection
+        def stage_fn(params, h, micro, stage_extras):
+            return p.stages(params, h, stage_ids, first_repeat, micro, stage_extras)
 
-        _check_no_outputs(self.path, stage_fn, p.params, p.xs[0], stage_ids, p.extras)
+        _check_no_outputs(self.path, stage_fn, p.params, p.xs[0], p.extras)
         return one_f_one_b(
-            lambda params, h, micro, ex: stage_fn(params, h, stage_ids, micro, ex)[0],
+            lambda params, h, micro, ex: stage_fn(params, h, micro, ex)[0],
             head,
             params=p.params,
             head_params=head_params,
@@ -267,16 +262,12 @@ class _Pipeline(NamedTuple):
     unbatch: Callable
 
 
-def _masked(valid: jax.Array, value: jax.Array) -> jax.Array:
-    return jnp.where(valid.reshape(valid.shape + (1,) * (value.ndim - valid.ndim)), value, 0)
-
-
-def _check_no_outputs(path, stage_fn, params, x0, stage_ids, extras) -> None:
+def _check_no_outputs(path, stage_fn, params, x0, extras) -> None:
     """1F1B computes gradients itself: layer outputs (aux losses) would miss them."""
-    S = stage_ids.shape[0]
+    S = jax.tree.leaves(params)[0].shape[0]
     h = jnp.broadcast_to(x0, (S, *x0.shape))
     ex = {k: jnp.broadcast_to(v[0], (S, *v.shape[1:])) for k, v in extras.items()}
-    _, collection = jax.eval_shape(stage_fn, params, h, stage_ids, jnp.zeros(S, jnp.int32), ex)
+    _, collection = jax.eval_shape(stage_fn, params, h, jnp.zeros(S, jnp.int32), ex)
     if collection.module_outputs or collection.state_updates:
         raise ConfigError(
             f"{path}.schedule='1f1b': the layers record outputs or state updates (e.g. MoE "

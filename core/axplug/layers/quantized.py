@@ -193,16 +193,11 @@ class QuantizedLinear(Linear):
                 params["w_amax_history"],
                 params["dy_amax_history"],
             )
-            if self.is_training:
-                amax = jax.lax.stop_gradient
-                self.add_state_update(
-                    "x_amax_history",
-                    _rolled(params["x_amax_history"], amax(jnp.max(jnp.abs(x)))),
-                )
-                self.add_state_update(
-                    "w_amax_history",
-                    _rolled(params["w_amax_history"], amax(jnp.max(jnp.abs(w)))),
-                )
+            if self.is_training:  # this step's amax, for the next steps' scales
+                for name, value in (("x", x), ("w", w)):
+                    amax = jax.lax.stop_gradient(jnp.max(jnp.abs(value)))
+                    history = f"{name}_amax_history"
+                    self.add_state_update(history, _rolled(params[history], amax))
         y = self.cast(y).reshape(*x.shape[:-1], y.shape[-1])
         if "bias" in params:
             y = y + self.cast(params["bias"])
