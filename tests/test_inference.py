@@ -404,6 +404,62 @@ def test_load_checkpoint_and_generate_cli(trained_run, capsys):
     assert capsys.readouterr().out == "To be" + bytes(want).decode("utf-8", "replace") + "\n"
 
 
+def test_load_checkpoint_reads_parameters_only(trained_run, monkeypatch):
+    """The optimizer state (2x the parameters with Adam) is not asked of Orbax at all, and
+    the parameters equal a full restore's."""
+    import orbax.checkpoint as ocp
+
+    from axplug.checkpoint import Checkpointer
+    from axplug.inference.loading import checkpoint_directory
+
+    asked = []
+    real = ocp.args.PyTreeRestore
+
+    def spy(item=None, **kwargs):
+        read = {
+            k for k, v in item.items() if any(x is not ocp.PLACEHOLDER for x in jax.tree.leaves(v))
+        }
+        asked.append((sorted(item), sorted(read)))
+        return real(item=item, **kwargs)
+
+    monkeypatch.setattr(ocp.args, "PyTreeRestore", spy)
+    loaded = load_checkpoint(trained_run)
+    # The whole saved tree is named, the optimizer state only by placeholders.
+    assert asked == [(["opt_state", "params", "step"], ["params", "step"])]
+    monkeypatch.undo()
+    with (
+        Checkpointer.default_config()
+        .set(directory=checkpoint_directory(trained_run))
+        .instantiate() as ckpt
+    ):
+        full = ckpt.restore(2, target=jax.eval_shape(lambda: _full_state(loaded)))[1]
+    jax.tree.map(
+        np.testing.assert_array_equal, jax.device_get(loaded.params), jax.device_get(full["params"])
+    )
+
+
+def _full_state(loaded):
+    """The trainer's whole state for `loaded`'s config: params, Adam state, step."""
+    specs = loaded.model.create_parameter_specs_recursively()
+    tx = loaded.config.learner.instantiate().transform(specs, loaded.config.max_steps)
+    return {"params": loaded.params, "opt_state": tx.init(loaded.params), "step": jnp.int32(0)}
+
+
+def test_a_partial_restore_still_checks_what_it_reads(trained_run):
+    from axplug.checkpoint import Checkpointer, CheckpointError
+    from axplug.inference.loading import checkpoint_directory
+
+    loaded = load_checkpoint(trained_run)
+    wrong = jax.tree.map(lambda a: jax.ShapeDtypeStruct((*a.shape, 2), a.dtype), loaded.params)
+    with (
+        Checkpointer.default_config()
+        .set(directory=checkpoint_directory(trained_run))
+        .instantiate() as ckpt,
+        pytest.raises(CheckpointError, match="holds a different state"),
+    ):
+        ckpt.restore(2, target={"params": wrong}, partial=True)
+
+
 def test_generate_cli_errors(trained_run, tmp_path, capsys):
     assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 1
     assert "no complete checkpoint" in capsys.readouterr().err

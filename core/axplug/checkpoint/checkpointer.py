@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_utils import construct_restore_args
 
 from axplug.checkpoint import inventory, layout
 from axplug.checkpoint._quiet import drop_orbax_error_logs, quiet_after_failed_save
@@ -257,28 +258,45 @@ class Checkpointer(Configurable):
 
     # -- restoring ---------------------------------------------------------------------------
 
-    def restore(self, step: int | None = None, *, target: Any) -> tuple[int, Any, dict]:
+    def restore(
+        self, step: int | None = None, *, target: Any, partial: bool = False
+    ) -> tuple[int, Any, dict]:
         """Reads `(step, state, metadata)`; `step=None` means the latest complete step.
 
         `target` is a pytree of `jax.ShapeDtypeStruct` (or arrays) whose shardings say where
         each restored array goes, so a state saved on one mesh restores onto another. The
-        restored state has exactly `target`'s tree structure.
+        restored state has exactly `target`'s tree structure. With `partial`, `target` may
+        leave out saved entries (inference: `{"params", "step"}` without the optimizer
+        state), which are then not read at all.
         """
         self._check_open()
         self.wait_until_finished()
         step = self._resolve_step(step)
         abstract = abstract_target(target)
-        self._check_target(step, abstract)
+        self._check_target(step, abstract, partial=partial)
         treedef = jax.tree.structure(abstract)
+        if partial:  # the saved tree, with Orbax's placeholder where nothing is wanted
+            saved = self._saved_tree(step)
+            item = {k: abstract.get(k, _placeholders(v)) for k, v in saved.items()}
+            restore_args = {
+                k: construct_restore_args(abstract[k]) if k in abstract else _placeholders(v)
+                for k, v in saved.items()
+            }
+            state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+        else:
+            state_args = ocp.args.StandardRestore(abstract)
         args = ocp.args.Composite(
             **{
-                layout.STATE_ITEM: ocp.args.StandardRestore(abstract),
+                layout.STATE_ITEM: state_args,
                 layout.METADATA_ITEM: ocp.args.JsonRestore(),
             }
         )
         try:
             restored = self._orbax.restore(self.storage.path(self._step_url(step)), args=args)
-            state = jax.tree.unflatten(treedef, treedef.flatten_up_to(restored[layout.STATE_ITEM]))
+            state = restored[layout.STATE_ITEM]
+            if partial:
+                state = {key: state[key] for key in abstract}
+            state = jax.tree.unflatten(treedef, treedef.flatten_up_to(state))
         except Exception as exc:
             raise CheckpointCorruptError(
                 f"cannot restore step {step} from {self.directory} into the given target: "
@@ -326,10 +344,14 @@ class Checkpointer(Configurable):
                 f"{first_line(exc)}"
             ) from exc
 
-    def _check_target(self, step: int, abstract: Any) -> None:
+    def _check_target(self, step: int, abstract: Any, *, partial: bool = False) -> None:
         """CheckpointError (not corruption) when `abstract` differs from what `step` holds:
-        a config that builds another model or optimizer."""
-        if (shown := layout_mismatch(self._saved_tree(step), abstract)) is not None:
+        a config that builds another model or optimizer (with `partial`, only in what
+        `abstract` holds)."""
+        saved = self._saved_tree(step)
+        if partial and isinstance(saved, dict) and isinstance(abstract, dict):
+            saved = {key: value for key, value in saved.items() if key in abstract}
+        if (shown := layout_mismatch(saved, abstract)) is not None:
             raise CheckpointError(
                 f"step {step} in {self.directory} holds a different state than this config "
                 f"builds ({shown}); resume with the config it was trained with (config.txt "
@@ -404,3 +426,8 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _placeholders(tree: Any) -> Any:
+    """`tree` with every leaf Orbax's placeholder: a subtree a partial restore skips."""
+    return jax.tree.map(lambda _: ocp.PLACEHOLDER, tree)

@@ -83,20 +83,19 @@ def load_checkpoint(
         model = cfg.model.instantiate(parent=None, _path="model")
         specs = model.create_parameter_specs_recursively()
         shardings = parameter_shardings(specs, mesh, mesh_builder.axis_rules)
-        tx = cfg.learner.instantiate().transform(specs, cfg.max_steps)
         abstract_params = jax.eval_shape(
             model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
+        # Parameters only: the optimizer state (2x the parameters with Adam) is never read.
         target = {
             "params": jax.tree.map(
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                 abstract_params,
                 shardings,
             ),
-            "opt_state": _on_host(jax.eval_shape(tx.init, abstract_params), mesh),
             "step": jax.ShapeDtypeStruct((), "int32", sharding=_replicated(mesh)),
         }
-        _, state, _ = checkpointer.restore(step, target=target)
+        _, state, _ = checkpointer.restore(step, target=target, partial=True)
     return LoadedModel(
         model=model,
         params=state["params"],
@@ -111,8 +110,3 @@ def _replicated(mesh):
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(mesh, PartitionSpec())
-
-
-def _on_host(tree: Any, mesh) -> Any:
-    sharding = _replicated(mesh)
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
