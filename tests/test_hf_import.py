@@ -573,3 +573,38 @@ def test_import_copies_the_tokenizer_and_generate_speaks_text(tmp_path, capsys):
 
     assert text == load_tokenizer(out).decode(ids["prompt_ids"] + expected)
     assert text.startswith("to be w3")
+
+
+def test_stop_tokens_come_from_the_imported_models_eos_ids(tmp_path, capsys):
+    """config.json's eos_token_id and generation_config.json's list (Llama 3 style) become the
+    loaded model's stop tokens, through a fine-tune too; generation stops at them."""
+    from axplug.inference import load_checkpoint
+    from axplug.inference.loading import run_lineage, source_stop_tokens
+
+    def imported(name, eos, generation_eos=None):
+        cfg = llama_config(eos_token_id=eos)
+        src = write_hf(tmp_path / f"hf-{name}", cfg, hf_weights(cfg))
+        if generation_eos is not None:
+            generation = {"eos_token_id": generation_eos}
+            (tmp_path / f"hf-{name}" / "generation_config.json").write_text(json.dumps(generation))
+        import_hf(src, str(tmp_path / name), devices=jax.devices()[:1])
+        return str(tmp_path / name)
+
+    def greedy(run, *extra):
+        args = ["generate", "--checkpoint", run, "--prompt-ids", "1,5,9", "--temperature", "0"]
+        assert main([*args, "--max-new-tokens", "12", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["output_ids"]
+
+    free = greedy(imported("free", None))  # no eos anywhere: 12 tokens
+    assert len(free) == 12
+    unused = next(t for t in range(96) if t not in free)
+    stop = free[5]
+    run = imported("eos", unused, [stop, unused])
+    loaded = load_checkpoint(run)
+    assert loaded.stop_tokens == (unused, stop)
+    assert greedy(run) == free[: free.index(stop)]  # the same weights stop at the eos id
+    assert greedy(run, "--stop", str(unused)) == free  # --stop replaces them
+    # A run fine-tuned from the import inherits them (the lineage follows init_from).
+    tuned = [(str(tmp_path / "tuned"), {"config": {"init_from": run}})]
+    assert source_stop_tokens(tuned + run_lineage(run, 0)[:1]) == loaded.stop_tokens
+    assert source_stop_tokens([("x", {"config": {}})]) == ()

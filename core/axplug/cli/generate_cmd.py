@@ -22,8 +22,10 @@ examples:
 subdirectory); the model config comes from the checkpoint. --prompt text is tokenized with
 --tokenizer, else the tokenizer in the run directory (`import-hf` copies the model's), else
 the one of the data the run trained on (`--input token_file`), else bytes for a 256-token
-model; --prompt-ids takes token ids. Generation stops at the tokenizer's EOS unless --stop
-says otherwise. Text streams to stdout as it is generated; timings go to stderr.
+model; --prompt-ids takes token ids. Generation stops at --stop ids, else at the
+`eos_token_id`s of the Hugging Face model the run was imported (or fine-tuned) from (its
+config.json and generation_config.json), else at the tokenizer's EOS. Text streams to
+stdout as it is generated; timings go to stderr.
 """
 
 
@@ -164,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         prompt = tokenizer.encode(args.prompt) if args.prompt is not None else args.prompt_ids
         if not prompt:
             raise ValueError("--prompt: the prompt has no tokens")
-        stop = tuple(args.stop)
+        # --stop, else the imported model's eos ids, else the tokenizer's eos.
+        stop = tuple(args.stop) or loaded.stop_tokens
         if not stop and tokenizer is not None and tokenizer.eos_id is not None:
             stop = (tokenizer.eos_id,)
         sampling = SamplingParams(

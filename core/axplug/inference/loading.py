@@ -9,9 +9,15 @@ from typing import Any
 import jax
 
 from axplug.checkpoint import Checkpointer, storage_for
-from axplug.checkpoint.errors import CheckpointNotFoundError
+from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["LoadedModel", "load_checkpoint", "checkpoint_directory"]
+__all__ = [
+    "LoadedModel",
+    "load_checkpoint",
+    "checkpoint_directory",
+    "run_lineage",
+    "source_stop_tokens",
+]
 
 
 @dataclasses.dataclass
@@ -25,6 +31,9 @@ class LoadedModel:
     step: int
     mesh: Any = None
     axis_rules: tuple = ()
+    # End-of-sequence ids of the model it was imported from (HF `eos_token_id`, config and
+    # generation config), through the runs it was fine-tuned from: generation's stop tokens.
+    stop_tokens: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -103,7 +112,44 @@ def load_checkpoint(
         step=step,
         mesh=mesh,
         axis_rules=mesh_builder.axis_rules,
+        stop_tokens=source_stop_tokens(run_lineage(path, step, metadata)),
     )
+
+
+def run_lineage(path: str, step: int, metadata: dict | None = None) -> list[tuple[str, dict]]:
+    """(run directory, checkpoint metadata) of the run at `path` (its step `step`) and of
+    each run it was initialized from (`init_from`), nearest first."""
+    out: list[tuple[str, dict]] = []
+    current: str | None = path
+    while current is not None and len(out) < 16:
+        if metadata is None:
+            try:
+                directory = checkpoint_directory(current)
+                with Checkpointer.default_config().set(directory=directory).instantiate() as ck:
+                    metadata = ck.metadata(step if not out else None)
+            except (CheckpointError, OSError):
+                if not out:
+                    raise
+                break  # a run it was tuned from is gone: the lineage ends there
+        out.append((current, metadata))
+        current, metadata = (metadata.get("config") or {}).get("init_from"), None
+    return out
+
+
+def source_stop_tokens(lineage: list[tuple[str, dict]]) -> tuple[int, ...]:
+    """The end-of-sequence ids of the Hugging Face model a run descends from, if any."""
+    for _, metadata in lineage:
+        source = metadata.get("source") or {}
+        if source.get("format") != "huggingface":
+            continue
+        ids: list[int] = []
+        for config in (source.get("config") or {}, source.get("generation_config") or {}):
+            value = config.get("eos_token_id")
+            for token in value if isinstance(value, list) else [value]:
+                if isinstance(token, int) and not isinstance(token, bool) and token not in ids:
+                    ids.append(token)
+        return tuple(ids)
+    return ()
 
 
 def _replicated(mesh):

@@ -145,11 +145,11 @@ def export_hf(
     `output_dir`; returns its config.json content."""
     from safetensors.numpy import save_file
 
-    from axplug.inference.loading import load_checkpoint
+    from axplug.inference.loading import load_checkpoint, run_lineage
     from axplug.interop.hf_import import copy_tokenizer_files
 
     loaded = load_checkpoint(run_dir, step=step)
-    lineage = _lineage(run_dir, loaded.step)  # this run, then the runs it was tuned from
+    lineage = run_lineage(run_dir, loaded.step)  # this run, then the runs it was tuned from
     source = next((m["source"]["config"] for _, m in lineage if m.get("source")), None)
     raw = hf_config_for(loaded.config, source)
     tokenizer_home = _tokenizer_home([d for d, _ in lineage], loaded.config)
@@ -184,22 +184,6 @@ def export_hf(
     if tokenizer_home is not None:
         copy_tokenizer_files(tokenizer_home, output_dir)
     return raw
-
-
-def _lineage(run_dir: str, step: int) -> list[tuple[str, dict]]:
-    """(directory, checkpoint metadata) of the run and of each run it was initialized from."""
-    from axplug.checkpoint import Checkpointer
-    from axplug.inference.loading import checkpoint_directory
-
-    out: list[tuple[str, dict]] = []
-    current: str | None = run_dir
-    while current is not None and len(out) < 16:
-        directory = checkpoint_directory(current)
-        with Checkpointer.default_config().set(directory=directory).instantiate() as ck:
-            metadata = ck.metadata(step if not out else None)
-        out.append((current, metadata))
-        current = (metadata.get("config") or {}).get("init_from")
-    return out
 
 
 def _tokenizer_home(run_dirs: list[str], cfg: Any) -> str | None:

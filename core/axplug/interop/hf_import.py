@@ -89,6 +89,7 @@ def import_hf(
                 "directory": os.path.abspath(directory),
                 "architecture": hf.architecture,
                 "config": hf.raw,
+                "generation_config": _generation_config(directory),
             },
         }
         checkpointer.save(IMPORT_STEP, state, metadata)
@@ -123,6 +124,21 @@ def copy_tokenizer_files(directory: str, output_dir: str) -> list[str]:
                 storage.path(storage.join(output_dir, name)).write_bytes(f.read())
             copied.append(name)
     return copied
+
+
+def _generation_config(directory: str) -> dict:
+    """The model's generation_config.json (its stop tokens), or {} without one."""
+    import json
+
+    path = os.path.join(directory, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise HFImportError(f"{path}: not a JSON object ({exc})") from None
+    return raw if isinstance(raw, dict) else {}
 
 
 def _ignored(name: str, hf: HFModelConfig) -> bool:
