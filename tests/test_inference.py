@@ -168,14 +168,25 @@ def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache():
     assert sorted(written) == sorted(table.ravel())
 
 
+def test_a_pool_too_small_for_the_rows_is_an_error():
+    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=5"))
+    with pytest.raises(ValueError, match=r"num_pages=5: 2 rows of up to 10 tokens need 10 pages"):
+        paged.init_cache_state(2, 10)
+    paged.init_cache_state(1, 10)  # one row fits
+
+
 def test_a_row_without_pages_never_touches_another_rows_pages():
-    """A pool of 5 pages for 2 rows x 5: row 1 has none. Row 0 decodes exactly as alone,
-    and no page is written for row 1 (it pointed at page 0 and overwrote row 0)."""
+    """A scheduler's pool of 5 pages for 2 rows x 5: row 1 has none yet. Row 0 decodes
+    exactly as alone, and no page is written for row 1 (it pointed at page 0 and overwrote
+    row 0)."""
+    from axplug.layers.kv_cache import assigning_pages
+
     contiguous, params = build(lm_cfg())
     paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=5"))
     ids = random_ids(3, (2, 9))
     want, _ = decode_logits(contiguous, params, ids[:1], prompt_lens=[4], max_len=10)
-    cache = paged.init_cache_state(2, 10)
+    with assigning_pages():
+        cache = paged.init_cache_state(2, 10)
     table = cache["transformer"]["layer0"]["attention"]["block_table"]
     np.testing.assert_array_equal(table, [[0, 1, 2, 3, 4], [5] * 5])  # 5: no page
     got, cache = decode_logits(paged, params, ids, prompt_lens=[4, 4], max_len=10, cache=cache)

@@ -26,7 +26,12 @@ import numpy as np
 
 from axplug.context import functional
 from axplug.inference.sampling import SamplingParams, sample_tokens
-from axplug.layers.kv_cache import EMPTY_POSITION, release_rows, set_block_tables
+from axplug.layers.kv_cache import (
+    EMPTY_POSITION,
+    assigning_pages,
+    release_rows,
+    set_block_tables,
+)
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope, sharding_scope
 
@@ -159,7 +164,8 @@ class Engine:
         self._scope = make_scope(mesh, axis_rules)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
-        self._cache = model.init_cache_state(num_slots, max_len)
+        with assigning_pages():  # the allocator below gives rows their pages
+            self._cache = model.init_cache_state(num_slots, max_len)
         paging = _paging(self._cache)
         self.page_size = paging[1] if paging else None
         self.allocator = PageAllocator(paging[0]) if paging else None

@@ -14,7 +14,10 @@ prompts of different lengths, or decodes some rows while others sit idle.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,7 @@ from axplug.layers.base import BaseLayer
 
 __all__ = [
     "EMPTY_POSITION",
+    "assigning_pages",
     "ContiguousKVCache",
     "PagedKVCache",
     "release_rows",
@@ -32,6 +36,19 @@ __all__ = [
 
 # Position of a slot that holds no token: after every real position.
 EMPTY_POSITION = 2**30
+
+_ASSIGNING_PAGES = contextvars.ContextVar("axplug_assigning_pages", default=False)
+
+
+@contextlib.contextmanager
+def assigning_pages() -> Iterator[None]:
+    """Paged caches made inside may have fewer pages than rows x pages per row: the caller
+    (a scheduler such as the inference Engine) writes the block tables itself."""
+    token = _ASSIGNING_PAGES.set(True)
+    try:
+        yield
+    finally:
+        _ASSIGNING_PAGES.reset(token)
 
 
 def _write_indices(length: jax.Array, positions: jax.Array, capacity: int) -> jax.Array:
@@ -96,9 +113,10 @@ class PagedKVCache(BaseLayer):
     State: `key`/`value` [num_pages, page_size, kv_heads, head_dim], `positions` [num_pages,
     page_size], `block_table` [batch, max_len // page_size] and `length` [batch]. The default
     block table gives row b the pages b * P .. b * P + P - 1, which needs `batch * P` pages
-    (P = pages per row); a scheduler that allocates pages itself (`axplug.inference.PageAllocator`)
-    sets `num_pages` lower and writes the block table; an entry equal to `num_pages` means "no
-    page" (writes dropped, reads empty). Entries past a row's length are never read.
+    (P = pages per row); fewer is an error, except for a scheduler that allocates pages itself
+    (`axplug.inference.PageAllocator`): it makes the cache inside `assigning_pages()` and
+    writes the block table; an entry equal to `num_pages` means "no page" (writes dropped,
+    reads empty). Entries past a row's length are never read.
     """
 
     @config_class
@@ -123,6 +141,14 @@ class PagedKVCache(BaseLayer):
         cfg = self._config
         per_row = self.pages_per_row(max_len)
         num_pages = cfg.num_pages or batch_size * per_row
+        if num_pages < batch_size * per_row and not _ASSIGNING_PAGES.get():
+            # Rows past the pool would have no pages, and their tokens would be dropped.
+            raise ValueError(
+                f"{self.path}.num_pages={num_pages}: {batch_size} rows of up to {max_len} "
+                f"tokens need {batch_size * per_row} pages of {cfg.page_size}; raise num_pages "
+                "(or leave it unset), or decode through axplug.inference.Engine, which gives "
+                "pages to rows as they need them"
+            )
         shape = (num_pages, cfg.page_size, num_kv_heads, head_dim)
         table = jnp.arange(batch_size * per_row, dtype=jnp.int32).reshape(batch_size, per_row)
         return {
