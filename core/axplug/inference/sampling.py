@@ -53,8 +53,23 @@ def sample_tokens(
     temperature 0 takes the argmax.
     """
     logits = logits.astype(jnp.float32)
-    vocab = logits.shape[-1]
-    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def sample(_):
+        scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+        # The vocabulary sort of top-k / top-p only when some row asks for either.
+        filtering = jnp.any((top_k > 0) | (top_p < 1.0))
+        filtered = jax.lax.cond(filtering, _filtered, lambda s, *_: s, scaled, top_k, top_p)
+        sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+        return jnp.where(temperature > 0, sampled, greedy)
+
+    # Every row greedy (temperature 0): no scaling, sort or Gumbel noise at all.
+    return jax.lax.cond(jnp.any(temperature > 0), sample, lambda _: greedy, None)
+
+
+def _filtered(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """`scaled` logits [b, vocab] with what top-k, then top-p, drop set to -inf."""
+    vocab = scaled.shape[-1]
     ranked = -jnp.sort(-scaled, axis=-1)  # descending
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     kth = jnp.take_along_axis(ranked, (k - 1)[:, None], axis=-1)
@@ -63,6 +78,4 @@ def sample_tokens(
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     kept = (mass_before < top_p[:, None]) & (ranked > -jnp.inf)
     threshold = jnp.min(jnp.where(kept, ranked, jnp.inf), axis=-1, keepdims=True)
-    filtered = jnp.where(scaled >= threshold, scaled, -jnp.inf)
-    sampled = jax.vmap(jax.random.categorical)(keys, filtered)
-    return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
