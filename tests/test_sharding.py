@@ -331,3 +331,40 @@ def test_a_mesh_that_would_split_nothing_is_a_config_error(tmp_path, modifier, o
     cfg = small_llama(tmp_path, modifier, extra=overrides)
     with pytest.raises(ConfigError, match=re.escape(message)):
         cfg.instantiate()
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
+    """Loaded onto all 8 devices (the run's fsdp=4 x model=2 mesh), parameters stay sharded,
+    the KV caches split rows over fsdp and kv heads over model, and greedy decoding gives
+    the tokens of the one-device engine."""
+    from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
+
+    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
+    cfg.instantiate().run()
+    modifiers = ["paged_kv_cache:page_size=4"] if cache == "paged" else []
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+    def decode(loaded):
+        engine = Engine(
+            loaded.model, loaded.params, num_slots=4, max_len=32,
+            mesh=loaded.mesh, axis_rules=loaded.axis_rules,
+        )  # fmt: skip
+        for prompt in prompts:
+            engine.submit(Request(prompt=prompt, sampling=sampling))
+        done = sorted(engine.run(), key=lambda c: c.id)
+        return [c.output_ids for c in done], engine
+
+    want, _ = decode(load_checkpoint(str(tmp_path), modifiers=modifiers))
+    loaded = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=jax.devices())
+    assert dict(loaded.mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "seq": 1, "model": 2}
+    wq = jax.tree.leaves(loaded.params["decoder"]["transformer"]["layer0"]["attention"])[0]
+    assert len(wq.sharding.device_set) == 8
+    got, engine = decode(loaded)
+    assert got == want
+    key = engine._cache["transformer"]["layer0"]["attention"]["key"]  # [rows or pages, ...]
+    spec = key.sharding.spec
+    assert "model" in jax.tree.leaves(tuple(spec)), spec  # kv heads over model
+    if cache == "contiguous":
+        assert spec[0] == "fsdp", spec  # rows over fsdp

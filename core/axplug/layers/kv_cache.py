@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from axplug.config import config_class
 from axplug.layers.base import BaseLayer
+from axplug.sharding import constrain
 
 __all__ = [
     "EMPTY_POSITION",
@@ -36,6 +37,9 @@ __all__ = [
 
 # Position of a slot that holds no token: after every real position.
 EMPTY_POSITION = 2**30
+
+_KV_AXES = ("batch", None, "heads", None)  # [rows, max_len, kv_heads, head_dim]
+_POOL_AXES = (None, None, "heads", None)  # [pages, page_size, kv_heads, head_dim]
 
 _ASSIGNING_PAGES = contextvars.ContextVar("axplug_assigning_pages", default=False)
 
@@ -96,11 +100,13 @@ class ContiguousKVCache(BaseLayer):
             return buf.at[rows, index].set(new.astype(buf.dtype), mode="drop")
 
         length = _new_length(state["length"], positions)
+        # Rows over the batch axes and kv heads over `model`, like the activations: on a mesh
+        # each device keeps its rows' and heads' share of the cache.
         new_state = {
-            "key": write(state["key"], key),
-            "value": write(state["value"], value),
-            "positions": write(state["positions"], positions),
-            "length": length,
+            "key": constrain(write(state["key"], key), _KV_AXES),
+            "value": constrain(write(state["value"], value), _KV_AXES),
+            "positions": constrain(write(state["positions"], positions), ("batch", None)),
+            "length": constrain(length, ("batch",)),
         }
         kv_positions = _visible(new_state["positions"], length)
         return new_state, new_state["key"], new_state["value"], kv_positions
@@ -179,9 +185,10 @@ class PagedKVCache(BaseLayer):
             return pool.at[page, offset].set(new.astype(pool.dtype), mode="drop")
 
         length = _new_length(state["length"], positions)
+        # The pool's pages are shared by all rows: only the kv heads split (over `model`).
         new_state = {
-            "key": write(state["key"], key),
-            "value": write(state["value"], value),
+            "key": constrain(write(state["key"], key), _POOL_AXES),
+            "value": constrain(write(state["value"], value), _POOL_AXES),
             "positions": write(state["positions"], positions),
             "block_table": table,
             "length": length,
