@@ -328,7 +328,15 @@ def alone(model, params, prompt, sampling):
 
 
 @pytest.mark.parametrize(
-    "cache", [(), ("paged_kv_cache:page_size=4,num_pages=9",)], ids=["contiguous", "paged"]
+    "cache",
+    [
+        (),
+        ("paged_kv_cache:page_size=4,num_pages=9",),
+        # 10 pages of 2 tokens for 3 rows of up to 15: rows grow page by page and the newest
+        # is preempted (and recomputed) when the pool runs dry.
+        ("paged_kv_cache:page_size=2,num_pages=10",),
+    ],
+    ids=["contiguous", "paged", "paged-preempting"],
 )
 def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache):
     model, params = rope_model
@@ -349,6 +357,7 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_mode
     assert max_active == 3  # requests really shared the batch
     if engine.allocator is not None:
         assert engine.allocator.num_free == engine.allocator.num_pages  # all pages came back
+        assert (engine.preemptions > 0) == ("num_pages=10" in cache[0])
     for i, (_, _, sampling) in enumerate(REQUESTS):
         want = alone(model, params, prompts[i], sampling)
         assert finished[i].output_ids == want, i

@@ -110,6 +110,12 @@ class _Active:
     output: list[int] = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)
     first_token_s: float = 0.0
+    admitted: int = 0  # admission order: the newest is preempted first
+
+    @property
+    def context(self) -> list[int]:
+        """What a prefill caches: the prompt, and after a preemption what was generated."""
+        return [*self.request.prompt, *self.output]
 
 
 def _paging(cache: Any) -> tuple[int, int, int] | None:
@@ -177,6 +183,8 @@ class Engine:
         self._ids = itertools.count()
         self._finished: list[Completion] = []
         self._keys = np.zeros((num_slots, 2), np.uint32)
+        self._admissions = itertools.count()
+        self.preemptions = 0  # requests sent back to the queue for want of pages
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -221,10 +229,18 @@ class Engine:
         return sum(s is not None for s in self._slots)
 
     def step(self) -> list[TokenEvent]:
-        """Admits waiting requests and prefills them, else decodes one token per active slot."""
+        """Admits waiting requests and prefills them, else decodes one token per active slot.
+
+        With a paged cache a request holds pages for what it has cached, one more as each
+        page fills; when the pool runs dry the newest request gives its pages back and waits
+        at the head of the queue (re-prefilled from its prompt and output when pages free up:
+        recompute, so its tokens are unchanged), so the oldest requests always progress.
+        """
         admitted = self._admit()
         if admitted:
             return self._prefill(admitted)
+        if self.allocator is not None:
+            self._grow_pages()
         if self.num_active:
             return self._decode()
         return []
@@ -256,32 +272,63 @@ class Engine:
                 continue
             active = self._waiting[0]
             if self.allocator is not None:
-                sampling = active.request.sampling
-                needed = len(active.request.prompt) + sampling.max_new_tokens - 1
-                count = self._pages_for(needed)
+                count = self._pages_for(len(active.context))  # what the prefill caches
                 if count > self.allocator.num_free:
                     break  # first come, first served: wait for pages to be released
                 active.pages = self.allocator.allocate(count)
                 self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
                 self._table[slot, :count] = active.pages
             self._waiting.popleft()
+            active.admitted = next(self._admissions)
             self._slots[slot] = active
             self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
             admitted.append(slot)
         return admitted
 
+    def _grow_pages(self) -> None:
+        """A page for each decoding row whose next token starts one, oldest rows first;
+        the newest rows are preempted while the pool has none."""
+        order = sorted(
+            (s for s, a in enumerate(self._slots) if a is not None),
+            key=lambda s: self._slots[s].admitted,
+        )
+        for slot in order:
+            active = self._slots[slot]
+            if active is None:  # preempted below for an older row
+                continue
+            needed = self._pages_for(len(active.context))  # after this step's write
+            while len(active.pages) < needed and self._slots[slot] is active:
+                if self.allocator.num_free:
+                    page = self.allocator.allocate(1)[0]
+                    self._table[slot, len(active.pages)] = page
+                    active.pages.append(page)
+                else:
+                    self._preempt(max(
+                        (s for s, a in enumerate(self._slots) if a is not None),
+                        key=lambda s: self._slots[s].admitted,
+                    ))  # fmt: skip
+
+    def _preempt(self, slot: int) -> None:
+        active = self._slots[slot]
+        self._slots[slot] = None
+        self.allocator.release(active.pages)
+        active.pages = []
+        self._table[slot] = self.allocator.num_pages
+        self._waiting.appendleft(active)  # first in line again
+        self.preemptions += 1
+
     def _prefill(self, slots: list[int]) -> list[TokenEvent]:
-        longest = max(len(self._slots[s].request.prompt) for s in slots)
+        longest = max(len(self._slots[s].context) for s in slots)
         width = _bucket(longest, self.min_prefill_len, self.max_len)
         ids = np.zeros((self.num_slots, width), np.int32)
         positions = np.full((self.num_slots, width), EMPTY_POSITION, np.int32)
         last = np.zeros((self.num_slots,), np.int32)
         reset = np.zeros((self.num_slots,), bool)
         for s in slots:
-            prompt = self._slots[s].request.prompt
-            ids[s, : len(prompt)] = prompt
-            positions[s, : len(prompt)] = np.arange(len(prompt))
-            last[s] = len(prompt) - 1
+            context = self._slots[s].context
+            ids[s, : len(context)] = context
+            positions[s, : len(context)] = np.arange(len(context))
+            last[s] = len(context) - 1
             reset[s] = True
         return self._run(ids, positions, last, reset, slots)
 
