@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 import time
@@ -411,16 +412,21 @@ def _extend(
 ):
     """One prefill or decode call: writes the new tokens to the cache, samples one per row."""
     cache = set_block_tables(release_rows(cache, reset), table)
+    inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
+    if "logits_at" in inspect.signature(model.extend_step).parameters:
+        inputs["logits_at"] = last  # the head on each row's last token only
     with sharding_scope(scope):
         (logits, cache), _ = functional(
             model,
             prng_key=None,
             state=params,
-            inputs={"input_ids": ids, "positions": positions, "cache_state": cache},
+            inputs=inputs,
             is_training=False,
             method="extend_step",
         )
-    logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    if "logits_at" not in inputs:
+        logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
+    logits = logits[:, 0]
     step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
     return sample_tokens(logits, step_keys, *sampling), cache
 

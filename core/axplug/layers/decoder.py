@@ -100,9 +100,16 @@ class Decoder(BaseLayer):
         return {"transformer": self.transformer.init_cache_state(batch_size, max_len)}
 
     def extend_step(
-        self, input_ids: jax.Array, *, positions: jax.Array, cache_state: dict
+        self,
+        input_ids: jax.Array,
+        *,
+        positions: jax.Array,
+        cache_state: dict,
+        logits_at: jax.Array | None = None,
     ) -> tuple[jax.Array, dict]:
-        """(logits [batch, new, vocab], new cache) for new tokens after the cached ones.
+        """(logits [batch, new, vocab], new cache) for new tokens after the cached ones;
+        with `logits_at` [batch] only that token's logits, [batch, 1, vocab] (a prefill needs
+        the last prompt token's alone).
 
         Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`).
         """
@@ -110,6 +117,8 @@ class Decoder(BaseLayer):
         x, cache = self.transformer.extend_step(
             x, positions=positions, cache_state=cache_state["transformer"]
         )
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         return self._logits(x), {"transformer": cache}
 
 
@@ -146,9 +155,13 @@ class CausalLM(BaseLayer):
         """An empty decoding cache for `extend_step`."""
         return self.decoder.init_cache_state(batch_size, max_len)
 
-    def extend_step(self, input_ids: jax.Array, *, positions: jax.Array, cache_state: dict):
+    def extend_step(
+        self, input_ids: jax.Array, *, positions: jax.Array, cache_state: dict, logits_at=None
+    ):
         """(logits, new cache) for new tokens after the cached ones (see Decoder.extend_step)."""
-        return self.decoder.extend_step(input_ids, positions=positions, cache_state=cache_state)
+        return self.decoder.extend_step(
+            input_ids, positions=positions, cache_state=cache_state, logits_at=logits_at
+        )
 
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
         """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs;
