@@ -54,10 +54,18 @@ def scanned(tmp_path_factory):
     [
         ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2"),
         ("pipeline:stages=4,microbatches=4,schedule=circular,repeats=2", "mesh:pipeline=4,fsdp=2"),
-        ("pipeline:stages=2,microbatches=8,schedule=circular,repeats=4", "mesh:pipeline=2,data=4"),
-        ("pipeline:stages=4,microbatches=2", "mesh:data=1"),
+        pytest.param(
+            "pipeline:stages=2,microbatches=8,schedule=circular,repeats=4",
+            "mesh:pipeline=2,data=4",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("pipeline:stages=4,microbatches=2", "mesh:data=1", marks=pytest.mark.slow),
         ("pipeline:stages=4,microbatches=8,schedule=1f1b", "mesh:pipeline=4,fsdp=2"),
-        ("pipeline:stages=2,microbatches=2,schedule=1f1b", "mesh:pipeline=2,data=4"),
+        pytest.param(
+            "pipeline:stages=2,microbatches=2,schedule=1f1b",
+            "mesh:pipeline=2,data=4",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=[
         "gpipe-fsdp2",
