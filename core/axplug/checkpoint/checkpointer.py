@@ -273,10 +273,10 @@ class Checkpointer(Configurable):
         self.wait_until_finished()
         step = self._resolve_step(step)
         abstract = abstract_target(target)
-        self._check_target(step, abstract, partial=partial)
+        saved = self._saved_tree(step)
+        self._check_target(step, saved, abstract, partial=partial)
         treedef = jax.tree.structure(abstract)
         if partial:  # the saved tree, with Orbax's placeholder where nothing is wanted
-            saved = self._saved_tree(step)
             item = {k: abstract.get(k, _placeholders(v)) for k, v in saved.items()}
             restore_args = {
                 k: construct_restore_args(abstract[k]) if k in abstract else _placeholders(v)
@@ -344,11 +344,10 @@ class Checkpointer(Configurable):
                 f"{first_line(exc)}"
             ) from exc
 
-    def _check_target(self, step: int, abstract: Any, *, partial: bool = False) -> None:
-        """CheckpointError (not corruption) when `abstract` differs from what `step` holds:
-        a config that builds another model or optimizer (with `partial`, only in what
-        `abstract` holds)."""
-        saved = self._saved_tree(step)
+    def _check_target(self, step: int, saved: Any, abstract: Any, *, partial: bool) -> None:
+        """CheckpointError (not corruption) when `abstract` differs from what `step` holds
+        (`saved`, its array metadata tree): a config that builds another model or optimizer
+        (with `partial`, only in what `abstract` holds)."""
         if partial and isinstance(saved, dict) and isinstance(abstract, dict):
             saved = {key: value for key, value in saved.items() if key in abstract}
         if (shown := layout_mismatch(saved, abstract)) is not None:

@@ -1,15 +1,8 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
-from axplug.inference.engine import (
-    Completion,
-    Engine,
-    OutOfPagesError,
-    PageAllocator,
-    Request,
-    TokenEvent,
-    generate,
-)
+from axplug.inference.engine import Completion, Engine, Request, TokenEvent, generate
 from axplug.inference.loading import LoadedModel, checkpoint_directory, load_checkpoint
+from axplug.inference.paging import OutOfPagesError, PageAllocator
 from axplug.inference.sampling import SamplingParams, sample_tokens
 
 __all__ = [

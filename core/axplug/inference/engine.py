@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from axplug.context import functional
+from axplug.inference.paging import OutOfPagesError, PageAllocator, cache_paging
 from axplug.inference.sampling import SamplingParams, sample_tokens
 from axplug.layers.kv_cache import (
     EMPTY_POSITION,
@@ -40,8 +41,6 @@ __all__ = [
     "Request",
     "Completion",
     "TokenEvent",
-    "PageAllocator",
-    "OutOfPagesError",
     "Engine",
     "generate",
 ]
@@ -76,34 +75,6 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
-class OutOfPagesError(RuntimeError):
-    """The page pool cannot hold a request."""
-
-
-class PageAllocator:
-    """Free list of a paged KV cache's page ids."""
-
-    def __init__(self, num_pages: int):
-        self.num_pages = num_pages
-        self._free = collections.deque(range(num_pages))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int) -> list[int]:
-        """`count` free pages, or OutOfPagesError (allocating nothing) when fewer are free."""
-        if count > len(self._free):
-            raise OutOfPagesError(
-                f"need {count} pages, {len(self._free)} of {self.num_pages} are free"
-            )
-        return [self._free.popleft() for _ in range(count)]
-
-    def release(self, pages: Sequence[int]) -> None:
-        """Returns `pages` to the pool."""
-        self._free.extend(pages)
-
-
 @dataclasses.dataclass
 class _Active:
     request: Request
@@ -117,25 +88,6 @@ class _Active:
     def context(self) -> list[int]:
         """What a prefill caches: the prompt, and after a preemption what was generated."""
         return [*self.request.prompt, *self.output]
-
-
-def _paging(cache: Any) -> tuple[int, int, int] | None:
-    """(num_pages, page_size, pages_per_row) of the first paged cache in `cache`, else None."""
-    found = []
-
-    def visit(node):
-        if isinstance(node, dict):
-            if "block_table" in node:
-                found.append(node)
-                return
-            for value in node.values():
-                visit(value)
-
-    visit(cache)
-    if not found:
-        return None
-    num_pages, page_size = found[0]["key"].shape[-4:-2]
-    return int(num_pages), int(page_size), int(found[0]["block_table"].shape[-1])
 
 
 def _bucket(length: int, minimum: int, maximum: int) -> int:
@@ -173,7 +125,7 @@ class Engine:
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
         with assigning_pages():  # the allocator below gives rows their pages
             self._cache = model.init_cache_state(num_slots, max_len)
-        paging = _paging(self._cache)
+        paging = cache_paging(self._cache)
         self.page_size = paging[1] if paging else None
         self.allocator = PageAllocator(paging[0]) if paging else None
         # Every entry starts as "no page" (the pool size, the paged cache's sentinel).

@@ -31,13 +31,18 @@ class LoadedModel:
     step: int
     mesh: Any = None
     axis_rules: tuple = ()
-    # End-of-sequence ids of the model it was imported from (HF `eos_token_id`, config and
-    # generation config), through the runs it was fine-tuned from: generation's stop tokens.
-    stop_tokens: tuple[int, ...] = ()
+    # (run directory, checkpoint metadata) of this run, then of each run it was tuned from.
+    lineage: list = dataclasses.field(default_factory=list)
 
     @property
     def vocab_size(self) -> int:
         return self.config.model.decoder.vocab_size
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        """End-of-sequence ids of the Hugging Face model it descends from (`eos_token_id` of
+        its config and generation config), through the runs it was fine-tuned from."""
+        return source_stop_tokens(self.lineage)
 
 
 def checkpoint_directory(path: str) -> str:
@@ -112,7 +117,7 @@ def load_checkpoint(
         step=step,
         mesh=mesh,
         axis_rules=mesh_builder.axis_rules,
-        stop_tokens=source_stop_tokens(run_lineage(path, step, metadata)),
+        lineage=run_lineage(path, step, metadata),
     )
 
 

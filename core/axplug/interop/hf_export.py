@@ -145,11 +145,11 @@ def export_hf(
     `output_dir`; returns its config.json content."""
     from safetensors.numpy import save_file
 
-    from axplug.inference.loading import load_checkpoint, run_lineage
+    from axplug.inference.loading import load_checkpoint
     from axplug.interop.hf_import import copy_tokenizer_files
 
     loaded = load_checkpoint(run_dir, step=step)
-    lineage = run_lineage(run_dir, loaded.step)  # this run, then the runs it was tuned from
+    lineage = loaded.lineage  # this run, then the runs it was tuned from
     source = next((m["source"]["config"] for _, m in lineage if m.get("source")), None)
     raw = hf_config_for(loaded.config, source)
     tokenizer_home = _tokenizer_home([d for d, _ in lineage], loaded.config)

@@ -17,7 +17,7 @@ from axplug.layers.stack import RepeatedTransformer, _merge, scan_layer
 from axplug.layers.transformer import RESIDUAL_AXES
 from axplug.mesh import PIPELINE_AXIS
 from axplug.module import Module
-from axplug.sharding import ShardingScope, constrain, current_scope, sharding_scope
+from axplug.sharding import ShardingScope, constrain, current_scope, scoped, sharding_scope
 
 __all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
 
@@ -160,7 +160,7 @@ class PipelinedTransformer(RepeatedTransformer):
             )
 
         if inner is not None:
-            run_stage = _in_scope(run_stage, inner)
+            run_stage = scoped(run_stage, inner)
         return _Pipeline(
             S=S,
             M=M,
@@ -304,11 +304,3 @@ def _without_pipeline(scope: ShardingScope) -> ShardingScope:
         return tuple(a for a in axes if a != PIPELINE_AXIS) or None
 
     return ShardingScope(scope.mesh, tuple((name, drop(axes)) for name, axes in scope.rules))
-
-
-def _in_scope(fn, scope: ShardingScope):
-    def in_scope(*args):
-        with sharding_scope(scope):
-            return fn(*args)
-
-    return in_scope
