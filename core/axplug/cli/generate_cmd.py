@@ -113,26 +113,6 @@ def _check_cache_fits(loaded, max_len: int) -> None:
         )
 
 
-def find_tokenizer(loaded, run_dir: str, explicit: str | None):
-    """The tokenizer for a run's text: explicit, in the run dir, of its data, or bytes."""
-    from axplug.config import REQUIRED
-    from axplug.tokenizer import has_tokenizer, load_tokenizer
-
-    if explicit is not None:
-        return load_tokenizer(explicit)
-    if has_tokenizer(run_dir):  # an import's copy of its model's tokenizer
-        return load_tokenizer(run_dir)
-    data = getattr(loaded.config.input, "path", None)
-    if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
-        return load_tokenizer(data)
-    if loaded.vocab_size == 256:
-        return load_tokenizer("bytes")
-    raise ValueError(
-        f"--prompt: no tokenizer for this {loaded.vocab_size}-token model (none in the run "
-        "directory or its data); pass --tokenizer PATH, or token ids with --prompt-ids"
-    )
-
-
 class _TextStream:
     """Prints the text of a growing id sequence as it grows; holds back a partial character."""
 
@@ -156,7 +136,13 @@ class _TextStream:
 def run(args: argparse.Namespace) -> int:
     from axplug.checkpoint.errors import CheckpointError
     from axplug.config import ConfigError
-    from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
+    from axplug.inference import (
+        Engine,
+        Request,
+        SamplingParams,
+        find_tokenizer,
+        load_checkpoint,
+    )
 
     try:
         loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)

@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from axplug import __version__
 from axplug.registry import DISABLE_ENV
@@ -14,7 +15,9 @@ from axplug.registry import DISABLE_ENV
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Each module exposes `add_parser(subparsers)`, which sets `run(args) -> int` as the default.
-# Command modules import nothing heavy at module level, so `axplug --help` stays fast.
+# Command modules import nothing heavy at module level, so `axplug --help` stays fast. The
+# core's commands are imported from this tuple (no metadata scan); plugins add theirs through
+# the `axplug.commands` entry-point group (name = the command, value = its module).
 COMMANDS = (
     "axplug.cli.list_cmd",
     "axplug.cli.info_cmd",
@@ -42,12 +45,17 @@ environment:
   AXPLUG_DISABLE_PLUGINS=a,b    never load these plugin distributions
   AXPLUG_LOAD_PLUGINS=a,b       load only these (set but empty: the core alone)
 
-run `axplug COMMAND --help` for the options of one command.
+run `axplug COMMAND --help` for the options of one command. Plugins add commands (for
+example `axplug serve` from axplug-serve); `axplug list --kind commands` lists them all.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every command in `COMMANDS`."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser: the core's `COMMANDS`, and the plugins' `axplug.commands`.
+
+    Only the plugin command named in `argv` is imported; the others are listed in `--help`
+    with the first sentence of their module's docstring, read without importing them.
+    """
     parser = argparse.ArgumentParser(
         prog="axplug",
         description="A modular, plugin-based JAX framework for training and serving large models.",
@@ -65,7 +73,60 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).add_parser(subparsers)
+    word = _command_word(parser, argv)
+    if word not in subparsers.choices:  # a plugin's command, `--help`, or a typo
+        _add_plugin_commands(subparsers, word)
     return parser
+
+
+def _command_word(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> str | None:
+    """The command named in `argv` (its first positional word), without parsing the rest."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    takes_value = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            return args[i + 1] if i + 1 < len(args) else None
+        if not word.startswith("-"):
+            return word
+        i += 2 if word in takes_value else 1
+    return None
+
+
+def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
+    """The invoked plugin command with its real parser; the others as one-line entries."""
+    from axplug import registry
+    from axplug.registry import PluginLoadError
+
+    core = set(subparsers.choices)
+    components = [
+        c
+        for c in registry.discover("commands")
+        if c.loadable and c.name not in core and c.status != "conflict"
+    ]
+    for c in components:
+        if c.name != invoked:
+            continue
+        module = registry.load("commands", c.name)
+        if not callable(getattr(module, "add_parser", None)):
+            raise PluginLoadError(
+                f"{c.describe()}: the module has no add_parser(subparsers); a command module "
+                "must define one (see docs/plugin-reference.md, `axplug.commands`)",
+                c,
+            )
+        module.add_parser(subparsers)
+        if c.name not in subparsers.choices:
+            raise PluginLoadError(
+                f"{c.describe()}: add_parser() did not add a command named {c.name!r}; the "
+                "entry-point name and the command name must agree",
+                c,
+            )
+        return
+    descriptions = registry.describe(components)
+    for c in components:
+        help_text = descriptions[c] or f"from {c.distribution}"
+        subparsers.add_parser(c.name, help=help_text.rstrip("."), add_help=False)
 
 
 def _exit_code(exc: BaseException) -> int | None:
@@ -84,35 +145,45 @@ def _exit_code(exc: BaseException) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `axplug` with `argv` (default: the process arguments); returns the exit code."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors: return the code, do not exit
-        return exc.code if isinstance(exc.code, int) else 2
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
     saved = os.environ.get(DISABLE_ENV)
-    if args.disable:
-        os.environ[DISABLE_ENV] = ",".join(filter(None, [saved, *args.disable]))
     try:
-        return args.run(args)
-    except BrokenPipeError:
-        # `axplug list | head`: the reader left. Quiet exit, and no second error at shutdown.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except Exception as exc:
-        # One boundary for every command: axplug's own errors are one line (their messages
-        # name the setting, step or plugin), exit 2 for a bad setting and 1 for a failed run;
-        # AXPLUG_TRACEBACK=1 shows the traceback. Anything else is a bug: its traceback.
-        code = _exit_code(exc)
-        if code is None or os.environ.get("AXPLUG_TRACEBACK"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return code
+        return _main(argv, saved)
     finally:
         # Restore, so an in-process caller (tests, notebooks) is not left with plugins disabled.
         if saved is None:
             os.environ.pop(DISABLE_ENV, None)
         else:
             os.environ[DISABLE_ENV] = saved
+
+
+def _main(argv: Sequence[str] | None, saved: str | None) -> int:
+    # --disable applies before the plugin commands are discovered.
+    disable = argparse.ArgumentParser(add_help=False)
+    disable.add_argument("--disable", action="append", default=[])
+    disabled = disable.parse_known_args(argv)[0].disable
+    if disabled:
+        os.environ[DISABLE_ENV] = ",".join(filter(None, [saved, *disabled]))
+    try:
+        parser = build_parser(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, usage errors: return the code
+            return exc.code if isinstance(exc.code, int) else 2
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return args.run(args)
+    except BrokenPipeError:
+        # `axplug list | head`: the reader left. Quiet exit, and no second error at shutdown.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:
+        # One boundary for every command (and for a plugin command that cannot be loaded):
+        # axplug's own errors are one line (their messages name the setting, step or plugin),
+        # exit 2 for a bad setting and 1 for a failed run; AXPLUG_TRACEBACK=1 shows the
+        # traceback. Anything else is a bug: its traceback.
+        code = _exit_code(exc)
+        if code is None or os.environ.get("AXPLUG_TRACEBACK"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code

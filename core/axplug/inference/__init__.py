@@ -1,7 +1,12 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
 from axplug.inference.engine import Completion, Engine, Request, TokenEvent, generate
-from axplug.inference.loading import LoadedModel, checkpoint_directory, load_checkpoint
+from axplug.inference.loading import (
+    LoadedModel,
+    checkpoint_directory,
+    find_tokenizer,
+    load_checkpoint,
+)
 from axplug.inference.paging import OutOfPagesError, PageAllocator
 from axplug.inference.sampling import SamplingParams, sample_tokens
 
@@ -15,6 +20,7 @@ __all__ = [
     "SamplingParams",
     "TokenEvent",
     "checkpoint_directory",
+    "find_tokenizer",
     "generate",
     "load_checkpoint",
     "sample_tokens",

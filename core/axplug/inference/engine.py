@@ -179,7 +179,29 @@ class Engine:
 
     @property
     def num_active(self) -> int:
+        """Requests holding a cache row."""
         return sum(s is not None for s in self._slots)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a cache row (new or preempted)."""
+        return len(self._waiting)
+
+    def cancel(self, request_id: Any) -> bool:
+        """Drops a waiting or running request, freeing its row and pages; False if unknown.
+
+        A running one finishes with `finish_reason="cancelled"` and what it had generated.
+        """
+        for active in self._waiting:
+            if active.request.id == request_id:
+                self._waiting.remove(active)
+                self._finish(active, "cancelled")
+                return True
+        for slot, active in enumerate(self._slots):
+            if active is not None and active.request.id == request_id:
+                self._retire(slot, "cancelled")
+                return True
+        return False
 
     def step(self) -> list[TokenEvent]:
         """Admits waiting requests and prefills them, else decodes one token per active slot.
@@ -347,6 +369,11 @@ class Engine:
         self._slots[slot] = None
         if self.allocator is not None:
             self.allocator.release(active.pages)
+            self._table[slot] = self.allocator.num_pages
+            active.pages = []
+        self._finish(active, reason)
+
+    def _finish(self, active: _Active, reason: str) -> None:
         self._finished.append(
             Completion(
                 id=active.request.id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "LoadedModel",
     "load_checkpoint",
     "checkpoint_directory",
+    "find_tokenizer",
     "run_lineage",
     "source_stop_tokens",
 ]
@@ -161,3 +163,24 @@ def _replicated(mesh):
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(mesh, PartitionSpec())
+
+
+def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = None):
+    """The tokenizer of a run's text: `explicit`, the run directory's (an import copies its
+    model's), the one of the data it trained on, or bytes for a 256-token model."""
+    from axplug.config import REQUIRED
+    from axplug.tokenizer import has_tokenizer, load_tokenizer
+
+    if explicit is not None:
+        return load_tokenizer(explicit)
+    if has_tokenizer(run_dir):  # an import's copy of its model's tokenizer
+        return load_tokenizer(run_dir)
+    data = getattr(loaded.config.input, "path", None)
+    if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
+        return load_tokenizer(data)
+    if loaded.vocab_size == 256:
+        return load_tokenizer("bytes")
+    raise ValueError(
+        f"no tokenizer for this {loaded.vocab_size}-token model (none in the run directory "
+        "or its data); pass one with --tokenizer PATH (or give token ids)"
+    )

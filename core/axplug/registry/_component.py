@@ -33,6 +33,7 @@ KINDS = (
     "inputs",
     "summary_writers",
     "hf_mappings",
+    "commands",
     "hooks",
 )
 # Inclusive window of plugin API major versions this core can load.
@@ -52,6 +53,7 @@ FIRST_PARTY = frozenset(
         "axplug-checkpoint-cloud",
         "axplug-wandb",
         "axplug-mlflow",
+        "axplug-serve",
     }
 )
 # `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here;
