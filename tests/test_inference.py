@@ -380,6 +380,27 @@ def test_engine_rejects_bad_requests(rope_model):
         )
 
 
+def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model):
+    model, params = rope_model
+    paged = lm_cfg(*ROPE_MODS, "paged_kv_cache:page_size=2,num_pages=12").instantiate(parent=None)
+    engine = Engine(paged, params, num_slots=2, max_len=16, min_prefill_len=16)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    prompts = {name: random_ids(20 + i, 4).tolist() for i, name in enumerate("abc")}
+    for name, prompt in prompts.items():
+        engine.submit(Request(prompt, greedy, id=name))
+    engine.step()  # a and b prefilled; c waits
+    engine.step()
+    assert (engine.num_active, engine.num_waiting) == (2, 1)
+    assert engine.cancel("c") and engine.num_waiting == 0  # waiting: dropped
+    assert engine.cancel("a") and engine.num_active == 1  # running: its row is free
+    assert not engine.cancel("a") and not engine.cancel("nobody")
+    done = {c.id: c for c in [*engine.pop_finished(), *engine.run()]}
+    assert (done["a"].finish_reason, len(done["a"].output_ids)) == ("cancelled", 2)
+    assert (done["c"].finish_reason, done["c"].output_ids) == ("cancelled", [])
+    assert done["b"].output_ids == alone(paged, params, prompts["b"], greedy)
+    assert engine.allocator.num_free == engine.allocator.num_pages
+
+
 def test_page_allocator_allocates_and_releases():
     pool = PageAllocator(4)
     a = pool.allocate(3)
