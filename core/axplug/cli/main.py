@@ -126,6 +126,8 @@ def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
     descriptions = registry.describe(components)
     for c in components:
         help_text = descriptions[c] or f"from {c.distribution}"
+        # "`axplug serve`: an OpenAI-compatible server" -> "an OpenAI-compatible server"
+        help_text = help_text.removeprefix(f"`axplug {c.name}`: ")
         subparsers.add_parser(c.name, help=help_text.rstrip("."), add_help=False)
 
 

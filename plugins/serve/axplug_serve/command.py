@@ -1,0 +1,168 @@
+"""`axplug serve`: an OpenAI-compatible HTTP server for a trained or imported model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+EPILOG = """\
+examples:
+  axplug serve --checkpoint runs/demo
+  axplug serve --checkpoint runs/llama --port 9000 --num-slots 16 --max-len 4096
+  axplug serve --checkpoint runs/demo --modifier paged_kv_cache:page_size=16,num_pages=256
+
+then, with any OpenAI client:
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "demo", "prompt": "HAMLET.", "max_tokens": 40}'
+  python -c 'import openai; c = openai.OpenAI(base_url="http://127.0.0.1:8000/v1",
+      api_key="-"); print(c.completions.create(model="demo", prompt="To be").choices[0].text)'
+
+endpoints: POST /v1/completions, POST /v1/chat/completions ("stream": true for server-sent
+events), GET /v1/models, GET /health, GET /metrics (Prometheus). The model is named after
+the run directory (--model-name to change it). At most --num-slots requests decode at once
+(continuous batching) and --max-queue more wait; beyond that a request gets 429. Generation
+stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
+EOS. Chat prompts use the tokenizer's chat template (tokenizer_config.json), else
+--chat-template, else "role: content" lines ending in "assistant:".
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a checkpoint over HTTP with the OpenAI API",
+        description="Load a model from a checkpoint and serve it with an OpenAI-compatible "
+        "HTTP API: completions and chat, streamed or not, with continuous batching.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine)")
+    parser.add_argument("--port", type=int, default=8000, help="default: 8000")
+    parser.add_argument("--model-name", metavar="NAME", help="default: the run directory's name")
+    parser.add_argument(
+        "--num-slots", type=int, default=8, metavar="N", help="requests decoded at once (8)"
+    )
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        metavar="TOKENS",
+        help="prompt + completion tokens per request (default: the trained sequence length, "
+        "else 2048)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=64, metavar="N", help="requests waiting for a slot (64)"
+    )
+    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or directory")
+    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
+    parser.add_argument(
+        "--modifier",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="apply to the loaded config, e.g. paged_kv_cache (repeatable)",
+    )
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip compiling every prefill width at start-up (the first requests pay it)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _max_len(loaded, explicit: int | None) -> int:
+    if explicit is not None:
+        if explicit < 2:
+            raise ValueError(f"--max-len {explicit}: must be at least 2")
+        return explicit
+    trained = getattr(loaded.config.input, "seq_len", None)
+    return trained if isinstance(trained, int) and trained > 1 else 2048
+
+
+def _warm_up(engine, request, sampling_params) -> None:
+    """Compiles every prefill width and the decode step now, not in the first requests."""
+    width = engine.min_prefill_len
+    lengths = [1]
+    while width < engine.max_len:
+        lengths.append(width + 1)  # the next bucket up
+        width *= 2
+    for length in lengths:
+        engine.submit(request([0] * length, sampling_params(max_new_tokens=1, temperature=0)))
+        engine.run()
+    engine.submit(request([0], sampling_params(max_new_tokens=2, temperature=0)))
+    engine.run()
+
+
+def build(args: argparse.Namespace):
+    """(app, settings) for `args`: the model loaded, its engine compiled by one warm-up."""
+    from axplug.inference import Engine, Request, SamplingParams, find_tokenizer, load_checkpoint
+    from axplug_serve.app import ServerSettings, create_app
+    from axplug_serve.metrics import ServerMetrics
+    from axplug_serve.text import ChatTemplate
+    from axplug_serve.worker import EngineWorker
+
+    if args.num_slots < 1 or args.max_queue < 0:
+        raise ValueError("--num-slots must be >= 1 and --max-queue >= 0")
+    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+    tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
+    stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
+    engine = Engine(
+        loaded.model,
+        loaded.params,
+        num_slots=args.num_slots,
+        max_len=_max_len(loaded, args.max_len),
+        mesh=loaded.mesh,
+        axis_rules=loaded.axis_rules,
+    )
+    if args.warmup:
+        _warm_up(engine, Request, SamplingParams)
+    name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
+    if name == "checkpoints":  # given the checkpoints/ subdirectory of a run
+        name = os.path.basename(os.path.dirname(os.path.normpath(args.checkpoint)))
+    settings = ServerSettings(
+        model_name=name,
+        tokenizer=tokenizer,
+        chat_template=ChatTemplate.for_tokenizer(tokenizer, args.chat_template),
+        stop_tokens=tuple(stop),
+        step=loaded.step,
+    )
+    metrics = ServerMetrics()
+    worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)
+    return create_app(worker, settings, metrics), settings, engine
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from axplug.checkpoint.errors import CheckpointError
+    from axplug.config import ConfigError
+
+    try:
+        app, settings, engine = build(args)
+    except (CheckpointError, ConfigError, LookupError, ImportError, ValueError, OSError) as exc:
+        print(f"axplug serve: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"axplug serve: model {settings.model_name!r} (step {settings.step}) at "
+        f"http://{args.host}:{args.port}/v1: {engine.num_slots} slots of {engine.max_len} "
+        f"tokens, up to {args.max_queue} queued",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    )
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind
+        print(f"axplug serve: error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
+        return exc.code if isinstance(exc.code, int) and exc.code else 1
+    return 0 if server.started else 1

@@ -1,0 +1,155 @@
+"""One thread that owns the Engine: requests and cancellations in, tokens and completions out."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from axplug.inference import Completion, Engine, Request, TokenEvent
+
+__all__ = ["EngineWorker", "QueueFullError", "Sink"]
+
+log = logging.getLogger("axplug.serve")
+
+# What a request's sink receives, in the worker thread: its TokenEvents, then its Completion,
+# or an exception (a request the engine refused, or a failed step).
+Sink = Callable[[TokenEvent | Completion | BaseException], None]
+
+
+class QueueFullError(RuntimeError):
+    """Every cache row is busy and the waiting queue is full."""
+
+
+class EngineWorker:
+    """Runs `engine` in a background thread, so HTTP handlers never block on JAX.
+
+    At most `engine.num_slots + max_waiting` requests are in flight; `submit` refuses more
+    with `QueueFullError` instead of queueing without bound. `on_step(engine)` runs after
+    every engine step and cancellation (metrics).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_waiting: int,
+        on_step: Callable[[Engine], None] | None = None,
+    ):
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting={max_waiting} must be >= 0")
+        self.engine = engine
+        self.capacity = engine.num_slots + max_waiting
+        self.error: BaseException | None = None  # the failure that stopped the thread
+        self._on_step = on_step
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: collections.deque[tuple[str, Any, Sink | None]] = collections.deque()
+        self._sinks: dict[Any, Sink] = {}
+        self._in_flight = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="axplug-engine", daemon=True)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished."""
+        return self._in_flight
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stops after the current step; requests still in flight get a RuntimeError."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, request: Request, sink: Sink) -> None:
+        """Queues `request`; `sink` gets its tokens. QueueFullError when at capacity."""
+        with self._lock:
+            if self.error is not None or self._stopping:
+                raise RuntimeError(f"the engine is not running: {self.error or 'stopping'}")
+            if self._in_flight >= self.capacity:
+                raise QueueFullError(
+                    f"the server is at capacity: {self._in_flight} requests in flight "
+                    f"({self.engine.num_slots} decoding at once, {self.capacity - self.engine.num_slots}"
+                    " queued); retry later"
+                )
+            self._in_flight += 1
+            self._inbox.append(("submit", request, sink))
+        self._wake.set()
+
+    def cancel(self, request_id: Any) -> None:
+        """Drops a request (a client went away); its sink still gets its Completion."""
+        with self._lock:
+            self._inbox.append(("cancel", request_id, None))
+        self._wake.set()
+
+    # -- the worker thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.wait()
+                self._wake.clear()
+                self._drain()
+                while self.engine.has_work and not self._stopping:
+                    events = self.engine.step()
+                    for event in events:
+                        self._send(event.id, event)
+                    self._deliver_finished()
+                    self._drain()
+        except BaseException as exc:  # noqa: BLE001 -- reported to every waiting client
+            log.exception("the engine failed; every request in flight ends with an error")
+            self.error = exc
+        failure = self.error or RuntimeError("the server is shutting down")
+        with self._lock:
+            sinks, self._sinks = self._sinks, {}
+            pending = [sink for op, _, sink in self._inbox if op == "submit"]
+            self._inbox.clear()
+            self._in_flight = 0
+        for sink in [*sinks.values(), *pending]:
+            sink(failure)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    break
+                op, item, sink = self._inbox.popleft()
+            if op == "cancel":
+                self.engine.cancel(item)
+                continue
+            try:
+                self.engine.submit(item)
+            except ValueError as exc:  # checked by the server first; the engine has the last word
+                self._release()
+                sink(exc)
+            else:
+                self._sinks[item.id] = sink
+        self._deliver_finished()
+
+    def _deliver_finished(self) -> None:
+        for completion in self.engine.pop_finished():
+            sink = self._sinks.pop(completion.id, None)
+            self._release()
+            if sink is not None:
+                sink(completion)
+        if self._on_step is not None:
+            self._on_step(self.engine)
+
+    def _send(self, request_id: Any, item: TokenEvent) -> None:
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink(item)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
