@@ -17,9 +17,10 @@ import pytest
 pytest.importorskip("axplug_serve")
 openai = pytest.importorskip("openai")
 
+from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
+
 from axplug.cli.main import main  # noqa: E402
 from axplug.inference import SamplingParams, find_tokenizer, generate, load_checkpoint  # noqa: E402
-from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
 
 MAX_LEN = 256
 

@@ -1,6 +1,23 @@
 """axplug-serve: an OpenAI-compatible HTTP server for axplug models (`axplug serve`)."""
 
-from axplug_serve.app import ServerSettings, create_app
-from axplug_serve.worker import EngineWorker, QueueFullError
+from __future__ import annotations
 
-__all__ = ["EngineWorker", "QueueFullError", "ServerSettings", "create_app"]
+import importlib
+from typing import Any
+
+__all__ = ["EngineWorker", "QueueFullError", "ServerMetrics", "ServerSettings", "create_app"]
+
+# Imported on first use: `axplug serve --help` and `axplug doctor` need no web stack.
+_HOMES = {
+    "EngineWorker": "axplug_serve.worker",
+    "QueueFullError": "axplug_serve.worker",
+    "ServerMetrics": "axplug_serve.metrics",
+    "ServerSettings": "axplug_serve.app",
+    "create_app": "axplug_serve.app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'axplug_serve' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -147,7 +147,9 @@ class _Generation:
                 if item.token is None:  # a stop token; its Completion follows
                     continue
                 now = time.perf_counter()
-                latency = metrics.inter_token_latency if self.tokens else metrics.time_to_first_token
+                latency = (
+                    metrics.inter_token_latency if self.tokens else metrics.time_to_first_token
+                )
                 latency.observe(now - (self._last_token if self.tokens else self._arrived))
                 self.tokens, self._last_token = self.tokens + 1, now
                 metrics.generation_tokens.inc()
@@ -208,8 +210,7 @@ class _API:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
         def chunk(choices: list, usage=None) -> dict[str, Any]:
-            return {"id": rid, "object": "text_completion", "created": created,
-                    "model": self.settings.model_name, "choices": choices, "usage": usage}  # fmt: skip
+            return self._chunk(rid, "text_completion", created, choices, usage)
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -237,8 +238,7 @@ class _API:
         rid, created = f"chatcmpl-{generation.id}", int(time.time())
 
         def chunk(choices: list, kind: str, usage=None) -> dict[str, Any]:
-            return {"id": rid, "object": kind, "created": created,
-                    "model": self.settings.model_name, "choices": choices, "usage": usage}  # fmt: skip
+            return self._chunk(rid, kind, created, choices, usage)
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -261,6 +261,11 @@ class _API:
         choices = [{"index": 0, "message": message, "logprobs": None,
                     "finish_reason": generation.finish_reason}]  # fmt: skip
         return chunk(choices, "chat.completion", generation.usage())
+
+    def _chunk(self, rid: str, kind: str, created: int, choices: list, usage) -> dict[str, Any]:
+        model = self.settings.model_name
+        return {"id": rid, "object": kind, "created": created, "model": model,
+                "choices": choices, "usage": usage}  # fmt: skip
 
     def _start(self, endpoint: str, body, prompt: list[int], max_tokens: int | None):
         """Checks the prompt against the engine's limits and submits it."""

@@ -1,4 +1,4 @@
-"""The OpenAI request bodies this server accepts, validated by pydantic; errors in OpenAI's shape."""
+"""The OpenAI request bodies this server accepts (pydantic), and errors in OpenAI's shape."""
 
 from __future__ import annotations
 

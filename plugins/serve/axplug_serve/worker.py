@@ -77,10 +77,10 @@ class EngineWorker:
             if self.error is not None or self._stopping:
                 raise RuntimeError(f"the engine is not running: {self.error or 'stopping'}")
             if self._in_flight >= self.capacity:
+                slots = self.engine.num_slots
                 raise QueueFullError(
                     f"the server is at capacity: {self._in_flight} requests in flight "
-                    f"({self.engine.num_slots} decoding at once, {self.capacity - self.engine.num_slots}"
-                    " queued); retry later"
+                    f"({slots} decoding at once, {self.capacity - slots} queued); retry later"
                 )
             self._in_flight += 1
             self._inbox.append(("submit", request, sink))
