@@ -320,8 +320,8 @@ REQUESTS = [  # (arrival step, prompt length, sampling)
 ]
 
 
-def alone(model, params, prompt, sampling):
-    engine = Engine(model, params, num_slots=1, max_len=16, min_prefill_len=16)
+def alone(model, params, prompt, sampling, max_len=16):
+    engine = Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
     engine.submit(Request(prompt, sampling))
     (completion,) = engine.run()
     return completion.output_ids
@@ -338,11 +338,14 @@ def alone(model, params, prompt, sampling):
     ],
     ids=["contiguous", "paged", "paged-preempting"],
 )
-def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache):
+@pytest.mark.parametrize("chunk", [None, 3], ids=["whole-prompts", "chunked-prefill"])
+def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache, chunk):
     model, params = rope_model
     if cache:
         model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
-    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16)
+    engine = Engine(
+        model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk
+    )
     prompts = {i: random_ids(10 + i, n).tolist() for i, (_, n, _) in enumerate(REQUESTS)}
     pending = list(enumerate(REQUESTS))
     finished, step, max_active = {}, 0, 0
@@ -362,6 +365,24 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_mode
         want = alone(model, params, prompts[i], sampling)
         assert finished[i].output_ids == want, i
         assert len(want) == sampling.max_new_tokens
+
+
+def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(rope_model):
+    model, params = rope_model
+    engine = Engine(model, params, num_slots=2, max_len=24, min_prefill_len=4, prefill_chunk=4)
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    short, long = random_ids(31, 2).tolist(), random_ids(32, 12).tolist()
+    engine.submit(Request(short, greedy, id="short"))
+    assert [e.id for e in engine.step()] == ["short"]  # prefilled: its first token
+    engine.submit(Request(long, greedy, id="long"))
+    per_step = [[e.id for e in engine.step()] for _ in range(3)]
+    # 12 prompt tokens in chunks of 4: three steps, each also decoding "short".
+    assert per_step == [["short"], ["short"], ["short", "long"]]
+    done = {c.id: c.output_ids for c in engine.run()}
+    assert done["long"] == alone(model, params, long, greedy, max_len=24)
+    assert done["short"] == alone(model, params, short, greedy, max_len=24)
+    with pytest.raises(ValueError, match="prefill_chunk=0 must be >= 1"):
+        Engine(model, params, prefill_chunk=0)
 
 
 def test_engine_rejects_bad_requests(rope_model):

@@ -1,12 +1,14 @@
 """Continuous batching: a fixed set of KV-cache rows (slots) serving a stream of requests.
 
-Each `step()` either prefills the requests just admitted into free slots (one call for all of
-them, prompts right-padded to a bucketed length) or, when none was admitted, decodes one token
-for every active slot. Finished requests leave their slot at once, so a new one can take it
-while the others keep decoding. Rows that take no part in a call get padding tokens, which the
-caches never write (see `axplug.layers.kv_cache`), so every request decodes exactly as it
-would alone. With a paged cache the engine owns the page pool: a request reserves the pages
-its prompt and `max_new_tokens` need when admitted and returns them when it finishes.
+Every `step()` is one model call over all rows. A row that is decoding feeds its last token;
+a row whose prompt is not cached yet feeds its next prompt tokens (all of them, or at most
+`prefill_chunk`), so prompts arriving never pause the rows that are decoding, and a long
+prompt is spread over several steps (chunked prefill). The call's width is 1 when every row
+decodes, else the longest feed rounded up to a power of two. Rows that take no part get
+padding tokens, which the caches never write (see `axplug.layers.kv_cache`), so every
+request decodes exactly as it would alone. Finished requests leave their row at once. With a
+paged cache the engine owns the page pool: a row holds pages for what it has cached and
+takes more as it grows.
 """
 
 from __future__ import annotations
@@ -83,11 +85,17 @@ class _Active:
     pages: list[int] = dataclasses.field(default_factory=list)
     first_token_s: float = 0.0
     admitted: int = 0  # admission order: the newest is preempted first
+    cached: int = 0  # tokens of `context` in the cache
 
     @property
     def context(self) -> list[int]:
-        """What a prefill caches: the prompt, and after a preemption what was generated."""
+        """The prompt and the generated tokens: all but the last are cached once decoding."""
         return [*self.request.prompt, *self.output]
+
+    def feed(self, limit: int) -> list[int]:
+        """The tokens this row writes next: its last token when decoding, else up to `limit`
+        uncached prompt (or, after a preemption, prompt and output) tokens."""
+        return self.context[self.cached : self.cached + limit]
 
 
 def _bucket(length: int, minimum: int, maximum: int) -> int:
@@ -108,6 +116,7 @@ class Engine:
         num_slots: int = 8,
         max_len: int = 256,
         min_prefill_len: int = 16,
+        prefill_chunk: int | None = None,
         mesh: jax.sharding.Mesh | None = None,
         axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
     ):
@@ -119,6 +128,9 @@ class Engine:
                 )
         if num_slots < 1 or max_len < 1:
             raise ValueError(f"num_slots ({num_slots}) and max_len ({max_len}) must be >= 1")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={prefill_chunk} must be >= 1 (None: whole prompts)")
+        self.prefill_chunk = prefill_chunk or max_len
         self.model, self.params = model, params
         self._scope = make_scope(mesh, axis_rules)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
@@ -204,21 +216,22 @@ class Engine:
         return False
 
     def step(self) -> list[TokenEvent]:
-        """Admits waiting requests and prefills them, else decodes one token per active slot.
+        """Admits waiting requests into free rows, then runs one call over every active row:
+        decoding rows get their next token, prefilling rows cache their next prompt chunk
+        (and get their first token once the prompt is cached).
 
         With a paged cache a request holds pages for what it has cached, one more as each
         page fills; when the pool runs dry the newest request gives its pages back and waits
         at the head of the queue (re-prefilled from its prompt and output when pages free up:
         recompute, so its tokens are unchanged), so the oldest requests always progress.
         """
-        admitted = self._admit()
-        if admitted:
-            return self._prefill(admitted)
+        self._admit()
+        feeds = {s: a.feed(self.prefill_chunk) for s, a in enumerate(self._slots) if a is not None}
         if self.allocator is not None:
-            self._grow_pages()
-        if self.num_active:
-            return self._decode()
-        return []
+            self._grow_pages(feeds)
+        if not feeds:
+            return []
+        return self._call(feeds)
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
@@ -238,8 +251,7 @@ class Engine:
     def _pages_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.page_size)
 
-    def _admit(self) -> list[int]:
-        admitted = []
+    def _admit(self) -> None:
         for slot in range(self.num_slots):
             if not self._waiting:
                 break
@@ -247,7 +259,7 @@ class Engine:
                 continue
             active = self._waiting[0]
             if self.allocator is not None:
-                count = self._pages_for(len(active.context))  # what the prefill caches
+                count = self._pages_for(len(active.feed(self.prefill_chunk)))  # its first feed
                 if count > self.allocator.num_free:
                     break  # first come, first served: wait for pages to be released
                 active.pages = self.allocator.allocate(count)
@@ -257,77 +269,53 @@ class Engine:
             active.admitted = next(self._admissions)
             self._slots[slot] = active
             self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
-            admitted.append(slot)
-        return admitted
 
-    def _grow_pages(self) -> None:
-        """A page for each decoding row whose next token starts one, oldest rows first;
-        the newest rows are preempted while the pool has none."""
-        order = sorted(
-            (s for s, a in enumerate(self._slots) if a is not None),
-            key=lambda s: self._slots[s].admitted,
-        )
-        for slot in order:
+    def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
+        """Pages for what each row writes this step, oldest rows first; the newest rows are
+        preempted (and dropped from `feeds`) while the pool has none."""
+        for slot in sorted(feeds, key=lambda s: self._slots[s].admitted):
             active = self._slots[slot]
             if active is None:  # preempted below for an older row
                 continue
-            needed = self._pages_for(len(active.context))  # after this step's write
+            needed = self._pages_for(active.cached + len(feeds[slot]))
             while len(active.pages) < needed and self._slots[slot] is active:
                 if self.allocator.num_free:
                     page = self.allocator.allocate(1)[0]
                     self._table[slot, len(active.pages)] = page
                     active.pages.append(page)
                 else:
-                    self._preempt(max(
-                        (s for s, a in enumerate(self._slots) if a is not None),
-                        key=lambda s: self._slots[s].admitted,
-                    ))  # fmt: skip
+                    newest = max(feeds, key=lambda s: self._slots[s].admitted)
+                    self._preempt(newest)
+                    del feeds[newest]
 
     def _preempt(self, slot: int) -> None:
         active = self._slots[slot]
         self._slots[slot] = None
         self.allocator.release(active.pages)
-        active.pages = []
+        active.pages, active.cached = [], 0
         self._table[slot] = self.allocator.num_pages
         self._waiting.appendleft(active)  # first in line again
         self.preemptions += 1
 
-    def _prefill(self, slots: list[int]) -> list[TokenEvent]:
-        longest = max(len(self._slots[s].context) for s in slots)
-        width = _bucket(longest, self.min_prefill_len, self.max_len)
+    def _call(self, feeds: dict[int, list[int]]) -> list[TokenEvent]:
+        longest = max(len(feed) for feed in feeds.values())
+        width = 1 if longest == 1 else _bucket(longest, self.min_prefill_len, self.max_len)
         ids = np.zeros((self.num_slots, width), np.int32)
         positions = np.full((self.num_slots, width), EMPTY_POSITION, np.int32)
         last = np.zeros((self.num_slots,), np.int32)
         reset = np.zeros((self.num_slots,), bool)
-        for s in slots:
-            context = self._slots[s].context
-            ids[s, : len(context)] = context
-            positions[s, : len(context)] = np.arange(len(context))
-            last[s] = len(context) - 1
-            reset[s] = True
-        return self._run(ids, positions, last, reset, slots)
-
-    def _decode(self) -> list[TokenEvent]:
-        ids = np.zeros((self.num_slots, 1), np.int32)
-        positions = np.full((self.num_slots, 1), EMPTY_POSITION, np.int32)
-        rows = []
-        for s, active in enumerate(self._slots):
-            if active is not None:
-                ids[s, 0] = active.output[-1]
-                positions[s, 0] = len(active.request.prompt) + len(active.output) - 1
-                rows.append(s)
-        zeros = np.zeros((self.num_slots,), np.int32)
-        return self._run(ids, positions, zeros, zeros.astype(bool), rows)
-
-    def _run(self, ids, positions, last, reset, rows: list[int]) -> list[TokenEvent]:
         counts = np.zeros((self.num_slots,), np.int32)
         temperature = np.zeros((self.num_slots,), np.float32)
         top_k = np.zeros((self.num_slots,), np.int32)
         top_p = np.ones((self.num_slots,), np.float32)
-        for s in rows:
+        for s, feed in feeds.items():
             active = self._slots[s]
-            sampling = active.request.sampling
+            ids[s, : len(feed)] = feed
+            positions[s, : len(feed)] = np.arange(active.cached, active.cached + len(feed))
+            last[s] = len(feed) - 1
+            reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
             counts[s] = len(active.output)
+            sampling = active.request.sampling
             temperature[s] = sampling.temperature
             top_k[s], top_p[s] = sampling.top_k, sampling.top_p
         tokens, self._cache = _extend(
@@ -348,7 +336,13 @@ class Engine:
         )
         tokens = np.asarray(jax.device_get(tokens))
         now = time.perf_counter()
-        return [self._record(s, int(tokens[s]), now) for s in rows]
+        events = []
+        for s, feed in feeds.items():
+            active = self._slots[s]
+            active.cached += len(feed)
+            if active.cached == len(active.context):  # all cached: the token is the next one
+                events.append(self._record(s, int(tokens[s]), now))
+        return events
 
     def _record(self, slot: int, token: int, now: float) -> TokenEvent:
         active = self._slots[slot]

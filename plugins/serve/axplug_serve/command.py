@@ -58,6 +58,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-queue", type=int, default=64, metavar="N", help="requests waiting for a slot (64)"
     )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        metavar="TOKENS",
+        help="prompt tokens cached per step and request, so long prompts never stall the "
+        "requests decoding (256; 0: whole prompts)",
+    )
     parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or directory")
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
     parser.add_argument(
@@ -88,17 +96,15 @@ def _max_len(loaded, explicit: int | None) -> int:
 
 
 def _warm_up(engine, request, sampling_params) -> None:
-    """Compiles every prefill width and the decode step now, not in the first requests."""
-    width = engine.min_prefill_len
-    lengths = [1]
-    while width < engine.max_len:
+    """Compiles the decode step and every prefill width now, not in the first requests."""
+    limit = min(engine.max_len, engine.prefill_chunk)
+    lengths, width = [1, 2], engine.min_prefill_len  # 1: the decode width; 2: the smallest
+    while width < limit:
         lengths.append(width + 1)  # the next bucket up
         width *= 2
     for length in lengths:
         engine.submit(request([0] * length, sampling_params(max_new_tokens=1, temperature=0)))
         engine.run()
-    engine.submit(request([0], sampling_params(max_new_tokens=2, temperature=0)))
-    engine.run()
 
 
 def build(args: argparse.Namespace):
@@ -109,8 +115,8 @@ def build(args: argparse.Namespace):
     from axplug_serve.text import ChatTemplate
     from axplug_serve.worker import EngineWorker
 
-    if args.num_slots < 1 or args.max_queue < 0:
-        raise ValueError("--num-slots must be >= 1 and --max-queue >= 0")
+    if args.num_slots < 1 or args.max_queue < 0 or args.prefill_chunk < 0:
+        raise ValueError("--num-slots must be >= 1, --max-queue and --prefill-chunk >= 0")
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
@@ -119,6 +125,7 @@ def build(args: argparse.Namespace):
         loaded.params,
         num_slots=args.num_slots,
         max_len=_max_len(loaded, args.max_len),
+        prefill_chunk=args.prefill_chunk or None,
         mesh=loaded.mesh,
         axis_rules=loaded.axis_rules,
     )
