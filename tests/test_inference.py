@@ -343,9 +343,7 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_mode
     model, params = rope_model
     if cache:
         model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
-    engine = Engine(
-        model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk
-    )
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk)
     prompts = {i: random_ids(10 + i, n).tolist() for i, (_, n, _) in enumerate(REQUESTS)}
     pending = list(enumerate(REQUESTS))
     finished, step, max_active = {}, 0, 0

@@ -368,3 +368,61 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
     assert "model" in jax.tree.leaves(tuple(spec)), spec  # kv heads over model
     if cache == "contiguous":
         assert spec[0] == "fsdp", spec  # rows over fsdp
+
+
+@pytest.mark.parametrize(
+    ("cache", "split"),
+    [("contiguous", "one device each"), ("paged", "fsdp=2,model=2 each")],
+)
+def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cache, split):
+    """Prompts prefilled on one device set, rows moved to another and decoded there: the
+    tokens of one engine doing both (greedy and sampled), caches on the decode devices."""
+    from axplug.inference import (
+        DisaggregatedEngine,
+        Engine,
+        Request,
+        SamplingParams,
+        load_checkpoint,
+    )
+
+    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
+    cfg.instantiate().run()
+    modifiers = ["paged_kv_cache:page_size=4,num_pages=24"] if cache == "paged" else []
+    devices = jax.devices()
+    if split == "one device each":
+        prefill_devices, decode_devices = devices[:1], devices[1:2]
+    else:
+        modifiers.append("mesh:fsdp=2,model=2")
+        prefill_devices, decode_devices = devices[:4], devices[4:]
+    requests = [
+        Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8, temperature=0.0), id=0),
+        Request([7, 8, 9], SamplingParams(max_new_tokens=6, temperature=0.9, seed=3), id=1),
+        Request([10, 11, 12, 13, 14, 15, 16], SamplingParams(max_new_tokens=1), id=2),
+        Request([3, 3], SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5), id=3),
+        Request([5] * 12, SamplingParams(max_new_tokens=5, temperature=0.0), id=4),
+    ]
+
+    def engine(loaded, **kwargs):
+        return Engine(loaded.model, loaded.params, max_len=32, mesh=loaded.mesh,
+                      axis_rules=loaded.axis_rules, **kwargs)  # fmt: skip
+
+    def outputs(e):
+        for r in requests:
+            e.submit(r)
+        return {c.id: c.output_ids for c in e.run()}
+
+    want = outputs(engine(load_checkpoint(str(tmp_path), modifiers=modifiers), num_slots=3))
+    pre = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=prefill_devices)
+    dec = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=decode_devices)
+    disaggregated = DisaggregatedEngine(
+        engine(pre, num_slots=2, prefill_chunk=4),
+        engine(dec, num_slots=3),
+        decode_mesh=dec.mesh,
+    )
+    assert outputs(disaggregated) == want
+    assert disaggregated.transfers == 4  # every request but the one-token one moved
+    key = jax.tree.leaves(disaggregated.decode._cache)[0]
+    assert key.sharding.device_set == set(decode_devices)
+    if cache == "paged":
+        allocator = disaggregated.decode.allocator
+        assert allocator.num_free == allocator.num_pages

@@ -1,5 +1,6 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
+from axplug.inference.disaggregated import DevicePutTransfer, DisaggregatedEngine, KVTransfer
 from axplug.inference.engine import Completion, Engine, Request, TokenEvent, generate
 from axplug.inference.loading import (
     LoadedModel,
@@ -12,7 +13,10 @@ from axplug.inference.sampling import SamplingParams, sample_tokens
 
 __all__ = [
     "Completion",
+    "DevicePutTransfer",
+    "DisaggregatedEngine",
     "Engine",
+    "KVTransfer",
     "LoadedModel",
     "OutOfPagesError",
     "PageAllocator",

@@ -33,8 +33,10 @@ from axplug.inference.sampling import SamplingParams, sample_tokens
 from axplug.layers.kv_cache import (
     EMPTY_POSITION,
     assigning_pages,
+    read_row,
     release_rows,
     set_block_tables,
+    write_row,
 )
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope, sharding_scope
@@ -155,6 +157,13 @@ class Engine:
 
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request (or a bare prompt, sampled with the defaults); returns its id."""
+        request = self.checked(request)
+        self._waiting.append(_Active(request, submitted=time.perf_counter()))
+        return request.id
+
+    def checked(self, request: Request | Sequence[int]) -> Request:
+        """`request` with an id and integer prompt, or a ValueError saying why this engine
+        cannot serve it (empty prompt, ids outside the vocabulary, too long, too few pages)."""
         if not isinstance(request, Request):
             request = Request(prompt=request)
         if request.id is None:
@@ -180,9 +189,7 @@ class Engine:
                 f"{name}: needs {self._pages_for(needed)} pages of {self.page_size} tokens, the "
                 f"pool has {self.allocator.num_pages}; raise the paged cache's num_pages"
             )
-        request = dataclasses.replace(request, prompt=prompt)
-        self._waiting.append(_Active(request, submitted=time.perf_counter()))
-        return request.id
+        return dataclasses.replace(request, prompt=prompt)
 
     @property
     def has_work(self) -> bool:
@@ -193,6 +200,11 @@ class Engine:
     def num_active(self) -> int:
         """Requests holding a cache row."""
         return sum(s is not None for s in self._slots)
+
+    @property
+    def num_free(self) -> int:
+        """Rows no request holds."""
+        return self._slots.count(None)
 
     @property
     def num_waiting(self) -> int:
@@ -245,6 +257,42 @@ class Engine:
         """Completions finished since the last call."""
         done, self._finished = self._finished, []
         return done
+
+    # -- moving requests between engines (prefill/decode disaggregation) ---------------------
+
+    def detach_decoding(self) -> list[tuple[_Active, Any]]:
+        """Every request that is decoding, taken out with its cached row (`read_row` form):
+        its row and pages are free at once, and it is not finished."""
+        out = []
+        for slot, active in enumerate(self._slots):
+            if active is None or not active.output or active.cached != len(active.context) - 1:
+                continue
+            out.append((active, _read_row(self._cache, slot)))
+            self._slots[slot] = None
+            if self.allocator is not None:
+                self.allocator.release(active.pages)
+                active.pages = []
+                self._table[slot] = self.allocator.num_pages
+        return out
+
+    def attach(self, active: _Active, row: Any) -> bool:
+        """Takes a request detached from another engine of the same model and `max_len`, with
+        its row (already on this engine's devices); False when no row or pages are free."""
+        if None not in self._slots:
+            return False
+        slot = self._slots.index(None)
+        if self.allocator is not None:
+            count = self._pages_for(active.cached)
+            if count > self.allocator.num_free:
+                return False
+            active.pages = self.allocator.allocate(count)
+            self._table[slot] = self.allocator.num_pages
+            self._table[slot, :count] = active.pages
+        self._cache = _write_row(self._cache, slot, row, self._table)
+        active.admitted = next(self._admissions)
+        self._slots[slot] = active
+        self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
+        return True
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -402,6 +450,16 @@ def _extend(
     logits = logits[:, 0]
     step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
     return sample_tokens(logits, step_keys, *sampling), cache
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _read_row(cache, slot):
+    return read_row(cache, slot)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_row(cache, slot, row, table):
+    return write_row(set_block_tables(cache, table), slot, row)
 
 
 def generate(

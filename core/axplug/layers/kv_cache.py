@@ -33,6 +33,8 @@ __all__ = [
     "PagedKVCache",
     "release_rows",
     "set_block_tables",
+    "read_row",
+    "write_row",
 ]
 
 # Position of a slot that holds no token: after every real position.
@@ -225,3 +227,66 @@ def set_block_tables(cache_state, table: jax.Array):
         return leaf
 
     return jax.tree_util.tree_map_with_path(put, cache_state)
+
+
+def _is_cache(node) -> bool:
+    return isinstance(node, dict) and "length" in node and "key" in node
+
+
+def read_row(cache_state, row):
+    """One row of every cache in `cache_state`, in a layout-free form: per cache `key`/`value`
+    [..., capacity, kv_heads, head_dim], `positions` [..., capacity] and `length` [...]
+    ("..." = the leading axes of a scanned stack). Paged caches gather the row's pages."""
+
+    def one(cache):
+        lead = (slice(None),) * (cache["length"].ndim - 1)
+        length = cache["length"][(*lead, row)]
+        if "block_table" not in cache:
+            take = lambda a: a[(*lead, row)]  # noqa: E731
+            return {"key": take(cache["key"]), "value": take(cache["value"]),
+                    "positions": take(cache["positions"]), "length": length}  # fmt: skip
+        table = cache["block_table"][(*lead, row)]  # [..., pages_per_row]
+
+        def gather(pool, empty=0):  # [..., num_pages, page, ...] -> [..., pages * page, ...]
+            axis = len(lead)
+            if lead:  # a scanned stack: each layer its own pool and table
+                rows = jax.vmap(lambda p, t: jnp.take(p, t, axis=0, mode="fill",
+                                                      fill_value=empty))(pool, table)  # fmt: skip
+            else:
+                rows = jnp.take(pool, table, axis=0, mode="fill", fill_value=empty)
+            return rows.reshape(*rows.shape[:axis], -1, *rows.shape[axis + 2 :])
+
+        positions = gather(cache["positions"], EMPTY_POSITION)
+        return {"key": gather(cache["key"]), "value": gather(cache["value"]),
+                "positions": positions, "length": length}  # fmt: skip
+
+    return jax.tree.map(one, cache_state, is_leaf=_is_cache)
+
+
+def write_row(cache_state, row, row_state):
+    """`cache_state` with `row` holding `row_state` (from `read_row`, maybe of another
+    engine's cache of the same model and capacity). A paged cache writes the row's tokens
+    into the pages its block table names for `row` (set it first); the rest are dropped."""
+
+    def one(cache, new):
+        lead = (slice(None),) * (cache["length"].ndim - 1)
+        at = (*lead, row)
+        out = dict(cache, length=cache["length"].at[at].set(new["length"]))
+        if "block_table" not in cache:
+            for name in ("key", "value", "positions"):
+                out[name] = cache[name].at[at].set(new[name].astype(cache[name].dtype))
+            return out
+        table = cache["block_table"][at]  # [..., pages_per_row]
+        page = cache["key"].shape[len(lead) + 1]
+
+        def scatter(pool, rows):  # rows [..., pages * page, ...] into the row's pages
+            pages = rows.reshape(*rows.shape[: len(lead)], table.shape[-1], page,
+                                 *rows.shape[len(lead) + 1 :])  # fmt: skip
+            put = lambda p, t, v: p.at[t].set(v.astype(p.dtype), mode="drop")  # noqa: E731
+            return jax.vmap(put)(pool, table, pages) if lead else put(pool, table, pages)
+
+        for name in ("key", "value", "positions"):
+            out[name] = scatter(cache[name], new[name])
+        return out
+
+    return jax.tree.map(one, cache_state, row_state, is_leaf=_is_cache)
