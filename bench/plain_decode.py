@@ -16,7 +16,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from plain_llama import NEG_INF, ModelSpec, _c, _mlp, _norm, apply_rope, rope_tables
 
 __all__ = ["PlainDecoder"]
@@ -38,7 +37,7 @@ class PlainDecoder:
 
     def generate(self, prompts: jax.Array, new_tokens: int) -> tuple[list[list[int]], float, float]:
         """Greedy ids [batch][new_tokens] for equal-length `prompts`; prefill and decode seconds."""
-        cache = self.init_cache(prompts.shape[0])
+        cache = jax.block_until_ready(self.init_cache(prompts.shape[0]))  # as the Engine's
         start = time.perf_counter()
         token, cache = _step(self.spec, self.max_len, self.params, cache, prompts, 0)
         token.block_until_ready()

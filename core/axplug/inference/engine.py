@@ -94,10 +94,23 @@ class _Active:
         """The prompt and the generated tokens: all but the last are cached once decoding."""
         return [*self.request.prompt, *self.output]
 
+    @property
+    def context_len(self) -> int:
+        return len(self.request.prompt) + len(self.output)
+
     def feed(self, limit: int) -> list[int]:
         """The tokens this row writes next: its last token when decoding, else up to `limit`
         uncached prompt (or, after a preemption, prompt and output) tokens."""
+        if self.output and self.cached == self.context_len - 1:
+            return self.output[-1:]  # decoding: no copy of the whole context per step
         return self.context[self.cached : self.cached + limit]
+
+
+def _seed_key(seed: int) -> np.ndarray:
+    """`jax.random.PRNGKey(seed)` as a host array, without a device op per request."""
+    if jax.config.jax_default_prng_impl == "threefry2x32" and 0 <= seed < 2**64:
+        return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)  # threefry's seeding
+    return np.asarray(jax.random.PRNGKey(seed))
 
 
 def _bucket(length: int, minimum: int, maximum: int) -> int:
@@ -138,7 +151,8 @@ class Engine:
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
         with assigning_pages():  # the allocator below gives rows their pages
-            self._cache = model.init_cache_state(num_slots, max_len)
+            # Ready before the first request, whose time to first token must not include it.
+            self._cache = jax.block_until_ready(model.init_cache_state(num_slots, max_len))
         paging = cache_paging(self._cache)
         self.page_size = paging[1] if paging else None
         self.allocator = PageAllocator(paging[0]) if paging else None
@@ -150,6 +164,12 @@ class Engine:
         self._ids = itertools.count()
         self._finished: list[Completion] = []
         self._keys = np.zeros((num_slots, 2), np.uint32)
+        # Per-row temperature, top-k, top-p; empty rows greedy.
+        self._sampling = (
+            np.zeros((num_slots,), np.float32),
+            np.zeros((num_slots,), np.int32),
+            np.ones((num_slots,), np.float32),
+        )
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
 
@@ -265,14 +285,10 @@ class Engine:
         its row and pages are free at once, and it is not finished."""
         out = []
         for slot, active in enumerate(self._slots):
-            if active is None or not active.output or active.cached != len(active.context) - 1:
+            if active is None or not active.output or active.cached != active.context_len - 1:
                 continue
-            out.append((active, _read_row(self._cache, slot)))
-            self._slots[slot] = None
-            if self.allocator is not None:
-                self.allocator.release(active.pages)
-                active.pages = []
-                self._table[slot] = self.allocator.num_pages
+            row = _read_row(self._cache, slot)  # the cache's block table still names its pages
+            out.append((self._vacate(slot), row))
         return out
 
     def attach(self, active: _Active, row: Any) -> bool:
@@ -289,9 +305,7 @@ class Engine:
             self._table[slot] = self.allocator.num_pages
             self._table[slot, :count] = active.pages
         self._cache = _write_row(self._cache, slot, row, self._table)
-        active.admitted = next(self._admissions)
-        self._slots[slot] = active
-        self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
+        self._occupy(slot, active)
         return True
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -314,9 +328,7 @@ class Engine:
                 self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
                 self._table[slot, :count] = active.pages
             self._waiting.popleft()
-            active.admitted = next(self._admissions)
-            self._slots[slot] = active
-            self._keys[slot] = np.asarray(jax.random.PRNGKey(active.request.sampling.seed))
+            self._occupy(slot, active)
 
     def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
         """Pages for what each row writes this step, oldest rows first; the newest rows are
@@ -337,60 +349,66 @@ class Engine:
                     del feeds[newest]
 
     def _preempt(self, slot: int) -> None:
-        active = self._slots[slot]
-        self._slots[slot] = None
-        self.allocator.release(active.pages)
-        active.pages, active.cached = [], 0
-        self._table[slot] = self.allocator.num_pages
+        active = self._vacate(slot)
+        active.cached = 0
         self._waiting.appendleft(active)  # first in line again
         self.preemptions += 1
 
     def _call(self, feeds: dict[int, list[int]]) -> list[TokenEvent]:
-        longest = max(len(feed) for feed in feeds.values())
+        longest = max(map(len, feeds.values()))
         width = 1 if longest == 1 else _bucket(longest, self.min_prefill_len, self.max_len)
-        ids = np.zeros((self.num_slots, width), np.int32)
-        positions = np.full((self.num_slots, width), EMPTY_POSITION, np.int32)
-        last = np.zeros((self.num_slots,), np.int32)
-        reset = np.zeros((self.num_slots,), bool)
-        counts = np.zeros((self.num_slots,), np.int32)
-        temperature = np.zeros((self.num_slots,), np.float32)
-        top_k = np.zeros((self.num_slots,), np.int32)
-        top_p = np.ones((self.num_slots,), np.float32)
+        n = self.num_slots
+        ids = np.zeros((n, width), np.int32)
+        positions = np.full((n, width), EMPTY_POSITION, np.int32)
+        last = np.zeros((n,), np.int32)
+        reset = np.zeros((n,), bool)
+        counts = np.zeros((n,), np.int32)
         for s, feed in feeds.items():
             active = self._slots[s]
-            ids[s, : len(feed)] = feed
-            positions[s, : len(feed)] = np.arange(active.cached, active.cached + len(feed))
-            last[s] = len(feed) - 1
+            k = len(feed)
+            ids[s, :k] = feed
+            positions[s, :k] = range(active.cached, active.cached + k)
+            last[s] = k - 1
             reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
             counts[s] = len(active.output)
-            sampling = active.request.sampling
-            temperature[s] = sampling.temperature
-            top_k[s], top_p[s] = sampling.top_k, sampling.top_p
+        # Host arrays go to the jitted call as they are: its C++ path moves them to the
+        # devices faster than a jnp.asarray each.
         tokens, self._cache = _extend(
-            self.model,
-            self._scope,
-            self.params,
-            self._cache,
-            jnp.asarray(ids),
-            jnp.asarray(positions),
-            jnp.asarray(reset),
-            jnp.asarray(self._table),
-            jnp.asarray(last),
-            jnp.asarray(self._keys),
-            jnp.asarray(counts),
-            jnp.asarray(temperature),
-            jnp.asarray(top_k),
-            jnp.asarray(top_p),
-        )
-        tokens = np.asarray(jax.device_get(tokens))
+            self.model, self._scope, bool(reset.any()), self.params, self._cache, ids,
+            positions, reset, self._table, last, self._keys, counts, *self._sampling,
+        )  # fmt: skip
+        tokens = np.asarray(tokens)
         now = time.perf_counter()
         events = []
         for s, feed in feeds.items():
             active = self._slots[s]
             active.cached += len(feed)
-            if active.cached == len(active.context):  # all cached: the token is the next one
+            if active.cached == active.context_len:  # all cached: the token is the next one
                 events.append(self._record(s, int(tokens[s]), now))
         return events
+
+    def _occupy(self, slot: int, active: _Active) -> None:
+        """Puts `active` in `slot`: its admission order, key and sampling settings."""
+        active.admitted = next(self._admissions)
+        self._slots[slot] = active
+        sampling = active.request.sampling
+        self._keys[slot] = _seed_key(sampling.seed)
+        temperature, top_k, top_p = self._sampling
+        temperature[slot], top_k[slot], top_p[slot] = (
+            sampling.temperature, sampling.top_k, sampling.top_p
+        )  # fmt: skip
+
+    def _vacate(self, slot: int) -> _Active:
+        """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy
+        batch skips the sampler's sort and noise."""
+        active, self._slots[slot] = self._slots[slot], None
+        temperature, top_k, top_p = self._sampling
+        temperature[slot], top_k[slot], top_p[slot] = 0.0, 0, 1.0
+        if self.allocator is not None:
+            self.allocator.release(active.pages)
+            active.pages = []
+            self._table[slot] = self.allocator.num_pages
+        return active
 
     def _record(self, slot: int, token: int, now: float) -> TokenEvent:
         active = self._slots[slot]
@@ -407,13 +425,7 @@ class Engine:
         return TokenEvent(active.request.id, token)
 
     def _retire(self, slot: int, reason: str) -> None:
-        active = self._slots[slot]
-        self._slots[slot] = None
-        if self.allocator is not None:
-            self.allocator.release(active.pages)
-            self._table[slot] = self.allocator.num_pages
-            active.pages = []
-        self._finish(active, reason)
+        self._finish(self._vacate(slot), reason)
 
     def _finish(self, active: _Active, reason: str) -> None:
         self._finished.append(
@@ -427,14 +439,19 @@ class Engine:
         )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=3)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=4)
 def _extend(
-    model, scope, params, cache, ids, positions, reset, table, last, keys, counts, *sampling
-):
-    """One prefill or decode call: writes the new tokens to the cache, samples one per row."""
-    cache = set_block_tables(release_rows(cache, reset), table)
+    model, scope, resetting, params, cache, ids, positions, reset, table, last, keys, counts,
+    *sampling,
+):  # fmt: skip
+    """One call over every row: writes the new tokens to the cache, samples one per row.
+    `resetting` (static): some row starts from empty, so lengths are reset first."""
+    if resetting:
+        cache = release_rows(cache, reset)
+    cache = set_block_tables(cache, table)
     inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
-    if "logits_at" in inspect.signature(model.extend_step).parameters:
+    width = ids.shape[1]
+    if width > 1 and "logits_at" in inspect.signature(model.extend_step).parameters:
         inputs["logits_at"] = last  # the head on each row's last token only
     with sharding_scope(scope):
         (logits, cache), _ = functional(
@@ -445,11 +462,20 @@ def _extend(
             is_training=False,
             method="extend_step",
         )
-    if "logits_at" not in inputs:
+    if width > 1 and "logits_at" not in inputs:
         logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
     logits = logits[:, 0]
-    step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
-    return sample_tokens(logits, step_keys, *sampling), cache
+    temperature = sampling[0]
+
+    def sampled(_):
+        step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
+        return sample_tokens(logits, step_keys, *sampling)
+
+    def greedy(_):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    # Every row greedy: no per-row key derivation, sort or noise at all.
+    return jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None), cache
 
 
 @functools.partial(jax.jit, static_argnums=1)
