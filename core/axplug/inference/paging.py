@@ -52,5 +52,5 @@ def cache_paging(cache: Any) -> tuple[int, int, int] | None:
     visit(cache)
     if not found:
         return None
-    num_pages, page_size = found[0]["key"].shape[-4:-2]
+    num_pages, page_size = found[0]["positions"].shape[-2:]
     return int(num_pages), int(page_size), int(found[0]["block_table"].shape[-1])

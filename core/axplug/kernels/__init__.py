@@ -18,6 +18,12 @@ from axplug.kernels.dispatch import (
 )
 from axplug.kernels.layer import BlockwiseAttention, FlashAttention
 from axplug.kernels.modifier import FlashAttentionModifier
+from axplug.kernels.paged import (
+    XlaPagedKernel,
+    check_paged_shapes,
+    paged_attention_xla,
+    select_paged_kernel,
+)
 from axplug.kernels.partition import attention_specs, check_sequence_sharding, shard_over_batch
 from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
 from axplug.kernels.reference import ReferenceKernel, reference_attention
@@ -34,6 +40,10 @@ __all__ = [
     "ReferenceKernel",
     "Unsupported",
     "XlaKernel",
+    "XlaPagedKernel",
+    "check_paged_shapes",
+    "paged_attention_xla",
+    "select_paged_kernel",
     "attention_specs",
     "blockwise_attention",
     "check_sequence_sharding",

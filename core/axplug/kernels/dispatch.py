@@ -36,16 +36,21 @@ def _instance(obj: Any) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-def registered_kernels(names: list[str] | None = None) -> list[tuple[str, Any]]:
+def registered_kernels(
+    names: list[str] | None = None, *, paged: bool = False
+) -> list[tuple[str, Any]]:
     """(name, kernel) of every loadable `axplug.kernels` entry by priority, or of `names` in
-    that order. A kernel whose import fails is skipped (the registry records it and
-    `axplug list` shows it as broken)."""
+    that order: the dense attention kernels, or with `paged` the paged-attention ones
+    (`paged = True`, see `axplug.kernels.paged`). A kernel whose import fails is skipped
+    (the registry records it and `axplug list` shows it as broken)."""
     kernels = []
     for name in registry.names("kernels") if names is None else names:
         try:
-            kernels.append((name, _instance(registry.load("kernels", name))))
+            kernel = _instance(registry.load("kernels", name))
         except registry.PluginLoadError:
             continue
+        if bool(getattr(kernel, "paged", False)) == paged:
+            kernels.append((name, kernel))
     if names is None:
         kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))
     return kernels

@@ -13,6 +13,7 @@ from axplug.config import ConfigError, config_class
 from axplug.kernels.blockwise import blockwise_attention
 from axplug.kernels.dispatch import describe_kernels, select_kernel
 from axplug.layers import AttentionMask, BaseLayer
+from axplug.layers.attention import paged_attention
 
 __all__ = ["FlashAttention", "BlockwiseAttention"]
 
@@ -48,6 +49,10 @@ class FlashAttention(BaseLayer):
         scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return kernel(q, k, v, mask, scale=scale)
 
+    def paged_attention(self, q, paged) -> jax.Array:
+        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
+        return paged_attention(q, paged, scale=self._config.scale, backend=self._config.backend)
+
     @classmethod
     def info_lines(cls) -> list[str]:
         """Extra lines for `axplug info`: the kernel chosen on this machine."""
@@ -69,3 +74,7 @@ class BlockwiseAttention(BaseLayer):
         cfg = self._config
         scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return blockwise_attention(q, k, v, mask, scale=scale, block=cfg.block)
+
+    def paged_attention(self, q, paged) -> jax.Array:
+        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
+        return paged_attention(q, paged, scale=self._config.scale)

@@ -141,6 +141,19 @@ class DotProductKernel(BaseLayer):
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
         return reference_attention(q, k, v, mask.dense(), scale=scale, bias=mask.bias())
 
+    def paged_attention(self, q, paged) -> jax.Array:
+        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
+        return paged_attention(q, paged, scale=self._config.scale)
+
+
+def paged_attention(q, paged, *, scale: float | None, backend: str | None = None) -> jax.Array:
+    """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3)."""
+    from axplug.kernels.paged import select_paged_kernel
+
+    _, kernel = select_paged_kernel(q, paged, backend=backend)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return kernel(q, paged, scale=scale)
+
 
 class Attention(BaseLayer):
     """Self-attention: qkv slot -> position slot -> kernel slot -> output projection."""
@@ -237,6 +250,18 @@ class Attention(BaseLayer):
         # x: [batch, new, dim]; positions: [batch, new]
         q, k, v = self.qkv(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
+        cfg = self._config
+        attend_pages = getattr(self.kernel, "paged_attention", None)
+        if (
+            q.shape[1] == 1  # a decode step: one query per row, every cached token visible
+            and attend_pages is not None  # a softmax kernel slot that knows paged kernels
+            and hasattr(self.kv_cache, "extend_paged")
+            and cfg.sliding_window is None
+            and cfg.linear_bias_slopes is None
+        ):
+            cache_state, paged = self.kv_cache.extend_paged(cache_state, k, v, positions)
+            out = attend_pages(q[:, 0], paged)[:, None]  # the pages read in place
+            return self.output(out.reshape(*out.shape[:2], -1)), cache_state
         cache_state, k_all, v_all, kv_positions = self.kv_cache.extend(cache_state, k, v, positions)
         mask = AttentionMask(
             q_positions=positions,

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from axplug.sharding import constrain
 
 __all__ = [
     "EMPTY_POSITION",
+    "PagedKV",
     "assigning_pages",
     "ContiguousKVCache",
     "PagedKVCache",
@@ -41,7 +43,8 @@ __all__ = [
 EMPTY_POSITION = 2**30
 
 _KV_AXES = ("batch", None, "heads", None)  # [rows, max_len, kv_heads, head_dim]
-_POOL_AXES = (None, None, "heads", None)  # [pages, page_size, kv_heads, head_dim]
+# Head-major, as the Pallas paged-attention kernels read it: [kv_heads, pages, page, head_dim].
+_POOL_AXES = ("heads", None, None, None)
 
 _ASSIGNING_PAGES = contextvars.ContextVar("axplug_assigning_pages", default=False)
 
@@ -114,12 +117,23 @@ class ContiguousKVCache(BaseLayer):
         return new_state, new_state["key"], new_state["value"], kv_positions
 
 
+class PagedKV(NamedTuple):
+    """A paged cache's keys and values as a paged-attention kernel reads them: each row's
+    first `lengths[b]` tokens, in the pages `block_table[b]` names, in logical order."""
+
+    key_pages: jax.Array  # [kv_heads, num_pages, page_size, head_dim]
+    value_pages: jax.Array
+    block_table: jax.Array  # [batch, pages_per_row]; entries >= num_pages: no page
+    lengths: jax.Array  # [batch] tokens cached per row (this step's included)
+
+
 class PagedKVCache(BaseLayer):
     """Keys and values in a pool of fixed-size pages; a block table maps each row's logical
     pages to pool pages, so rows share one pool and hold only the pages they use.
 
-    State: `key`/`value` [num_pages, page_size, kv_heads, head_dim], `positions` [num_pages,
-    page_size], `block_table` [batch, max_len // page_size] and `length` [batch]. The default
+    State: `key`/`value` [kv_heads, num_pages, page_size, head_dim] (head-major, the layout of
+    the Pallas paged-attention kernels), `positions` [num_pages, page_size], `block_table`
+    [batch, max_len // page_size] and `length` [batch]. The default
     block table gives row b the pages b * P .. b * P + P - 1, which needs `batch * P` pages
     (P = pages per row); fewer is an error, except for a scheduler that allocates pages itself
     (`axplug.inference.PageAllocator`): it makes the cache inside `assigning_pages()` and
@@ -157,7 +171,7 @@ class PagedKVCache(BaseLayer):
                 "(or leave it unset), or decode through axplug.inference.Engine, which gives "
                 "pages to rows as they need them"
             )
-        shape = (num_pages, cfg.page_size, num_kv_heads, head_dim)
+        shape = (num_kv_heads, num_pages, cfg.page_size, head_dim)
         table = jnp.arange(batch_size * per_row, dtype=jnp.int32).reshape(batch_size, per_row)
         return {
             "key": jnp.zeros(shape, dtype),
@@ -173,9 +187,31 @@ class PagedKVCache(BaseLayer):
     def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
         """As `ContiguousKVCache.extend`; *_all are the row's pages gathered in logical order,
         [b, pages_per_row * page_size, kvh, d]."""
+        new_state = self._write(state, key, value, positions)
+        table, length = new_state["block_table"], new_state["length"]
+
+        def gather(pool):  # [kvh, num_pages, page, d] -> [b, pages_per_row * page, kvh, d]
+            rows = jnp.take(pool, table, axis=1, mode="fill", fill_value=0)
+            rows = rows.reshape(rows.shape[0], table.shape[0], -1, rows.shape[-1])
+            return jnp.moveaxis(rows, 0, 2)
+
+        kv_positions = jnp.take(new_state["positions"], table, axis=0, mode="fill",
+                                fill_value=EMPTY_POSITION)  # fmt: skip
+        kv_positions = _visible(kv_positions.reshape(table.shape[0], -1), length)
+        return new_state, gather(new_state["key"]), gather(new_state["value"]), kv_positions
+
+    def extend_paged(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new_state, PagedKV): the write of `extend`, with the pages handed to a
+        paged-attention kernel instead of gathered into rows (plugin API 1.3)."""
+        new_state = self._write(state, key, value, positions)
+        paged = PagedKV(new_state["key"], new_state["value"], new_state["block_table"],
+                        new_state["length"])  # fmt: skip
+        return new_state, paged
+
+    def _write(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
         page_size = self._config.page_size
         table = state["block_table"]
-        num_pages = state["key"].shape[0]
+        num_pages = state["positions"].shape[0]
         capacity = table.shape[1] * page_size
         index = _write_indices(state["length"], positions, capacity)  # logical, [b, s]
         logical_page = jnp.minimum(index // page_size, table.shape[1] - 1)
@@ -183,25 +219,18 @@ class PagedKVCache(BaseLayer):
         page = jnp.where(index < capacity, page, num_pages)  # padding: out of range, dropped
         offset = index % page_size
 
-        def write(pool, new):
-            return pool.at[page, offset].set(new.astype(pool.dtype), mode="drop")
+        def write(pool, new):  # new [b, s, kvh, d] into the head-major pool
+            new = jnp.moveaxis(new.astype(pool.dtype), 2, 0)
+            return pool.at[:, page, offset].set(new, mode="drop")
 
-        length = _new_length(state["length"], positions)
         # The pool's pages are shared by all rows: only the kv heads split (over `model`).
-        new_state = {
+        return {
             "key": constrain(write(state["key"], key), _POOL_AXES),
             "value": constrain(write(state["value"], value), _POOL_AXES),
-            "positions": write(state["positions"], positions),
+            "positions": state["positions"].at[page, offset].set(positions, mode="drop"),
             "block_table": table,
-            "length": length,
+            "length": _new_length(state["length"], positions),
         }
-
-        def gather(pool, empty=0):  # [num_pages, page, ...] -> [b, pages_per_row * page, ...]
-            rows = jnp.take(pool, table, axis=0, mode="fill", fill_value=empty)
-            return rows.reshape(rows.shape[0], -1, *rows.shape[3:])
-
-        kv_positions = _visible(gather(new_state["positions"], EMPTY_POSITION), length)
-        return new_state, gather(new_state["key"]), gather(new_state["value"]), kv_positions
 
 
 def release_rows(cache_state, rows: jax.Array):
@@ -247,18 +276,19 @@ def read_row(cache_state, row):
                     "positions": take(cache["positions"]), "length": length}  # fmt: skip
         table = cache["block_table"][(*lead, row)]  # [..., pages_per_row]
 
-        def gather(pool, empty=0):  # [..., num_pages, page, ...] -> [..., pages * page, ...]
-            axis = len(lead)
-            if lead:  # a scanned stack: each layer its own pool and table
-                rows = jax.vmap(lambda p, t: jnp.take(p, t, axis=0, mode="fill",
-                                                      fill_value=empty))(pool, table)  # fmt: skip
-            else:
-                rows = jnp.take(pool, table, axis=0, mode="fill", fill_value=empty)
-            return rows.reshape(*rows.shape[:axis], -1, *rows.shape[axis + 2 :])
+        def gather(pool, heads: bool, empty=0):
+            # [kvh, num_pages, page, d] -> [pages * page, kvh, d]; [num_pages, page] -> [t]
+            def take(p, t):
+                rows = jnp.take(p, t, axis=1 if heads else 0, mode="fill", fill_value=empty)
+                if not heads:
+                    return rows.reshape(-1)
+                return jnp.moveaxis(rows.reshape(rows.shape[0], -1, rows.shape[-1]), 0, 1)
 
-        positions = gather(cache["positions"], EMPTY_POSITION)
-        return {"key": gather(cache["key"]), "value": gather(cache["value"]),
-                "positions": positions, "length": length}  # fmt: skip
+            return jax.vmap(take)(pool, table) if lead else take(pool, table)
+
+        return {"key": gather(cache["key"], True), "value": gather(cache["value"], True),
+                "positions": gather(cache["positions"], False, EMPTY_POSITION),
+                "length": length}  # fmt: skip
 
     return jax.tree.map(one, cache_state, is_leaf=_is_cache)
 
@@ -277,16 +307,20 @@ def write_row(cache_state, row, row_state):
                 out[name] = cache[name].at[at].set(new[name].astype(cache[name].dtype))
             return out
         table = cache["block_table"][at]  # [..., pages_per_row]
-        page = cache["key"].shape[len(lead) + 1]
+        page = cache["positions"].shape[-1]
 
-        def scatter(pool, rows):  # rows [..., pages * page, ...] into the row's pages
-            pages = rows.reshape(*rows.shape[: len(lead)], table.shape[-1], page,
-                                 *rows.shape[len(lead) + 1 :])  # fmt: skip
-            put = lambda p, t, v: p.at[t].set(v.astype(p.dtype), mode="drop")  # noqa: E731
-            return jax.vmap(put)(pool, table, pages) if lead else put(pool, table, pages)
+        def scatter(pool, rows, heads: bool):  # a row [t, (kvh, d)] into its pages
+            def put(p, t, r):
+                if not heads:
+                    return p.at[t].set(r.reshape(-1, page), mode="drop")
+                r = jnp.moveaxis(r, 1, 0).reshape(r.shape[1], -1, page, r.shape[-1])
+                return p.at[:, t].set(r.astype(p.dtype), mode="drop")
 
-        for name in ("key", "value", "positions"):
-            out[name] = scatter(cache[name], new[name])
+            return jax.vmap(put)(pool, table, rows) if lead else put(pool, table, rows)
+
+        out["key"] = scatter(cache["key"], new["key"], True)
+        out["value"] = scatter(cache["value"], new["value"], True)
+        out["positions"] = scatter(cache["positions"], new["positions"], False)
         return out
 
     return jax.tree.map(one, cache_state, row_state, is_leaf=_is_cache)

@@ -1,0 +1,132 @@
+"""Paged attention: one query token per row attending to the row's cached pages in place.
+
+A paged kernel is an `axplug.kernels` entry with `paged = True` (plugin API 1.3):
+
+- `priority: int`, as the dense kernels;
+- `is_supported(query, paged, backend) -> True | Unsupported(reason)`: query [b, h, d]
+  (or a ShapeDtypeStruct), `paged` an `axplug.layers.PagedKV`;
+- `__call__(query, paged, *, scale) -> [b, h, d]` in the pages' dtype: softmax attention of
+  each row's query over the first `paged.lengths[b]` tokens of its pages, all visible (a
+  decode step: the row's own new token is the last of them). Not differentiated.
+
+Dispatch (`select_paged_kernel`) tries them by priority and falls back to `XlaPagedKernel`;
+dense dispatch never sees them. The Pallas TPU/GPU kernels come from axplug-tpu/axplug-gpu.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from axplug.kernels.dispatch import registered_kernels
+from axplug.kernels.protocol import Unsupported
+from axplug.layers.kv_cache import PagedKV
+
+__all__ = [
+    "XlaPagedKernel",
+    "check_paged_shapes",
+    "paged_attention_xla",
+    "select_paged_kernel",
+]
+
+PAGED_FALLBACK = "paged_xla"
+
+
+def check_paged_shapes(query, paged: PagedKV) -> Unsupported | None:
+    """None when `query` [b, h, d] and the pages fit together, else why not."""
+    kvh, _, _, d = paged.key_pages.shape
+    if query.ndim != 3:
+        return Unsupported("query must be [batch, heads, head_dim] (one token per row)")
+    if query.shape[1] % kvh:
+        return Unsupported(f"{query.shape[1]} query heads not divisible by {kvh} kv heads")
+    if query.shape[-1] != d:
+        return Unsupported(f"query head_dim {query.shape[-1]} != the pages' {d}")
+    if query.shape[0] != paged.block_table.shape[0]:
+        return Unsupported("the block table has a row per query row")
+    return None
+
+
+def paged_attention_xla(query, paged: PagedKV, *, scale: float, pages_per_block: int = 8):
+    """Paged attention in plain JAX: a loop over blocks of `pages_per_block` pages of every
+    row with an online softmax. Only the blocks that hold tokens are read (the loop runs to
+    the longest row's), one block at a time: no row is gathered into a contiguous buffer."""
+    key_pages, value_pages, table, lengths = paged
+    kvh, num_pages, page, d = key_pages.shape
+    b, h, _ = query.shape
+    g = h // kvh
+    block = min(pages_per_block, table.shape[1])
+    blocks = math.ceil(table.shape[1] / block)
+    width = blocks * block
+    table = jnp.pad(table, ((0, 0), (0, width - table.shape[1])), constant_values=num_pages)
+    # [kvh, b, g, d]: kv heads and rows lead, as in the gathered pages, so the dots need no
+    # transposed copy of keys or values.
+    q = (query.astype(jnp.float32) * scale).reshape(b, kvh, g, d).transpose(1, 0, 2, 3)
+
+    def body(i, carry):
+        m, total, acc = carry  # running max, softmax denominator, weighted values
+        pages = jax.lax.dynamic_slice_in_dim(table, i * block, block, axis=1)  # [b, block]
+
+        def read(pool):  # [kvh, b, block * page, d]
+            rows = jnp.take(pool, pages, axis=1, mode="fill", fill_value=0)
+            return rows.reshape(kvh, b, block * page, d).astype(jnp.float32)
+
+        k, v = read(key_pages), read(value_pages)
+        scores = jnp.einsum("kbgd,kbtd->kbgt", q, k)
+        index = i * block * page + jnp.arange(block * page)
+        valid = index[None, :] < lengths[:, None]  # [b, t]
+        scores = jnp.where(valid[None, :, None, :], scores, -jnp.inf)
+        m_new = jnp.maximum(m, scores.max(axis=-1))
+        safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows with nothing yet
+        alpha = jnp.exp(m - safe)
+        p = jnp.exp(scores - safe[..., None])
+        total = total * alpha + p.sum(axis=-1)
+        acc = acc * alpha[..., None] + jnp.einsum("kbgt,kbtd->kbgd", p, v)
+        return m_new, total, acc
+
+    init = (
+        jnp.full((kvh, b, g), -jnp.inf, jnp.float32),
+        jnp.zeros((kvh, b, g), jnp.float32),
+        jnp.zeros((kvh, b, g, d), jnp.float32),
+    )
+    used = jnp.minimum(blocks, (jnp.max(lengths) + block * page - 1) // (block * page))
+    _, total, acc = jax.lax.fori_loop(0, used, body, init)
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
+    return out.transpose(1, 0, 2, 3).reshape(b, h, d).astype(value_pages.dtype)
+
+
+class XlaPagedKernel:
+    """Paged attention in plain JAX (`paged_attention_xla`): any backend, any sharding."""
+
+    paged = True
+    priority = 10
+    pages_per_block = 8
+
+    def is_supported(self, query, paged, backend):
+        problem = check_paged_shapes(query, paged)
+        return True if problem is None else problem
+
+    def __call__(self, query, paged, *, scale):
+        return paged_attention_xla(query, paged, scale=scale, pages_per_block=self.pages_per_block)
+
+
+def paged_kernel_choices(query, paged, *, backend: str | None = None):
+    """(name, kernel, answer) for every registered paged kernel in dispatch order."""
+    backend = backend or jax.default_backend()
+    out = []
+    for name, kernel in registered_kernels(paged=True):
+        try:
+            answer = kernel.is_supported(query, paged, backend)
+        except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch
+            answer = Unsupported(f"is_supported raised {type(exc).__name__}: {exc}")
+        out.append((name, kernel, answer))
+    return out
+
+
+def select_paged_kernel(query, paged, *, backend: str | None = None):
+    """(name, kernel): the first supported paged kernel by priority, else `XlaPagedKernel`."""
+    for name, kernel, answer in paged_kernel_choices(query, paged, backend=backend):
+        if answer:
+            return name, kernel
+    return PAGED_FALLBACK, XlaPagedKernel()
