@@ -78,6 +78,7 @@ def test_console_script_lists_the_fake_plugin(plugin_site):
     assert result.returncode == 0, result.stderr
     assert [(r["distribution"], r["name"]) for r in json.loads(result.stdout)] == [
         ("axplug", "blockwise"),
+        ("axplug", "paged_xla"),
         ("axplug", "reference"),
         ("axplug", "xla"),
         ("fake-a", "flash"),

@@ -4,8 +4,9 @@ Nothing registers by side effect: the core finds the components through pyprojec
 """
 
 from axplug_tpu.kernels import SplashAttentionKernel
+from axplug_tpu.paged import PallasTpuPagedKernel
 from axplug_tpu.specs import SPECS, V4, V5E, V5P, V6E
 
 __version__ = "0.1.0"
 
-__all__ = ["SPECS", "SplashAttentionKernel", "V4", "V5E", "V5P", "V6E"]
+__all__ = ["PallasTpuPagedKernel", "SPECS", "SplashAttentionKernel", "V4", "V5E", "V5P", "V6E"]
