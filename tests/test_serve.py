@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -54,14 +55,14 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server(run_dir, tmp_path_factory):
+@contextlib.contextmanager
+def _serve(run_dir, tmp_path_factory, *extra):
     """`axplug serve` in its own process (2 slots, 1 queued), stopped by its PID."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     cmd = [sys.executable, "-m", "axplug.cli", "serve", "--checkpoint", run_dir,
            "--port", str(port), "--num-slots", "2", "--max-queue", "1",
-           "--max-len", str(MAX_LEN), "--log-level", "warning"]  # fmt: skip
+           "--max-len", str(MAX_LEN), "--log-level", "warning", *extra]  # fmt: skip
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -87,6 +88,12 @@ def server(run_dir, tmp_path_factory):
     # A graceful shutdown on SIGTERM (uvicorn re-raises the signal once it has shut down).
     assert proc.returncode in (0, -signal.SIGTERM), log.read_text()
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    with _serve(run_dir, tmp_path_factory) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +254,20 @@ def test_health_models_and_help(server, capsys):
     assert re.search(r"serve\s+an OpenAI-compatible HTTP server", capsys.readouterr().out)
     assert main(["list", "--kind", "commands"]) == 0
     assert re.search(r"axplug-serve\s+\S+\s+commands\s+serve\s+ok", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--prefill-devices", "4"], ["--kv-cache", "contiguous", "--prefill-chunk", "4"]],
+    ids=["disaggregated", "contiguous-chunked"],
+)
+def test_other_engines_serve_the_same_text(run_dir, tmp_path_factory, reference, extra):
+    tokenizer, greedy = reference
+    with _serve(run_dir, tmp_path_factory, *extra) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=120)
+        prompt = "HAMLET. To be, or not to be"
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+    assert out.choices[0].text == tokenizer.decode(greedy(tokenizer.encode(prompt), 16))
 
 
 def test_serve_errors_before_listening(tmp_path, capsys):

@@ -69,6 +69,43 @@ class DisaggregatedEngine:
         self._finished: list[Completion] = []
         self.transfers = 0  # rows moved from prefill to decode
 
+    # What a server reads of an engine: the decode side's limits, both sides' counts.
+    @property
+    def num_slots(self) -> int:
+        return self.decode.num_slots
+
+    @property
+    def max_len(self) -> int:
+        return self.decode.max_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.decode.vocab_size
+
+    @property
+    def allocator(self):
+        return self.decode.allocator
+
+    @property
+    def preemptions(self) -> int:
+        return self.prefill.preemptions + self.decode.preemptions
+
+    @property
+    def num_active(self) -> int:
+        return self.prefill.num_active + len(self._moving) + self.decode.num_active
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + self.prefill.num_waiting
+
+    @property
+    def min_prefill_len(self) -> int:
+        return self.prefill.min_prefill_len
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.prefill.prefill_chunk
+
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request; returns its id. Checked by both engines' limits."""
         request = self.decode.checked(self.prefill.checked(request))

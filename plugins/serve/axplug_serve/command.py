@@ -66,6 +66,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="prompt tokens cached per step and request, so long prompts never stall the "
         "requests decoding (256; 0: whole prompts)",
     )
+    parser.add_argument(
+        "--kv-cache",
+        choices=["paged", "contiguous"],
+        default="paged",
+        help="paged (default): 16-token pages given to requests as they grow, read in place "
+        "by a paged-attention kernel; contiguous: a max-len row per slot",
+    )
+    parser.add_argument(
+        "--prefill-devices",
+        type=int,
+        default=0,
+        metavar="N",
+        help="disaggregate: prefill on the first N devices, decode on the rest (0: every "
+        "device does both)",
+    )
     parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or directory")
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
     parser.add_argument(
@@ -107,9 +122,32 @@ def _warm_up(engine, request, sampling_params) -> None:
         engine.run()
 
 
+def _device_split(prefill: int) -> list[list]:
+    """[every device], or [prefill devices, decode devices] for --prefill-devices N."""
+    import jax
+
+    devices = jax.devices()
+    if prefill <= 0:
+        return [None]  # the first device, as `axplug generate`
+    if prefill >= len(devices):
+        raise ValueError(
+            f"--prefill-devices {prefill}: this machine has {len(devices)} device(s) and the "
+            "decode side needs at least one (on CPU, XLA_FLAGS="
+            "--xla_force_host_platform_device_count=N makes N devices)"
+        )
+    return [devices[:prefill], devices[prefill:]]
+
+
 def build(args: argparse.Namespace):
     """(app, settings) for `args`: the model loaded, its engine compiled by one warm-up."""
-    from axplug.inference import Engine, Request, SamplingParams, find_tokenizer, load_checkpoint
+    from axplug.inference import (
+        DisaggregatedEngine,
+        Engine,
+        Request,
+        SamplingParams,
+        find_tokenizer,
+        load_checkpoint,
+    )
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.metrics import ServerMetrics
     from axplug_serve.text import ChatTemplate
@@ -117,18 +155,35 @@ def build(args: argparse.Namespace):
 
     if args.num_slots < 1 or args.max_queue < 0 or args.prefill_chunk < 0:
         raise ValueError("--num-slots must be >= 1, --max-queue and --prefill-chunk >= 0")
-    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+    modifiers = list(args.modifier)
+    if args.kv_cache == "paged":  # first, so a --modifier paged_kv_cache:... overrides it
+        modifiers.insert(0, "paged_kv_cache:page_size=16")
+    devices = _device_split(args.prefill_devices)
+    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
+                             devices=devices[-1])  # fmt: skip
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
-    engine = Engine(
-        loaded.model,
-        loaded.params,
-        num_slots=args.num_slots,
-        max_len=_max_len(loaded, args.max_len),
-        prefill_chunk=args.prefill_chunk or None,
-        mesh=loaded.mesh,
-        axis_rules=loaded.axis_rules,
-    )
+
+    def engine_on(model, num_slots: int, prefill_chunk: int | None):
+        return Engine(
+            model.model,
+            model.params,
+            num_slots=num_slots,
+            max_len=_max_len(loaded, args.max_len),
+            prefill_chunk=prefill_chunk,
+            mesh=model.mesh,
+            axis_rules=model.axis_rules,
+        )
+
+    engine = engine_on(loaded, args.num_slots, args.prefill_chunk or None)
+    if len(devices) == 2:  # a second copy of the parameters on the prefill devices
+        prefill = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
+                                  devices=devices[0])  # fmt: skip
+        engine = DisaggregatedEngine(
+            engine_on(prefill, args.num_slots, args.prefill_chunk or None),
+            engine,
+            decode_mesh=loaded.mesh,
+        )
     if args.warmup:
         _warm_up(engine, Request, SamplingParams)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
