@@ -105,6 +105,121 @@ def bench_engine(args) -> None:
     print(f"tokens equal to the plain decoder: {equal}/{total}")
 
 
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def _client(http, base: str, prompts: list[list[int]], new_tokens: int, out: list) -> None:
+    """Streams each prompt in turn; records (ttft, [inter-token gaps], tokens)."""
+    import json
+
+    for prompt in prompts:
+        body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        start = last = time.perf_counter()
+        first, gaps, tokens = None, [], 0
+        async with http.stream("POST", base + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"] and chunk["choices"][0]["text"]:
+                    if first is None:
+                        first = now - start
+                    else:
+                        gaps.append(now - last)
+                    last = now
+        out.append((first or 0.0, gaps, tokens))
+
+
+def _serve_load(args, name: str, extra: list[str], checkpoint: str) -> dict:
+    import asyncio
+    import os
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    cmd = [sys.executable, "-m", "axplug.cli", "serve", "--checkpoint", checkpoint,
+           "--port", str(port), "--model-name", "bench", "--num-slots", str(args.clients),
+           "--max-len", str(args.max_len), "--log-level", "warning", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{name}: the server did not start: {proc.stderr.read()}")
+        rng = np.random.default_rng(0)
+        # Every 4th prompt is long: it arrives while the others decode.
+        prompts = [rng.integers(0, 256, args.long_prompt if i % 4 == 3 else args.prompt_len)
+                   .tolist() for i in range(args.requests)]  # fmt: skip
+        per_client = [prompts[i :: args.clients] for i in range(args.clients)]
+
+        async def load():
+            results: list = []
+            async with httpx.AsyncClient(timeout=600) as http:
+                await _client(http, base, prompts[:2], 4, [])  # warm the connection path
+                start = time.perf_counter()
+                await asyncio.gather(*(_client(http, base, p, args.new_tokens, results)
+                                       for p in per_client))  # fmt: skip
+                return results, time.perf_counter() - start
+
+        results, seconds = asyncio.run(load())
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    ttft = [r[0] for r in results]
+    gaps = [g for r in results for g in r[1]]
+    tokens = sum(r[2] for r in results)
+    return {"name": name, "tok/s": tokens / seconds, "ttft p50": _percentile(ttft, 50),
+            "ttft p99": _percentile(ttft, 99), "itl p50": _percentile(gaps, 50),
+            "itl p99": _percentile(gaps, 99)}  # fmt: skip
+
+
+def bench_http(args) -> None:
+    import tempfile
+
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        from axplug.trainer.run import train
+
+        checkpoint = tempfile.mkdtemp(prefix="axplug-serve-bench-")
+        cfg = preset_config(args.preset).clone(
+            output_dir=checkpoint, max_steps=2, checkpoint_every=2, compilation_cache_dir=None
+        )
+        cfg.summary_writers = []
+        train(cfg)
+    configs = [
+        ("unified, chunked prefill (64)", ["--prefill-chunk", "64"]),
+        ("unified, whole prompts", ["--prefill-chunk", "0"]),
+        ("disaggregated 1+1 devices", ["--prefill-chunk", "64", "--prefill-devices", "1"]),
+    ]
+    print(
+        f"{args.preset} over HTTP: {args.clients} streaming clients, {args.requests} requests, "
+        f"prompts of {args.prompt_len} tokens (every 4th {args.long_prompt}), "
+        f"{args.new_tokens} new tokens, greedy; 2 CPU devices"
+    )
+    print(f"{'server':<32}{'tok/s':>8}{'TTFT p50':>10}{'p99':>8}{'ITL p50':>10}{'p99':>8}  (ms)")
+    for name, extra in configs:
+        r = _serve_load(args, name, extra, checkpoint)
+        print(
+            f"{name:<32}{r['tok/s']:>8.0f}{r['ttft p50'] * 1e3:>10.1f}{r['ttft p99'] * 1e3:>8.1f}"
+            f"{r['itl p50'] * 1e3:>10.2f}{r['itl p99'] * 1e3:>8.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -115,9 +230,20 @@ def main() -> None:
     eng.add_argument("--new-tokens", type=int, default=128)
     eng.add_argument("--rounds", type=int, default=5)
     eng.add_argument("--page-size", type=int, default=16)
+    http = sub.add_parser("http", help="concurrent streaming clients against axplug serve")
+    http.add_argument("--preset", default="llama-tiny")
+    http.add_argument("--checkpoint", help="a run directory (default: train one for 2 steps)")
+    http.add_argument("--clients", type=int, default=8)
+    http.add_argument("--requests", type=int, default=32)
+    http.add_argument("--prompt-len", type=int, default=32)
+    http.add_argument("--long-prompt", type=int, default=192)
+    http.add_argument("--new-tokens", type=int, default=64)
+    http.add_argument("--max-len", type=int, default=256)
     args = parser.parse_args()
     if args.what == "engine":
         bench_engine(args)
+    else:
+        bench_http(args)
 
 
 if __name__ == "__main__":

@@ -418,6 +418,7 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cach
         engine(pre, num_slots=2, prefill_chunk=4),
         engine(dec, num_slots=3),
         decode_mesh=dec.mesh,
+        threaded=cache == "paged",  # the prefill side in its own thread, or in step()
     )
     assert outputs(disaggregated) == want
     assert disaggregated.transfers == 4  # every request but the one-token one moved

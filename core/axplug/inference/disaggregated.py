@@ -1,15 +1,18 @@
 """Prefill/decode disaggregation: prompts prefilled by one Engine, decoded by another.
 
-The two engines usually sit on different device sets (meshes), so a long prefill never
-delays the decode steps of other requests and each side is sized for its own work. A request
-is prefilled (and gets its first token) in the prefill engine; its cached row is then read
-out in a layout-free form (`axplug.layers.kv_cache.read_row`), moved by a `KVTransfer` and
-written into a free row (and pages) of the decode engine, where it decodes to the end.
+The two engines sit on different device sets (meshes) and run at the same time: the prefill
+engine in a thread of its own (JAX releases the GIL while devices compute), the decode engine
+in the caller's `step()`. A long prefill therefore never delays the decode steps of other
+requests, and each side is sized for its own work. A request is prefilled (and gets its first
+token) in the prefill engine; its cached row is then read out in a layout-free form
+(`axplug.layers.kv_cache.read_row`), moved by a `KVTransfer` and written into a free row (and
+pages) of the decode engine, where it decodes to the end.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -44,8 +47,8 @@ class DisaggregatedEngine:
 
     Same interface as `Engine` (`submit`, `step`, `run`, `pop_finished`, `cancel`) and the
     same tokens: sampling keys depend only on a request's seed and token index. A request
-    enters the prefill engine only when a decode row is sure to be free for it, so
-    prefilled rows never pile up.
+    enters the prefill engine only when a decode row is free for it, so prefilled rows never
+    pile up. With `threaded=False` each `step()` runs a prefill step, then a decode step.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class DisaggregatedEngine:
         *,
         transfer: KVTransfer | None = None,
         decode_mesh: jax.sharding.Mesh | None = None,
+        threaded: bool = True,
     ):
         if prefill.max_len != decode.max_len:
             raise ValueError(
@@ -64,9 +68,18 @@ class DisaggregatedEngine:
         self.prefill, self.decode = prefill, decode
         self.transfer = transfer or DevicePutTransfer()
         self._decode_mesh = decode_mesh
+        self._threaded = threaded
+        # Shared with the prefill thread, under `_lock`:
+        self._lock = threading.Condition()
         self._waiting: collections.deque = collections.deque()
         self._moving: collections.deque = collections.deque()  # (request state, row)
+        self._cancels: set = set()
+        self._events: list[TokenEvent] = []  # first tokens, from the prefill side
         self._finished: list[Completion] = []
+        self._prefilling: set = set()  # ids of the requests inside the prefill engine
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
         self.transfers = 0  # rows moved from prefill to decode
 
     # What a server reads of an engine: the decode side's limits, both sides' counts.
@@ -92,11 +105,11 @@ class DisaggregatedEngine:
 
     @property
     def num_active(self) -> int:
-        return self.prefill.num_active + len(self._moving) + self.decode.num_active
+        return len(self._prefilling) + len(self._moving) + self.decode.num_active
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + self.prefill.num_waiting
+        return len(self._waiting)
 
     @property
     def min_prefill_len(self) -> int:
@@ -109,33 +122,51 @@ class DisaggregatedEngine:
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request; returns its id. Checked by both engines' limits."""
         request = self.decode.checked(self.prefill.checked(request))
-        self._waiting.append(request)
+        with self._lock:
+            self._waiting.append(request)
+            self._lock.notify_all()
+        if self._threaded and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._prefill_loop, name="axplug-prefill", daemon=True
+            )
+            self._thread.start()
         return request.id
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._moving or self.prefill.has_work or self.decode.has_work)
+        with self._lock:
+            return bool(
+                self._waiting or self._moving or self._events or self._prefilling
+                or self.decode.has_work
+            )  # fmt: skip
 
     def step(self) -> list[TokenEvent]:
-        """One prefill step, the hand-off of the rows it finished, one decode step."""
-        # Admit only what the decode side can take: its free rows less what is on its way.
-        room = (
-            self.decode.num_free
-            - len(self._moving)
-            - self.prefill.num_active
-            - self.prefill.num_waiting
-        )
-        while self._waiting and room > 0:
-            self.prefill.submit(self._waiting.popleft())
-            room -= 1
-        events = self.prefill.step()
-        for active, row in self.prefill.detach_decoding():
-            self._moving.append((active, self.transfer.transfer(row, self._decode_mesh)))
-        while self._moving and self.decode.attach(*self._moving[0]):
-            self._moving.popleft()
-            self.transfers += 1
-        events += self.decode.step()
-        self._finished += self.prefill.pop_finished() + self.decode.pop_finished()
+        """The hand-off of prefilled rows and one decode step (and, unthreaded, one prefill
+        step first). With nothing to decode it waits briefly for the prefill side."""
+        if not self._threaded:
+            self._prefill_step()
+        self._raise_prefill_error()
+        with self._lock:
+            if not (self._moving or self._events or self.decode.has_work):
+                self._lock.wait(0.01)  # the prefill thread notifies when it has output
+            candidates = list(self._moving)
+            self._moving.clear()
+        attached = 0
+        for item in candidates:
+            if not self.decode.attach(*item):
+                break
+            attached += 1
+        with self._lock:
+            self._moving.extendleft(reversed(candidates[attached:]))
+            self.transfers += attached
+            events, self._events = self._events, []
+            if attached:
+                self._lock.notify_all()  # decode rows were taken: admission room changed
+        if self.decode.has_work:
+            events += self.decode.step()
+        finished = self.decode.pop_finished()
+        with self._lock:
+            self._finished += finished
         return events
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
@@ -147,25 +178,91 @@ class DisaggregatedEngine:
         return self.pop_finished()
 
     def pop_finished(self) -> list[Completion]:
-        done, self._finished = self._finished, []
+        with self._lock:
+            done, self._finished = self._finished, []
         return done
 
     def cancel(self, request_id: Any) -> bool:
-        """Drops a request wherever it is; False if unknown."""
-        for request in self._waiting:
-            if request.id == request_id:
-                self._waiting.remove(request)
-                self._finished.append(Completion(request_id, list(request.prompt), [],
-                                                 "cancelled", 0.0))  # fmt: skip
-                return True
-        for item in self._moving:
-            if item[0].request.id == request_id:
-                self._moving.remove(item)
+        """Drops a request wherever it is; False if unknown. One being prefilled is
+        dropped by the prefill side at its next step."""
+        with self._lock:
+            for request in self._waiting:
+                if request.id == request_id:
+                    self._waiting.remove(request)
+                    self._finished.append(
+                        Completion(request_id, list(request.prompt), [], "cancelled", 0.0)
+                    )
+                    return True
+            for item in self._moving:
                 active = item[0]
-                self._finished.append(Completion(request_id, list(active.request.prompt),
-                                                 active.output, "cancelled",
-                                                 active.first_token_s))  # fmt: skip
+                if active.request.id == request_id:
+                    self._moving.remove(item)
+                    self._finished.append(Completion(request_id, list(active.request.prompt),
+                                                     active.output, "cancelled",
+                                                     active.first_token_s))  # fmt: skip
+                    return True
+            if request_id in self._prefilling:
+                self._cancels.add(request_id)
                 return True
-        found = self.prefill.cancel(request_id) or self.decode.cancel(request_id)
-        self._finished += self.prefill.pop_finished() + self.decode.pop_finished()
-        return found
+        if self.decode.cancel(request_id):
+            with self._lock:
+                self._finished += self.decode.pop_finished()
+            return True
+        return False
+
+    def close(self) -> None:
+        """Stops the prefill thread (requests still in it are dropped)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    # -- the prefill side ----------------------------------------------------------------------
+
+    def _prefill_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._closed and not self._room() and not self.prefill.has_work:
+                        self._lock.wait()
+                    if self._closed:
+                        return
+                self._prefill_step()
+        except BaseException as exc:  # noqa: BLE001 -- raised again by the next step()
+            with self._lock:
+                self._error = exc
+                self._lock.notify_all()
+
+    def _room(self) -> bool:
+        """Whether a waiting request may enter the prefill engine (called under the lock)."""
+        free = self.decode.num_free - len(self._moving) - len(self._prefilling)
+        return bool(self._waiting) and free > 0
+
+    def _prefill_step(self) -> None:
+        with self._lock:
+            admitted = []
+            while self._room():
+                admitted.append(self._waiting.popleft())
+                self._prefilling.add(admitted[-1].id)
+            cancels, self._cancels = self._cancels, set()
+        for request in admitted:
+            self.prefill.submit(request)
+        for request_id in cancels:
+            self.prefill.cancel(request_id)
+        if not self.prefill.has_work:
+            return
+        events = self.prefill.step()
+        moved = [(a, self.transfer.transfer(row, self._decode_mesh))
+                 for a, row in self.prefill.detach_decoding()]  # fmt: skip
+        finished = self.prefill.pop_finished()
+        with self._lock:
+            self._moving.extend(moved)
+            self._events += events
+            self._finished += finished
+            self._prefilling -= {a.request.id for a, _ in moved} | {c.id for c in finished}
+            self._lock.notify_all()
+
+    def _raise_prefill_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the prefill engine failed: {self._error}") from self._error

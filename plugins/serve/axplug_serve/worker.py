@@ -70,6 +70,9 @@ class EngineWorker:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        close = getattr(self.engine, "close", None)  # a disaggregated engine's prefill thread
+        if close is not None:
+            close()
 
     def submit(self, request: Request, sink: Sink) -> None:
         """Queues `request`; `sink` gets its tokens. QueueFullError when at capacity."""
