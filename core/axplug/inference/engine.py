@@ -374,7 +374,9 @@ class Engine:
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
         tokens, self._cache = _extend(
-            self.model, self._scope, bool(reset.any()), self.params, self._cache, ids,
+            # Only a steady decode step (width 1, no row starting) skips the length reset:
+            # one program per prefill width, two for decoding.
+            self.model, self._scope, width > 1 or bool(reset.any()), self.params, self._cache, ids,
             positions, reset, self._table, last, self._keys, counts, *self._sampling,
         )  # fmt: skip
         tokens = np.asarray(tokens)

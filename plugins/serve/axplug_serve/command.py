@@ -117,8 +117,14 @@ def _warm_up(engine, request, sampling_params) -> None:
     while width < limit:
         lengths.append(width + 1)  # the next bucket up
         width *= 2
-    for length in lengths:
-        engine.submit(request([0] * length, sampling_params(max_new_tokens=1, temperature=0)))
+    for length in lengths:  # each prefills at its width, then decodes a token (width 1)
+        engine.submit(request([0] * length, sampling_params(max_new_tokens=2, temperature=0)))
+        engine.run()
+    # A prompt longer than a chunk: its later chunks prefill beside a decoding row.
+    if engine.prefill_chunk < engine.max_len - 2:
+        engine.submit(request([0], sampling_params(max_new_tokens=3, temperature=0)))
+        engine.submit(request([0] * (engine.prefill_chunk + 1),
+                              sampling_params(max_new_tokens=1, temperature=0)))  # fmt: skip
         engine.run()
 
 
