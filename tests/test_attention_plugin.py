@@ -484,7 +484,7 @@ def test_token_by_token_decode_matches_forward(mods):
 def test_cache_state_shapes_and_dtype():
     m, _ = build(attention_cfg("gqa:num_kv_heads=2"))
     cache = m.init_cache_state(3, 16)
-    assert cache["key"].shape == cache["value"].shape == (3, 16, 2, D // H)
+    assert cache["key"].shape == cache["value"].shape == (2, 3, 16, D // H)  # kv heads first
     assert cache["key"].dtype == jnp.float32 and cache["positions"].shape == (3, 16)
     assert cache["length"].shape == (3,) and not np.asarray(cache["length"]).any()
 

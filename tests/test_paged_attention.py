@@ -122,7 +122,10 @@ def test_pallas_gpu_paged_kernel_matches_the_reference_in_the_interpreter():
     np.testing.assert_allclose(got, reference(query, paged, 0.3), rtol=1e-4, atol=1e-4)
 
 
-def test_decode_steps_of_a_paged_cache_use_the_paged_kernel(monkeypatch):
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch, cache):
+    """Both caches hand their pages (a contiguous row is a run of pages) to the paged kernel
+    in decode steps, with the tokens of the dense path (a sliding window forces it)."""
     from axplug.inference import Engine, Request, SamplingParams
     from axplug.modifiers import make_modifier
     from axplug.presets import preset_config
@@ -136,19 +139,21 @@ def test_decode_steps_of_a_paged_cache_use_the_paged_kernel(monkeypatch):
 
     monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
     cfg = preset_config("gpt-tiny").model
+    if cache == "paged":
+        cfg = make_modifier("paged_kv_cache:page_size=4")(cfg)
     params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
-    outputs = {}
-    for name in ("contiguous", "paged"):
-        model_cfg = (
-            make_modifier("paged_kv_cache:page_size=4")(cfg.clone()) if name == "paged" else cfg
-        )
-        engine = Engine(model_cfg.instantiate(parent=None), params, num_slots=2, max_len=24)
+    # A window longer than any sequence here changes no score, but takes the dense path.
+    dense = cfg.clone()
+    dense.decoder.transformer.layer.attention.sliding_window = 64
+
+    def decode(model_cfg):
+        engine = Engine(model_cfg.instantiate(parent=None), params, num_slots=2, max_len=32)
         engine.submit(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=6, temperature=0)))
-        outputs[name] = engine.run()[0].output_ids
-        if name == "contiguous":
-            assert not calls
-    assert outputs["paged"] == outputs["contiguous"]
-    layers = cfg.decoder.transformer.num_layers
+        return engine.run()[0].output_ids
+
+    want = decode(dense)
+    assert not calls
+    assert decode(cfg) == want
     # Traced once: every layer of the decode program (width 1) calls it, the prefill's none.
     heads = cfg.decoder.transformer.layer.attention.num_heads
-    assert len(calls) == layers and calls[0][:2] == (2, heads)
+    assert len(calls) == cfg.decoder.transformer.num_layers and calls[0][:2] == (2, heads)

@@ -42,7 +42,8 @@ __all__ = [
 # Position of a slot that holds no token: after every real position.
 EMPTY_POSITION = 2**30
 
-_KV_AXES = ("batch", None, "heads", None)  # [rows, max_len, kv_heads, head_dim]
+_KV_AXES = ("heads", "batch", None, None)  # [kv_heads, rows x pages, page, head_dim]
+_PAGE = 16  # tokens per page when a contiguous cache is read as pages
 # Head-major, as the Pallas paged-attention kernels read it: [kv_heads, pages, page, head_dim].
 _POOL_AXES = ("heads", None, None, None)
 
@@ -77,13 +78,27 @@ def _new_length(length: jax.Array, positions: jax.Array) -> jax.Array:
     return length + jnp.sum(positions != EMPTY_POSITION, axis=1, dtype=jnp.int32)
 
 
+def _row_pages(max_len: int) -> tuple[int, int]:
+    """(page size, pages per row) of a contiguous cache's rows read as pages."""
+    page = _PAGE if max_len % _PAGE == 0 else max_len
+    return page, max_len // page
+
+
 class ContiguousKVCache(BaseLayer):
-    """Keys and values in [batch, max_len, kv_heads, head_dim] buffers, one row per sequence."""
+    """Keys and values in one max_len row per sequence.
+
+    Stored head-major as pages: `key`/`value` [kv_heads, batch * P, page, head_dim], row b
+    being pages b * P .. b * P + P - 1 (P pages of 16 tokens, or one page when max_len is not
+    a multiple of 16); `positions` [batch, max_len]; `length` [batch]. A decode step reads the
+    rows in place with a paged-attention kernel (`extend_paged`), as a `PagedKVCache` whose
+    block table never changes.
+    """
 
     def init_state(
         self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
     ) -> dict[str, jax.Array]:
-        shape = (batch_size, max_len, num_kv_heads, head_dim)
+        page, per_row = _row_pages(max_len)
+        shape = (num_kv_heads, batch_size * per_row, page, head_dim)
         return {
             "key": jnp.zeros(shape, dtype),
             "value": jnp.zeros(shape, dtype),
@@ -97,24 +112,36 @@ class ContiguousKVCache(BaseLayer):
 
         Tokens past `max_len` are dropped: size the cache for prompt plus generated tokens.
         """
-        max_len = state["key"].shape[1]
+        new_state, _ = self.extend_paged(state, key, value, positions)
+        b, max_len = new_state["positions"].shape
+        kv_positions = _visible(new_state["positions"], new_state["length"])
+
+        def rows(pages):  # [kvh, b * P, page, d] -> [b, max_len, kvh, d]
+            return jnp.moveaxis(pages.reshape(pages.shape[0], b, max_len, pages.shape[-1]), 0, 2)
+
+        return new_state, rows(new_state["key"]), rows(new_state["value"]), kv_positions
+
+    def extend_paged(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new_state, PagedKV): the write of `extend`, with the rows handed to a
+        paged-attention kernel as the pages they are stored in."""
+        b, max_len = state["positions"].shape
+        page, per_row = _row_pages(max_len)
+        table = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
+        written = PagedKVCache._write_pages(dict(state, block_table=table, positions=None),
+                                            key, value, positions, page)  # fmt: skip
         index = _write_indices(state["length"], positions, max_len)
-        rows = jnp.arange(key.shape[0])[:, None]
-
-        def write(buf, new):
-            return buf.at[rows, index].set(new.astype(buf.dtype), mode="drop")
-
-        length = _new_length(state["length"], positions)
+        rows = jnp.arange(b)[:, None]
         # Rows over the batch axes and kv heads over `model`, like the activations: on a mesh
         # each device keeps its rows' and heads' share of the cache.
         new_state = {
-            "key": constrain(write(state["key"], key), _KV_AXES),
-            "value": constrain(write(state["value"], value), _KV_AXES),
-            "positions": constrain(write(state["positions"], positions), ("batch", None)),
-            "length": constrain(length, ("batch",)),
+            "key": constrain(written["key"], _KV_AXES),
+            "value": constrain(written["value"], _KV_AXES),
+            "positions": constrain(
+                state["positions"].at[rows, index].set(positions, mode="drop"), ("batch", None)
+            ),
+            "length": constrain(written["length"], ("batch",)),
         }
-        kv_positions = _visible(new_state["positions"], length)
-        return new_state, new_state["key"], new_state["value"], kv_positions
+        return new_state, PagedKV(new_state["key"], new_state["value"], table, new_state["length"])
 
 
 class PagedKV(NamedTuple):
@@ -209,9 +236,12 @@ class PagedKVCache(BaseLayer):
         return new_state, paged
 
     def _write(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
-        page_size = self._config.page_size
+        return PagedKVCache._write_pages(state, key, value, positions, self._config.page_size)
+
+    @staticmethod
+    def _write_pages(state: dict, key, value, positions, page_size: int) -> dict:
         table = state["block_table"]
-        num_pages = state["positions"].shape[0]
+        num_pages = state["key"].shape[1]
         capacity = table.shape[1] * page_size
         index = _write_indices(state["length"], positions, capacity)  # logical, [b, s]
         logical_page = jnp.minimum(index // page_size, table.shape[1] - 1)
@@ -224,13 +254,15 @@ class PagedKVCache(BaseLayer):
             return pool.at[:, page, offset].set(new, mode="drop")
 
         # The pool's pages are shared by all rows: only the kv heads split (over `model`).
-        return {
+        out = {
             "key": constrain(write(state["key"], key), _POOL_AXES),
             "value": constrain(write(state["value"], value), _POOL_AXES),
-            "positions": state["positions"].at[page, offset].set(positions, mode="drop"),
             "block_table": table,
             "length": _new_length(state["length"], positions),
         }
+        if state["positions"] is not None:
+            out["positions"] = state["positions"].at[page, offset].set(positions, mode="drop")
+        return out
 
 
 def release_rows(cache_state, rows: jax.Array):
@@ -270,10 +302,15 @@ def read_row(cache_state, row):
     def one(cache):
         lead = (slice(None),) * (cache["length"].ndim - 1)
         length = cache["length"][(*lead, row)]
-        if "block_table" not in cache:
-            take = lambda a: a[(*lead, row)]  # noqa: E731
+        if "block_table" not in cache:  # key [..., kvh, b * P, page, d] -> [..., t, kvh, d]
+            per_row = _row_pages(cache["positions"].shape[-1])[1]
+
+            def take(a):
+                a = jax.lax.dynamic_slice_in_dim(a, row * per_row, per_row, axis=len(lead) + 1)
+                return jnp.moveaxis(a.reshape(*a.shape[:-3], -1, a.shape[-1]), -3, -2)
+
             return {"key": take(cache["key"]), "value": take(cache["value"]),
-                    "positions": take(cache["positions"]), "length": length}  # fmt: skip
+                    "positions": cache["positions"][(*lead, row)], "length": length}  # fmt: skip
         table = cache["block_table"][(*lead, row)]  # [..., pages_per_row]
 
         def gather(pool, heads: bool, empty=0):
@@ -303,8 +340,14 @@ def write_row(cache_state, row, row_state):
         at = (*lead, row)
         out = dict(cache, length=cache["length"].at[at].set(new["length"]))
         if "block_table" not in cache:
-            for name in ("key", "value", "positions"):
-                out[name] = cache[name].at[at].set(new[name].astype(cache[name].dtype))
+            page, per_row = _row_pages(cache["positions"].shape[-1])
+            for name in ("key", "value"):  # [..., t, kvh, d] into [..., kvh, b * P, page, d]
+                rows = jnp.moveaxis(new[name].astype(cache[name].dtype), -2, -3)
+                rows = rows.reshape(*rows.shape[:-2], per_row, page, rows.shape[-1])
+                out[name] = jax.lax.dynamic_update_slice_in_dim(
+                    cache[name], rows, row * per_row, axis=len(lead) + 1
+                )
+            out["positions"] = cache["positions"].at[at].set(new["positions"])
             return out
         table = cache["block_table"][at]  # [..., pages_per_row]
         page = cache["positions"].shape[-1]
