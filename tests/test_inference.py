@@ -443,9 +443,9 @@ def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model):
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1, 2**32 - 1])
 def test_request_keys_are_jax_prng_keys(seed):
-    from axplug.inference.engine import _seed_key
+    from axplug.inference.requests import seed_key
 
-    np.testing.assert_array_equal(_seed_key(seed), np.asarray(jax.random.PRNGKey(seed)))
+    np.testing.assert_array_equal(seed_key(seed), np.asarray(jax.random.PRNGKey(seed)))
 
 
 def test_page_allocator_allocates_and_releases():

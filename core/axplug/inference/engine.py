@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import inspect
 import itertools
 import math
 import time
@@ -24,22 +22,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from axplug.context import functional
 from axplug.inference.paging import OutOfPagesError, PageAllocator, cache_paging
-from axplug.inference.sampling import SamplingParams, sample_tokens
-from axplug.layers.kv_cache import (
-    EMPTY_POSITION,
-    assigning_pages,
-    read_row,
-    release_rows,
-    set_block_tables,
-    write_row,
-)
+from axplug.inference.requests import Completion, Request, RequestState, TokenEvent, seed_key
+from axplug.inference.sampling import SamplingParams
+from axplug.inference.steps import extend_rows, read_cache_row, write_cache_row
+from axplug.layers.kv_cache import EMPTY_POSITION, assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
-from axplug.sharding import make_scope, sharding_scope
+from axplug.sharding import make_scope
 
 __all__ = [
     "Request",
@@ -48,69 +39,6 @@ __all__ = [
     "Engine",
     "generate",
 ]
-
-
-@dataclasses.dataclass
-class Request:
-    """A prompt (token ids) and how to continue it; `id` defaults to a counter."""
-
-    prompt: Sequence[int]
-    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
-    id: Any = None
-
-
-@dataclasses.dataclass
-class Completion:
-    """A finished request: its generated ids and why it stopped (`stop` or `length`)."""
-
-    id: Any
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
-    time_to_first_token_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenEvent:
-    """One generated token of a request (None when the request ended on a stop token)."""
-
-    id: Any
-    token: int | None
-    finish_reason: str | None = None
-
-
-@dataclasses.dataclass
-class _Active:
-    request: Request
-    submitted: float
-    output: list[int] = dataclasses.field(default_factory=list)
-    pages: list[int] = dataclasses.field(default_factory=list)
-    first_token_s: float = 0.0
-    admitted: int = 0  # admission order: the newest is preempted first
-    cached: int = 0  # tokens of `context` in the cache
-
-    @property
-    def context(self) -> list[int]:
-        """The prompt and the generated tokens: all but the last are cached once decoding."""
-        return [*self.request.prompt, *self.output]
-
-    @property
-    def context_len(self) -> int:
-        return len(self.request.prompt) + len(self.output)
-
-    def feed(self, limit: int) -> list[int]:
-        """The tokens this row writes next: its last token when decoding, else up to `limit`
-        uncached prompt (or, after a preemption, prompt and output) tokens."""
-        if self.output and self.cached == self.context_len - 1:
-            return self.output[-1:]  # decoding: no copy of the whole context per step
-        return self.context[self.cached : self.cached + limit]
-
-
-def _seed_key(seed: int) -> np.ndarray:
-    """`jax.random.PRNGKey(seed)` as a host array, without a device op per request."""
-    if jax.config.jax_default_prng_impl == "threefry2x32" and 0 <= seed < 2**64:
-        return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)  # threefry's seeding
-    return np.asarray(jax.random.PRNGKey(seed))
 
 
 def _bucket(length: int, minimum: int, maximum: int) -> int:
@@ -159,8 +87,8 @@ class Engine:
         # Every entry starts as "no page" (the pool size, the paged cache's sentinel).
         no_page = paging[0] if paging else 0
         self._table = np.full((num_slots, paging[2] if paging else 1), no_page, np.int32)
-        self._slots: list[_Active | None] = [None] * num_slots
-        self._waiting: collections.deque[_Active] = collections.deque()
+        self._slots: list[RequestState | None] = [None] * num_slots
+        self._waiting: collections.deque[RequestState] = collections.deque()
         self._ids = itertools.count()
         self._finished: list[Completion] = []
         self._keys = np.zeros((num_slots, 2), np.uint32)
@@ -178,7 +106,7 @@ class Engine:
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request (or a bare prompt, sampled with the defaults); returns its id."""
         request = self.checked(request)
-        self._waiting.append(_Active(request, submitted=time.perf_counter()))
+        self._waiting.append(RequestState(request, submitted=time.perf_counter()))
         return request.id
 
     def checked(self, request: Request | Sequence[int]) -> Request:
@@ -280,18 +208,18 @@ class Engine:
 
     # -- moving requests between engines (prefill/decode disaggregation) ---------------------
 
-    def detach_decoding(self) -> list[tuple[_Active, Any]]:
+    def detach_decoding(self) -> list[tuple[RequestState, Any]]:
         """Every request that is decoding, taken out with its cached row (`read_row` form):
         its row and pages are free at once, and it is not finished."""
         out = []
         for slot, active in enumerate(self._slots):
             if active is None or not active.output or active.cached != active.context_len - 1:
                 continue
-            row = _read_row(self._cache, slot)  # the cache's block table still names its pages
+            row = read_cache_row(self._cache, slot)  # the cache's block table still names its pages
             out.append((self._vacate(slot), row))
         return out
 
-    def attach(self, active: _Active, row: Any) -> bool:
+    def attach(self, active: RequestState, row: Any) -> bool:
         """Takes a request detached from another engine of the same model and `max_len`, with
         its row (already on this engine's devices); False when no row or pages are free."""
         if None not in self._slots:
@@ -304,7 +232,7 @@ class Engine:
             active.pages = self.allocator.allocate(count)
             self._table[slot] = self.allocator.num_pages
             self._table[slot, :count] = active.pages
-        self._cache = _write_row(self._cache, slot, row, self._table)
+        self._cache = write_cache_row(self._cache, slot, row, self._table)
         self._occupy(slot, active)
         return True
 
@@ -373,7 +301,7 @@ class Engine:
             counts[s] = len(active.output)
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
-        tokens, self._cache = _extend(
+        tokens, self._cache = extend_rows(
             # Only a steady decode step (width 1, no row starting) skips the length reset:
             # one program per prefill width, two for decoding.
             self.model, self._scope, width > 1 or bool(reset.any()), self.params, self._cache, ids,
@@ -389,18 +317,18 @@ class Engine:
                 events.append(self._record(s, int(tokens[s]), now))
         return events
 
-    def _occupy(self, slot: int, active: _Active) -> None:
+    def _occupy(self, slot: int, active: RequestState) -> None:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""
         active.admitted = next(self._admissions)
         self._slots[slot] = active
         sampling = active.request.sampling
-        self._keys[slot] = _seed_key(sampling.seed)
+        self._keys[slot] = seed_key(sampling.seed)
         temperature, top_k, top_p = self._sampling
         temperature[slot], top_k[slot], top_p[slot] = (
             sampling.temperature, sampling.top_k, sampling.top_p
         )  # fmt: skip
 
-    def _vacate(self, slot: int) -> _Active:
+    def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy
         batch skips the sampler's sort and noise."""
         active, self._slots[slot] = self._slots[slot], None
@@ -429,7 +357,7 @@ class Engine:
     def _retire(self, slot: int, reason: str) -> None:
         self._finish(self._vacate(slot), reason)
 
-    def _finish(self, active: _Active, reason: str) -> None:
+    def _finish(self, active: RequestState, reason: str) -> None:
         self._finished.append(
             Completion(
                 id=active.request.id,
@@ -439,55 +367,6 @@ class Engine:
                 time_to_first_token_s=active.first_token_s,
             )
         )
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=4)
-def _extend(
-    model, scope, resetting, params, cache, ids, positions, reset, table, last, keys, counts,
-    *sampling,
-):  # fmt: skip
-    """One call over every row: writes the new tokens to the cache, samples one per row.
-    `resetting` (static): some row starts from empty, so lengths are reset first."""
-    if resetting:
-        cache = release_rows(cache, reset)
-    cache = set_block_tables(cache, table)
-    inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
-    width = ids.shape[1]
-    if width > 1 and "logits_at" in inspect.signature(model.extend_step).parameters:
-        inputs["logits_at"] = last  # the head on each row's last token only
-    with sharding_scope(scope):
-        (logits, cache), _ = functional(
-            model,
-            prng_key=None,
-            state=params,
-            inputs=inputs,
-            is_training=False,
-            method="extend_step",
-        )
-    if width > 1 and "logits_at" not in inputs:
-        logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
-    logits = logits[:, 0]
-    temperature = sampling[0]
-
-    def sampled(_):
-        step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
-        return sample_tokens(logits, step_keys, *sampling)
-
-    def greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    # Every row greedy: no per-row key derivation, sort or noise at all.
-    return jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None), cache
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _read_row(cache, slot):
-    return read_row(cache, slot)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _write_row(cache, slot, row, table):
-    return write_row(set_block_tables(cache, table), slot, row)
 
 
 def generate(

@@ -1,0 +1,79 @@
+"""What the engines pass around: requests, their running state, tokens and completions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from axplug.inference.sampling import SamplingParams
+
+__all__ = ["Request", "Completion", "TokenEvent", "RequestState", "seed_key"]
+
+
+@dataclasses.dataclass
+class Request:
+    """A prompt (token ids) and how to continue it; `id` defaults to a counter."""
+
+    prompt: Sequence[int]
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    id: Any = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished request: its generated ids and why it stopped (`stop`, `length`, `cancelled`)."""
+
+    id: Any
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    time_to_first_token_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of a request (None when the request ended on a stop token)."""
+
+    id: Any
+    token: int | None
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass
+class RequestState:
+    """A request inside an engine: what it generated, its pages, what is cached."""
+
+    request: Request
+    submitted: float
+    output: list[int] = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    first_token_s: float = 0.0
+    admitted: int = 0  # admission order: the newest is preempted first
+    cached: int = 0  # tokens of `context` in the cache
+
+    @property
+    def context(self) -> list[int]:
+        """The prompt and the generated tokens: all but the last are cached once decoding."""
+        return [*self.request.prompt, *self.output]
+
+    @property
+    def context_len(self) -> int:
+        return len(self.request.prompt) + len(self.output)
+
+    def feed(self, limit: int) -> list[int]:
+        """The tokens this row writes next: its last token when decoding, else up to `limit`
+        uncached prompt (or, after a preemption, prompt and output) tokens."""
+        if self.output and self.cached == self.context_len - 1:
+            return self.output[-1:]  # decoding: no copy of the whole context per step
+        return self.context[self.cached : self.cached + limit]
+
+
+def seed_key(seed: int) -> np.ndarray:
+    """`jax.random.PRNGKey(seed)` as a host array, without a device op per request."""
+    if jax.config.jax_default_prng_impl == "threefry2x32" and 0 <= seed < 2**64:
+        return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)  # threefry's seeding
+    return np.asarray(jax.random.PRNGKey(seed))
