@@ -137,8 +137,10 @@ class _Generation:
         try:
             while self.finish_reason is None:
                 item = await self._queue.get()
-                if isinstance(item, BaseException):
+                if isinstance(item, ValueError):  # the engine refused the request
                     raise APIError(400, str(item), "invalid_request_error", "prompt") from item
+                if isinstance(item, BaseException):  # the engine failed or is stopping
+                    raise APIError(500, f"generation failed: {item}", "server_error") from item
                 if isinstance(item, Completion):
                     self.finish_reason = "stop" if item.finish_reason == "stop" else "length"
                     if tail := self._text.flush():
