@@ -129,12 +129,12 @@ def _warm_up(engine, request, sampling_params) -> None:
 
 
 def _device_split(prefill: int) -> list[list]:
-    """[every device], or [prefill devices, decode devices] for --prefill-devices N."""
+    """[None] (the first device), or [prefill devices, decode devices] for --prefill-devices."""
     import jax
 
     devices = jax.devices()
     if prefill <= 0:
-        return [None]  # the first device, as `axplug generate`
+        return [None]  # as `axplug generate`
     if prefill >= len(devices):
         raise ValueError(
             f"--prefill-devices {prefill}: this machine has {len(devices)} device(s) and the "
@@ -145,7 +145,7 @@ def _device_split(prefill: int) -> list[list]:
 
 
 def build(args: argparse.Namespace):
-    """(app, settings) for `args`: the model loaded, its engine compiled by one warm-up."""
+    """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
     from axplug.inference import (
         DisaggregatedEngine,
         Engine,
@@ -170,26 +170,22 @@ def build(args: argparse.Namespace):
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
 
-    def engine_on(model, num_slots: int, prefill_chunk: int | None):
+    def engine_on(model):
         return Engine(
             model.model,
             model.params,
-            num_slots=num_slots,
+            num_slots=args.num_slots,
             max_len=_max_len(loaded, args.max_len),
-            prefill_chunk=prefill_chunk,
+            prefill_chunk=args.prefill_chunk or None,
             mesh=model.mesh,
             axis_rules=model.axis_rules,
         )
 
-    engine = engine_on(loaded, args.num_slots, args.prefill_chunk or None)
+    engine = engine_on(loaded)
     if len(devices) == 2:  # a second copy of the parameters on the prefill devices
         prefill = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
                                   devices=devices[0])  # fmt: skip
-        engine = DisaggregatedEngine(
-            engine_on(prefill, args.num_slots, args.prefill_chunk or None),
-            engine,
-            decode_mesh=loaded.mesh,
-        )
+        engine = DisaggregatedEngine(engine_on(prefill), engine, decode_mesh=loaded.mesh)
     if args.warmup:
         _warm_up(engine, Request, SamplingParams)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
