@@ -78,10 +78,47 @@ def _new_length(length: jax.Array, positions: jax.Array) -> jax.Array:
     return length + jnp.sum(positions != EMPTY_POSITION, axis=1, dtype=jnp.int32)
 
 
+class PagedKV(NamedTuple):
+    """A paged cache's keys and values as a paged-attention kernel reads them: each row's
+    first `lengths[b]` tokens, in the pages `block_table[b]` names, in logical order."""
+
+    key_pages: jax.Array  # [kv_heads, num_pages, page_size, head_dim]
+    value_pages: jax.Array
+    block_table: jax.Array  # [batch, pages_per_row]; entries >= num_pages: no page
+    lengths: jax.Array  # [batch] tokens cached per row (this step's included)
+
+
 def _row_pages(max_len: int) -> tuple[int, int]:
     """(page size, pages per row) of a contiguous cache's rows read as pages."""
     page = _PAGE if max_len % _PAGE == 0 else max_len
     return page, max_len // page
+
+
+def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_AXES) -> dict:
+    """`state` (a pool, its block table, length) with the valid new tokens written; the pool
+    laid out by the logical `axes`."""
+    table = state["block_table"]
+    num_pages = state["key"].shape[1]
+    capacity = table.shape[1] * page_size
+    index = _write_indices(state["length"], positions, capacity)  # logical, [b, s]
+    logical_page = jnp.minimum(index // page_size, table.shape[1] - 1)
+    page = jnp.take_along_axis(table, logical_page, axis=1)
+    page = jnp.where(index < capacity, page, num_pages)  # padding: out of range, dropped
+    offset = index % page_size
+
+    def write(pool, new):  # new [b, s, kvh, d] into the head-major pool
+        new = jnp.moveaxis(new.astype(pool.dtype), 2, 0)
+        return pool.at[:, page, offset].set(new, mode="drop")
+
+    out = {
+        "key": constrain(write(state["key"], key), axes),
+        "value": constrain(write(state["value"], value), axes),
+        "block_table": table,
+        "length": _new_length(state["length"], positions),
+    }
+    if state["positions"] is not None:
+        out["positions"] = state["positions"].at[page, offset].set(positions, mode="drop")
+    return out
 
 
 class ContiguousKVCache(BaseLayer):
@@ -127,31 +164,21 @@ class ContiguousKVCache(BaseLayer):
         b, max_len = state["positions"].shape
         page, per_row = _row_pages(max_len)
         table = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
-        written = PagedKVCache._write_pages(dict(state, block_table=table, positions=None),
-                                            key, value, positions, page)  # fmt: skip
-        index = _write_indices(state["length"], positions, max_len)
-        rows = jnp.arange(b)[:, None]
         # Rows over the batch axes and kv heads over `model`, like the activations: on a mesh
         # each device keeps its rows' and heads' share of the cache.
+        written = _write_pages(dict(state, block_table=table, positions=None),
+                               key, value, positions, page, _KV_AXES)  # fmt: skip
+        index = _write_indices(state["length"], positions, max_len)
+        rows = jnp.arange(b)[:, None]
         new_state = {
-            "key": constrain(written["key"], _KV_AXES),
-            "value": constrain(written["value"], _KV_AXES),
+            "key": written["key"],
+            "value": written["value"],
             "positions": constrain(
                 state["positions"].at[rows, index].set(positions, mode="drop"), ("batch", None)
             ),
             "length": constrain(written["length"], ("batch",)),
         }
         return new_state, PagedKV(new_state["key"], new_state["value"], table, new_state["length"])
-
-
-class PagedKV(NamedTuple):
-    """A paged cache's keys and values as a paged-attention kernel reads them: each row's
-    first `lengths[b]` tokens, in the pages `block_table[b]` names, in logical order."""
-
-    key_pages: jax.Array  # [kv_heads, num_pages, page_size, head_dim]
-    value_pages: jax.Array
-    block_table: jax.Array  # [batch, pages_per_row]; entries >= num_pages: no page
-    lengths: jax.Array  # [batch] tokens cached per row (this step's included)
 
 
 class PagedKVCache(BaseLayer):
@@ -236,33 +263,8 @@ class PagedKVCache(BaseLayer):
         return new_state, paged
 
     def _write(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
-        return PagedKVCache._write_pages(state, key, value, positions, self._config.page_size)
-
-    @staticmethod
-    def _write_pages(state: dict, key, value, positions, page_size: int) -> dict:
-        table = state["block_table"]
-        num_pages = state["key"].shape[1]
-        capacity = table.shape[1] * page_size
-        index = _write_indices(state["length"], positions, capacity)  # logical, [b, s]
-        logical_page = jnp.minimum(index // page_size, table.shape[1] - 1)
-        page = jnp.take_along_axis(table, logical_page, axis=1)
-        page = jnp.where(index < capacity, page, num_pages)  # padding: out of range, dropped
-        offset = index % page_size
-
-        def write(pool, new):  # new [b, s, kvh, d] into the head-major pool
-            new = jnp.moveaxis(new.astype(pool.dtype), 2, 0)
-            return pool.at[:, page, offset].set(new, mode="drop")
-
         # The pool's pages are shared by all rows: only the kv heads split (over `model`).
-        out = {
-            "key": constrain(write(state["key"], key), _POOL_AXES),
-            "value": constrain(write(state["value"], value), _POOL_AXES),
-            "block_table": table,
-            "length": _new_length(state["length"], positions),
-        }
-        if state["positions"] is not None:
-            out["positions"] = state["positions"].at[page, offset].set(positions, mode="drop")
-        return out
+        return _write_pages(state, key, value, positions, self._config.page_size)
 
 
 def release_rows(cache_state, rows: jax.Array):
