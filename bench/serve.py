@@ -18,6 +18,7 @@ tokens/s, time to first token and inter-token latency p50/p99.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -71,8 +72,11 @@ def bench_engine(args) -> None:
     results: dict[str, dict[str, list[float]]] = {}
     equal = total = 0
     for setting, batch in (("batch", prompts), ("alone", prompts[:1])):
-        runs = {name: (lambda m=m, b=batch: engine_once(m, params, b.tolist(), args.new_tokens, max_len))
-                for name, m in models.items()}  # fmt: skip
+        rows = batch.tolist()
+        runs = {
+            name: functools.partial(engine_once, m, params, rows, args.new_tokens, max_len)
+            for name, m in models.items()
+        }
         runs["plain"] = lambda b=batch: plain.generate(jnp.asarray(b, jnp.int32), args.new_tokens)
         for run in runs.values():  # warm-up: compile every shape
             run()
