@@ -258,7 +258,11 @@ def test_health_models_and_help(server, capsys):
 
 @pytest.mark.parametrize(
     "extra",
-    [["--prefill-devices", "4"], ["--kv-cache", "contiguous", "--prefill-chunk", "4"]],
+    [
+        ["--prefill-devices", "4"],
+        # Chunked prefill with either cache is covered in-process (test_inference.py).
+        pytest.param(["--kv-cache", "contiguous", "--prefill-chunk", "4"], marks=pytest.mark.slow),
+    ],
     ids=["disaggregated", "contiguous-chunked"],
 )
 def test_other_engines_serve_the_same_text(run_dir, tmp_path_factory, reference, extra):
