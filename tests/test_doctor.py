@@ -23,6 +23,18 @@ class Never:
         raise NotImplementedError
 """
 
+UNAVAILABLE_PAGED_KERNEL = """
+class NeverPaged:
+    paged = True
+
+    def is_supported(self, query, paged, backend):
+        class No:
+            reason = f"needs {paged.key_pages.shape[0]} kv heads on a quantum backend"
+            def __bool__(self):
+                return False
+        return No()
+"""
+
 BAD_HOOKS = """
 from axplug import hookimpl
 
@@ -61,6 +73,15 @@ def test_healthy_environment_reports_and_exits_zero(plugin_site, capsys):
     assert by_dist(report)["fake-good"]["status"] == "ok"
     assert by_dist(report)["axplug"]["status"] == "ok"
     assert report["ok"] is True
+    assert rows(report, "axplug")["paged_xla"]["note"] is None  # runs here
+
+
+def test_paged_kernels_are_asked_about_a_decode_step(plugin_site, capsys):
+    plugin_site.add("fake-paged", {"axplug.kernels": {"never": "fake_paged:NeverPaged"}},
+                    modules={"fake_paged": UNAVAILABLE_PAGED_KERNEL})  # fmt: skip
+    assert doctor("--json") == 0
+    note = rows(json.loads(capsys.readouterr().out), "fake-paged")["never"]["note"]
+    assert note == "unavailable here: needs 8 kv heads on a quantum backend"
 
 
 def test_every_problem_is_named_with_its_fix_and_exit_is_nonzero(plugin_site, capsys):

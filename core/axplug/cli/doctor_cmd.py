@@ -158,10 +158,21 @@ def _kernel_note(obj: Any, backend: str | None) -> str | None:
         from axplug.layers import AttentionMask
 
         kernel = obj() if isinstance(obj, type) else obj
-        q = jax.ShapeDtypeStruct((1, 128, 8, 64), jnp.bfloat16)
-        pos = jnp.zeros((1, 128), jnp.int32)
-        mask = AttentionMask(q_positions=pos, kv_positions=pos)
-        answer = kernel.is_supported(q, q, q, mask, backend or "cpu")
+        if getattr(kernel, "paged", False):  # a paged-attention kernel: one decode step
+            from axplug.layers.kv_cache import PagedKV
+
+            pages = jax.ShapeDtypeStruct((8, 64, 16, 128), jnp.bfloat16)
+            rows = jax.ShapeDtypeStruct((1,), jnp.int32)
+            table = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+            query = jax.ShapeDtypeStruct((1, 8, 128), jnp.bfloat16)
+            answer = kernel.is_supported(
+                query, PagedKV(pages, pages, table, rows), backend or "cpu"
+            )
+        else:
+            q = jax.ShapeDtypeStruct((1, 128, 8, 64), jnp.bfloat16)
+            pos = jnp.zeros((1, 128), jnp.int32)
+            mask = AttentionMask(q_positions=pos, kv_positions=pos)
+            answer = kernel.is_supported(q, q, q, mask, backend or "cpu")
     except Exception as exc:
         return f"is_supported failed: {type(exc).__name__}: {exc}"
     return None if answer else f"unavailable here: {getattr(answer, 'reason', answer)}"
