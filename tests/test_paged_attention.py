@@ -9,56 +9,44 @@ import pytest
 
 from axplug.kernels import kernel_choices, paged_attention_xla, select_paged_kernel
 from axplug.kernels.paged import XlaPagedKernel
-from axplug.layers.kv_cache import PagedKV
 from axplug.sharding import sharding_scope
-
-
-def make_paged(kv_heads=2, heads=4, d=16, page=4, pages_per_row=5, seed=0):
-    """Random pools; rows' pages scattered over the pool; lengths from 1 token to full."""
-    rng = np.random.default_rng(seed)
-    b = 4
-    num_pages = b * pages_per_row + 3
-    key_pages = rng.normal(size=(kv_heads, num_pages, page, d)).astype(np.float32)
-    value_pages = rng.normal(size=(kv_heads, num_pages, page, d)).astype(np.float32)
-    table = rng.permutation(num_pages)[: b * pages_per_row].reshape(b, pages_per_row)
-    lengths = np.array([1, page + 1, 2 * page, pages_per_row * page], np.int32)
-    for row, length in enumerate(lengths):  # pages past the length: "no page"
-        table[row, -(-length // page) :] = num_pages
-    query = rng.normal(size=(b, heads, d)).astype(np.float32)
-    paged = PagedKV(*map(jnp.asarray, (key_pages, value_pages, table.astype(np.int32), lengths)))
-    return jnp.asarray(query), paged
+from axplug.testing import PagedKernelConformance, make_paged_problem, paged_reference
 
 
 def reference(query, paged, scale):
-    """Each row's pages gathered in numpy, then softmax attention over its first tokens."""
-    key_pages, value_pages, table, lengths = map(np.asarray, paged)
-    kvh, _, page, d = key_pages.shape
-    out = np.zeros(query.shape, np.float32)
-    group = query.shape[1] // kvh
-    for row in range(query.shape[0]):
-        pages = [p for p in table[row] if p < key_pages.shape[1]]
-        k = np.concatenate([key_pages[:, p] for p in pages], axis=1)[:, : lengths[row]]
-        v = np.concatenate([value_pages[:, p] for p in pages], axis=1)[:, : lengths[row]]
-        for h in range(query.shape[1]):
-            scores = k[h // group] @ np.asarray(query[row, h]) * scale
-            weights = np.exp(scores - scores.max())
-            out[row, h] = (weights / weights.sum()) @ v[h // group]
-    return out
+    return np.asarray(paged_reference(query, paged, scale=scale))
+
+
+class TestXlaPagedKernel(PagedKernelConformance):
+    @pytest.fixture
+    def kernel(self):
+        return XlaPagedKernel()
+
+
+class TestPallasGpuPagedKernelInTheInterpreter(PagedKernelConformance):
+    @pytest.fixture
+    def kernel(self):
+        axplug_gpu = pytest.importorskip("axplug_gpu")
+        kernel = axplug_gpu.PallasGpuPagedKernel()
+        kernel.interpret = True
+        kernel.is_supported = lambda *args: True  # gated to CUDA; the interpreter runs anywhere
+        return kernel
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 8])
 def test_xla_paged_kernel_equals_attention_over_the_gathered_rows(blocks):
-    query, paged = make_paged()
+    query, paged = make_paged_problem()
     attend = jax.jit(lambda q, p: paged_attention_xla(q, p, scale=0.3, pages_per_block=blocks))
     got = attend(query, paged)
     np.testing.assert_allclose(got, reference(query, paged, 0.3), rtol=1e-5, atol=1e-5)
 
 
 def test_xla_paged_kernel_reads_only_blocks_that_hold_tokens():
-    query, paged = make_paged(page=4, pages_per_row=8)
+    query, paged = make_paged_problem(page=4, pages_per_row=8)
     # Values past every row's first page are NaN: a kernel that read them would return NaN
     # (masked scores give them weight 0, and 0 * NaN is NaN).
     short = paged._replace(lengths=jnp.minimum(paged.lengths, 4))
+    want = reference(query, short, 0.3)
     table = np.asarray(short.block_table)
     poisoned = np.asarray(short.value_pages).copy()
     first = set(table[:, 0])
@@ -67,11 +55,11 @@ def test_xla_paged_kernel_reads_only_blocks_that_hold_tokens():
             poisoned[:, p] = np.nan
     short = short._replace(value_pages=jnp.asarray(poisoned))
     got = paged_attention_xla(query, short, scale=0.3, pages_per_block=1)
-    np.testing.assert_allclose(got, reference(query, short, 0.3), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_paged_dispatch_picks_by_backend_and_says_why_not():
-    query, paged = make_paged(d=16)
+    query, paged = make_paged_problem(head_dim=16)
     assert select_paged_kernel(query, paged, backend="cpu")[0] == "paged_xla"
     names = [name for name, _ in _registered_paged()]
     if "pallas_gpu_paged" in names:
@@ -80,7 +68,7 @@ def test_paged_dispatch_picks_by_backend_and_says_why_not():
             assert select_paged_kernel(query, paged, backend="gpu")[0] == "paged_xla"
     if "pallas_tpu_paged" in names:
         assert select_paged_kernel(query, paged, backend="tpu")[0] == "paged_xla"  # d=16
-        wide = make_paged(d=128, page=8)
+        wide = make_paged_problem(head_dim=128, page=8)
         assert select_paged_kernel(*wide, backend="tpu")[0] == "pallas_tpu_paged"
         reasons = {n: a for n, _, a in _choices(*wide, backend="cpu")}
         assert "needs the TPU backend" in reasons["pallas_tpu_paged"].reason
@@ -112,14 +100,14 @@ def _mesh(n):
     return Mesh(np.array(jax.devices()[:n]), ("model",))
 
 
-def test_pallas_gpu_paged_kernel_matches_the_reference_in_the_interpreter():
+def test_pallas_gpu_paged_kernel_is_gated_to_cuda():
     axplug_gpu = pytest.importorskip("axplug_gpu")
-    query, paged = make_paged(d=16, page=4, pages_per_row=4)
+    query, paged = make_paged_problem(head_dim=16)
     kernel = axplug_gpu.PallasGpuPagedKernel()
-    kernel.interpret = True
     assert "needs a CUDA GPU" in kernel.is_supported(query, paged, "cpu").reason
-    got = kernel(query, paged, scale=0.3)
-    np.testing.assert_allclose(got, reference(query, paged, 0.3), rtol=1e-4, atol=1e-4)
+    assert kernel.is_supported(query, paged, "gpu") is True
+    odd = make_paged_problem(head_dim=12)
+    assert "not a multiple of 16" in kernel.is_supported(*odd, "gpu").reason
 
 
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])

@@ -363,9 +363,7 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
     assert len(wq.sharding.device_set) == 8
     got, engine = decode(loaded)
     assert got == want
-    key = engine._cache["transformer"]["layer0"]["attention"][
-        "key"
-    ]  # [kvh, rows|pages, ...]
+    key = engine._cache["transformer"]["layer0"]["attention"]["key"]  # [kvh, rows|pages, ...]
     spec = key.sharding.spec
     assert spec[0] == "model", spec  # kv heads over model
     if cache == "contiguous":

@@ -159,6 +159,34 @@ def test_kit_rejects_a_kernel_that_ignores_the_mask():
         )
 
 
+def test_paged_kit_rejects_a_kernel_that_ignores_lengths_or_reads_every_page():
+    from axplug.kernels import paged_attention_xla
+    from axplug.testing import PagedKernelConformance
+
+    class WholeRows:  # attends over every slot of its pages, whatever the length
+        paged = True
+
+        def __call__(self, query, paged, *, scale):
+            full = paged._replace(lengths=jnp.full_like(paged.lengths, 10**6))
+            return paged_attention_xla(query, full, scale=scale)
+
+    class EveryPage:  # reads the whole pool: a NaN in a page nobody owns spoils it
+        paged = True
+
+        def __call__(self, query, paged, *, scale):
+            out = paged_attention_xla(query, paged, scale=scale)
+            return out + 0 * paged.value_pages.sum()
+
+    kit = PagedKernelConformance()
+    tolerance = {"rtol": 1e-4, "atol": 1e-4}
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
+        kit.test_matches_attention_over_the_gathered_rows(
+            WholeRows(), jnp.float32, tolerance, {}, "gqa"
+        )
+    with pytest.raises(AssertionError):
+        kit.test_reads_only_the_pages_its_table_names(EveryPage(), jnp.float32, {})
+
+
 def test_undeclared_capabilities_skip_with_the_reason():
     class NoGQA(KernelConformance):
         capabilities = ("non_causal",)

@@ -11,7 +11,8 @@ class TestMyFeedForward(LayerConformance):
         return MyFeedForward.default_config().set(input_dim=16, hidden_dim=32)
 ```
 
-The other kinds: `KernelConformance` (override `kernel`), `MeshRuleConformance` (`rule`,
+The other kinds: `KernelConformance` (override `kernel`), `PagedKernelConformance` (`kernel`,
+a paged-attention kernel), `MeshRuleConformance` (`rule`,
 `selectors`) and `StorageConformance` (`storage`). Capabilities are declared, not skipped: a
 class attribute `capabilities` names what the component supports, and checks for capabilities
 it lacks report as skipped with the reason.
@@ -20,6 +21,11 @@ it lacks report as skipped with the reason.
 from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
 from axplug.testing._layer import LAYER_CAPABILITIES, LayerConformance
 from axplug.testing._mesh_rule import MESH_RULE_CAPABILITIES, MeshRuleConformance
+from axplug.testing._paged_kernel import (
+    PagedKernelConformance,
+    make_paged_problem,
+    paged_reference,
+)
 from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
 from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
 
@@ -31,9 +37,12 @@ __all__ = [
     "LayerConformance",
     "KernelConformance",
     "MeshRuleConformance",
+    "PagedKernelConformance",
     "StorageConformance",
     "TraceCounter",
     "assert_finite",
+    "make_paged_problem",
+    "paged_reference",
     "reference_kernel",
     "sum_of_squares",
 ]
