@@ -31,6 +31,30 @@ EOS. Chat prompts use the tokenizer's chat template (tokenizer_config.json), els
 """
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535, got {text!r}")
+    return port
+
+
+def _checked_options(args: argparse.Namespace) -> None:
+    """ValueError naming the first option out of its range."""
+    for option, value, low in (
+        ("--num-slots", args.num_slots, 1),
+        ("--max-queue", args.max_queue, 0),
+        ("--prefill-chunk", args.prefill_chunk, 0),
+        ("--prefill-devices", args.prefill_devices, 0),
+    ):
+        if value < low:
+            raise ValueError(f"{option} {value}: must be at least {low}")
+    if args.chat_template is not None and not os.path.isfile(args.chat_template):
+        raise ValueError(f"--chat-template {args.chat_template}: no such file")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "serve",
@@ -43,7 +67,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine)")
-    parser.add_argument("--port", type=int, default=8000, help="default: 8000")
+    parser.add_argument("--port", type=_port, default=8000, help="default: 8000")
     parser.add_argument("--model-name", metavar="NAME", help="default: the run directory's name")
     parser.add_argument(
         "--num-slots", type=int, default=8, metavar="N", help="requests decoded at once (8)"
@@ -102,12 +126,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _max_len(loaded, explicit: int | None) -> int:
-    if explicit is not None:
-        if explicit < 2:
-            raise ValueError(f"--max-len {explicit}: must be at least 2")
-        return explicit
     trained = getattr(loaded.config.input, "seq_len", None)
-    return trained if isinstance(trained, int) and trained > 1 else 2048
+    trained = trained if isinstance(trained, int) and trained > 1 else None
+    if explicit is None:
+        return trained or 2048
+    if explicit < 2:
+        raise ValueError(f"--max-len {explicit}: must be at least 2")
+    if trained is not None and explicit > trained:
+        print(
+            f"axplug serve: warning: --max-len {explicit} is longer than the {trained}-token "
+            "sequences the model was trained on; quality past that is not known",
+            file=sys.stderr,
+        )
+    return explicit
 
 
 def _warm_up(engine, request, sampling_params) -> None:
@@ -159,8 +190,7 @@ def build(args: argparse.Namespace):
     from axplug_serve.text import ChatTemplate
     from axplug_serve.worker import EngineWorker
 
-    if args.num_slots < 1 or args.max_queue < 0 or args.prefill_chunk < 0:
-        raise ValueError("--num-slots must be >= 1, --max-queue and --prefill-chunk >= 0")
+    _checked_options(args)
     modifiers = list(args.modifier)
     if args.kv_cache == "paged":  # first, so a --modifier paged_kv_cache:... overrides it
         modifiers.insert(0, "paged_kv_cache:page_size=16")
@@ -203,30 +233,55 @@ def build(args: argparse.Namespace):
     return create_app(worker, settings, metrics), settings, engine
 
 
+def _can_listen(host: str, port: int) -> str | None:
+    """None when (host, port) can be bound now, else why not (checked before loading)."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    import signal
+
     import uvicorn
 
     from axplug.checkpoint.errors import CheckpointError
     from axplug.config import ConfigError
 
     try:
+        if problem := _can_listen(args.host, args.port):
+            raise ValueError(problem)
         app, settings, engine = build(args)
     except (CheckpointError, ConfigError, LookupError, ImportError, ValueError, OSError) as exc:
         print(f"axplug serve: error: {exc}", file=sys.stderr)
         return 1
+    cache = args.kv_cache + (" cache" if args.kv_cache == "contiguous" else " KV cache")
+    chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
+    split = f", prefill on {args.prefill_devices} device(s)" if args.prefill_devices else ""
     print(
         f"axplug serve: model {settings.model_name!r} (step {settings.step}) at "
         f"http://{args.host}:{args.port}/v1: {engine.num_slots} slots of {engine.max_len} "
-        f"tokens, up to {args.max_queue} queued",
+        f"tokens, up to {args.max_queue} queued, {cache}, {chunk}{split}",
         file=sys.stderr,
         flush=True,
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     )
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again with the
+    # handlers it found: these make that a no-op, so a graceful stop exits 0, not 143.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
-    except SystemExit as exc:  # uvicorn exits when it cannot bind
+    except SystemExit:  # uvicorn exits when it cannot bind (taken since the check above)
         print(f"axplug serve: error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
-        return exc.code if isinstance(exc.code, int) and exc.code else 1
+        return 1
     return 0 if server.started else 1

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST"]
@@ -14,6 +21,7 @@ class ServerMetrics:
     """Counters, gauges and latency histograms of one server."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # no `*_created` series doubling the output
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

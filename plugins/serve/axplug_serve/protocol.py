@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "CompletionRequest",
@@ -23,24 +23,36 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    """Fields shared by both endpoints; unknown fields are refused, so a typo is not ignored."""
+    """Fields shared by both endpoints; unknown fields are refused, so a typo is not ignored.
+    An explicit `null` means the default, as in OpenAI's API."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="not OpenAI's: 0 or -1 is off (as vLLM)")
-    n: int = 1
+    top_k: int = Field(0, ge=-1, strict=True, description="not OpenAI's: 0 or -1 is off")
+    n: int = Field(1, strict=True)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, validate_default=True)
-    seed: int | None = Field(None, ge=0, lt=2**32)
+    seed: int | None = Field(None, ge=0, lt=2**32, strict=True)
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    # Accepted and ignored: bookkeeping some clients always send.
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_mean_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @field_validator("n")
     @classmethod
@@ -73,11 +85,23 @@ class _Sampling(BaseModel):
             raise ValueError("stop sequences must not be empty")
         return stops
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self):
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream=true")
-        return self
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only allowed with stream=true")
+        return value
+
+
+def _unsupported(*names: str, allowed: tuple = (None, False)):
+    """A validator refusing any value of `names` but `allowed` (the error names the field)."""
+
+    def check(cls, value):
+        if value not in allowed:
+            raise ValueError("not supported by this server")
+        return value
+
+    return field_validator(*names)(classmethod(check))
 
 
 class CompletionRequest(_Sampling):
@@ -88,6 +112,9 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    _refused = _unsupported("echo", "logprobs", "suffix")
+    _one_best = _unsupported("best_of", allowed=(None, 1))
 
     @field_validator("prompt")
     @classmethod
@@ -102,19 +129,6 @@ class CompletionRequest(_Sampling):
         if not prompt:
             raise ValueError("the prompt is empty")
         return prompt
-
-    @model_validator(mode="after")
-    def _unsupported(self):
-        for name, value, default in (
-            ("echo", self.echo, False),
-            ("logprobs", self.logprobs, None),
-            ("suffix", self.suffix, None),
-        ):
-            if value != default:
-                raise ValueError(f"{name} is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError("best_of is not supported (only 1)")
-        return self
 
 
 class ChatMessage(BaseModel):
@@ -141,22 +155,17 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None  # accepted: no tools run anyway
     response_format: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _unsupported(self):
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs is not supported")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise ValueError("tools are not supported")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {'type': 'text'} is supported")
-        return self
+    _refused = _unsupported("logprobs", "top_logprobs", "tools")
+    _no_tool_choice = _unsupported("tool_choice", allowed=(None, "none"))
+    _text_format = _unsupported("response_format", allowed=(None, {"type": "text"}))
 
     @property
     def token_limit(self) -> int | None:
@@ -172,6 +181,11 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One message for pydantic's errors (`field: problem; ...`) and the first bad field."""
     parts, param = [], None
     for err in errors:
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+            at = err.get("loc", ("body", "?"))[-1]
+            parts.append(f"the request body is not valid JSON (at character {at}): "
+                         f"{err.get('ctx', {}).get('error', err.get('msg'))}")  # fmt: skip
+            continue
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         # pydantic names the union member it tried (`str`, `list[int]`): not the user's field.
         loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int")]

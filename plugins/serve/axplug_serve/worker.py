@@ -62,6 +62,8 @@ class EngineWorker:
         return self.error is None and self._thread.is_alive()
 
     def start(self) -> None:
+        if self._on_step is not None:  # metrics right from the start, not after a request
+            self._on_step(self.engine)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
