@@ -122,7 +122,7 @@ def _installed_and_tested(tmp_path, kind):
     assert " passed" in out and "failed" not in out, out
 
 
-FAST_KINDS = ("layer", "mesh-rule")  # the rest train a model each: `make test-all`
+FAST_KINDS = ("layer", "mesh-rule", "command")  # the rest train a model each: `make test-all`
 
 
 @pytest.mark.parametrize("kind", FAST_KINDS)

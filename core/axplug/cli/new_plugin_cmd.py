@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["add_parser", "run", "KINDS", "generate", "names_for"]
 
-KINDS = ("layer", "kernel", "mesh-rule", "modifier", "storage", "hooks")
+KINDS = ("layer", "kernel", "mesh-rule", "modifier", "storage", "hooks", "command")
 
 EPILOG = """\
 examples:
@@ -116,10 +116,12 @@ def generate(
     )
     values["func"] = f"{values['name']}_rule"
     values["selector"] = values["name"].replace("_", "-")
-    values["export"] = values["func"] if kind == "mesh-rule" else values["cls"]
+    exports = {"mesh-rule": values["func"], "command": "add_parser"}
+    values["export"] = exports.get(kind, values["cls"])
     target = f"{values['module']}.{submodule}"
     exported = "plugin" if kind == "hooks" else values["export"]
-    values["entry_value"] = f"{target}:{exported}"
+    # A command's entry names its module (add_parser and run), not an object in it.
+    values["entry_value"] = target if kind == "command" else f"{target}:{exported}"
     values["extra_entry_points"] = (
         f'\n[project.entry-points."axplug.modifiers"]\n'
         f'{values["name"]} = "{values["module"]}.modifier:{values["cls"]}Modifier"\n'

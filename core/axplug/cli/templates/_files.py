@@ -428,6 +428,73 @@ def test_modifier_swaps_every_feed_forward_and_trains(tmp_path):
     assert out.instantiate(devices=jax.devices()[:1]).run()["step"] == 2
 '''
 
+COMMAND = '''\
+"""`axplug $name RUN_DIR`: a run's last logged metrics.
+
+Replace with what your command does; keep `add_parser` and `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "$name",
+        help="a run's last logged metrics",
+        description="Print the last record of RUN_DIR/metrics.jsonl, one metric a line.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="an `axplug train` output directory")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    # Heavy imports belong here, not at module level: `axplug --help` lists this command from
+    # its docstring without importing it, and only `axplug $name` imports this module.
+    import json
+    import pathlib
+    import sys
+
+    path = pathlib.Path(args.run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if not lines:
+        print(f"axplug $name: error: no metrics in {path}", file=sys.stderr)
+        return 1
+    for key, value in json.loads(lines[-1]).items():
+        print(f"{key}: {value}")
+    return 0
+'''
+
+COMMAND_TEST = '''\
+"""The command is listed by `axplug --help` and runs through the `axplug` CLI."""
+
+import json
+
+from axplug.cli import main
+
+
+def test_prints_the_last_record(tmp_path, capsys):
+    records = [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
+    assert main(["$name", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "step: 2\\nloss: 2.0\\n"
+
+
+def test_a_directory_without_metrics_is_an_error(tmp_path, capsys):
+    assert main(["$name", str(tmp_path)]) == 1
+    assert "no metrics in" in capsys.readouterr().err
+
+
+def test_listed_by_help(capsys):
+    assert main(["--help"]) == 0
+    assert "$name" in capsys.readouterr().out
+'''
+
 KIND_FILES = {
     "layer": ("axplug.layers", "layer", LAYER, LAYER_TEST),
     "kernel": ("axplug.kernels", "kernel", KERNEL, KERNEL_TEST),
@@ -435,4 +502,5 @@ KIND_FILES = {
     "modifier": ("axplug.modifiers", "modifier", MODIFIER, MODIFIER_TEST),
     "hooks": ("axplug.hooks", "hooks", HOOKS, HOOKS_TEST),
     "storage": ("axplug.storage", "storage", STORAGE, STORAGE_TEST),
+    "command": ("axplug.commands", "command", COMMAND, COMMAND_TEST),
 }
