@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
 
-from axplug.inference.engine import Completion, Engine, Request, TokenEvent
+from axplug.inference.engine import Engine, run_to_completion
+from axplug.inference.requests import Completion, Request, RequestState, TokenEvent
 
 __all__ = ["KVTransfer", "DevicePutTransfer", "DisaggregatedEngine"]
 
@@ -122,8 +124,8 @@ class DisaggregatedEngine:
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request; returns its id. Checked by both engines' limits."""
         request = self.decode.checked(self.prefill.checked(request))
-        with self._lock:
-            self._waiting.append(request)
+        with self._lock:  # its arrival time counts toward its time to first token
+            self._waiting.append(RequestState(request, submitted=time.perf_counter()))
             self._lock.notify_all()
         if self._threaded and self._thread is None:
             self._thread = threading.Thread(
@@ -171,11 +173,7 @@ class DisaggregatedEngine:
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
-        while self.has_work:
-            for event in self.step():
-                if on_token is not None:
-                    on_token(event)
-        return self.pop_finished()
+        return run_to_completion(self, on_token)
 
     def pop_finished(self) -> list[Completion]:
         with self._lock:
@@ -186,20 +184,15 @@ class DisaggregatedEngine:
         """Drops a request wherever it is; False if unknown. One being prefilled is
         dropped by the prefill side at its next step."""
         with self._lock:
-            for request in self._waiting:
-                if request.id == request_id:
-                    self._waiting.remove(request)
-                    self._finished.append(
-                        Completion(request_id, list(request.prompt), [], "cancelled", 0.0)
-                    )
+            for state in self._waiting:
+                if state.request.id == request_id:
+                    self._waiting.remove(state)
+                    self._finished.append(state.completion("cancelled"))
                     return True
             for item in self._moving:
-                active = item[0]
-                if active.request.id == request_id:
+                if item[0].request.id == request_id:
                     self._moving.remove(item)
-                    self._finished.append(Completion(request_id, list(active.request.prompt),
-                                                     active.output, "cancelled",
-                                                     active.first_token_s))  # fmt: skip
+                    self._finished.append(item[0].completion("cancelled"))
                     return True
             if request_id in self._prefilling:
                 self._cancels.add(request_id)
@@ -244,10 +237,10 @@ class DisaggregatedEngine:
             admitted = []
             while self._room():
                 admitted.append(self._waiting.popleft())
-                self._prefilling.add(admitted[-1].id)
+                self._prefilling.add(admitted[-1].request.id)
             cancels, self._cancels = self._cancels, set()
-        for request in admitted:
-            self.prefill.submit(request)
+        for state in admitted:
+            self.prefill.enqueue(state)
         for request_id in cancels:
             self.prefill.cancel(request_id)
         if not self.prefill.has_work:

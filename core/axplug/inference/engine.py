@@ -106,8 +106,12 @@ class Engine:
     def submit(self, request: Request | Sequence[int]) -> Any:
         """Queues a request (or a bare prompt, sampled with the defaults); returns its id."""
         request = self.checked(request)
-        self._waiting.append(RequestState(request, submitted=time.perf_counter()))
+        self.enqueue(RequestState(request, submitted=time.perf_counter()))
         return request.id
+
+    def enqueue(self, state: RequestState) -> None:
+        """Queues a `checked` request's state (its arrival time kept: another engine's)."""
+        self._waiting.append(state)
 
     def checked(self, request: Request | Sequence[int]) -> Request:
         """`request` with an id and integer prompt, or a ValueError saying why this engine
@@ -195,11 +199,7 @@ class Engine:
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
-        while self.has_work:
-            for event in self.step():
-                if on_token is not None:
-                    on_token(event)
-        return self.pop_finished()
+        return run_to_completion(self, on_token)
 
     def pop_finished(self) -> list[Completion]:
         """Completions finished since the last call."""
@@ -213,7 +213,7 @@ class Engine:
         its row and pages are free at once, and it is not finished."""
         out = []
         for slot, active in enumerate(self._slots):
-            if active is None or not active.output or active.cached != active.context_len - 1:
+            if active is None or not active.decoding:
                 continue
             row = read_cache_row(self._cache, slot)  # the cache's block table still names its pages
             out.append((self._vacate(slot), row))
@@ -225,13 +225,8 @@ class Engine:
         if None not in self._slots:
             return False
         slot = self._slots.index(None)
-        if self.allocator is not None:
-            count = self._pages_for(active.cached)
-            if count > self.allocator.num_free:
-                return False
-            active.pages = self.allocator.allocate(count)
-            self._table[slot] = self.allocator.num_pages
-            self._table[slot, :count] = active.pages
+        if not self._give_pages(slot, active, active.cached):
+            return False
         self._cache = write_cache_row(self._cache, slot, row, self._table)
         self._occupy(slot, active)
         return True
@@ -248,15 +243,22 @@ class Engine:
             if self._slots[slot] is not None:
                 continue
             active = self._waiting[0]
-            if self.allocator is not None:
-                count = self._pages_for(len(active.feed(self.prefill_chunk)))  # its first feed
-                if count > self.allocator.num_free:
-                    break  # first come, first served: wait for pages to be released
-                active.pages = self.allocator.allocate(count)
-                self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
-                self._table[slot, :count] = active.pages
+            if not self._give_pages(slot, active, len(active.feed(self.prefill_chunk))):
+                break  # first come, first served: wait for pages to be released
             self._waiting.popleft()
             self._occupy(slot, active)
+
+    def _give_pages(self, slot: int, active: RequestState, tokens: int) -> bool:
+        """Pages for `tokens` to a request taking `slot` (a paged cache); False if too few."""
+        if self.allocator is None:
+            return True
+        count = self._pages_for(tokens)
+        if count > self.allocator.num_free:
+            return False
+        active.pages = self.allocator.allocate(count)
+        self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
+        self._table[slot, :count] = active.pages
+        return True
 
     def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
         """Pages for what each row writes this step, oldest rows first; the newest rows are
@@ -358,15 +360,17 @@ class Engine:
         self._finish(self._vacate(slot), reason)
 
     def _finish(self, active: RequestState, reason: str) -> None:
-        self._finished.append(
-            Completion(
-                id=active.request.id,
-                prompt_ids=list(active.request.prompt),
-                output_ids=active.output,
-                finish_reason=reason,
-                time_to_first_token_s=active.first_token_s,
-            )
-        )
+        self._finished.append(active.completion(reason))
+
+
+def run_to_completion(engine, on_token: Callable[[TokenEvent], None] | None = None):
+    """Steps `engine` (an Engine or anything with its interface) until every request is
+    done; the completions in the order they finished."""
+    while engine.has_work:
+        for event in engine.step():
+            if on_token is not None:
+                on_token(event)
+    return engine.pop_finished()
 
 
 def generate(

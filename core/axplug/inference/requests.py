@@ -64,12 +64,22 @@ class RequestState:
     def context_len(self) -> int:
         return len(self.request.prompt) + len(self.output)
 
+    @property
+    def decoding(self) -> bool:
+        """Whether everything but its last token is cached (the prompt is done)."""
+        return bool(self.output) and self.cached == self.context_len - 1
+
     def feed(self, limit: int) -> list[int]:
         """The tokens this row writes next: its last token when decoding, else up to `limit`
         uncached prompt (or, after a preemption, prompt and output) tokens."""
-        if self.output and self.cached == self.context_len - 1:
-            return self.output[-1:]  # decoding: no copy of the whole context per step
+        if self.decoding:
+            return self.output[-1:]  # no copy of the whole context per step
         return self.context[self.cached : self.cached + limit]
+
+    def completion(self, reason: str) -> Completion:
+        """This request, finished for `reason`."""
+        return Completion(self.request.id, list(self.request.prompt), self.output, reason,
+                          self.first_token_s)  # fmt: skip
 
 
 def seed_key(seed: int) -> np.ndarray:

@@ -55,8 +55,8 @@ def extend_rows(
     return jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None), cache
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def read_cache_row(cache, slot):
+@jax.jit
+def read_cache_row(cache, slot):  # `slot` traced: one program for every row
     return read_row(cache, slot)
 
 
