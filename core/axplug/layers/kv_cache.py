@@ -94,6 +94,18 @@ def _row_pages(max_len: int) -> tuple[int, int]:
     return page, max_len // page
 
 
+def _paged_view(cache: dict) -> tuple[jax.Array, jax.Array]:
+    """(positions pool [..., pages, page], block table [..., batch, pages per row]) of a cache
+    of either kind: a contiguous cache's rows are runs of pages its table never changes."""
+    if "block_table" in cache:
+        return cache["positions"], cache["block_table"]
+    *lead, b, max_len = cache["positions"].shape
+    page, per_row = _row_pages(max_len)
+    table = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
+    pool = cache["positions"].reshape(*lead, b * per_row, page)
+    return pool, jnp.broadcast_to(table, (*lead, b, per_row))
+
+
 def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_AXES) -> dict:
     """`state` (a pool, its block table, length) with the valid new tokens written; the pool
     laid out by the logical `axes`."""
@@ -110,15 +122,13 @@ def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_
         new = jnp.moveaxis(new.astype(pool.dtype), 2, 0)
         return pool.at[:, page, offset].set(new, mode="drop")
 
-    out = {
+    return {
         "key": constrain(write(state["key"], key), axes),
         "value": constrain(write(state["value"], value), axes),
+        "positions": state["positions"].at[page, offset].set(positions, mode="drop"),
         "block_table": table,
         "length": _new_length(state["length"], positions),
     }
-    if state["positions"] is not None:
-        out["positions"] = state["positions"].at[page, offset].set(positions, mode="drop")
-    return out
 
 
 class ContiguousKVCache(BaseLayer):
@@ -162,20 +172,15 @@ class ContiguousKVCache(BaseLayer):
         """(new_state, PagedKV): the write of `extend`, with the rows handed to a
         paged-attention kernel as the pages they are stored in."""
         b, max_len = state["positions"].shape
-        page, per_row = _row_pages(max_len)
-        table = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
+        positions_pool, table = _paged_view(state)
         # Rows over the batch axes and kv heads over `model`, like the activations: on a mesh
         # each device keeps its rows' and heads' share of the cache.
-        written = _write_pages(dict(state, block_table=table, positions=None),
-                               key, value, positions, page, _KV_AXES)  # fmt: skip
-        index = _write_indices(state["length"], positions, max_len)
-        rows = jnp.arange(b)[:, None]
+        written = _write_pages(dict(state, positions=positions_pool, block_table=table), key,
+                               value, positions, _row_pages(max_len)[0], _KV_AXES)  # fmt: skip
         new_state = {
             "key": written["key"],
             "value": written["value"],
-            "positions": constrain(
-                state["positions"].at[rows, index].set(positions, mode="drop"), ("batch", None)
-            ),
+            "positions": constrain(written["positions"].reshape(b, max_len), ("batch", None)),
             "length": constrain(written["length"], ("batch",)),
         }
         return new_state, PagedKV(new_state["key"], new_state["value"], table, new_state["length"])
@@ -299,21 +304,12 @@ def _is_cache(node) -> bool:
 def read_row(cache_state, row):
     """One row of every cache in `cache_state`, in a layout-free form: per cache `key`/`value`
     [..., capacity, kv_heads, head_dim], `positions` [..., capacity] and `length` [...]
-    ("..." = the leading axes of a scanned stack). Paged caches gather the row's pages."""
+    ("..." = the leading axes of a scanned stack): the row's pages in logical order."""
 
     def one(cache):
         lead = (slice(None),) * (cache["length"].ndim - 1)
-        length = cache["length"][(*lead, row)]
-        if "block_table" not in cache:  # key [..., kvh, b * P, page, d] -> [..., t, kvh, d]
-            per_row = _row_pages(cache["positions"].shape[-1])[1]
-
-            def take(a):
-                a = jax.lax.dynamic_slice_in_dim(a, row * per_row, per_row, axis=len(lead) + 1)
-                return jnp.moveaxis(a.reshape(*a.shape[:-3], -1, a.shape[-1]), -3, -2)
-
-            return {"key": take(cache["key"]), "value": take(cache["value"]),
-                    "positions": cache["positions"][(*lead, row)], "length": length}  # fmt: skip
-        table = cache["block_table"][(*lead, row)]  # [..., pages_per_row]
+        positions_pool, table = _paged_view(cache)
+        table = table[(*lead, row)]  # [..., pages_per_row]
 
         def gather(pool, heads: bool, empty=0):
             # [kvh, num_pages, page, d] -> [pages * page, kvh, d]; [num_pages, page] -> [t]
@@ -326,8 +322,8 @@ def read_row(cache_state, row):
             return jax.vmap(take)(pool, table) if lead else take(pool, table)
 
         return {"key": gather(cache["key"], True), "value": gather(cache["value"], True),
-                "positions": gather(cache["positions"], False, EMPTY_POSITION),
-                "length": length}  # fmt: skip
+                "positions": gather(positions_pool, False, EMPTY_POSITION),
+                "length": cache["length"][(*lead, row)]}  # fmt: skip
 
     return jax.tree.map(one, cache_state, is_leaf=_is_cache)
 
@@ -340,19 +336,9 @@ def write_row(cache_state, row, row_state):
     def one(cache, new):
         lead = (slice(None),) * (cache["length"].ndim - 1)
         at = (*lead, row)
-        out = dict(cache, length=cache["length"].at[at].set(new["length"]))
-        if "block_table" not in cache:
-            page, per_row = _row_pages(cache["positions"].shape[-1])
-            for name in ("key", "value"):  # [..., t, kvh, d] into [..., kvh, b * P, page, d]
-                rows = jnp.moveaxis(new[name].astype(cache[name].dtype), -2, -3)
-                rows = rows.reshape(*rows.shape[:-2], per_row, page, rows.shape[-1])
-                out[name] = jax.lax.dynamic_update_slice_in_dim(
-                    cache[name], rows, row * per_row, axis=len(lead) + 1
-                )
-            out["positions"] = cache["positions"].at[at].set(new["positions"])
-            return out
-        table = cache["block_table"][at]  # [..., pages_per_row]
-        page = cache["positions"].shape[-1]
+        positions_pool, table = _paged_view(cache)
+        table = table[at]  # [..., pages_per_row]
+        page = positions_pool.shape[-1]
 
         def scatter(pool, rows, heads: bool):  # a row [t, (kvh, d)] into its pages
             def put(p, t, r):
@@ -363,9 +349,13 @@ def write_row(cache_state, row, row_state):
 
             return jax.vmap(put)(pool, table, rows) if lead else put(pool, table, rows)
 
-        out["key"] = scatter(cache["key"], new["key"], True)
-        out["value"] = scatter(cache["value"], new["value"], True)
-        out["positions"] = scatter(cache["positions"], new["positions"], False)
-        return out
+        positions = scatter(positions_pool, new["positions"], False)
+        return dict(
+            cache,
+            key=scatter(cache["key"], new["key"], True),
+            value=scatter(cache["value"], new["value"], True),
+            positions=positions.reshape(cache["positions"].shape),
+            length=cache["length"].at[at].set(new["length"]),
+        )
 
     return jax.tree.map(one, cache_state, row_state, is_leaf=_is_cache)
