@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from axplug.cli.arguments import add_checkpoint_arguments
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -50,15 +52,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    add_checkpoint_arguments(parser)
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (tokenized: see --tokenizer)")
     prompt.add_argument(
         "--prompt-ids", type=_token_ids, metavar="ID,ID,...", help="prompt as token ids"
-    )
-    parser.add_argument(
-        "--tokenizer", metavar="PATH", help="tokenizer file or directory, or `bytes`"
     )
     parser.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
     parser.add_argument(
@@ -69,13 +67,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--stop", type=int, action="append", default=[], metavar="ID", help="stop token id"
-    )
-    parser.add_argument(
-        "--modifier",
-        action="append",
-        default=[],
-        metavar="NAME[:k=v,...]",
-        help="apply to the loaded config, e.g. paged_kv_cache (repeatable)",
     )
     parser.add_argument(
         "--json", action="store_true", help='print {"prompt_ids": [...], "output_ids": [...]}'

@@ -99,7 +99,24 @@ def alibi_slopes(heads: int) -> jax.Array:
     return jnp.asarray([2.0 ** (-8.0 * i / heads) for i in range(1, heads + 1)], jnp.float32)
 
 
-class KernelConformance:
+class NumericsFixtures:
+    """`dtype` (float32) and `tolerance` fixtures of the kernel kits: `float32_tolerance`
+    against a float32 reference, 2e-2 for 16-bit dtypes (override either fixture)."""
+
+    float32_tolerance = 1e-5
+
+    @pytest.fixture
+    def dtype(self):
+        return jnp.float32
+
+    @pytest.fixture
+    def tolerance(self, dtype) -> dict:
+        if jnp.dtype(dtype) == jnp.float32:
+            return {"rtol": self.float32_tolerance, "atol": self.float32_tolerance}
+        return {"rtol": 2e-2, "atol": 2e-2}
+
+
+class KernelConformance(NumericsFixtures):
     """Subclass as `TestMyKernel(KernelConformance)` and override the `kernel` fixture.
 
     `kernel` returns an object with `__call__(query, key, value, mask, *, scale)` (and
@@ -125,17 +142,6 @@ class KernelConformance:
     @pytest.fixture
     def reference(self):
         return reference_kernel()
-
-    @pytest.fixture
-    def dtype(self):
-        return jnp.float32
-
-    @pytest.fixture
-    def tolerance(self, dtype) -> dict:
-        # float32 against a float32 reference; bfloat16 kernels should override to ~2e-2.
-        if jnp.dtype(dtype) == jnp.float32:
-            return {"rtol": 1e-5, "atol": 1e-5}
-        return {"rtol": 2e-2, "atol": 2e-2}
 
     def _case(self, name: str) -> Case:
         case = CASES[name]

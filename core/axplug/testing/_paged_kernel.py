@@ -11,6 +11,7 @@ import pytest
 
 from axplug.kernels.reference import reference_attention
 from axplug.layers.kv_cache import PagedKV
+from axplug.testing._kernel import NumericsFixtures
 
 __all__ = ["PagedKernelConformance", "make_paged_problem", "paged_reference"]
 
@@ -52,7 +53,7 @@ def paged_reference(query, paged: PagedKV, *, scale: float) -> jax.Array:
     return out[:, 0]
 
 
-class PagedKernelConformance:
+class PagedKernelConformance(NumericsFixtures):
     """Subclass as `TestMyPagedKernel(PagedKernelConformance)` and override `kernel`.
 
     `kernel` returns an object with `paged = True`, `__call__(query, paged, *, scale)` and
@@ -62,21 +63,13 @@ class PagedKernelConformance:
     sets its own).
     """
 
+    float32_tolerance = 1e-4  # blocked online softmax against one softmax
+
     @pytest.fixture
     def kernel(self):
         raise NotImplementedError(
             f"{type(self).__name__}: override the `kernel` fixture to return your kernel"
         )
-
-    @pytest.fixture
-    def dtype(self):
-        return jnp.float32
-
-    @pytest.fixture
-    def tolerance(self, dtype) -> dict:
-        if jnp.dtype(dtype) == jnp.float32:
-            return {"rtol": 1e-4, "atol": 1e-4}
-        return {"rtol": 2e-2, "atol": 2e-2}
 
     @pytest.fixture
     def problem_shapes(self) -> dict:

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from axplug.cli.arguments import add_checkpoint_arguments
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -64,8 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine)")
     parser.add_argument("--port", type=_port, default=8000, help="default: 8000")
     parser.add_argument("--model-name", metavar="NAME", help="default: the run directory's name")
@@ -105,15 +106,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="disaggregate: prefill on the first N devices, decode on the rest (0: every "
         "device does both)",
     )
-    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or directory")
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
-    parser.add_argument(
-        "--modifier",
-        action="append",
-        default=[],
-        metavar="NAME[:k=v,...]",
-        help="apply to the loaded config, e.g. paged_kv_cache (repeatable)",
-    )
     parser.add_argument(
         "--no-warmup",
         dest="warmup",
