@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"axplug/plain-jax step-time ratio: {ratio:.3f}")
     # XLA's FLOPs leave out a cuDNN kernel's work: MFU by the model's FLOPs (6 x params per
     # token + attention, the count `axplug aot` and the trainer's `mfu` use) as well.
-    from axplug.aot import model_flops_per_step
+    from axplug.trainer import model_flops_per_step
 
     flops = model_flops_per_step(cfg)
     for side, seconds in result["median"].items():

@@ -38,7 +38,7 @@ from axplug_attention import (  # noqa: E402
 from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError  # noqa: E402
 from axplug.context import functional  # noqa: E402
-from axplug.kernels import FlashAttention  # noqa: E402
+from axplug.layers import FlashAttention  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
     CausalLM,
@@ -159,10 +159,13 @@ def test_kernel_names_are_the_cores_re_exported():
     import axplug.kernels as core_kernels
     from axplug.config import resolve_class
 
-    for name in ("FlashAttention", "ReferenceKernel", "XlaKernel", "select_kernel", "Unsupported"):
+    import axplug.layers as core_layers
+
+    for name in ("ReferenceKernel", "XlaKernel", "select_kernel", "Unsupported"):
         assert getattr(axplug_attention, name) is getattr(core_kernels, name), name
+    assert axplug_attention.FlashAttention is core_layers.FlashAttention
     assert axplug_attention.kernels.check_shapes is core_kernels.check_shapes
-    assert axplug_attention.modifiers.FlashAttentionModifier is core_kernels.FlashAttentionModifier
+    assert axplug_attention.modifiers.FlashAttentionModifier is core_layers.FlashAttentionModifier
     assert resolve_class("axplug_attention.dispatch:FlashAttention") is FlashAttention
     assert set(axplug_attention.__all__) <= set(dir(axplug_attention))
 
@@ -639,7 +642,7 @@ SWAPS = {
     "0.0078125, 0.00390625)",  # llama-tiny's 8 heads
     "rope:theta=500000": "attention.position.theta: 500000.0",
     "gqa:num_kv_heads=2": "attention.qkv.klass: axplug_attention.gqa:GroupedQKVLinear",
-    "flash_attention": "attention.kernel.klass: axplug.kernels.layer:FlashAttention",
+    "flash_attention": "attention.kernel.klass: axplug.layers.flash:FlashAttention",
     "sliding_window:size=8": "attention.sliding_window: 8",
 }
 

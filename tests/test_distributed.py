@@ -309,7 +309,7 @@ def test_slurm_template_is_valid_bash_and_srun_runs_axplug_train(capsys, tmp_pat
 
 
 def test_tpu_vm_template_runs_the_command_on_every_worker(capsys, tmp_path):
-    from axplug.aot import device_spec_of
+    from axplug.mesh_rules import device_spec_of
 
     code, out, _ = launch(capsys, "tpu-vm", "--preset", "llama2-7b", "--mesh-rule", "tpu-v5p-64")
     assert code == 0

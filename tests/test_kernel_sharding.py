@@ -29,14 +29,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from axplug.context import functional
 from axplug.kernels import (
-    FlashAttention,
     ReferenceKernel,
     attention_specs,
     kernel_choices,
     select_kernel,
     shard_over_batch,
 )
-from axplug.layers import AttentionMask
+from axplug.layers import AttentionMask, FlashAttention
 from axplug.mesh import DEFAULT_AXIS_RULES, MESH_AXES, logical_to_partition_spec
 from axplug.sharding import sharding_scope
 

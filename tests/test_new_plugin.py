@@ -317,8 +317,8 @@ def _signature(method) -> str:
 def test_slot_contracts_and_attention_mask_are_documented_as_coded():
     import dataclasses
 
-    from axplug.kernels import FlashAttention
     from axplug.layers import (
+        FlashAttention,
         AttentionMask,
         ContiguousKVCache,
         DotProductKernel,

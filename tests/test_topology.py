@@ -311,7 +311,7 @@ def test_detected_rule_and_layout_keep_fsdp_inside_a_host(devices, rule_name, gr
 
 
 def test_detected_device_spec_is_the_selected_rules_chip():
-    from axplug.aot import detected_device_spec
+    from axplug.mesh_rules import detected_device_spec
 
     pytest.importorskip("axplug_gpu")
     assert detected_device_spec(gpus(4)).peak_bf16_flops == 989e12  # H100 x 4 hosts

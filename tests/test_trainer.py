@@ -401,7 +401,7 @@ def test_eval_runs_on_the_held_out_split(tmp_path):
 
 
 def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
-    from axplug.aot import model_flops_per_step
+    from axplug.trainer import model_flops_per_step
 
     peak = 1e9  # a fake device spec's FLOP/s: CPUs have none
     cfg = with_jsonl(tiny_config(tmp_path, f"peak_flops_per_device={peak}", steps=4))

@@ -1,9 +1,8 @@
 """Ahead-of-time planning: compile a train step for a mesh rule's topology without running it.
 
-Device specs travel with mesh rules: a hardware plugin's `axplug.mesh_rules` entry loads a
-function returning a `MeshRule.Config`, and `with_device_spec(spec)` attaches `device_spec` to
-that function. `device_spec_of(rule_name)` reads it back, so any plugin's rule can be planned
-for without a new registry kind. The selector's trailing `-N` or `-NxM` is the device count.
+The target comes from a mesh rule and the `DeviceSpec` attached to it
+(`axplug.mesh_rules.resolve_rule`, `device_spec_of`); the FLOPs from the trainer's analytic
+model (`axplug.trainer.model_flops_per_step`).
 """
 
 from __future__ import annotations
@@ -11,24 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 from axplug import aot_plan
+from axplug.api import DeviceSpec
+from axplug.trainer.flops import active_parameters, model_flops_per_step
 
 __all__ = [
-    "DeviceSpec",
     "AotReport",
-    "with_device_spec",
-    "device_spec_of",
-    "detected_device_spec",
-    "resolve_rule",
-    "selector_device_count",
     "scale_down",
     "check_batch",
-    "analytic_flops",
-    "active_parameters",
-    "model_flops_per_step",
     "compile_report",
     "count_collectives",
     "GIB",
@@ -36,66 +27,6 @@ __all__ = [
 
 GIB = 1024**3
 _BATCH_AXES = ("data", "fsdp", "expert")  # what `batch` is sharded over by default
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceSpec:
-    """One accelerator chip, from its vendor's public datasheet (`source`)."""
-
-    name: str
-    platform: str  # "gpu", "tpu", "neuron"
-    peak_bf16_flops: float  # dense (no sparsity) bf16 FLOP/s per chip
-    hbm_bytes: int  # per chip
-    chips_per_host: int
-    interconnect: str = ""
-    source: str = ""
-
-
-def with_device_spec(spec: DeviceSpec) -> Callable[[Callable], Callable]:
-    """Decorator for a mesh-rule function: records the chip it targets as `fn.device_spec`."""
-
-    def attach(fn: Callable) -> Callable:
-        fn.device_spec = spec
-        return fn
-
-    return attach
-
-
-def device_spec_of(rule_name: str) -> DeviceSpec | None:
-    """The DeviceSpec attached to the registered mesh rule `rule_name`, if any."""
-    from axplug import registry
-
-    return getattr(registry.load("mesh_rules", rule_name), "device_spec", None)
-
-
-def detected_device_spec(devices=None) -> DeviceSpec | None:
-    """The DeviceSpec of the installed mesh rule that auto-selection picks for `devices`."""
-    from axplug.config import ConfigError
-    from axplug.mesh_rules import detect_selector, select_mesh_rule
-
-    try:
-        name, _ = select_mesh_rule(detect_selector(devices))
-    except ConfigError:  # no rule for this accelerator
-        return None
-    return device_spec_of(name)
-
-
-def selector_device_count(selector: str) -> int | None:
-    """`gpu-h100-8x32` -> 256, `tpu-v5e-256` -> 256, `cpu-8` -> 8, `cpu` -> None."""
-    match = re.search(r"-(\d+)(?:x(\d+))?$", selector)
-    if not match:
-        return None
-    return int(match.group(1)) * int(match.group(2) or 1)
-
-
-def resolve_rule(name_or_selector: str):
-    """(rule name, MeshRule): a registered rule name is used as is, else a selector is matched."""
-    from axplug import registry
-    from axplug.mesh_rules import select_mesh_rule
-
-    if name_or_selector in registry.names("mesh_rules"):
-        return name_or_selector, registry.load("mesh_rules", name_or_selector)().instantiate()
-    return select_mesh_rule(name_or_selector)
 
 
 def scale_down(shape: tuple[int, ...], axis_names, batch_size: int, max_devices: int):
@@ -133,60 +64,6 @@ def check_batch(shape, axis_names, batch_size: int) -> None:
             f"mesh {dict(zip(axis_names, shape, strict=True))}; "
             f"use --set input.batch_size={ways * max(1, batch_size // ways)}"
         )
-
-
-def analytic_flops(num_params: int, *, layers: int, dim: int, seq: int, batch: int) -> float:
-    """Training FLOPs per step: 6·params·tokens + 12·layers·dim·seq·tokens (PaLM, App. B;
-    attention counted without the causal half, as MFU conventions do)."""
-    tokens = batch * seq
-    return 6.0 * num_params * tokens + 12.0 * layers * dim * seq * tokens
-
-
-def active_parameters(model) -> float:
-    """Parameters one token runs through: all of them, except that a layer with
-    `active_parameter_fraction()` (e.g. MoE experts: top_k / num_experts) counts that share of
-    its own weights. Scanned stacks count their layer `num_layers` times."""
-    from axplug.layers import RepeatedTransformer
-    from axplug.layers.base import ParameterSpec
-
-    def count(specs) -> int:
-        leaves = _leaves(specs, ParameterSpec)
-        return sum(math.prod(s.shape) for s in leaves)
-
-    inactive = 0.0
-
-    def visit(module, times: int) -> None:
-        nonlocal inactive
-        fraction = getattr(module, "active_parameter_fraction", None)
-        if fraction is not None:
-            own = count(module._create_layer_parameter_specs())
-            inactive += (1.0 - fraction()) * own * times
-        if isinstance(module, RepeatedTransformer):
-            times *= module.config.num_layers
-        for child in module.children.values():
-            visit(child, times)
-
-    visit(model, 1)
-    return count(model.create_parameter_specs_recursively()) - inactive
-
-
-def _leaves(tree, leaf_type) -> list:
-    import jax
-
-    return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, leaf_type))
-
-
-def model_flops_per_step(cfg, model=None) -> float:
-    """Analytic training FLOPs of one step of trainer config `cfg`: 6 x active parameters x
-    tokens plus attention (`analytic_flops`)."""
-    model = model or cfg.model.instantiate(parent=None, _path="model")
-    try:  # a decoder-only LM; other models get the 6·N·D term alone
-        layers, dim = cfg.model.decoder.transformer.num_layers, cfg.model.decoder.dim
-    except AttributeError:
-        layers, dim = 0, 0
-    seq = getattr(cfg.input, "seq_len", 0)
-    batch = getattr(cfg.input, "batch_size", 0)
-    return analytic_flops(active_parameters(model), layers=layers, dim=dim, seq=seq, batch=batch)
 
 
 @dataclasses.dataclass
@@ -356,7 +233,7 @@ def compile_report(
     token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
     abstract_batch = {"input_ids": token, "target_labels": token}
     start = time.perf_counter()
-    compiled = trainer._train_step.lower(trainer.abstract_state, abstract_batch).compile()
+    compiled = trainer.lower_step(abstract_batch).compile()
     compile_s = time.perf_counter() - start
 
     mem = compiled.memory_analysis()

@@ -13,7 +13,7 @@ def plan_flash_attention(cfg, platform: str):
     import jax
 
     from axplug.config import find_configs, replace_config
-    from axplug.kernels import BlockwiseAttention, FlashAttention
+    from axplug.layers import BlockwiseAttention, FlashAttention
 
     where = f"compiled for {jax.default_backend()}, planning {platform}"
     if not find_configs(cfg, FlashAttention):
@@ -34,7 +34,7 @@ def plan_flash_attention(cfg, platform: str):
 def kernels_for(cfg, platform: str):
     """`cfg` with its flash-attention slots choosing kernels for `platform`, not this host."""
     from axplug.config import find_configs
-    from axplug.kernels import FlashAttention
+    from axplug.layers import FlashAttention
 
     cfg = cfg.clone()
     for _, slot in find_configs(cfg, FlashAttention):

@@ -7,8 +7,8 @@ from typing import Any
 import jax
 import optax
 
+from axplug.api import ParameterSpec
 from axplug.config import ConfigError, Configurable, config_class
-from axplug.layers.base import ParameterSpec
 
 __all__ = ["Learner", "OPTIMIZERS", "SCHEDULES", "clip_by_global_norm"]
 

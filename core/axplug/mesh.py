@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from axplug.api import ParameterSpec
 from axplug.config import ConfigError, Configurable, config_class
 
 __all__ = [
@@ -92,8 +93,6 @@ def logical_to_partition_spec(
 
 def parameter_shardings(specs: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> Any:
     """A tree of NamedShardings for a tree of ParameterSpecs."""
-    from axplug.layers.base import ParameterSpec  # layers import the mesh's rules
-
     return jax.tree.map(
         lambda s: NamedSharding(mesh, logical_to_partition_spec(s.mesh_axes, rules, mesh, s.shape)),
         specs,

@@ -1,4 +1,11 @@
-"""Mesh rules: an accelerator selector pattern mapped to a chain of registered modifiers."""
+"""Mesh rules: an accelerator selector pattern mapped to a chain of registered modifiers.
+
+Device specs travel with mesh rules: a hardware plugin's `axplug.mesh_rules` entry loads a
+function returning a `MeshRule.Config`, and `axplug.api.with_device_spec(spec)` attaches
+`device_spec` to that function. `device_spec_of(rule_name)` reads it back, so any plugin's rule
+can be planned for without a new registry kind. The selector's trailing `-N` or `-NxM` is the
+device count.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,19 @@ import fnmatch
 import re
 from collections.abc import Sequence
 
+from axplug.api import DeviceSpec
 from axplug.config import REQUIRED, ConfigError, Configurable, Required, chain, config_class
 
-__all__ = ["MeshRule", "detect_selector", "select_mesh_rule", "cpu_rule"]
+__all__ = [
+    "MeshRule",
+    "detect_selector",
+    "select_mesh_rule",
+    "resolve_rule",
+    "selector_device_count",
+    "device_spec_of",
+    "detected_device_spec",
+    "cpu_rule",
+]
 
 
 class MeshRule(Configurable):
@@ -90,6 +107,39 @@ def select_mesh_rule(selector: str = "auto") -> tuple[str, MeshRule]:
         f"{', '.join(rules) or 'none'}. Hardware rules come from plugins such as axplug-gpu, "
         "axplug-tpu and axplug-trainium"
     )
+
+
+def device_spec_of(rule_name: str) -> DeviceSpec | None:
+    """The DeviceSpec attached to the registered mesh rule `rule_name`, if any."""
+    from axplug import registry
+
+    return getattr(registry.load("mesh_rules", rule_name), "device_spec", None)
+
+
+def detected_device_spec(devices=None) -> DeviceSpec | None:
+    """The DeviceSpec of the installed mesh rule that auto-selection picks for `devices`."""
+    try:
+        name, _ = select_mesh_rule(detect_selector(devices))
+    except ConfigError:  # no rule for this accelerator
+        return None
+    return device_spec_of(name)
+
+
+def selector_device_count(selector: str) -> int | None:
+    """`gpu-h100-8x32` -> 256, `tpu-v5e-256` -> 256, `cpu-8` -> 8, `cpu` -> None."""
+    match = re.search(r"-(\d+)(?:x(\d+))?$", selector)
+    if not match:
+        return None
+    return int(match.group(1)) * int(match.group(2) or 1)
+
+
+def resolve_rule(name_or_selector: str):
+    """(rule name, MeshRule): a registered rule name is used as is, else a selector is matched."""
+    from axplug import registry
+
+    if name_or_selector in registry.names("mesh_rules"):
+        return name_or_selector, registry.load("mesh_rules", name_or_selector)().instantiate()
+    return select_mesh_rule(name_or_selector)
 
 
 def cpu_rule() -> MeshRule.Config:

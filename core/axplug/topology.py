@@ -14,7 +14,7 @@ import re
 __all__ = ["tpu_topology_name", "compile_only_devices", "libtpu_available"]
 
 # Chips per slice -> the slice's chip grid: v5e/v6e slices are 2D tori, v4/v5p 3D. A selector
-# counts JAX devices, one per chip (as `axplug.aot.selector_device_count` and the mesh rules
+# counts JAX devices, one per chip (as `axplug.mesh_rules.selector_device_count` and the mesh rules
 # do), not Cloud TPU's TensorCore-counting slice names (there v5p-8 is 4 chips).
 _GRID_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
             256: "16x16"}  # fmt: skip

@@ -155,12 +155,10 @@ def _kernel_note(obj: Any, backend: str | None) -> str | None:
         import jax
         import jax.numpy as jnp
 
-        from axplug.layers import AttentionMask
+        from axplug.api import AttentionMask, PagedKV
 
         kernel = obj() if isinstance(obj, type) else obj
         if getattr(kernel, "paged", False):  # a paged-attention kernel: one decode step
-            from axplug.layers.kv_cache import PagedKV
-
             pages = jax.ShapeDtypeStruct((8, 64, 16, 128), jnp.bfloat16)
             rows = jax.ShapeDtypeStruct((1,), jnp.int32)
             table = jax.ShapeDtypeStruct((1, 8), jnp.int32)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from axplug.cli.arguments import add_checkpoint_arguments
+from axplug.api import add_checkpoint_arguments
 
 __all__ = ["add_parser", "run"]
 

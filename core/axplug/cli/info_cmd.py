@@ -100,6 +100,10 @@ def _print_object(obj: Any) -> int:
     print(f"doc:           {summary}")
     # A component may describe its state on this machine (e.g. which kernel dispatch picks).
     extra = getattr(obj, "info_lines", None)
+    if extra is None and callable(getattr(obj, "is_supported", None)):  # a kernel
+        from axplug.kernels import describe_kernels
+
+        extra = describe_kernels
     if callable(extra):
         try:
             for line in extra():

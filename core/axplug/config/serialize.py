@@ -104,6 +104,16 @@ def check_trusted_reference(name: str, path: str) -> None:
         )
 
 
+# Where classes that saved configs name have moved: the new `module:Qualname`, or the registry
+# name of a component that is now a plugin's (resolved only where that plugin is installed).
+# Runs and checkpoints written before a move keep loading.
+MOVED = {
+    "axplug.kernels.layer:FlashAttention": "axplug.layers.flash:FlashAttention",
+    "axplug.kernels.layer:BlockwiseAttention": "axplug.layers.flash:BlockwiseAttention",
+    "axplug.kernels.modifier:FlashAttentionModifier": "axplug.layers.flash:FlashAttentionModifier",
+}
+
+
 def class_name(obj: Any) -> str:
     """`module:Qualname` of a class or function."""
     return f"{obj.__module__}:{obj.__qualname__}"
@@ -125,6 +135,7 @@ def _import_qualname(name: str) -> Any:
 def resolve_class(name: str, path: str = "klass", *, trusted: bool = True) -> Any:
     """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`);
     untrusted, a `module:Qualname` must lie in the core or an installed plugin package."""
+    name = MOVED.get(name, name)
     if _QUALNAME.match(name):
         check_enabled_reference(name, path)
         if not trusted:

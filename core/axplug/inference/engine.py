@@ -24,11 +24,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from axplug.api import EMPTY_POSITION
 from axplug.inference.paging import OutOfPagesError, PageAllocator, cache_paging
 from axplug.inference.requests import Completion, Request, RequestState, TokenEvent, seed_key
 from axplug.inference.sampling import SamplingParams
 from axplug.inference.steps import extend_rows, read_cache_row, write_cache_row
-from axplug.layers.kv_cache import EMPTY_POSITION, assigning_pages
+from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope
 

@@ -1,12 +1,12 @@
-"""Attention kernels: the protocol, the reference and XLA kernels, dispatch, and the
-`FlashAttention` slot with its `flash_attention` modifier.
+"""Attention kernels: the reference, XLA and blockwise kernels, paged kernels, and dispatch.
 
 Hardware plugins implement the protocol (`AttentionKernel`, `Unsupported`, `check_shapes`)
-against this package alone and wrap their opaque calls with `shard_over_batch`; dispatch asks
+against `axplug.api` alone and wrap their opaque calls with `shard_over_batch`; dispatch asks
 every `axplug.kernels` entry, by priority, whether it supports a call and falls back to the
 reference kernel.
 """
 
+from axplug.api import AttentionKernel, Unsupported, check_shapes
 from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
 from axplug.kernels.dispatch import (
     FALLBACK,
@@ -16,8 +16,6 @@ from axplug.kernels.dispatch import (
     registered_kernels,
     select_kernel,
 )
-from axplug.kernels.layer import BlockwiseAttention, FlashAttention
-from axplug.kernels.modifier import FlashAttentionModifier
 from axplug.kernels.paged import (
     XlaPagedKernel,
     check_paged_shapes,
@@ -25,17 +23,13 @@ from axplug.kernels.paged import (
     select_paged_kernel,
 )
 from axplug.kernels.partition import attention_specs, check_sequence_sharding, shard_over_batch
-from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
 from axplug.kernels.reference import ReferenceKernel, reference_attention
 from axplug.kernels.xla import XlaKernel
 
 __all__ = [
     "FALLBACK",
     "AttentionKernel",
-    "BlockwiseAttention",
     "BlockwiseKernel",
-    "FlashAttention",
-    "FlashAttentionModifier",
     "KernelChoice",
     "ReferenceKernel",
     "Unsupported",

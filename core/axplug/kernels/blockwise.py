@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
+from axplug.api import AttentionKernel, Unsupported, check_shapes
 from axplug.kernels.reference import NEG_INF
 
 __all__ = ["BlockwiseKernel", "blockwise_attention"]

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from axplug import registry
+from axplug.api import AttentionMask
 from axplug.kernels.reference import ReferenceKernel
-from axplug.layers import AttentionMask
 
 __all__ = [
     "FALLBACK",

@@ -20,9 +20,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from axplug.api import PagedKV, Unsupported
 from axplug.kernels.dispatch import registered_kernels
-from axplug.kernels.protocol import Unsupported
-from axplug.layers.kv_cache import PagedKV
 
 __all__ = [
     "XlaPagedKernel",

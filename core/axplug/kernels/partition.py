@@ -20,7 +20,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from axplug.kernels.protocol import Unsupported
+from axplug.api import Unsupported
 from axplug.sharding import current_scope, sharding_scope
 
 __all__ = ["attention_specs", "check_sequence_sharding", "shard_over_batch"]

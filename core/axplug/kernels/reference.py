@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from axplug.kernels.protocol import AttentionKernel
+from axplug.api import AttentionKernel
 
 __all__ = ["NEG_INF", "ReferenceKernel", "reference_attention"]
 

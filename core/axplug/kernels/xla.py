@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from axplug.kernels.protocol import AttentionKernel, Unsupported, check_shapes
+from axplug.api import AttentionKernel, Unsupported, check_shapes
 
 __all__ = ["XlaKernel"]
 

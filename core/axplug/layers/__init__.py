@@ -1,18 +1,18 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
+from axplug.api import EMPTY_POSITION, AttentionMask, Initializer, ParameterSpec, linear_bias
 from axplug.layers.attention import (
     Attention,
-    AttentionMask,
     DotProductKernel,
     IdentityPositionTransform,
     QKVLinear,
-    linear_bias,
 )
-from axplug.layers.base import BaseLayer, Initializer, ParameterSpec
+from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
-from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
-from axplug.layers.kv_cache import EMPTY_POSITION, ContiguousKVCache, PagedKVCache
+from axplug.layers.feed_forward import ACTIVATIONS, FeedForward, get_activation
+from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
+from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.pipeline import PipelinedTransformer
 from axplug.layers.quantized import QuantizedLinear
@@ -26,6 +26,9 @@ __all__ = [
     "linear_bias",
     "REMAT_POLICIES",
     "Attention",
+    "BlockwiseAttention",
+    "FlashAttention",
+    "FlashAttentionModifier",
     "AttentionMask",
     "BaseLayer",
     "CausalLM",
@@ -47,4 +50,5 @@ __all__ = [
     "StackedTransformer",
     "TransformerLayer",
     "cross_entropy",
+    "get_activation",
 ]

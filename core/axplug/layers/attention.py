@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
+from axplug.api import AttentionMask, linear_bias
 from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.kernels import reference_attention, select_paged_kernel
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
 from axplug.layers.kv_cache import ContiguousKVCache
@@ -26,53 +27,6 @@ __all__ = [
 
 _Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
 _KV_AXES = ("batch", "kv_seq", "heads", None)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class AttentionMask:
-    """Which keys each query may see, and how the scores are biased: positions, segments and
-    bias slopes are data, the kind is static. Part of the plugin API (docs/plugin-reference.md).
-
-    A key is allowed when `kv_position <= q_position` (causal), `|q - kv| < sliding_window`
-    and the segment ids are equal. `linear_bias_slopes` [heads] adds
-    `-slope[h] * |q_position - kv_position|` to head h's scaled scores (ALiBi); kernels that
-    cannot add it answer Unsupported, so dispatch picks one that can. Padding and empty cache
-    slots have position `EMPTY_POSITION`, which a causal mask hides.
-    """
-
-    q_positions: jax.Array  # [batch, q_len] int32
-    kv_positions: jax.Array  # [batch, kv_len] int32
-    q_segment_ids: jax.Array | None = None  # [batch, q_len]; equal ids attend
-    kv_segment_ids: jax.Array | None = None  # [batch, kv_len]
-    causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
-    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-    linear_bias_slopes: jax.Array | None = None  # [heads] float32 (plugin API 1.1)
-
-    def dense(self) -> jax.Array:
-        """Boolean [batch, 1, q_len, kv_len]: True where attention is allowed."""
-        q = self.q_positions[:, :, None]
-        k = self.kv_positions[:, None, :]
-        allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), dtype=bool)
-        if self.causal:
-            allowed &= k <= q
-        if self.sliding_window is not None:
-            allowed &= jnp.abs(q - k) < self.sliding_window
-        if self.q_segment_ids is not None:
-            allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
-        return allowed[:, None]
-
-    def bias(self) -> jax.Array | None:
-        """Float32 [batch, heads, q_len, kv_len] added to the scaled scores, or None."""
-        if self.linear_bias_slopes is None:
-            return None
-        return linear_bias(self.linear_bias_slopes, self.q_positions, self.kv_positions)
-
-
-def linear_bias(slopes: jax.Array, q_positions: jax.Array, kv_positions: jax.Array) -> jax.Array:
-    """`-slopes[h] * |q - kv|`: float32 [batch, heads, q_len, kv_len] (ALiBi's bias)."""
-    distance = jnp.abs(q_positions[:, :, None] - kv_positions[:, None, :]).astype(jnp.float32)
-    return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None]
 
 
 class QKVLinear(BaseLayer):
@@ -131,9 +85,6 @@ class DotProductKernel(BaseLayer):
 
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         # q: [b, sq, h, d]; k, v: [b, skv, kvh, d] -> [b, sq, h, d]
-        # Imported here: axplug.kernels builds on this module (AttentionMask, this layer).
-        from axplug.kernels.reference import reference_attention
-
         h, kvh = q.shape[2], k.shape[2]
         if h % kvh:
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
@@ -148,8 +99,6 @@ class DotProductKernel(BaseLayer):
 
 def paged_attention(q, paged, *, scale: float | None, backend: str | None = None) -> jax.Array:
     """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3)."""
-    from axplug.kernels.paged import select_paged_kernel
-
     _, kernel = select_paged_kernel(q, paged, backend=backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return kernel(q, paged, scale=scale)

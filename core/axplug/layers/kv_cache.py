@@ -18,11 +18,11 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from axplug.api import EMPTY_POSITION, PagedKV
 from axplug.config import config_class
 from axplug.layers.base import BaseLayer
 from axplug.sharding import constrain
@@ -38,9 +38,6 @@ __all__ = [
     "read_row",
     "write_row",
 ]
-
-# Position of a slot that holds no token: after every real position.
-EMPTY_POSITION = 2**30
 
 _KV_AXES = ("heads", "batch", None, None)  # [kv_heads, rows x pages, page, head_dim]
 _PAGE = 16  # tokens per page when a contiguous cache is read as pages
@@ -76,16 +73,6 @@ def _visible(positions: jax.Array, new_length: jax.Array) -> jax.Array:
 
 def _new_length(length: jax.Array, positions: jax.Array) -> jax.Array:
     return length + jnp.sum(positions != EMPTY_POSITION, axis=1, dtype=jnp.int32)
-
-
-class PagedKV(NamedTuple):
-    """A paged cache's keys and values as a paged-attention kernel reads them: each row's
-    first `lengths[b]` tokens, in the pages `block_table[b]` names, in logical order."""
-
-    key_pages: jax.Array  # [kv_heads, num_pages, page_size, head_dim]
-    value_pages: jax.Array
-    block_table: jax.Array  # [batch, pages_per_row]; entries >= num_pages: no page
-    lengths: jax.Array  # [batch] tokens cached per row (this step's included)
 
 
 def _row_pages(max_len: int) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def reference_kernel() -> Any:
 
 def make_problem(case: Case, dtype=jnp.float32, seed: int = 0):
     """(query, key, value, mask) for `case`, random but deterministic."""
-    from axplug.layers import AttentionMask
+    from axplug.api import AttentionMask
 
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
     q = jax.random.normal(kq, (case.batch, case.q_len, case.heads, case.head_dim), dtype)

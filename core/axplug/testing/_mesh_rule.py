@@ -135,7 +135,7 @@ class MeshRuleConformance:
                 raise AssertionError(f"modifier spec {spec!r}: {exc}") from exc
 
     def test_mesh_fits_the_selector_device_count(self, rule, selectors, presets):
-        from axplug.aot import selector_device_count
+        from axplug.mesh_rules import selector_device_count
         from axplug.presets import preset_config
 
         mesh_rule = self.instantiate(rule)
@@ -195,11 +195,11 @@ class MeshRuleConformance:
 
     def test_device_spec(self, rule):
         require(self, "device_spec", MESH_RULE_CAPABILITIES)
-        from axplug.aot import DeviceSpec
+        from axplug.api import DeviceSpec
 
         spec = getattr(rule, "device_spec", None)
         assert isinstance(spec, DeviceSpec), (
-            "decorate the rule function with @axplug.aot.with_device_spec(DeviceSpec(...)) or "
+            "decorate the rule function with @axplug.api.with_device_spec(DeviceSpec(...)) or "
             "drop the `device_spec` capability"
         )
         assert spec.peak_bf16_flops > 0 and spec.hbm_bytes > 0 and spec.chips_per_host > 0, (

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from axplug.api import PagedKV
 from axplug.kernels.reference import reference_attention
-from axplug.layers.kv_cache import PagedKV
 from axplug.testing._kernel import NumericsFixtures
 
 __all__ = ["PagedKernelConformance", "make_paged_problem", "paged_reference"]

@@ -66,7 +66,8 @@ class StepTimer:
     def for_run(cls, trainer_cfg: Any, model: Any, mesh: Any) -> StepTimer:
         """The timer of a run: its tokens and model FLOPs per step, and the mesh's total peak
         FLOP/s (`peak_flops_per_device`, else the detected accelerator's spec; None on CPU)."""
-        from axplug.aot import detected_device_spec, model_flops_per_step
+        from axplug.mesh_rules import detected_device_spec
+        from axplug.trainer.flops import model_flops_per_step
 
         try:
             flops = model_flops_per_step(trainer_cfg, model)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from axplug.api import ParameterSpec
 from axplug.context import functional
 from axplug.module import Module
 from axplug.trainer.aux_losses import AuxLossRule
@@ -92,8 +93,6 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
 
 def _update_kinds(model: Module) -> Any:
     """The params tree of each parameter's `ParameterSpec.update`."""
-    from axplug.layers.base import ParameterSpec
-
     return jax.tree.map(
         lambda s: s.update,
         model.create_parameter_specs_recursively(),

@@ -220,6 +220,18 @@ class Trainer(Configurable):
             out_shardings=replicated,
         )
 
+    def lower_step(self, batch: dict | None = None) -> jax.stages.Lowered:
+        """The train step lowered for the abstract state and `batch` (arrays or
+        ShapeDtypeStructs; default: `input.batch_size x input.seq_len` token ids): what
+        `axplug aot` compiles without running, and tests inspect."""
+        if batch is None:
+            cfg = self._config.input
+            token = jax.ShapeDtypeStruct(
+                (cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self.batch_sharding
+            )
+            batch = {"input_ids": token, "target_labels": token}
+        return self._train_step.lower(self.abstract_state, batch)
+
     def init_state(self) -> dict:
         """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""
 

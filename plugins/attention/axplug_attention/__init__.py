@@ -1,7 +1,7 @@
 """axplug-attention: RoPE, GQA/MQA and sliding windows.
 
 Kernel dispatch, the kernel protocol and the `flash_attention` modifier moved to the core
-(`axplug.kernels`); their names are re-exported here for existing imports. Importing this
+(`axplug.kernels`, `axplug.api`, `axplug.layers`); their names are re-exported here for existing imports. Importing this
 package registers nothing by side effect: the core finds its components through the entry
 points in pyproject.toml.
 """

@@ -1,4 +1,4 @@
-"""Kernel dispatch and the `FlashAttention` slot, now in `axplug.kernels`.
+"""Kernel dispatch and the `FlashAttention` slot, now in `axplug.kernels` and `axplug.layers`.
 
 Re-exported so `axplug_attention.dispatch:FlashAttention` in saved configs (`config.txt`,
 `to_dict` output) and existing imports keep resolving.
@@ -6,13 +6,13 @@ Re-exported so `axplug_attention.dispatch:FlashAttention` in saved configs (`con
 
 from axplug.kernels import (
     FALLBACK,
-    FlashAttention,
     KernelChoice,
     describe_kernels,
     kernel_choices,
     registered_kernels,
     select_kernel,
 )
+from axplug.layers import FlashAttention
 
 __all__ = [
     "FALLBACK",

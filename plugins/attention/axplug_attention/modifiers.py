@@ -17,8 +17,12 @@ from axplug.config import (
     find_configs,
     replace_config,
 )
-from axplug.kernels import FlashAttentionModifier
-from axplug.layers import Attention, IdentityPositionTransform, QKVLinear
+from axplug.layers import (
+    Attention,
+    FlashAttentionModifier,
+    IdentityPositionTransform,
+    QKVLinear,
+)
 from axplug_attention.alibi import alibi_slopes
 from axplug_attention.gqa import GroupedQKVLinear
 from axplug_attention.rope import RotaryPositionTransform

@@ -6,7 +6,7 @@ No rule picks `quantize:fp8`: on an H200 the fp8 GEMMs are 1.24x bf16's alone, b
 LLaMA step with them was 1.05x slower (scales and amax reductions; bench/RESULTS.md); add
 `--modifier quantize:fp8` where the matmuls are large enough to pay.
 
-Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
+Each rule function carries its chip as `fn.device_spec` (see `axplug.api.with_device_spec`).
 Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
 `detect_selector()` gives: `gpu-nvidia-h100-80gb-hbm3-8` on one 8-GPU H100 host,
 `gpu-nvidia-h100-80gb-hbm3-8x32` over 32 of them (devices per host, then `x` processes).
@@ -14,7 +14,7 @@ Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
 
 from __future__ import annotations
 
-from axplug.aot import with_device_spec
+from axplug.api import with_device_spec
 from axplug.mesh_rules import MeshRule
 from axplug_gpu.specs import A100, B200, H100, H200
 

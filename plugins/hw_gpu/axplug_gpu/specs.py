@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axplug.aot import DeviceSpec
+from axplug.api import DeviceSpec
 
 __all__ = ["A100", "H100", "H200", "B200", "SPECS"]
 

@@ -11,12 +11,12 @@ slice>[x<slices>]` with device kinds `TPU v4`, `TPU v5 lite` or `TPU v5e` (v5e),
 rules (`fsdp=-1`) never match a multi-slice `x<slices>` selector: those go to the `...xn` rules,
 which keep FSDP inside a slice and put `data` across slices; a multi-slice selector no `xn`
 rule covers matches no rule rather than one that would spread FSDP over DCN.
-Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
+Each rule function carries its chip as `fn.device_spec` (see `axplug.api.with_device_spec`).
 """
 
 from __future__ import annotations
 
-from axplug.aot import with_device_spec
+from axplug.api import with_device_spec
 from axplug.mesh_rules import MeshRule
 from axplug_tpu.specs import V4, V5E, V5P, V6E
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axplug.aot import DeviceSpec
+from axplug.api import DeviceSpec
 
 __all__ = ["V4", "V5E", "V5P", "V6E", "SPECS"]
 

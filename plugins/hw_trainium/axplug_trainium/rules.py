@@ -10,12 +10,12 @@ naming `trn1`/`trn2` are matched too. One instance: `mesh:fsdp=-1` (FSDP over al
 whatever it counts). Several: `mesh:fsdp=16,data=-1`, so FSDP stays inside an instance (16
 divides every per-instance count the patterns accept) and `data` spans instances.
 
-Each rule function carries its chip as `fn.device_spec` (see `axplug.aot.with_device_spec`).
+Each rule function carries its chip as `fn.device_spec` (see `axplug.api.with_device_spec`).
 """
 
 from __future__ import annotations
 
-from axplug.aot import with_device_spec
+from axplug.api import with_device_spec
 from axplug.mesh_rules import MeshRule
 from axplug_trainium.specs import TRN1, TRN2
 

@@ -3,7 +3,7 @@ jax sees NeuronCores as devices, these figures and the rules count chips)."""
 
 from __future__ import annotations
 
-from axplug.aot import DeviceSpec
+from axplug.api import DeviceSpec
 
 __all__ = ["TRN1", "TRN2", "SPECS"]
 

@@ -8,7 +8,7 @@ A kernel is registered under the `axplug.kernels` entry-point group; the entry l
   shapes, dtypes, the mask's static fields, the backend name and the sharding scope only
   (arguments may be `jax.ShapeDtypeStruct`s), so the choice is made once at trace time;
 - `__call__(query, key, value, mask, *, scale) -> out` - query [b, sq, h, d],
-  key/value [b, skv, kvh, d] with h % kvh == 0, mask an `axplug.layers.AttentionMask`;
+  key/value [b, skv, kvh, d] with h % kvh == 0, mask an `axplug.api.AttentionMask`;
   returns [b, sq, h, d] in value's dtype, differentiable;
 - `supports_linear_bias: bool` (optional, plugin API 1.1) - True when the kernel adds
   `mask.bias()` (ALiBi) to its scores; dispatch never gives a mask with bias slopes to a
@@ -49,13 +49,6 @@ class AttentionKernel:
 
     def __call__(self, query, key, value, mask, *, scale: float) -> jax.Array:
         raise NotImplementedError(type(self).__qualname__)
-
-    @classmethod
-    def info_lines(cls) -> list[str]:
-        """Extra lines for `axplug info`: every kernel's answer here and the one chosen."""
-        from axplug.kernels.dispatch import describe_kernels  # dispatch imports this module
-
-        return describe_kernels()
 
 
 def check_shapes(query, key, value) -> Unsupported | None:

@@ -1,21 +1,34 @@
-"""Attention kernel slots: `FlashAttention` runs the best registered kernel,
-`BlockwiseAttention` always the memory-efficient blockwise one."""
+"""The flash-attention slot: `FlashAttention` runs the best registered kernel,
+`BlockwiseAttention` always the memory-efficient blockwise one, and the `flash_attention`
+modifier puts `FlashAttention` into every softmax kernel slot.
+
+The modifier lives in the core because the hardware plugins' mesh rules name it, and they
+depend on `axplug` alone.
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 
 import jax
 
 from axplug import registry
-from axplug.config import ConfigError, config_class
-from axplug.kernels.blockwise import blockwise_attention
-from axplug.kernels.dispatch import describe_kernels, select_kernel
-from axplug.layers import AttentionMask, BaseLayer
-from axplug.layers.attention import paged_attention
+from axplug.api import AttentionMask
+from axplug.config import (
+    ConfigBase,
+    ConfigError,
+    ConfigModifier,
+    config_class,
+    find_configs,
+    replace_config,
+)
+from axplug.kernels import blockwise_attention, describe_kernels, select_kernel
+from axplug.layers.attention import DotProductKernel, paged_attention
+from axplug.layers.base import BaseLayer
 
-__all__ = ["FlashAttention", "BlockwiseAttention"]
+__all__ = ["FlashAttention", "BlockwiseAttention", "FlashAttentionModifier"]
 
 log = logging.getLogger("axplug.kernels")
 
@@ -78,3 +91,27 @@ class BlockwiseAttention(BaseLayer):
     def paged_attention(self, q, paged) -> jax.Array:
         """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
         return paged_attention(q, paged, scale=self._config.scale)
+
+
+class FlashAttentionModifier(ConfigModifier):
+    """Every attention kernel dispatches to the best registered kernel for the backend."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        kernels: list[str] | None = None  # try only these, in order
+        backend: str | None = None
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        fields = {"kernels": copy.copy(self._config.kernels), "backend": self._config.backend}
+        if not find_configs(cfg, DotProductKernel) and not find_configs(cfg, FlashAttention):
+            raise ConfigError(
+                "modifier 'flash_attention': the config has no DotProductKernel (or "
+                "FlashAttention) to replace; it applies to axplug.layers.Attention slots"
+            )
+        flash = FlashAttention.default_config().set(**fields)
+        cfg = replace_config(cfg, target=DotProductKernel, new_cfg=flash, missing_ok=True)
+        # Applied again: the slots it already filled take the new fields.
+        cfg = copy.deepcopy(cfg)
+        for _, sub in find_configs(cfg, FlashAttention):
+            sub.set(**copy.deepcopy(fields))
+        return cfg

@@ -1,4 +1,4 @@
-"""Options shared by commands that load a model from a run (`generate`, plugins' `serve`)."""
+"""What command plugins share: the options of commands that load a model from a run."""
 
 from __future__ import annotations
 
