@@ -4,6 +4,12 @@ Kernels, layers, mesh rules and commands meet here: the attention mask and paged
 kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, and the shared options of
 commands. Everything here depends on jax and the standard library only, so any room of the
 core may import it and no room needs another for a type (docs/plugin-reference.md).
+
+Beyond the floor a plugin builds with the public faces in `PUBLIC_MODULES`, each by the names
+in its `__all__`: the config tools, the core layers to compose or subclass, the kernels to
+fall back to, the sharding scope, and the consumer faces (the inference engine, the testing
+kit). Nothing else of the core is API; `tests/test_layering.py` holds the first-party plugins
+to that.
 """
 
 from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
@@ -13,7 +19,24 @@ from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
 from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
 from axplug.hookspecs import hookimpl
 
+# The core modules a plugin may import, by the names in their `__all__`.
+PUBLIC_MODULES = (
+    "axplug",
+    "axplug.api",
+    "axplug.config",
+    "axplug.layers",
+    "axplug.kernels",
+    "axplug.sharding",
+    "axplug.mesh_rules",
+    "axplug.summary",
+    "axplug.checkpoint",
+    "axplug.presets",
+    "axplug.inference",
+    "axplug.testing",
+)
+
 __all__ = [
+    "PUBLIC_MODULES",
     "EMPTY_POSITION",
     "PARAMETER_UPDATES",
     "AttentionKernel",

@@ -6,7 +6,7 @@ import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers import BaseLayer, FeedForward, ParameterSpec
-from axplug.layers.feed_forward import get_activation
+from axplug.layers import get_activation
 from axplug_moe.dispatch import AutoDispatch, Experts
 from axplug_moe.router import TopKRouter
 

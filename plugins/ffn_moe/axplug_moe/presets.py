@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from axplug.presets import Preset, llama_tiny
+from axplug.presets import Preset, resolve_preset
 
 __all__ = ["moe_tiny", "mixtral_tiny"]
 
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"
+llama_tiny = resolve_preset("llama-tiny")  # the core preset these build on
 
 moe_tiny = Preset(
     "moe-tiny",

@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 
-from axplug.hookspecs import hookimpl
+from axplug.api import hookimpl
 
 __all__ = ["device_utilization", "nvml_indices"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from axplug.hookspecs import hookimpl
+from axplug.api import hookimpl
 
 __all__ = ["device_utilization"]
 

@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from axplug.checkpoint.errors import CheckpointError
+    from axplug.checkpoint import CheckpointError
     from axplug.config import ConfigError
 
     try:

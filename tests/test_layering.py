@@ -1,0 +1,160 @@
+"""The import structure the architecture promises: no circles between the core's packages, a
+floor that imports nothing of the core, and plugins that use only the public API."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+
+import pytest
+
+from axplug.api import PUBLIC_MODULES
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORE = ROOT / "core" / "axplug"
+
+
+def _module_name(path: pathlib.Path, base: pathlib.Path) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: pathlib.Path, module: str) -> list[tuple[str, list[str], int]]:
+    """(imported module, names, line) of every import outside `if TYPE_CHECKING:`, at any
+    depth (function-level imports count: a lazy import that climbs is still a climb)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # type-only: never executed
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, [], child.lineno) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                target = child.module or ""
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                found.append((target, [a.name for a in child.names], child.lineno))
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _core_graph() -> dict[str, dict[str, list[str]]]:
+    """package -> imported package -> where: packages are `axplug.<first part>`."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        module = _module_name(path, CORE.parent)
+        source = ".".join(module.split(".")[:2])
+        graph.setdefault(source, {})
+        for target, _, line in _imports(path, module):
+            if target.split(".")[0] != "axplug":
+                continue
+            target = ".".join(target.split(".")[:2])
+            if target != source:
+                where = f"{path.relative_to(ROOT)}:{line}"
+                graph[source].setdefault(target, []).append(where)
+    return graph
+
+
+def _cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
+    """One import cycle between packages, as a path, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cores_packages_import_each_other_without_a_circle():
+    graph = _core_graph()
+    cycle = _cycle(graph)
+    if cycle:
+        edges = [
+            f"{a} -> {b} at {', '.join(graph[a][b])}"
+            for a, b in zip(cycle, cycle[1:], strict=False)
+        ]
+        pytest.fail("import circle between core packages:\n" + "\n".join(edges))
+
+
+def test_the_cycle_check_finds_a_circle():
+    graph = {"a": {"b": ["x:1"]}, "b": {"c": ["y:2"]}, "c": {"a": ["z:3"]}, "d": {}}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b": []}, "b": {}}) is None
+
+
+def test_the_floor_imports_nothing_of_the_core():
+    allowed = {"axplug.api", "axplug.hookspecs"}
+    for path in sorted((CORE / "api").rglob("*.py")):
+        module = _module_name(path, CORE.parent)
+        for target, _, line in _imports(path, module):
+            if target.startswith("axplug"):
+                assert any(target == a or target.startswith(a + ".") for a in allowed), (
+                    f"{path.relative_to(ROOT)}:{line} imports {target}: the floor depends on "
+                    "jax and the standard library only"
+                )
+
+
+def _plugin_sources() -> list[tuple[pathlib.Path, pathlib.Path]]:
+    """(file, its distribution dir) of every first-party plugin's package source."""
+    out = []
+    for project in sorted((ROOT / "plugins").glob("*/pyproject.toml")):
+        dist = project.parent
+        for path in sorted(dist.rglob("*.py")):
+            rel = path.relative_to(dist).parts
+            if "tests" in rel or "build" in rel or any(p.endswith(".egg-info") for p in rel):
+                continue
+            out.append((path, dist))
+    return out
+
+
+def _public_names(module: str) -> set[str]:
+    return set(getattr(importlib.import_module(module), "__all__", ()))
+
+
+def test_plugins_import_only_the_public_api():
+    assert len(_plugin_sources()) > 20
+    problems = []
+    public = {module: _public_names(module) for module in PUBLIC_MODULES}
+    for path, dist in _plugin_sources():
+        module = _module_name(path, dist)
+        for target, names, line in _imports(path, module):
+            if target.split(".")[0] != "axplug":
+                continue
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if target not in public:
+                problems.append(f"{where}: imports {target}, not one of PUBLIC_MODULES")
+                continue
+            hidden = [n for n in names if n != "*" and n not in public[target]]
+            if hidden:
+                problems.append(f"{where}: {target} does not export {', '.join(hidden)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_public_module_lists_what_it_exports():
+    for module in PUBLIC_MODULES:
+        names = _public_names(module)
+        assert names, f"{module} has no __all__"
+        missing = [n for n in names if not hasattr(importlib.import_module(module), n)]
+        assert not missing, f"{module}.__all__ names missing attributes: {missing}"
