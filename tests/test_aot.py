@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from axplug import aot, aot_plan
+from axplug import aot, aot_plan, mesh_rules, trainer
 from axplug.cli import aot_cmd
 from axplug.config import ConfigError
 
@@ -36,7 +36,7 @@ def _run(*argv: str) -> int:
     [("gpu-h100-8x32", 256), ("tpu-v5e-256", 256), ("cpu-8", 8), ("cpu", None), ("trn2-16", 16)],
 )
 def test_selector_device_count(selector, count):
-    assert aot.selector_device_count(selector) == count
+    assert mesh_rules.selector_device_count(selector) == count
 
 
 def test_scale_down_divides_the_data_axis_and_batch():
@@ -47,7 +47,7 @@ def test_scale_down_divides_the_data_axis_and_batch():
 
 
 def test_analytic_flops_is_6nd_plus_attention():
-    flops = aot.analytic_flops(1000, layers=2, dim=16, seq=8, batch=4)
+    flops = trainer.analytic_flops(1000, layers=2, dim=16, seq=8, batch=4)
     assert flops == 6 * 1000 * 32 + 12 * 2 * 16 * 8 * 32
 
 
@@ -71,10 +71,10 @@ def test_text_report_names_the_verdict():
 
 def test_device_spec_travels_with_the_rule():
     _needs_gpu_plugin()
-    spec = aot.device_spec_of("gpu-h100-8xn")
+    spec = mesh_rules.device_spec_of("gpu-h100-8xn")
     assert spec.name.startswith("NVIDIA H100") and spec.peak_bf16_flops == 989e12
-    assert aot.device_spec_of("cpu") is None
-    assert aot.resolve_rule("gpu-h100-8x32")[0] == "gpu-h100-8xn"
+    assert mesh_rules.device_spec_of("cpu") is None
+    assert mesh_rules.resolve_rule("gpu-h100-8x32")[0] == "gpu-h100-8xn"
 
 
 def test_cpu_rule_json_report(capsys):
@@ -196,16 +196,16 @@ def test_moe_flops_count_the_active_experts_only():
 
     cfg = preset_config("mixtral-8x7b")
     model = cfg.model.instantiate(parent=None, _path="model")
-    active = aot.active_parameters(model)
+    active = trainer.active_parameters(model)
     assert active == pytest.approx(12.9e9, rel=0.01)
     tokens = cfg.input.batch_size * cfg.input.seq_len
     attention = 12 * 32 * 4096 * cfg.input.seq_len  # 12 * layers * dim * seq per token
-    per_token = aot.model_flops_per_step(cfg, model) / tokens
+    per_token = trainer.model_flops_per_step(cfg, model) / tokens
     assert per_token == pytest.approx(6 * 12.9e9 + attention, rel=0.10)
     # A dense model's active parameters are all of them.
     dense = preset_config("llama-tiny").model.instantiate(parent=None, _path="model")
     total = sum(x.size for x in jax.tree.leaves(dense.initialize_parameters_recursively(KEY)))
-    assert aot.active_parameters(dense) == total
+    assert trainer.active_parameters(dense) == total
 
 
 # --- compile-only TPU topologies (libtpu) ------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["HookRunner"]
+__all__ = ["HookRunner", "hooked_watchdog"]
 
 log = logging.getLogger("axplug.trainer")
 
@@ -42,3 +42,27 @@ class HookRunner:
                 )
                 log.warning(message)
                 self.failures.append(message)
+
+
+def hooked_watchdog(watchdog_cfg: Any, trainer: Any) -> Any:
+    """The run's watchdog, reporting hangs, slow steps and low utilization to the hooks and
+    reading device busy time from them."""
+    return watchdog_cfg.instantiate(
+        on_hang=lambda step, seconds, report: trainer.hooks(
+            "on_hang", trainer=trainer, step=step, seconds=seconds, report=report
+        ),
+        on_slow_step=lambda step, seconds, median: trainer.hooks(
+            "on_slow_step", trainer=trainer, step=step, seconds=seconds, median=median
+        ),
+        on_low_utilization=lambda step, metric, value, threshold: trainer.hooks(
+            "on_low_utilization",
+            trainer=trainer,
+            step=step,
+            metric=metric,
+            value=value,
+            threshold=threshold,
+        ),
+        read_device_busy=lambda: trainer.hooks.first(
+            "device_utilization", devices=trainer.local_devices()
+        ),
+    )

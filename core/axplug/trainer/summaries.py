@@ -8,10 +8,13 @@ import logging
 import os
 from typing import Any
 
+import jax
+
 from axplug.checkpoint import scheme_of, storage_for
 from axplug.config import REQUIRED, InstantiableConfig
+from axplug.runtime import format_goodput
 
-__all__ = ["summary_dir", "build_writer", "append_goodput"]
+__all__ = ["summary_dir", "build_writer", "append_goodput", "goodput_report"]
 
 log = logging.getLogger("axplug.trainer")
 
@@ -50,3 +53,14 @@ def append_goodput(trainer_cfg: Any, step: int, report: dict) -> None:
     url = storage.join(trainer_cfg.output_dir, "goodput.jsonl")
     previous = storage.read_text(url) if storage.exists(url) else ""
     storage.write_text(url, previous + json.dumps({"step": step, **report}) + "\n")
+
+
+def goodput_report(trainer: Any) -> dict:
+    """The run's goodput, logged and appended to OUTPUT_DIR/goodput.jsonl by process 0."""
+    report = trainer.goodput.report()
+    report["goodput/slow_steps"] = len(trainer.watchdog.slow_steps)
+    if jax.process_index() == 0:
+        # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
+        log.debug("%s", format_goodput(report))
+        append_goodput(trainer.config, int(jax.device_get(trainer.state["step"])), report)
+    return report

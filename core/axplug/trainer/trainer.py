@@ -12,11 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
-from axplug.checkpoint import (
-    CheckpointCorruptError,
-    Checkpointer,
-    CheckpointError,
-)
+from axplug.checkpoint import Checkpointer, CheckpointError
 from axplug.config import (
     REQUIRED,
     Configurable,
@@ -33,7 +29,6 @@ from axplug.runtime import (
     GoodputRecorder,
     RunDirLock,
     Watchdog,
-    format_goodput,
     put_process_batch,
     shard_input_config,
 )
@@ -41,11 +36,12 @@ from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
-from axplug.trainer.hooks import HookRunner
+from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
+from axplug.trainer.restore import restore_or_init
 from axplug.trainer.step import build_eval_step, build_train_step
-from axplug.trainer.summaries import append_goodput, build_writer, summary_dir
+from axplug.trainer.summaries import build_writer, goodput_report, summary_dir
 
 __all__ = ["Trainer", "summary_dir"]
 
@@ -159,25 +155,7 @@ class Trainer(Configurable):
             RunDirLock(summary_dir(cfg.output_dir)) if primary else contextlib.nullcontext()
         )
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
-        self.watchdog = cfg.watchdog.instantiate(
-            on_hang=lambda step, seconds, report: self.hooks(
-                "on_hang", trainer=self, step=step, seconds=seconds, report=report
-            ),
-            on_slow_step=lambda step, seconds, median: self.hooks(
-                "on_slow_step", trainer=self, step=step, seconds=seconds, median=median
-            ),
-            on_low_utilization=lambda step, metric, value, threshold: self.hooks(
-                "on_low_utilization",
-                trainer=self,
-                step=step,
-                metric=metric,
-                value=value,
-                threshold=threshold,
-            ),
-            read_device_busy=lambda: self.hooks.first(
-                "device_utilization", devices=self._local_devices()
-            ),
-        )
+        self.watchdog = hooked_watchdog(cfg.watchdog, self)
         self._build_step()
 
     # --- setup -----------------------------------------------------------------------------
@@ -246,57 +224,10 @@ class Trainer(Configurable):
         key = jax.random.PRNGKey(self._config.seed)
         return jax.jit(init, out_shardings=self.state_shardings)(key)
 
-    def _init_from(self, fresh: dict) -> dict:
-        from axplug.trainer.init_from import restore_weights
-
-        cfg = self._config
-        step, params, opt_state = restore_weights(
-            cfg.init_from,
-            cfg.init_step,
-            abstract_state=self.abstract_state,
-            param_specs=self.param_specs,
-            optimizer=cfg.init_optimizer,
-        )
-        log.info("starting from the weights of step %d of %s", step, cfg.init_from)
-        state = {**fresh, "params": params}  # step 0: the fine-tune's own count and schedule
-        if opt_state is not None:
-            state["opt_state"] = opt_state
-        return state
-
     def restore_or_init(self) -> dict:
-        """The latest complete checkpoint that restores and verifies, else a fresh state.
-
-        A step that fails (a truncated or changed file, unreadable metadata) is reported; with
-        `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
-        reaches it again) and the step before is tried.
-        """
-        steps = self.checkpointer.all_steps()
-        if not steps:
-            log.info("initializing parameters and optimizer state")
-            with self.goodput.phase("init"):
-                state = self.init_state()
-            if self._config.init_from is not None:
-                with self.goodput.phase("restore"):
-                    state = self._init_from(state)
-            return state
-        for step in reversed(steps):
-            log.info("restoring step %d", step)
-            try:
-                with self.goodput.phase("restore"):
-                    step, state, _ = self.checkpointer.restore(step, target=self.abstract_state)
-            except CheckpointCorruptError as exc:
-                if self._config.on_corrupt_checkpoint == "stop":
-                    raise
-                log.warning("%s; marking it incomplete and trying the step before", exc)
-                self.checkpointer.uncommit(step)
-                continue
-            log.info("resumed from step %d of %s", step, self.checkpointer.directory)
-            return state
-        raise CheckpointCorruptError(
-            f"no complete step of {self.checkpointer.directory} restores (tried "
-            f"{', '.join(map(str, reversed(steps)))}); they are marked incomplete. Move the "
-            "directory aside to start over, or restore a copy"
-        )
+        """The latest complete checkpoint that restores and verifies, else a fresh state (or
+        the `init_from` weights); see `axplug.trainer.restore`."""
+        return restore_or_init(self)
 
     def put_batch(self, batch: dict) -> dict:
         """Global batch arrays from this process's rows."""
@@ -363,7 +294,7 @@ class Trainer(Configurable):
                     "already at step %d of max_steps %d: nothing to train", start, cfg.max_steps
                 )
             last = self._train_loop(state, start, guard, timer)
-            report = self._goodput_report()
+            report = goodput_report(self)
             for writer in self.writers:
                 writer.write_run_summary(int(last["step"]), report)
         last = {**last, **report}
@@ -423,17 +354,8 @@ class Trainer(Configurable):
     def _busy_seconds(self) -> float:
         return self.goodput.total(("data_wait", "step", "other"))
 
-    def _goodput_report(self) -> dict:
-        """Goodput of this run, logged and appended to OUTPUT_DIR/goodput.jsonl by process 0."""
-        report = self.goodput.report()
-        report["goodput/slow_steps"] = len(self.watchdog.slow_steps)
-        if jax.process_index() == 0:
-            # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
-            log.debug("%s", format_goodput(report))
-            append_goodput(self._config, int(jax.device_get(self.state["step"])), report)
-        return report
-
-    def _local_devices(self) -> list:
+    def local_devices(self) -> list:
+        """This process's devices of the mesh."""
         return [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
 
     def _on_step_end(

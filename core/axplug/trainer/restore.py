@@ -1,0 +1,66 @@
+"""Where a run starts: its latest checkpoint that restores and verifies, else fresh weights
+(or the `init_from` run's), falling back past corrupt steps."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from axplug.checkpoint import CheckpointCorruptError
+from axplug.trainer.init_from import restore_weights
+
+__all__ = ["restore_or_init"]
+
+log = logging.getLogger("axplug.trainer")
+
+
+def _init_from(trainer: Any, fresh: dict) -> dict:
+    cfg = trainer.config
+    step, params, opt_state = restore_weights(
+        cfg.init_from,
+        cfg.init_step,
+        abstract_state=trainer.abstract_state,
+        param_specs=trainer.param_specs,
+        optimizer=cfg.init_optimizer,
+    )
+    log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+    state = {**fresh, "params": params}  # step 0: the fine-tune's own count and schedule
+    if opt_state is not None:
+        state["opt_state"] = opt_state
+    return state
+
+
+def restore_or_init(trainer: Any) -> dict:
+    """The latest complete checkpoint that restores and verifies, else a fresh state.
+
+    A step that fails (a truncated or changed file, unreadable metadata) is reported; with
+    `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
+    reaches it again) and the step before is tried.
+    """
+    steps = trainer.checkpointer.all_steps()
+    if not steps:
+        log.info("initializing parameters and optimizer state")
+        with trainer.goodput.phase("init"):
+            state = trainer.init_state()
+        if trainer.config.init_from is not None:
+            with trainer.goodput.phase("restore"):
+                state = _init_from(trainer, state)
+        return state
+    for step in reversed(steps):
+        log.info("restoring step %d", step)
+        try:
+            with trainer.goodput.phase("restore"):
+                step, state, _ = trainer.checkpointer.restore(step, target=trainer.abstract_state)
+        except CheckpointCorruptError as exc:
+            if trainer.config.on_corrupt_checkpoint == "stop":
+                raise
+            log.warning("%s; marking it incomplete and trying the step before", exc)
+            trainer.checkpointer.uncommit(step)
+            continue
+        log.info("resumed from step %d of %s", step, trainer.checkpointer.directory)
+        return state
+    raise CheckpointCorruptError(
+        f"no complete step of {trainer.checkpointer.directory} restores (tried "
+        f"{', '.join(map(str, reversed(steps)))}); they are marked incomplete. Move the "
+        "directory aside to start over, or restore a copy"
+    )
