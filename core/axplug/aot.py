@@ -14,6 +14,7 @@ from typing import Any
 
 from axplug import aot_plan
 from axplug.api import DeviceSpec
+from axplug.api.moved import moved_names
 from axplug.trainer.flops import active_parameters, model_flops_per_step
 
 __all__ = [
@@ -26,6 +27,19 @@ __all__ = [
 ]
 
 GIB = 1024**3
+__getattr__ = moved_names(
+    __name__,
+    {
+        "with_device_spec": "axplug.api",
+        **dict.fromkeys(
+            ("device_spec_of", "detected_device_spec", "selector_device_count", "resolve_rule"),
+            "axplug.mesh_rules",
+        ),
+        **dict.fromkeys(
+            ("analytic_flops", "active_parameters", "model_flops_per_step"), "axplug.trainer"
+        ),
+    },
+)
 _BATCH_AXES = ("data", "fsdp", "expert")  # what `batch` is sharded over by default
 
 

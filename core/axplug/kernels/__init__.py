@@ -7,6 +7,7 @@ reference kernel.
 """
 
 from axplug.api import AttentionKernel, Unsupported, check_shapes
+from axplug.api.moved import moved_names
 from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
 from axplug.kernels.dispatch import (
     FALLBACK,
@@ -49,3 +50,10 @@ __all__ = [
     "select_kernel",
     "shard_over_batch",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        ("FlashAttention", "BlockwiseAttention", "FlashAttentionModifier"), "axplug.layers"
+    ),
+)
