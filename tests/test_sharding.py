@@ -182,7 +182,7 @@ def compile_step(cfg, devices: int):
     b, s = cfg.input.batch_size, cfg.input.seq_len
     token = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=trainer.batch_sharding)
     batch = {"input_ids": token, "target_labels": token}
-    compiled = trainer._train_step.lower(trainer.abstract_state, batch).compile()
+    compiled = trainer.lower_step(batch).compile()
     flops = compiled.cost_analysis()["flops"]
     return flops, compiled.memory_analysis().temp_size_in_bytes, compiled.as_text()
 
