@@ -1,5 +1,6 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
+from axplug.context import OutputCollection
 from axplug.layers.attention import (
     Attention,
     AttentionMask,
@@ -14,10 +15,14 @@ from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
 from axplug.layers.feed_forward import ACTIVATIONS, FeedForward
 from axplug.layers.kv_cache import EMPTY_POSITION, ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
-from axplug.layers.pipeline import PipelinedTransformer
-from axplug.layers.quantized import QuantizedLinear
-from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
-from axplug.layers.transformer import TransformerLayer
+from axplug.layers.stack import (
+    REMAT_POLICIES,
+    RepeatedTransformer,
+    StackedTransformer,
+    merge_collections,
+    scan_layer,
+)
+from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
 
 __all__ = [
     "ACTIVATIONS",
@@ -25,6 +30,7 @@ __all__ = [
     "Initializer",
     "linear_bias",
     "REMAT_POLICIES",
+    "RESIDUAL_AXES",
     "Attention",
     "AttentionMask",
     "BaseLayer",
@@ -36,15 +42,16 @@ __all__ = [
     "FeedForward",
     "IdentityPositionTransform",
     "LayerNorm",
+    "OutputCollection",
     "Linear",
     "PagedKVCache",
-    "PipelinedTransformer",
     "ParameterSpec",
     "QKVLinear",
-    "QuantizedLinear",
     "RMSNorm",
     "RepeatedTransformer",
     "StackedTransformer",
     "TransformerLayer",
     "cross_entropy",
+    "merge_collections",
+    "scan_layer",
 ]

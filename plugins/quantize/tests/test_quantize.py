@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from axplug_quantize import QuantizedLinear, fp8_matmul, int8_matmul
 
 from axplug.config import ConfigError, find_configs, replace_config
-from axplug.layers import Linear, ParameterSpec, QuantizedLinear, RMSNorm
-from axplug.layers.quantized import fp8_matmul, int8_matmul
+from axplug.layers import Linear, ParameterSpec, RMSNorm
 from axplug.presets import preset_config
 from axplug.summary import read_jsonl
 
