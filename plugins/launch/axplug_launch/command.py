@@ -287,11 +287,10 @@ def render(plan: JobPlan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.config import ConfigError
-    from axplug.registry import ComponentNotFoundError
 
     try:
         plan = plan_job(args)
-    except (ValueError, ConfigError, ComponentNotFoundError) as exc:
+    except (ValueError, ConfigError, LookupError) as exc:  # LookupError: an unknown component
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(render(plan))
