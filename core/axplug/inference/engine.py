@@ -38,6 +38,7 @@ __all__ = [
     "TokenEvent",
     "Engine",
     "generate",
+    "run_to_completion",
 ]
 
 
