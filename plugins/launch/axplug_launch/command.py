@@ -140,7 +140,7 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
         preset=args.preset,
         mesh_rule=args.mesh_rule,
         rule_name=rule_name,
-        description=rule._config.description,
+        description=rule.config.description,
         platform=spec.platform if spec else "cpu",
         hosts=hosts,
         devices_per_host=per_host,
