@@ -24,8 +24,7 @@ def main(argv=None) -> None:
 
     import jax
     import jax.numpy as jnp
-
-    from axplug.layers.quantized import fp8_matmul, int8_matmul
+    from axplug_quantize import fp8_matmul, int8_matmul
 
     kx, kw, kd = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(kx, (args.tokens, args.dim), jnp.bfloat16)

@@ -48,10 +48,12 @@ class FakeSite:
         version: str = "1.0",
         api: str | None = "1",
         modules: dict[str, str] | None = None,
+        first_party: bool = False,
     ) -> None:
         """Install distribution `name`: groups -> {entry name: value}, plus module sources.
 
-        `api` is the plugin API it declares in `axplug.plugin_api` (None: declares none).
+        `api` is the plugin API it declares in `axplug.plugin_api` (None: declares none);
+        `first_party` adds the `first-party` entry there.
         """
         dist_info = self.path / f"{name.replace('-', '_')}-{version}.dist-info"
         dist_info.mkdir()
@@ -60,6 +62,8 @@ class FakeSite:
         groups = dict(entry_points)
         if api is not None:
             groups["axplug.plugin_api"] = {api: name.replace("-", "_")}
+        if first_party:
+            groups.setdefault("axplug.plugin_api", {})["first-party"] = name.replace("-", "_")
         lines = []
         for group, entries in groups.items():
             lines.append(f"[{group}]")

@@ -573,8 +573,10 @@ def test_installed_hardware_plugins_answer_the_utilization_hook_on_cpu():
 
 
 def test_the_v5e_rule_trains_int8_with_offload_and_each_choice_is_overridable():
+    from axplug_quantize import QuantizedLinear
+
     from axplug.config import find_configs
-    from axplug.layers import QuantizedLinear, RepeatedTransformer
+    from axplug.layers import RepeatedTransformer
     from axplug.presets import preset_config
 
     _, rule = select_mesh_rule("tpu-v5e-256x4")

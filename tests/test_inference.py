@@ -383,27 +383,6 @@ def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(ro
         Engine(model, params, prefill_chunk=0)
 
 
-def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model):
-    from axplug.inference import DisaggregatedEngine
-
-    model, params = rope_model
-    greedy = SamplingParams(max_new_tokens=5, temperature=0)
-    both = DisaggregatedEngine(
-        Engine(model, params, num_slots=1, max_len=16),
-        Engine(model, params, num_slots=2, max_len=16),
-    )
-    prompts = {name: random_ids(40 + i, 3).tolist() for i, name in enumerate("abcd")}
-    for name, prompt in prompts.items():
-        both.submit(Request(prompt, greedy, id=name))
-    assert both.cancel("d") and not both.cancel("nobody")  # still waiting: dropped at once
-    done = {c.id: c for c in both.run()}
-    both.close()
-    assert done["d"].finish_reason == "cancelled" and done["d"].output_ids == []
-    for name in "abc":
-        assert done[name].output_ids == alone(model, params, prompts[name], greedy), name
-    assert both.transfers == 3 and not both.has_work
-
-
 def test_engine_rejects_bad_requests(rope_model):
     model, params = rope_model
     engine = Engine(model, params, num_slots=2, max_len=8)

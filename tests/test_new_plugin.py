@@ -70,12 +70,13 @@ def cli_main(argv):
 
 
 def test_every_kind_of_the_cli_has_a_template():
-    from axplug.cli.templates import KIND_FILES
+    from axplug.cli.new_plugin_cmd import KIND_GROUPS, template_files
     from axplug.registry import KINDS as GROUPS
 
-    assert set(KINDS) == set(KIND_FILES) >= {"layer", "kernel", "mesh-rule", "modifier"}
-    for group, *_ in KIND_FILES.values():
+    assert set(KINDS) == set(KIND_GROUPS) >= {"layer", "kernel", "mesh-rule", "modifier"}
+    for kind, (group, _) in KIND_GROUPS.items():
         assert group.split(".", 1)[1] in GROUPS, group
+        assert all(template_files(kind).values()), kind  # shipped as package data
 
 
 def test_mesh_rule_kind_registers_a_rule_with_a_device_spec(tmp_path):

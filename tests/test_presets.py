@@ -5,7 +5,7 @@ import pytest
 
 from axplug import registry
 from axplug.cli import main
-from axplug.config import ConfigError
+from axplug.config import ConfigError, find_configs
 from axplug.mesh_rules import detect_selector, select_mesh_rule
 from axplug.presets import PRESETS, preset_config
 from axplug.summary import read_jsonl
@@ -78,6 +78,52 @@ def test_missing_modifier_names_the_package_before_any_work(plugin_site):
     import fake_presets_mod
 
     assert fake_presets_mod.BUILT == []  # failed before building anything
+
+
+MOVED = [("quantize:int8", "axplug-quantize"), ("pipeline", "axplug-pipeline")]
+
+
+def _moved_preset(monkeypatch, modifier, package):
+    """A registered preset `moved-tiny`: llama-tiny plus `modifier` from `package`."""
+    from axplug.presets import Preset, llama_tiny
+
+    name = modifier.split(":")[0]
+    preset = Preset("moved-tiny", "test", llama_tiny.build, (*llama_tiny.modifiers, modifier),
+                    {**llama_tiny.providers, name: package})  # fmt: skip
+    real_load = registry.load
+    monkeypatch.setattr(
+        registry, "load", lambda kind, n: preset if (kind, n) == ("presets", "moved-tiny")
+        else real_load(kind, n)
+    )  # fmt: skip
+    return name
+
+
+@pytest.mark.parametrize(("modifier", "package"), MOVED)
+def test_a_preset_naming_a_moved_feature_works_when_installed(monkeypatch, modifier, package):
+    """Quantize and pipeline are first-party plugins now; presets name them as before."""
+    name = _moved_preset(monkeypatch, modifier, package)
+    if name not in registry.names("modifiers"):
+        pytest.skip(f"{package} is not installed")
+    cfg = preset_config("moved-tiny")
+    layer = "quantized_linear" if name == "quantize" else "pipelined_transformer"
+    assert find_configs(cfg, layer)
+
+
+@pytest.mark.parametrize(("modifier", "package"), MOVED)
+def test_a_preset_naming_a_moved_feature_names_its_package(
+    plugin_site, monkeypatch, modifier, package
+):
+    plugin_site.keep_installed("axplug-attention")  # llama-tiny's rope
+    name = _moved_preset(monkeypatch, modifier, package)
+    with pytest.raises(
+        ConfigError, match=f"^preset moved-tiny needs modifier '{name}': pip install {package}$"
+    ):
+        preset_config("moved-tiny")
+    monkeypatch.setenv("AXPLUG_DISABLE_PLUGINS", package)
+    plugin_site.keep_installed(package)
+    registry.reset()
+    with pytest.raises(ConfigError, match=f"'{name}' from {package}, which is disabled"):
+        preset_config("moved-tiny")
 
 
 def test_disabled_plugin_modifier_is_reported(monkeypatch):

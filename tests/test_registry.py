@@ -387,6 +387,42 @@ def test_a_third_party_reusing_a_first_party_name_does_not_break_the_core(
     assert "reuses a first-party name" in capsys.readouterr().out
 
 
+def test_first_party_is_what_the_metadata_declares_within_the_project_namespace(plugin_site):
+    """The `first-party` entry makes an `axplug-*` distribution win its plain names; outside
+    the namespace the claim is ignored; two claims on one name are a plain conflict."""
+    from axplug.registry import FIRST_PARTY_ENTRY
+
+    assert FIRST_PARTY_ENTRY == "first-party"
+    layer = {"fake_fp": "class D:\n    pass\n"}
+    plugin_site.add("axplug-fakefp", {"axplug.layers": {"dense": "fake_fp:D"}}, modules=layer,
+                    first_party=True)  # fmt: skip
+    plugin_site.add("fake-rival", {"axplug.layers": {"dense": "fake_fp:D"}})
+    plugin_site.add("evil-claimer", {"axplug.layers": {"norm2": "fake_fp:D"}}, first_party=True)
+    plugin_site.add("fake-other", {"axplug.layers": {"norm2": "fake_fp:D"}})
+    plugin_site.add("axplug-unmarked", {"axplug.layers": {"solo": "fake_fp:D"}})
+    status = {c.qualified_name: c for c in registry.discover("layers")}
+    assert status["axplug:linear"].first_party  # the core declares it like every plugin
+    assert status["axplug-fakefp:dense"].first_party
+    assert not status["evil-claimer:norm2"].first_party  # not in the axplug- namespace
+    assert not status["axplug-unmarked:solo"].first_party  # the name alone is not enough
+    assert status["axplug-fakefp:dense"].status == "conflict"  # the marker is no API version
+    assert "means this first-party one" in status["axplug-fakefp:dense"].reason
+    assert registry.entry("layers", "dense").distribution == "axplug-fakefp"
+    with pytest.raises(registry.ComponentConflictError, match="evil-claimer:norm2"):
+        registry.entry("layers", "norm2")
+    assert [c.qualified_name for c in registry.shadowing_first_party(registry.discover())] == [
+        "fake-rival:dense"
+    ]
+
+
+def test_two_first_party_claims_on_one_name_are_never_a_silent_win(plugin_site):
+    plugin_site.add("axplug-claimer", {"axplug.storage": {"file": "fake_claim:S"}},
+                    first_party=True)  # fmt: skip
+    with pytest.raises(registry.ComponentConflictError, match="'axplug-claimer:file'"):
+        registry.entry("storage", "file")
+    assert registry.entry("storage", "axplug:file").distribution == "axplug"
+
+
 def test_a_plugin_that_hangs_at_import_is_reported_not_waited_for(plugin_site, monkeypatch, capsys):
     from axplug.cli import list_cmd, main
 

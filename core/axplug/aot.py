@@ -129,19 +129,28 @@ def _host_bytes(mem) -> int:
 
 
 def _pipeline_summary(model) -> dict[str, Any] | None:
-    from axplug.layers import PipelinedTransformer
-
+    """The first stack's `pipeline_summary()` (a pipelined stack, e.g. axplug-pipeline's:
+    stages, microbatches, schedule, repeats, bubble), or None."""
     for module in _modules(model):
-        if isinstance(module, PipelinedTransformer):
-            cfg = module.config
-            return {
-                "stages": cfg.num_stages,
-                "microbatches": cfg.num_microbatches,
-                "schedule": cfg.schedule,
-                "repeats": module.repeats,
-                "bubble": module.bubble,
-            }
+        if (summary := getattr(module, "pipeline_summary", None)) is not None:
+            return summary()
     return None
+
+
+def _scanned_stacks(cfg) -> list:
+    """The configs of every RepeatedTransformer in `cfg`, subclasses (a pipeline) included."""
+    from axplug.config import InstantiableConfig, visit
+    from axplug.layers import RepeatedTransformer
+
+    found = []
+
+    def add(_path, value):
+        klass = getattr(value, "klass", None) if isinstance(value, InstantiableConfig) else None
+        if isinstance(klass, type) and issubclass(klass, RepeatedTransformer):
+            found.append(value)
+
+    visit(cfg, add)
+    return found
 
 
 def _modules(module):
@@ -208,8 +217,6 @@ def compile_report(
 
     import jax
 
-    from axplug.config import find_configs
-    from axplug.layers import PipelinedTransformer, RepeatedTransformer
     from axplug.trainer import Trainer
 
     builder = cfg.mesh.instantiate()
@@ -296,9 +303,7 @@ def compile_report(
         fits=fits,
         flops_per_step_analytic=flops,
         flops_per_step_xla=xla,
-        scanned_layers=bool(
-            find_configs(cfg, RepeatedTransformer) or find_configs(cfg, PipelinedTransformer)
-        ),
+        scanned_layers=bool(_scanned_stacks(cfg)),
         tokens_per_step=tokens,
         peak_flops_per_device=peak,
         target_mfu=target_mfu,
@@ -312,11 +317,7 @@ def compile_report(
     report.notes.extend(plan_notes)
     if report.scanned_layers:
         report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
-    offloads = any(
-        str(stack.remat_policy).startswith("offload")
-        for target in (RepeatedTransformer, PipelinedTransformer)
-        for _, stack in find_configs(cfg, target)
-    )
+    offloads = any(str(stack.remat_policy).startswith("offload") for stack in _scanned_stacks(cfg))
     if offloads and not memory["host"]:
         report.notes.append(
             "the offload remat policy's host copies are not separate here (XLA:CPU has one "

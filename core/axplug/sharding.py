@@ -21,9 +21,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from axplug.mesh import DEFAULT_AXIS_RULES, logical_to_partition_spec
+from axplug.mesh import DEFAULT_AXIS_RULES, PIPELINE_AXIS, logical_to_partition_spec
 
 __all__ = [
+    "PIPELINE_AXIS",
     "ShardingScope",
     "make_scope",
     "sharding_scope",

@@ -27,7 +27,6 @@ COMMANDS = (
     "axplug.cli.aot_cmd",
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
-    "axplug.cli.launch_cmd",
     "axplug.cli.generate_cmd",
     "axplug.cli.import_hf_cmd",
     "axplug.cli.export_hf_cmd",

@@ -8,9 +8,28 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "KINDS", "generate", "names_for"]
+__all__ = ["add_parser", "run", "KINDS", "KIND_GROUPS", "generate", "names_for", "template_files"]
 
-KINDS = ("layer", "kernel", "mesh-rule", "modifier", "storage", "hooks", "command")
+# kind -> (entry-point group, submodule). The files are real templates shipped as package
+# data, `templates/<kind>/<submodule>.py.tmpl` and its `test_<submodule>.py.tmpl`, plus
+# `templates/common/` for every package; `$placeholders` are filled by string.Template, and
+# `make lint` runs ruff on every kind rendered.
+KIND_GROUPS = {
+    "layer": ("axplug.layers", "layer"),
+    "kernel": ("axplug.kernels", "kernel"),
+    "mesh-rule": ("axplug.mesh_rules", "mesh_rule"),
+    "modifier": ("axplug.modifiers", "modifier"),
+    "storage": ("axplug.storage", "storage"),
+    "hooks": ("axplug.hooks", "hooks"),
+    "command": ("axplug.commands", "command"),
+}
+KINDS = tuple(KIND_GROUPS)
+_COMMON = {  # template -> path in the package
+    "pyproject.toml": "pyproject.toml",
+    "README.md": "README.md",
+    "conftest.py": "tests/conftest.py",
+    "__init__.py": "$module/__init__.py",
+}
 
 EPILOG = """\
 examples:
@@ -87,14 +106,12 @@ def generate(
     from string import Template
 
     from axplug import PLUGIN_API_VERSION, __version__
-    from axplug.cli.templates import COMMON, KIND_FILES
-    from axplug.cli.templates._files import LAYER_MODIFIER, LAYER_MODIFIER_TEST
 
-    if kind not in KIND_FILES:
-        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KIND_FILES)}")
+    if kind not in KIND_GROUPS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KIND_GROUPS)}")
     if with_modifier and kind != "layer":
         raise ValueError(f"--with-modifier goes with --kind layer, not {kind!r}")
-    group, submodule, source, test = KIND_FILES[kind]
+    group, submodule = KIND_GROUPS[kind]
     values = names_for(name)
     if component is not None:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", component) or keyword.iskeyword(component):
@@ -131,19 +148,33 @@ def generate(
     root = Path(directory) / values["dist"]
     if root.exists() and any(root.iterdir()) and not force:
         raise FileExistsError(f"{root} exists and is not empty; pass --force to overwrite")
-    files = dict(COMMON)
-    files[f"$module/{submodule}.py"] = source
-    files[f"tests/test_{submodule}.py"] = test
-    if with_modifier:
-        files["$module/modifier.py"] = LAYER_MODIFIER
-        files["tests/test_modifier.py"] = LAYER_MODIFIER_TEST
     written = []
-    for rel, text in files.items():
+    for rel, text in template_files(kind, with_modifier).items():
         path = root / Template(rel).substitute(values)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(Template(text).substitute(values))
         written.append(path)
     return written
+
+
+def template_files(kind: str, with_modifier: bool = False) -> dict[str, str]:
+    """{path in the package (with `$module`): template text} for a plugin of `kind`."""
+    from importlib.resources import files
+
+    templates = files("axplug.cli").joinpath("templates")
+    submodule = KIND_GROUPS[kind][1]
+    own = [(kind, submodule, "$module")]
+    if with_modifier:
+        own.append(("layer", "modifier", "$module"))
+    out = {
+        rel: templates.joinpath("common", f"{name}.tmpl").read_text()
+        for name, rel in _COMMON.items()
+    }
+    for directory, module, package in own:
+        folder = templates.joinpath(directory)
+        out[f"{package}/{module}.py"] = folder.joinpath(f"{module}.py.tmpl").read_text()
+        out[f"tests/test_{module}.py"] = folder.joinpath(f"test_{module}.py.tmpl").read_text()
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

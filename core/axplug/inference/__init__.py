@@ -1,7 +1,13 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
-from axplug.inference.disaggregated import DevicePutTransfer, DisaggregatedEngine, KVTransfer
-from axplug.inference.engine import Completion, Engine, Request, TokenEvent, generate
+from axplug.inference.engine import (
+    Completion,
+    Engine,
+    Request,
+    TokenEvent,
+    generate,
+    run_to_completion,
+)
 from axplug.inference.loading import (
     LoadedModel,
     checkpoint_directory,
@@ -9,23 +15,23 @@ from axplug.inference.loading import (
     load_checkpoint,
 )
 from axplug.inference.paging import OutOfPagesError, PageAllocator
+from axplug.inference.requests import RequestState
 from axplug.inference.sampling import SamplingParams, sample_tokens
 
 __all__ = [
     "Completion",
-    "DevicePutTransfer",
-    "DisaggregatedEngine",
     "Engine",
-    "KVTransfer",
     "LoadedModel",
     "OutOfPagesError",
     "PageAllocator",
     "Request",
+    "RequestState",
     "SamplingParams",
     "TokenEvent",
     "checkpoint_directory",
     "find_tokenizer",
     "generate",
     "load_checkpoint",
+    "run_to_completion",
     "sample_tokens",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "TokenEvent",
     "Engine",
     "generate",
+    "run_to_completion",
 ]
 
 

@@ -1,6 +1,7 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
 from axplug.api import EMPTY_POSITION, AttentionMask, Initializer, ParameterSpec, linear_bias
+from axplug.context import OutputCollection
 from axplug.layers.attention import (
     Attention,
     DotProductKernel,
@@ -14,10 +15,14 @@ from axplug.layers.feed_forward import ACTIVATIONS, FeedForward, get_activation
 from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
 from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
-from axplug.layers.pipeline import PipelinedTransformer
-from axplug.layers.quantized import QuantizedLinear
-from axplug.layers.stack import REMAT_POLICIES, RepeatedTransformer, StackedTransformer
-from axplug.layers.transformer import TransformerLayer
+from axplug.layers.stack import (
+    REMAT_POLICIES,
+    RepeatedTransformer,
+    StackedTransformer,
+    merge_collections,
+    scan_layer,
+)
+from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
 
 __all__ = [
     "ACTIVATIONS",
@@ -25,6 +30,7 @@ __all__ = [
     "Initializer",
     "linear_bias",
     "REMAT_POLICIES",
+    "RESIDUAL_AXES",
     "Attention",
     "BlockwiseAttention",
     "FlashAttention",
@@ -39,16 +45,17 @@ __all__ = [
     "FeedForward",
     "IdentityPositionTransform",
     "LayerNorm",
+    "OutputCollection",
     "Linear",
     "PagedKVCache",
-    "PipelinedTransformer",
     "ParameterSpec",
     "QKVLinear",
-    "QuantizedLinear",
     "RMSNorm",
     "RepeatedTransformer",
     "StackedTransformer",
     "TransformerLayer",
     "cross_entropy",
     "get_activation",
+    "merge_collections",
+    "scan_layer",
 ]

@@ -14,7 +14,13 @@ from axplug.layers.base import BaseLayer, ParameterSpec
 from axplug.layers.transformer import TransformerLayer
 from axplug.module import Module
 
-__all__ = ["StackedTransformer", "RepeatedTransformer", "REMAT_POLICIES"]
+__all__ = [
+    "StackedTransformer",
+    "RepeatedTransformer",
+    "REMAT_POLICIES",
+    "scan_layer",
+    "merge_collections",
+]
 
 
 class StackedTransformer(BaseLayer):
@@ -132,7 +138,7 @@ class RepeatedTransformer(BaseLayer):
         x, stacked = scan_layer(
             self.layer, layer_ctx.state, x, kwargs, keys, ctx.is_training, self._config.remat_policy
         )
-        _merge(layer_ctx.output_collection, stacked)
+        merge_collections(layer_ctx.output_collection, stacked)
         return x
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
@@ -191,6 +197,7 @@ def scan_layer(
     return jax.lax.scan(body, x, (params, keys))
 
 
-def _merge(target: OutputCollection, source: OutputCollection) -> None:
+def merge_collections(target: OutputCollection, source: OutputCollection) -> None:
+    """Adds `source`'s summaries, state updates and module outputs into `target`'s."""
     for dst, src in zip(target, source, strict=True):
         dst.update(src)

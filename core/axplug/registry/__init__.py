@@ -1,6 +1,7 @@
 """Plugin registry: discover components from entry points, load them lazily, run hooks."""
 
 from axplug.registry._component import (
+    FIRST_PARTY_ENTRY,
     KINDS,
     STATUSES,
     SUPPORTED_PLUGIN_API,
@@ -23,6 +24,7 @@ from axplug.registry._loading import (
 )
 
 __all__ = [
+    "FIRST_PARTY_ENTRY",
     "KINDS",
     "STATUSES",
     "SUPPORTED_PLUGIN_API",

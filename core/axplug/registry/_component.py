@@ -11,10 +11,12 @@ __all__ = [
     "KINDS",
     "SUPPORTED_PLUGIN_API",
     "CORE_DISTRIBUTION",
-    "FIRST_PARTY",
+    "FIRST_PARTY_ENTRY",
+    "FIRST_PARTY_PREFIX",
     "STATUSES",
     "Component",
     "normalize",
+    "claims_first_party",
     "ComponentNotFoundError",
     "ComponentUnavailableError",
     "ComponentConflictError",
@@ -39,23 +41,13 @@ KINDS = (
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)
 CORE_DISTRIBUTION = "axplug"
-# The project's own distributions: where one of them and a third party register the same
-# kind and name, the plain name means the first-party component (the core and the presets
-# rely on these names); the other is still loadable as `distribution:name`.
-FIRST_PARTY = frozenset(
-    {
-        "axplug",
-        "axplug-attention",
-        "axplug-moe",
-        "axplug-gpu",
-        "axplug-tpu",
-        "axplug-trainium",
-        "axplug-checkpoint-cloud",
-        "axplug-wandb",
-        "axplug-mlflow",
-        "axplug-serve",
-    }
-)
+# The entry a distribution of the axplug project puts in its `axplug.plugin_api` group
+# (`first-party = "<root module>"`), read from metadata like every entry. Where it and a third
+# party register the same kind and name, the plain name means the first-party component (the
+# core and the presets rely on these names); the other stays loadable as `distribution:name`.
+FIRST_PARTY_ENTRY = "first-party"
+# Only a distribution named in the project's namespace may claim it (see `claims_first_party`).
+FIRST_PARTY_PREFIX = "axplug-"
 # `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here;
 # `unchecked` by `axplug list` without it, for a plugin's kernel.
 STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable", "unchecked")
@@ -64,6 +56,22 @@ STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable
 def normalize(distribution: str) -> str:
     """A distribution name compared the way pip does (PEP 503): `Axplug_MoE` -> `axplug-moe`."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def claims_first_party(distribution: str, api_entries: list[str]) -> bool:
+    """Whether `distribution` is first-party: its metadata declares FIRST_PARTY_ENTRY *and*
+    its name is the core's or in the `axplug-` namespace.
+
+    The marker alone would let any package take the plain names; the namespace alone would
+    make every `axplug-*` upload first-party. Together an unrelated package cannot claim the
+    status by its metadata, and a claim is never a silent win: first-party status only breaks
+    a tie with third parties, so a false claim against a real first-party component makes the
+    name ambiguous (`entry` asks for `distribution:name`, `doctor` fails) rather than taking
+    it over.
+    """
+    name = normalize(distribution)
+    in_namespace = name == CORE_DISTRIBUTION or name.startswith(FIRST_PARTY_PREFIX)
+    return in_namespace and FIRST_PARTY_ENTRY in api_entries
 
 
 # A NamedTuple rather than a frozen dataclass: `dataclasses` imports `inspect`, ~8 ms of the
@@ -78,6 +86,7 @@ class Component(NamedTuple):
     value: str
     status: str = "ok"
     reason: str | None = None
+    first_party: bool = False  # a distribution of this project (see claims_first_party)
 
     @property
     def qualified_name(self) -> str:
@@ -87,11 +96,6 @@ class Component(NamedTuple):
     @property
     def key(self) -> tuple[str, str, str]:
         return normalize(self.distribution), self.kind, self.name
-
-    @property
-    def first_party(self) -> bool:
-        """Whether a distribution of this project provides it (see FIRST_PARTY)."""
-        return normalize(self.distribution) in FIRST_PARTY
 
     @property
     def loadable(self) -> bool:

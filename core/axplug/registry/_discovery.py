@@ -8,10 +8,12 @@ from axplug import __version__
 from axplug.registry._component import (
     API_GROUP,
     CORE_DISTRIBUTION,
+    FIRST_PARTY_ENTRY,
     GROUP_PREFIX,
     KINDS,
     SUPPORTED_PLUGIN_API,
     Component,
+    claims_first_party,
     normalize,
 )
 
@@ -74,7 +76,9 @@ def _read_metadata():
         if not eps:
             continue
         name, version = _name_version(dist, key)
-        problem = _api_problem(name, [ep.name for ep in eps if ep.group == API_GROUP])
+        api_entries = [ep.name for ep in eps if ep.group == API_GROUP]
+        first_party = claims_first_party(name, api_entries)
+        problem = _api_problem(name, [e for e in api_entries if e != FIRST_PARTY_ENTRY])
         done: set[tuple[str, str]] = set()
         for ep in eps:
             kind = ep.group[len(GROUP_PREFIX) :]
@@ -84,7 +88,7 @@ def _read_metadata():
             status, reason = ("incompatible", problem) if problem else ("ok", None)
             if kind not in KINDS:
                 status, reason = "broken", _unknown_kind(ep.group)
-            yield Component(name, version, kind, ep.name, ep.value, status, reason)
+            yield Component(name, version, kind, ep.name, ep.value, status, reason, first_party)
 
 
 def _name_version(dist, key: str) -> tuple[str, str]:

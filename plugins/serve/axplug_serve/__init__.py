@@ -5,10 +5,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["EngineWorker", "QueueFullError", "ServerMetrics", "ServerSettings", "create_app"]
+__all__ = [
+    "DevicePutTransfer",
+    "DisaggregatedEngine",
+    "EngineWorker",
+    "KVTransfer",
+    "QueueFullError",
+    "ServerMetrics",
+    "ServerSettings",
+    "create_app",
+]
 
 # Imported on first use: `axplug serve --help` and `axplug doctor` need no web stack.
 _HOMES = {
+    "DevicePutTransfer": "axplug_serve.disaggregated",
+    "DisaggregatedEngine": "axplug_serve.disaggregated",
+    "KVTransfer": "axplug_serve.disaggregated",
     "EngineWorker": "axplug_serve.worker",
     "QueueFullError": "axplug_serve.worker",
     "ServerMetrics": "axplug_serve.metrics",

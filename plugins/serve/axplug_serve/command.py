@@ -171,7 +171,6 @@ def _device_split(prefill: int) -> list[list]:
 def build(args: argparse.Namespace):
     """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
     from axplug.inference import (
-        DisaggregatedEngine,
         Engine,
         Request,
         SamplingParams,
@@ -179,6 +178,7 @@ def build(args: argparse.Namespace):
         load_checkpoint,
     )
     from axplug_serve.app import ServerSettings, create_app
+    from axplug_serve.disaggregated import DisaggregatedEngine
     from axplug_serve.metrics import ServerMetrics
     from axplug_serve.text import ChatTemplate
     from axplug_serve.worker import EngineWorker

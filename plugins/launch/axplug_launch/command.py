@@ -97,7 +97,7 @@ class JobPlan:
 def plan_job(args: argparse.Namespace) -> JobPlan:
     """Resolves preset, mesh rule and host count; ValueError names what is wrong and the fix."""
     from axplug import registry
-    from axplug.aot import device_spec_of, resolve_rule, selector_device_count
+    from axplug.mesh_rules import device_spec_of, resolve_rule, selector_device_count
 
     if args.preset not in registry.names("presets"):
         known = ", ".join(registry.names("presets"))
@@ -140,7 +140,7 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
         preset=args.preset,
         mesh_rule=args.mesh_rule,
         rule_name=rule_name,
-        description=rule._config.description,
+        description=rule.config.description,
         platform=spec.platform if spec else "cpu",
         hosts=hosts,
         devices_per_host=per_host,
@@ -287,11 +287,10 @@ def render(plan: JobPlan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.config import ConfigError
-    from axplug.registry import ComponentNotFoundError
 
     try:
         plan = plan_job(args)
-    except (ValueError, ConfigError, ComponentNotFoundError) as exc:
+    except (ValueError, ConfigError, LookupError) as exc:  # LookupError: an unknown component
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(render(plan))

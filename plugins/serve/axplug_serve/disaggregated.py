@@ -5,7 +5,7 @@ engine in a thread of its own (JAX releases the GIL while devices compute), the 
 in the caller's `step()`. A long prefill therefore never delays the decode steps of other
 requests, and each side is sized for its own work. A request is prefilled (and gets its first
 token) in the prefill engine; its cached row is then read out in a layout-free form
-(`axplug.layers.kv_cache.read_row`), moved by a `KVTransfer` and written into a free row (and
+(the cache's `read_row`), moved by a `KVTransfer` and written into a free row (and
 pages) of the decode engine, where it decodes to the end.
 """
 
@@ -19,8 +19,14 @@ from typing import Any, Protocol
 
 import jax
 
-from axplug.inference.engine import Engine, run_to_completion
-from axplug.inference.requests import Completion, Request, RequestState, TokenEvent
+from axplug.inference import (
+    Completion,
+    Engine,
+    Request,
+    RequestState,
+    TokenEvent,
+    run_to_completion,
+)
 
 __all__ = ["KVTransfer", "DevicePutTransfer", "DisaggregatedEngine"]
 

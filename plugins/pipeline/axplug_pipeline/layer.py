@@ -10,14 +10,23 @@ import jax
 import jax.numpy as jnp
 
 from axplug.config import ConfigError, config_class
-from axplug.context import OutputCollection
-from axplug.layers.base import ParameterSpec
-from axplug.layers.pipeline_1f1b import _masked, one_f_one_b
-from axplug.layers.stack import RepeatedTransformer, _merge, scan_layer
-from axplug.layers.transformer import RESIDUAL_AXES
-from axplug.mesh import PIPELINE_AXIS
-from axplug.module import Module
-from axplug.sharding import ShardingScope, constrain, current_scope, scoped, sharding_scope
+from axplug.layers import (
+    RESIDUAL_AXES,
+    OutputCollection,
+    ParameterSpec,
+    RepeatedTransformer,
+    merge_collections,
+    scan_layer,
+)
+from axplug.sharding import (
+    PIPELINE_AXIS,
+    ShardingScope,
+    constrain,
+    current_scope,
+    scoped,
+    sharding_scope,
+)
+from axplug_pipeline.one_f_one_b import masked, one_f_one_b
 
 __all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
 
@@ -48,7 +57,7 @@ class PipelinedTransformer(RepeatedTransformer):
     stage-major regrouping of the layer axis moves (V - 1) / V of the weights between
     devices each step. Autodiff runs the same iterations backwards (all forwards, then all
     backwards, as GPipe); `remat_policy` applies per layer inside each stage. `1f1b` trains
-    through `forward_with_loss` instead (axplug.layers.pipeline_1f1b), its forward pass in
+    through `forward_with_loss` instead (axplug_pipeline.one_f_one_b), its forward pass in
     evaluation and decoding is GPipe's.
     """
 
@@ -59,7 +68,7 @@ class PipelinedTransformer(RepeatedTransformer):
         schedule: str = "gpipe"
         num_repeats: int = 2  # virtual stages per device with `circular`
 
-    def __init__(self, cfg: Config, *, parent: Module | None = None):
+    def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         S, M, V = cfg.num_stages, cfg.num_microbatches, self.repeats
         where = self.path
@@ -90,6 +99,17 @@ class PipelinedTransformer(RepeatedTransformer):
     def bubble(self) -> float:
         cfg = self._config
         return bubble_fraction(cfg.num_stages, cfg.num_microbatches, self.repeats, cfg.schedule)
+
+    def pipeline_summary(self) -> dict[str, Any]:
+        """What `axplug aot` reports of this stack."""
+        cfg = self._config
+        return {
+            "stages": cfg.num_stages,
+            "microbatches": cfg.num_microbatches,
+            "schedule": cfg.schedule,
+            "repeats": self.repeats,
+            "bubble": self.bubble,
+        }
 
     def create_parameter_specs_recursively(self) -> dict[str, Any]:
         specs = super().create_parameter_specs_recursively()
@@ -196,7 +216,7 @@ class PipelinedTransformer(RepeatedTransformer):
             shifted = constrain(shifted, (STAGE_AXIS, *RESIDUAL_AXES))
             stage_extras = {k_: jnp.take(v, micro, axis=0) for k_, v in p.extras.items()}
             out, collection = p.stages(p.params, shifted, stage_ids, repeat, micro, stage_extras)
-            collection = jax.tree.map(lambda c: _masked(valid, c), collection)
+            collection = jax.tree.map(lambda c: masked(valid, c), collection)
             out = constrain(out, (STAGE_AXIS, *RESIDUAL_AXES))
             done = t - (S - 1)  # the microbatch x repeat the last stage just finished
             slot = jnp.clip(done, 0, M * V - 1) % M
@@ -210,7 +230,7 @@ class PipelinedTransformer(RepeatedTransformer):
         io = p.xs  # the inputs, then each repeat's outputs
         state = jnp.zeros((S, *io.shape[1:]), x.dtype)
         (_, io), collections = jax.lax.scan(iteration, (state, io), jnp.arange(M * V + S - 1))
-        _merge(p.layer_ctx.output_collection, _per_layer(collections, M, S, V, p.per))
+        merge_collections(p.layer_ctx.output_collection, _per_layer(collections, M, S, V, p.per))
         return p.unbatch(io)
 
     def forward_with_loss(

@@ -21,10 +21,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.layers.transformer import RESIDUAL_AXES
+from axplug.layers import RESIDUAL_AXES
 from axplug.sharding import constrain
 
-__all__ = ["one_f_one_b"]
+__all__ = ["one_f_one_b", "masked"]
 
 STAGE = "stage"
 
@@ -94,8 +94,8 @@ def _schedule(stage, head, whole, params, head_params, xs, labels, extras):
         ex_b = {k: at(v, bc) for k, v in extras.items()}
         _, vjp = jax.vjp(lambda prm, h: stage(prm, h, bc, ex_b), params, h_b)
         d_params, d_h = vjp(g_in)
-        g_params = jax.tree.map(lambda a, d: a + _masked(valid_b, d), g_params, d_params)
-        bwd_out = on_stages(_masked(valid_b, d_h))
+        g_params = jax.tree.map(lambda a, d: a + masked(valid_b, d), g_params, d_params)
+        bwd_out = on_stages(masked(valid_b, d_h))
         dxs = jnp.where(valid_b[0], dxs.at[bc[0]].set(d_h[0]), dxs)
 
         # Forward: stage s on microbatch t - s; stage 0 reads it, stage s > 0 takes stage
@@ -137,7 +137,7 @@ def _schedule(stage, head, whole, params, head_params, xs, labels, extras):
     return loss, (g_params, g_head, whole(dxs, (None, *RESIDUAL_AXES)))
 
 
-def _masked(valid: jax.Array, value: jax.Array) -> jax.Array:
+def masked(valid: jax.Array, value: jax.Array) -> jax.Array:
     """`value` [S, ...] with stage rows where `valid` [S] is False set to zero."""
     return _where(valid, value, jnp.zeros_like(value))
 

@@ -4,11 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_pipeline import bubble_fraction
 
 from axplug.config import ConfigError, replace_config
 from axplug.context import functional
 from axplug.layers import FeedForward
-from axplug.layers.pipeline import bubble_fraction
 from axplug.presets import preset_config
 from axplug.summary import read_jsonl
 

@@ -9,9 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.config import ConfigError, config_class
-from axplug.layers.base import ParameterSpec
-from axplug.layers.basic import Linear
-from axplug.module import Module
+from axplug.layers import Linear, ParameterSpec
 
 __all__ = ["QuantizedLinear", "QUANTIZE_MODES", "int8_matmul", "fp8_matmul"]
 
@@ -155,7 +153,7 @@ class QuantizedLinear(Linear):
         int8_backward: bool = True  # int8 gradient matmuls; False: float32
         amax_history_length: int = 16  # fp8
 
-    def __init__(self, cfg: Config, *, parent: Module | None = None):
+    def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if cfg.mode not in QUANTIZE_MODES:
             raise ConfigError(

@@ -1,0 +1,123 @@
+"""Prefill/decode disaggregation: one Engine prefills, another decodes, same tokens."""
+
+import jax
+import numpy as np
+import pytest
+from axplug_serve.disaggregated import DisaggregatedEngine
+
+from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
+from axplug.layers import CausalLM
+from axplug.modifiers import make_modifier
+from axplug.presets import preset_config
+
+VOCAB, DIM, HEADS = 61, 32, 4
+
+
+def small_llama(tmp_path, *modifiers, extra=()):
+    return preset_config(
+        "llama-tiny",
+        modifiers=modifiers,
+        overrides=[
+            f"output_dir={str(tmp_path)!r}",
+            "compilation_cache_dir=None",
+            "summary_writers=[]",
+            "model.decoder.transformer.num_layers=2",
+            "input.seq_len=64",
+            "input.batch_size=8",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+    cfg = CausalLM.default_config()
+    cfg.decoder.set(vocab_size=VOCAB, dim=DIM)
+    cfg.decoder.transformer.set(num_layers=2)
+    cfg.decoder.transformer.layer.attention.set(num_heads=HEADS)
+    cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
+    for spec in ("rope", "gqa:num_kv_heads=2"):
+        cfg = make_modifier(spec)(cfg)
+    model = cfg.instantiate(parent=None)
+    return model, model.initialize_parameters_recursively(jax.random.PRNGKey(3))
+
+
+def random_ids(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
+
+
+def alone(model, params, prompt, sampling, max_len=16):
+    engine = Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
+    engine.submit(Request(prompt, sampling))
+    (completion,) = engine.run()
+    return completion.output_ids
+
+
+def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model):
+    model, params = rope_model
+    greedy = SamplingParams(max_new_tokens=5, temperature=0)
+    both = DisaggregatedEngine(
+        Engine(model, params, num_slots=1, max_len=16),
+        Engine(model, params, num_slots=2, max_len=16),
+    )
+    prompts = {name: random_ids(40 + i, 3).tolist() for i, name in enumerate("abcd")}
+    for name, prompt in prompts.items():
+        both.submit(Request(prompt, greedy, id=name))
+    assert both.cancel("d") and not both.cancel("nobody")  # still waiting: dropped at once
+    done = {c.id: c for c in both.run()}
+    both.close()
+    assert done["d"].finish_reason == "cancelled" and done["d"].output_ids == []
+    for name in "abc":
+        assert done[name].output_ids == alone(model, params, prompts[name], greedy), name
+    assert both.transfers == 3 and not both.has_work
+
+
+@pytest.mark.parametrize(
+    ("cache", "split"),
+    [("contiguous", "one device each"), ("paged", "fsdp=2,model=2 each")],
+)
+def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cache, split):
+    """Prompts prefilled on one device set, rows moved to another and decoded there: the
+    tokens of one engine doing both (greedy and sampled), caches on the decode devices."""
+    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
+    cfg.instantiate().run()
+    modifiers = ["paged_kv_cache:page_size=4,num_pages=24"] if cache == "paged" else []
+    devices = jax.devices()
+    if split == "one device each":
+        prefill_devices, decode_devices = devices[:1], devices[1:2]
+    else:
+        modifiers.append("mesh:fsdp=2,model=2")
+        prefill_devices, decode_devices = devices[:4], devices[4:]
+    requests = [
+        Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8, temperature=0.0), id=0),
+        Request([7, 8, 9], SamplingParams(max_new_tokens=6, temperature=0.9, seed=3), id=1),
+        Request([10, 11, 12, 13, 14, 15, 16], SamplingParams(max_new_tokens=1), id=2),
+        Request([3, 3], SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5), id=3),
+        Request([5] * 12, SamplingParams(max_new_tokens=5, temperature=0.0), id=4),
+    ]
+
+    def engine(loaded, **kwargs):
+        return Engine(loaded.model, loaded.params, max_len=32, mesh=loaded.mesh,
+                      axis_rules=loaded.axis_rules, **kwargs)  # fmt: skip
+
+    def outputs(e):
+        for r in requests:
+            e.submit(r)
+        return {c.id: c.output_ids for c in e.run()}
+
+    want = outputs(engine(load_checkpoint(str(tmp_path), modifiers=modifiers), num_slots=3))
+    pre = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=prefill_devices)
+    dec = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=decode_devices)
+    disaggregated = DisaggregatedEngine(
+        engine(pre, num_slots=2, prefill_chunk=4),
+        engine(dec, num_slots=3),
+        decode_mesh=dec.mesh,
+        threaded=cache == "paged",  # the prefill side in its own thread, or in step()
+    )
+    assert outputs(disaggregated) == want
+    assert disaggregated.transfers == 4  # every request but the one-token one moved
+    key = jax.tree.leaves(disaggregated.decode._cache)[0]
+    assert key.sharding.device_set == set(decode_devices)
+    if cache == "paged":
+        allocator = disaggregated.decode.allocator
+        assert allocator.num_free == allocator.num_pages
