@@ -38,11 +38,11 @@ from axplug_attention import (  # noqa: E402
 from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError  # noqa: E402
 from axplug.context import functional  # noqa: E402
-from axplug.layers import FlashAttention  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
     CausalLM,
     DotProductKernel,
+    FlashAttention,  # noqa: E402
     IdentityPositionTransform,
     QKVLinear,
     RepeatedTransformer,
@@ -157,9 +157,8 @@ def test_core_alone_fails_with_the_install_hint(tmp_path):
 def test_kernel_names_are_the_cores_re_exported():
     # Moved to axplug.kernels; old imports and saved configs (`module:Qualname`) still resolve.
     import axplug.kernels as core_kernels
-    from axplug.config import resolve_class
-
     import axplug.layers as core_layers
+    from axplug.config import resolve_class
 
     for name in ("ReferenceKernel", "XlaKernel", "select_kernel", "Unsupported"):
         assert getattr(axplug_attention, name) is getattr(core_kernels, name), name

@@ -319,11 +319,11 @@ def test_slot_contracts_and_attention_mask_are_documented_as_coded():
     import dataclasses
 
     from axplug.layers import (
-        FlashAttention,
         AttentionMask,
         ContiguousKVCache,
         DotProductKernel,
         FeedForward,
+        FlashAttention,
         IdentityPositionTransform,
         PagedKVCache,
         QKVLinear,

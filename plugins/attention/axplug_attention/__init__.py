@@ -1,9 +1,9 @@
 """axplug-attention: RoPE, GQA/MQA and sliding windows.
 
 Kernel dispatch, the kernel protocol and the `flash_attention` modifier moved to the core
-(`axplug.kernels`, `axplug.api`, `axplug.layers`); their names are re-exported here for existing imports. Importing this
-package registers nothing by side effect: the core finds its components through the entry
-points in pyproject.toml.
+(`axplug.kernels`, `axplug.api`, `axplug.layers`); their names are re-exported here for
+existing imports. Importing this package registers nothing by side effect: the core finds its
+components through the entry points in pyproject.toml.
 """
 
 from axplug_attention.dispatch import (

@@ -5,8 +5,7 @@ from __future__ import annotations
 import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, FeedForward, ParameterSpec
-from axplug.layers import get_activation
+from axplug.layers import BaseLayer, FeedForward, ParameterSpec, get_activation
 from axplug_moe.dispatch import AutoDispatch, Experts
 from axplug_moe.router import TopKRouter
 

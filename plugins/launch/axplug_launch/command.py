@@ -96,12 +96,13 @@ class JobPlan:
 
 def plan_job(args: argparse.Namespace) -> JobPlan:
     """Resolves preset, mesh rule and host count; ValueError names what is wrong and the fix."""
-    from axplug import registry
     from axplug.mesh_rules import device_spec_of, resolve_rule, selector_device_count
+    from axplug.presets import resolve_preset
 
-    if args.preset not in registry.names("presets"):
-        known = ", ".join(registry.names("presets"))
-        raise ValueError(f"--preset: unknown preset {args.preset!r}; installed presets: {known}")
+    try:
+        resolve_preset(args.preset)
+    except LookupError as exc:
+        raise ValueError(f"--preset: {exc}") from None
     rule_name, rule = resolve_rule(args.mesh_rule)
     spec = device_spec_of(rule_name)
     per_host = args.devices_per_host or (spec.chips_per_host if spec else None)
