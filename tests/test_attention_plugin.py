@@ -647,24 +647,18 @@ SWAPS = {
 def tiny_llama(tmp_path, *modifiers, steps=6):
     from axplug.summary import JsonlWriter
 
-    cfg = preset_config(
-        "llama-tiny",
+    return tiny_trainer_config(
+        tmp_path,
+        "log_every=1",
+        "checkpoint_every=1000",
+        "model.decoder.transformer.num_layers=1",
+        "learner.warmup_steps=0",
+        "learner.learning_rate=1e-2",
+        preset="llama-tiny",
         modifiers=modifiers,
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "log_every=1",
-            "checkpoint_every=1000",
-            "compilation_cache_dir=None",
-            "summary_writers=[]",
-            "model.decoder.transformer.num_layers=1",
-            "input.seq_len=32",
-            "input.batch_size=8",  # the default mesh is data-parallel over 8 devices
-            "learner.warmup_steps=0",
-            "learner.learning_rate=1e-2",
-        ],
+        max_steps=steps,
+        summary_writers=[JsonlWriter.default_config()],
     )
-    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
 
 
 def train_losses(cfg, tmp_path):
@@ -739,7 +733,7 @@ def test_tensor_parallel_on_8_devices_matches_one_device():
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import LayerConformance  # noqa: E402
+from axplug.testing import LayerConformance, tiny_trainer_config  # noqa: E402
 
 
 class TestRopeGqaAttentionConformance(LayerConformance):

@@ -15,26 +15,15 @@ import urllib.request
 import pytest
 
 from axplug.config import REQUIRED
-from axplug.presets import preset_config
 from axplug.summary import JsonlWriter, group_tag, read_jsonl
+from axplug.testing import tiny_trainer_config
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):
-    return preset_config(
-        "gpt-tiny",
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "checkpoint_every=2",
-            "log_every=1",
-            "compilation_cache_dir=None",
-            "model.decoder.dim=32",
-            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-            "input.seq_len=32",
-            "input.batch_size=8",
-            *extra,
-        ],
-    ).clone(summary_writers=[JsonlWriter.default_config(), *writers])
+    return tiny_trainer_config(
+        tmp_path, "checkpoint_every=2", "log_every=1", *extra, max_steps=steps,
+        summary_writers=[JsonlWriter.default_config(), *writers],
+    )  # fmt: skip
 
 
 def jsonl_as_tags(path) -> dict[tuple[int, str], float]:
