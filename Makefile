@@ -31,9 +31,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "slow or not slow"
 
+# Type-checked: the packages plugins build on (the settings are pyproject.toml's [tool.mypy]).
+TYPED := core/axplug/config core/axplug/registry $(wildcard core/axplug/api)
+
 lint: $(STAMP)
 	$(BIN)/ruff check core plugins tests examples
 	$(BIN)/ruff format --check core plugins tests examples
+	$(BIN)/mypy $(TYPED)
 
 format: $(STAMP)
 	$(BIN)/ruff format core plugins tests examples
