@@ -35,13 +35,13 @@ test-all: $(STAMP)
 TYPED := core/axplug/config core/axplug/registry $(wildcard core/axplug/api)
 
 lint: $(STAMP)
-	$(BIN)/ruff check core plugins tests examples
-	$(BIN)/ruff format --check core plugins tests examples
+	$(BIN)/ruff check conftest.py core plugins tests examples
+	$(BIN)/ruff format --check conftest.py core plugins tests examples
 	$(BIN)/mypy $(TYPED)
 
 format: $(STAMP)
-	$(BIN)/ruff format core plugins tests examples
-	$(BIN)/ruff check --fix core plugins tests examples
+	$(BIN)/ruff format conftest.py core plugins tests examples
+	$(BIN)/ruff check --fix conftest.py core plugins tests examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

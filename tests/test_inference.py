@@ -3,7 +3,8 @@ the contiguous one, sampling, continuous batching against decoding each request 
 checkpoint loading and `axplug generate`.
 
 Tolerances: float32 logits of prefill + decode vs one forward pass reduce in different orders,
-so rtol = atol = 1e-4 (as in tests/test_attention_plugin.py). Token ids are compared exactly.
+so rtol = atol = 1e-4 (as in plugins/attention/tests/test_attention_plugin.py). Token ids are
+compared exactly.
 """
 
 from __future__ import annotations

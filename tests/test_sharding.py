@@ -211,7 +211,7 @@ def test_sequence_parallel_divides_the_work_of_one_sequence(tmp_path):
 
 def test_moe_expert_parallel_step_gathers_only_parameters(tmp_path):
     # The MoE dispatch reads the scope the Trainer jits in, so AOT sees the all-to-alls.
-    # (tests/test_moe_plugin.py checks expert-parallel losses against one device.)
+    # (plugins/ffn_moe/tests/test_moe_plugin.py checks expert-parallel losses against one device.)
     cfg = small_llama(tmp_path, "moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4")
     report = compile_report(cfg, num_devices=8, max_devices=8)
     assert report.collectives.get("all-to-all", 0) >= 2

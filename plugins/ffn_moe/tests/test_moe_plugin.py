@@ -100,7 +100,7 @@ def test_list_json_shows_this_distribution_components(capsys):
 
 
 def test_core_never_names_the_plugin_package():
-    core = pathlib.Path(__file__).resolve().parents[1] / "core"
+    core = pathlib.Path(__file__).resolve().parents[3] / "core"
     offenders = [
         str(p) for p in core.rglob("*.py") if "axplug_moe" in p.read_text(encoding="utf-8")
     ]
@@ -678,7 +678,7 @@ def _collectives(hlo: str) -> list[tuple[str, str]]:
     ids=["data2_fsdp2_expert2", "expert8", "fsdp4_expert2"],
 )
 def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
-    assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+    assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
     trainer = every_second_layer_moe(tmp_path, mesh).instantiate()
     trainer.run()
     want_rows, want_params = one_device_run
