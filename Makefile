@@ -31,9 +31,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -m "slow or not slow"
 
+# Type-checked: the packages plugins build on (the settings are pyproject.toml's [tool.mypy]).
+TYPED := core/axplug/config core/axplug/registry $(wildcard core/axplug/api)
+
 lint: $(STAMP)
-	$(BIN)/ruff check core plugins tests examples
-	$(BIN)/ruff format --check core plugins tests examples
+	$(BIN)/ruff check conftest.py core plugins tests examples
+	$(BIN)/ruff format --check conftest.py core plugins tests examples
+	$(BIN)/mypy $(TYPED)
 	@# The `axplug new-plugin` templates (package data, not modules): rendered for every kind,
 	@# then linted under the generated packages' own ruff settings.
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
@@ -44,8 +48,8 @@ lint: $(STAMP)
 	echo "new-plugin templates: every kind renders and lints clean"
 
 format: $(STAMP)
-	$(BIN)/ruff format core plugins tests examples
-	$(BIN)/ruff check --fix core plugins tests examples
+	$(BIN)/ruff format conftest.py core plugins tests examples
+	$(BIN)/ruff check --fix conftest.py core plugins tests examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

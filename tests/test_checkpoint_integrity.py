@@ -11,26 +11,12 @@ import numpy as np
 import pytest
 
 from axplug.checkpoint import CheckpointCorruptError, host_checksums, tree_checksums
-from axplug.presets import preset_config
+from axplug.testing import tiny_train_args, tiny_trainer_config
 
 
 def config(out, steps=4, *extra):
-    return preset_config(
-        "gpt-tiny",
-        overrides=[
-            f"output_dir={str(out)!r}",
-            f"max_steps={steps}",
-            "checkpoint_every=2",
-            "compilation_cache_dir=None",
-            "model.decoder.dim=32",
-            "model.decoder.transformer.num_layers=1",
-            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-            "input.seq_len=16",
-            "input.batch_size=8",
-            "summary_writers=[]",
-            *extra,
-        ],
-    )
+    overrides = ("checkpoint_every=2", "model.decoder.transformer.num_layers=1", "input.seq_len=16")
+    return tiny_trainer_config(out, *overrides, *extra, max_steps=steps)
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +171,11 @@ import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))  # a disk that fills at 60 kB
 from axplug.cli import main
-sys.exit(main(["train", "--preset", "gpt-tiny", "--output-dir", sys.argv[1], "--max-steps", "4",
-    "--checkpoint-every", "2", "--set", "model.decoder.dim=64", "--set", "input.seq_len=16",
-    "--set", "model.decoder.transformer.num_layers=2", "--set", "compilation_cache_dir=None"]))
+sys.exit(main(sys.argv[1:]))
 """
+
+
+RUN = ("checkpoint_every=2", "model.decoder.dim=64", "input.seq_len=16")
 
 
 def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_path):
@@ -199,7 +186,7 @@ def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_p
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     proc = subprocess.run(
-        [sys.executable, "-c", DISK_FULL, str(tmp_path / "run")],
+        [sys.executable, "-c", DISK_FULL, *tiny_train_args(tmp_path / "run", *RUN, max_steps=4)],
         env=env,
         capture_output=True,
         text=True,

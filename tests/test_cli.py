@@ -10,6 +10,7 @@ import pytest
 from axplug import __version__
 from axplug.cli import main
 from axplug.config.tree import ChainConfigModifier
+from axplug.testing import tiny_train_args
 
 DENSE = '''
 class Dense:
@@ -386,34 +387,35 @@ def test_one_boundary_prints_axplug_errors_in_a_line_and_tracebacks_on_request(
 
 
 def test_real_failures_end_in_one_error_line(tmp_path, capsys):
-    base = ["train", "--preset", "gpt-tiny", "--mesh-rule", "none", "-q"]
-    base += ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16"]
-    diverges = [*base, "--output-dir", str(tmp_path / "nan"), "--max-steps", "8"]
-    assert main([*diverges, "--set", "learner.learning_rate=1e30"]) == 1
+    def train(out, max_steps, *overrides):
+        args = tiny_train_args(out, "input.seq_len=16", "model.decoder.dim=128", *overrides,
+                               max_steps=max_steps)  # fmt: skip
+        return main([*args, "--mesh-rule", "none", "-q"])
+
+    assert train(tmp_path / "nan", 8, "learner.learning_rate=1e30") == 1
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: stopping at step 5: 3 consecutive steps had a non-finite")
     assert "Traceback" not in err and "NaN or Inf found" not in err  # tensorboardX kept quiet
 
-    run = [*base, "--output-dir", str(tmp_path / "run")]
-    assert main([*run, "--max-steps", "1"]) == 0
+    run = tmp_path / "run"
+    assert train(run, 1) == 0
     capsys.readouterr()
-    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48"]) == 2
+    assert train(run, 2, "model.decoder.dim=48") == 2
     err = capsys.readouterr().err
     (line,) = err.strip().splitlines()
     assert line.startswith("error: ") and "resumes from step 1, whose model differs" in line
     assert "model.decoder.dim: saved 128, now 48" in line and "--allow-config-change" in line
     # Let through, the checkpoint's arrays still cannot go into the other model: named too.
-    assert main([*run, "--max-steps", "2", "--set", "model.decoder.dim=48",
-                 "--allow-config-change"]) == 1  # fmt: skip
+    args = tiny_train_args(run, "input.seq_len=16", "model.decoder.dim=48", max_steps=2)
+    assert main([*args, "--mesh-rule", "none", "-q", "--allow-config-change"]) == 1
     err = capsys.readouterr().err
     assert "params/decoder/embedding/weight: saved float32[256, 128], here float32[256, 48]" in err
 
 
 def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):
-    args = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--max-steps", "1"]
-    args += ["--set", "model.decoder.transformer.num_layers=1", "--set", "input.seq_len=16"]
-    args += ["--set", "compilation_cache_dir=None"]
+    overrides = ("model.decoder.transformer.num_layers=1", "input.seq_len=16")
+    args = tiny_train_args(tmp_path, *overrides, max_steps=1)
     assert main(args) == 0
     capsys.readouterr()
     assert main(args) == 0  # again: resumed, nothing to train; both said on stderr

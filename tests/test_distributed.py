@@ -25,6 +25,7 @@ from axplug.runtime import (
     shard_input_config,
 )
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args
 
 # --- where the settings come from ------------------------------------------------------------
 
@@ -123,13 +124,12 @@ def test_process_rows_concatenate_to_the_global_batch():
 # --- two processes ---------------------------------------------------------------------------
 
 STEPS = 8
-TINY = [
-    "--set", "model.decoder.dim=32",
-    "--set", "model.decoder.transformer.num_layers=2",
-    "--set", "model.decoder.transformer.layer.attention.num_heads=4",
-    "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-    "--set", "input.seq_len=16",
-]  # fmt: skip
+TINY = (
+    "log_every=1",
+    "model.decoder.transformer.num_layers=2",
+    "model.decoder.transformer.layer.attention.num_heads=4",
+    "input.seq_len=16",
+)
 
 
 def _free_port():
@@ -146,12 +146,10 @@ def _start(output_dir, cache_dir, devices, *extra, log=None):
     }
     for var in (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID):
         env.pop(var, None)
-    args = [
-        sys.executable, "-m", "axplug.cli", "train", "--preset", "llama-tiny",
-        "--modifier", "mesh:fsdp=-1", "--output-dir", str(output_dir),
-        "--max-steps", str(STEPS), "--checkpoint-every", "2", "--set", "log_every=1",
-        "--set", f"compilation_cache_dir={str(cache_dir)!r}", *TINY, *extra,
-    ]  # fmt: skip
+    cache = f"compilation_cache_dir={str(cache_dir)!r}"
+    train = tiny_train_args(output_dir, *TINY, cache, preset="llama-tiny",
+                            modifiers=["mesh:fsdp=-1"], max_steps=STEPS)  # fmt: skip
+    args = [sys.executable, "-m", "axplug.cli", *train, "--checkpoint-every", "2", *extra]
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 

@@ -10,8 +10,10 @@ import pytest
 from axplug.cli import main
 from axplug.cli.main import build_parser
 from axplug.cli.train_cmd import build_config
+from axplug.testing import tiny_train_args
 from test_hf_import import hf_weights, llama_config, write_hf
 
+# A fine-tune's model is its checkpoint's, so not `tiny_train_args`: only what keeps it small.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
          "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
 
@@ -79,8 +81,8 @@ def test_resume_optimizer_and_a_shape_changing_modifier(tmp_path, imported, caps
 
 def test_config_file_and_recipe_presets(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--preset", "gpt-tiny", "--output-dir", str(run), "--max-steps", "1",
-                 "--set", "model.decoder.dim=32", *SMALL]) == 0  # fmt: skip
+    args = tiny_train_args(run, "input.seq_len=16", max_steps=1)
+    assert main([*args, "--mesh-rule", "none", "-q"]) == 0
     again = build_config(build_parser().parse_args(
         ["train", "--config", str(run / "config.json"), "--output-dir", str(run)]))  # fmt: skip
     from axplug.config import to_dict

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from axplug.cli.main import main
-from axplug.presets import preset_config
 from axplug.runtime import PHASES, GoodputRecorder, format_goodput
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args, tiny_trainer_config
 
 
 def test_phases_are_exclusive_and_add_up_to_the_wall_time():
@@ -49,9 +49,7 @@ def test_format_lists_every_phase():
 TINY = [
     "checkpoint_every=3",
     "summary_writers=[]",
-    "model.decoder.dim=32",
     "model.decoder.transformer.num_layers=1",
-    "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
     "input.seq_len=16",
 ]
 
@@ -68,9 +66,7 @@ def check_parts(report, wall):
 def test_a_run_splits_its_time_and_a_restart_shows_restore_time(tmp_path, capsys):
     run_dir, cache = tmp_path / "run", tmp_path / "xla-cache"
     tiny = [*TINY, f"compilation_cache_dir={str(cache)!r}"]
-    cfg = preset_config(
-        "gpt-tiny", overrides=[f"output_dir={str(run_dir)!r}", "max_steps=6", *tiny]
-    )
+    cfg = tiny_trainer_config(run_dir, *tiny, max_steps=6)
     start = time.perf_counter()
     metrics = cfg.instantiate().run()
     fresh = check_parts(metrics, time.perf_counter() - start)
@@ -80,10 +76,7 @@ def test_a_run_splits_its_time_and_a_restart_shows_restore_time(tmp_path, capsys
 
     # As if killed after step 3: the CLI restores it, trains 4..6 and prints the split.
     shutil.rmtree(run_dir / "checkpoints" / "step_00000006")
-    args = ["train", "--preset", "gpt-tiny", "--output-dir", str(run_dir), "--max-steps", "6"]
-    for override in tiny:
-        args += ["--set", override]
-    assert main(args) == 0
+    assert main(tiny_train_args(run_dir, *tiny, max_steps=6)) == 0
     out = capsys.readouterr().out
     assert "done: step 6" in out and "goodput " in out
     restore_line = next(line for line in out.splitlines() if line.split()[:1] == ["restore"])

@@ -3,7 +3,8 @@ the contiguous one, sampling, continuous batching against decoding each request 
 checkpoint loading and `axplug generate`.
 
 Tolerances: float32 logits of prefill + decode vs one forward pass reduce in different orders,
-so rtol = atol = 1e-4 (as in tests/test_attention_plugin.py). Token ids are compared exactly.
+so rtol = atol = 1e-4 (as in plugins/attention/tests/test_attention_plugin.py). Token ids are
+compared exactly.
 """
 
 from __future__ import annotations
@@ -443,16 +444,11 @@ def test_page_allocator_allocates_and_releases():
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    from axplug.presets import preset_config
+    from axplug.testing import tiny_trainer_config
     from axplug.trainer.run import train
 
     out = str(tmp_path_factory.mktemp("run"))
-    cfg = preset_config("gpt-tiny").clone(
-        output_dir=out, max_steps=2, checkpoint_every=2, compilation_cache_dir=None
-    )
-    cfg.input.set(seq_len=32, batch_size=8)
-    cfg.summary_writers = []
-    train(cfg)
+    train(tiny_trainer_config(out, "checkpoint_every=2"))
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from axplug.cli import new_plugin_cmd
 from axplug.cli.new_plugin_cmd import KINDS, generate, names_for
+from axplug.testing import tiny_train_args
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -269,10 +270,8 @@ def test_tutorial_plugin_passes_the_kit_and_trains_through_its_modifier(tmp_path
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert "16 passed" in out and "skipped" not in out, out
     # The tutorial's train command, shortened.
-    cmd = [sys.executable, "-m", "axplug.cli", "train", "--preset", "gpt-tiny",
-           "--modifier", "sqrelu", "--output-dir", str(tmp_path / "run"), "--max-steps", "2",
-           "--set", "compilation_cache_dir=None", "--set", "input.batch_size=8",
-           "--set", "input.seq_len=32", "--print-config"]  # fmt: skip
+    train = tiny_train_args(tmp_path / "run", modifiers=["sqrelu"])
+    cmd = [sys.executable, "-m", "axplug.cli", *train, "--print-config"]
     assert "axplug_sqrelu:SqReluFeedForward" in run(cmd, tmp_path, env)
 
 

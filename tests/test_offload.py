@@ -5,20 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug.presets import preset_config
+from axplug.testing import tiny_trainer_config
 
 
 def trainer_for(policy, tmp_path):
-    cfg = preset_config(
-        "llama-tiny",
+    cfg = tiny_trainer_config(
+        tmp_path,
+        "input.seq_len=64",
+        "mesh.mesh_shape=(1, 1, 1, 1, 1)",
+        preset="llama-tiny",
         modifiers=[f"scan_layers:remat_policy={policy}"],
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            "compilation_cache_dir=None",
-            "summary_writers=[]",
-            "input.seq_len=64",
-            "mesh.mesh_shape=(1, 1, 1, 1, 1)",
-        ],
     )
     return cfg.instantiate(devices=jax.devices()[:1])
 

@@ -9,6 +9,7 @@ from axplug.config import ConfigError, find_configs
 from axplug.mesh_rules import detect_selector, select_mesh_rule
 from axplug.presets import PRESETS, preset_config
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args
 
 # Published parameter counts (embeddings and LM head untied).
 KNOWN_PARAMS = {
@@ -200,21 +201,7 @@ def test_modifier_specs_are_parsed_and_checked():
 
 
 def test_train_command_writes_config_metrics_and_resumes(tmp_path, capsys):
-    args = [
-        "train",
-        "--preset",
-        "gpt-tiny",
-        "--output-dir",
-        str(tmp_path),
-        "--max-steps",
-        "2",
-        "--set",
-        "compilation_cache_dir=None",
-        "--set",
-        "input.seq_len=16",
-        "--set",
-        "model.decoder.dim=16",
-    ]
+    args = tiny_train_args(tmp_path, "input.seq_len=16", "model.decoder.dim=16")
     assert main(args) == 0
     config = (tmp_path / "config.txt").read_text().splitlines()
     assert "max_steps: 2" in config and "input.seq_len: 16" in config

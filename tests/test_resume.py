@@ -14,22 +14,16 @@ from axplug.checkpoint import Checkpointer
 from axplug.cli.main import build_parser
 from axplug.cli.train_cmd import build_config
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args
 
 STEPS = 120
 
 
 def train_args(output_dir, cache_dir, extra=()):
-    return [
-        "train", "--preset", "gpt-tiny", "--output-dir", str(output_dir),
-        "--max-steps", str(STEPS), "--checkpoint-every", "10", "--seed", "3",
-        "--set", "log_every=1",
-        "--set", f"compilation_cache_dir={str(cache_dir)!r}",
-        "--set", "model.decoder.dim=32",
-        "--set", "model.decoder.transformer.num_layers=1",
-        "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-        "--set", "input.seq_len=32",
-        *extra,
-    ]  # fmt: skip
+    cache = f"compilation_cache_dir={str(cache_dir)!r}"
+    overrides = ("log_every=1", cache, "model.decoder.transformer.num_layers=1")
+    args = tiny_train_args(output_dir, *overrides, max_steps=STEPS)
+    return [*args, "--checkpoint-every", "10", "--seed", "3", *extra]
 
 
 def start(output_dir, cache_dir, extra=()):

@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec
 
 from axplug.aot import compile_report
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder
-from axplug.presets import preset_config
 from axplug.sharding import (
     constrain,
     current_scope,
@@ -26,6 +25,7 @@ from axplug.sharding import (
     mesh_axis_size,
     sharding_scope,
 )
+from axplug.testing import tiny_trainer_config
 
 
 def mesh_of(**axes):
@@ -93,18 +93,14 @@ def test_make_scope_freezes_saved_rules_and_fills_missing_axes():
 
 
 def small_llama(tmp_path, *modifiers, batch=8, seq=64, extra=()):
-    return preset_config(
-        "llama-tiny",
+    return tiny_trainer_config(
+        tmp_path,
+        "model.decoder.transformer.num_layers=2",
+        f"input.seq_len={seq}",
+        f"input.batch_size={batch}",
+        *extra,
+        preset="llama-tiny",
         modifiers=modifiers,
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            "compilation_cache_dir=None",
-            "summary_writers=[]",
-            "model.decoder.transformer.num_layers=2",
-            f"input.seq_len={seq}",
-            f"input.batch_size={batch}",
-            *extra,
-        ],
     )
 
 
@@ -215,7 +211,7 @@ def test_sequence_parallel_divides_the_work_of_one_sequence(tmp_path):
 
 def test_moe_expert_parallel_step_gathers_only_parameters(tmp_path):
     # The MoE dispatch reads the scope the Trainer jits in, so AOT sees the all-to-alls.
-    # (tests/test_moe_plugin.py checks expert-parallel losses against one device.)
+    # (plugins/ffn_moe/tests/test_moe_plugin.py checks expert-parallel losses against one device.)
     cfg = small_llama(tmp_path, "moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4")
     report = compile_report(cfg, num_devices=8, max_devices=8)
     assert report.collectives.get("all-to-all", 0) >= 2

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+from axplug.testing import tiny_train_args
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -34,11 +36,11 @@ def run_in_pty(*args: str, timeout: float = 300) -> str:
 
 
 def test_train_on_a_terminal_shows_status_then_a_bar_moving_every_step(tmp_path):
-    args = [
-        "train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--mesh-rule", "none",
-        "--checkpoint-every", "3", "--set", "log_every=3", "--set", "compilation_cache_dir=None",
-    ]  # fmt: skip
-    screen = run_in_pty(*args, "--max-steps", "6")
+    def train(max_steps):
+        args = tiny_train_args(tmp_path, "log_every=3", max_steps=max_steps)
+        return run_in_pty(*args, "--mesh-rule", "none", "--checkpoint-every", "3")
+
+    screen = train(6)
     bar = [(m.start(), int(m.group(1))) for m in re.finditer(r"step\s+(\d+)/6\s+\S*━", screen)]
     assert {step for _, step in bar} == set(range(1, 7))  # redrawn at every step
     first_bar = bar[0][0]
@@ -54,7 +56,7 @@ def test_train_on_a_terminal_shows_status_then_a_bar_moving_every_step(tmp_path)
     assert kept == ["3", "6"]
     assert "done: step 6" in screen and "Traceback" not in screen
 
-    screen = run_in_pty(*args, "--max-steps", "8")
+    screen = train(8)
     resumed = screen.find("resumed from step 6")
     assert 0 <= resumed < screen.find("/8")
     assert "done: step 8" in screen

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from axplug.input.token_file import FORMAT, IGNORE_LABEL, TokenFileInput, write_shard
+from axplug.testing import tiny_train_args
 
 
 def make_data(path, documents, *, shard_docs=3, vocab=50):
@@ -192,18 +193,16 @@ def test_vocab_and_class_swap_mistakes_are_one_line_errors(tmp_path, capsys):
 
 
 def test_eval_every_uses_the_inputs_held_out_split(tmp_path):
+    from axplug.cli.main import build_parser
     from axplug.cli.train_cmd import build_config
     from axplug.summary import read_jsonl
 
     data = make_data(tmp_path / "d", documents(60, vocab=64), vocab=64)
-    args = parse(
-        "--preset", "gpt-tiny", "--mesh-rule", "none", "--output-dir", str(tmp_path / "run"),
-        "--max-steps", "4", "--input", f"token_file:path={str(data)!r}",
-        "--set", "eval_every=2", "--set", "eval_batches=1", "--set", "input.seq_len=16",
-        "--set", "input.batch_size=8", "--set", "compilation_cache_dir=None",
-        "--set", "summary_writers=[]", "--set", "eval_input.eval_fraction=0.5",
-    )  # fmt: skip
-    cfg = build_config(args)
+    overrides = ("eval_every=2", "eval_batches=1", "input.seq_len=16", "summary_writers=[]",
+                 "eval_input.eval_fraction=0.5")  # fmt: skip
+    args = tiny_train_args(tmp_path / "run", *overrides, max_steps=4)
+    args += ["--mesh-rule", "none", "--input", f"token_file:path={str(data)!r}"]
+    cfg = build_config(build_parser().parse_args(args))
     assert cfg.eval_input.split == "eval" and cfg.eval_input.eval_fraction == 0.5
     from axplug.summary import JsonlWriter
 
@@ -238,9 +237,9 @@ def test_train_on_prepared_text_then_generate_text(tmp_path, capsys):
     prepare_data([bundled_corpus_path()], tokenizer=hf_bpe(tmp_path / "tok"), output=data,
                  text_unit="paragraph", docs_per_shard=1000, workers=1)  # fmt: skip
     run = str(tmp_path / "run")
-    assert main(["train", "--preset", "gpt-tiny", "--mesh-rule", "none", "--output-dir", run,
-                 "--max-steps", "3", "--input", f"token_file:path={str(data)!r},packing=True",
-                 "--set", "compilation_cache_dir=None", "-q"]) == 0  # fmt: skip
+    args = tiny_train_args(run, max_steps=3)
+    args += ["--mesh-rule", "none", "--input", f"token_file:path={str(data)!r},packing=True"]
+    assert main([*args, "-q"]) == 0
     capsys.readouterr()
     argv = ["generate", "--checkpoint", run, "--prompt", "HAMLET. To be", "--max-new-tokens",
             "8", "--temperature", "0"]  # fmt: skip

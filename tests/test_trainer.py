@@ -14,27 +14,14 @@ from axplug import hookimpl
 from axplug.config import config_class, find_configs
 from axplug.layers import CausalLM, FeedForward
 from axplug.learner import Learner
-from axplug.presets import preset_config
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_trainer_config
 from axplug.trainer import AuxLossRule, NonFiniteError, Trainer, build_train_step
 
 
 def tiny_config(tmp_path, *extra, steps=6):
-    return preset_config(
-        "gpt-tiny",
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "checkpoint_every=3",
-            "log_every=1",
-            "compilation_cache_dir=None",
-            "model.decoder.dim=32",
-            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-            "input.seq_len=32",
-            "input.batch_size=8",
-            "summary_writers=[]",
-            *extra,
-        ],
+    return tiny_trainer_config(
+        tmp_path, "checkpoint_every=3", "log_every=1", *extra, max_steps=steps
     )
 
 
@@ -521,14 +508,11 @@ def test_layer_summaries_reach_the_metrics(tmp_path):
 
     def run(capacity_factor):
         out = tmp_path / str(capacity_factor)
-        cfg = preset_config(
-            "moe-tiny",
-            overrides=[
-                f"output_dir={str(out)!r}", "max_steps=1", "compilation_cache_dir=None",
-                "model.decoder.transformer.num_layers=2", "input.seq_len=16",
-            ],
+        writers = [JsonlWriter.default_config(), TensorBoardWriter.default_config()]
+        cfg = tiny_trainer_config(
+            out, "model.decoder.transformer.num_layers=2", "input.seq_len=16",
+            preset="moe-tiny", max_steps=1, summary_writers=writers,
         )  # fmt: skip
-        cfg.summary_writers = [JsonlWriter.default_config(), TensorBoardWriter.default_config()]
         for _, router in find_configs(cfg, "axplug_moe.router:TopKRouter"):
             router.capacity_factor = capacity_factor
         cfg.instantiate(devices=jax.devices()[:1]).run()

@@ -148,7 +148,7 @@ def test_bad_settings_name_the_field(field, value, message):
 HUNG_RUN = """
 import logging, sys, time
 from axplug import hookimpl
-from axplug.presets import preset_config
+from axplug.testing import tiny_trainer_config
 from axplug.trainer.run import train
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -163,13 +163,10 @@ class Stall:
     def on_hang(self, trainer, step, seconds, report):
         print(f"ON_HANG step={step} stalled={seconds > 1.0}", flush=True)
 
-cfg = preset_config("gpt-tiny", overrides=[
-    f"output_dir={sys.argv[1]!r}", "max_steps=50", "checkpoint_every=50",
-    "compilation_cache_dir=None", "summary_writers=[]", "model.decoder.dim=32",
-    "model.decoder.transformer.num_layers=1",
-    "model.decoder.transformer.layer.feed_forward.hidden_dim=64", "input.seq_len=16",
-    "watchdog.timeout_s=1.5", "watchdog.exit_on_hang=True",
-])
+cfg = tiny_trainer_config(
+    sys.argv[1], "checkpoint_every=50", "model.decoder.transformer.num_layers=1",
+    "input.seq_len=16", "watchdog.timeout_s=1.5", "watchdog.exit_on_hang=True", max_steps=50,
+)
 train(cfg, hooks=(Stall(),))
 print("NOT REACHED", flush=True)
 """
@@ -202,15 +199,13 @@ def test_injected_hang_dumps_stacks_calls_the_hook_and_exits_75(tmp_path):
 STALLED_START = """
 import sys, time
 from axplug.input import IteratorInput
-from axplug.presets import preset_config
+from axplug.testing import tiny_trainer_config
 from axplug.trainer.run import train
 
-cfg = preset_config("gpt-tiny", overrides=[
-    f"output_dir={sys.argv[1]!r}", "max_steps=5", "compilation_cache_dir=None",
-    "summary_writers=[]", "model.decoder.dim=32", "model.decoder.transformer.num_layers=1",
-    "model.decoder.transformer.layer.feed_forward.hidden_dim=64", "input.seq_len=16",
-    "watchdog.startup_timeout_s=3", "watchdog.exit_on_hang=True",
-])
+cfg = tiny_trainer_config(
+    sys.argv[1], "model.decoder.transformer.num_layers=1", "input.seq_len=16",
+    "watchdog.startup_timeout_s=3", "watchdog.exit_on_hang=True", max_steps=5,
+)
 cfg.input = IteratorInput.default_config().set(
     make_iterator="never_batches:batches"
 )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from axplug.testing import tiny_train_args
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = sorted(p.parent.name for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 
@@ -100,14 +102,9 @@ def test_fresh_virtualenv_core_then_moe_from_dist(dist, tmp_path):
     assert all(c["status"] == "ok" for c in after if c["distribution"] == "axplug-moe"), after
 
     out = tmp_path / "run"
-    run(
-        [python, "-m", "axplug.cli", "train", "--preset", "gpt-tiny",
-         "--modifier", "moe:num_experts=4,top_k=2", "--output-dir", out, "--max-steps", "3",
-         "--set", "log_every=1", "--set", "compilation_cache_dir=None",
-         "--set", "input.seq_len=32", "--set", "input.batch_size=8",
-         "--set", "model.decoder.transformer.num_layers=2"],
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
+    moe = ["moe:num_experts=4,top_k=2"]
+    train = tiny_train_args(out, "log_every=1", modifiers=moe, max_steps=3)
+    run([python, "-m", "axplug.cli", *train], cwd=tmp_path, env=env)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]

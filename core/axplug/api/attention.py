@@ -44,7 +44,7 @@ class AttentionMask:
             allowed &= k <= q
         if self.sliding_window is not None:
             allowed &= jnp.abs(q - k) < self.sliding_window
-        if self.q_segment_ids is not None:
+        if self.q_segment_ids is not None and self.kv_segment_ids is not None:
             allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
         return allowed[:, None]
 

@@ -25,7 +25,7 @@ def with_device_spec(spec: DeviceSpec) -> Callable[[Callable], Callable]:
     """Decorator for a mesh-rule function: records the chip it targets as `fn.device_spec`."""
 
     def attach(fn: Callable) -> Callable:
-        fn.device_spec = spec
+        fn.device_spec = spec  # type: ignore[attr-defined]  # a function attribute, by design
         return fn
 
     return attach

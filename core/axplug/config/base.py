@@ -8,7 +8,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, Union
 
 import attrs
 
@@ -108,8 +108,15 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
-@functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a config class (cached; {} when unresolvable)."""
+    return _type_hints(cls)
+
+
+# Behind a typed function: the cache's wrapper takes any Hashable, and type checkers do not
+# see a config class (whose instances are unhashable attrs objects) as one.
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - unresolvable annotations only disable type checks
@@ -153,6 +160,10 @@ def _matches(value: Any, tp: Any) -> bool:
 class ConfigBase:
     """A mutable tree of fields; assignments are checked against the declared names and types."""
 
+    if TYPE_CHECKING:  # what `config_class` (attrs) and `clone` add, spelled for type checkers
+        __attrs_attrs__: ClassVar[tuple[attrs.Attribute[Any], ...]]
+        _origin: str
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
@@ -190,13 +201,13 @@ class ConfigBase:
             return type(self).__qualname__
         return ".".join(reversed(parts))
 
-    def set(self, **kwargs: Any) -> ConfigBase:
+    def set(self, **kwargs: Any) -> Self:
         """Sets fields in place and returns self, for chaining."""
         for k, v in kwargs.items():
             setattr(self, k, v)
         return self
 
-    def clone(self, **kwargs: Any) -> ConfigBase:
+    def clone(self, **kwargs: Any) -> Self:
         """A deep copy with `kwargs` set; the original is untouched.
 
         The copy remembers the dotted path it was copied from, so errors about it still
@@ -208,7 +219,7 @@ class ConfigBase:
             object.__setattr__(new, "_origin", path)
         return new.set(**kwargs)
 
-    def __deepcopy__(self, memo: dict) -> ConfigBase:
+    def __deepcopy__(self, memo: dict) -> Self:
         new = object.__new__(type(self))
         memo[id(self)] = new
         if getattr(self, "_origin", None):

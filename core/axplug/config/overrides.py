@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -15,6 +15,8 @@ from axplug.config.serialize import _allows, decode
 __all__ = ["parse_value", "apply_overrides"]
 
 _WORDS = {"true": True, "false": False, "none": None, "null": None}
+
+_Config = TypeVar("_Config", bound=ConfigBase)
 
 
 def parse_value(text: str) -> Any:
@@ -44,7 +46,7 @@ def _navigate(cfg: ConfigBase, parts: list[str], spec: str) -> ConfigBase:
     return node
 
 
-def apply_overrides(cfg: ConfigBase, overrides: Iterable[str]) -> ConfigBase:
+def apply_overrides(cfg: _Config, overrides: Iterable[str]) -> _Config:
     """A copy of `cfg` with each `dotted.path=value` applied in order."""
     cfg = copy.deepcopy(cfg)
     for spec in overrides:

@@ -23,6 +23,7 @@ from axplug.config.base import (
     ConfigBase,
     ConfigError,
     ConfigTypeError,
+    Configurable,
     InstantiableConfig,
     UnknownFieldError,
     _field_types,
@@ -221,7 +222,7 @@ def from_dict(data: dict[str, Any], path: str = "", *, trusted: bool = False) ->
     return cfg
 
 
-def _configurable(name: str, path: str, trusted: bool) -> type:
+def _configurable(name: str, path: str, trusted: bool) -> type[Configurable]:
     klass = resolve_class(name, path, trusted=trusted)
     if not (isinstance(klass, type) and hasattr(klass, "default_config")):
         raise ConfigTypeError(f"{path}: {name!r} is not a configurable class")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from axplug.config.base import (
     REQUIRED,
@@ -26,7 +26,7 @@ def _resolve_target(target: type | str) -> type:
     return target
 
 
-def _matches(value: Any, target: type) -> bool:
+def _matches(value: Any, target: type) -> TypeGuard[InstantiableConfig]:
     return isinstance(value, InstantiableConfig) and value.klass is target
 
 
@@ -41,8 +41,8 @@ def find_configs(cfg: ConfigBase, target: type | str) -> list[tuple[str, Instant
 
 
 def _fresh_default(cfg: ConfigBase) -> ConfigBase:
-    klass = getattr(cfg, "klass", None)
-    return klass.default_config() if hasattr(klass, "default_config") else type(cfg)()
+    default_config = getattr(getattr(cfg, "klass", None), "default_config", None)
+    return default_config() if default_config is not None else type(cfg)()
 
 
 def _carried(

@@ -16,6 +16,10 @@ a paged-attention kernel), `MeshRuleConformance` (`rule`,
 `selectors`) and `StorageConformance` (`storage`). Capabilities are declared, not skipped: a
 class attribute `capabilities` names what the component supports, and checks for capabilities
 it lacks report as skipped with the reason.
+
+`tiny_trainer_config(tmp_path, "log_every=1", preset="llama-tiny", max_steps=4)` is the
+trainer config a test runs: a preset shrunk to train in seconds, no compilation cache;
+`tiny_train_args(...)` is the same run as `axplug train` arguments.
 """
 
 from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
@@ -27,6 +31,7 @@ from axplug.testing._paged_kernel import (
     paged_reference,
 )
 from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
+from axplug.testing._trainer import tiny_train_args, tiny_trainer_config
 from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
 
 __all__ = [
@@ -45,4 +50,6 @@ __all__ = [
     "paged_reference",
     "reference_kernel",
     "sum_of_squares",
+    "tiny_train_args",
+    "tiny_trainer_config",
 ]

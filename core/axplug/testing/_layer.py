@@ -267,29 +267,23 @@ class LayerConformance:
     def test_trains_in_llama_tiny(self, layer_config, llama_modifier, tmp_path):
         require(self, "swappable_in_llama", LAYER_CAPABILITIES)
         from axplug import hookimpl, registry
-        from axplug.presets import preset_config
+        from axplug.testing._trainer import tiny_trainer_config
 
         try:
             registry.entry("modifiers", "rope")
         except LookupError:
             pytest.skip("llama-tiny needs the 'rope' modifier: pip install axplug-attention")
-        cfg = preset_config(
-            "llama-tiny",
-            overrides=[
-                f"output_dir={str(tmp_path)!r}",
-                f"max_steps={self.train_steps}",
-                f"checkpoint_every={self.train_steps}",
-                "compilation_cache_dir=None",
-                "summary_writers=[]",
-                "learner.warmup_steps=0",
-                "model.decoder.dim=32",
-                "model.decoder.transformer.num_layers=2",
-                "model.decoder.transformer.layer.attention.num_heads=4",
-                "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-                "input.seq_len=16",
-                "input.batch_size=2",
-                "mesh.mesh_shape=(1, 1, 1, 1, 1)",
-            ],
+        cfg = tiny_trainer_config(
+            tmp_path,
+            f"checkpoint_every={self.train_steps}",
+            "learner.warmup_steps=0",
+            "model.decoder.transformer.num_layers=2",
+            "model.decoder.transformer.layer.attention.num_heads=4",
+            "input.seq_len=16",
+            "input.batch_size=2",
+            "mesh.mesh_shape=(1, 1, 1, 1, 1)",
+            preset="llama-tiny",
+            max_steps=self.train_steps,
         )
         cfg = llama_modifier(cfg)
         from axplug.config import find_configs

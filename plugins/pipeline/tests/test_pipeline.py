@@ -9,31 +9,30 @@ from axplug_pipeline import bubble_fraction
 from axplug.config import ConfigError, replace_config
 from axplug.context import functional
 from axplug.layers import FeedForward
-from axplug.presets import preset_config
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_trainer_config
 
 SMALL = [
-    "compilation_cache_dir=None",
     "log_every=1",
     "checkpoint_every=3",
     "model.decoder.dim=64",
     "model.decoder.transformer.num_layers=8",
     "model.decoder.transformer.layer.attention.num_heads=4",
     "model.decoder.transformer.layer.feed_forward.hidden_dim=128",
-    "input.seq_len=32",
-    "input.batch_size=8",
 ]
 
 
 def llama8(tmp_path, *modifiers, steps=3):
     from axplug.summary import JsonlWriter
 
-    cfg = preset_config(
-        "llama-tiny",
+    return tiny_trainer_config(
+        tmp_path,
+        *SMALL,
+        preset="llama-tiny",
         modifiers=["scan_layers", *modifiers],
-        overrides=[f"output_dir={str(tmp_path)!r}", f"max_steps={steps}", *SMALL],
+        max_steps=steps,
+        summary_writers=[JsonlWriter.default_config()],
     )
-    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
 
 
 def run(cfg, devices=None):
@@ -242,11 +241,13 @@ def test_1f1b_refuses_layers_with_outputs():
         ("schedule='circular'", "needs num_microbatches (2) >= num_stages (4)"),
     ],
 )
-def test_bad_pipelines_are_config_errors(override, message):
-    cfg = preset_config(
-        "llama-tiny",
+def test_bad_pipelines_are_config_errors(tmp_path, override, message):
+    cfg = tiny_trainer_config(
+        tmp_path,
+        *SMALL,
+        f"model.decoder.transformer.{override}",
+        preset="llama-tiny",
         modifiers=["pipeline:stages=4,microbatches=2"],
-        overrides=[*SMALL, f"model.decoder.transformer.{override}"],
     )
     with pytest.raises(ConfigError, match="model.decoder.transformer") as err:
         cfg.model.instantiate(parent=None)

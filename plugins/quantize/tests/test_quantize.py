@@ -11,8 +11,8 @@ from axplug_quantize import QuantizedLinear, fp8_matmul, int8_matmul
 
 from axplug.config import ConfigError, find_configs
 from axplug.layers import Linear
-from axplug.presets import preset_config
 from axplug.summary import read_jsonl
+from axplug.testing import tiny_trainer_config
 
 
 def operands():
@@ -91,22 +91,18 @@ def _dots(hlo: str) -> list[tuple[str, str, str]]:
 def tiny(tmp_path, *modifiers, steps=3, extra=()):
     from axplug.summary import JsonlWriter
 
-    cfg = preset_config(
-        "llama-tiny",
-        modifiers=list(modifiers),
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "compilation_cache_dir=None",
-            "checkpoint_every=3",
-            "log_every=1",
-            "input.seq_len=64",
-            "input.batch_size=8",
-            "mesh.mesh_shape=(1, 1, 1, 1, 1)",
-            *extra,
-        ],
+    return tiny_trainer_config(
+        tmp_path,
+        "checkpoint_every=3",
+        "log_every=1",
+        "input.seq_len=64",
+        "mesh.mesh_shape=(1, 1, 1, 1, 1)",
+        *extra,
+        preset="llama-tiny",
+        modifiers=modifiers,
+        max_steps=steps,
+        summary_writers=[JsonlWriter.default_config()],
     )
-    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
 
 
 def test_int8_train_step_compiles_to_integer_dots(tmp_path):

@@ -28,16 +28,11 @@ MAX_LEN = 256
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from axplug.presets import preset_config
+    from axplug.testing import tiny_trainer_config
     from axplug.trainer.run import train
 
     out = str(tmp_path_factory.mktemp("served") / "tiny")
-    cfg = preset_config("llama-tiny").clone(
-        output_dir=out, max_steps=2, checkpoint_every=2, compilation_cache_dir=None
-    )
-    cfg.input.set(seq_len=64, batch_size=8)
-    cfg.summary_writers = []
-    train(cfg)
+    train(tiny_trainer_config(out, "checkpoint_every=2", "input.seq_len=64", preset="llama-tiny"))
     return out
 
 

@@ -56,6 +56,7 @@ from axplug.layers import (  # noqa: E402
 )
 from axplug.modifiers import make_modifier  # noqa: E402
 from axplug.presets import preset_config  # noqa: E402
+from axplug.testing import tiny_train_args, tiny_trainer_config  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_LOOSE = dict(rtol=1e-4, atol=1e-4)
@@ -99,7 +100,7 @@ def test_list_json_shows_this_distribution_components(capsys):
 
 
 def test_core_never_names_the_plugin_package():
-    core = pathlib.Path(__file__).resolve().parents[1] / "core"
+    core = pathlib.Path(__file__).resolve().parents[3] / "core"
     offenders = [
         str(p) for p in core.rglob("*.py") if "axplug_moe" in p.read_text(encoding="utf-8")
     ]
@@ -590,24 +591,21 @@ def test_plugin_presets_build_and_trace(name):
 # -------------------------------------------------------------- training and parallelism
 
 
-def tiny_overrides(tmp_path, steps, mesh=(1, 1, 1, 1, 1)):
-    return [
-        f"output_dir={str(tmp_path)!r}",
-        f"max_steps={steps}",
+def tiny_llama(run_dir, steps, mesh=(1, 1, 1, 1, 1)):
+    return tiny_trainer_config(
+        run_dir,
         "log_every=1",
         "checkpoint_every=1000",
-        "compilation_cache_dir=None",
-        "summary_writers=[]",
         "model.decoder.dim=64",
         "model.decoder.transformer.num_layers=2",
         "model.decoder.transformer.layer.attention.num_heads=4",
         "model.decoder.transformer.layer.feed_forward.hidden_dim=128",
-        "input.seq_len=32",
-        "input.batch_size=8",
         "learner.warmup_steps=0",
         "learner.learning_rate=1e-2",
         f"mesh.mesh_shape={mesh}",
-    ]
+        preset="llama-tiny",
+        max_steps=steps,
+    )
 
 
 def with_jsonl(cfg):
@@ -625,7 +623,7 @@ def metrics(run_dir):
 def every_second_layer_moe(run_dir, mesh):
     """2 small llama-tiny layers, the second MoE (8 experts of hidden 96, top-2, capacity
     1.25; the dense layer has hidden 128)."""
-    cfg = preset_config("llama-tiny", overrides=tiny_overrides(run_dir, STEPS, mesh))
+    cfg = tiny_llama(run_dir, STEPS, mesh)
     cfg = make_modifier("moe:num_experts=8,top_k=2,every=2,hidden_dim=96")(cfg)
     assert cfg.model.decoder.transformer.num_layers == 1  # one group: (dense, MoE)
     return with_jsonl(cfg)
@@ -680,7 +678,7 @@ def _collectives(hlo: str) -> list[tuple[str, str]]:
     ids=["data2_fsdp2_expert2", "expert8", "fsdp4_expert2"],
 )
 def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
-    assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+    assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
     trainer = every_second_layer_moe(tmp_path, mesh).instantiate()
     trainer.run()
     want_rows, want_params = one_device_run
@@ -707,9 +705,9 @@ def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
 
 @pytest.mark.slow
 def test_cli_trains_llama_tiny_with_the_moe_modifier(tmp_path):
-    args = ["train", "--preset", "llama-tiny", "--modifier", "moe:num_experts=4,top_k=2"]
-    args += ["--output-dir", str(tmp_path), "--max-steps", "20", "--set", "log_every=10"]
-    args += ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=128"]
+    moe = ["moe:num_experts=4,top_k=2"]
+    args = tiny_train_args(tmp_path, "log_every=10", "input.seq_len=128", preset="llama-tiny",
+                           modifiers=moe, max_steps=20)  # fmt: skip
     assert main(args) == 0
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [10, 20]

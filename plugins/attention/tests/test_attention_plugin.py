@@ -129,7 +129,7 @@ def test_list_check_imports_every_component(capsys):
 
 
 def test_core_never_names_the_plugin():
-    core = pathlib.Path(__file__).resolve().parents[1] / "core"
+    core = pathlib.Path(__file__).resolve().parents[3] / "core"
     offenders = [
         str(p) for p in core.rglob("*.py") if "axplug_attention" in p.read_text(encoding="utf-8")
     ]
@@ -649,24 +649,18 @@ SWAPS = {
 def tiny_llama(tmp_path, *modifiers, steps=6):
     from axplug.summary import JsonlWriter
 
-    cfg = preset_config(
-        "llama-tiny",
+    return tiny_trainer_config(
+        tmp_path,
+        "log_every=1",
+        "checkpoint_every=1000",
+        "model.decoder.transformer.num_layers=1",
+        "learner.warmup_steps=0",
+        "learner.learning_rate=1e-2",
+        preset="llama-tiny",
         modifiers=modifiers,
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "log_every=1",
-            "checkpoint_every=1000",
-            "compilation_cache_dir=None",
-            "summary_writers=[]",
-            "model.decoder.transformer.num_layers=1",
-            "input.seq_len=32",
-            "input.batch_size=8",  # the default mesh is data-parallel over 8 devices
-            "learner.warmup_steps=0",
-            "learner.learning_rate=1e-2",
-        ],
+        max_steps=steps,
+        summary_writers=[JsonlWriter.default_config()],
     )
-    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
 
 
 def train_losses(cfg, tmp_path):
@@ -709,7 +703,7 @@ def test_each_modifier_shows_its_swap_in_debug_string(spec):
 
 
 def test_tensor_parallel_on_8_devices_matches_one_device():
-    assert jax.device_count() == 8, "tests/conftest.py sets 8 fake CPU devices"
+    assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
     model, params = build(small_lm_cfg("rope", "gqa:num_kv_heads=2", "flash_attention"))
     specs = model.create_parameter_specs_recursively()
     attention_specs = specs["decoder"]["transformer"]["layer0"]["attention"]
@@ -741,7 +735,7 @@ def test_tensor_parallel_on_8_devices_matches_one_device():
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import LayerConformance  # noqa: E402
+from axplug.testing import LayerConformance, tiny_trainer_config  # noqa: E402
 
 
 class TestRopeGqaAttentionConformance(LayerConformance):

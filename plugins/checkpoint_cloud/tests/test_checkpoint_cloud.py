@@ -24,7 +24,7 @@ from axplug.checkpoint import (
     storage_for,
 )
 from axplug.summary import read_jsonl
-from axplug.testing import StorageConformance
+from axplug.testing import StorageConformance, tiny_train_args, tiny_trainer_config
 from object_stores import (
     S3RVER_KEY,
     create_gcs_bucket,
@@ -403,24 +403,8 @@ def test_server_killed_mid_save_fails_clearly_and_nothing_committed_is_lost(disk
 
 
 def _tiny_trainer(output_dir, *extra, steps=4):
-    from axplug.presets import preset_config
-
-    return preset_config(
-        "gpt-tiny",
-        overrides=[
-            f"output_dir={output_dir!r}",
-            f"max_steps={steps}",
-            "checkpoint_every=2",
-            "compilation_cache_dir=None",
-            "model.decoder.dim=32",
-            "model.decoder.transformer.num_layers=1",
-            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-            "input.seq_len=32",
-            "input.batch_size=8",
-            "summary_writers=[]",
-            *extra,
-        ],
-    )
+    overrides = ("checkpoint_every=2", "model.decoder.transformer.num_layers=1", *extra)
+    return tiny_trainer_config(output_dir, *overrides, max_steps=steps)
 
 
 @pytest.mark.parametrize("policy", ["retry_next", "stop"])
@@ -530,9 +514,8 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     cache = f"compilation_cache_dir={str(tmp_path / 'xla')!r}"
 
     def train(output_dir, max_steps):
-        args = ["train", "--preset", "llama-tiny", "--output-dir", output_dir,
-                "--max-steps", str(max_steps), "--checkpoint-every", "4",
-                "--set", cache]  # fmt: skip
+        args = tiny_train_args(output_dir, cache, preset="llama-tiny", max_steps=max_steps)
+        args += ["--checkpoint-every", "4"]
         _axplug(*args, env=env, cwd=tmp_path)
         return args
 

@@ -1,10 +1,9 @@
-"""Summary writers from plugins: axplug-wandb (offline run files read back) and axplug-mlflow
-(a local store and a real `mlflow server` on 127.0.0.1), against the run's metrics.jsonl."""
+"""axplug-mlflow against the run's metrics.jsonl: a local store, and a real `mlflow server`
+on 127.0.0.1 (resumed runs, failed runs, the --writer flag)."""
 
 import json
 import math
 import os
-import pathlib
 import signal
 import socket
 import subprocess
@@ -15,26 +14,15 @@ import urllib.request
 import pytest
 
 from axplug.config import REQUIRED
-from axplug.presets import preset_config
 from axplug.summary import JsonlWriter, group_tag, read_jsonl
+from axplug.testing import tiny_trainer_config
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):
-    return preset_config(
-        "gpt-tiny",
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "checkpoint_every=2",
-            "log_every=1",
-            "compilation_cache_dir=None",
-            "model.decoder.dim=32",
-            "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
-            "input.seq_len=32",
-            "input.batch_size=8",
-            *extra,
-        ],
-    ).clone(summary_writers=[JsonlWriter.default_config(), *writers])
+    return tiny_trainer_config(
+        tmp_path, "checkpoint_every=2", "log_every=1", *extra, max_steps=steps,
+        summary_writers=[JsonlWriter.default_config(), *writers],
+    )  # fmt: skip
 
 
 def jsonl_as_tags(path) -> dict[tuple[int, str], float]:
@@ -53,70 +41,15 @@ def same(a: dict, b: dict) -> bool:
     )
 
 
-# --- Weights & Biases -----------------------------------------------------------------------
-
-
-def wandb_records(path: pathlib.Path):
-    """Protobuf records of a `.wandb` file: a 7-byte W&B header, then LevelDB log records
-    ([u32 crc][u16 length][u8 type][data], in 32 KiB blocks; FIRST/MIDDLE/LAST chunks)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, chunks = 7, 32 * 1024, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        chunks += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(chunks)
-            yield record
-            chunks = b""
-
-
-def wandb_history(run_dir: pathlib.Path) -> tuple[dict, dict]:
-    """({(step, key): scalar}, {(step, key): histogram counts}) of the offline runs in DIR/wandb."""
-    scalars, histograms = {}, {}
-    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
-        for record in wandb_records(path):
-            if record.WhichOneof("record_type") != "history":
-                continue
-            step = record.history.step.num
-            for item in record.history.item:
-                key = item.key or "/".join(item.nested_key)
-                if key.startswith("_"):  # W&B's own _step, _runtime, _timestamp
-                    continue
-                value = json.loads(item.value_json)
-                if len(item.nested_key) > 1:  # a histogram: {name: {_type, bins, values}}
-                    histograms.setdefault((step, item.nested_key[0]), {})[item.nested_key[1]] = (
-                        value
-                    )
-                else:
-                    scalars[(step, key)] = value
-    return scalars, histograms
-
-
-def wandb_writer(**kwargs):
-    pytest.importorskip("axplug_wandb")
-    from axplug_wandb import WandbWriter
-
-    return WandbWriter.default_config().set(mode="offline", **kwargs)
-
-
-@pytest.fixture
-def wandb_env(monkeypatch, tmp_path):
-    # No network, no login, no settings from the developer's home.
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-
-
-# --- MLflow ---------------------------------------------------------------------------------
+def jsonl_with_goodput(out, final) -> dict[tuple[int, str], float]:
+    """What a writer must have received: metrics.jsonl's scalars, and the run's goodput at
+    its last step (goodput.jsonl's record, not a metrics.jsonl line)."""
+    want = jsonl_as_tags(out / "metrics.jsonl")
+    assert {step for step, _ in want} == {1, 2, 3, 4} and (4, "train/loss") in want
+    (goodput,) = read_jsonl(out / "goodput.jsonl")
+    want |= {(4, k): v for k, v in goodput.items() if k.startswith("goodput/")}
+    assert want[(4, "goodput/wall_s")] == pytest.approx(final["goodput/wall_s"])
+    return want
 
 
 def mlflow_writer(**kwargs):
@@ -182,23 +115,12 @@ def mlflow_server(tmp_path):
 # --- the tests ------------------------------------------------------------------------------
 
 
-def test_wandb_offline_and_mlflow_store_receive_the_jsonl_scalars(tmp_path, wandb_env):
+def test_mlflow_store_receives_the_jsonl_scalars(tmp_path):
     from axplug_mlflow.writer import RUN_FILE
 
     out = tmp_path / "run"
-    writers = [wandb_writer(project="tests"), mlflow_writer(experiment="tests")]
-    final = tiny_run(out, writers).instantiate().run()
-    want = jsonl_as_tags(out / "metrics.jsonl")
-    assert {step for step, _ in want} == {1, 2, 3, 4} and (4, "train/loss") in want
-    # The run's goodput at its last step: goodput.jsonl's record, not a metrics.jsonl line.
-    (goodput,) = read_jsonl(out / "goodput.jsonl")
-    want |= {(4, k): v for k, v in goodput.items() if k.startswith("goodput/")}
-    assert want[(4, "goodput/wall_s")] == pytest.approx(final["goodput/wall_s"])
-
-    scalars, _ = wandb_history(out)
-    assert same(scalars, want)
-    assert (out / "wandb-run-id").read_text().strip()
-
+    final = tiny_run(out, [mlflow_writer(experiment="tests")]).instantiate().run()
+    want = jsonl_with_goodput(out, final)
     saved = json.loads((out / RUN_FILE).read_text())
     assert saved["tracking_uri"] == f"sqlite:///{(out / 'mlflow.db').resolve()}"
     assert same(mlflow_metrics(saved["tracking_uri"], saved["run_id"]), want)
@@ -236,20 +158,6 @@ def test_mlflow_run_that_raises_ends_failed(tmp_path):
         raise RuntimeError("boom")
     run = MlflowClient(tracking_uri=writer.tracking_uri).get_run(writer.run_id)
     assert run.info.status == "FAILED"
-
-
-def test_wandb_writes_histograms_and_skips_steps_it_has(tmp_path, wandb_env):
-    import numpy as np
-
-    cfg = wandb_writer(dir=str(tmp_path))
-    with cfg.instantiate() as writer:
-        writer.write(5, {"loss": 1.0})
-        writer.write_histograms(5, {"moe/expert_load": np.array([0.1, 0.2, 0.3, 0.4])})
-        writer.write(3, {"loss": 7.0})  # behind the run: dropped, not a W&B warning
-    scalars, histograms = wandb_history(tmp_path)
-    assert scalars == {(5, "train/loss"): 1.0}
-    (step, key), hist = next(iter(histograms.items()))
-    assert (step, key) == (5, "moe/expert_load") and sum(hist["values"]) == 4
 
 
 def test_writer_flag_adds_a_registered_writer_and_names_bad_ones(tmp_path, capsys):

@@ -1,0 +1,40 @@
+"""Test setup for every test directory (tests/ and plugins/*/tests/): 8 fake CPU devices for
+mesh tests, set before jax is imported, and per-test / per-module cleanup of global state."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+
+@pytest.fixture(autouse=True)
+def _axplug_logging_reset():
+    """`axplug train` in-process gives the `axplug` logger its own handler and stops it
+    propagating; undo that after each test, so caplog (on the root) sees axplug's records."""
+    yield
+    import logging
+
+    logger = logging.getLogger("axplug")
+    for handler in list(logger.handlers):
+        if type(handler).__name__ == "_Handler":
+            logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jax's compiled programs and traces after each test module: one process runs the
+    whole suite, and their memory would otherwise grow module after module."""
+    yield
+    import gc
+    import sys
+
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()

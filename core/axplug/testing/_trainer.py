@@ -1,0 +1,63 @@
+"""The tiny trainer tests run: a preset shrunk to train in about a second on CPU."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from axplug.config import ConfigBase
+    from axplug.trainer import Trainer
+
+__all__ = ["tiny_trainer_config", "tiny_train_args"]
+
+# Applied before a test's own overrides, which may change any of them. No persistent compile
+# cache: a test writes only under its output directory, never to ~/.cache/axplug/xla.
+_TINY = (
+    "compilation_cache_dir=None",
+    "model.decoder.dim=32",
+    "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
+    "input.seq_len=32",
+    "input.batch_size=8",
+)
+
+
+def tiny_trainer_config(
+    output_dir: str | os.PathLike[str],
+    *overrides: str,
+    preset: str = "gpt-tiny",
+    modifiers: Sequence[str] = (),
+    max_steps: int = 2,
+    summary_writers: Sequence[ConfigBase] = (),
+) -> Trainer.Config:
+    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens), no
+    compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
+
+    `summary_writers` replaces the trainer's writers (none by default: nothing to read back
+    costs nothing), e.g. `[JsonlWriter.default_config()]` for a test that reads the metrics.
+    """
+    from axplug.config import apply_overrides
+    from axplug.presets import preset_config
+
+    tiny = [f"output_dir={os.fspath(output_dir)!r}", f"max_steps={max_steps}", *_TINY]
+    cfg = preset_config(preset, modifiers=modifiers, overrides=tiny)
+    return apply_overrides(cfg.clone(summary_writers=list(summary_writers)), overrides)
+
+
+def tiny_train_args(
+    output_dir: str | os.PathLike[str],
+    *overrides: str,
+    preset: str = "gpt-tiny",
+    modifiers: Sequence[str] = (),
+    max_steps: int = 2,
+) -> list[str]:
+    """The same run as `axplug train` arguments (`main(tiny_train_args(...))`, or after
+    `python -m axplug.cli`); the command's own summary writers stay (`metrics.jsonl`, ...)."""
+    args = ["train", "--preset", preset, "--output-dir", os.fspath(output_dir)]
+    args += ["--max-steps", str(max_steps)]
+    for spec in modifiers:
+        args += ["--modifier", spec]
+    for spec in (*_TINY, *overrides):
+        args += ["--set", spec]
+    return args
