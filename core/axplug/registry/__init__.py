@@ -1,6 +1,7 @@
 """Plugin registry: discover components from entry points, load them lazily, run hooks."""
 
 from axplug.registry._component import (
+    FAILURES,
     KINDS,
     STATUSES,
     SUPPORTED_PLUGIN_API,
@@ -25,6 +26,7 @@ from axplug.registry._loading import (
 __all__ = [
     "KINDS",
     "STATUSES",
+    "FAILURES",
     "SUPPORTED_PLUGIN_API",
     "DISABLE_ENV",
     "ALLOW_ENV",
