@@ -364,7 +364,8 @@ class Configurable:
         return cfg
 
     def __init__(self, cfg: Configurable.Config):
-        self._config = copy.deepcopy(cfg)
+        # A copy that keeps the path of `cfg` in its tree, for errors about its fields.
+        self._config = cfg.clone()
 
     @property
     def config(self) -> Config:
