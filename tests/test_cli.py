@@ -11,10 +11,23 @@ from axplug import __version__
 from axplug.cli import main
 from axplug.config.tree import ChainConfigModifier
 from axplug.testing import tiny_train_args
+from fake_plugins import LAYER, STORAGE
 
-DENSE = '''
+DENSE = LAYER
+TINY = """
+from axplug.presets import Preset, gpt_tiny
+
+TINY = Preset("fake-a:tiny", "A fake preset.", gpt_tiny.build)
+"""
+PLAIN_KERNEL = '''
 class Dense:
     """A fake dense layer."""
+
+    def is_supported(self, query, key, value, mask, backend):
+        return True
+
+    def __call__(self, query, key, value, mask, *, scale):
+        raise NotImplementedError
 '''
 EXPLODES = "raise RuntimeError('boom')\n"
 JSON_KEYS = {
@@ -152,6 +165,12 @@ class Kernel:
 
     def availability(self):
         return "needs a fake accelerator"
+
+    def is_supported(self, query, key, value, mask, backend):
+        return True
+
+    def __call__(self, query, key, value, mask, *, scale):
+        raise NotImplementedError
 '''
 
 
@@ -204,7 +223,7 @@ def test_check_imports_each_component_and_fails_on_broken(plugin_site, capsys):
     plugin_site.add(
         "fake-good",
         {"axplug.storage": {"mem": "fake_good_mod:Dense"}},
-        modules={"fake_good_mod": DENSE},
+        modules={"fake_good_mod": STORAGE},
     )
     plugin_site.add(
         "fake-bad",
@@ -255,7 +274,9 @@ def test_info_prints_source_doc_and_default_config(plugin_site, capsys):
 
 def test_info_without_default_config_shows_the_docstring(plugin_site, capsys):
     plugin_site.add(
-        "fake-a", {"axplug.kernels": {"dense": "fake_a_mod:Dense"}}, modules={"fake_a_mod": DENSE}
+        "fake-a",
+        {"axplug.kernels": {"dense": "fake_a_mod:Dense"}},
+        modules={"fake_a_mod": PLAIN_KERNEL},
     )
     assert main(["info", "fake-a:dense"]) == 0
     out = capsys.readouterr().out
@@ -273,9 +294,9 @@ def test_info_asks_for_kind_or_distribution_when_ambiguous(plugin_site, capsys):
         "fake-a",
         {
             "axplug.kernels": {"rope": "fake_a_mod:Dense"},
-            "axplug.presets": {"tiny": "fake_a_mod:Dense"},
+            "axplug.presets": {"tiny": "fake_a_mod:TINY"},
         },
-        modules={"fake_a_mod": DENSE},
+        modules={"fake_a_mod": DENSE + TINY},
     )
     plugin_site.add(
         "fake-b", {"axplug.storage": {"rope": "m:D"}, "axplug.presets": {"tiny": "m:D"}}

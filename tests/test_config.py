@@ -157,7 +157,7 @@ def test_clone_is_deep_and_leaves_original_untouched():
     other = cfg.clone(num_layers=5)
     other.block.feed_forward.hidden_dim = 99
     assert cfg.num_layers == 2 and cfg.block.feed_forward.hidden_dim == 16
-    assert other.block.feed_forward._path("x") == "block.feed_forward.x"
+    assert other.block.feed_forward.field_path("x") == "block.feed_forward.x"
 
 
 def test_visit_reaches_every_node_in_order():

@@ -4,11 +4,9 @@ import argparse
 import json
 
 from axplug.cli import doctor_cmd
+from fake_plugins import LAYER
 
-DENSE = """
-class Dense:
-    pass
-"""
+DENSE = LAYER
 
 UNAVAILABLE_KERNEL = """
 class Never:
@@ -33,6 +31,9 @@ class NeverPaged:
             def __bool__(self):
                 return False
         return No()
+
+    def __call__(self, query, paged, *, scale):
+        raise NotImplementedError
 """
 
 BAD_HOOKS = """
@@ -100,6 +101,8 @@ def test_every_problem_is_named_with_its_fix_and_exit_is_nonzero(plugin_site, ca
         "fake_hooks": BAD_HOOKS})  # fmt: skip
     plugin_site.add("fake-kernel", {"axplug.kernels": {"never": "fake_kernel:Never"}}, modules={
         "fake_kernel": UNAVAILABLE_KERNEL})  # fmt: skip
+    plugin_site.add("fake-kind", {"axplug.layers": {"plain": "fake_kind:Plain"}}, modules={
+        "fake_kind": "class Plain:\n    pass\n"})  # fmt: skip
     assert doctor("--json") == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False
@@ -120,6 +123,10 @@ def test_every_problem_is_named_with_its_fix_and_exit_is_nonzero(plugin_site, ca
     hooks = rows(report, "fake-hooks")["h"]
     assert hooks["problem"] == "hooks the core does not define"
     assert "on_step_ended" in hooks["reason"] and "on_step_end" in hooks["reason"]
+    plain = rows(report, "fake-kind")["plain"]
+    assert (plain["failure"], plain["problem"]) == ("kind", "not what its kind declares")
+    assert "must be a subclass of axplug.layers.base.BaseLayer" in plain["reason"]
+    assert boom["failure"] == "import" and typo["failure"] == "missing"
     never = rows(report, "fake-kernel")["never"]
     assert never["status"] == "ok" and "needs a quantum backend" in never["note"]
     statuses = {d["distribution"]: d["status"] for d in report["distributions"]}

@@ -528,7 +528,7 @@ def test_generate_cli_errors(trained_run, tmp_path, capsys):
     assert "no complete checkpoint" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,x"]) == 2
     assert "--prompt-ids" in capsys.readouterr().err
-    assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,999"]) == 1
+    assert main(["generate", "--checkpoint", trained_run, "--prompt-ids", "1,999"]) == 2
     assert "token id 999 is outside the vocabulary" in capsys.readouterr().err
 
 
@@ -552,16 +552,16 @@ def test_generate_refuses_code_named_in_checkpoint_metadata(trained_run, tmp_pat
         code = main(["generate", "--checkpoint", str(run), "--prompt", "x"])
     finally:
         os.abort = original
-    assert code == 1 and not aborted  # an error exit, not SIGABRT (134)
+    assert code == 2 and not aborted  # an error exit, not SIGABRT (134)
     err = capsys.readouterr().err
     assert "model.config_class: 'os:abort' names code outside axplug" in err
 
 
 def test_generate_checks_what_it_is_asked_for(trained_run, capsys):
     args = ["generate", "--checkpoint", trained_run, "--prompt", "x"]
-    assert main([*args, "--max-new-tokens", "1000000000"]) == 1
+    assert main([*args, "--max-new-tokens", "1000000000"]) == 2
     err = capsys.readouterr().err
     assert "--max-new-tokens: a 1000000001-token sequence needs a" in err
     assert "trained on 32-token sequences" in err
-    assert main([*args, "--temperature", "nan"]) == 1
+    assert main([*args, "--temperature", "nan"]) == 2
     assert "temperature=nan must be a finite number >= 0" in capsys.readouterr().err

@@ -67,7 +67,9 @@ def cli_main(argv):
     parser = argparse.ArgumentParser(prog="axplug")
     new_plugin_cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(argv)
-    return args.run(args)
+    from axplug.cli.main import run_reporting_errors
+
+    return run_reporting_errors(lambda: args.run(args))
 
 
 def test_every_kind_of_the_cli_has_a_template():

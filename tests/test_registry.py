@@ -15,11 +15,9 @@ from axplug.registry import (
     ComponentUnavailableError,
     PluginLoadError,
 )
+from fake_plugins import LAYER, MODIFIER, STORAGE
 
-DENSE = '''
-class Dense:
-    """A fake dense layer."""
-'''
+DENSE = LAYER
 EXPLODES = "raise RuntimeError('boom at import')\n"
 
 
@@ -262,7 +260,9 @@ def test_unknown_entry_point_group_is_reported_broken(plugin_site):
 
 def test_resolve_class_finds_registered_components_across_kinds(plugin_site):
     plugin_site.add(
-        "fake-a", {"axplug.modifiers": {"widen": "fake_a_mod:Dense"}}, modules={"fake_a_mod": DENSE}
+        "fake-a",
+        {"axplug.modifiers": {"widen": "fake_a_mod:Dense"}},
+        modules={"fake_a_mod": MODIFIER},
     )
     assert resolve_class("widen").__module__ == "fake_a_mod"
     assert resolve_class("fake-a:widen").__module__ == "fake_a_mod"
@@ -364,10 +364,10 @@ def test_a_third_party_reusing_a_first_party_name_does_not_break_the_core(
     plugin_site.add(
         "fake-thirdparty",
         {
-            "axplug.storage": {"file": "fake_tp:Other"},
-            "axplug.modifiers": {"rope": "fake_tp:Other"},
+            "axplug.storage": {"file": "fake_tp:Dense"},
+            "axplug.modifiers": {"rope": "fake_tp_modifier:Dense"},
         },
-        modules={"fake_tp": "class Other:\n    pass\n"},
+        modules={"fake_tp": STORAGE, "fake_tp_modifier": MODIFIER},
     )
     with caplog.at_level(logging.WARNING, logger="axplug.registry"):
         assert registry.entry("storage", "file").distribution == "axplug"
@@ -456,3 +456,141 @@ def test_a_hooks_plugin_broken_at_import_is_warned_about(plugin_site, caplog):
         registry.plugin_manager()
     assert "cannot load hooks 'bad' from fake-hookbad" in caplog.text
     assert "its hooks will not run" in caplog.text
+
+
+# ----------------------------------------------------------- kind checks at load (api.kinds)
+
+NOT_ANYTHING = '''
+class Dense:
+    """Of no kind at all."""
+
+THING = 42
+'''
+HF_MAPPING = """
+class Mapping:
+    layer = "FakeFeedForward"
+    architecture = "FakeForCausalLM"
+
+    def import_params(self, read, hf, prefix):
+        return {}
+
+    def export_tensors(self, params, prefix):
+        return {}
+
+    def hf_config(self, ffn):
+        return {}
+
+
+class HalfMapping:
+    layer = "FakeFeedForward"
+
+    def import_params(self, read, hf, prefix):
+        return {}
+"""
+WRITER = """
+from axplug.summary import SummaryWriter
+
+
+class Dense(SummaryWriter):
+    def write(self, step, scalars):
+        pass
+"""
+INPUT = """
+from axplug.input import Input
+
+
+class Dense(Input):
+    def iter_from(self, step):
+        return iter(())
+"""
+COMMAND = '''
+"""`axplug fake`: a command."""
+
+
+def add_parser(subparsers):
+    subparsers.add_parser("fake")
+'''
+
+
+@pytest.mark.parametrize(
+    ("kind", "good", "bad", "missing"),
+    [
+        ("layers", (LAYER, "Dense"), "Dense", "a subclass of axplug.layers.base.BaseLayer"),
+        (
+            "modifiers",
+            (MODIFIER, "Dense"),
+            "Dense",
+            "subclass of axplug.config.tree.ConfigModifier",
+        ),
+        ("storage", (STORAGE, "Dense"), "Dense", "subclass of axplug.checkpoint.storage.Storage"),
+        ("inputs", (INPUT, "Dense"), "Dense", "a subclass of axplug.input.base.Input"),
+        ("summary_writers", (WRITER, "Dense"), "Dense", "axplug.summary.base.SummaryWriter"),
+        ("kernels", (LAYER, "Dense"), "Dense", "no is_supported, __call__ of the axplug.api"),
+        ("hf_mappings", (HF_MAPPING, "Mapping"), "Dense", "no layer, architecture, import_params"),
+        ("hf_mappings", (HF_MAPPING, "HalfMapping"), None, "no architecture, export_tensors"),
+        ("presets", None, "Dense", "an instance of axplug.presets.Preset"),
+        ("mesh_rules", None, "THING", "a function returning a MeshRule.Config"),
+        ("commands", (COMMAND, None), None, "has no add_parser(subparsers)"),
+    ],
+)
+def test_load_checks_the_object_against_its_kind(plugin_site, kind, good, bad, missing):
+    """Like pluggy's check of a hookimpl at registration: an object that is not what its kind
+    declares is a broken component (failure `kind`) naming the plugin and what is missing."""
+    entries = {}
+    modules = {"fake_nothing": NOT_ANYTHING}
+    if good is not None:
+        source, attr = good
+        modules["fake_good_kind"] = source
+        entries["good"] = f"fake_good_kind:{attr}" if attr else "fake_good_kind"
+        if bad is None and attr != "Dense" and kind == "hf_mappings":  # HalfMapping
+            entries = {"bad": entries.pop("good")}
+    if bad is not None:
+        entries["bad"] = f"fake_nothing:{bad}"
+    if kind == "commands":
+        entries["bad"] = "fake_nothing"
+    plugin_site.add("fake-kinds", {f"axplug.{kind}": entries}, modules=modules)
+    if "good" in entries:
+        assert registry.load(kind, "good") is not None
+        assert _one(kind, "good", "fake-kinds").failure is None
+    with pytest.raises(PluginLoadError, match="fake-kinds") as info:
+        registry.load(kind, "bad")
+    assert missing in str(info.value)
+    assert f"is not a {kind} component" in str(info.value)
+    broken = _one(kind, "bad", "fake-kinds")
+    assert (broken.status, broken.failure) == ("broken", "kind")
+    assert missing in broken.reason
+
+
+def test_failures_record_their_kind(plugin_site):
+    plugin_site.add("fake-import", {"axplug.layers": {"boom": "fake_boom:X"}}, modules={
+        "fake_boom": "import not_a_real_module_xyz\n"})  # fmt: skip
+    plugin_site.add("fake-gone", {"axplug.layers": {"gone": "fake_gone:Missing"}}, modules={
+        "fake_gone": LAYER})  # fmt: skip
+    plugin_site.add("fake-future", {"axplug.layers": {"new": "fake_future:Dense"}}, api="9")
+    plugin_site.add("fake-group", {"axplug.layres": {"typo": "fake_gone:Dense"}})
+    for name in ("boom", "gone"):
+        with pytest.raises(PluginLoadError):
+            registry.load("layers", name)
+    assert _one("layers", "boom", "fake-import").failure == "import"
+    assert _one("layers", "gone", "fake-gone").failure == "missing"
+    assert _one("layers", "new", "fake-future").failure == "api"
+    (typo,) = [c for c in registry.discover() if c.distribution == "fake-group"]
+    assert (typo.status, typo.failure) == ("broken", "group")
+    assert set(registry.FAILURES) >= {"import", "missing", "api", "group", "kind", "hooks"}
+
+
+def test_the_declared_protocols_are_what_load_checks():
+    from axplug.api import kinds
+    from axplug.registry import _kinds
+
+    class Full:
+        layer = architecture = "x"
+
+    for name in ("import_params", "export_tensors", "hf_config"):
+        setattr(Full, name, lambda self, *a: None)
+    assert _kinds.check_kind("hf_mappings", Full) is None
+    declared = {n for n in vars(kinds.HFMapping) if not n.startswith("_")}
+    declared |= set(kinds.HFMapping.__annotations__)
+    assert declared == {"layer", "architecture", "import_params", "export_tensors", "hf_config"}
+    assert "add_parser" in vars(kinds.CommandModule)
+    assert kinds.RunInfo._fields == ("dir", "max_steps", "every_n_steps", "tokens_per_step")

@@ -10,6 +10,8 @@ import pathlib
 import shutil
 from collections.abc import Sequence
 
+from axplug.config import ConfigDependencyError, ConfigFileError, ConfigValueError
+
 __all__ = [
     "Tokenizer",
     "ByteTokenizer",
@@ -202,25 +204,25 @@ def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:
     if path.is_dir():
         found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
         if not found:
-            raise FileNotFoundError(
+            raise ConfigFileError(
                 f"tokenizer: {str(path)!r} holds none of {', '.join(TOKENIZER_FILES)}"
             )
         path = found[0]
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigFileError(
             f"tokenizer: {str(path)!r} does not exist; give 'bytes', a tokenizer.json, a "
             "SentencePiece .model, a .tiktoken file or a directory with one of them"
         )
     cls = _BY_SUFFIX.get(path.suffix)
     if cls is None:
-        raise ValueError(
+        raise ConfigValueError(
             f"tokenizer: {str(path)!r} is none of tokenizer.json, *.model (SentencePiece), "
             "*.tiktoken"
         )
     try:
         return cls(path)
     except ImportError as e:
-        raise ImportError(
+        raise ConfigDependencyError(
             f"tokenizer {str(path)!r} needs the {_EXTRA[cls]!r} package: "
             "pip install 'axplug[tokenizers]'"
         ) from e

@@ -1,8 +1,9 @@
 """The plugin API floor: the types plugins implement or pass, importing nothing of the core.
 
 Kernels, layers, mesh rules and commands meet here: the attention mask and paged-KV types a
-kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, and the shared options of
-commands. Everything here depends on jax and the standard library only, so any room of the
+kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, the shared options of
+commands, and the declared type of each entry-point kind without a base class of its own
+(`kinds`: checked when the registry loads a component). Everything here depends on jax and the standard library only, so any room of the
 core may import it and no room needs another for a type (docs/plugin-reference.md).
 
 Beyond the floor a plugin builds with the public faces in `PUBLIC_MODULES`, each by the names
@@ -16,6 +17,7 @@ from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_
 from axplug.api.commands import add_checkpoint_arguments
 from axplug.api.device import DeviceSpec, with_device_spec
 from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
+from axplug.api.kinds import AttentionKernelLike, CommandModule, HFMapping, MeshRuleFactory, RunInfo
 from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
 from axplug.hookspecs import hookimpl
 
@@ -40,6 +42,11 @@ __all__ = [
     "EMPTY_POSITION",
     "PARAMETER_UPDATES",
     "AttentionKernel",
+    "AttentionKernelLike",
+    "CommandModule",
+    "HFMapping",
+    "MeshRuleFactory",
+    "RunInfo",
     "AttentionMask",
     "DeviceSpec",
     "Initializer",

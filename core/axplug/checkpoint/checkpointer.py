@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from typing import Any
 
 import jax
@@ -12,6 +11,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_utils import construct_restore_args
 
 from axplug.checkpoint import inventory, layout
+from axplug.checkpoint._orbax import new_orbax, placeholders, remove_failed_save
 from axplug.checkpoint._quiet import drop_orbax_error_logs, quiet_after_failed_save
 from axplug.checkpoint._tree import abstract_target, first_non_finite
 from axplug.checkpoint.checksum import tree_checksums
@@ -21,14 +21,11 @@ from axplug.checkpoint.errors import (
     CheckpointNotFoundError,
 )
 from axplug.checkpoint.integrity import checksum_mismatch, first_line, layout_mismatch
+from axplug.checkpoint.retention import apply_retention, check_retention
 from axplug.checkpoint.storage import storage_for
 from axplug.config import REQUIRED, Configurable, Required, config_class
 
 __all__ = ["Checkpointer"]
-
-
-# How many times (0.05 s apart) a failed save's temporary directory is looked for and deleted.
-_CLEANUP_POLLS = 60
 
 
 class Checkpointer(Configurable):
@@ -54,12 +51,7 @@ class Checkpointer(Configurable):
     def __init__(self, cfg: Checkpointer.Config):
         super().__init__(cfg)
         cfg = self._config
-        if cfg.keep_last < 1:
-            raise ValueError(f"{cfg._path('keep_last')}: must be at least 1, got {cfg.keep_last}")
-        if cfg.keep_every is not None and cfg.keep_every < 1:
-            raise ValueError(
-                f"{cfg._path('keep_every')}: must be None or at least 1, got {cfg.keep_every}"
-            )
+        check_retention(cfg)
         self.directory: str = cfg.directory
         self.storage = storage_for(cfg.directory, cfg.storage_options)
         try:
@@ -68,35 +60,10 @@ class Checkpointer(Configurable):
             raise CheckpointError(
                 f"checkpoint directory {cfg.directory} is not usable: {type(exc).__name__}: {exc}"
             ) from exc
-        self._orbax = self._new_orbax()
+        self._orbax = new_orbax(self.storage)
         self._pending: int | None = None  # step being written in the background
         self._closed = False
         drop_orbax_error_logs()
-
-    def _new_orbax(self) -> ocp.AsyncCheckpointer:
-        """Orbax's async checkpointer, committing the way this storage needs."""
-        atomicity = ocp.path.atomicity
-        temporary_path_class = (
-            atomicity.AtomicRenameTemporaryPath
-            if self.storage.atomic_rename
-            else atomicity.CommitFileTemporaryPath
-        )
-        # On object stores the step's directories are created before `save` returns: when
-        # orbax creates them in the background and the store fails there, its other writer
-        # threads wait for that signal for orbax's full 5-minute barrier timeout.
-        async_options = ocp.options.AsyncOptions(
-            create_directories_asynchronously=self.storage.atomic_rename
-        )
-        # The items (state/, metadata/) commit the same way as the step directory: orbax's
-        # own default renames them unless the path is gs://.
-        handler = ocp.CompositeCheckpointHandler(
-            composite_options=ocp.CompositeOptions(
-                temporary_path_class=temporary_path_class, async_options=async_options
-            )
-        )
-        return ocp.AsyncCheckpointer(
-            handler, temporary_path_class=temporary_path_class, async_options=async_options
-        )
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -197,7 +164,10 @@ class Checkpointer(Configurable):
                 f"saving step {step} to {self._step_url(step)} failed: {first_line(exc)}"
             ) from exc
         try:
-            self._apply_retention()
+            cfg = self._config
+            apply_retention(
+                self.storage, self.directory, self.all_steps(), cfg.keep_last, cfg.keep_every
+            )
         except Exception as exc:
             raise CheckpointError(
                 f"step {step} is saved in {self.directory}, but deleting old steps failed: "
@@ -210,35 +180,8 @@ class Checkpointer(Configurable):
         quiet_after_failed_save()
         with contextlib.suppress(Exception):  # the save's own error is the one to report
             self._orbax.close()  # its other writer threads may still be creating files
-        self._orbax = self._new_orbax()
-        if jax.process_index() != 0:
-            return
-        prefix = layout.step_dir_name(step) + "."  # orbax's `step_N.orbax-checkpoint-tmp...`
-        # TensorStore's writer threads are not joined by orbax's close: a write in flight can
-        # recreate the temporary directory after it is deleted. Delete until it stays gone.
-        clean_checks = 0
-        for _ in range(_CLEANUP_POLLS):
-            try:
-                leftovers = [
-                    n for n in self.storage.listdir(self.directory) if n.startswith(prefix)
-                ]
-                for name in leftovers:
-                    self.storage.delete(self.storage.join(self.directory, name))
-            except Exception:  # noqa: BLE001 - the save's own error is the one to report
-                return
-            clean_checks = clean_checks + 1 if not leftovers else 0
-            if clean_checks == 3:
-                return
-            time.sleep(0.05)
-
-    def _apply_retention(self) -> None:
-        if jax.process_index() != 0:  # every process writes its shards; one deletes old steps
-            return
-        steps = self.all_steps()
-        keep = layout.steps_to_keep(steps, self._config.keep_last, self._config.keep_every)
-        for step in steps:
-            if step not in keep:
-                inventory.delete_step(self.storage, self.directory, step)
+        self._orbax = new_orbax(self.storage)
+        remove_failed_save(self.storage, self.directory, step)
 
     def delete(self, step: int) -> None:
         """Deletes `step` (complete or not), its completion marker first."""
@@ -277,9 +220,9 @@ class Checkpointer(Configurable):
         self._check_target(step, saved, abstract, partial=partial)
         treedef = jax.tree.structure(abstract)
         if partial:  # the saved tree, with Orbax's placeholder where nothing is wanted
-            item = {k: abstract.get(k, _placeholders(v)) for k, v in saved.items()}
+            item = {k: abstract.get(k, placeholders(v)) for k, v in saved.items()}
             restore_args = {
-                k: construct_restore_args(abstract[k]) if k in abstract else _placeholders(v)
+                k: construct_restore_args(abstract[k]) if k in abstract else placeholders(v)
                 for k, v in saved.items()
             }
             state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
@@ -425,8 +368,3 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _placeholders(tree: Any) -> Any:
-    """`tree` with every leaf Orbax's placeholder: a subtree a partial restore skips."""
-    return jax.tree.map(lambda _: ocp.PLACEHOLDER, tree)

@@ -142,34 +142,24 @@ def _rerun(n: int, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.aot import check_batch, scale_down
-    from axplug.config import ConfigError
-    from axplug.registry import ComponentNotFoundError
     from axplug.topology import compile_only_devices
 
-    try:
-        cfg, name, spec, count = build_config(args)
-        shape = cfg.mesh.instantiate().resolved_shape(count)
-        check_batch(shape, cfg.mesh.axis_names, cfg.input.batch_size)
-        devices, devices_note = None, None
-        if spec is not None:
-            devices, devices_note = compile_only_devices(spec.platform, args.mesh_rule, count)
-        if devices is None:
-            _, _, factor = scale_down(
-                shape, cfg.mesh.axis_names, cfg.input.batch_size, args.max_devices
-            )
-    except (ConfigError, ComponentNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg, name, spec, count = build_config(args)
+    shape = cfg.mesh.instantiate().resolved_shape(count)
+    check_batch(shape, cfg.mesh.axis_names, cfg.input.batch_size)
+    devices, devices_note = None, None
+    if spec is not None:
+        devices, devices_note = compile_only_devices(spec.platform, args.mesh_rule, count)
+    if devices is None:
+        _, _, factor = scale_down(
+            shape, cfg.mesh.axis_names, cfg.input.batch_size, args.max_devices
+        )
     if devices is None and not _ensure_devices(needed := _prod(shape) // factor):
         if os.environ.get(_CHILD_ENV):
             print(f"error: could not get {needed} fake CPU devices", file=sys.stderr)
             return 2
         return _rerun(needed, args)
-    try:
-        return _report(args, cfg, name, spec, count, devices, devices_note)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return _report(args, cfg, name, spec, count, devices, devices_note)
 
 
 def _report(args, cfg, name, spec, count, devices, devices_note) -> int:
@@ -267,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="axplug")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["aot", *(sys.argv[1:] if argv is None else argv)])
-    return args.run(args)
+    from axplug.cli.main import run_reporting_errors
+
+    return run_reporting_errors(lambda: args.run(args))
 
 
 if __name__ == "__main__":

@@ -69,11 +69,13 @@ def format_size(size: int | None) -> str:
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:
+    from axplug.config import UsageError
+
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--storage-option {pair!r}: expected KEY=VALUE")
+            raise UsageError(f"--storage-option {pair!r}: expected KEY=VALUE")
         try:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -109,31 +111,26 @@ def _verify(args: argparse.Namespace, directory: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.checkpoint import (
-        CheckpointError,
         delete_step,
         list_steps,
         resolve_checkpoint_dir,
         storage_for,
     )
 
-    try:
-        storage = storage_for(args.url, _options(args.storage_option))
-        directory = resolve_checkpoint_dir(storage, args.url)
-        if args.action == "rm":
-            if not delete_step(storage, directory, args.step):
-                print(f"error: step {args.step} does not exist in {directory}", file=sys.stderr)
-                return 1
-            print(f"deleted step {args.step} from {directory}")
-            return 0
-        if args.action == "verify":
-            return _verify(args, directory)
-        infos = list_steps(storage, directory, sizes=True)
-        if not infos and not storage.exists(directory):
-            print(f"error: {args.url}: no such checkpoint directory", file=sys.stderr)
+    storage = storage_for(args.url, _options(args.storage_option))
+    directory = resolve_checkpoint_dir(storage, args.url)
+    if args.action == "rm":
+        if not delete_step(storage, directory, args.step):
+            print(f"error: step {args.step} does not exist in {directory}", file=sys.stderr)
             return 1
-    except (CheckpointError, ValueError, TypeError, OSError) as exc:
-        print(f"error: {args.url}: {exc}", file=sys.stderr)
-        return 2
+        print(f"deleted step {args.step} from {directory}")
+        return 0
+    if args.action == "verify":
+        return _verify(args, directory)
+    infos = list_steps(storage, directory, sizes=True)
+    if not infos and not storage.exists(directory):
+        print(f"error: {args.url}: no such checkpoint directory", file=sys.stderr)
+        return 1
     if args.json:
         for info in infos:
             print(json.dumps({"step": info.step, "complete": info.complete,

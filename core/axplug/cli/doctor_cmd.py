@@ -115,36 +115,24 @@ def _writable(path: str) -> bool:
     return os.access(path, os.W_OK)
 
 
+# Each failure kind the registry records (axplug.registry.FAILURES), in words.
+_PROBLEMS = {
+    "api": "plugin API mismatch",
+    "conflict": "name collision",
+    "group": "unknown entry-point group",
+    "missing": "entry point points at nothing",
+    "import": "import error",
+    "hang": "import hangs",
+    "hooks": "hooks the core does not define",
+    "kind": "not what its kind declares",
+}
+
+
 def _problem(component) -> str | None:
-    """What kind of problem a non-ok component has, in words."""
-    reason = component.reason or ""
-    if component.status == "incompatible":
-        return "plugin API mismatch"
-    if component.status == "conflict":
-        return "name collision"
-    if component.status != "broken":
+    """What kind of problem a non-ok component has, in words (from its recorded failure)."""
+    if component.status not in ("broken", "incompatible", "conflict"):
         return None
-    if "unknown hook" in reason or "invalid hook" in reason:
-        return "hooks the core does not define"
-    if "unknown entry-point group" in reason:
-        return "unknown entry-point group"
-    if reason.startswith("AttributeError") or "has no attribute" in reason:
-        return "entry point points at nothing"
-    if _missing_own_module(component.value, reason):
-        return "entry point points at nothing"
-    return "import error"
-
-
-def _missing_own_module(value: str, reason: str) -> bool:
-    """Whether `reason` says the entry point's own module (or a parent package) is missing,
-    as opposed to a module that the plugin imports."""
-    import re
-
-    found = re.match(r"ModuleNotFoundError: No module named '([\w.]+)'", reason)
-    if not found:
-        return False
-    module = value.split(":", 1)[0].strip()
-    return module == found.group(1) or module.startswith(found.group(1) + ".")
+    return _PROBLEMS.get(component.failure or "", component.status)
 
 
 def _kernel_note(obj: Any, backend: str | None) -> str | None:
@@ -204,7 +192,8 @@ def collect() -> dict[str, Any]:
             c.distribution, {"distribution": c.distribution, "version": c.version, "components": []}
         )
         problem = _SHADOWING if c.key in shadowing else _problem(c)
-        d["components"].append(as_dict(c) | {"problem": problem, "note": notes.get(c.key)})
+        row = {"failure": c.failure, "problem": problem, "note": notes.get(c.key)}
+        d["components"].append(as_dict(c) | row)
     for d in dists.values():
         statuses = {row["status"] for row in d["components"]}
         d["status"] = next((s for s in PROBLEM_STATUSES if s in statuses), "ok")

@@ -89,8 +89,10 @@ def _device_bytes() -> int | None:
 
 
 def _check_cache_fits(loaded, max_len: int) -> None:
-    """ValueError when the KV cache for `max_len` tokens cannot fit in the device's memory."""
+    """UsageError when the KV cache for `max_len` tokens cannot fit in the device's memory."""
     import jax
+
+    from axplug.config import UsageError
 
     shapes = jax.eval_shape(lambda: loaded.model.init_cache_state(1, max_len))
     need = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
@@ -98,7 +100,7 @@ def _check_cache_fits(loaded, max_len: int) -> None:
     if have is not None and need > have:
         trained = getattr(loaded.config.input, "seq_len", None)
         hint = f"; the model was trained on {trained}-token sequences" if trained else ""
-        raise ValueError(
+        raise UsageError(
             f"--max-new-tokens: a {max_len}-token sequence needs a {need / 2**30:.1f} GiB KV "
             f"cache, more than the device's {have / 2**30:.1f} GiB{hint}; ask for fewer tokens"
         )
@@ -125,8 +127,7 @@ class _TextStream:
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.checkpoint.errors import CheckpointError
-    from axplug.config import ConfigError
+    from axplug.config import UsageError
     from axplug.inference import (
         Engine,
         Request,
@@ -135,18 +136,19 @@ def run(args: argparse.Namespace) -> int:
         load_checkpoint,
     )
 
+    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+    tokenizer = None
+    if args.prompt is not None or args.tokenizer is not None:
+        tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
+    prompt = tokenizer.encode(args.prompt) if args.prompt is not None else args.prompt_ids
+    if not prompt:
+        raise UsageError("--prompt: the prompt has no tokens")
+    # --stop, else the imported model's eos ids, else the tokenizer's eos.
+    stop = tuple(args.stop) or loaded.stop_tokens
+    if not stop and tokenizer is not None and tokenizer.eos_id is not None:
+        stop = (tokenizer.eos_id,)
+    _check_cache_fits(loaded, len(prompt) + args.max_new_tokens)
     try:
-        loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
-        tokenizer = None
-        if args.prompt is not None or args.tokenizer is not None:
-            tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
-        prompt = tokenizer.encode(args.prompt) if args.prompt is not None else args.prompt_ids
-        if not prompt:
-            raise ValueError("--prompt: the prompt has no tokens")
-        # --stop, else the imported model's eos ids, else the tokenizer's eos.
-        stop = tuple(args.stop) or loaded.stop_tokens
-        if not stop and tokenizer is not None and tokenizer.eos_id is not None:
-            stop = (tokenizer.eos_id,)
         sampling = SamplingParams(
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
@@ -155,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
             stop_tokens=stop,
             seed=args.seed,
         )
-        _check_cache_fits(loaded, len(prompt) + sampling.max_new_tokens)
         engine = Engine(
             loaded.model,
             loaded.params,
@@ -165,9 +166,8 @@ def run(args: argparse.Namespace) -> int:
             axis_rules=loaded.axis_rules,
         )
         engine.submit(Request(prompt, sampling))
-    except (CheckpointError, ConfigError, LookupError, ImportError, ValueError) as exc:
-        print(f"axplug generate: error: {exc}", file=sys.stderr)
-        return 1
+    except ValueError as exc:  # the engine's own checks of what the options ask for
+        raise UsageError(str(exc)) from exc
 
     stream = None
     if not args.json and tokenizer is not None:

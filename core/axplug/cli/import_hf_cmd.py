@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 __all__ = ["add_parser", "run"]
@@ -61,29 +60,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from axplug.checkpoint import CheckpointError
-    from axplug.config import ConfigError
-    from axplug.registry import ComponentNotFoundError
-
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
-    try:
-        if args.print_config:
-            from axplug.interop import hf_trainer_config, read_hf_config
+    if args.print_config:
+        from axplug.interop import hf_trainer_config, read_hf_config
 
-            hf = read_hf_config(args.directory)
-            cfg = hf_trainer_config(
-                hf, output_dir=args.output, modifiers=args.modifier, overrides=args.overrides
-            )
-            print(cfg.debug_string())
-            return 0
-        from axplug.interop import import_hf
-
-        result = import_hf(
-            args.directory, args.output, modifiers=args.modifier, overrides=args.overrides
+        hf = read_hf_config(args.directory)
+        cfg = hf_trainer_config(
+            hf, output_dir=args.output, modifiers=args.modifier, overrides=args.overrides
         )
-    except (ConfigError, ComponentNotFoundError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(cfg.debug_string())
+        return 0
+    from axplug.interop import import_hf
+
+    result = import_hf(
+        args.directory, args.output, modifiers=args.modifier, overrides=args.overrides
+    )
     print(
         f"imported {result.architecture} ({result.num_params:,} parameters) from "
         f"{args.directory}\n  modifiers: {' '.join(result.modifiers)}\n"

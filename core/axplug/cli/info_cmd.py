@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from axplug.registry import KINDS, Component
@@ -36,11 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from axplug import registry
 
-    try:
-        component = find(args.name, args.kind)
-    except LookupError as exc:
-        print(f"axplug info: error: {exc}", file=sys.stderr)
-        return 2
+    component = find(args.name, args.kind)
     obj, code = None, 0
     if component.loadable:
         try:
@@ -60,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def find(name: str, kind: str | None = None) -> Component:
-    """The one component called `name` (of `kind`), or a LookupError that says how to narrow it."""
+    """The one component called `name` (of `kind`); else a registry LookupError that says how
+    to narrow it."""
     from axplug import registry
 
     if kind is not None:
@@ -75,7 +71,7 @@ def find(name: str, kind: str | None = None) -> Component:
         return found[0]
     if found:
         kinds = ", ".join(c.kind for c in found)
-        raise LookupError(
+        raise registry.ComponentConflictError(
             f"{name!r} names components of several kinds ({kinds}); pass one, e.g. "
             f"`axplug info {name} --kind {found[0].kind}`"
         )
@@ -84,7 +80,7 @@ def find(name: str, kind: str | None = None) -> Component:
     known = sorted({c.name for c in registry.discover()})
     close = difflib.get_close_matches(name.rpartition(":")[2], known, n=3)
     hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-    raise LookupError(f"no component named {name!r}{hint}; see `axplug list`")
+    raise registry.ComponentNotFoundError(f"no component named {name!r}{hint}; see `axplug list`")
 
 
 def _print_object(obj: Any) -> int:

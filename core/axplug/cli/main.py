@@ -6,13 +6,15 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from axplug import __version__
 from axplug.registry import DISABLE_ENV
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "TRACEBACK_ENV", "build_parser", "main", "run_reporting_errors"]
+
+TRACEBACK_ENV = "AXPLUG_TRACEBACK"  # set (to anything): an error shows its traceback too
 
 # Each module exposes `add_parser(subparsers)`, which sets `run(args) -> int` as the default.
 # Command modules import nothing heavy at module level, so `axplug --help` stays fast. The
@@ -43,6 +45,7 @@ examples:
 environment:
   AXPLUG_DISABLE_PLUGINS=a,b    never load these plugin distributions
   AXPLUG_LOAD_PLUGINS=a,b       load only these (set but empty: the core alone)
+  AXPLUG_TRACEBACK=1            show the traceback of an error, not just its `error:` line
 
 run `axplug COMMAND --help` for the options of one command. Plugins add commands (for
 example `axplug serve` from axplug-serve); `axplug list --kind commands` lists them all.
@@ -107,13 +110,7 @@ def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
     for c in components:
         if c.name != invoked:
             continue
-        module = registry.load("commands", c.name)
-        if not callable(getattr(module, "add_parser", None)):
-            raise PluginLoadError(
-                f"{c.describe()}: the module has no add_parser(subparsers); a command module "
-                "must define one (see docs/plugin-reference.md, `axplug.commands`)",
-                c,
-            )
+        module = registry.load("commands", c.name)  # checked: it has add_parser
         module.add_parser(subparsers)
         if c.name not in subparsers.choices:
             raise PluginLoadError(
@@ -131,15 +128,23 @@ def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
 
 
 def _exit_code(exc: BaseException) -> int | None:
-    """2 for a bad setting, 1 for one of axplug's own failures, None for anything else."""
-    from axplug.checkpoint import CheckpointError
+    """2 for a user's mistake, 1 for a failed run, None for a bug (shown with its traceback).
+
+    A user's mistake: a bad setting or option (`ConfigError`, whose message names it) or a
+    name the registry does not know (`ComponentNotFoundError`, `ComponentConflictError`, a
+    storage scheme no backend serves). A failed run: a checkpoint that cannot be read or
+    written, a diverged loss, a plugin that cannot be imported, an I/O error.
+    """
+    from axplug.checkpoint import CheckpointError, StorageNotFoundError
     from axplug.config import ConfigError
-    from axplug.registry import PluginLoadError
+    from axplug.registry import ComponentConflictError, ComponentNotFoundError, PluginLoadError
     from axplug.trainer.loop_state import NonFiniteError
 
-    if isinstance(exc, ConfigError):
+    if isinstance(
+        exc, ConfigError | ComponentNotFoundError | ComponentConflictError | StorageNotFoundError
+    ):
         return 2
-    if isinstance(exc, CheckpointError | NonFiniteError | PluginLoadError):
+    if isinstance(exc, CheckpointError | NonFiniteError | PluginLoadError | OSError):
         return 1
     return None
 
@@ -164,27 +169,38 @@ def _main(argv: Sequence[str] | None, saved: str | None) -> int:
     disabled = disable.parse_known_args(argv)[0].disable
     if disabled:
         os.environ[DISABLE_ENV] = ",".join(filter(None, [saved, *disabled]))
+    return run_reporting_errors(lambda: _dispatch(argv))
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    parser = build_parser(argv)
     try:
-        parser = build_parser(argv)
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as exc:  # --help, --version, usage errors: return the code
-            return exc.code if isinstance(exc.code, int) else 2
-        if args.command is None:
-            parser.print_help(sys.stderr)
-            return 2
-        return args.run(args)
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: return the code
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return args.run(args)
+
+
+def run_reporting_errors(run: Callable[[], int]) -> int:
+    """`run()` inside the one error boundary of the CLI; returns its exit code.
+
+    axplug's own errors end in one `error:` line on stderr (their messages name the setting,
+    step or plugin): exit 2 for a user's mistake, 1 for a failed run. `AXPLUG_TRACEBACK=1`
+    re-raises them, traceback and all. Anything else is a bug: raised, with its traceback.
+    Commands raise; they keep no `except` lists of their own.
+    """
+    try:
+        return run()
     except BrokenPipeError:
         # `axplug list | head`: the reader left. Quiet exit, and no second error at shutdown.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as exc:
-        # One boundary for every command (and for a plugin command that cannot be loaded):
-        # axplug's own errors are one line (their messages name the setting, step or plugin),
-        # exit 2 for a bad setting and 1 for a failed run; AXPLUG_TRACEBACK=1 shows the
-        # traceback. Anything else is a bug: its traceback.
         code = _exit_code(exc)
-        if code is None or os.environ.get("AXPLUG_TRACEBACK"):
+        if code is None or os.environ.get(TRACEBACK_ENV):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return code

@@ -79,15 +79,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def names_for(name: str) -> dict[str, str]:
     """The distribution, module, component and class names derived from `name`."""
+    from axplug.config import UsageError
+
     dist = re.sub(r"[-_.\s]+", "-", name.strip()).lower()
     if not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", dist):
-        raise ValueError(
+        raise UsageError(
             f"plugin name {name!r}: use letters, digits and dashes, starting with a letter "
             "(e.g. axplug-sqrelu)"
         )
     module = dist.replace("-", "_")
     if keyword.iskeyword(module) or module == "axplug":
-        raise ValueError(f"plugin name {name!r}: {module!r} cannot be a package name")
+        raise UsageError(f"plugin name {name!r}: {module!r} cannot be a package name")
     short = module[len("axplug_") :] if module.startswith("axplug_") else module
     cls = "".join(part.capitalize() for part in short.split("_"))
     return {"dist": dist, "module": module, "name": short, "cls": cls}
@@ -106,16 +108,17 @@ def generate(
     from string import Template
 
     from axplug import PLUGIN_API_VERSION, __version__
+    from axplug.config import UsageError
 
     if kind not in KIND_GROUPS:
-        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KIND_GROUPS)}")
+        raise UsageError(f"unknown kind {kind!r}; choose from {', '.join(KIND_GROUPS)}")
     if with_modifier and kind != "layer":
-        raise ValueError(f"--with-modifier goes with --kind layer, not {kind!r}")
+        raise UsageError(f"--with-modifier goes with --kind layer, not {kind!r}")
     group, submodule = KIND_GROUPS[kind]
     values = names_for(name)
     if component is not None:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", component) or keyword.iskeyword(component):
-            raise ValueError(
+            raise UsageError(
                 f"--component {component!r}: use lowercase letters, digits and underscores, "
                 "starting with a letter (e.g. sq_relu)"
             )
@@ -147,7 +150,7 @@ def generate(
     )
     root = Path(directory) / values["dist"]
     if root.exists() and any(root.iterdir()) and not force:
-        raise FileExistsError(f"{root} exists and is not empty; pass --force to overwrite")
+        raise UsageError(f"{root} exists and is not empty; pass --force to overwrite")
     written = []
     for rel, text in template_files(kind, with_modifier).items():
         path = root / Template(rel).substitute(values)
@@ -178,20 +181,15 @@ def template_files(kind: str, with_modifier: bool = False) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
 
-    try:
-        written = generate(
-            args.name,
-            args.kind,
-            Path(args.dir),
-            force=args.force,
-            component=args.component,
-            with_modifier=args.with_modifier,
-        )
-    except (ValueError, FileExistsError) as exc:
-        print(f"axplug new-plugin: {exc}", file=sys.stderr)
-        return 2
+    written = generate(
+        args.name,
+        args.kind,
+        Path(args.dir),
+        force=args.force,
+        component=args.component,
+        with_modifier=args.with_modifier,
+    )
     root = written[0].parent
     what = f"{args.kind} + modifier" if args.with_modifier else args.kind
     print(f"created {what} plugin in {root}:")

@@ -172,23 +172,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.registry import ComponentNotFoundError
-
     if args.output_dir is None and not args.print_config:
         print("error: --output-dir is required (only --print-config does without)", file=sys.stderr)
         return 2
     if not args.print_config:
         # Before anything touches a device: the mesh rule is chosen from all processes' devices.
-        try:
-            start_processes(args)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    try:
-        cfg = build_config(args)
-    except ComponentNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        start_processes(args)
+    cfg = build_config(args)
     if args.print_config:
         print(cfg.debug_string())
         return 0

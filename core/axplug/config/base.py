@@ -19,6 +19,10 @@ __all__ = [
     "UnknownFieldError",
     "ConfigTypeError",
     "RequiredFieldError",
+    "ConfigValueError",
+    "ConfigFileError",
+    "ConfigDependencyError",
+    "UsageError",
     "ConfigBase",
     "InstantiableConfig",
     "Configurable",
@@ -74,6 +78,14 @@ class ConfigValueError(ConfigError, ValueError):
 
 class ConfigFileError(ConfigError, FileNotFoundError):
     """A field naming a file that does not exist."""
+
+
+class ConfigDependencyError(ConfigError, ImportError):
+    """A setting that needs a package that is not installed; the message says what to install."""
+
+
+class UsageError(ConfigError, ValueError):
+    """A command-line option or argument that cannot work; the message starts with it."""
 
 
 _IMMUTABLE = (int, float, bool, str, bytes, type(None), RequiredFieldValue, type, frozenset)
@@ -171,19 +183,19 @@ class ConfigBase:
         fields = attrs.fields_dict(type(self))
         if name not in fields:
             raise UnknownFieldError(
-                f"{self._path(name)}: unknown field{_suggest(name, list(fields))}"
+                f"{self.field_path(name)}: unknown field{_suggest(name, list(fields))}"
             )
         tp = _field_types(type(self)).get(name, Any)
         if not _matches(value, tp):
             raise ConfigTypeError(
-                f"{self._path(name)}: expected {_type_name(tp)}, got "
+                f"{self.field_path(name)}: expected {_type_name(tp)}, got "
                 f"{type(value).__qualname__} ({value!r})"
             )
         if isinstance(value, ConfigBase):
             object.__setattr__(value, "_parent", (self, name))
         object.__setattr__(self, name, value)
 
-    def _path(self, name: str | None = None) -> str:
+    def field_path(self, name: str | None = None) -> str:
         """Dotted path of this config (or of its field `name`) from the root of its tree."""
         parts = [] if name is None else [name]
         node, seen = self, set()
@@ -201,6 +213,16 @@ class ConfigBase:
             return type(self).__qualname__
         return ".".join(reversed(parts))
 
+    def field_error(
+        self, name: str, problem: str, error: type[ConfigError] = ConfigValueError
+    ) -> ConfigError:
+        """`error` whose message is `<dotted path of field name>: problem` (say the fix in it).
+
+        The one way to report a bad value of a field; the CLI prints it as one `error:` line
+        and exits 2. Raise what it returns: `raise cfg.field_error("keep_last", "...")`.
+        """
+        return error(f"{self.field_path(name)}: {problem}")
+
     def set(self, **kwargs: Any) -> Self:
         """Sets fields in place and returns self, for chaining."""
         for k, v in kwargs.items():
@@ -214,10 +236,17 @@ class ConfigBase:
         name the place in the user's config tree.
         """
         new = copy.deepcopy(self)
-        path = self._path()
+        path = self.field_path()
         if path != type(self).__qualname__:
             object.__setattr__(new, "_origin", path)
         return new.set(**kwargs)
+
+    def located(self, path: str) -> Self:
+        """A deep copy whose errors name it `path`: for a config kept in a list or a dict
+        (`summary_writers[3]`), which links no parent."""
+        new = copy.deepcopy(self)
+        object.__setattr__(new, "_origin", path)
+        return new
 
     def __deepcopy__(self, memo: dict) -> Self:
         new = object.__new__(type(self))
@@ -310,7 +339,9 @@ class InstantiableConfig(ConfigBase):
         path = kwargs.pop("_path", None)
         check_required(self, path)
         if self.klass is None:
-            raise ConfigError(f"{path or self._path()}: no class to instantiate (klass is None)")
+            raise ConfigError(
+                f"{path or self.field_path()}: no class to instantiate (klass is None)"
+            )
         return self.klass(self, **kwargs)
 
 
@@ -319,7 +350,7 @@ def check_required(cfg: ConfigBase, module_path: str | None = None) -> None:
     module being built), not descending into instantiable sub-configs, which their owners
     fill and check."""
     for name, value in cfg.items():
-        where = cfg._path(name)
+        where = cfg.field_path(name)
         if value is REQUIRED:
             module = f" (building module {module_path})" if module_path else ""
             raise RequiredFieldError(
@@ -344,7 +375,8 @@ class Configurable:
         return cfg
 
     def __init__(self, cfg: Configurable.Config):
-        self._config = copy.deepcopy(cfg)
+        # A copy that keeps the path of `cfg` in its tree, for errors about its fields.
+        self._config = cfg.clone()
 
     @property
     def config(self) -> Config:

@@ -168,7 +168,7 @@ def _replicated(mesh):
 def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = None):
     """The tokenizer of a run's text: `explicit`, the run directory's (an import copies its
     model's), the one of the data it trained on, or bytes for a 256-token model."""
-    from axplug.config import REQUIRED
+    from axplug.config import REQUIRED, UsageError
     from axplug.tokenizer import has_tokenizer, load_tokenizer
 
     if explicit is not None:
@@ -180,7 +180,7 @@ def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = Non
         return load_tokenizer(data)
     if loaded.vocab_size == 256:
         return load_tokenizer("bytes")
-    raise ValueError(
+    raise UsageError(
         f"no tokenizer for this {loaded.vocab_size}-token model (none in the run directory "
         "or its data); pass one with --tokenizer PATH (or give token ids)"
     )

@@ -16,7 +16,7 @@ Batch = dict[str, np.ndarray]
 
 def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
     """A ConfigValueError (a ValueError) whose message starts with the dotted path of `name`."""
-    return ConfigValueError(f"{cfg._path(name)}: {problem}")
+    return cfg.field_error(name, problem, ConfigValueError)
 
 
 def check_split(cfg: Configurable.Config) -> None:

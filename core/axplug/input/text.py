@@ -39,9 +39,11 @@ class ByteTextInput(StepInput):
         check_split(cfg)
         path = bundled_corpus_path() if cfg.path is None else pathlib.Path(cfg.path)
         if not path.is_file():
-            raise ConfigFileError(
-                f"{cfg._path('path')}: file {str(path)!r} does not exist; set path to a text "
-                "file, or to None for the bundled corpus"
+            raise cfg.field_error(
+                "path",
+                f"file {str(path)!r} does not exist; set path to a text file, or to None for "
+                "the bundled corpus",
+                ConfigFileError,
             )
         size = os.path.getsize(path)
         eval_start = size - int(size * cfg.eval_fraction)

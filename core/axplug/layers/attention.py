@@ -143,9 +143,9 @@ class Attention(BaseLayer):
         self._add_child("kv_cache", cfg.kv_cache)
         slopes = cfg.linear_bias_slopes
         if slopes is not None and len(slopes) != cfg.num_heads:
-            raise ConfigError(
-                f"{cfg._path('linear_bias_slopes')}: {len(slopes)} slopes for "
-                f"{cfg.num_heads} heads; give one per query head"
+            raise cfg.field_error(
+                "linear_bias_slopes",
+                f"{len(slopes)} slopes for {cfg.num_heads} heads; give one per query head",
             )
 
     def _slopes(self) -> jax.Array | None:

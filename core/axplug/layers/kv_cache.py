@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import EMPTY_POSITION, PagedKV
-from axplug.config import config_class
+from axplug.config import ConfigValueError, config_class
 from axplug.layers.base import BaseLayer
 from axplug.sharding import constrain
 
@@ -195,9 +195,9 @@ class PagedKVCache(BaseLayer):
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if cfg.page_size < 1:
-            raise ValueError(f"{cfg._path('page_size')}: must be at least 1, got {cfg.page_size}")
+            raise cfg.field_error("page_size", f"must be at least 1, got {cfg.page_size}")
         if cfg.num_pages is not None and cfg.num_pages < 1:
-            raise ValueError(f"{cfg._path('num_pages')}: must be at least 1, got {cfg.num_pages}")
+            raise cfg.field_error("num_pages", f"must be at least 1, got {cfg.num_pages}")
 
     def pages_per_row(self, max_len: int) -> int:
         """Block-table width: pages a row needs to hold `max_len` tokens."""
@@ -211,7 +211,7 @@ class PagedKVCache(BaseLayer):
         num_pages = cfg.num_pages or batch_size * per_row
         if num_pages < batch_size * per_row and not _ASSIGNING_PAGES.get():
             # Rows past the pool would have no pages, and their tokens would be dropped.
-            raise ValueError(
+            raise ConfigValueError(
                 f"{self.path}.num_pages={num_pages}: {batch_size} rows of up to {max_len} "
                 f"tokens need {batch_size * per_row} pages of {cfg.page_size}; raise num_pages "
                 "(or leave it unset), or decode through axplug.inference.Engine, which gives "

@@ -1,6 +1,7 @@
 """Plugin registry: discover components from entry points, load them lazily, run hooks."""
 
 from axplug.registry._component import (
+    FAILURES,
     FIRST_PARTY_ENTRY,
     KINDS,
     STATUSES,
@@ -27,6 +28,7 @@ __all__ = [
     "FIRST_PARTY_ENTRY",
     "KINDS",
     "STATUSES",
+    "FAILURES",
     "SUPPORTED_PLUGIN_API",
     "DISABLE_ENV",
     "ALLOW_ENV",

@@ -14,6 +14,7 @@ __all__ = [
     "FIRST_PARTY_ENTRY",
     "FIRST_PARTY_PREFIX",
     "STATUSES",
+    "FAILURES",
     "Component",
     "normalize",
     "claims_first_party",
@@ -51,6 +52,14 @@ FIRST_PARTY_PREFIX = "axplug-"
 # `unavailable` is only reported by `axplug list --check`: loaded fine, cannot run here;
 # `unchecked` by `axplug list` without it, for a plugin's kernel.
 STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable", "unchecked")
+# What went wrong with a component that is not ok, as `Component.failure` records it (its
+# `reason` says it in words, for people): `api` its distribution's plugin API is outside
+# SUPPORTED_PLUGIN_API; `conflict` several distributions provide its name; `group` an
+# entry-point group the core does not define; `missing` the entry point names a module or
+# attribute that does not exist; `import` importing it raised; `hang` importing it did not
+# finish; `hooks` hooks the core does not define, or invalid ones; `kind` the loaded object is
+# not what its kind declares (axplug.api.kinds).
+FAILURES = ("api", "conflict", "group", "missing", "import", "hang", "hooks", "kind")
 
 
 def normalize(distribution: str) -> str:
@@ -86,6 +95,7 @@ class Component(NamedTuple):
     value: str
     status: str = "ok"
     reason: str | None = None
+    failure: str | None = None  # one of FAILURES when status is broken, incompatible, conflict
     first_party: bool = False  # a distribution of this project (see claims_first_party)
 
     @property

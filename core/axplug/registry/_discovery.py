@@ -8,6 +8,7 @@ from axplug import __version__
 from axplug.registry._component import (
     API_GROUP,
     CORE_DISTRIBUTION,
+    FAILURES,
     FIRST_PARTY_ENTRY,
     GROUP_PREFIX,
     KINDS,
@@ -23,7 +24,7 @@ DISABLE_ENV = "AXPLUG_DISABLE_PLUGINS"
 ALLOW_ENV = "AXPLUG_LOAD_PLUGINS"
 
 _scanned: list[Component] | None = None
-_failures: dict[tuple[str, str, str], str] = {}
+_failures: dict[tuple[str, str, str], tuple[str, str]] = {}  # key -> (reason, failure)
 
 
 def clear() -> None:
@@ -33,8 +34,10 @@ def clear() -> None:
     _failures.clear()
 
 
-def record_failure(component: Component, reason: str) -> None:
-    _failures[component.key] = reason
+def record_failure(component: Component, reason: str, failure: str) -> None:
+    """Marks `component` broken from now on: `failure` (one of FAILURES), `reason` in words."""
+    assert failure in FAILURES, failure
+    _failures[component.key] = (reason, failure)
 
 
 def discover(kind: str | None = None) -> list[Component]:
@@ -85,10 +88,14 @@ def _read_metadata():
             if ep.group == API_GROUP or (kind, ep.name) in done:
                 continue
             done.add((kind, ep.name))
-            status, reason = ("incompatible", problem) if problem else ("ok", None)
+            status, reason, failure = "ok", None, None
+            if problem:
+                status, reason, failure = "incompatible", problem, "api"
             if kind not in KINDS:
-                status, reason = "broken", _unknown_kind(ep.group)
-            yield Component(name, version, kind, ep.name, ep.value, status, reason, first_party)
+                status, reason, failure = "broken", _unknown_kind(ep.group), "group"
+            yield Component(
+                name, version, kind, ep.name, ep.value, status, reason, failure, first_party
+            )
 
 
 def _name_version(dist, key: str) -> tuple[str, str]:
@@ -154,8 +161,8 @@ def _with_status(c: Component, disable: set[str] | None, allow: set[str] | None)
             return c._replace(status="disabled", reason=f"{DISABLE_ENV} lists it")
         if allow is not None and dist not in allow:
             return c._replace(status="disabled", reason=f"{ALLOW_ENV} does not list it")
-    if c.status == "ok" and (failure := _failures.get(c.key)):
-        return c._replace(status="broken", reason=failure)
+    if c.status == "ok" and (recorded := _failures.get(c.key)):
+        return c._replace(status="broken", reason=recorded[0], failure=recorded[1])
     return c
 
 
@@ -175,6 +182,6 @@ def _mark_conflicts(components: list[Component]) -> list[Component]:
                 reason = f"also provided by {others}; {c.name!r} means this first-party one"
             else:
                 reason = f"also provided by {others}; load it as {c.qualified_name!r}"
-            c = c._replace(status="conflict", reason=reason)
+            c = c._replace(status="conflict", reason=reason, failure="conflict")
         out.append(c)
     return out

@@ -69,7 +69,7 @@ def _reject(pm: pluggy.PluginManager, obj: object, component: Component, reason:
     # pluggy keeps a plugin half-registered when validation fails part-way.
     if pm.is_registered(obj):
         pm.unregister(obj)
-    _discovery.record_failure(component, reason)
+    _discovery.record_failure(component, reason, "hooks")
 
 
 def _unknown_hooks(pm: pluggy.PluginManager, obj: object) -> list[str]:

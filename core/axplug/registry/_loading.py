@@ -136,10 +136,18 @@ def load_component(component: Component) -> Any:
         # A plugin must never take the host down, not even by calling sys.exit on import.
         except (Exception, SystemExit) as exc:
             cause, reason = exc, _summary(exc)
-            _discovery.record_failure(component, reason)
+            _discovery.record_failure(component, reason, _import_failure(component, exc))
         else:
-            _loaded[component.key] = obj
-            return obj
+            from axplug.registry._kinds import check_kind
+
+            if (missing := check_kind(component.kind, obj)) is None:
+                _loaded[component.key] = obj
+                return obj
+            reason = (
+                f"{component.value} is not a {component.kind} component: {missing} "
+                "(see docs/plugin-reference.md)"
+            )
+            _discovery.record_failure(component, reason, "kind")
     raise PluginLoadError(
         f"cannot load {component.describe()}: {reason}; fix or reinstall {component.distribution},"
         f" or skip it with {_discovery.DISABLE_ENV}={component.distribution}",
@@ -169,8 +177,21 @@ def load_within(component: Component, seconds: float) -> bool:
             component,
             f"import did not finish within {seconds:g} s (it hangs at import); skip it with "
             f"{_discovery.DISABLE_ENV}={component.distribution}",
+            "hang",
         )
     return bool(done)
+
+
+def _import_failure(component: Component, exc: BaseException) -> str:
+    """`missing` when the entry point names nothing (its own module or attribute is not
+    there), `import` when importing it raised (a module it imports, its own code)."""
+    if isinstance(exc, AttributeError):
+        return "missing"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        module = component.value.split(":", 1)[0].strip()
+        if module == exc.name or module.startswith(exc.name + "."):
+            return "missing"
+    return "import"
 
 
 def _summary(exc: BaseException) -> str:

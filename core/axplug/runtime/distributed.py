@@ -18,6 +18,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from axplug.config import UsageError
+
 __all__ = [
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
@@ -62,13 +64,13 @@ def _int(value: str | int | None, name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        raise UsageError(f"{name} must be an integer, got {value!r}") from None
 
 
 def _check_address(address: str, name: str) -> str:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
+        raise UsageError(
             f"{name} must be HOST:PORT (the address of process 0, e.g. 10.0.0.1:1234), "
             f"got {address!r}"
         )
@@ -99,11 +101,12 @@ def resolve_distributed(
     """The multi-process settings for this process, or None for a single-process run.
 
     `cluster` is `auto` (detect), `none` (only explicit values and JAX_* variables count) or one
-    of `CLUSTERS`. Raises ValueError naming the flag or variable that is missing or malformed.
+    of `CLUSTERS`. Raises UsageError (a ValueError) naming the flag or variable that is missing
+    or malformed.
     """
     env = os.environ if environ is None else environ
     if cluster != "auto" and cluster != "none" and cluster not in CLUSTERS:
-        raise ValueError(
+        raise UsageError(
             f"--cluster: unknown cluster {cluster!r}; choose auto, none or one of "
             f"{', '.join(CLUSTERS)}"
         )
@@ -142,15 +145,15 @@ def resolve_distributed(
             f"{flag} (or {var})" for key, (_, flag, var) in values.items() if key not in given
         ]
         if missing:
-            raise ValueError(
+            raise UsageError(
                 f"multi-process run ({spec.source} given) also needs {', '.join(missing)}; "
                 "pass all three, or run under a scheduler JAX detects (see --cluster)"
             )
     if spec.num_processes is not None and spec.num_processes < 1:
-        raise ValueError(f"{names['num_processes']} must be >= 1, got {spec.num_processes}")
+        raise UsageError(f"{names['num_processes']} must be >= 1, got {spec.num_processes}")
     pid, count = spec.process_id, spec.num_processes
     if pid is not None and count is not None and not 0 <= pid < count:
-        raise ValueError(
+        raise UsageError(
             f"{names['process_id']} must be in [0, {count}) for {count} processes, got {pid}"
         )
     return spec

@@ -87,25 +87,23 @@ class Watchdog(Configurable):
         for name in ("timeout_s", "startup_timeout_s"):
             value = getattr(cfg, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{cfg._path(name)}: must be > 0 or None, got {value}")
+                raise cfg.field_error(name, f"must be > 0 or None, got {value}")
         if cfg.slow_step_factor is not None and cfg.slow_step_factor <= 1:
-            raise ValueError(
-                f"{cfg._path('slow_step_factor')}: must be > 1 or None, got {cfg.slow_step_factor}"
+            raise cfg.field_error(
+                "slow_step_factor", f"must be > 1 or None, got {cfg.slow_step_factor}"
             )
         if not 0 <= cfg.exit_code <= 255:
-            raise ValueError(f"{cfg._path('exit_code')}: must be in [0, 255], got {cfg.exit_code}")
+            raise cfg.field_error("exit_code", f"must be in [0, 255], got {cfg.exit_code}")
         if cfg.min_mfu is not None and not 0 < cfg.min_mfu <= 1:
-            raise ValueError(
-                f"{cfg._path('min_mfu')}: must be in (0, 1] or None, got {cfg.min_mfu}"
-            )
+            raise cfg.field_error("min_mfu", f"must be in (0, 1] or None, got {cfg.min_mfu}")
         busy = cfg.min_device_busy_percent
         if busy is not None and not 0 < busy <= 100:
-            raise ValueError(
-                f"{cfg._path('min_device_busy_percent')}: must be in (0, 100] or None, got {busy}"
+            raise cfg.field_error(
+                "min_device_busy_percent", f"must be in (0, 100] or None, got {busy}"
             )
         if cfg.utilization_window < 1:
-            raise ValueError(
-                f"{cfg._path('utilization_window')}: must be >= 1, got {cfg.utilization_window}"
+            raise cfg.field_error(
+                "utilization_window", f"must be >= 1, got {cfg.utilization_window}"
             )
         self._on_hang = on_hang
         self._on_slow_step = on_slow_step

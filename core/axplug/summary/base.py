@@ -5,9 +5,10 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from axplug.config import Configurable, config_class
+from axplug.api.kinds import RunInfo
+from axplug.config import REQUIRED, Configurable, config_class
 
 __all__ = ["SummaryWriter", "CompositeWriter", "to_scalars", "group_tag"]
 
@@ -46,7 +47,26 @@ def format_scalar(value: float) -> str:
 
 
 class SummaryWriter(Configurable, abc.ABC):
-    """Receives scalars once per logged step; also a context manager that closes itself."""
+    """Receives scalars once per logged step; also a context manager that closes itself.
+
+    The trainer fills the config fields named in `RUN_FIELDS` (the fields of
+    `axplug.api.kinds.RunInfo`: `dir`, `max_steps`, `every_n_steps`, `tokens_per_step`) that a
+    writer's config declares and leaves unset (None or REQUIRED); see `fill_run_fields`.
+    """
+
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = RunInfo._fields
+
+    @classmethod
+    def fill_run_fields(cls, cfg: Configurable.Config, run: RunInfo) -> Configurable.Config:
+        """A copy of the writer config `cfg` with each unset field named in `RUN_FIELDS` set
+        from `run`; fields it does not declare are left alone."""
+        cfg = cfg.clone()
+        declared = set(cfg.keys())
+        for name in cls.RUN_FIELDS:
+            value = getattr(cfg, name) if name in declared else 0
+            if value is None or value is REQUIRED:
+                setattr(cfg, name, getattr(run, name))
+        return cfg
 
     @abc.abstractmethod
     def write(self, step: int, scalars: Mapping[str, float]) -> None:

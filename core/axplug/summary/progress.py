@@ -45,7 +45,7 @@ class ProgressBar(SummaryWriter):
     def __init__(self, cfg: Config, *, stream: TextIO | None = None):
         super().__init__(cfg)
         if cfg.every_n_steps is not None and cfg.every_n_steps < 1:
-            raise ValueError(f"{cfg._path('every_n_steps')}: must be >= 1, got {cfg.every_n_steps}")
+            raise cfg.field_error("every_n_steps", f"must be >= 1, got {cfg.every_n_steps}")
         self._every = cfg.every_n_steps or 10
         self._stream = stream if stream is not None else sys.stdout
         isatty = getattr(self._stream, "isatty", None)

@@ -47,22 +47,23 @@ def check_input_split(input_cfg: Any, scope: ShardingScope, grad_accumulation_st
     names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
     shards = scope.axis_size("batch")
     if isinstance(batch, int) and batch % shards:
-        raise ConfigError(
-            f"{input_cfg._path('batch_size')}: {batch} rows cannot be split evenly over the "
-            f"{shards} devices of the batch mesh axes {names}; use a multiple of {shards}, "
-            "or a mesh with fewer devices on those axes"
+        raise input_cfg.field_error(
+            "batch_size",
+            f"{batch} rows cannot be split evenly over the {shards} devices of the batch mesh "
+            f"axes {names}; use a multiple of {shards}, or a mesh with fewer devices on those axes",
         )
     k = grad_accumulation_steps
     if isinstance(batch, int) and k > 1 and (batch // k) % shards:
         raise ConfigError(
             f"learner.grad_accumulation_steps: {k} microbatches of {batch // k} rows cannot "
             f"be split over the {shards} devices of the batch mesh axes {names}; use "
-            f"{input_cfg._path('batch_size')} a multiple of {k * shards}"
+            f"{input_cfg.field_path('batch_size')} a multiple of {k * shards}"
         )
     seq_len = getattr(input_cfg, "seq_len", None)
     ways = scope.axis_size("seq")
     if isinstance(seq_len, int) and seq_len % ways:
-        raise ConfigError(
-            f"{input_cfg._path('seq_len')}: {seq_len} tokens cannot be split over the "
-            f"{ways} devices of the `seq` mesh axis; use a multiple of {ways}"
+        raise input_cfg.field_error(
+            "seq_len",
+            f"{seq_len} tokens cannot be split over the {ways} devices of the `seq` mesh axis; "
+            f"use a multiple of {ways}",
         )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from axplug.api import ParameterSpec
+from axplug.config import ConfigValueError
 from axplug.context import functional
 from axplug.module import Module
 from axplug.trainer.aux_losses import AuxLossRule
@@ -133,8 +134,9 @@ def _non_trainable_values(kinds: Any, new: Any, old: Any, updates: dict, overwri
 def _split_microbatches(batch: dict, k: int) -> dict:
     def split(x):
         if x.shape[0] % k:
-            raise ValueError(
-                f"batch size {x.shape[0]} is not divisible by grad_accumulation_steps={k}"
+            raise ConfigValueError(
+                f"learner.grad_accumulation_steps: batch size {x.shape[0]} is not divisible "
+                f"by grad_accumulation_steps={k}"
             )
         return x.reshape(k, x.shape[0] // k, *x.shape[1:])
 

@@ -10,9 +10,11 @@ from typing import Any
 
 import jax
 
+from axplug.api.kinds import RunInfo
 from axplug.checkpoint import scheme_of, storage_for
-from axplug.config import REQUIRED, InstantiableConfig
+from axplug.config import InstantiableConfig
 from axplug.runtime import format_goodput
+from axplug.summary.base import SummaryWriter
 
 __all__ = ["summary_dir", "build_writer", "append_goodput", "goodput_report"]
 
@@ -35,16 +37,14 @@ def summary_dir(output_dir: str) -> str:
 def build_writer(cfg: InstantiableConfig, trainer_cfg: Any, tokens_per_step: int) -> Any:
     """A summary writer with the fields it leaves to the trainer filled in: `dir` (the run's
     summary directory), `max_steps`, `every_n_steps` (log_every), `tokens_per_step`."""
-    cfg = cfg.clone()
-    if getattr(cfg, "dir", None) is REQUIRED:
-        cfg.dir = summary_dir(trainer_cfg.output_dir)
-    if hasattr(cfg, "max_steps") and cfg.max_steps is None:
-        cfg.max_steps = trainer_cfg.max_steps
-    if hasattr(cfg, "every_n_steps") and cfg.every_n_steps is None:
-        cfg.every_n_steps = trainer_cfg.log_every
-    if hasattr(cfg, "tokens_per_step") and cfg.tokens_per_step is None:
-        cfg.tokens_per_step = tokens_per_step or None
-    return cfg.instantiate()
+    fields = cfg.keys()  # the summary directory is made (and logged) only for a writer with one
+    run = RunInfo(
+        dir=summary_dir(trainer_cfg.output_dir) if "dir" in fields else "",
+        max_steps=trainer_cfg.max_steps,
+        every_n_steps=trainer_cfg.log_every,
+        tokens_per_step=tokens_per_step or None,
+    )
+    return SummaryWriter.fill_run_fields(cfg, run).instantiate()
 
 
 def append_goodput(trainer_cfg: Any, step: int, report: dict) -> None:

@@ -16,7 +16,6 @@ from axplug.checkpoint import Checkpointer, CheckpointError
 from axplug.config import (
     REQUIRED,
     Configurable,
-    ConfigValueError,
     InstantiableConfig,
     Required,
     config_class,
@@ -99,22 +98,20 @@ class Trainer(Configurable):
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
         if cfg.on_save_error not in _SAVE_ERROR_POLICIES:
-            raise ConfigValueError(
-                f"{cfg._path('on_save_error')}: must be one of {_SAVE_ERROR_POLICIES}, "
-                f"got {cfg.on_save_error!r}"
+            raise cfg.field_error(
+                "on_save_error",
+                f"must be one of {_SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
             )
         if cfg.on_corrupt_checkpoint not in _CORRUPT_POLICIES:
-            raise ConfigValueError(
-                f"{cfg._path('on_corrupt_checkpoint')}: must be one of {_CORRUPT_POLICIES}, "
-                f"got {cfg.on_corrupt_checkpoint!r}"
+            raise cfg.field_error(
+                "on_corrupt_checkpoint",
+                f"must be one of {_CORRUPT_POLICIES}, got {cfg.on_corrupt_checkpoint!r}",
             )
         for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
             if getattr(cfg, name) < 1:
-                raise ConfigValueError(f"{cfg._path(name)}: must be >= 1, got {getattr(cfg, name)}")
+                raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")
         if cfg.eval_every is not None and cfg.eval_every < 1:
-            raise ConfigValueError(
-                f"{cfg._path('eval_every')}: must be >= 1 or None, got {cfg.eval_every}"
-            )
+            raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
         if cfg.compilation_cache_dir:
             enable_compilation_cache(cfg.compilation_cache_dir)
@@ -130,9 +127,10 @@ class Trainer(Configurable):
         if eval_cfg is None and cfg.eval_every is not None:
             eval_cfg = eval_split_of(cfg.input)
             if eval_cfg is None:
-                raise ConfigValueError(
-                    f"{cfg._path('eval_every')}: {cfg.input.klass.__name__} has no eval "
-                    "split; set eval_input to an input config, or eval_every=None"
+                raise cfg.field_error(
+                    "eval_every",
+                    f"{cfg.input.klass.__name__} has no eval split; set eval_input to an "
+                    "input config, or eval_every=None",
                 )
         self.eval_input = (
             shard_input_config(eval_cfg, rows).instantiate() if eval_cfg is not None else None
@@ -145,7 +143,10 @@ class Trainer(Configurable):
         # Process 0 writes the summaries; the others would write the same values.
         primary = jax.process_index() == 0
         self.writers = (
-            [build_writer(w, cfg, tokens_per_step(cfg.input)) for w in cfg.summary_writers]
+            [
+                build_writer(w.located(f"summary_writers[{i}]"), cfg, tokens_per_step(cfg.input))
+                for i, w in enumerate(cfg.summary_writers)
+            ]
             if primary
             else []
         )

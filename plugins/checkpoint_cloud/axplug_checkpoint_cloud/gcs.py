@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from axplug.config import ConfigTypeError, ConfigValueError
 from axplug_checkpoint_cloud import _orbax_routes
 from axplug_checkpoint_cloud.object_store import (
     ObjectStorage,
@@ -46,7 +47,7 @@ class GcsStorage(ObjectStorage):
     ):
         reject_secrets("gs", unknown, ())
         if unknown:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"unknown gs storage options {sorted(unknown)}; known: endpoint, project, "
                 "credentials_file, anonymous, max_retries, retry_initial_delay_s, "
                 "retry_max_delay_s, timeout_s"
@@ -55,7 +56,7 @@ class GcsStorage(ObjectStorage):
         if endpoint and "://" not in endpoint:
             endpoint = f"http://{endpoint}"
         if endpoint and "@" in endpoint.partition("://")[2].partition("/")[0]:
-            raise ValueError("gs storage option endpoint: put no credentials in the URL")
+            raise ConfigValueError("gs storage option endpoint: put no credentials in the URL")
         self.endpoint = endpoint.rstrip("/") if endpoint else None
         self.project = project
         self.credentials_file = credentials_file

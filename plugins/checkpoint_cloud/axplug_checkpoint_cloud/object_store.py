@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from axplug.checkpoint import Storage
+from axplug.config import ConfigValueError
 
 if TYPE_CHECKING:
     import fsspec
@@ -22,10 +23,10 @@ _SECRET_WORDS = ("secret", "password", "token_value", "access_key", "session_tok
 
 
 def reject_secrets(scheme: str, options: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    """Raises ValueError for an option that would put a credential into the config."""
+    """Raises ConfigValueError for an option that would put a credential into the config."""
     for name in options:
         if name not in allowed and any(word in name.lower() for word in _SECRET_WORDS):
-            raise ValueError(
+            raise ConfigValueError(
                 f"{scheme} storage option {name!r}: credentials are never taken from the "
                 "config (it is written to config.txt and into every checkpoint); use the "
                 "standard environment variables, or `profile`/`credentials_file`"
@@ -37,7 +38,7 @@ class RetryBudget:
 
     def __init__(self, max_retries: int, initial_delay_s: float, max_delay_s: float):
         if max_retries < 0 or initial_delay_s <= 0 or max_delay_s < initial_delay_s:
-            raise ValueError(
+            raise ConfigValueError(
                 "retry budget: need max_retries >= 0 and 0 < retry_initial_delay_s <= "
                 f"retry_max_delay_s, got {max_retries}, {initial_delay_s}, {max_delay_s}"
             )
@@ -101,7 +102,7 @@ class ObjectStorage(Storage):
         scheme, sep, rest = url.partition("://")
         bucket, _, key = rest.partition("/")
         if not sep or scheme.lower() not in self.schemes or not bucket:
-            raise ValueError(f"not a {self.scheme}:// URL with a bucket: {url!r}")
+            raise ConfigValueError(f"not a {self.scheme}:// URL with a bucket: {url!r}")
         return bucket, key.strip("/")
 
     @property

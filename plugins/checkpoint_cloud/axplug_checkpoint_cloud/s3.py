@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from axplug.config import ConfigTypeError, ConfigValueError
 from axplug_checkpoint_cloud import _orbax_routes
 from axplug_checkpoint_cloud.object_store import (
     ObjectStorage,
@@ -52,7 +53,7 @@ class S3Storage(ObjectStorage):
     ):
         reject_secrets("s3", unknown, ())
         if unknown:
-            raise TypeError(
+            raise ConfigTypeError(
                 f"unknown s3 storage options {sorted(unknown)}; known: endpoint, region, "
                 "profile, credentials_file, anonymous, max_retries, retry_initial_delay_s, "
                 "retry_max_delay_s, timeout_s"
@@ -61,7 +62,7 @@ class S3Storage(ObjectStorage):
             endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         )
         if endpoint and "@" in endpoint.partition("://")[2].partition("/")[0]:
-            raise ValueError("s3 storage option endpoint: put no credentials in the URL")
+            raise ConfigValueError("s3 storage option endpoint: put no credentials in the URL")
         self.endpoint = endpoint.rstrip("/") if endpoint else None
         self.region = (
             region

@@ -95,31 +95,32 @@ class JobPlan:
 
 
 def plan_job(args: argparse.Namespace) -> JobPlan:
-    """Resolves preset, mesh rule and host count; ValueError names what is wrong and the fix."""
+    """Resolves preset, mesh rule and host count; UsageError names what is wrong and the fix."""
+    from axplug.config import UsageError
     from axplug.mesh_rules import device_spec_of, resolve_rule, selector_device_count
     from axplug.presets import resolve_preset
 
     try:
         resolve_preset(args.preset)
     except LookupError as exc:
-        raise ValueError(f"--preset: {exc}") from None
+        raise UsageError(f"--preset: {exc}") from None
     rule_name, rule = resolve_rule(args.mesh_rule)
     spec = device_spec_of(rule_name)
     per_host = args.devices_per_host or (spec.chips_per_host if spec else None)
     if per_host is None:
-        raise ValueError(f"mesh rule {rule_name!r} names no device spec; pass --devices-per-host")
+        raise UsageError(f"mesh rule {rule_name!r} names no device spec; pass --devices-per-host")
     hosts = args.hosts
     if hosts is None:
         total = selector_device_count(args.mesh_rule)
         if total is None or total % per_host:
-            raise ValueError(
+            raise UsageError(
                 f"cannot tell the host count from --mesh-rule {args.mesh_rule!r} "
                 f"({total or 'no'} devices, {per_host} per host); pass --hosts, or a selector "
                 "ending in the device count such as gpu-h100-8x4"
             )
         hosts = total // per_host
     if hosts < 1 or per_host < 1:
-        raise ValueError(f"need at least one host and device, got {hosts} x {per_host}")
+        raise UsageError(f"need at least one host and device, got {hosts} x {per_host}")
     name = args.name or f"axplug-{args.preset}"
     output_dir = args.output_dir or (
         f"/shared/axplug/runs/{name}"
@@ -287,12 +288,5 @@ def render(plan: JobPlan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.config import ConfigError
-
-    try:
-        plan = plan_job(args)
-    except (ValueError, ConfigError, LookupError) as exc:  # LookupError: an unknown component
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    sys.stdout.write(render(plan))
+    sys.stdout.write(render(plan_job(args)))
     return 0

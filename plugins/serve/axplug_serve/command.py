@@ -44,7 +44,9 @@ def _port(text: str) -> int:
 
 
 def _checked_options(args: argparse.Namespace) -> None:
-    """ValueError naming the first option out of its range."""
+    """UsageError naming the first option out of its range."""
+    from axplug.config import UsageError
+
     for option, value, low in (
         ("--num-slots", args.num_slots, 1),
         ("--max-queue", args.max_queue, 0),
@@ -52,9 +54,9 @@ def _checked_options(args: argparse.Namespace) -> None:
         ("--prefill-devices", args.prefill_devices, 0),
     ):
         if value < low:
-            raise ValueError(f"{option} {value}: must be at least {low}")
+            raise UsageError(f"{option} {value}: must be at least {low}")
     if args.chat_template is not None and not os.path.isfile(args.chat_template):
-        raise ValueError(f"--chat-template {args.chat_template}: no such file")
+        raise UsageError(f"--chat-template {args.chat_template}: no such file")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -119,12 +121,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _max_len(loaded, explicit: int | None) -> int:
+    from axplug.config import UsageError
+
     trained = getattr(loaded.config.input, "seq_len", None)
     trained = trained if isinstance(trained, int) and trained > 1 else None
     if explicit is None:
         return trained or 2048
     if explicit < 2:
-        raise ValueError(f"--max-len {explicit}: must be at least 2")
+        raise UsageError(f"--max-len {explicit}: must be at least 2")
     if trained is not None and explicit > trained:
         print(
             f"axplug serve: warning: --max-len {explicit} is longer than the {trained}-token "
@@ -156,11 +160,13 @@ def _device_split(prefill: int) -> list[list]:
     """[None] (the first device), or [prefill devices, decode devices] for --prefill-devices."""
     import jax
 
+    from axplug.config import UsageError
+
     devices = jax.devices()
     if prefill <= 0:
         return [None]  # as `axplug generate`
     if prefill >= len(devices):
-        raise ValueError(
+        raise UsageError(
             f"--prefill-devices {prefill}: this machine has {len(devices)} device(s) and the "
             "decode side needs at least one (on CPU, XLA_FLAGS="
             "--xla_force_host_platform_device_count=N makes N devices)"
@@ -217,13 +223,23 @@ def build(args: argparse.Namespace):
     settings = ServerSettings(
         model_name=name,
         tokenizer=tokenizer,
-        chat_template=ChatTemplate.for_tokenizer(tokenizer, args.chat_template),
+        chat_template=_chat_template(ChatTemplate, tokenizer, args.chat_template),
         stop_tokens=tuple(stop),
         step=loaded.step,
     )
     metrics = ServerMetrics()
     worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)
     return create_app(worker, settings, metrics), settings, engine
+
+
+def _chat_template(chat_template: Any, tokenizer: Any, explicit: str | None) -> Any:
+    """The ChatTemplate to use; one that does not parse is the user's to fix."""
+    from axplug.config import UsageError
+
+    try:
+        return chat_template.for_tokenizer(tokenizer, explicit)
+    except ValueError as exc:
+        raise UsageError(f"--chat-template: {exc}; pass a template that parses") from exc
 
 
 def _can_listen(host: str, port: int) -> str | None:
@@ -245,16 +261,10 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from axplug.checkpoint import CheckpointError
-    from axplug.config import ConfigError
-
-    try:
-        if problem := _can_listen(args.host, args.port):
-            raise ValueError(problem)
-        app, settings, engine = build(args)
-    except (CheckpointError, ConfigError, LookupError, ImportError, ValueError, OSError) as exc:
-        print(f"axplug serve: error: {exc}", file=sys.stderr)
-        return 1
+    if problem := _can_listen(args.host, args.port):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1  # the machine's state, not the options: a runtime failure
+    app, settings, engine = build(args)
     cache = args.kv_cache + (" cache" if args.kv_cache == "contiguous" else " KV cache")
     chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
     split = f", prefill on {args.prefill_devices} device(s)" if args.prefill_devices else ""
@@ -275,6 +285,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind (taken since the check above)
-        print(f"axplug serve: error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
+        print(f"error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
         return 1
     return 0 if server.started else 1

@@ -292,10 +292,10 @@ def test_other_engines_serve_the_same_text(run_dir, tmp_path_factory, reference,
 
 def test_serve_errors_before_listening(tmp_path, capsys):
     assert main(["serve", "--checkpoint", str(tmp_path)]) == 1
-    assert "axplug serve: error:" in capsys.readouterr().err
+    assert "error: no complete checkpoint" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(tmp_path), "--port", "70000"]) == 2
     assert "expected a TCP port 0-65535, got '70000'" in capsys.readouterr().err
-    assert main(["serve", "--checkpoint", str(tmp_path), "--prefill-devices", "-1"]) == 1
+    assert main(["serve", "--checkpoint", str(tmp_path), "--prefill-devices", "-1"]) == 2
     assert "--prefill-devices -1: must be at least 0" in capsys.readouterr().err
     with socket.socket() as taken:  # a busy port is found before the model is loaded
         taken.bind(("127.0.0.1", 0))

@@ -42,7 +42,7 @@ class WandbWriter(SummaryWriter):
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         if cfg.mode not in _MODES:
-            raise ValueError(f"{cfg._path('mode')}: must be one of {_MODES}, got {cfg.mode!r}")
+            raise cfg.field_error("mode", f"must be one of {_MODES}, got {cfg.mode!r}")
         import wandb  # imported here: listing or configuring the writer stays cheap
 
         run_dir = pathlib.Path(cfg.dir)

@@ -1,0 +1,76 @@
+"""The declared type of each plugin entry-point kind that has no base class of its own.
+
+`registry.load` checks what an entry point loads against its kind (axplug.registry._kinds),
+as pluggy checks a hook implementation when it is registered: an object that is not what its
+kind declares is a broken component (failure `kind`) whose reason says what is missing, never
+a crash later. Kinds with a base class are checked against it: `layers` (BaseLayer),
+`modifiers` (ConfigModifier), `inputs` (Input), `storage` (Storage), `summary_writers`
+(SummaryWriter), `presets` (Preset). The others are declared here. Standard library only, so
+checking costs no import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+__all__ = ["CommandModule", "HFMapping", "AttentionKernelLike", "MeshRuleFactory", "RunInfo"]
+
+
+class CommandModule(Protocol):
+    """An `axplug.commands` entry: the module of one `axplug NAME` command.
+
+    Its module docstring's first sentence is the command's line in `axplug --help`. The module
+    imports nothing heavy at module level, so `axplug --help` stays fast.
+    """
+
+    def add_parser(self, subparsers: Any) -> Any:
+        """Adds the command (named as the entry) to `subparsers`, with `run(args) -> int` set
+        as its default (`parser.set_defaults(run=run)`); `run` raises, the CLI reports."""
+
+
+class HFMapping(Protocol):
+    """An `axplug.hf_mappings` entry (a class built with no arguments, or an instance): how a
+    plugin's feed-forward layer reads and writes its Hugging Face tensors."""
+
+    layer: str  # the axplug layer class's name, e.g. "MoEFeedForward"
+    architecture: str  # the Hugging Face architecture, e.g. "MixtralForCausalLM"
+
+    def import_params(self, read: Callable[[str, tuple], Any], hf: Any, prefix: str) -> dict:
+        """The layer's parameter tree from the checkpoint tensors under `prefix`;
+        `read(name, shape)` returns one tensor, checked against `shape`."""
+
+    def export_tensors(self, params: dict, prefix: str) -> dict[str, Any]:
+        """The Hugging Face tensors (name -> array) of the layer's `params`, under `prefix`."""
+
+    def hf_config(self, ffn: Any) -> dict:
+        """The config.json fields of the layer config `ffn`; ValueError naming what the
+        Hugging Face format cannot express."""
+
+
+class AttentionKernelLike(Protocol):
+    """An `axplug.kernels` entry (a class built with no arguments, or an instance); the whole
+    contract is in `axplug.kernels.protocol` (paged kernels: `axplug.kernels.paged`)."""
+
+    def is_supported(self, *args: Any) -> Any:
+        """True, or a false `Unsupported(reason)`, decided at trace time from shapes."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The attention output."""
+
+
+class MeshRuleFactory(Protocol):
+    """An `axplug.mesh_rules` entry: a function of no arguments returning a `MeshRule.Config`."""
+
+    def __call__(self) -> Any: ...
+
+
+class RunInfo(NamedTuple):
+    """What the trainer fills into a summary writer's config: each writer config field of one
+    of these names that is unset (None or REQUIRED) gets the run's value (see
+    `SummaryWriter.fill_run_fields`)."""
+
+    dir: str  # the run's local summary directory
+    max_steps: int
+    every_n_steps: int  # the trainer's log_every
+    tokens_per_step: int | None

@@ -1,0 +1,70 @@
+"""The Orbax pieces of a `Checkpointer`: its async checkpointer, a failed save's cleanup, and
+the placeholders of a partial restore."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from axplug.checkpoint import layout
+from axplug.checkpoint.storage import Storage
+
+__all__ = ["new_orbax", "remove_failed_save", "placeholders"]
+
+# How many times (0.05 s apart) a failed save's temporary directory is looked for and deleted.
+_CLEANUP_POLLS = 60
+
+
+def new_orbax(storage: Storage) -> ocp.AsyncCheckpointer:
+    """Orbax's async checkpointer, committing the way `storage` needs."""
+    atomicity = ocp.path.atomicity
+    temporary_path_class = (
+        atomicity.AtomicRenameTemporaryPath
+        if storage.atomic_rename
+        else atomicity.CommitFileTemporaryPath
+    )
+    # On object stores the step's directories are created before `save` returns: when
+    # orbax creates them in the background and the store fails there, its other writer
+    # threads wait for that signal for orbax's full 5-minute barrier timeout.
+    async_options = ocp.options.AsyncOptions(
+        create_directories_asynchronously=storage.atomic_rename
+    )
+    # The items (state/, metadata/) commit the same way as the step directory: orbax's
+    # own default renames them unless the path is gs://.
+    handler = ocp.CompositeCheckpointHandler(
+        composite_options=ocp.CompositeOptions(
+            temporary_path_class=temporary_path_class, async_options=async_options
+        )
+    )
+    return ocp.AsyncCheckpointer(
+        handler, temporary_path_class=temporary_path_class, async_options=async_options
+    )
+
+
+def remove_failed_save(storage: Storage, directory: str, step: int) -> None:
+    """Deletes the temporary directories a failed save of `step` left; process 0 only."""
+    if jax.process_index() != 0:
+        return
+    prefix = layout.step_dir_name(step) + "."  # orbax's `step_N.orbax-checkpoint-tmp...`
+    # TensorStore's writer threads are not joined by orbax's close: a write in flight can
+    # recreate the temporary directory after it is deleted. Delete until it stays gone.
+    clean_checks = 0
+    for _ in range(_CLEANUP_POLLS):
+        try:
+            leftovers = [n for n in storage.listdir(directory) if n.startswith(prefix)]
+            for name in leftovers:
+                storage.delete(storage.join(directory, name))
+        except Exception:  # noqa: BLE001 - the save's own error is the one to report
+            return
+        clean_checks = clean_checks + 1 if not leftovers else 0
+        if clean_checks == 3:
+            return
+        time.sleep(0.05)
+
+
+def placeholders(tree: Any) -> Any:
+    """`tree` with every leaf Orbax's placeholder: a subtree a partial restore skips."""
+    return jax.tree.map(lambda _: ocp.PLACEHOLDER, tree)

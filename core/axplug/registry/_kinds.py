@@ -1,0 +1,110 @@
+"""What `registry.load` checks an entry point's object against, one check per kind.
+
+Each check returns None when the object is what its kind declares (axplug.api.kinds), else
+what is missing, in words. Base classes are looked up in `sys.modules`, never imported: an
+object can only subclass a class whose module is already imported, and checking stays free
+(`axplug list` imports no jax).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CHECKS", "check_kind"]
+
+
+def _subclass_of(where: str, extra: Callable[[type], str | None] | None = None):
+    module, _, name = where.partition(":")
+
+    def check(obj: Any) -> str | None:
+        base = getattr(sys.modules.get(module), name, None)
+        if not (isinstance(obj, type) and base is not None and issubclass(obj, base)):
+            return f"it must be a subclass of {module}.{name}, not {_what(obj)}"
+        return extra(obj) if extra is not None else None
+
+    return check
+
+
+def _instance_of(where: str):
+    module, _, name = where.partition(":")
+
+    def check(obj: Any) -> str | None:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is None or not isinstance(obj, cls):
+            return f"it must be an instance of {module}.{name}, not {_what(obj)}"
+        return None
+
+    return check
+
+
+def _protocol(protocol: str, *names: str):
+    """Each of `names` is a member (a method; a `str` for those in `_STRINGS`) of the object
+    or, for a class (built with no arguments when used), of its instances."""
+
+    def check(obj: Any) -> str | None:
+        missing = [n for n in names if not _has(obj, n)]
+        if missing:
+            return (
+                f"it has no {', '.join(missing)} of the axplug.api.kinds.{protocol} protocol "
+                f"({_what(obj)})"
+            )
+        return None
+
+    return check
+
+
+def _has(obj: Any, name: str) -> bool:
+    if name in _STRINGS:
+        return isinstance(getattr(obj, name, None), str)
+    if isinstance(obj, type):  # a class: its instances' method, not type.__call__
+        return any(callable(vars(k).get(name)) for k in obj.__mro__[:-1])
+    return callable(getattr(obj, name, None))
+
+
+_STRINGS = ("layer", "architecture")
+
+
+def _what(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _command(obj: Any) -> str | None:
+    if not callable(getattr(obj, "add_parser", None)):
+        return (
+            "the module has no add_parser(subparsers) of the axplug.api.kinds.CommandModule "
+            "protocol; a command module must define one"
+        )
+    return None
+
+
+def _mesh_rule(obj: Any) -> str | None:
+    if isinstance(obj, type) or not callable(obj):
+        return f"it must be a function returning a MeshRule.Config, not {_what(obj)}"
+    return None
+
+
+CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "layers": _subclass_of("axplug.layers.base:BaseLayer"),
+    "modifiers": _subclass_of("axplug.config.tree:ConfigModifier"),
+    "kernels": _protocol("AttentionKernelLike", "is_supported", "__call__"),
+    "mesh_rules": _mesh_rule,
+    "storage": _subclass_of("axplug.checkpoint.storage:Storage"),
+    "presets": _instance_of("axplug.presets:Preset"),
+    "inputs": _subclass_of("axplug.input.base:Input"),
+    "summary_writers": _subclass_of("axplug.summary.base:SummaryWriter"),
+    "hf_mappings": _protocol(
+        "HFMapping", "layer", "architecture", "import_params", "export_tensors", "hf_config"
+    ),
+    "commands": _command,
+    # hooks: pluggy validates each implementation against the hookspecs when registering.
+}
+
+
+def check_kind(kind: str, obj: Any) -> str | None:
+    """None when `obj` is what an entry point of `kind` must load, else what is missing."""
+    check = CHECKS.get(kind)
+    return None if check is None else check(obj)
