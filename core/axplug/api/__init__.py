@@ -3,8 +3,9 @@
 Kernels, layers, mesh rules and commands meet here: the attention mask and paged-KV types a
 kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, the shared options of
 commands, and the declared type of each entry-point kind without a base class of its own
-(`kinds`: checked when the registry loads a component). Everything here depends on jax and the standard library only, so any room of the
-core may import it and no room needs another for a type (docs/plugin-reference.md).
+(`kinds`: checked when the registry loads a component). Everything here depends on jax and
+the standard library only, so any room of the core may import it and no room needs another
+for a type (docs/plugin-reference.md).
 
 Beyond the floor a plugin builds with the public faces in `PUBLIC_MODULES`, each by the names
 in its `__all__`: the config tools, the core layers to compose or subclass, the kernels to
