@@ -112,8 +112,7 @@ ALLOWED = {
     "core/axplug/summary/jsonl.py": 1,  # reserved summary names, from code
     "core/axplug/inference/sampling.py": 1,  # the engine's API; the CLI wraps it (UsageError)
     "core/axplug/inference/engine.py": 6,
-    "core/axplug/inference/disaggregated.py": 1,
-    "core/axplug/layers/base.py": 2,  # ParameterSpec from code
+    "core/axplug/api/parameters.py": 2,  # ParameterSpec from code
     "core/axplug/input/base.py": 1,  # iter_from(step) from code
     "core/axplug/input/token_file.py": 1,
     "core/axplug/input/iterator.py": 5,  # resolve_function; IteratorInput wraps it
@@ -123,6 +122,7 @@ ALLOWED = {
     "plugins/attention/axplug_attention/alibi.py": 1,
     "plugins/serve/axplug_serve/protocol.py": 10,  # HTTP requests: a 400 response
     "plugins/serve/axplug_serve/worker.py": 1,
+    "plugins/serve/axplug_serve/disaggregated.py": 1,
     "plugins/serve/axplug_serve/text.py": 2,  # the command wraps them (UsageError)
     "plugins/ffn_moe/axplug_moe/hf.py": 1,  # HFMapping.hf_config; export wraps it
     "plugins/checkpoint_cloud/axplug_checkpoint_cloud/_orbax_routes.py": 1,

@@ -14,13 +14,50 @@ kit). Nothing else of the core is API; `tests/test_layering.py` holds the first-
 to that.
 """
 
-from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
-from axplug.api.commands import add_checkpoint_arguments
-from axplug.api.device import DeviceSpec, with_device_spec
-from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
-from axplug.api.kinds import AttentionKernelLike, CommandModule, HFMapping, MeshRuleFactory, RunInfo
-from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
-from axplug.hookspecs import hookimpl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
+    from axplug.api.commands import add_checkpoint_arguments
+    from axplug.api.device import DeviceSpec, with_device_spec
+    from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
+    from axplug.api.kinds import (
+        AttentionKernelLike,
+        CommandModule,
+        HFMapping,
+        MeshRuleFactory,
+        RunInfo,
+    )
+    from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
+    from axplug.hookspecs import hookimpl
+
+# Where each name lives. Read on first use (PEP 562), so that a command module can take
+# `add_checkpoint_arguments` without importing jax: `axplug --help` imports every core command.
+_HOMES = {
+    **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "attention"),
+    "add_checkpoint_arguments": "commands",
+    **dict.fromkeys(("DeviceSpec", "with_device_spec"), "device"),
+    **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "kernel"),
+    **dict.fromkeys(
+        ("AttentionKernelLike", "CommandModule", "HFMapping", "MeshRuleFactory", "RunInfo"), "kinds"
+    ),
+    **dict.fromkeys(("PARAMETER_UPDATES", "Initializer", "ParameterSpec"), "parameters"),
+}
+
+
+def __getattr__(name: str):
+    if name == "hookimpl":
+        from axplug.hookspecs import hookimpl
+
+        return hookimpl
+    if name not in _HOMES:
+        raise AttributeError(f"module 'axplug.api' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"axplug.api.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 # The core modules a plugin may import, by the names in their `__all__`.
 PUBLIC_MODULES = (
@@ -60,3 +97,7 @@ __all__ = [
     "linear_bias",
     "with_device_spec",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
