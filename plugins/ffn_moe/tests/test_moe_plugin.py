@@ -706,8 +706,10 @@ def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
 @pytest.mark.slow
 def test_cli_trains_llama_tiny_with_the_moe_modifier(tmp_path):
     moe = ["moe:num_experts=4,top_k=2"]
-    args = tiny_train_args(tmp_path, "log_every=10", "input.seq_len=128", preset="llama-tiny",
-                           modifiers=moe, max_steps=20)  # fmt: skip
+    # llama-tiny's own width: the tiny trainer's would not learn the corpus in 20 steps.
+    full = ("model.decoder.dim=256", "model.decoder.transformer.layer.feed_forward.hidden_dim=704")
+    args = tiny_train_args(tmp_path, *full, "log_every=10", "input.seq_len=128",
+                           preset="llama-tiny", modifiers=moe, max_steps=20)  # fmt: skip
     assert main(args) == 0
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [10, 20]
