@@ -45,7 +45,8 @@ SEQ_LEN = 4096
 
 def measure(preset: str, modifiers: list[str], devices: int, overrides: list[str]) -> dict:
     """Per-device FLOPs, temp bytes and collective counts of the compiled step."""
-    from axplug.aot import compile_report
+    from axplug_aot.report import compile_report
+
     from axplug.presets import preset_config
 
     cfg = preset_config(preset, modifiers=modifiers, overrides=overrides)

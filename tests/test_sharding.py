@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_aot.report import compile_report
 from jax.sharding import PartitionSpec
 
-from axplug.aot import compile_report
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder
 from axplug.sharding import (
     constrain,
@@ -260,9 +260,8 @@ def test_engine_decodes_inside_the_scope(tmp_path):
 
 
 def test_count_collectives_reads_the_partitioned_hlo():
+    from axplug_aot.report import count_collectives
     from jax.sharding import NamedSharding
-
-    from axplug.aot import count_collectives
 
     mesh = mesh_of(fsdp=8)
     x = jax.ShapeDtypeStruct(

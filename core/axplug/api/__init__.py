@@ -71,6 +71,8 @@ PUBLIC_MODULES = (
     "axplug.summary",
     "axplug.checkpoint",
     "axplug.presets",
+    "axplug.modifiers",
+    "axplug.trainer",
     "axplug.inference",
     "axplug.testing",
 )

@@ -26,7 +26,6 @@ COMMANDS = (
     "axplug.cli.train_cmd",
     "axplug.cli.metrics_cmd",
     "axplug.cli.checkpoints_cmd",
-    "axplug.cli.aot_cmd",
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
     "axplug.cli.generate_cmd",

@@ -1,4 +1,4 @@
-"""`axplug.aot` and `axplug aot`: compile a train step for a mesh rule without running it."""
+"""`axplug_aot` and `axplug aot`: compile a train step for a mesh rule without running it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import sys
 
 import jax
 import pytest
+from axplug_aot import command as aot_cmd
+from axplug_aot import plan as aot_plan
+from axplug_aot import report as aot
 
-from axplug import aot, aot_plan, mesh_rules, trainer
-from axplug.cli import aot_cmd
+from axplug import mesh_rules, trainer
+from axplug.cli import main
 from axplug.config import ConfigError
 
 KEY = jax.random.PRNGKey(0)
@@ -28,7 +31,7 @@ def _needs_gpu_plugin():
 
 
 def _run(*argv: str) -> int:
-    return aot_cmd.main(list(argv))
+    return main(["aot", *argv])
 
 
 @pytest.mark.parametrize(
@@ -135,7 +138,7 @@ def test_reruns_itself_with_enough_fake_devices(tmp_path):
     argv = ["--preset", "gpt-tiny", "--mesh-rule", "gpu-h100-8x2", "--json", *SMALL]
     argv += ["--set=input.batch_size=16"]
     proc = subprocess.run(
-        [sys.executable, "-m", "axplug.cli.aot_cmd", *argv],
+        [sys.executable, "-m", "axplug.cli", "aot", *argv],
         capture_output=True,
         text=True,
         timeout=300,
@@ -225,13 +228,13 @@ def test_moe_flops_count_the_active_experts_only():
     ],
 )
 def test_tpu_topology_names(selector, expected):
-    from axplug.topology import tpu_topology_name
+    from axplug_aot.topology import tpu_topology_name
 
     assert tpu_topology_name(selector) == expected
 
 
 def test_compile_only_devices_say_why_not(monkeypatch):
-    from axplug import topology
+    from axplug_aot import topology
 
     assert topology.compile_only_devices("gpu", "gpu-h100-8", 8) == (
         None, "JAX has no compile-only gpu client",
@@ -245,7 +248,7 @@ def test_compile_only_devices_say_why_not(monkeypatch):
 def test_tpu_rule_compiles_on_the_topologys_devices_unscaled(monkeypatch, capsys):
     """The dispatch: compile-only devices are used as they are (no data-axis scaling, no
     fake-CPU planning), and the flash slots choose kernels for the target platform."""
-    from axplug import topology
+    from axplug_aot import topology
 
     if "tpu-v5e-slice" not in __import__("axplug").registry.names("mesh_rules"):
         pytest.skip("needs axplug-tpu installed and enabled")

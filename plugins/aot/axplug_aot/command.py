@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run", "build_config", "main", "EXIT_OOM"]
+__all__ = ["add_parser", "run", "build_config", "format_report", "EXIT_OOM"]
 
 EXIT_OOM = 3
 _CHILD_ENV = "AXPLUG_AOT_CHILD"
@@ -135,14 +135,12 @@ def _rerun(n: int, args: argparse.Namespace) -> int:
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
     sys.stdout.flush()
-    # `-m axplug.cli.aot_cmd`, not `-m axplug.cli`: the child needs only this command.
-    argv = _argv(args)[1:]
-    return subprocess.call([sys.executable, "-m", "axplug.cli.aot_cmd", *argv], env=env)
+    return subprocess.call([sys.executable, "-m", "axplug.cli", *_argv(args)], env=env)
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.aot import check_batch, scale_down
-    from axplug.topology import compile_only_devices
+    from axplug_aot.report import check_batch, scale_down
+    from axplug_aot.topology import compile_only_devices
 
     cfg, name, spec, count = build_config(args)
     shape = cfg.mesh.instantiate().resolved_shape(count)
@@ -163,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args, cfg, name, spec, count, devices, devices_note) -> int:
-    from axplug.aot import compile_report
+    from axplug_aot.report import compile_report
 
     report = compile_report(
         cfg,
@@ -250,17 +248,3 @@ def format_report(r) -> str:
     lines.append(f"  compile time {r.compile_s:.1f} s")
     lines += [f"  note: {note}" for note in r.notes]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m axplug.cli.aot_cmd ARGS` = `axplug aot ARGS` (how the command re-runs itself)."""
-    parser = argparse.ArgumentParser(prog="axplug")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["aot", *(sys.argv[1:] if argv is None else argv)])
-    from axplug.cli.main import run_reporting_errors
-
-    return run_reporting_errors(lambda: args.run(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
