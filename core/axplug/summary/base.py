@@ -81,6 +81,9 @@ class SummaryWriter(Configurable, abc.ABC):
         """Records the distribution of each array at `step`; writers that can show one
         override this (the default drops them: their mean and max are also scalars)."""
 
+    def truncate(self, step: int) -> None:  # noqa: B027 - optional for writers without files
+        """Drops what was written for steps >= `step`: a resumed run logs them again."""
+
     def flush(self) -> None:  # noqa: B027 - optional for writers that do not buffer
         """Pushes anything buffered to its destination."""
 
@@ -126,6 +129,10 @@ class CompositeWriter(SummaryWriter):
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
         for w in self.writers:
             w.write_histograms(step, arrays)
+
+    def truncate(self, step: int) -> None:
+        for w in self.writers:
+            w.truncate(step)
 
     def flush(self) -> None:
         for w in self.writers:

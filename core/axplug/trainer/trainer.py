@@ -285,8 +285,7 @@ class Trainer(Configurable):
         with contextlib.ExitStack() as writers:  # closed on every way out, after the goodput
             for writer in self.writers:
                 writers.enter_context(writer)
-                if hasattr(writer, "truncate"):  # steps after the checkpoint are logged again
-                    writer.truncate(start + 1)
+                writer.truncate(start + 1)  # steps after the checkpoint are logged again
             guard = NonFiniteGuard(cfg.max_nonfinite_steps)
             timer = StepTimer.for_run(cfg, self.model, self.mesh)
             self.hooks("on_train_start", trainer=self)
