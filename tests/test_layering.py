@@ -158,3 +158,24 @@ def test_every_public_module_lists_what_it_exports():
         assert names, f"{module} has no __all__"
         missing = [n for n in names if not hasattr(importlib.import_module(module), n)]
         assert not missing, f"{module}.__all__ names missing attributes: {missing}"
+
+
+def test_old_import_paths_warn_and_resolve_to_the_new_homes():
+    import axplug.aot
+    import axplug.api
+    import axplug.cli.arguments
+    import axplug.kernels
+    import axplug.layers
+    import axplug.mesh_rules
+
+    moved = [
+        (axplug.aot, "DeviceSpec", axplug.api.DeviceSpec),
+        (axplug.aot, "device_spec_of", axplug.mesh_rules.device_spec_of),
+        (axplug.kernels, "FlashAttention", axplug.layers.FlashAttention),
+        (axplug.cli.arguments, "add_checkpoint_arguments", axplug.api.add_checkpoint_arguments),
+    ]
+    for module, name, new in moved:
+        with pytest.warns(DeprecationWarning, match=f"{name} moved to"):
+            assert getattr(module, name) is new
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        axplug.kernels.nothing  # noqa: B018
