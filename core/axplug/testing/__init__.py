@@ -19,7 +19,9 @@ it lacks report as skipped with the reason.
 
 `tiny_trainer_config(tmp_path, "log_every=1", preset="llama-tiny", max_steps=4)` is the
 trainer config a test runs: a preset shrunk to train in seconds, no compilation cache;
-`tiny_train_args(...)` is the same run as `axplug train` arguments.
+`tiny_train_args(...)` is the same run as `axplug train` arguments. A summary writer's tests
+compare what it received with the run's own metrics.jsonl (`expected_writer_scalars`,
+`metrics_as_tags`, `scalars_match`).
 """
 
 from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
@@ -33,6 +35,7 @@ from axplug.testing._paged_kernel import (
 from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
 from axplug.testing._trainer import tiny_train_args, tiny_trainer_config
 from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
+from axplug.testing._writer import expected_writer_scalars, metrics_as_tags, scalars_match
 
 __all__ = [
     "LAYER_CAPABILITIES",
@@ -50,6 +53,9 @@ __all__ = [
     "paged_reference",
     "reference_kernel",
     "sum_of_squares",
+    "expected_writer_scalars",
+    "metrics_as_tags",
+    "scalars_match",
     "tiny_train_args",
     "tiny_trainer_config",
 ]

@@ -2,7 +2,6 @@
 on 127.0.0.1 (resumed runs, failed runs, the --writer flag)."""
 
 import json
-import math
 import os
 import signal
 import socket
@@ -14,8 +13,12 @@ import urllib.request
 import pytest
 
 from axplug.config import REQUIRED
-from axplug.summary import JsonlWriter, group_tag, read_jsonl
-from axplug.testing import tiny_trainer_config
+from axplug.summary import JsonlWriter
+from axplug.testing import (
+    expected_writer_scalars,
+    scalars_match,
+    tiny_trainer_config,
+)
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):
@@ -23,33 +26,6 @@ def tiny_run(tmp_path, writers, *extra, steps=4):
         tmp_path, "checkpoint_every=2", "log_every=1", *extra, max_steps=steps,
         summary_writers=[JsonlWriter.default_config(), *writers],
     )  # fmt: skip
-
-
-def jsonl_as_tags(path) -> dict[tuple[int, str], float]:
-    """metrics.jsonl as {(step, dashboard tag): value}."""
-    return {
-        (r["step"], group_tag(k)): v
-        for r in read_jsonl(path)
-        for k, v in r.items()
-        if k not in ("step", "time")
-    }
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k], rel=1e-6) for k in a
-    )
-
-
-def jsonl_with_goodput(out, final) -> dict[tuple[int, str], float]:
-    """What a writer must have received: metrics.jsonl's scalars, and the run's goodput at
-    its last step (goodput.jsonl's record, not a metrics.jsonl line)."""
-    want = jsonl_as_tags(out / "metrics.jsonl")
-    assert {step for step, _ in want} == {1, 2, 3, 4} and (4, "train/loss") in want
-    (goodput,) = read_jsonl(out / "goodput.jsonl")
-    want |= {(4, k): v for k, v in goodput.items() if k.startswith("goodput/")}
-    assert want[(4, "goodput/wall_s")] == pytest.approx(final["goodput/wall_s"])
-    return want
 
 
 def mlflow_writer(**kwargs):
@@ -120,10 +96,10 @@ def test_mlflow_store_receives_the_jsonl_scalars(tmp_path):
 
     out = tmp_path / "run"
     final = tiny_run(out, [mlflow_writer(experiment="tests")]).instantiate().run()
-    want = jsonl_with_goodput(out, final)
+    want = expected_writer_scalars(out, final)
     saved = json.loads((out / RUN_FILE).read_text())
     assert saved["tracking_uri"] == f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    assert same(mlflow_metrics(saved["tracking_uri"], saved["run_id"]), want)
+    assert scalars_match(mlflow_metrics(saved["tracking_uri"], saved["run_id"]), want)
 
 
 def test_mlflow_server_on_loopback_resumes_the_same_run(tmp_path, mlflow_server):
@@ -144,7 +120,7 @@ def test_mlflow_server_on_loopback_resumes_the_same_run(tmp_path, mlflow_server)
     want |= {(s, "eval/loss"): 2.0 for s in (1, 2, 3)}
     want |= {(s, "goodput/wall_s"): 9.5 for s in (1, 2, 3)}
     want[(4, "train/loss")] = float("nan")
-    assert same(got, want)
+    assert scalars_match(got, want)
     run = MlflowClient(tracking_uri=mlflow_server).get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == tmp_path.name
 

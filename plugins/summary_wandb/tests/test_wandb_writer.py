@@ -2,13 +2,16 @@
 records), scalars, histograms and resumed steps."""
 
 import json
-import math
 import pathlib
 
 import pytest
 
-from axplug.summary import JsonlWriter, group_tag, read_jsonl
-from axplug.testing import tiny_trainer_config
+from axplug.summary import JsonlWriter
+from axplug.testing import (
+    expected_writer_scalars,
+    scalars_match,
+    tiny_trainer_config,
+)
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):
@@ -16,33 +19,6 @@ def tiny_run(tmp_path, writers, *extra, steps=4):
         tmp_path, "checkpoint_every=2", "log_every=1", *extra, max_steps=steps,
         summary_writers=[JsonlWriter.default_config(), *writers],
     )  # fmt: skip
-
-
-def jsonl_as_tags(path) -> dict[tuple[int, str], float]:
-    """metrics.jsonl as {(step, dashboard tag): value}."""
-    return {
-        (r["step"], group_tag(k)): v
-        for r in read_jsonl(path)
-        for k, v in r.items()
-        if k not in ("step", "time")
-    }
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == pytest.approx(b[k], rel=1e-6) for k in a
-    )
-
-
-def jsonl_with_goodput(out, final) -> dict[tuple[int, str], float]:
-    """What a writer must have received: metrics.jsonl's scalars, and the run's goodput at
-    its last step (goodput.jsonl's record, not a metrics.jsonl line)."""
-    want = jsonl_as_tags(out / "metrics.jsonl")
-    assert {step for step, _ in want} == {1, 2, 3, 4} and (4, "train/loss") in want
-    (goodput,) = read_jsonl(out / "goodput.jsonl")
-    want |= {(4, k): v for k, v in goodput.items() if k.startswith("goodput/")}
-    assert want[(4, "goodput/wall_s")] == pytest.approx(final["goodput/wall_s"])
-    return want
 
 
 def wandb_records(path: pathlib.Path):
@@ -111,9 +87,9 @@ def wandb_env(monkeypatch, tmp_path):
 def test_wandb_offline_receives_the_jsonl_scalars(tmp_path, wandb_env):
     out = tmp_path / "run"
     final = tiny_run(out, [wandb_writer(project="tests")]).instantiate().run()
-    want = jsonl_with_goodput(out, final)
+    want = expected_writer_scalars(out, final)
     scalars, _ = wandb_history(out)
-    assert same(scalars, want)
+    assert scalars_match(scalars, want)
     assert (out / "wandb-run-id").read_text().strip()
 
 
