@@ -19,22 +19,13 @@ from axplug.kernels import ReferenceKernel, kernel_choices, select_kernel  # noq
 from axplug.layers import AttentionMask  # noqa: E402
 from axplug.mesh_rules import device_spec_of, select_mesh_rule  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402
+from axplug.testing import abstract_call  # noqa: E402
 
 if not {"cudnn_flash", "splash", "nki_flash"} <= set(registry.names("kernels")):
     # Installed but not loaded (AXPLUG_LOAD_PLUGINS / AXPLUG_DISABLE_PLUGINS): the core alone.
     pytest.skip("the hardware plugins are disabled", allow_module_level=True)
 
 HW_RULES = [n for n in registry.names("mesh_rules") if n != "cpu"]
-
-
-def _call(dtype="bfloat16", *, seq=2048, heads=8, kv_heads=8, head_dim=128, q_seq=None, **mask):
-    q = jax.ShapeDtypeStruct((2, q_seq or seq, heads, head_dim), jnp.dtype(dtype))
-    kv = jax.ShapeDtypeStruct((2, seq, kv_heads, head_dim), jnp.dtype(dtype))
-    qpos = jax.ShapeDtypeStruct((2, q_seq or seq), jnp.int32)
-    kpos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
-    if mask.pop("segments", False):
-        mask.update(q_segment_ids=qpos, kv_segment_ids=qpos if q_seq is None else kpos)
-    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)
 
 
 def _chosen(backend, *args):
@@ -148,9 +139,9 @@ def test_availability_says_why_a_kernel_cannot_run_here():
 
 
 def test_cpu_picks_the_portable_kernel_and_says_why_not_the_others():
-    args = _call()
+    args = abstract_call()
     assert _chosen("cpu", *args) == "blockwise"  # 2048 keys: the memory-efficient XLA kernel
-    assert _chosen("cpu", *_call(seq=512)) == "xla"
+    assert _chosen("cpu", *abstract_call(seq=512)) == "xla"
     assert "CUDA GPU backend" in _reason("cpu", "cudnn_flash", *args)
     assert "TPU backend" in _reason("cpu", "splash", *args)
     assert "jax-neuronx" in _reason("cpu", "nki_flash", *args)
@@ -173,14 +164,14 @@ def test_cpu_picks_the_portable_kernel_and_says_why_not_the_others():
     ],
 )
 def test_gpu_selection(call, kernel):
-    assert _chosen("gpu", *_call(**call)) == kernel
+    assert _chosen("gpu", *abstract_call(**call)) == kernel
 
 
 def test_gpu_reasons_name_the_limit():
-    assert "float32" in _reason("gpu", "cudnn_flash", *_call("float32"))
-    assert "segment ids" in _reason("gpu", "cudnn_flash", *_call(segments=True))
-    assert "grouped kv heads" in _reason("gpu", "pallas_gpu_flash", *_call(kv_heads=2))
-    assert "decoding" in _reason("gpu", "cudnn_flash", *_call(q_seq=1))
+    assert "float32" in _reason("gpu", "cudnn_flash", *abstract_call("float32"))
+    assert "segment ids" in _reason("gpu", "cudnn_flash", *abstract_call(segments=True))
+    assert "grouped kv heads" in _reason("gpu", "pallas_gpu_flash", *abstract_call(kv_heads=2))
+    assert "decoding" in _reason("gpu", "cudnn_flash", *abstract_call(q_seq=1))
 
 
 @pytest.mark.parametrize(
@@ -198,7 +189,7 @@ def test_gpu_reasons_name_the_limit():
     ],
 )
 def test_tpu_selection(call, kernel):
-    assert _chosen("tpu", *_call(**call)) == kernel
+    assert _chosen("tpu", *abstract_call(**call)) == kernel
 
 
 # --- numerics: the Pallas kernels' wrappers in the Pallas interpreter on CPU -----------------

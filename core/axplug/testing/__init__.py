@@ -24,7 +24,12 @@ compare what it received with the run's own metrics.jsonl (`expected_writer_scal
 `metrics_as_tags`, `scalars_match`).
 """
 
-from axplug.testing._kernel import KERNEL_CAPABILITIES, KernelConformance, reference_kernel
+from axplug.testing._kernel import (
+    KERNEL_CAPABILITIES,
+    KernelConformance,
+    abstract_call,
+    reference_kernel,
+)
 from axplug.testing._layer import LAYER_CAPABILITIES, LayerConformance
 from axplug.testing._mesh_rule import MESH_RULE_CAPABILITIES, MeshRuleConformance
 from axplug.testing._paged_kernel import (
@@ -48,6 +53,7 @@ __all__ = [
     "PagedKernelConformance",
     "StorageConformance",
     "TraceCounter",
+    "abstract_call",
     "assert_finite",
     "make_paged_problem",
     "paged_reference",

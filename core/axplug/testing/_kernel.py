@@ -18,6 +18,7 @@ __all__ = [
     "KernelConformance",
     "reference_kernel",
     "alibi_slopes",
+    "abstract_call",
 ]
 
 KERNEL_CAPABILITIES = (
@@ -216,3 +217,20 @@ class KernelConformance(NumericsFixtures):
                 **tolerance,
                 err_msg=f"gradient wrt {name}",
             )
+
+
+def abstract_call(
+    dtype="bfloat16", *, seq=2048, heads=8, kv_heads=8, head_dim=128, q_seq=None, **mask
+):
+    """(query, key, value, mask) as `jax.ShapeDtypeStruct`s, for asking a kernel's
+    `is_supported` (or dispatch) about a call without making arrays; `segments=True` adds
+    segment ids, other keywords are `AttentionMask` fields."""
+    from axplug.api import AttentionMask
+
+    q = jax.ShapeDtypeStruct((2, q_seq or seq, heads, head_dim), jnp.dtype(dtype))
+    kv = jax.ShapeDtypeStruct((2, seq, kv_heads, head_dim), jnp.dtype(dtype))
+    qpos = jax.ShapeDtypeStruct((2, q_seq or seq), jnp.int32)
+    kpos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
+    if mask.pop("segments", False):
+        mask.update(q_segment_ids=qpos, kv_segment_ids=qpos if q_seq is None else kpos)
+    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)

@@ -16,20 +16,11 @@ from axplug import registry  # noqa: E402
 from axplug.kernels import ReferenceKernel, select_kernel  # noqa: E402
 from axplug.layers import AttentionMask  # noqa: E402
 from axplug.sharding import sharding_scope  # noqa: E402
+from axplug.testing import abstract_call  # noqa: E402
 
 if "nki_flash" not in registry.names("kernels"):
     # Installed but not loaded (AXPLUG_LOAD_PLUGINS / AXPLUG_DISABLE_PLUGINS): the core alone.
     pytest.skip("axplug-trainium is disabled", allow_module_level=True)
-
-
-def _call(dtype="bfloat16", *, seq=2048, heads=8, kv_heads=8, head_dim=128, q_seq=None, **mask):
-    q = jax.ShapeDtypeStruct((2, q_seq or seq, heads, head_dim), jnp.dtype(dtype))
-    kv = jax.ShapeDtypeStruct((2, seq, kv_heads, head_dim), jnp.dtype(dtype))
-    qpos = jax.ShapeDtypeStruct((2, q_seq or seq), jnp.int32)
-    kpos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
-    if mask.pop("segments", False):
-        mask.update(q_segment_ids=qpos, kv_segment_ids=qpos if q_seq is None else kpos)
-    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)
 
 
 def _chosen(backend, *args):
@@ -38,14 +29,14 @@ def _chosen(backend, *args):
 
 def test_nki_gate_without_the_neuron_packages():
     kernel = axplug_trainium.NkiFlashKernel()
-    assert kernel._check(*_call(), "neuron") is True
-    assert kernel._check(*_call(kv_heads=2), "neuron") is True
-    assert "bfloat16" in kernel._check(*_call("float32"), "neuron").reason
-    assert "512" in kernel._check(*_call(seq=1000), "neuron").reason
-    assert "sliding" in kernel._check(*_call(sliding_window=64), "neuron").reason
-    assert "neuron backend" in kernel._check(*_call(), "gpu").reason
+    assert kernel._check(*abstract_call(), "neuron") is True
+    assert kernel._check(*abstract_call(kv_heads=2), "neuron") is True
+    assert "bfloat16" in kernel._check(*abstract_call("float32"), "neuron").reason
+    assert "512" in kernel._check(*abstract_call(seq=1000), "neuron").reason
+    assert "sliding" in kernel._check(*abstract_call(sliding_window=64), "neuron").reason
+    assert "neuron backend" in kernel._check(*abstract_call(), "gpu").reason
     # Without jax-neuronx the dispatch falls back and says why.
-    assert _chosen("neuron", *_call()) == "blockwise"
+    assert _chosen("neuron", *abstract_call()) == "blockwise"
 
 
 # --- the NKI custom_vjp wiring, with jnp stand-ins for flash_fwd / flash_attn_bwd -----------
@@ -121,7 +112,7 @@ def fake_nki():
 def test_nki_is_gated_on_both_kernels_and_nki_call():
     kernel = axplug_trainium.NkiFlashKernel()
     assert kernel.nki is None  # jax-neuronx / neuronx-cc are not installed here
-    answer = kernel.is_supported(*_call(), "neuron")
+    answer = kernel.is_supported(*abstract_call(), "neuron")
     assert not answer and "jax-neuronx / neuronx-cc not importable" in answer.reason
     q = jnp.zeros((1, 512, 2, 16), jnp.bfloat16)
     mask = AttentionMask(jnp.zeros((1, 512), jnp.int32), jnp.zeros((1, 512), jnp.int32))
