@@ -179,3 +179,15 @@ def test_old_import_paths_warn_and_resolve_to_the_new_homes():
             assert getattr(module, name) is new
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         axplug.kernels.nothing  # noqa: B018
+
+
+def test_the_core_never_names_a_plugin_package():
+    packages = sorted({p.parent.name for p in (ROOT / "plugins").glob("*/axplug_*/__init__.py")})
+    assert "axplug_attention" in packages and "axplug_moe" in packages
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted(CORE.rglob("*.py"))
+        for name in packages
+        if name in path.read_text(encoding="utf-8")
+    ]
+    assert not offenders, "\n".join(offenders)

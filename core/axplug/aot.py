@@ -1,4 +1,4 @@
-"""Moved: `axplug aot` is the axplug-aot plugin (`axplug_aot`); the names plugins imported
+"""Moved: `axplug aot` is a first-party plugin (axplug-aot); the names plugins imported
 from here live in the core's public modules (plugin API 1.4). This path goes with API 2."""
 
 from axplug.api.moved import moved_names
