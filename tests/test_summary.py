@@ -56,6 +56,15 @@ def test_jsonl_appends_on_resume_and_drops_a_partial_line(tmp_path):
     assert '"bad": NaN' in last_line and '"big": -Infinity' in last_line  # numbers, not strings
 
 
+def test_read_jsonl_skips_a_last_line_still_being_written(tmp_path):
+    """A reader polling a live file sees whole records only, never a half-written line."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+    assert read_jsonl(path) == [{"step": 1, "loss": 1.0}]
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 2.0}\n')
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+
+
 def test_jsonl_reads_the_nonfinite_strings_older_files_hold(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": "nan", "x": "inf", "n": "n"}\n')
     (record,) = read_jsonl(tmp_path / "metrics.jsonl")

@@ -24,7 +24,9 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     path = pathlib.Path(path)
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # A last line without its newline is still being written (or was cut by a kill): not a record.
+    complete, _, _ = path.read_text().rpartition("\n")
+    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
     for record in records:
         for key, value in record.items():
             if isinstance(value, str) and value in _OLD_NONFINITE:
