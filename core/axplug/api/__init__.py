@@ -21,13 +21,8 @@ if TYPE_CHECKING:
     from axplug.api.commands import add_checkpoint_arguments
     from axplug.api.device import DeviceSpec, with_device_spec
     from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
-    from axplug.api.kinds import (
-        AttentionKernelLike,
-        CommandModule,
-        HFMapping,
-        MeshRuleFactory,
-        RunInfo,
-    )
+    from axplug.api.hf import HFArchitecture, HFFields, HFTensor
+    from axplug.api.kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
     from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
     from axplug.hookspecs import hookimpl
 
@@ -39,8 +34,9 @@ _HOMES = {
     **dict.fromkeys(("DeviceSpec", "with_device_spec"), "device"),
     **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "kernel"),
     **dict.fromkeys(
-        ("AttentionKernelLike", "CommandModule", "HFMapping", "MeshRuleFactory", "RunInfo"), "kinds"
+        ("AttentionKernelLike", "CommandModule", "MeshRuleFactory", "RunInfo"), "kinds"
     ),
+    **dict.fromkeys(("HFArchitecture", "HFFields", "HFTensor"), "hf"),
     **dict.fromkeys(("PARAMETER_UPDATES", "Initializer", "ParameterSpec"), "parameters"),
 }
 
@@ -74,6 +70,7 @@ PUBLIC_MODULES = (
     "axplug.modifiers",
     "axplug.trainer",
     "axplug.inference",
+    "axplug.interop",
     "axplug.testing",
 )
 
@@ -84,7 +81,9 @@ __all__ = [
     "AttentionKernel",
     "AttentionKernelLike",
     "CommandModule",
-    "HFMapping",
+    "HFArchitecture",
+    "HFFields",
+    "HFTensor",
     "MeshRuleFactory",
     "RunInfo",
     "AttentionMask",

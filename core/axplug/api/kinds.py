@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["CommandModule", "HFMapping", "AttentionKernelLike", "MeshRuleFactory", "RunInfo"]
+__all__ = ["CommandModule", "AttentionKernelLike", "MeshRuleFactory", "RunInfo"]
 
 
 class CommandModule(Protocol):
@@ -27,25 +27,6 @@ class CommandModule(Protocol):
     def add_parser(self, subparsers: Any) -> Any:
         """Adds the command (named as the entry) to `subparsers`, with `run(args) -> int` set
         as its default (`parser.set_defaults(run=run)`); `run` raises, the CLI reports."""
-
-
-class HFMapping(Protocol):
-    """An `axplug.hf_mappings` entry (a class built with no arguments, or an instance): how a
-    plugin's feed-forward layer reads and writes its Hugging Face tensors."""
-
-    layer: str  # the axplug layer class's name, e.g. "MoEFeedForward"
-    architecture: str  # the Hugging Face architecture, e.g. "MixtralForCausalLM"
-
-    def import_params(self, read: Callable[[str, tuple], Any], hf: Any, prefix: str) -> dict:
-        """The layer's parameter tree from the checkpoint tensors under `prefix`;
-        `read(name, shape)` returns one tensor, checked against `shape`."""
-
-    def export_tensors(self, params: dict, prefix: str) -> dict[str, Any]:
-        """The Hugging Face tensors (name -> array) of the layer's `params`, under `prefix`."""
-
-    def hf_config(self, ffn: Any) -> dict:
-        """The config.json fields of the layer config `ffn`; ValueError naming what the
-        Hugging Face format cannot express."""
 
 
 class AttentionKernelLike(Protocol):

@@ -13,18 +13,20 @@ examples:
   axplug export-hf runs/tuned --output hf/tuned
   axplug export-hf runs/tuned --output hf/tuned-step200 --step 200
 
-The model must be LLaMA-shaped (RMSNorm, SwiGLU, RoPE; GQA allowed), or a Mixtral through
-axplug-moe's mapping: an `axplug import-hf` import and its fine-tunes, or a llama-tiny style
-preset. The output holds config.json
-(the imported model's own, updated), sharded safetensors with their index, and the run's
-tokenizer files. `axplug import-hf` on it gives back the same parameters.
+The model must be one an installed architecture builds (`axplug list --kind architectures`):
+an `axplug import-hf` import and its fine-tunes export as their own architecture, a preset's
+run as the first architecture that expresses it (llama-tiny: LlamaForCausalLM). What no
+architecture expresses (ALiBi, interleaved RoPE, a capacity-limited router) is refused by its
+config path. The output holds config.json (the layers' fields over the imported model's own),
+sharded safetensors with their index, and the run's tokenizer files; config.json is written
+last. `axplug import-hf` on it gives back the same parameters.
 """
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "export-hf",
-        help="write a run's model as a Hugging Face checkpoint (LLaMA, Mixtral)",
+        help="write a run's model as a Hugging Face checkpoint",
         description="Write a run's model as a Hugging Face checkpoint directory.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,4 +1,4 @@
-"""`axplug import-hf`: a Hugging Face LLaMA / Mixtral checkpoint -> an axplug run directory."""
+"""`axplug import-hf`: a Hugging Face checkpoint -> an axplug run directory."""
 
 from __future__ import annotations
 
@@ -15,21 +15,22 @@ examples:
   axplug import-hf DIR --output OUT --set model.compute_dtype=float32
   axplug import-hf DIR --output OUT --print-config    print the config only; nothing is written
 
-DIR holds config.json and model.safetensors (or shards listed by model.safetensors.index.json);
-supported: LlamaForCausalLM (incl. GQA and Llama 3 rope scaling) and MixtralForCausalLM. RoPE
-and GQA come from the axplug-attention plugin, MoE from axplug-moe. OUTPUT gets config.txt and
-checkpoints/step_00000000 in the trainer's layout (fresh optimizer state), so `axplug train`
-on it fine-tunes and anything that loads a trained run loads it.
+DIR holds config.json and model.safetensors (or shards listed by model.safetensors.index.json).
+Its architecture must be installed: `axplug list --kind architectures` shows them (the core
+has LlamaForCausalLM; axplug-moe adds Mixtral, axplug-models the other families). Every
+config.json field must be read by a layer of the model, or the import is refused naming it.
+OUTPUT gets config.txt and checkpoints/step_00000000 in the trainer's layout (fresh optimizer
+state), so `axplug train` on it fine-tunes and anything that loads a trained run loads it.
 """
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "import-hf",
-        help="import a Hugging Face LLaMA/Mixtral checkpoint (config.json + safetensors)",
+        help="import a Hugging Face checkpoint (config.json + safetensors)",
         description="Convert a Hugging Face checkpoint directory into an axplug config and\n"
-        "checkpoint. The config is the stock preset's recipe with the model's shapes and the\n"
-        "rope/gqa/moe modifiers set from config.json, then each --modifier, then each --set.",
+        "checkpoint. The config is the architecture's (its layers set from config.json),\n"
+        "then each --modifier, then each --set.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -61,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
-    if args.print_config:
-        from axplug.interop import hf_trainer_config, read_hf_config
+    from axplug.interop.hf_trainer_config import read_hf_config
 
-        hf = read_hf_config(args.directory)
+    hf = read_hf_config(args.directory)  # refused here, before jax, when not installed
+    if args.print_config:
+        from axplug.interop import hf_trainer_config
+
         cfg = hf_trainer_config(
             hf, output_dir=args.output, modifiers=args.modifier, overrides=args.overrides
         )
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"imported {result.architecture} ({result.num_params:,} parameters) from "
-        f"{args.directory}\n  modifiers: {' '.join(result.modifiers)}\n"
+        f"{args.directory}\n  modifiers: {' '.join(result.modifiers) or 'none'}\n"
         f"  checkpoint: {result.checkpoint}\n  config: {args.output.rstrip('/')}/config.txt"
     )
     return 0

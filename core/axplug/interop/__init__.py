@@ -1,28 +1,86 @@
-"""Interoperability with other model formats: Hugging Face LLaMA / Mixtral checkpoint import."""
+"""Hugging Face checkpoints in and out, through the installed architectures
+(`axplug.architectures` entries; LLaMA is the core's own, docs/model-families.md).
 
-from axplug.interop.hf_config import (
-    SUPPORTED_ARCHITECTURES,
-    HFImportError,
-    HFModelConfig,
-    parse_hf_config,
-    read_hf_config,
-)
-from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
-from axplug.interop.hf_params import hf_params
-from axplug.interop.hf_trainer_config import hf_modifier_specs, hf_trainer_config
-from axplug.interop.safetensors_dir import SafetensorsDir
+Names are read on first use (PEP 562): `axplug import-hf` reads and checks config.json through
+`axplug.interop.hf_config` before anything imports jax.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from axplug.interop.hf_config import HFImportError, registered_architectures
+    from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
+    from axplug.interop.hf_params import hf_params, hf_tensors
+    from axplug.interop.hf_trainer_config import (
+        HFSource,
+        hf_trainer_config,
+        parse_hf_config,
+        read_hf_config,
+    )
+    from axplug.interop.llama import (
+        Llama,
+        attention_tensors,
+        decoder_tensors,
+        layer_class,
+        linear_tensors,
+        llama_base,
+        mlp_tensors,
+        norm_tensors,
+    )
+    from axplug.interop.safetensors_dir import SafetensorsDir
+
+_HOMES = {
+    **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
+    **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
+    **dict.fromkeys(("hf_params", "hf_tensors"), "hf_params"),
+    **dict.fromkeys(
+        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "hf_trainer_config"
+    ),
+    **dict.fromkeys(
+        (
+            "Llama", "attention_tensors", "decoder_tensors", "layer_class", "linear_tensors",
+            "llama_base", "mlp_tensors", "norm_tensors",
+        ),
+        "llama",
+    ),  # fmt: skip
+    "SafetensorsDir": "safetensors_dir",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'axplug.interop' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"axplug.interop.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
-    "SUPPORTED_ARCHITECTURES",
     "HFImportError",
-    "HFModelConfig",
+    "HFSource",
+    "registered_architectures",
     "parse_hf_config",
     "read_hf_config",
     "hf_trainer_config",
-    "hf_modifier_specs",
     "hf_params",
+    "hf_tensors",
     "SafetensorsDir",
     "ImportResult",
     "import_hf",
     "IMPORT_STEP",
+    # What a model-family plugin builds on (docs/model-families.md).
+    "Llama",
+    "llama_base",
+    "layer_class",
+    "decoder_tensors",
+    "linear_tensors",
+    "norm_tensors",
+    "attention_tensors",
+    "mlp_tensors",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,4 +1,5 @@
-"""`import_hf`: a Hugging Face LLaMA / Mixtral checkpoint directory -> an axplug run directory.
+"""`import_hf`: a Hugging Face checkpoint directory of an installed architecture -> an axplug run
+directory.
 
 The run directory looks like one the trainer wrote: `config.txt` and a complete checkpoint
 `checkpoints/step_00000000` holding `{"params", "opt_state", "step"}` (fresh optimizer state)
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from axplug.config import to_dict
-from axplug.interop.hf_config import HFImportError, HFModelConfig, read_hf_config
+from axplug.interop.hf_config import HFImportError, load_architecture
 from axplug.interop.hf_params import IGNORED_SUFFIXES, hf_params
-from axplug.interop.hf_trainer_config import hf_modifier_specs, hf_trainer_config
+from axplug.interop.hf_trainer_config import hf_trainer_config, read_hf_config
 from axplug.interop.safetensors_dir import SafetensorsDir
 from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer
@@ -39,7 +40,7 @@ class ImportResult:
     config: Trainer.Config
     checkpoint: str  # the step directory
     num_params: int
-    modifiers: tuple[str, ...]  # the modifier specs the import applied, in order
+    modifiers: tuple[str, ...]  # the modifier specs applied after the architecture's config
 
 
 def import_hf(
@@ -70,9 +71,11 @@ def import_hf(
                 f"{checkpointer.directory} already holds checkpoint step(s) "
                 f"{', '.join(map(str, existing))}; import into an empty --output directory"
             )
+        rules = load_architecture(hf.architecture).tensors(cfg.model)
+        tied = bool(cfg.model.decoder.tie_word_embeddings)
         with SafetensorsDir(directory) as tensors:
-            params = hf_params(tensors, hf, trainer.param_specs)
-            leftover = [name for name in tensors.unused() if not _ignored(name, hf)]
+            params = hf_params(tensors, rules, trainer.param_specs)
+            leftover = [name for name in tensors.unused() if not _ignored(name, tied)]
         if leftover:
             raise HFImportError(
                 f"{directory}: {len(leftover)} tensor(s) of the checkpoint have no place in a "
@@ -102,7 +105,7 @@ def import_hf(
         config=cfg,
         checkpoint=f"{checkpointer.directory}/step_{IMPORT_STEP:08d}",
         num_params=num_params,
-        modifiers=(*hf_modifier_specs(hf), *modifiers),
+        modifiers=tuple(modifiers),
     )
 
 
@@ -141,11 +144,11 @@ def _generation_config(directory: str) -> dict:
     return raw if isinstance(raw, dict) else {}
 
 
-def _ignored(name: str, hf: HFModelConfig) -> bool:
+def _ignored(name: str, tied: bool) -> bool:
     if name.endswith(IGNORED_SUFFIXES):
         return True
     # Some tied checkpoints also store the (identical) output projection.
-    return hf.tie_word_embeddings and name == "lm_head.weight"
+    return tied and name == "lm_head.weight"
 
 
 def _state(trainer: Trainer, params: dict) -> dict:

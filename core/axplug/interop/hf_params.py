@@ -1,100 +1,42 @@
-"""Hugging Face LLaMA / Mixtral tensors -> the parameter tree of the imported axplug model.
+"""Hugging Face tensors <-> the parameter tree, by an architecture's `HFTensor` rules.
 
-HF `nn.Linear` weights are [out, in]; axplug's `Linear` is [in, out], so every projection is
-transposed. Hugging Face checkpoints already lay q/k rows out for `rotate_half` RoPE (pairs
-(i, i + head_dim/2)), which is axplug's non-interleaved RoPE: no row permutation is needed.
+Import reads one checkpoint tensor at a time (memory-mapped by safetensors) straight into
+preallocated arrays of the model's dtypes; a scanned stack's layers are written into their
+slice of the stacked array, so peak host memory is the parameters plus one tensor. Export
+yields one Hugging Face tensor at a time, for the writer to stream into shards.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from axplug.interop.hf_config import HFImportError, HFModelConfig
-from axplug.interop.safetensors_dir import SafetensorsDir
+from axplug.api.hf import HFTensor
+from axplug.interop.hf_config import HFImportError
 
-__all__ = ["hf_params", "IGNORED_SUFFIXES"]
+__all__ = ["hf_params", "hf_tensors", "flatten", "unflatten", "IGNORED_SUFFIXES"]
 
 # Tensors some checkpoints carry that are buffers, not weights.
-IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+_LAYER = re.compile(r"^(decoder\.transformer)\.layer(\d+)\.(.*)$")
 
 
-def hf_params(tensors: SafetensorsDir, hf: HFModelConfig, specs: dict) -> dict:
-    """Numpy parameters with exactly the structure, shapes and dtypes of `specs` (the model's
-    `create_parameter_specs_recursively()`), for an unrolled or a scanned layer stack."""
-    d, v = hf.hidden_size, hf.vocab_size
-    decoder: dict[str, Any] = {
-        "embedding": {"weight": tensors.get("model.embed_tokens.weight", (v, d))},
-        "output_norm": {"scale": tensors.get("model.norm.weight", (d,))},
-    }
-    if not hf.tie_word_embeddings:
-        decoder["lm_head"] = {"weight": _linear(tensors, "lm_head.weight", d, v)}
-    layers = [_layer(tensors, hf, i) for i in range(hf.num_layers)]
-    stack_specs = specs.get("decoder", {}).get("transformer", {})
-    if "layer" in stack_specs and "layer0" not in stack_specs:  # scanned: a leading layer axis
-        decoder["transformer"] = {"layer": _stack(layers)}
-    else:
-        decoder["transformer"] = {f"layer{i}": layer for i, layer in enumerate(layers)}
-    return _conform({"decoder": decoder}, specs)
-
-
-def _linear(tensors: SafetensorsDir, name: str, in_dim: int, out_dim: int) -> np.ndarray:
-    return tensors.get(name, (out_dim, in_dim)).T
-
-
-def _layer(tensors: SafetensorsDir, hf: HFModelConfig, i: int) -> dict:
-    p = f"model.layers.{i}"
-    d, q_dim, kv_dim = hf.hidden_size, hf.num_heads * hf.head_dim, hf.num_kv_heads * hf.head_dim
-    attn = f"{p}.self_attn"
-    return {
-        "attention_norm": {"scale": tensors.get(f"{p}.input_layernorm.weight", (d,))},
-        "attention": {
-            "qkv": {
-                "q": {"weight": _linear(tensors, f"{attn}.q_proj.weight", d, q_dim)},
-                "k": {"weight": _linear(tensors, f"{attn}.k_proj.weight", d, kv_dim)},
-                "v": {"weight": _linear(tensors, f"{attn}.v_proj.weight", d, kv_dim)},
-            },
-            "output": {"weight": _linear(tensors, f"{attn}.o_proj.weight", q_dim, d)},
-        },
-        "feed_forward_norm": {"scale": tensors.get(f"{p}.post_attention_layernorm.weight", (d,))},
-        "feed_forward": _moe(tensors, hf, p) if hf.is_moe else _mlp(tensors, hf, p),
-    }
-
-
-def _mlp(tensors: SafetensorsDir, hf: HFModelConfig, p: str) -> dict:
-    d, h = hf.hidden_size, hf.intermediate_size
-    return {
-        "wi_gate": {"weight": _linear(tensors, f"{p}.mlp.gate_proj.weight", d, h)},
-        "wi_up": {"weight": _linear(tensors, f"{p}.mlp.up_proj.weight", d, h)},
-        "wo": {"weight": _linear(tensors, f"{p}.mlp.down_proj.weight", h, d)},
-    }
-
-
-def _moe(tensors: SafetensorsDir, hf: HFModelConfig, p: str) -> dict:
-    """A Mixtral layer's experts, through the mapping the MoE plugin registers."""
-    from axplug.interop.hf_mappings import mapping_for_architecture
-
-    return mapping_for_architecture(hf.architecture).import_params(tensors.get, hf, p)
-
-
-def _stack(layers: list[dict]) -> dict:
-    first = layers[0]
-    if isinstance(first, dict):
-        return {k: _stack([layer[k] for layer in layers]) for k in first}
-    return np.stack(layers)
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": x}} -> {"a.b": x}."""
+    if isinstance(tree, Mapping):
         out: dict[str, Any] = {}
         for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
     return {prefix: tree}
 
 
-def _unflatten(flat: dict[str, Any]) -> dict:
+def unflatten(flat: Mapping[str, Any]) -> dict:
+    """The inverse of `flatten`."""
     tree: dict = {}
     for path, value in flat.items():
         node = tree
@@ -105,31 +47,108 @@ def _unflatten(flat: dict[str, Any]) -> dict:
     return tree
 
 
-def _conform(params: dict, specs: dict) -> dict:
-    """`params` cast to the specs' dtypes, after checking both trees have the same leaves and
-    shapes (a modifier or override can change the model so the HF weights no longer fit)."""
-    got, want = _flatten(params, "model"), _flatten(specs, "model")
-    missing = sorted(set(want) - set(got))
+def _scanned_path(path: str) -> tuple[str, int] | None:
+    """`decoder.transformer.layer3.x` -> (`decoder.transformer.layer.x`, 3)."""
+    m = _LAYER.match(path)
+    return (f"{m.group(1)}.layer.{m.group(3)}", int(m.group(2))) if m else None
+
+
+def _read(tensors: Any, rule: HFTensor) -> np.ndarray:
+    parts = []
+    for name in rule.names():
+        a = tensors.get(name)
+        if rule.part is not None:
+            axis, start, stop = rule.part
+            if a.ndim <= axis or a.shape[axis] < stop:
+                raise HFImportError(
+                    f"{tensors.directory}: tensor {name!r} has shape {list(a.shape)}; "
+                    f"config.json implies rows {start}:{stop} along axis {axis}"
+                )
+            a = a[(slice(None),) * axis + (slice(start, stop),)]
+        parts.append(a.T if rule.transpose else a)
+    return np.stack(parts) if rule.experts is not None else parts[0]
+
+
+def hf_params(tensors: Any, rules: Mapping[str, HFTensor], specs: dict) -> dict:
+    """Numpy parameters with exactly the structure, shapes and dtypes of `specs` (the model's
+    `create_parameter_specs_recursively()`, unrolled or scanned), read by `rules`."""
+    want = flatten(specs)
+    targets: dict[str, tuple[str, int | None]] = {}
+    for path in rules:
+        scanned = _scanned_path(path)
+        if path in want:
+            targets[path] = (path, None)
+        elif scanned is not None and scanned[0] in want:
+            targets[path] = scanned
+        else:
+            targets[path] = (path, None)  # reported below as a tensor without a place
+    covered = {t for t, _ in targets.values()}
+    missing = sorted(set(want) - covered)
     if missing:
         raise HFImportError(
             f"the axplug model has parameter(s) {', '.join(missing[:5])}"
             f"{' ...' if len(missing) > 5 else ''} with no Hugging Face tensor; a modifier or "
             "override changed the model's structure"
         )
-    extra = sorted(set(got) - set(want))
+    extra = sorted(p for p, (t, _) in targets.items() if t not in want)
     if extra:
         raise HFImportError(
             f"Hugging Face tensors map to {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
             ", which the axplug model does not have; a modifier or override changed the "
             "model's structure"
         )
-    out = {}
-    for path, spec in want.items():  # spec: a ParameterSpec
-        value = got[path]
-        if tuple(value.shape) != tuple(spec.shape):
+    out = {path: np.empty(spec.shape, spec.dtype) for path, spec in want.items()}
+    for path, rule in rules.items():
+        target, layer = targets[path]
+        value = _read(tensors, rule)
+        expected = want[target].shape[1:] if layer is not None else want[target].shape
+        if tuple(value.shape) != tuple(expected):
             raise HFImportError(
-                f"{path}: the axplug model expects shape {list(spec.shape)}, the Hugging "
-                f"Face weights give {list(value.shape)}; an override changed a dimension"
+                f"{path}: the axplug model expects shape {list(expected)}, the Hugging Face "
+                f"tensor {rule.name!r} gives {list(value.shape)}; an override changed a "
+                "dimension, or the weights and config.json disagree"
             )
-        out[path] = np.asarray(value).astype(spec.dtype)
-    return _unflatten(out)["model"]
+        if layer is None:
+            out[target][...] = value
+        else:
+            out[target][layer] = value
+    return unflatten(out)
+
+
+def _unrolled(params: dict) -> dict[str, np.ndarray]:
+    """Flat `layerN` paths of an unrolled or a scanned parameter tree."""
+    flat = {}
+    for path, value in flatten(params).items():
+        if path.startswith("decoder.transformer.layer."):
+            rest = path[len("decoder.transformer.layer.") :]
+            for i, a in enumerate(np.asarray(value)):
+                flat[f"decoder.transformer.layer{i}.{rest}"] = a
+        else:
+            flat[path] = np.asarray(value)
+    return flat
+
+
+def hf_tensors(params: dict, rules: Mapping[str, HFTensor]) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face name, array) of every checkpoint tensor, in name order; each parameter
+    without a rule is an error (the architecture cannot express it)."""
+    flat = _unrolled(params)
+    missing = sorted(set(flat) - set(rules))
+    if missing:
+        raise HFImportError(
+            f"parameter(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} of the "
+            "run have no place in the Hugging Face checkpoint"
+        )
+    pieces: dict[str, list[tuple[HFTensor, np.ndarray]]] = {}
+    for path, rule in rules.items():
+        value = flat[path]
+        for e, name in enumerate(rule.names()):
+            part = value[e] if rule.experts is not None else value
+            pieces.setdefault(name, []).append((rule, part.T if rule.transpose else part))
+    for name in sorted(pieces):
+        group = pieces[name]
+        if len(group) == 1 and group[0][0].part is None:
+            yield name, np.ascontiguousarray(group[0][1])
+            continue
+        axis = group[0][0].part[0]  # type: ignore[index]
+        group.sort(key=lambda p: p[0].part[1])  # type: ignore[index]
+        yield name, np.ascontiguousarray(np.concatenate([a for _, a in group], axis=axis))

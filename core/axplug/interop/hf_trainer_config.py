@@ -1,111 +1,105 @@
-"""An axplug trainer config for a Hugging Face model: a stock preset's recipe, the HF shapes, and
-the installed plugins' modifiers (`rope`, `gqa`, `moe`) set to the HF hyperparameters."""
+"""config.json -> the trainer config of the imported model: the architecture picks the layer
+classes, each layer reads its own fields, and a field no layer read is refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
-from axplug.config import apply_overrides, replace_config
-from axplug.interop.hf_config import HFImportError, HFModelConfig
-from axplug.layers import RepeatedTransformer, StackedTransformer
-from axplug.presets import Preset, llama2_7b, mixtral_8x7b
-from axplug.trainer import Trainer
+from axplug.api.hf import HFFields
+from axplug.interop.hf_config import (
+    HFImportError,
+    architecture_name,
+    load_architecture,
+    read_config_json,
+)
 
-__all__ = ["hf_modifier_specs", "hf_trainer_config"]
+__all__ = ["HFSource", "read_hf_config", "parse_hf_config", "hf_trainer_config", "hf_fields"]
 
-# The preset whose recipe (learner, input, layer composition) an imported model starts from.
-_PRESETS: dict[str, Preset] = {
-    "LlamaForCausalLM": llama2_7b,
-    "MixtralForCausalLM": mixtral_8x7b,
-}
+# Checkpoint dtypes -> the compute dtype the imported model runs in (norms, softmax and the
+# router stay float32 in axplug whatever this is).
+_COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
 
 
-def hf_modifier_specs(hf: HFModelConfig) -> list[str]:
-    """The modifier specs that give the stock layers the HF model's attention and FFN."""
-    rope = f"rope:theta={hf.rope_theta!r},interleaved=False"
-    if hf.rope_llama3 is not None:
-        s = hf.rope_llama3
-        rope += (
-            f",scaling_factor={float(s['factor'])!r}"
-            f",low_freq_factor={float(s['low_freq_factor'])!r}"
-            f",high_freq_factor={float(s['high_freq_factor'])!r}"
-            f",original_max_position={int(s['original_max_position_embeddings'])}"
+@dataclasses.dataclass(frozen=True)
+class HFSource:
+    """A checkpoint's config.json and the installed architecture that reads it."""
+
+    architecture: str
+    raw: dict = dataclasses.field(repr=False)
+    source: str = "config.json"
+
+
+def read_hf_config(directory: str) -> HFSource:
+    """`directory/config.json` and its architecture, which must be installed (no jax)."""
+    raw, path = read_config_json(directory)
+    return parse_hf_config(raw, source=path)
+
+
+def parse_hf_config(raw: dict, *, source: str = "config.json") -> HFSource:
+    """A parsed config.json and its architecture, which must be installed (no jax)."""
+    return HFSource(architecture_name(raw, source), dict(raw), source)
+
+
+def hf_fields(raw: dict, arch: Any, source: str = "config.json") -> HFFields:
+    """The fields of `raw` as the architecture's layers read them."""
+    return HFFields(
+        raw,
+        source=source,
+        defaults=getattr(arch, "defaults", {}),
+        aliases=getattr(arch, "aliases", {}),
+    )
+
+
+def model_from_fields(arch: Any, fields: HFFields) -> Any:
+    """The architecture's trainer config with every layer's fields read; problems raise, all
+    named at once, and so does every field that nothing read."""
+    from axplug.interop.hf_walk import read_fields
+
+    cfg = arch.base_config(fields)
+    read_fields(cfg.model, fields)
+    dtype = str(fields.raw.get("torch_dtype") or fields.raw.get("dtype") or "float32")
+    if dtype not in _COMPUTE_DTYPES:
+        fields.problem(f"torch_dtype={dtype!r} (supported: {', '.join(_COMPUTE_DTYPES)})")
+    cfg.model.compute_dtype = _COMPUTE_DTYPES.get(dtype, "float32")
+    if "quantization_config" in fields.raw:
+        fields.problem("quantization_config is set (quantized weights are not supported)")
+        fields.read.add("quantization_config")
+    unread = fields.unread()
+    if unread:
+        fields.problem(
+            f"field(s) {', '.join(f'{n}={fields.raw[n]!r}' for n in unread)} are read by no "
+            f"layer of a {arch.architecture} (no installed plugin maps them)"
         )
-    specs = [rope]
-    if hf.num_kv_heads != hf.num_heads:
-        specs.append(f"gqa:num_kv_heads={hf.num_kv_heads}")
-    if hf.is_moe:
-        # Hugging Face's Mixtral: softmax over all experts, top-k, renormalized, no drops, no
-        # z-loss; its balance loss counts every one of the k choices, axplug's their mean.
-        balance = hf.router_aux_loss_coef * hf.top_k
-        specs.append(
-            f"moe:num_experts={hf.num_experts},top_k={hf.top_k},capacity_factor=None,"
-            f"renormalize=True,load_balance_coefficient={balance!r},z_loss_coefficient=0.0"
+    if fields.problems:
+        raise HFImportError(
+            f"{fields.source}: cannot import this {arch.architecture}: " + "; ".join(fields.problems)
         )
-    return specs
-
-
-def _check_installed(hf: HFModelConfig, preset: Preset, specs: Sequence[str]) -> None:
-    from axplug import registry
-    from axplug.modifiers import parse_modifier_spec
-
-    for spec in specs:
-        name, _ = parse_modifier_spec(spec)
-        try:
-            component = registry.entry("modifiers", name)
-        except LookupError:
-            package = preset.providers.get(name)
-            hint = f": pip install {package}" if package else "; see `axplug list --kind modifiers`"
-            raise HFImportError(
-                f"importing a {hf.architecture} needs modifier {name!r}{hint}"
-            ) from None
-        if not component.loadable:
-            raise HFImportError(
-                f"importing a {hf.architecture} needs modifier {name!r} from "
-                f"{component.distribution}, which is {component.status}: {component.reason}"
-            )
+    return cfg
 
 
 def hf_trainer_config(
-    hf: HFModelConfig,
+    hf: HFSource,
     *,
     output_dir: str,
     modifiers: Sequence[str] = (),
     overrides: Sequence[str] = (),
-) -> Trainer.Config:
+) -> Any:
     """The trainer config of the imported model, then `modifiers`, then `overrides`.
 
     The layer stack is unrolled (`StackedTransformer`); `scan_layers` in `modifiers` scans it.
     """
+    from axplug.config import apply_overrides
     from axplug.modifiers import make_modifier
 
-    preset = _PRESETS[hf.architecture]
-    specs = hf_modifier_specs(hf)
-    _check_installed(hf, preset, specs)
-    cfg = preset.build()
-    cfg.model.compute_dtype = hf.compute_dtype
-    decoder = cfg.model.decoder
-    decoder.set(
-        vocab_size=hf.vocab_size, dim=hf.hidden_size, tie_word_embeddings=hf.tie_word_embeddings
-    )
-    decoder.output_norm.eps = hf.rms_norm_eps
-    transformer = decoder.transformer.set(num_layers=hf.num_layers)
-    layer = transformer.layer
-    layer.norm.eps = hf.rms_norm_eps
-    layer.attention.set(num_heads=hf.num_heads)
-    if hf.head_dim * hf.num_heads != hf.hidden_size:
-        layer.attention.head_dim = hf.head_dim
-    layer.feed_forward.hidden_dim = hf.intermediate_size
-    cfg = replace_config(
-        cfg,
-        target=RepeatedTransformer,
-        new_cfg=StackedTransformer.default_config(),
-        carry=["layer", "num_layers"],
-        missing_ok=True,
-    )
-    if hf.max_position_embeddings:
-        cfg.input.seq_len = min(cfg.input.seq_len, hf.max_position_embeddings)
+    arch = load_architecture(hf.architecture)
+    fields = hf_fields(hf.raw, arch, hf.source)
+    cfg = model_from_fields(arch, fields)
+    max_positions = hf.raw.get(fields.name("max_position_embeddings"))
+    if isinstance(max_positions, int) and max_positions > 0:
+        cfg.input.seq_len = min(cfg.input.seq_len, max_positions)
     cfg.output_dir = output_dir
-    for spec in (*specs, *modifiers):
+    for spec in modifiers:
         cfg = make_modifier(spec)(cfg)
     return apply_overrides(cfg, overrides)

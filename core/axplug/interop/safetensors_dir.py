@@ -80,12 +80,13 @@ class SafetensorsDir(contextlib.AbstractContextManager):
     def names(self) -> list[str]:
         return sorted(self._where)
 
-    def get(self, name: str, shape: Sequence[int]) -> np.ndarray:
-        """Tensor `name` as numpy; missing or of another shape than `shape` fails naming it."""
-        shape = tuple(int(d) for d in shape)
+    def get(self, name: str, shape: Sequence[int] | None = None) -> np.ndarray:
+        """Tensor `name` as numpy; missing or of another shape than `shape` (when given)
+        fails naming it."""
         if name not in self._where:
+            want = f" (expected shape {list(shape)})" if shape is not None else ""
             raise HFImportError(
-                f"{self.directory}: tensor {name!r} (expected shape {list(shape)}) is missing "
+                f"{self.directory}: tensor {name!r}{want} is missing "
                 f"from the checkpoint ({len(self._where)} tensors in "
                 f"{', '.join(sorted(set(self._where.values())))})"
             )
@@ -95,7 +96,7 @@ class SafetensorsDir(contextlib.AbstractContextManager):
             found = tuple(handle.get_slice(name).get_shape())
         except Exception as exc:  # the index names a tensor its file lacks
             raise HFImportError(f"{self.directory}/{file}: cannot read {name!r} ({exc})") from None
-        if found != shape:
+        if shape is not None and found != tuple(int(d) for d in shape):
             raise HFImportError(
                 f"{self.directory}/{file}: tensor {name!r} has shape {list(found)}, but "
                 f"config.json implies {list(shape)}; the weights and config.json disagree"

@@ -39,6 +39,22 @@ class QKVLinear(BaseLayer):
         head_dim: Required[int] = REQUIRED
         linear: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "heads"))
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Projection biases; as many k/v heads as query heads (GQA is a plugin's layer)."""
+        cfg.linear.bias = bool(fields.get("attention_bias", False))
+        heads = fields.get("num_attention_heads", None)
+        kv_heads = fields.get("num_key_value_heads", heads)
+        if kv_heads != heads:
+            fields.problem(
+                f"num_key_value_heads={kv_heads!r} differs from num_attention_heads={heads!r}: "
+                "grouped-query attention needs the `gqa_qkv_linear` layer (axplug-attention)"
+            )
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {"attention_bias": bool(cfg.linear.bias)}
+
     @property
     def num_kv_heads(self) -> int:
         return self._config.num_heads
@@ -123,6 +139,44 @@ class Attention(BaseLayer):
         output: Linear.Config = Linear.default_config().set(mesh_axes=("heads", "embed"))
         # Used only by init_cache_state / extend_step (decoding), never by forward.
         kv_cache: BaseLayer.Config = ContiguousKVCache.default_config()
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Heads, head width and the sliding window from a Hugging Face config.json."""
+        heads = fields.positive_int("num_attention_heads")
+        cfg.num_heads = heads
+        head_dim = fields.get("head_dim", None)
+        if head_dim is None:
+            dim = fields.positive_int("hidden_size")
+            if heads and dim % heads:
+                fields.problem(
+                    f"hidden_size={dim} is not divisible by num_attention_heads={heads}; "
+                    "set head_dim"
+                )
+            cfg.head_dim = dim // heads if heads else None
+        else:
+            cfg.head_dim = fields.positive_int("head_dim")
+        fields.expect("attention_dropout", 0.0, 0)
+        cfg.sliding_window = None
+        if fields.get("use_sliding_window", True) is False:
+            fields.get("sliding_window", None)  # set, but switched off
+            fields.get("max_window_layers", None)
+        else:
+            window = fields.get("sliding_window", None)
+            cfg.sliding_window = None if window is None else fields.positive_int("sliding_window")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        if not cfg.causal:
+            raise ValueError("attention is not causal (a causal LM's is)")
+        if cfg.linear_bias_slopes is not None:
+            raise ValueError("attention has an ALiBi bias, which no supported architecture has")
+        return {
+            "num_attention_heads": cfg.num_heads,
+            "head_dim": cfg.head_dim or cfg.input_dim // cfg.num_heads,
+            "attention_dropout": 0.0,
+            "sliding_window": cfg.sliding_window,
+        }
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

@@ -31,6 +31,21 @@ class Decoder(BaseLayer):
         lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
         tie_word_embeddings: bool = False
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Vocabulary, width and head tying from a Hugging Face config.json."""
+        cfg.vocab_size = fields.positive_int("vocab_size")
+        cfg.dim = fields.positive_int("hidden_size")
+        cfg.tie_word_embeddings = bool(fields.get("tie_word_embeddings", False))
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.dim,
+            "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+        }
+
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
         self._add_child(

@@ -10,7 +10,7 @@ from axplug.layers.basic import Linear
 from axplug.module import Module
 from axplug.sharding import constrain
 
-__all__ = ["FeedForward", "ACTIVATIONS", "get_activation"]
+__all__ = ["FeedForward", "ACTIVATIONS", "HF_ACTIVATIONS", "get_activation"]
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -19,6 +19,15 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "tanh": jax.nn.tanh,
     "linear": lambda x: x,
+}
+
+# Hugging Face `hidden_act` names -> ours (the first name of each is what an export writes).
+HF_ACTIVATIONS = {
+    "silu": "silu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+    "gelu": "gelu_exact",
+    "relu": "relu",
 }
 
 
@@ -39,6 +48,25 @@ class FeedForward(BaseLayer):
         activation: str = "silu"
         gated: bool = True
         linear: Linear.Config = Linear.default_config()
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Width, activation and bias; gating is the architecture's choice."""
+        cfg.hidden_dim = fields.positive_int("intermediate_size")
+        act = fields.get("hidden_act", "silu")
+        if act not in HF_ACTIVATIONS:
+            fields.problem(
+                f"{fields.name('hidden_act')}={act!r} (supported: {', '.join(HF_ACTIVATIONS)})"
+            )
+        cfg.activation = HF_ACTIVATIONS.get(act, cfg.activation)
+        cfg.linear.bias = bool(fields.get("mlp_bias", False))
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
+        if not names:
+            raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
+        return {"intermediate_size": cfg.hidden_dim, "hidden_act": names[0], "mlp_bias": cfg.linear.bias}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

@@ -19,6 +19,14 @@ class RMSNorm(BaseLayer):
         input_dim: Required[int] = REQUIRED
         eps: float = 1e-6
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        cfg.eps = fields.number("rms_norm_eps")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {"rms_norm_eps": cfg.eps}
+
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         return {
             "scale": ParameterSpec(
@@ -44,6 +52,16 @@ class LayerNorm(BaseLayer):
         input_dim: Required[int] = REQUIRED
         eps: float = 1e-5
         bias: bool = True
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        cfg.eps = fields.number("layer_norm_eps")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        if not cfg.bias:
+            raise ValueError("a LayerNorm without bias (Hugging Face's have one)")
+        return {"layer_norm_eps": cfg.eps}
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         dim = self._config.input_dim

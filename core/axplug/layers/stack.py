@@ -32,6 +32,16 @@ class StackedTransformer(BaseLayer):
         num_layers: Required[int] = REQUIRED
         layer: BaseLayer.Config = TransformerLayer.default_config()
 
+    hf_role = "stack"  # an unrolled and a scanned stack compute the same thing
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        cfg.num_layers = fields.positive_int("num_hidden_layers")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {"num_hidden_layers": cfg.num_layers}
+
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
         for i in range(cfg.num_layers):
@@ -99,6 +109,16 @@ class RepeatedTransformer(BaseLayer):
         num_layers: Required[int] = REQUIRED
         layer: BaseLayer.Config = TransformerLayer.default_config()
         remat_policy: str = "none"
+
+    hf_role = "stack"  # an unrolled and a scanned stack compute the same thing
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        cfg.num_layers = fields.positive_int("num_hidden_layers")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {"num_hidden_layers": cfg.num_layers}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

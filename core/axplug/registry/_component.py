@@ -35,7 +35,7 @@ KINDS = (
     "presets",
     "inputs",
     "summary_writers",
-    "hf_mappings",
+    "architectures",
     "commands",
     "hooks",
 )

@@ -39,7 +39,7 @@ def _instance_of(where: str):
     return check
 
 
-def _protocol(protocol: str, *names: str):
+def _protocol(protocol: str, *names: str, where: str = "kinds"):
     """Each of `names` is a member (a method; a `str` for those in `_STRINGS`) of the object
     or, for a class (built with no arguments when used), of its instances."""
 
@@ -47,7 +47,7 @@ def _protocol(protocol: str, *names: str):
         missing = [n for n in names if not _has(obj, n)]
         if missing:
             return (
-                f"it has no {', '.join(missing)} of the axplug.api.kinds.{protocol} protocol "
+                f"it has no {', '.join(missing)} of the axplug.api.{where}.{protocol} protocol "
                 f"({_what(obj)})"
             )
         return None
@@ -63,7 +63,7 @@ def _has(obj: Any, name: str) -> bool:
     return callable(getattr(obj, name, None))
 
 
-_STRINGS = ("layer", "architecture")
+_STRINGS = ("layer", "architecture", "model_type")
 
 
 def _what(obj: Any) -> str:
@@ -96,8 +96,8 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "presets": _instance_of("axplug.presets:Preset"),
     "inputs": _subclass_of("axplug.input.base:Input"),
     "summary_writers": _subclass_of("axplug.summary.base:SummaryWriter"),
-    "hf_mappings": _protocol(
-        "HFMapping", "layer", "architecture", "import_params", "export_tensors", "hf_config"
+    "architectures": _protocol(
+        "HFArchitecture", "architecture", "model_type", "base_config", "tensors", where="hf"
     ),
     "commands": _command,
     # hooks: pluggy validates each implementation against the hookspecs when registering.

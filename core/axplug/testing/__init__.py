@@ -24,6 +24,7 @@ compare what it received with the run's own metrics.jsonl (`expected_writer_scal
 `metrics_as_tags`, `scalars_match`).
 """
 
+from axplug.testing._hf import HFCheck, check_against_transformers, tiny_transformers_model
 from axplug.testing._kernel import (
     KERNEL_CAPABILITIES,
     KernelConformance,
@@ -43,6 +44,9 @@ from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
 from axplug.testing._writer import expected_writer_scalars, metrics_as_tags, scalars_match
 
 __all__ = [
+    "HFCheck",
+    "check_against_transformers",
+    "tiny_transformers_model",
     "LAYER_CAPABILITIES",
     "KERNEL_CAPABILITIES",
     "MESH_RULE_CAPABILITIES",

@@ -16,6 +16,21 @@ class GroupedQKVLinear(QKVLinear):
     class Config(QKVLinear.Config):
         num_kv_heads: Required[int] = REQUIRED
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        cfg.linear.bias = bool(fields.get("attention_bias", False))
+        heads = fields.positive_int("num_attention_heads")
+        kv_heads = fields.positive_int("num_key_value_heads", heads)
+        if heads and kv_heads and heads % kv_heads:
+            fields.problem(
+                f"num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}"
+            )
+        cfg.num_kv_heads = kv_heads
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {"attention_bias": bool(cfg.linear.bias), "num_key_value_heads": cfg.num_kv_heads}
+
     def __init__(self, cfg: Config, *, parent=None):
         # Checked before the projections are built, so the error names the field.
         if cfg.num_kv_heads < 1 or cfg.num_heads % cfg.num_kv_heads:

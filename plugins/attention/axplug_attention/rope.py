@@ -83,6 +83,45 @@ def rope_tables(positions: jax.Array, freqs: np.ndarray) -> tuple[jax.Array, jax
     return jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
 
 
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _read_rope(fields) -> tuple[float, dict | None]:
+    """(theta, Llama 3 scaling or None) of a config.json, its problems recorded."""
+    params = fields.get("rope_parameters", None)
+    legacy = fields.get("rope_scaling", None)
+    if isinstance(params, dict):
+        name, scaling = "rope_parameters", params
+        theta = params.get("rope_theta", fields.get("rope_theta", None))
+    else:
+        name, scaling = "rope_scaling", legacy
+        theta = fields.get("rope_theta", None)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        fields.problem(f"rope_theta={theta!r} (expected a positive number)")
+        theta = 1.0
+    if not scaling:
+        return float(theta), None
+    if not isinstance(scaling, dict):
+        fields.problem(f"{name}={scaling!r} (expected an object)")
+        return float(theta), None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        fields.problem(
+            f"{name}.rope_type={kind!r} (supported: 'default' and 'llama3'; linear, dynamic, "
+            "yarn and longrope scaling are not)"
+        )
+        return float(theta), None
+    absent = [k for k in _LLAMA3_KEYS if not isinstance(scaling.get(k), (int, float))]
+    if absent:
+        fields.problem(f"{name} of rope_type 'llama3' lacks {', '.join(absent)}")
+        return float(theta), None
+    if scaling.get("attention_factor", 1.0) not in (None, 1.0):
+        fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
+    return float(theta), {k: scaling[k] for k in _LLAMA3_KEYS}
+
+
 class RotaryPositionTransform(BaseLayer):
     """RoPE: rotates q and k by their own positions, so q.k depends on the relative offset."""
 
@@ -98,6 +137,42 @@ class RotaryPositionTransform(BaseLayer):
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """theta, Llama 3 scaling and the rotated fraction, from `rope_parameters`
+        (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4)."""
+        cfg.theta, scaling = _read_rope(fields)
+        cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
+        cfg.rotary_fraction = fields.number("partial_rotary_factor", 1.0)
+        cfg.scaling_factor = None
+        if scaling is not None:
+            cfg.scaling_factor = float(scaling["factor"])
+            cfg.low_freq_factor = float(scaling["low_freq_factor"])
+            cfg.high_freq_factor = float(scaling["high_freq_factor"])
+            cfg.original_max_position = int(scaling["original_max_position_embeddings"])
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        """The RoPE in every form transformers reads (4: rope_theta/rope_scaling, 5:
+        rope_parameters), so no stale form survives an export."""
+        if cfg.interleaved:
+            raise ValueError("interleaved RoPE (Hugging Face rotates halves: interleaved=False)")
+        params: dict = {"rope_type": "default", "rope_theta": cfg.theta}
+        scaling = None
+        if cfg.scaling_factor is not None:
+            scaling = {
+                "rope_type": "llama3",
+                "factor": cfg.scaling_factor,
+                "low_freq_factor": cfg.low_freq_factor,
+                "high_freq_factor": cfg.high_freq_factor,
+                "original_max_position_embeddings": cfg.original_max_position,
+            }
+            params = {**scaling, "rope_theta": cfg.theta}
+        out = {"rope_theta": cfg.theta, "rope_scaling": scaling, "rope_parameters": params}
+        if cfg.rotary_fraction != 1.0:
+            out["partial_rotary_factor"] = cfg.rotary_fraction
+        return out
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)

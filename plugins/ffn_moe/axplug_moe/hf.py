@@ -1,68 +1,69 @@
-"""The Hugging Face Mixtral <-> axplug MoE parameter mapping, registered for `import-hf` and
-`export-hf` under `axplug.hf_mappings` (the core knows no MoE tensors)."""
+"""The Hugging Face Mixtral architecture (`axplug.architectures`: MixtralForCausalLM): the
+LLaMA layout with a `MoEFeedForward` in every layer (the core knows no MoE tensors)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
+from axplug.api import HFFields, HFTensor
+from axplug.interop import (
+    attention_tensors,
+    decoder_tensors,
+    linear_tensors,
+    llama_base,
+    norm_tensors,
+)
 
-__all__ = ["MixtralMapping"]
+__all__ = ["Mixtral", "mixtral_expert_tensors"]
 
 
-class MixtralMapping:
-    """`block_sparse_moe` of a MixtralForCausalLM layer <-> a `MoEFeedForward`.
+def mixtral_expert_tensors(param: str, hf: str, moe: Any) -> dict[str, HFTensor]:
+    """`block_sparse_moe` <-> a `MoEFeedForward`: expert j is w2(silu(w1 x) * w3 x), each an
+    [out, in] Linear; axplug stacks the experts on a leading axis, [in, out] each."""
+    e = moe.num_experts
+    out = linear_tensors(f"{param}.router", f"{hf}.gate", moe.router)
+    for ours, theirs in (("wi_gate", "w1"), ("wi_up", "w3"), ("wo", "w2")):
+        out[f"{param}.{ours}"] = HFTensor(f"{hf}.experts.{{e}}.{theirs}.weight", True, experts=e)
+    return out
 
-    Mixtral's expert j is w2(silu(w1 x) * w3 x): w1 = gate, w3 = up, w2 = down, each an
-    [out, in] Linear; axplug stacks the experts on a leading axis, [in, out] each.
-    """
 
-    layer = "MoEFeedForward"
+class Mixtral:
+    """MixtralForCausalLM: softmax top-k routing renormalized, no drops, no shared experts."""
+
     architecture = "MixtralForCausalLM"
+    model_type = "mixtral"
+    defaults: Mapping[str, Any] = {
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-5,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "router_aux_loss_coef": 0.001,
+    }
+    aliases: Mapping[str, str] = {"moe_intermediate_size": "intermediate_size"}
 
-    def import_params(self, read: Callable[[str, tuple], np.ndarray], hf: Any, prefix: str):
-        d, h, e = hf.hidden_size, hf.intermediate_size, hf.num_experts
-        moe = f"{prefix}.block_sparse_moe"
+    def base_config(self, fields: HFFields) -> Any:
+        from axplug.presets import mixtral_8x7b
 
-        def experts(w: str, in_dim: int, out_dim: int) -> np.ndarray:
-            return np.stack(
-                [read(f"{moe}.experts.{j}.{w}.weight", (out_dim, in_dim)).T for j in range(e)]
-            )
+        experts = fields.raw.get("num_local_experts", self.defaults["num_local_experts"])
+        return llama_base(
+            fields,
+            self.architecture,
+            preset=mixtral_8x7b,
+            modifiers=[f"moe:num_experts={experts}"],
+        )
 
-        return {
-            "router": {"weight": read(f"{moe}.gate.weight", (e, d)).T},
-            "wi_gate": experts("w1", d, h),
-            "wi_up": experts("w3", d, h),
-            "wo": experts("w2", h, d),
-        }
+    def tensors(self, model: Any) -> dict[str, HFTensor]:
+        def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
+            return {
+                **norm_tensors(f"{param}.attention_norm", f"{hf}.input_layernorm", cfg.norm),
+                **attention_tensors(f"{param}.attention", f"{hf}.self_attn", cfg.attention),
+                **norm_tensors(
+                    f"{param}.feed_forward_norm", f"{hf}.post_attention_layernorm", cfg.norm
+                ),
+                **mixtral_expert_tensors(
+                    f"{param}.feed_forward", f"{hf}.block_sparse_moe", cfg.feed_forward
+                ),
+            }
 
-    def export_tensors(self, params: dict, prefix: str) -> dict[str, np.ndarray]:
-        moe = f"{prefix}.block_sparse_moe"
-        out = {f"{moe}.gate.weight": np.asarray(params["router"]["weight"]).T}
-        for name, w in (("wi_gate", "w1"), ("wi_up", "w3"), ("wo", "w2")):
-            for j, weight in enumerate(np.asarray(params[name])):
-                out[f"{moe}.experts.{j}.{w}.weight"] = weight.T
-        return out
-
-    def hf_config(self, ffn: Any) -> dict:
-        """config.json fields of the MoE layer; what Mixtral cannot express is an error."""
-        router = ffn.router
-        problems = []
-        if router.capacity_factor is not None:
-            problems.append(f"capacity_factor={router.capacity_factor} (Mixtral drops nothing)")
-        if not router.renormalize:
-            problems.append("renormalize=False (Mixtral renormalizes the top-k gates)")
-        if ffn.activation != "silu" or not ffn.gated:
-            problems.append("experts that are not SwiGLU")
-        if ffn.num_shared_experts:
-            problems.append(f"{ffn.num_shared_experts} shared expert(s) (Mixtral has none)")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return {
-            "num_local_experts": ffn.num_experts,
-            "num_experts_per_tok": router.top_k,
-            # import-hf multiplies Mixtral's coefficient by top_k (axplug averages the k
-            # choices), so the inverse divides.
-            "router_aux_loss_coef": router.load_balance_coefficient / router.top_k,
-        }
+        return decoder_tensors(model, layer)

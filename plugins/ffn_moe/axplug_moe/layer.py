@@ -39,6 +39,35 @@ class MoEFeedForward(BaseLayer):
         # The shared experts' FFN (one of num_shared_experts * hidden); None: a FeedForward.
         shared_expert: BaseLayer.Config | None = None
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Experts and their width (`moe_intermediate_size`; Mixtral aliases it to
+        intermediate_size) from a Hugging Face config.json."""
+        from axplug.layers import HF_ACTIVATIONS
+
+        cfg.num_experts = fields.positive_int("num_local_experts")
+        cfg.hidden_dim = fields.positive_int("moe_intermediate_size")
+        act = fields.get("hidden_act", "silu")
+        if act not in HF_ACTIVATIONS:
+            fields.problem(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
+        cfg.activation = HF_ACTIVATIONS.get(act, cfg.activation)
+        cfg.gated = True
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        if not cfg.gated:
+            raise ValueError("experts that are not gated")
+        from axplug.layers import HF_ACTIVATIONS
+
+        names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
+        if not names:
+            raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
+        return {
+            "num_local_experts": cfg.num_experts,
+            "moe_intermediate_size": cfg.hidden_dim,
+            "hidden_act": names[0],
+        }
+
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if cfg.num_experts < 1:

@@ -56,6 +56,35 @@ class TopKRouter(BaseLayer):
         z_loss_coefficient: float = 1e-3
         init_scale: float = 1.0
 
+    # Training-only: a trained router computes the same routing whatever they were.
+    hf_neutral = ("load_balance_coefficient", "z_loss_coefficient")
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """Softmax top-k routing without drops, as Hugging Face's MoE layers route."""
+        cfg.top_k = fields.positive_int("num_experts_per_tok")
+        experts = fields.get("num_local_experts", None)
+        if isinstance(experts, int) and cfg.top_k > experts:
+            fields.problem(f"num_experts_per_tok={cfg.top_k} exceeds the {experts} experts")
+        cfg.renormalize = bool(fields.get("norm_topk_prob", True))
+        cfg.capacity_factor = None
+        # Hugging Face's balance loss counts each of the k choices, axplug's their mean.
+        cfg.load_balance_coefficient = fields.number("router_aux_loss_coef", 0.0, positive=False) * cfg.top_k
+        cfg.z_loss_coefficient = 0.0
+        fields.expect("router_jitter_noise", 0.0, 0)
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        if cfg.capacity_factor is not None:
+            raise ValueError(
+                f"capacity_factor={cfg.capacity_factor} (Hugging Face MoE layers drop nothing)"
+            )
+        return {
+            "num_experts_per_tok": cfg.top_k,
+            "norm_topk_prob": bool(cfg.renormalize),
+            "router_aux_loss_coef": cfg.load_balance_coefficient / cfg.top_k,
+        }
+
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if not 1 <= cfg.top_k <= cfg.num_experts:

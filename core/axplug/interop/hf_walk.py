@@ -1,0 +1,120 @@
+"""The model config walked for Hugging Face fields: each layer reads and writes its own.
+
+A layer class with Hugging Face fields has `hf_read(cfg, fields)` and `hf_write(cfg) -> dict`
+(axplug.api.hf). `read_fields` calls every `hf_read` of a model config, parents first;
+`write_fields` merges every `hf_write`. `differences` says what of a run's model an
+architecture does not build, so an export never writes a config.json that computes
+something else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axplug.config import ConfigBase, InstantiableConfig, to_dict, visit
+
+__all__ = ["hf_layers", "read_fields", "write_fields", "differences"]
+
+# Config fields that change how a model runs or trains, never what it computes once trained:
+# kernels and caches, sharding, initialization, dtypes, dropout, rematerialization.
+NEUTRAL_FIELDS = frozenset(
+    {
+        "name", "kernel", "kv_cache", "mesh_axes", "init_scale", "dtype", "param_dtype",
+        "compute_dtype", "dropout_rate", "remat_policy", "dispatch",
+    }
+)  # fmt: skip
+
+
+def hf_layers(model: ConfigBase) -> list[tuple[str, InstantiableConfig]]:
+    """(path, config) of every layer config under `model` whose class has Hugging Face fields,
+    parents before children."""
+    found: list[tuple[str, InstantiableConfig]] = []
+
+    def collect(path: str, value: Any) -> None:
+        if isinstance(value, InstantiableConfig) and hasattr(value.klass, "hf_read"):
+            found.append((path, value))
+
+    if hasattr(getattr(model, "klass", None), "hf_read"):
+        found.append(("", model))  # type: ignore[arg-type]
+    visit(model, collect)
+    return found
+
+
+def read_fields(model: ConfigBase, fields: Any) -> None:
+    """Sets every layer config under `model` from config.json `fields`, parents first."""
+    done: set[int] = set()
+    for _, cfg in hf_layers(model):
+        if id(cfg) not in done:  # a config shared by two slots is read once
+            done.add(id(cfg))
+            cfg.klass.hf_read(cfg, fields)
+
+
+def write_fields(model: ConfigBase) -> tuple[dict, list[str]]:
+    """(the config.json fields of `model`, what its layers cannot express, by path)."""
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    owner: dict[str, str] = {}
+    for path, cfg in hf_layers(model):
+        where = f"model.{path}" if path else "model"
+        try:
+            written = cfg.klass.hf_write(cfg)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        for key, value in written.items():
+            if key in out and out[key] != value:
+                problems.append(
+                    f"{where} writes {key}={value!r}, but {owner[key]} wrote {out[key]!r}"
+                )
+                continue
+            out[key], owner[key] = value, where
+    return out, problems
+
+
+def _neutral(cfg: Any) -> frozenset[str]:
+    return NEUTRAL_FIELDS | frozenset(getattr(getattr(cfg, "klass", None), "hf_neutral", ()))
+
+
+def differences(run: Any, built: Any, path: str = "model") -> list[str]:
+    """Where the run's model config differs from the one an architecture built, ignoring what
+    does not change the numerics (`NEUTRAL_FIELDS`, a layer's own `hf_neutral`)."""
+    if isinstance(run, ConfigBase) and isinstance(built, ConfigBase):
+        out = []
+        neutral = _neutral(run) | _neutral(built)
+        for key in sorted(set(run.keys()) | set(built.keys())):
+            if key in neutral:
+                continue
+            a, b = getattr(run, key, None), getattr(built, key, None)
+            if key == "klass" and _same_role(a, b):
+                continue
+            out += differences(a, b, f"{path}.{key}")
+        return out
+    if isinstance(run, (list, tuple)) and isinstance(built, (list, tuple)) and len(run) == len(
+        built
+    ):
+        return [d for i, (a, b) in enumerate(zip(run, built)) for d in differences(a, b, path)]
+    if _plain(run) != _plain(built):
+        return [f"{path}: {_show(run)} (the architecture has {_show(built)})"]
+    return []
+
+
+def _same_role(a: Any, b: Any) -> bool:
+    """Classes that compute the same thing (an unrolled and a scanned stack)."""
+    role = lambda k: getattr(k, "hf_role", k)  # noqa: E731
+    return a is b or role(a) == role(b)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ConfigBase):
+        return to_dict(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, ConfigBase):
+        return getattr(getattr(value, "klass", None), "__name__", type(value).__qualname__)
+    return repr(value)

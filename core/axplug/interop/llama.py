@@ -1,0 +1,149 @@
+"""The LLaMA family, registered like any plugin's (`axplug.architectures`: LlamaForCausalLM),
+and the LLaMA-layout helpers other families build on (`llama_base`, `decoder_tensors`).
+
+LLaMA-layout checkpoints name tensors `model.embed_tokens`, `model.layers.{i}.self_attn.
+{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`,
+`model.norm` and `lm_head`, each Linear [out, in]. Their q/k rows are already laid out for
+`rotate_half` RoPE (pairs (i, i + head_dim/2)): axplug's non-interleaved RoPE, no permutation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from axplug.api.hf import HFFields, HFTensor
+from axplug.interop.hf_config import HFImportError
+
+__all__ = [
+    "Llama",
+    "llama_base",
+    "layer_class",
+    "decoder_tensors",
+    "linear_tensors",
+    "norm_tensors",
+    "attention_tensors",
+    "mlp_tensors",
+]
+
+LayerTensors = Callable[[int, Any, str, str], dict[str, HFTensor]]
+
+
+def layer_class(name: str, architecture: str, provider: str) -> Any:
+    """The registered layer `name`, or an error naming the distribution that provides it."""
+    from axplug import registry
+
+    try:
+        return registry.load("layers", name)
+    except (LookupError, registry.PluginLoadError) as exc:
+        raise HFImportError(
+            f"importing a {architecture} needs layer {name!r} from {provider} "
+            f"(pip install {provider}): {exc}"
+        ) from None
+
+
+def llama_base(
+    fields: HFFields, architecture: str, *, preset: Any = None, modifiers: Sequence[str] = ()
+) -> Any:
+    """A LLaMA-layout trainer config (a stock preset's recipe, unrolled stack, RoPE, GQA where
+    config.json has fewer k/v heads) for the layers' `hf_read` to fill; then `modifiers`."""
+    from axplug.config import replace_config
+    from axplug.layers import RepeatedTransformer, StackedTransformer
+    from axplug.modifiers import make_modifier
+    from axplug.presets import llama2_7b
+
+    cfg = (preset or llama2_7b).build()
+    cfg = replace_config(
+        cfg,
+        target=RepeatedTransformer,
+        new_cfg=StackedTransformer.default_config(),
+        carry=["layer", "num_layers"],
+        missing_ok=True,
+    )
+    attention = cfg.model.decoder.transformer.layer.attention
+    attention.position = layer_class("rope", architecture, "axplug-attention").default_config()
+    heads = fields.raw.get(fields.name("num_attention_heads"))
+    kv_heads = fields.raw.get(fields.name("num_key_value_heads"))
+    if kv_heads is not None and kv_heads != heads:
+        gqa = layer_class("gqa_qkv_linear", architecture, "axplug-attention").default_config()
+        attention.qkv = gqa.set(linear=attention.qkv.linear)
+    for spec in modifiers:
+        cfg = make_modifier(spec)(cfg)
+    return cfg
+
+
+def linear_tensors(param: str, hf: str, linear: Any) -> dict[str, HFTensor]:
+    """A Linear's weight (transposed) and bias, if it has one."""
+    out = {f"{param}.weight": HFTensor(f"{hf}.weight", transpose=True)}
+    if getattr(linear, "bias", False):
+        out[f"{param}.bias"] = HFTensor(f"{hf}.bias")
+    return out
+
+
+def norm_tensors(param: str, hf: str, norm: Any) -> dict[str, HFTensor]:
+    """A norm's scale (`weight`) and, for a LayerNorm with one, its bias."""
+    out = {f"{param}.scale": HFTensor(f"{hf}.weight")}
+    if getattr(norm, "bias", False) is True:
+        out[f"{param}.bias"] = HFTensor(f"{hf}.bias")
+    return out
+
+
+def attention_tensors(param: str, hf: str, attention: Any) -> dict[str, HFTensor]:
+    """q/k/v/o projections named `{hf}.{q,k,v,o}_proj`."""
+    out: dict[str, HFTensor] = {}
+    for name in "qkv":
+        out.update(linear_tensors(f"{param}.qkv.{name}", f"{hf}.{name}_proj", attention.qkv.linear))
+    out.update(linear_tensors(f"{param}.output", f"{hf}.o_proj", attention.output))
+    return out
+
+
+def mlp_tensors(param: str, hf: str, ffn: Any) -> dict[str, HFTensor]:
+    """A gated MLP named `{hf}.{gate,up,down}_proj`."""
+    out: dict[str, HFTensor] = {}
+    for ours, theirs in (("wi_gate", "gate_proj"), ("wi_up", "up_proj"), ("wo", "down_proj")):
+        out.update(linear_tensors(f"{param}.{ours}", f"{hf}.{theirs}", ffn.linear))
+    return out
+
+
+def llama_layer_tensors(i: int, layer: Any, param: str, hf: str) -> dict[str, HFTensor]:
+    """One LLaMA-layout decoder layer."""
+    return {
+        **norm_tensors(f"{param}.attention_norm", f"{hf}.input_layernorm", layer.norm),
+        **attention_tensors(f"{param}.attention", f"{hf}.self_attn", layer.attention),
+        **norm_tensors(f"{param}.feed_forward_norm", f"{hf}.post_attention_layernorm", layer.norm),
+        **mlp_tensors(f"{param}.feed_forward", f"{hf}.mlp", layer.feed_forward),
+    }
+
+
+def decoder_tensors(
+    model: Any, layer_tensors: LayerTensors = llama_layer_tensors, *, prefix: str = "model"
+) -> dict[str, HFTensor]:
+    """Embedding, every layer (`layer_tensors(i, layer config, param path, HF prefix)`), the
+    final norm and the head (absent when tied), in the LLaMA layout."""
+    decoder = model.decoder
+    out = {"decoder.embedding.weight": HFTensor(f"{prefix}.embed_tokens.weight")}
+    out.update(norm_tensors("decoder.output_norm", f"{prefix}.norm", decoder.output_norm))
+    if not decoder.tie_word_embeddings:
+        out.update(linear_tensors("decoder.lm_head", "lm_head", decoder.lm_head))
+    stack = decoder.transformer
+    for i in range(stack.num_layers):
+        out.update(
+            layer_tensors(i, stack.layer, f"decoder.transformer.layer{i}", f"{prefix}.layers.{i}")
+        )
+    return out
+
+
+class Llama:
+    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE (incl. Llama 3 scaling), GQA, tied or not."""
+
+    architecture = "LlamaForCausalLM"
+    model_type = "llama"
+    defaults: Mapping[str, Any] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+    aliases: Mapping[str, str] = {}
+
+    def base_config(self, fields: HFFields) -> Any:
+        fields.expect("pretraining_tp", 1, why="a split of the projections for training only")
+        return llama_base(fields, self.architecture)
+
+    def tensors(self, model: Any) -> dict[str, HFTensor]:
+        return decoder_tensors(model)

@@ -1,0 +1,134 @@
+"""The model-family kit: a family's import, decode and export against `transformers` itself.
+
+`check_against_transformers(config, tmp_path)` builds a tiny random model with transformers
+(every 1-d weight perturbed, so a dropped bias or a norm convention shows), saves it, runs
+`axplug import-hf`, compares the last-position logits and 16 greedy tokens, runs
+`axplug export-hf` and reloads the export with `AutoModelForCausalLM`. torch and transformers
+are imported only here (a test dependency, never the core's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HFCheck", "tiny_transformers_model", "check_against_transformers"]
+
+PROMPT = (3, 17, 42, 5, 28, 11, 60, 2, 9, 33, 21, 14)
+
+
+@dataclasses.dataclass(frozen=True)
+class HFCheck:
+    """What `check_against_transformers` compared, for the test to assert on or report."""
+
+    architecture: str
+    logits_error: float  # max |axplug - transformers| of the last position's logits
+    greedy_axplug: list[int]
+    greedy_transformers: list[int]
+    export_logits_error: float  # the exported model reloaded by transformers vs the original
+    export_class: str
+    run_dir: str
+    hf_dir: str
+    export_dir: str
+
+
+def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -> Any:
+    """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d weight perturbed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(torch.randn_like(param) * scale)
+    return model
+
+
+def _hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(ids)).logits.float().numpy()
+
+
+def _hf_greedy(model: Any, prompt: tuple[int, ...], steps: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.as_tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _axplug_logits(loaded: Any, ids: np.ndarray) -> np.ndarray:
+    import jax
+
+    from axplug.context import functional
+
+    @jax.jit
+    def logits(params, ids):
+        return functional(
+            loaded.model, prng_key=None, state=params, inputs=(ids,), is_training=False,
+            method="predict",
+        )[0]  # fmt: skip
+
+    return np.asarray(logits(loaded.params, ids), np.float32)
+
+
+def _cli(*args: str) -> None:
+    from axplug.cli import main
+
+    rc = main(list(args))
+    if rc != 0:
+        raise AssertionError(f"axplug {' '.join(args)} exited {rc}")
+
+
+def check_against_transformers(
+    config: Any, tmp_path: Any, *, steps: int = 16, prompt: tuple[int, ...] = PROMPT
+) -> HFCheck:
+    """Import, decode and export a tiny random model of `config` (a transformers config);
+    the caller asserts on the returned errors (the families' bar: 1e-5 in float32)."""
+    from transformers import AutoModelForCausalLM
+
+    from axplug.inference import SamplingParams, generate, load_checkpoint
+
+    hf_dir, run_dir, export_dir = (os.path.join(str(tmp_path), d) for d in ("hf", "run", "out"))
+    reference = tiny_transformers_model(config)
+    reference.save_pretrained(hf_dir)
+    ids = np.asarray([prompt])
+    want = _hf_logits(reference, ids)[0, -1]
+    _cli("import-hf", hf_dir, "--output", run_dir)
+    loaded = load_checkpoint(run_dir)
+    got = _axplug_logits(loaded, ids)[0, -1]
+    (completion,) = generate(
+        loaded.model,
+        loaded.params,
+        [list(prompt)],
+        SamplingParams(max_new_tokens=steps, temperature=0.0),
+    )
+    _cli("export-hf", run_dir, "--output", export_dir)
+    exported = AutoModelForCausalLM.from_pretrained(export_dir).eval()
+    again = _hf_logits(exported, ids)[0, -1]
+    return HFCheck(
+        architecture=type(reference).__name__,
+        logits_error=float(np.max(np.abs(got - want))),
+        greedy_axplug=list(completion.output_ids),
+        greedy_transformers=_hf_greedy(reference, prompt, steps),
+        export_logits_error=float(np.max(np.abs(again - want))),
+        export_class=type(exported).__name__,
+        run_dir=run_dir,
+        hf_dir=hf_dir,
+        export_dir=export_dir,
+    )
