@@ -466,25 +466,22 @@ class Dense:
 
 THING = 42
 '''
-HF_MAPPING = """
-class Mapping:
-    layer = "FakeFeedForward"
+ARCHITECTURE = """
+class Family:
+    architecture = "FakeForCausalLM"
+    model_type = "fake"
+
+    def base_config(self, fields):
+        return None
+
+    def tensors(self, model):
+        return {}
+
+
+class HalfFamily:
     architecture = "FakeForCausalLM"
 
-    def import_params(self, read, hf, prefix):
-        return {}
-
-    def export_tensors(self, params, prefix):
-        return {}
-
-    def hf_config(self, ffn):
-        return {}
-
-
-class HalfMapping:
-    layer = "FakeFeedForward"
-
-    def import_params(self, read, hf, prefix):
+    def tensors(self, model):
         return {}
 """
 WRITER = """
@@ -526,8 +523,8 @@ def add_parser(subparsers):
         ("inputs", (INPUT, "Dense"), "Dense", "a subclass of axplug.input.base.Input"),
         ("summary_writers", (WRITER, "Dense"), "Dense", "axplug.summary.base.SummaryWriter"),
         ("kernels", (LAYER, "Dense"), "Dense", "no is_supported, __call__ of the axplug.api"),
-        ("hf_mappings", (HF_MAPPING, "Mapping"), "Dense", "no layer, architecture, import_params"),
-        ("hf_mappings", (HF_MAPPING, "HalfMapping"), None, "no architecture, export_tensors"),
+        ("architectures", (ARCHITECTURE, "Family"), "Dense", "no architecture, model_type, base"),
+        ("architectures", (ARCHITECTURE, "HalfFamily"), None, "no model_type, base_config of"),
         ("presets", None, "Dense", "an instance of axplug.presets.Preset"),
         ("mesh_rules", None, "THING", "a function returning a MeshRule.Config"),
         ("commands", (COMMAND, None), None, "has no add_parser(subparsers)"),
@@ -542,7 +539,7 @@ def test_load_checks_the_object_against_its_kind(plugin_site, kind, good, bad, m
         source, attr = good
         modules["fake_good_kind"] = source
         entries["good"] = f"fake_good_kind:{attr}" if attr else "fake_good_kind"
-        if bad is None and attr != "Dense" and kind == "hf_mappings":  # HalfMapping
+        if bad is None and attr != "Dense" and kind == "architectures":  # HalfFamily
             entries = {"bad": entries.pop("good")}
     if bad is not None:
         entries["bad"] = f"fake_nothing:{bad}"
@@ -580,17 +577,23 @@ def test_failures_record_their_kind(plugin_site):
 
 
 def test_the_declared_protocols_are_what_load_checks():
-    from axplug.api import kinds
+    from axplug.api import hf, kinds
     from axplug.registry import _kinds
 
     class Full:
-        layer = architecture = "x"
+        architecture = model_type = "x"
 
-    for name in ("import_params", "export_tensors", "hf_config"):
+    for name in ("base_config", "tensors"):
         setattr(Full, name, lambda self, *a: None)
-    assert _kinds.check_kind("hf_mappings", Full) is None
-    declared = {n for n in vars(kinds.HFMapping) if not n.startswith("_")}
-    declared |= set(kinds.HFMapping.__annotations__)
-    assert declared == {"layer", "architecture", "import_params", "export_tensors", "hf_config"}
+    assert _kinds.check_kind("architectures", Full) is None
+    declared = {n for n in vars(hf.HFArchitecture) if not n.startswith("_")}
+    declared |= set(hf.HFArchitecture.__annotations__)
+    # Required: what load checks; optional: the data attributes the core reads with defaults.
+    assert declared - {"defaults", "aliases", "implied"} == {
+        "architecture",
+        "model_type",
+        "base_config",
+        "tensors",
+    }
     assert "add_parser" in vars(kinds.CommandModule)
     assert kinds.RunInfo._fields == ("dir", "max_steps", "every_n_steps", "tokens_per_step")

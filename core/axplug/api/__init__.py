@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
     from axplug.api.commands import add_checkpoint_arguments
     from axplug.api.device import DeviceSpec, with_device_spec
-    from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
     from axplug.api.hf import HFArchitecture, HFFields, HFTensor
+    from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
     from axplug.api.kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
     from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
     from axplug.hookspecs import hookimpl

@@ -49,7 +49,8 @@ class HFFields:
 
     `defaults` are the Hugging Face config class's values for fields a config.json may leave
     out; `aliases` map the names layers ask for to this family's names (GPT-2: `hidden_size`
-    is `n_embd`), as Hugging Face's `attribute_map` does.
+    is `n_embd`), as Hugging Face's `attribute_map` does; `implied` are fields the family fixes
+    in its code, never in config.json (Qwen2: `qkv_bias` is True), read like any other.
     """
 
     def __init__(
@@ -59,11 +60,13 @@ class HFFields:
         source: str = "config.json",
         defaults: Mapping[str, Any] | None = None,
         aliases: Mapping[str, str] | None = None,
+        implied: Mapping[str, Any] | None = None,
     ):
         self.raw = dict(raw)
         self.source = source
         self._defaults = dict(defaults or {})
         self._aliases = dict(aliases or {})
+        self.implied = dict(implied or {})
         self.read: set[str] = set()
         self.problems: list[str] = []
 
@@ -74,13 +77,15 @@ class HFFields:
     def has(self, field: str) -> bool:
         """Whether config.json (or the family's defaults) sets `field` to something not null."""
         name = self.name(field)
+        if name in self.implied:
+            return self.implied[name] is not None
         return self.raw.get(name, self._defaults.get(name)) is not None
 
     def get(self, field: str, default: Any = MISSING) -> Any:
         """The field's value (null counts as absent); absent and no default: a problem."""
         name = self.name(field)
         self.read.add(name)
-        value = self.raw.get(name)
+        value = self.implied[name] if name in self.implied else self.raw.get(name)
         if value is None:
             value = self._defaults.get(name)
         if value is None:
@@ -104,8 +109,10 @@ class HFFields:
         value = self.get(field, default)
         if value is None:
             return 1.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            positive and value <= 0
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (positive and value <= 0)
         ):
             kind = "a positive number" if positive else "a number"
             self.problem(f"{self.name(field)}={value!r} (expected {kind})")
@@ -117,7 +124,9 @@ class HFFields:
         value = self.get(field, allowed[0])
         if value not in allowed:
             options = " or ".join(repr(a) for a in allowed)
-            self.problem(f"{self.name(field)}={value!r} (only {options}{'; ' + why if why else ''})")
+            self.problem(
+                f"{self.name(field)}={value!r} (only {options}{'; ' + why if why else ''})"
+            )
         return value
 
     def problem(self, message: str) -> None:
@@ -159,6 +168,7 @@ class HFArchitecture(Protocol):
     model_type: str  # config.json's model_type, e.g. "qwen3"
     defaults: Mapping[str, Any]  # the HF config class's values for fields one may omit
     aliases: Mapping[str, str]  # layer field name -> this family's (usually empty)
+    implied: Mapping[str, Any]  # fields the family's code fixes (optional attribute)
 
     def base_config(self, fields: HFFields) -> Any:
         """The trainer config with this family's layer classes; the layers' `hf_read` then

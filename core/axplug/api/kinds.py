@@ -11,7 +11,6 @@ checking costs no import.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 __all__ = ["CommandModule", "AttentionKernelLike", "MeshRuleFactory", "RunInfo"]

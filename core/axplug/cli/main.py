@@ -134,14 +134,16 @@ def _exit_code(exc: BaseException) -> int | None:
     storage scheme no backend serves). A failed run: a checkpoint that cannot be read or
     written, a diverged loss, a plugin that cannot be imported, an I/O error.
     """
-    from axplug.checkpoint import CheckpointError, StorageNotFoundError
     from axplug.config import ConfigError
     from axplug.registry import ComponentConflictError, ComponentNotFoundError, PluginLoadError
+
+    # The light classes first: a refusal before anything imported jax stays jax-free.
+    if isinstance(exc, ConfigError | ComponentNotFoundError | ComponentConflictError):
+        return 2
+    from axplug.checkpoint import CheckpointError, StorageNotFoundError
     from axplug.trainer.loop_state import NonFiniteError
 
-    if isinstance(
-        exc, ConfigError | ComponentNotFoundError | ComponentConflictError | StorageNotFoundError
-    ):
+    if isinstance(exc, StorageNotFoundError):
         return 2
     if isinstance(exc, CheckpointError | NonFiniteError | PluginLoadError | OSError):
         return 1

@@ -38,8 +38,14 @@ _HOMES = {
     ),
     **dict.fromkeys(
         (
-            "Llama", "attention_tensors", "decoder_tensors", "layer_class", "linear_tensors",
-            "llama_base", "mlp_tensors", "norm_tensors",
+            "Llama",
+            "attention_tensors",
+            "decoder_tensors",
+            "layer_class",
+            "linear_tensors",
+            "llama_base",
+            "mlp_tensors",
+            "norm_tensors",
         ),
         "llama",
     ),  # fmt: skip

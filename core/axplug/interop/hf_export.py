@@ -36,7 +36,9 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     if problems:
         return None, problems
     aliases = getattr(arch, "aliases", {})
+    implied = getattr(arch, "implied", {})
     written = {aliases.get(k, k): v for k, v in written.items()}
+    written = {k: v for k, v in written.items() if k not in implied}  # checked by the rebuild
     base = dict(source or {})
     if base:  # drop what the source's layers read: the run's layers wrote their own
         probe = hf_fields(base, arch)

@@ -49,6 +49,7 @@ def hf_fields(raw: dict, arch: Any, source: str = "config.json") -> HFFields:
         source=source,
         defaults=getattr(arch, "defaults", {}),
         aliases=getattr(arch, "aliases", {}),
+        implied=getattr(arch, "implied", {}),
     )
 
 
@@ -74,7 +75,8 @@ def model_from_fields(arch: Any, fields: HFFields) -> Any:
         )
     if fields.problems:
         raise HFImportError(
-            f"{fields.source}: cannot import this {arch.architecture}: " + "; ".join(fields.problems)
+            f"{fields.source}: cannot import this {arch.architecture}: "
+            + "; ".join(fields.problems)
         )
     return cfg
 

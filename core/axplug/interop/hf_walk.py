@@ -89,8 +89,10 @@ def differences(run: Any, built: Any, path: str = "model") -> list[str]:
                 continue
             out += differences(a, b, f"{path}.{key}")
         return out
-    if isinstance(run, (list, tuple)) and isinstance(built, (list, tuple)) and len(run) == len(
-        built
+    if (
+        isinstance(run, (list, tuple))
+        and isinstance(built, (list, tuple))
+        and len(run) == len(built)
     ):
         return [d for i, (a, b) in enumerate(zip(run, built)) for d in differences(a, b, path)]
     if _plain(run) != _plain(built):

@@ -101,7 +101,9 @@ def mlp_tensors(param: str, hf: str, ffn: Any) -> dict[str, HFTensor]:
     """A gated MLP named `{hf}.{gate,up,down}_proj`."""
     out: dict[str, HFTensor] = {}
     for ours, theirs in (("wi_gate", "gate_proj"), ("wi_up", "up_proj"), ("wo", "down_proj")):
-        out.update(linear_tensors(f"{param}.{ours}", f"{hf}.{theirs}", ffn.linear))
+        out.update(
+            linear_tensors(f"{param}.{ours}", f"{hf}.{theirs}", getattr(ffn, "linear", None))
+        )
     return out
 
 
@@ -139,7 +141,7 @@ class Llama:
     architecture = "LlamaForCausalLM"
     model_type = "llama"
     defaults: Mapping[str, Any] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
-    aliases: Mapping[str, str] = {}
+    aliases: Mapping[str, str] = {"qkv_bias": "attention_bias"}  # one flag for all four
 
     def base_config(self, fields: HFFields) -> Any:
         fields.expect("pretraining_tp", 1, why="a split of the projections for training only")

@@ -41,8 +41,9 @@ class QKVLinear(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """Projection biases; as many k/v heads as query heads (GQA is a plugin's layer)."""
-        cfg.linear.bias = bool(fields.get("attention_bias", False))
+        """q/k/v biases (`qkv_bias`, else `attention_bias`); as many k/v heads as query heads
+        (GQA is a plugin's layer)."""
+        cfg.linear.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
         heads = fields.get("num_attention_heads", None)
         kv_heads = fields.get("num_key_value_heads", heads)
         if kv_heads != heads:
@@ -53,7 +54,7 @@ class QKVLinear(BaseLayer):
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        return {"attention_bias": bool(cfg.linear.bias)}
+        return {"qkv_bias": bool(cfg.linear.bias)}
 
     @property
     def num_kv_heads(self) -> int:
@@ -157,6 +158,7 @@ class Attention(BaseLayer):
         else:
             cfg.head_dim = fields.positive_int("head_dim")
         fields.expect("attention_dropout", 0.0, 0)
+        cfg.output.bias = bool(fields.get("attention_bias", False))
         cfg.sliding_window = None
         if fields.get("use_sliding_window", True) is False:
             fields.get("sliding_window", None)  # set, but switched off
@@ -164,6 +166,14 @@ class Attention(BaseLayer):
         else:
             window = fields.get("sliding_window", None)
             cfg.sliding_window = None if window is None else fields.positive_int("sliding_window")
+        kinds = set(fields.get("layer_types", None) or ())
+        if kinds == {"full_attention"}:
+            cfg.sliding_window = None
+        elif kinds - {"sliding_attention"}:
+            fields.problem(
+                f"layer_types mixes {sorted(kinds)}: one attention for every layer here (a "
+                "per-layer pattern needs an architecture that builds one)"
+            )
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -171,10 +181,13 @@ class Attention(BaseLayer):
             raise ValueError("attention is not causal (a causal LM's is)")
         if cfg.linear_bias_slopes is not None:
             raise ValueError("attention has an ALiBi bias, which no supported architecture has")
+        # No head_dim: Hugging Face's default, hidden_size // num_attention_heads.
+        width = {"head_dim": cfg.head_dim} if cfg.head_dim else {}
         return {
+            **width,
             "num_attention_heads": cfg.num_heads,
-            "head_dim": cfg.head_dim or cfg.input_dim // cfg.num_heads,
             "attention_dropout": 0.0,
+            "attention_bias": bool(cfg.output.bias),
             "sliding_window": cfg.sliding_window,
         }
 

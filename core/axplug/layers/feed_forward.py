@@ -66,7 +66,11 @@ class FeedForward(BaseLayer):
         names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
         if not names:
             raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
-        return {"intermediate_size": cfg.hidden_dim, "hidden_act": names[0], "mlp_bias": cfg.linear.bias}
+        return {
+            "intermediate_size": cfg.hidden_dim,
+            "hidden_act": names[0],
+            "mlp_bias": cfg.linear.bias,
+        }
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

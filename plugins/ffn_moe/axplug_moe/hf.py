@@ -40,16 +40,19 @@ class Mixtral:
         "num_experts_per_tok": 2,
         "router_aux_loss_coef": 0.001,
     }
-    aliases: Mapping[str, str] = {"moe_intermediate_size": "intermediate_size"}
+    aliases: Mapping[str, str] = {
+        "moe_intermediate_size": "intermediate_size",
+        "qkv_bias": "attention_bias",
+    }
 
     def base_config(self, fields: HFFields) -> Any:
-        from axplug.presets import mixtral_8x7b
+        from axplug.presets import resolve_preset
 
         experts = fields.raw.get("num_local_experts", self.defaults["num_local_experts"])
         return llama_base(
             fields,
             self.architecture,
-            preset=mixtral_8x7b,
+            preset=resolve_preset("mixtral-8x7b"),
             modifiers=[f"moe:num_experts={experts}"],
         )
 

@@ -69,7 +69,9 @@ class TopKRouter(BaseLayer):
         cfg.renormalize = bool(fields.get("norm_topk_prob", True))
         cfg.capacity_factor = None
         # Hugging Face's balance loss counts each of the k choices, axplug's their mean.
-        cfg.load_balance_coefficient = fields.number("router_aux_loss_coef", 0.0, positive=False) * cfg.top_k
+        cfg.load_balance_coefficient = (
+            fields.number("router_aux_loss_coef", 0.0, positive=False) * cfg.top_k
+        )
         cfg.z_loss_coefficient = 0.0
         fields.expect("router_jitter_noise", 0.0, 0)
 

@@ -87,7 +87,7 @@ EXPECTED = {
     ("modifiers", "moe"),
     ("presets", "moe-tiny"),
     ("presets", "mixtral-tiny"),
-    ("hf_mappings", "mixtral"),
+    ("architectures", "MixtralForCausalLM"),
 }
 
 
