@@ -446,7 +446,8 @@ def test_an_unregistered_architecture_is_refused_before_jax_is_imported(tmp_path
     )
     code = (
         "import sys\nfrom axplug.cli import main\n"
-        f"rc = main(['import-hf', {str(tmp_path / 'hf')!r}, '--output', {str(tmp_path / 'run')!r}])\n"
+        f"rc = main(['import-hf', {str(tmp_path / 'hf')!r}, "
+        f"'--output', {str(tmp_path / 'run')!r}])\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\nsys.exit(rc)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,6 +11,7 @@ config path, so a checkpoint never loads as another model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -42,10 +43,8 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     base = dict(source or {})
     if base:  # drop what the source's layers read: the run's layers wrote their own
         probe = hf_fields(base, arch)
-        try:
+        with contextlib.suppress(HFImportError):
             model_from_fields(arch, probe)
-        except HFImportError:
-            pass
         base = {k: v for k, v in base.items() if k not in probe.read}
     raw = {**base, **written, "architectures": [arch.architecture], "model_type": arch.model_type}
     try:

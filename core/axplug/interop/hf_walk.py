@@ -94,7 +94,8 @@ def differences(run: Any, built: Any, path: str = "model") -> list[str]:
         and isinstance(built, (list, tuple))
         and len(run) == len(built)
     ):
-        return [d for i, (a, b) in enumerate(zip(run, built)) for d in differences(a, b, path)]
+        pairs = enumerate(zip(run, built, strict=True))
+        return [d for i, (a, b) in pairs for d in differences(a, b, f"{path}[{i}]")]
     if _plain(run) != _plain(built):
         return [f"{path}: {_show(run)} (the architecture has {_show(built)})"]
     return []
