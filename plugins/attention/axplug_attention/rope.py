@@ -144,7 +144,10 @@ class RotaryPositionTransform(BaseLayer):
         (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4)."""
         cfg.theta, scaling = _read_rope(fields)
         cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
-        cfg.rotary_fraction = fields.number("partial_rotary_factor", 1.0)
+        params = fields.get("rope_parameters", None)
+        partial = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        top = fields.number("partial_rotary_factor", 1.0)  # transformers 4 keeps it here
+        cfg.rotary_fraction = float(partial) if partial else top
         cfg.scaling_factor = None
         if scaling is not None:
             cfg.scaling_factor = float(scaling["factor"])
@@ -169,6 +172,8 @@ class RotaryPositionTransform(BaseLayer):
                 "original_max_position_embeddings": cfg.original_max_position,
             }
             params = {**scaling, "rope_theta": cfg.theta}
+        if cfg.rotary_fraction != 1.0:
+            params["partial_rotary_factor"] = cfg.rotary_fraction
         out = {"rope_theta": cfg.theta, "rope_scaling": scaling, "rope_parameters": params}
         if cfg.rotary_fraction != 1.0:
             out["partial_rotary_factor"] = cfg.rotary_fraction

@@ -42,6 +42,12 @@ FAMILIES = {
     "mistral": lambda: config("Mistral", sliding_window=5),
     "mistral-no-window": lambda: config("Mistral", sliding_window=None),
     "qwen2": lambda: config("Qwen2"),
+    "phi3": lambda: config("Phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "phi3-partial-rope": lambda: config(
+        "Phi3",
+        pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
 }
 
 
