@@ -140,7 +140,7 @@ class Llama:
 
     architecture = "LlamaForCausalLM"
     model_type = "llama"
-    defaults: Mapping[str, Any] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+    defaults: Mapping[str, Any] = {"rms_norm_eps": 1e-6}
     aliases: Mapping[str, str] = {"qkv_bias": "attention_bias"}  # one flag for all four
 
     def base_config(self, fields: HFFields) -> Any:

@@ -83,6 +83,7 @@ def rope_tables(positions: jax.Array, freqs: np.ndarray) -> tuple[jax.Array, jax
     return jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
 
 
+_THETA = 10000.0  # transformers' default where config.json has no rope_theta
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -92,10 +93,10 @@ def _read_rope(fields) -> tuple[float, dict | None]:
     legacy = fields.get("rope_scaling", None)
     if isinstance(params, dict):
         name, scaling = "rope_parameters", params
-        theta = params.get("rope_theta", fields.get("rope_theta", None))
+        theta = params.get("rope_theta", fields.get("rope_theta", _THETA))
     else:
         name, scaling = "rope_scaling", legacy
-        theta = fields.get("rope_theta", None)
+        theta = fields.get("rope_theta", _THETA)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         fields.problem(f"rope_theta={theta!r} (expected a positive number)")
         theta = 1.0

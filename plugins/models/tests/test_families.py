@@ -46,7 +46,11 @@ FAMILIES = {
     "phi3-partial-rope": lambda: config(
         "Phi3",
         pad_token_id=0,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
     ),
 }
 
