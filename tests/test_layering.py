@@ -207,6 +207,10 @@ def _plugin_classes() -> set[str]:
 _READS = ("get", "positive_int", "number", "expect", "has", "name")
 
 
+def _strings(nodes) -> set[str]:
+    return {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
 def _hf_field_names(paths) -> set[str]:
     """The config.json fields `hf_read` methods read (`fields.get("x")`, ...) and `hf_write`
     methods write (the keys of the dicts they return)."""
