@@ -220,17 +220,11 @@ def _hf_field_names(paths) -> set[str]:
             if not (isinstance(node, ast.FunctionDef) and node.name in ("hf_read", "hf_write")):
                 continue
             for sub in ast.walk(node):
-                if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
-                    if sub.func.attr in _READS and sub.args:
-                        first = sub.args[0]
-                        if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                            names.add(first.value)
+                called = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                if called and sub.func.attr in _READS and sub.args:
+                    names |= _strings([sub.args[0]])
                 if isinstance(sub, ast.Dict) and node.name == "hf_write":
-                    names |= {
-                        k.value
-                        for k in sub.keys
-                        if isinstance(k, ast.Constant) and isinstance(k.value, str)
-                    }
+                    names |= _strings(sub.keys)
     return names
 
 
