@@ -136,7 +136,7 @@ def decoder_tensors(
 
 
 class Llama:
-    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE (incl. Llama 3 scaling), GQA, tied or not."""
+    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE with or without Llama 3 scaling, GQA, tied or not."""
 
     architecture = "LlamaForCausalLM"
     model_type = "llama"
