@@ -62,3 +62,39 @@ def test_family_matches_transformers(family, tmp_path):
     assert check.greedy_axplug == check.greedy_transformers, check
     assert check.export_class == check.architecture
     assert check.export_logits_error < TOL, check
+
+
+def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path):
+    """`train --from` with another theta and Llama 3 scaling, then `export-hf`: transformers
+    computes the fine-tuned model's logits (every RoPE form in config.json is the new one)."""
+    import json
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from axplug.cli import main
+    from axplug.inference import load_checkpoint
+    from axplug.testing._hf import PROMPT, _axplug_logits
+
+    check = check_against_transformers(FAMILIES["llama"](), tmp_path / "base", steps=1)
+    tuned, out = str(tmp_path / "tuned"), str(tmp_path / "out")
+    rope = (
+        "rope:theta=50000.0,scaling_factor=4.0,low_freq_factor=1.0,high_freq_factor=2.0,"
+        "original_max_position=32"
+    )
+    args = ["train", "--from", check.run_dir, "--output-dir", tuned, "--max-steps", "2",
+            "--modifier", rope, "--input", "synthetic:vocab_size=96",
+            "--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
+            "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+    assert main(args) == 0
+    assert main(["export-hf", tuned, "--output", out]) == 0
+    raw = json.loads(open(f"{out}/config.json").read())
+    assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 50000.0
+    assert raw["rope_parameters"]["rope_type"] == raw["rope_scaling"]["rope_type"] == "llama3"
+    ids = np.asarray([PROMPT])
+    want = _axplug_logits(load_checkpoint(tuned), ids)[0, -1]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        got = model(torch.as_tensor(ids)).logits[0, -1].numpy()
+    assert np.max(np.abs(got - want)) < TOL
