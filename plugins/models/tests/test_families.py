@@ -89,7 +89,7 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
             "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
     assert main(args) == 0
     assert main(["export-hf", tuned, "--output", out]) == 0
-    raw = json.loads(open(f"{out}/config.json").read())
+    raw = json.loads((tmp_path / "out" / "config.json").read_text())
     assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 50000.0
     assert raw["rope_parameters"]["rope_type"] == raw["rope_scaling"]["rope_type"] == "llama3"
     ids = np.asarray([PROMPT])
