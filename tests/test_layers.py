@@ -252,6 +252,32 @@ def test_rms_norm():
     assert_close(run(m2, params, (x,)), ref_rms_norm(x, params, eps=0.5))
 
 
+def test_rms_norm_scale_offset_is_gemmas_one_plus_w():
+    m = build(RMSNorm, input_dim=D, scale_offset=1.0)
+    # The stored scale starts at zeros: the effective scale (1 + w) starts at one.
+    np.testing.assert_array_equal(init(m, randomize_norms=False)["scale"], np.zeros(D))
+    x = 3.0 * normal(1, (B, S, D)) + 0.5
+    w = 0.5 * normal(2, (D,))
+    want = x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + 1e-6) * (1.0 + w)
+    assert_close(run(m, {"scale": w}, (x,)), want)
+    # Any offset starts as the identity scale and adds itself to the stored one.
+    half = build(RMSNorm, input_dim=D, scale_offset=0.5)
+    np.testing.assert_array_equal(init(half, randomize_norms=False)["scale"], np.full(D, 0.5))
+    assert_close(run(half, {"scale": w}, (x,)), ref_rms_norm(x, {"scale": w + 0.5}))
+    # The default stays x / rms(x) * w with ones at init.
+    np.testing.assert_array_equal(
+        init(build(RMSNorm, input_dim=D), randomize_norms=False)["scale"], np.ones(D)
+    )
+    # bf16 compute: Gemma's float32 math of the bf16 input, cast once at the end.
+    m16 = build(RMSNorm, input_dim=D, scale_offset=1.0, compute_dtype="bfloat16")
+    x16 = x.astype(jnp.bfloat16)
+    x32 = x16.astype(jnp.float32)
+    want16 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6) * (1.0 + w)
+    out16 = run(m16, {"scale": w}, (x16,))
+    assert out16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out16), np.asarray(want16.astype(jnp.bfloat16)))
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_layer_norm(bias):
     m = build(LayerNorm, input_dim=D, bias=bias)
