@@ -37,6 +37,7 @@ from axplug.layers import (
     LayerNorm,
     Linear,
     ParameterSpec,
+    QKVLinear,
     RepeatedTransformer,
     RMSNorm,
     StackedTransformer,
@@ -342,6 +343,22 @@ def test_attention_head_dim_override():
     x = normal(1, (B, S, D))
     out = run(m, params, {"x": x, "positions": arange_positions()})
     assert_close(out, ref_attention(x, params, H, ref_mask(B, S)))
+
+
+def test_attention_qkv_bias_is_on_q_k_v_only():
+    m = build(Attention, input_dim=D, num_heads=H, qkv=QKVLinear.default_config().set(bias=True))
+    params = init(m)
+    for name in "qkv":
+        assert params["qkv"][name]["bias"].shape == (D,)
+    assert set(params["output"]) == {"weight"}  # the output projection stays bias-free
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    split = lambda t: t.reshape(B, S, H, -1)  # noqa: E731
+    q, k, v = (split(ref_linear(x, params["qkv"][n])) for n in "qkv")
+    want = ref_sdpa(q, k, v, ref_mask(B, S)).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # The default has no biases: the same parameter tree as before the option existed.
+    assert set(init(build_attention())["qkv"]["q"]) == {"weight"}
 
 
 def test_attention_non_causal():

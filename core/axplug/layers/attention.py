@@ -30,13 +30,20 @@ _KV_AXES = ("batch", "kv_seq", "heads", None)
 
 
 class QKVLinear(BaseLayer):
-    """Projects [batch, seq, dim] to q [b, s, heads, d] and k, v [b, s, kv_heads, d]."""
+    """Projects [batch, seq, dim] to q [b, s, heads, d] and k, v [b, s, kv_heads, d].
+
+    `bias=True` gives the q, k and v projections a bias each (Qwen2); the attention's output
+    projection is configured apart (`Attention.output`) and keeps none unless it says so.
+    """
 
     @config_class
     class Config(BaseLayer.Config):
         input_dim: Required[int] = REQUIRED
         num_heads: Required[int] = REQUIRED
         head_dim: Required[int] = REQUIRED
+        # Biases on the q, k, v projections (parameters q.bias, k.bias, v.bias); the same as
+        # linear.bias=True, which also adds them.
+        bias: bool = False
         linear: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "heads"))
 
     @property
@@ -45,13 +52,14 @@ class QKVLinear(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
+        linear = cfg.linear.clone(bias=True) if cfg.bias else cfg.linear
         for name, heads in (
             ("q", cfg.num_heads),
             ("k", self.num_kv_heads),
             ("v", self.num_kv_heads),
         ):
             self._add_child(
-                name, cfg.linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
+                name, linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
             )
 
     def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

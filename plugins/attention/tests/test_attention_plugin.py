@@ -327,6 +327,35 @@ def test_gqa_equals_mha_with_repeated_kv_weights(kv_heads, flash):
     assert_close(run(gqa, gparams, inputs), run(mha, mparams, inputs))
 
 
+def ref_gqa_attention(x, p, kv_heads, *, positions=None):
+    """Causal GQA attention in plain jnp: q, k, v projections (biases where present), each kv
+    head repeated for its group of query heads, softmax(q k^T / sqrt(d)) v, output."""
+    b, s, _ = x.shape
+    proj = {n: x @ p["qkv"][n]["weight"] + p["qkv"][n].get("bias", 0.0) for n in "qkv"}
+    q = proj["q"].reshape(b, s, H, -1)
+    k, v = (proj[n].reshape(b, s, kv_heads, -1) for n in "kv")
+    k, v = (jnp.repeat(t, H // kv_heads, axis=2) for t in (k, v))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    pos = arange_positions(b, s) if positions is None else positions
+    allowed = pos[:, None, None, :] <= pos[:, None, :, None]
+    probs = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ p["output"]["weight"]
+
+
+def test_gqa_keeps_the_qkv_bias_of_the_projection_it_replaces():
+    cfg = attention_cfg(qkv=QKVLinear.default_config().set(bias=True))
+    cfg = make_modifier("gqa:num_kv_heads=2")(cfg)
+    assert cfg.qkv.klass is GroupedQKVLinear and cfg.qkv.bias is True
+    m, params = build(cfg)
+    assert params["qkv"]["q"]["bias"].shape == (D,)
+    assert params["qkv"]["k"]["bias"].shape == params["qkv"]["v"]["bias"].shape == (2 * D // H,)
+    assert set(params["output"]) == {"weight"}
+    params = jax.tree.map(lambda a: a + 0.1 * normal(7, a.shape), params)  # nonzero biases
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    assert_close(out, ref_gqa_attention(x, params, 2))
+
+
 def test_gqa_rejects_a_kv_head_count_that_does_not_divide():
     with pytest.raises(ConfigError, match="num_kv_heads=3 must divide num_heads=4"):
         attention_cfg("gqa:num_kv_heads=3")
