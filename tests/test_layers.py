@@ -361,6 +361,41 @@ def test_attention_qkv_bias_is_on_q_k_v_only():
     assert set(init(build_attention())["qkv"]["q"]) == {"weight"}
 
 
+@pytest.mark.parametrize("over", ["head_dim", "projection"])
+def test_attention_qk_norm(over):
+    hd = 3  # head_dim != D // H, so the two modes' norm widths differ from D
+    m = build_attention(head_dim=hd, qk_norm=RMSNorm.default_config(), qk_norm_over=over)
+    params = init(m)  # random norm scales
+    width = hd if over == "head_dim" else H * hd
+    assert params["q_norm"]["scale"].shape == params["k_norm"]["scale"].shape == (width,)
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    p = params["qkv"]
+    split = lambda t: t.reshape(B, S, H, hd)  # noqa: E731
+    if over == "head_dim":  # each head's q (and k) normed over its head_dim, one shared scale
+        q = ref_rms_norm(split(x @ p["q"]["weight"]), params["q_norm"])
+        k = ref_rms_norm(split(x @ p["k"]["weight"]), params["k_norm"])
+    else:  # the whole projection normed, then split into heads
+        q = split(ref_rms_norm(x @ p["q"]["weight"], params["q_norm"]))
+        k = split(ref_rms_norm(x @ p["k"]["weight"], params["k_norm"]))
+    v = split(x @ p["v"]["weight"])
+    want = ref_sdpa(q, k, v, ref_mask(B, S)).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # Without qk_norm: no norm parameters, the old tree.
+    assert set(init(build_attention())) == {"qkv", "output"}
+
+
+def test_attention_qk_norm_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"^qk_norm_over: 'heads' is not one of"):
+        build_attention(qk_norm=RMSNorm.default_config(), qk_norm_over="heads")
+    with pytest.raises(ConfigError, match=r"^qk_norm: DotProductKernel.Config has no input_dim"):
+        build_attention(qk_norm=DotProductKernel.default_config())
+    cfg = layer_cfg().set(input_dim=D)
+    cfg.attention.set(qk_norm=RMSNorm.default_config(), qk_norm_over="all")
+    with pytest.raises(ConfigError, match=r"^attention\.qk_norm_over: 'all' is not one of"):
+        cfg.instantiate(parent=None)
+
+
 def test_attention_non_causal():
     m = build_attention(causal=False)
     params = init(m)

@@ -23,6 +23,7 @@ __all__ = [
     "IdentityPositionTransform",
     "DotProductKernel",
     "Attention",
+    "QK_NORM_OVER",
 ]
 
 _Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
@@ -112,8 +113,20 @@ def paged_attention(q, paged, *, scale: float | None, backend: str | None = None
     return kernel(q, paged, scale=scale)
 
 
+QK_NORM_OVER = ("head_dim", "projection")
+
+
 class Attention(BaseLayer):
-    """Self-attention: qkv slot -> position slot -> kernel slot -> output projection."""
+    """Self-attention: qkv slot -> q/k norms (optional) -> position slot -> kernel slot ->
+    output projection.
+
+    `qk_norm` (a norm config, e.g. `RMSNorm.default_config()`) normalizes q and k after
+    the projection and before the position transform (RoPE), as children `q_norm` and
+    `k_norm`: over each head's `head_dim` with one scale shared by the heads
+    (`qk_norm_over="head_dim"`: Qwen3, Gemma 3), or over the whole q projection
+    (num_heads * head_dim) and k projection (num_kv_heads * head_dim) before the split into
+    heads (`"projection"`: OLMo 2).
+    """
 
     @config_class
     class Config(BaseLayer.Config):
@@ -125,6 +138,10 @@ class Attention(BaseLayer):
         # Per-head slopes of a linear distance bias on the scores (ALiBi: `alibi` modifier of
         # axplug-attention); None: no bias. Plugin API 1.1.
         linear_bias_slopes: tuple[float, ...] | None = None
+        # A norm (any layer config with `input_dim`) of q and of k; None: none.
+        qk_norm: BaseLayer.Config | None = None
+        # What qk_norm normalizes over: "head_dim" (per head) or "projection" (all heads).
+        qk_norm_over: str = "head_dim"
         qkv: BaseLayer.Config = QKVLinear.default_config()
         position: BaseLayer.Config = IdentityPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -140,6 +157,8 @@ class Attention(BaseLayer):
             "qkv",
             cfg.qkv.clone(input_dim=cfg.input_dim, num_heads=cfg.num_heads, head_dim=head_dim),
         )
+        if cfg.qk_norm is not None:
+            self._add_qk_norms(cfg, head_dim)
         position = cfg.position.clone()
         if hasattr(position, "head_dim"):
             position.head_dim = head_dim
@@ -155,6 +174,35 @@ class Attention(BaseLayer):
                 "linear_bias_slopes",
                 f"{len(slopes)} slopes for {cfg.num_heads} heads; give one per query head",
             )
+
+    def _add_qk_norms(self, cfg: Config, head_dim: int) -> None:
+        if cfg.qk_norm_over not in QK_NORM_OVER:
+            raise cfg.field_error(
+                "qk_norm_over",
+                f"{cfg.qk_norm_over!r} is not one of {', '.join(map(repr, QK_NORM_OVER))}",
+            )
+        if not hasattr(cfg.qk_norm, "input_dim"):
+            raise cfg.field_error(
+                "qk_norm",
+                f"{type(cfg.qk_norm).__qualname__} has no input_dim field; give a norm such "
+                "as RMSNorm.default_config()",
+            )
+        kv_heads = getattr(self.qkv, "num_kv_heads", cfg.num_heads)
+        per_head = cfg.qk_norm_over == "head_dim"
+        for name, heads in (("q_norm", cfg.num_heads), ("k_norm", kv_heads)):
+            dim = head_dim if per_head else heads * head_dim
+            self._add_child(name, cfg.qk_norm.clone(input_dim=dim))
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [b, s, h, d], k, v [b, s, kvh, d] from the qkv slot, q and k normed if asked."""
+        q, k, v = self.qkv(x)
+        if self._config.qk_norm is None:
+            return q, k, v
+        if self._config.qk_norm_over == "head_dim":
+            return self.q_norm(q), self.k_norm(k), v
+        # Over the whole projection, as before the split into heads.
+        whole = lambda norm, t: norm(t.reshape(*t.shape[:-2], -1)).reshape(t.shape)  # noqa: E731
+        return whole(self.q_norm, q), whole(self.k_norm, k), v
 
     def _slopes(self) -> jax.Array | None:
         slopes = self._config.linear_bias_slopes
@@ -175,7 +223,7 @@ class Attention(BaseLayer):
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
         # x: [batch, seq, dim]; positions: [batch, seq]
-        q, k, v = self.qkv(x)
+        q, k, v = self._project(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         # Queries keep their sequence shard; keys and values are gathered along the sequence,
         # so attention under sequence parallelism is exact (each shard sees every key).
@@ -205,7 +253,7 @@ class Attention(BaseLayer):
         if not self._config.causal:
             raise ConfigError(f"{self.path}: decoding with a KV cache needs causal attention")
         # x: [batch, new, dim]; positions: [batch, new]
-        q, k, v = self.qkv(x)
+        q, k, v = self._project(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         cfg = self._config
         attend_pages = getattr(self.kernel, "paged_attention", None)
