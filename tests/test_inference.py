@@ -152,6 +152,48 @@ def test_decoding_with_the_cache_gives_the_forward_logits(mods):
     np.testing.assert_allclose(decoded, full, **LOOSE)
 
 
+def _layer(**fields):
+    """An edit of an `lm_cfg` config: `fields` set on every transformer layer."""
+
+    def edit(cfg):
+        cfg.decoder.transformer.layer.set(**fields)
+        return cfg
+
+    return edit
+
+
+def randomized(params, seed: int = 7):
+    """`params` plus small random values: zero biases and unit norm scales matter then."""
+    leaves, treedef = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    return treedef.unflatten([a + 0.3 * rng.standard_normal(a.shape) for a in leaves])
+
+
+# Options of the core layers that Hugging Face families need: (config edits, modifiers).
+OPTION_CASES = {
+    "post_norms": ((_layer(post_norm=True),), ()),
+    "post_norms_only_scanned_paged": (
+        (_layer(pre_norm=False, post_norm=True),),
+        ("scan_layers", "paged_kv_cache:page_size=4"),
+    ),
+}
+
+
+@pytest.mark.parametrize("edits,mods", list(OPTION_CASES.values()), ids=list(OPTION_CASES))
+def test_decoding_with_layer_options_gives_the_forward_logits(edits, mods):
+    cfg = lm_cfg()
+    for edit in edits:
+        cfg = edit(cfg)
+    for spec in mods:
+        cfg = make_modifier(spec)(cfg)
+    model, params = build(cfg)
+    params = randomized(params)
+    ids = random_ids(1, (3, 11))
+    full = np.asarray(forward_logits(model, params, ids))
+    decoded, _ = decode_logits(model, params, ids, prompt_lens=[5, 2, 7], max_len=12)
+    np.testing.assert_allclose(decoded, full, **LOOSE)
+
+
 def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache():
     contiguous, params = build(lm_cfg())
     paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=20"))

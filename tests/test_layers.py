@@ -502,6 +502,23 @@ def test_transformer_layer_pre_norm_residual():
     assert_close(out, ref_transformer_layer(x, params, ref_mask(B, S)))
 
 
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["pre_and_post", "post_only"])
+def test_transformer_layer_post_norms(pre_norm):
+    # Gemma 2/3: x + post(attn(pre(x))); OLMo 2: x + post(attn(x)). Same for the FFN.
+    cfg = layer_cfg().set(input_dim=D, pre_norm=pre_norm, post_norm=True)
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    names = {"attention", "post_attention_norm", "feed_forward", "post_feed_forward_norm"}
+    assert set(params) == names | ({"attention_norm", "feed_forward_norm"} if pre_norm else set())
+    pre = lambda name, x: ref_rms_norm(x, params[name]) if pre_norm else x  # noqa: E731
+    x = normal(1, (B, S, D))
+    h = ref_attention(pre("attention_norm", x), params["attention"], H, ref_mask(B, S))
+    y = x + ref_rms_norm(h, params["post_attention_norm"])
+    h = ref_ffn(pre("feed_forward_norm", y), params["feed_forward"])
+    want = y + ref_rms_norm(h, params["post_feed_forward_norm"])
+    assert_close(run(m, params, {"x": x, "positions": arange_positions()}), want)
+
+
 def test_transformer_layer_with_segments():
     m = layer_cfg().set(input_dim=D).instantiate(parent=None)
     params = init(m)
