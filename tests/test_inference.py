@@ -162,6 +162,16 @@ def _layer(**fields):
     return edit
 
 
+def _decoder(**fields):
+    """An edit of an `lm_cfg` config: `fields` set on the decoder."""
+
+    def edit(cfg):
+        cfg.decoder.set(**fields)
+        return cfg
+
+    return edit
+
+
 def randomized(params, seed: int = 7):
     """`params` plus small random values: zero biases and unit norm scales matter then."""
     leaves, treedef = jax.tree.flatten(params)
@@ -176,6 +186,7 @@ OPTION_CASES = {
         (_layer(pre_norm=False, post_norm=True),),
         ("scan_layers", "paged_kv_cache:page_size=4"),
     ),
+    "embedding_scale": ((_decoder(embedding_scale=DIM**0.5),), ()),
 }
 
 

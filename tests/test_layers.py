@@ -701,6 +701,62 @@ def test_decoder_tied_logits_are_normed_hidden_times_embedding_transpose():
     assert_close(run(m, params, (ids,)), x @ params["embedding"]["weight"].T, F32_LOOSE)
 
 
+def test_decoder_embedding_scale():
+    scale = math.sqrt(D)
+    cfg = Decoder.default_config().set(vocab_size=V, dim=D, embedding_scale=scale)
+    cfg.transformer.set(num_layers=1, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    ids = token_ids()
+    x = params["embedding"]["weight"][ids] * scale
+    x = ref_transformer_layer(x, params["transformer"]["layer0"], ref_mask(B, S))
+    want = ref_rms_norm(x, params["output_norm"]) @ params["lm_head"]["weight"]
+    assert_close(run(m, params, (ids,)), want, F32_LOOSE)
+    # bf16 compute: the scale is a bf16 value first (HF: hidden * tensor(scale, hidden.dtype)).
+    m16 = cfg.clone(compute_dtype="bfloat16").instantiate(parent=None)
+    got = run(m16, params, (ids, arange_positions()), method="_embed")
+    table16 = params["embedding"]["weight"].astype(jnp.bfloat16)
+    want16 = table16[ids] * jnp.asarray(scale, jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want16))
+    for bad in (0.0, -2.0, float("inf")):
+        with pytest.raises(ConfigError, match=r"^embedding_scale: .* must be a finite number > 0"):
+            cfg.clone(embedding_scale=bad).instantiate(parent=None)
+
+
+class LossFusingStack(StackedTransformer):
+    """A stack that computes the loss itself when training, as a 1F1B pipeline does (through
+    `Decoder.fused_loss`), here without any pipeline."""
+
+    fuses_loss = True
+
+    def forward_with_loss(self, x, *, head, head_params, labels, **kwargs):
+        return head(head_params, self.forward(x, **kwargs), labels)
+
+
+DECODER_OPTIONS = {
+    "embedding_scale": dict(embedding_scale=math.sqrt(D)),
+}
+
+
+@pytest.mark.parametrize("options", list(DECODER_OPTIONS.values()), ids=list(DECODER_OPTIONS))
+def test_fused_loss_equals_the_loss_of_the_logits_with_decoder_options(options):
+    cfg = lm_cfg(tied=True)
+    cfg.decoder.set(**options)
+    cfg.decoder.transformer = LossFusingStack.default_config().set(num_layers=2, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    assert m.decoder.fuses_loss
+    params = init(m)
+    ids = token_ids()
+    labels = jnp.roll(ids, -1, axis=1).at[:, -1].set(-1)
+    inputs = {"input_ids": ids, "target_labels": labels}
+    (fused, aux), _ = functional(m, prng_key=key(0), state=params, inputs=inputs, is_training=True)
+    assert aux["logits"] is None  # the fused path ran
+    (plain, aux), _ = functional(m, prng_key=None, state=params, inputs=inputs, is_training=False)
+    assert_close(fused, plain)
+    assert_close(plain, ref_xent(aux["logits"], labels)[0], F32_LOOSE)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_causal_lm_loss_with_ignored_labels(tied):
     m = lm_cfg(tied=tied).instantiate(parent=None)

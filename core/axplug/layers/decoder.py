@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -19,13 +21,19 @@ __all__ = ["Decoder", "CausalLM", "cross_entropy"]
 
 
 class Decoder(BaseLayer):
-    """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
+    """Token ids [batch, seq] -> logits [batch, seq, vocab].
+
+    The token embeddings are multiplied by `embedding_scale` (Gemma: sqrt(dim)) when set,
+    as a value of the compute dtype, in every path (forward, extend_step, fused_loss).
+    """
 
     @config_class
     class Config(BaseLayer.Config):
         vocab_size: Required[int] = REQUIRED
         dim: Required[int] = REQUIRED
         embedding: Embedding.Config = Embedding.default_config()
+        # Multiplies the token embeddings (Gemma: dim ** 0.5); None: no scaling.
+        embedding_scale: float | None = None
         transformer: BaseLayer.Config = StackedTransformer.default_config()
         output_norm: BaseLayer.Config = RMSNorm.default_config()
         lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
@@ -33,6 +41,9 @@ class Decoder(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
+        scale = cfg.embedding_scale
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise cfg.field_error("embedding_scale", f"{scale} must be a finite number > 0")
         self._add_child(
             "embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim)
         )
@@ -49,7 +60,7 @@ class Decoder(BaseLayer):
         positions = constrain(positions, ("batch", "seq"))
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
-        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
         return constrain(self._logits(x), ("batch", "seq", "vocab"))
 
@@ -68,7 +79,7 @@ class Decoder(BaseLayer):
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
         labels = constrain(labels, ("batch", "seq"))
-        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
         used = ("output_norm", "embedding" if self._config.tie_word_embeddings else "lm_head")
         head_params = {name: self.parameters[name] for name in used}
 
@@ -88,6 +99,15 @@ class Decoder(BaseLayer):
         )
         count = jnp.sum(labels >= 0)
         return total / jnp.maximum(count, 1), count
+
+    def _embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
+        """The transformer's input [batch, seq, dim] for token ids at `positions`."""
+        del positions  # unused without position embeddings
+        x = self.embedding(input_ids)
+        if self._config.embedding_scale is not None:
+            # In the compute dtype, as Hugging Face's Gemma: hidden * tensor(scale, hidden.dtype).
+            x = x * jnp.asarray(self._config.embedding_scale, x.dtype)
+        return x
 
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
@@ -113,7 +133,7 @@ class Decoder(BaseLayer):
 
         Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`).
         """
-        x = self.embedding(input_ids)
+        x = self._embed(input_ids, positions)
         x, cache = self.transformer.extend_step(
             x, positions=positions, cache_state=cache_state["transformer"]
         )
