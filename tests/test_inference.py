@@ -187,6 +187,7 @@ OPTION_CASES = {
         ("scan_layers", "paged_kv_cache:page_size=4"),
     ),
     "embedding_scale": ((_decoder(embedding_scale=DIM**0.5),), ()),
+    "final_logit_softcap_scanned": ((_decoder(final_logit_softcap=2.0),), ("scan_layers",)),
 }
 
 

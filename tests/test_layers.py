@@ -724,6 +724,27 @@ def test_decoder_embedding_scale():
             cfg.clone(embedding_scale=bad).instantiate(parent=None)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_decoder_final_logit_softcap(tied):
+    cap = 0.5  # below the logits' scale, so the cap changes them
+    cfg = Decoder.default_config().set(
+        vocab_size=V, dim=D, tie_word_embeddings=tied, final_logit_softcap=cap
+    )
+    cfg.transformer.set(num_layers=2, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    ids = token_ids()
+    raw = ref_decoder(ids, params, 2, ref_mask(B, S), tied=tied)
+    assert float(jnp.abs(raw).max()) > 2 * cap
+    logits = run(m, params, (ids,))
+    assert logits.dtype == jnp.float32
+    assert_close(logits, cap * jnp.tanh(raw / cap), F32_LOOSE)
+    assert float(jnp.abs(logits).max()) <= cap
+    for bad in (0.0, -30.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"^final_logit_softcap: .* must be a finite num"):
+            cfg.clone(final_logit_softcap=bad).instantiate(parent=None)
+
+
 class LossFusingStack(StackedTransformer):
     """A stack that computes the loss itself when training, as a 1F1B pipeline does (through
     `Decoder.fused_loss`), here without any pipeline."""
@@ -736,6 +757,7 @@ class LossFusingStack(StackedTransformer):
 
 DECODER_OPTIONS = {
     "embedding_scale": dict(embedding_scale=math.sqrt(D)),
+    "final_logit_softcap": dict(final_logit_softcap=0.5),
 }
 
 

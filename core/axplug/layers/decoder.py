@@ -24,7 +24,9 @@ class Decoder(BaseLayer):
     """Token ids [batch, seq] -> logits [batch, seq, vocab].
 
     The token embeddings are multiplied by `embedding_scale` (Gemma: sqrt(dim)) when set,
-    as a value of the compute dtype, in every path (forward, extend_step, fused_loss).
+    as a value of the compute dtype, and the logits soft-capped to
+    `cap * tanh(logits / cap)` (in float32, then in the logits' dtype) with
+    `final_logit_softcap` (Gemma 2), in every path (forward, extend_step, fused_loss).
     """
 
     @config_class
@@ -38,12 +40,17 @@ class Decoder(BaseLayer):
         output_norm: BaseLayer.Config = RMSNorm.default_config()
         lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
         tie_word_embeddings: bool = False
+        # Logits become cap * tanh(logits / cap) (Gemma 2: 30.0); None: not capped.
+        final_logit_softcap: float | None = None
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
         scale = cfg.embedding_scale
         if scale is not None and not (math.isfinite(scale) and scale > 0):
             raise cfg.field_error("embedding_scale", f"{scale} must be a finite number > 0")
+        cap = cfg.final_logit_softcap
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise cfg.field_error("final_logit_softcap", f"{cap} must be a finite number > 0")
         self._add_child(
             "embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim)
         )
@@ -111,9 +118,13 @@ class Decoder(BaseLayer):
 
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
-        if self._config.tie_word_embeddings:
-            return self.embedding.attend(x)
-        return self.lm_head(x)
+        tied = self._config.tie_word_embeddings
+        logits = self.embedding.attend(x) if tied else self.lm_head(x)
+        cap = self._config.final_logit_softcap
+        if cap is None:
+            return logits
+        capped = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
+        return capped.astype(logits.dtype)
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
         """An empty decoding cache for `extend_step`: `max_len` tokens per row."""
