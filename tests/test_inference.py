@@ -30,7 +30,7 @@ from axplug.inference import (
     load_checkpoint,
     sample_tokens,
 )
-from axplug.layers import CausalLM
+from axplug.layers import CausalLM, Embedding
 from axplug.layers.kv_cache import EMPTY_POSITION, set_block_tables
 from axplug.modifiers import make_modifier
 
@@ -188,6 +188,10 @@ OPTION_CASES = {
     ),
     "embedding_scale": ((_decoder(embedding_scale=DIM**0.5),), ()),
     "final_logit_softcap_scanned": ((_decoder(final_logit_softcap=2.0),), ("scan_layers",)),
+    "position_embedding_paged": (
+        (_decoder(position_embedding=Embedding.default_config(), max_positions=12),),
+        ("paged_kv_cache:page_size=4",),
+    ),
 }
 
 

@@ -745,6 +745,41 @@ def test_decoder_final_logit_softcap(tied):
             cfg.clone(final_logit_softcap=bad).instantiate(parent=None)
 
 
+def test_decoder_position_embedding():
+    cfg = Decoder.default_config().set(
+        vocab_size=V, dim=D, position_embedding=Embedding.default_config(), max_positions=S + 1
+    )
+    cfg.transformer.set(num_layers=1, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    assert params["position_embedding"]["weight"].shape == (S + 1, D)
+    ids = token_ids()
+    # Packed rows: the table is read by position, not by index.
+    segment_ids = jnp.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    positions = jnp.array([[0, 1, 2, 0, 1, 2], [1, 2, 3, 4, 5, 6]])
+    logits = run(m, params, {"input_ids": ids, "positions": positions, "segment_ids": segment_ids})
+    x = params["embedding"]["weight"][ids] + params["position_embedding"]["weight"][positions]
+    mask = ref_mask(B, S, segment_ids=segment_ids)
+    x = ref_transformer_layer(x, params["transformer"]["layer0"], mask)
+    want = ref_rms_norm(x, params["output_norm"]) @ params["lm_head"]["weight"]
+    assert_close(logits, want, F32_LOOSE)
+    # Padding (EMPTY_POSITION) reads row 0; a real position past the table is NaN, not a
+    # silently repeated row.
+    from axplug.layers import EMPTY_POSITION
+
+    pad = jnp.array([[0, EMPTY_POSITION, S + 1]] * B)
+    x = run(m, params, (ids[:, :3], pad), method="_embed")
+    table, wpe = params["embedding"]["weight"], params["position_embedding"]["weight"]
+    assert_close(x[:, :2], table[ids[:, :2]] + wpe[0])
+    assert np.isnan(np.asarray(x[:, 2])).all()
+    with pytest.raises(ConfigError, match=r"^max_positions: None: position_embedding needs"):
+        cfg.clone(max_positions=None).instantiate(parent=None)
+    with pytest.raises(ConfigError, match=r"^max_positions: 0: position_embedding needs"):
+        cfg.clone(max_positions=0).instantiate(parent=None)
+    with pytest.raises(ConfigError, match=r"^max_positions: is read only with position_emb"):
+        cfg.clone(position_embedding=None).instantiate(parent=None)
+
+
 class LossFusingStack(StackedTransformer):
     """A stack that computes the loss itself when training, as a 1F1B pipeline does (through
     `Decoder.fused_loss`), here without any pipeline."""
@@ -758,6 +793,7 @@ class LossFusingStack(StackedTransformer):
 DECODER_OPTIONS = {
     "embedding_scale": dict(embedding_scale=math.sqrt(D)),
     "final_logit_softcap": dict(final_logit_softcap=0.5),
+    "position_embedding": dict(position_embedding=Embedding.default_config(), max_positions=S),
 }
 
 

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from axplug.api import EMPTY_POSITION
 from axplug.config import REQUIRED, Required, config_class
 from axplug.context import functional
 from axplug.layers.base import BaseLayer
@@ -24,7 +25,10 @@ class Decoder(BaseLayer):
     """Token ids [batch, seq] -> logits [batch, seq, vocab].
 
     The token embeddings are multiplied by `embedding_scale` (Gemma: sqrt(dim)) when set,
-    as a value of the compute dtype, and the logits soft-capped to
+    as a value of the compute dtype; with `position_embedding` (GPT-2's wpe), a learned
+    [max_positions, dim] table looked up by position is added to them (child
+    `position_embedding`, parameter `weight`; padding's `EMPTY_POSITION` reads row 0, a
+    real position past the table NaN). The logits are soft-capped to
     `cap * tanh(logits / cap)` (in float32, then in the logits' dtype) with
     `final_logit_softcap` (Gemma 2), in every path (forward, extend_step, fused_loss).
     """
@@ -36,6 +40,10 @@ class Decoder(BaseLayer):
         embedding: Embedding.Config = Embedding.default_config()
         # Multiplies the token embeddings (Gemma: dim ** 0.5); None: no scaling.
         embedding_scale: float | None = None
+        # Learned absolute position embeddings added to the token embeddings (GPT-2), and the
+        # number of positions they cover; None: none (positions only reach the attention).
+        position_embedding: Embedding.Config | None = None
+        max_positions: int | None = None
         transformer: BaseLayer.Config = StackedTransformer.default_config()
         output_norm: BaseLayer.Config = RMSNorm.default_config()
         lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
@@ -51,9 +59,25 @@ class Decoder(BaseLayer):
         cap = cfg.final_logit_softcap
         if cap is not None and not (math.isfinite(cap) and cap > 0):
             raise cfg.field_error("final_logit_softcap", f"{cap} must be a finite number > 0")
+        if cfg.position_embedding is None:
+            if cfg.max_positions is not None:
+                raise cfg.field_error(
+                    "max_positions", "is read only with position_embedding; set that too"
+                )
+        elif cfg.max_positions is None or cfg.max_positions < 1:
+            raise cfg.field_error(
+                "max_positions",
+                f"{cfg.max_positions}: position_embedding needs the number of positions "
+                "(>= 1) its table covers",
+            )
         self._add_child(
             "embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim)
         )
+        if cfg.position_embedding is not None:
+            self._add_child(
+                "position_embedding",
+                cfg.position_embedding.clone(num_embeddings=cfg.max_positions, dim=cfg.dim),
+            )
         self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
         self._add_child("output_norm", cfg.output_norm.clone(input_dim=cfg.dim))
         if not cfg.tie_word_embeddings:
@@ -109,11 +133,14 @@ class Decoder(BaseLayer):
 
     def _embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
         """The transformer's input [batch, seq, dim] for token ids at `positions`."""
-        del positions  # unused without position embeddings
+        cfg = self._config
         x = self.embedding(input_ids)
-        if self._config.embedding_scale is not None:
+        if cfg.embedding_scale is not None:
             # In the compute dtype, as Hugging Face's Gemma: hidden * tensor(scale, hidden.dtype).
-            x = x * jnp.asarray(self._config.embedding_scale, x.dtype)
+            x = x * jnp.asarray(cfg.embedding_scale, x.dtype)
+        if cfg.position_embedding is not None:
+            # Padding (EMPTY_POSITION, in extend_step) reads row 0; its outputs are never used.
+            x = x + self.position_embedding(jnp.where(positions == EMPTY_POSITION, 0, positions))
         return x
 
     def _logits(self, x: jax.Array) -> jax.Array:
