@@ -143,6 +143,11 @@ def ref_gelu_tanh(x):
     return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def ref_gelu_erf(x):
+    erf = np.vectorize(math.erf)(np.asarray(x, np.float64) / math.sqrt(2.0))
+    return jnp.asarray(0.5 * np.asarray(x, np.float64) * (1.0 + erf), jnp.float32)
+
+
 def ref_ffn(x, p, act=ref_silu, gated=True):
     up = x @ p["wi_up"]["weight"]
     h = act(x @ p["wi_gate"]["weight"]) * up if gated else act(up)
@@ -291,7 +296,13 @@ def test_layer_norm(bias):
 
 @pytest.mark.parametrize(
     "activation,gated,ref_act",
-    [("silu", True, ref_silu), ("gelu", False, ref_gelu_tanh), ("gelu", True, ref_gelu_tanh)],
+    [
+        ("silu", True, ref_silu),
+        ("gelu", False, ref_gelu_tanh),
+        ("gelu", True, ref_gelu_tanh),
+        ("gelu_tanh", True, ref_gelu_tanh),  # GeGLU with the tanh GELU (Gemma)
+        ("gelu_exact", True, ref_gelu_erf),
+    ],
 )
 def test_feed_forward(activation, gated, ref_act):
     m = build(FeedForward, input_dim=D, hidden_dim=F, activation=activation, gated=gated)
@@ -300,6 +311,22 @@ def test_feed_forward(activation, gated, ref_act):
     assert params["wo"]["weight"].shape == (F, D)
     x = normal(1, (B, S, D))
     assert_close(run(m, params, (x,)), ref_ffn(x, params, ref_act, gated))
+
+
+def test_hugging_face_activation_names_map_to_the_same_functions():
+    from axplug.layers import ACTIVATIONS, HF_ACTIVATIONS
+
+    x = 3.0 * normal(1, (64,))
+    refs = {
+        "gelu": ref_gelu_erf,  # exact in Hugging Face
+        "gelu_pytorch_tanh": ref_gelu_tanh,
+        "gelu_new": ref_gelu_tanh,
+        "silu": ref_silu,
+        "swish": ref_silu,
+    }
+    for hf_name, ref in refs.items():
+        assert_close(ACTIVATIONS[HF_ACTIVATIONS[hf_name]](x), ref(x))
+    assert set(HF_ACTIVATIONS.values()) <= set(ACTIVATIONS)
 
 
 def test_unknown_activation_error_names_path():
