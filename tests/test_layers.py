@@ -423,6 +423,34 @@ def test_attention_qk_norm_errors_name_the_field():
         cfg.instantiate(parent=None)
 
 
+def test_attention_logit_softcap():
+    cap = 0.5  # below the scores' scale, so the cap bends them
+    m = build_attention(logit_softcap=cap)
+    params = init(m)
+    x = 2.0 * normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    split = lambda t: t.reshape(B, S, H, -1)  # noqa: E731
+    q, k, v = (split(x @ params["qkv"][n]["weight"]) for n in "qkv")
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    assert float(jnp.abs(scores).max()) > 2 * cap
+    scores = cap * jnp.tanh(scores / cap)  # after the scale, before the mask
+    probs = ref_softmax(jnp.where(ref_mask(B, S)[:, None], scores, -jnp.inf))
+    want = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # With a query scale of the kernel slot's (Gemma: query_pre_attn_scalar ** -0.5).
+    scaled = build_attention(
+        logit_softcap=cap, kernel=DotProductKernel.default_config().set(scale=0.2)
+    )
+    out = run(scaled, params, {"x": x, "positions": arange_positions()})
+    scores = cap * jnp.tanh(jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.2 / cap)
+    probs = ref_softmax(jnp.where(ref_mask(B, S)[:, None], scores, -jnp.inf))
+    want = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    for bad in (0.0, -50.0, float("inf")):
+        with pytest.raises(ConfigError, match=r"^logit_softcap: .* must be a finite number > 0"):
+            build_attention(logit_softcap=bad)
+
+
 def test_attention_non_causal():
     m = build_attention(causal=False)
     params = init(m)

@@ -82,10 +82,13 @@ class IdentityPositionTransform(BaseLayer):
 
 
 class DotProductKernel(BaseLayer):
-    """softmax(q k^T * scale + bias, masked) v in float32; k/v may have fewer heads (grouped).
+    """softmax(softcap(q k^T * scale) + bias, masked) v in float32; k/v may have fewer heads
+    (grouped); the cap is the mask's `logit_softcap` (none by default).
 
     The kernel slot's contract: `forward(q [b, sq, h, d], k [b, skv, kvh, d], v, mask)` ->
-    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`.
+    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`. A slot with
+    `paged_attention(q, paged, *, logit_softcap=None)` is handed decode steps over paged
+    caches.
     """
 
     @config_class
@@ -99,18 +102,30 @@ class DotProductKernel(BaseLayer):
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
         d = q.shape[-1]
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
-        return reference_attention(q, k, v, mask.dense(), scale=scale, bias=mask.bias())
+        return reference_attention(
+            q, k, v, mask.dense(), scale=scale, bias=mask.bias(), logit_softcap=mask.logit_softcap
+        )
 
-    def paged_attention(self, q, paged) -> jax.Array:
+    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
         """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale)
+        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
 
 
-def paged_attention(q, paged, *, scale: float | None, backend: str | None = None) -> jax.Array:
-    """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3)."""
-    _, kernel = select_paged_kernel(q, paged, backend=backend)
+def paged_attention(
+    q,
+    paged,
+    *,
+    scale: float | None,
+    backend: str | None = None,
+    logit_softcap: float | None = None,
+) -> jax.Array:
+    """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3); with
+    `logit_softcap`, one that soft-caps the scores."""
+    _, kernel = select_paged_kernel(q, paged, backend=backend, logit_softcap=logit_softcap)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return kernel(q, paged, scale=scale)
+    if logit_softcap is None:
+        return kernel(q, paged, scale=scale)
+    return kernel(q, paged, scale=scale, logit_softcap=logit_softcap)
 
 
 QK_NORM_OVER = ("head_dim", "projection")
@@ -126,6 +141,11 @@ class Attention(BaseLayer):
     (`qk_norm_over="head_dim"`: Qwen3, Gemma 3), or over the whole q projection
     (num_heads * head_dim) and k projection (num_kv_heads * head_dim) before the split into
     heads (`"projection"`: OLMo 2).
+
+    `logit_softcap` soft-caps the scaled scores to `cap * tanh(s / cap)` before the mask
+    (Gemma 2); it reaches the kernel slot on the mask (`AttentionMask.logit_softcap`), so
+    dispatch picks only kernels that cap. The scores' scale is the kernel slot's `scale`
+    (Gemma: `query_pre_attn_scalar ** -0.5`; None: `head_dim ** -0.5`).
     """
 
     @config_class
@@ -142,6 +162,8 @@ class Attention(BaseLayer):
         qk_norm: BaseLayer.Config | None = None
         # What qk_norm normalizes over: "head_dim" (per head) or "projection" (all heads).
         qk_norm_over: str = "head_dim"
+        # Soft cap of the attention scores, cap * tanh(s / cap) (Gemma 2: 50.0); None: none.
+        logit_softcap: float | None = None
         qkv: BaseLayer.Config = QKVLinear.default_config()
         position: BaseLayer.Config = IdentityPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -168,6 +190,9 @@ class Attention(BaseLayer):
             "output", cfg.output.clone(input_dim=cfg.num_heads * head_dim, output_dim=cfg.input_dim)
         )
         self._add_child("kv_cache", cfg.kv_cache)
+        cap = cfg.logit_softcap
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise cfg.field_error("logit_softcap", f"{cap} must be a finite number > 0")
         slopes = cfg.linear_bias_slopes
         if slopes is not None and len(slopes) != cfg.num_heads:
             raise cfg.field_error(
@@ -219,6 +244,7 @@ class Attention(BaseLayer):
             causal=self._config.causal,
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
+            logit_softcap=self._config.logit_softcap,
         )
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
@@ -265,7 +291,9 @@ class Attention(BaseLayer):
             and cfg.linear_bias_slopes is None
         ):
             cache_state, paged = self.kv_cache.extend_paged(cache_state, k, v, positions)
-            out = attend_pages(q[:, 0], paged)[:, None]  # the pages read in place
+            # The cap only when set: a slot's paged_attention from before it takes none.
+            cap = {} if cfg.logit_softcap is None else {"logit_softcap": cfg.logit_softcap}
+            out = attend_pages(q[:, 0], paged, **cap)[:, None]  # the pages read in place
             return self.output(out.reshape(*out.shape[:2], -1)), cache_state
         cache_state, k_all, v_all, kv_positions = self.kv_cache.extend(cache_state, k, v, positions)
         mask = AttentionMask(
@@ -274,6 +302,7 @@ class Attention(BaseLayer):
             causal=True,
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
+            logit_softcap=self._config.logit_softcap,
         )
         out = self.kernel(q, k_all, v_all, mask)
         return self.output(out.reshape(*out.shape[:2], -1)), cache_state

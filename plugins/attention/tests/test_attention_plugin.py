@@ -332,10 +332,12 @@ def ref_rms(x, scale, eps=1e-6):
     return x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + eps) * scale
 
 
-def ref_gqa_attention(x, p, kv_heads, *, positions=None, qk_norm_over=None, rope=False):
+def ref_gqa_attention(
+    x, p, kv_heads, *, positions=None, qk_norm_over=None, rope=False, softcap=None, scale=None
+):
     """Causal GQA attention in plain jnp: q, k, v projections (biases where present), q/k
     RMSNorm over the whole projection or per head, RoPE, each kv head repeated for its group
-    of query heads, softmax(q k^T / sqrt(d)) v, output."""
+    of query heads, softmax(softcap(q k^T * scale)) v (scale 1/sqrt(d) unless given), output."""
     b, s, _ = x.shape
     pos = arange_positions(b, s) if positions is None else positions
     proj = {n: x @ p["qkv"][n]["weight"] + p["qkv"][n].get("bias", 0.0) for n in "qkv"}
@@ -349,7 +351,9 @@ def ref_gqa_attention(x, p, kv_heads, *, positions=None, qk_norm_over=None, rope
     if rope:  # after the norms
         q, k = (jnp.asarray(ref_rotary(t, pos), jnp.float32) for t in (q, k))
     k, v = (jnp.repeat(t, H // kv_heads, axis=2) for t in (k, v))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (scale or 1.0 / math.sqrt(q.shape[-1]))
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
     allowed = pos[:, None, None, :] <= pos[:, None, :, None]
     probs = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ p["output"]["weight"]
@@ -390,6 +394,29 @@ def test_qk_norm_with_gqa_and_rope_matches_a_plain_reference_and_decodes(over):
     want = ref_gqa_attention(x, params, 2, positions=positions, qk_norm_over=over, rope=True)
     assert_close(full, want, F32_LOOSE)
     decoded = decode_in_chunks(m, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["core_kernel", "flash"])
+def test_softcap_and_scale_with_gqa_and_rope_match_a_plain_reference_and_decode(flash):
+    cfg = attention_cfg("gqa:num_kv_heads=2", "rope", logit_softcap=0.5)
+    cfg.kernel.set(scale=0.4)
+    if flash:
+        cfg = make_modifier("flash_attention")(cfg)
+        assert cfg.kernel.klass is FlashAttention and cfg.kernel.scale == 0.4
+    m, params = build(cfg)
+    x = 2.0 * normal(1, (B, S, D))
+    positions = arange_positions() + 3
+    full = run(m, params, {"x": x, "positions": positions})
+    want = ref_gqa_attention(x, params, 2, positions=positions, rope=True, softcap=0.5, scale=0.4)
+    assert_close(full, want, F32_LOOSE)
+    uncapped = ref_gqa_attention(x, params, 2, positions=positions, rope=True, scale=0.4)
+    assert not np.allclose(want, uncapped, rtol=1e-3, atol=1e-3)
+    decoded = decode_in_chunks(m, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
+    paged = make_modifier("paged_kv_cache:page_size=4")(cfg)
+    m_paged, _ = build(paged)
+    decoded = decode_in_chunks(m_paged, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
     assert_close(decoded, full, F32_LOOSE)
 
 
