@@ -30,7 +30,7 @@ from axplug.inference import (
     load_checkpoint,
     sample_tokens,
 )
-from axplug.layers import CausalLM, Embedding, QKVLinear, RMSNorm
+from axplug.layers import CausalLM, Embedding, LayerNorm, QKVLinear, RMSNorm
 from axplug.layers.kv_cache import EMPTY_POSITION, set_block_tables
 from axplug.modifiers import make_modifier
 
@@ -189,6 +189,23 @@ def randomized(params, seed: int = 7):
     return treedef.unflatten([a + 0.3 * rng.standard_normal(a.shape) for a in leaves])
 
 
+def _gpt2(cfg):
+    """GPT-2's shape: learned positions, LayerNorms, a plain GELU MLP, biases everywhere."""
+    cfg.decoder.set(
+        position_embedding=Embedding.default_config(),
+        max_positions=12,
+        tie_word_embeddings=True,
+        output_norm=LayerNorm.default_config(),
+    )
+    layer = cfg.decoder.transformer.layer
+    layer.norm = LayerNorm.default_config()
+    layer.feed_forward.set(activation="gelu_tanh", gated=False)
+    layer.feed_forward.linear.bias = True
+    layer.attention.qkv.bias = True
+    layer.attention.output.bias = True
+    return cfg
+
+
 # Options of the core layers that Hugging Face families need: (config edits, modifiers).
 OPTION_CASES = {
     "post_norms": ((_layer(post_norm=True),), ()),
@@ -220,6 +237,7 @@ OPTION_CASES = {
         (_attention(qk_norm=RMSNorm.default_config(), qk_norm_over="projection"),),
         ("paged_kv_cache:page_size=4",),
     ),
+    "gpt2_like": ((_gpt2,), ()),
 }
 if _installed("axplug-attention"):
 
