@@ -57,15 +57,12 @@ class MoEFeedForward(BaseLayer):
     def hf_write(cls, cfg: Config) -> dict:
         if not cfg.gated:
             raise ValueError("experts that are not gated")
-        from axplug.layers import HF_ACTIVATIONS
+        from axplug.layers import hf_activation
 
-        names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
-        if not names:
-            raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
         return {
             "num_local_experts": cfg.num_experts,
             "moe_intermediate_size": cfg.hidden_dim,
-            "hidden_act": names[0],
+            "hidden_act": hf_activation(cfg.activation),
         }
 
     def __init__(self, cfg: Config, *, parent=None):
