@@ -179,6 +179,10 @@ class HFArchitecture(Protocol):
         """Every parameter of `model` (the filled-in model config), by its path in the
         unrolled parameter tree (`decoder.transformer.layer0.attention.qkv.q.weight`)."""
 
+    # Optional: `config_fields(model) -> dict`, the config.json fields the family itself reads
+    # in `base_config` (options only its Hugging Face code has, e.g. Gemma 2's soft-caps),
+    # written by an export; the rebuild check then proves they round-trip.
+
 
 def iter_tensor_names(rules: Iterable[HFTensor]) -> list[str]:
     """Every checkpoint tensor name the rules read, each once, in order."""

@@ -36,6 +36,9 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     written, problems = write_fields(cfg.model)
     if problems:
         return None, problems
+    family_fields = getattr(arch, "config_fields", None)  # what the family reads in base_config
+    if family_fields is not None:
+        written.update(family_fields(cfg.model))
     aliases = getattr(arch, "aliases", {})
     implied = getattr(arch, "implied", {})
     written = {aliases.get(k, k): v for k, v in written.items()}

@@ -42,6 +42,12 @@ FAMILIES = {
     "mistral": lambda: config("Mistral", sliding_window=5),
     "mistral-no-window": lambda: config("Mistral", sliding_window=None),
     "qwen2": lambda: config("Qwen2"),
+    "qwen3": lambda: config("Qwen3", head_dim=16),
+    "olmo2": lambda: config("Olmo2", pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "gemma": lambda: config("Gemma", head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "gemma-untied-exact-gelu": lambda: config(
+        "Gemma", head_dim=8, tie_word_embeddings=False, hidden_act="gelu", pad_token_id=0
+    ),
     "phi3": lambda: config("Phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "phi3-partial-rope": lambda: config(
         "Phi3",
