@@ -11,7 +11,6 @@ config path, so a checkpoint never loads as another model.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from typing import Any
@@ -43,13 +42,12 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     implied = getattr(arch, "implied", {})
     written = {aliases.get(k, k): v for k, v in written.items()}
     written = {k: v for k, v in written.items() if k not in implied}  # checked by the rebuild
+    # The source's fields under the run's: one the run no longer agrees with fails the
+    # rebuild below, so none survives silently.
     base = dict(source or {})
-    if base:  # drop what the source's layers read: the run's layers wrote their own
-        probe = hf_fields(base, arch)
-        with contextlib.suppress(HFImportError):
-            model_from_fields(arch, probe)
-        base = {k: v for k, v in base.items() if k not in probe.read}
     raw = {**base, **written, "architectures": [arch.architecture], "model_type": arch.model_type}
+    raw.setdefault(aliases.get("max_position_embeddings", "max_position_embeddings"),
+                   getattr(cfg.input, "seq_len", 2048))  # fmt: skip
     try:
         rebuilt = model_from_fields(arch, hf_fields(raw, arch))
     except HFImportError as exc:
@@ -70,7 +68,6 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> tuple[dict, Any]:
         arch = load_architecture(name)
         raw, why = _try(arch, cfg, source)
         if raw is not None:
-            raw.setdefault("max_position_embeddings", getattr(cfg.input, "seq_len", 2048))
             raw.setdefault("torch_dtype", "float32")
             return raw, arch
         reasons.append(f"as {name}: " + "; ".join(why[:4]))

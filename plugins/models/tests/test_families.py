@@ -48,6 +48,15 @@ FAMILIES = {
     "gemma-untied-exact-gelu": lambda: config(
         "Gemma", head_dim=8, tie_word_embeddings=False, hidden_act="gelu", pad_token_id=0
     ),
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=96,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     "phi3": lambda: config("Phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "phi3-partial-rope": lambda: config(
         "Phi3",
