@@ -58,7 +58,9 @@ def cache_entries(cache_dir):
     return set(os.listdir(cache_dir)) if cache_dir.exists() else set()
 
 
-@pytest.fixture(params=["bytes", "packed_token_files"])
+# Packed token files resume through the same loop as bytes; their input state is tested in
+# test_token_file.py, so the second kill-and-resume is a slow case.
+@pytest.fixture(params=["bytes", pytest.param("packed_token_files", marks=pytest.mark.slow)])
 def extra(request, tmp_path):
     """The run's input: the preset's bytes, or packed token shards from `prepare-data`."""
     if request.param == "bytes":
