@@ -256,3 +256,16 @@ def test_the_core_never_names_a_plugin_class_or_a_plugin_layers_hf_field():
         named |= {f for f in only_plugins if re.search(rf"\b{f}\b", strings) or f in words}
         offenders += [f"{path.relative_to(ROOT)}: {n}" for n in sorted(named)]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_lazy_package_name_is_shadowed_by_its_submodule():
+    """A package that reads its names on first use must not have a submodule named like one:
+    importing the submodule would set the package attribute to the module."""
+    import types
+
+    for package in ("axplug.api", "axplug.interop"):
+        pkg = importlib.import_module(package)
+        for module in pathlib.Path(pkg.__file__).parent.glob("*.py"):
+            importlib.import_module(f"{package}.{module.stem}")
+        shadowed = [n for n in pkg.__all__ if isinstance(getattr(pkg, n), types.ModuleType)]
+        assert not shadowed, f"{package}: {shadowed} resolve to modules"

@@ -2,7 +2,8 @@
 (`axplug.architectures` entries; LLaMA is the core's own, docs/model-families.md).
 
 Names are read on first use (PEP 562): `axplug import-hf` reads and checks config.json through
-`axplug.interop.hf_config` before anything imports jax.
+`axplug.interop.hf_config` before anything imports jax. No module is named like a function it
+exports: importing it would shadow the function on the package.
 """
 
 from typing import TYPE_CHECKING
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from axplug.interop.hf_config import HFImportError, registered_architectures
     from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
-    from axplug.interop.hf_params import hf_params, hf_tensors
-    from axplug.interop.hf_trainer_config import (
+    from axplug.interop.tensors import hf_params, hf_tensors
+    from axplug.interop.from_config import (
         HFSource,
         hf_trainer_config,
         parse_hf_config,
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
 _HOMES = {
     **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
-    **dict.fromkeys(("hf_params", "hf_tensors"), "hf_params"),
+    **dict.fromkeys(("hf_params", "hf_tensors"), "tensors"),
     **dict.fromkeys(
-        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "hf_trainer_config"
+        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "from_config"
     ),
     **dict.fromkeys(
         (

@@ -29,7 +29,7 @@ class HFExportError(HFImportError):
 
 def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[str]]:
     """(config.json, []) when `arch` expresses the model of `cfg`, else (None, why not)."""
-    from axplug.interop.hf_trainer_config import hf_fields, model_from_fields
+    from axplug.interop.from_config import hf_fields, model_from_fields
     from axplug.interop.hf_walk import differences, read_fields, write_fields
 
     written, problems = write_fields(cfg.model)
@@ -133,7 +133,7 @@ def export_hf(
 
         tok = load_tokenizer(tokenizer_home)
         raw.update(bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
-    from axplug.interop.hf_params import hf_tensors
+    from axplug.interop.tensors import hf_tensors
 
     rules = arch.tensors(loaded.config.model)
     os.makedirs(output_dir, exist_ok=True)

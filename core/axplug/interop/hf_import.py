@@ -20,8 +20,8 @@ import numpy as np
 
 from axplug.config import to_dict
 from axplug.interop.hf_config import HFImportError, load_architecture
-from axplug.interop.hf_params import IGNORED_SUFFIXES, hf_params
-from axplug.interop.hf_trainer_config import hf_trainer_config, read_hf_config
+from axplug.interop.tensors import IGNORED_SUFFIXES, hf_params
+from axplug.interop.from_config import hf_trainer_config, read_hf_config
 from axplug.interop.safetensors_dir import SafetensorsDir
 from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer

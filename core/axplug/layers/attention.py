@@ -52,6 +52,7 @@ class QKVLinear(BaseLayer):
         """q/k/v biases (`qkv_bias`, else `attention_bias`); as many k/v heads as query heads
         (GQA is a plugin's layer)."""
         cfg.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.linear.bias = False  # `bias` says it (one field, so export compares one)
         heads = fields.get("num_attention_heads", None)
         kv_heads = fields.get("num_key_value_heads", heads)
         if kv_heads != heads:

@@ -19,6 +19,7 @@ class GroupedQKVLinear(QKVLinear):
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
         cfg.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.linear.bias = False  # `bias` says it (one field, so export compares one)
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", heads)
         if heads and kv_heads and heads % kv_heads:
