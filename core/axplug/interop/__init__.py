@@ -9,15 +9,14 @@ exports: importing it would shadow the function on the package.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from axplug.interop.hf_config import HFImportError, registered_architectures
-    from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
-    from axplug.interop.tensors import hf_params, hf_tensors
     from axplug.interop.from_config import (
         HFSource,
         hf_trainer_config,
         parse_hf_config,
         read_hf_config,
     )
+    from axplug.interop.hf_config import HFImportError, registered_architectures
+    from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
     from axplug.interop.llama import (
         Llama,
         attention_tensors,
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
         norm_tensors,
     )
     from axplug.interop.safetensors_dir import SafetensorsDir
+    from axplug.interop.tensors import hf_params, hf_tensors
 
 _HOMES = {
     **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),

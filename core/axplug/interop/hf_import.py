@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from axplug.config import to_dict
-from axplug.interop.hf_config import HFImportError, load_architecture
-from axplug.interop.tensors import IGNORED_SUFFIXES, hf_params
 from axplug.interop.from_config import hf_trainer_config, read_hf_config
+from axplug.interop.hf_config import HFImportError, load_architecture
 from axplug.interop.safetensors_dir import SafetensorsDir
+from axplug.interop.tensors import IGNORED_SUFFIXES, hf_params
 from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer
 from axplug.trainer.run import write_config
