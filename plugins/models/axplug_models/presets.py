@@ -9,7 +9,15 @@ from typing import Any
 
 from axplug.presets import Preset
 
-__all__ = ["mistral_7b", "qwen2_7b", "phi3_mini", "config_json_preset"]
+__all__ = [
+    "mistral_7b",
+    "qwen2_7b",
+    "qwen3_8b",
+    "gemma_7b",
+    "olmo2_7b",
+    "phi3_mini",
+    "config_json_preset",
+]
 
 
 def config_json_preset(name: str, description: str, raw: Mapping[str, Any]) -> Preset:
@@ -85,5 +93,57 @@ phi3_mini = config_json_preset(
         max_position_embeddings=4096,
         original_max_position_embeddings=4096,
         pad_token_id=32000,
+    ),  # fmt: skip
+)
+qwen3_8b = config_json_preset(
+    "qwen3-8b",
+    "Qwen3 8B shapes (GQA 8, per-head q/k norms, head_dim 128), for planning",
+    _published(
+        "Qwen3ForCausalLM",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),  # fmt: skip
+)
+gemma_7b = config_json_preset(
+    "gemma-7b",
+    "Gemma 7B shapes (GeGLU, head_dim 256, 256k vocab, tied), for planning",
+    _published(
+        "GemmaForCausalLM",
+        vocab_size=256000,
+        hidden_size=3072,
+        intermediate_size=24576,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=8192,
+        hidden_activation="gelu_pytorch_tanh",
+    ),  # fmt: skip
+)
+olmo2_7b = config_json_preset(
+    "olmo2-7b",
+    "OLMo 2 7B shapes (post-norms, q/k norms over the projections), for planning",
+    _published(
+        "Olmo2ForCausalLM",
+        vocab_size=100352,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+        max_position_embeddings=4096,
     ),  # fmt: skip
 )

@@ -8,7 +8,14 @@ import pytest
 from axplug.presets import preset_config
 
 # Parameter counts of the published checkpoints (their safetensors index totals / 2 bytes).
-PUBLISHED = {"mistral-7b": 7_241_732_096, "qwen2-7b": 7_615_616_512, "phi3-mini": 3_821_079_552}
+PUBLISHED = {
+    "mistral-7b": 7_241_732_096,
+    "qwen2-7b": 7_615_616_512,
+    "qwen3-8b": 8_190_735_360,
+    "gemma-7b": 8_537_680_896,
+    "olmo2-7b": 7_298_617_344,
+    "phi3-mini": 3_821_079_552,
+}
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
