@@ -2,11 +2,11 @@
 safetensors with their index, the tokenizer files), through the installed architecture that
 builds the same model. The inverse of `import_hf`.
 
-config.json is what the model's layers write (`hf_write`), over the imported model's own
-fields that no layer reads (token ids and the like). Before anything is written the
-architecture rebuilds the model from that config.json; where the rebuilt model would compute
-something else (a layer it lacks, an option it does not set), the export is refused naming the
-config path, so a checkpoint never loads as another model.
+config.json is the imported model's own (token ids and the like) with every field the run's
+layers write (`hf_write`) over it. Before anything is written the architecture rebuilds the
+model from that config.json; where the rebuilt model would compute something else (a layer
+it lacks, an option it does not set, a source field the run no longer agrees with), the
+export is refused naming the config path, so a checkpoint never loads as another model.
 """
 
 from __future__ import annotations
