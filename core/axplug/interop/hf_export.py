@@ -12,6 +12,7 @@ export is refused naming the config path, so a checkpoint never loads as another
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -38,6 +39,7 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     family_fields = getattr(arch, "config_fields", None)  # what the family reads in base_config
     if family_fields is not None:
         written.update(family_fields(cfg.model))
+    mine = dict(written)  # the layers' own names, before the family's aliases and implied
     aliases = getattr(arch, "aliases", {})
     implied = getattr(arch, "implied", {})
     written = {aliases.get(k, k): v for k, v in written.items()}
@@ -52,9 +54,36 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
         rebuilt = model_from_fields(arch, hf_fields(raw, arch))
     except HFImportError as exc:
         return None, [str(exc)]
+    # What the rebuilt layers write must be what the run's wrote: a field the family fixes
+    # (`implied`) or defaults where config.json leaves it out would otherwise pass unseen,
+    # since the run's own layers below re-read the same config.json.
+    again, _ = write_fields(rebuilt.model)
+    if family_fields is not None:
+        again.update(family_fields(rebuilt.model))
+    lost = [
+        f"{aliases.get(k, k)}={v!r} (a {arch.architecture} built from the config.json has "
+        f"{again[k]!r})"
+        if k in again
+        else f"{aliases.get(k, k)}={v!r} (a {arch.architecture} has no such field)"
+        for k, v in mine.items()
+        if k not in again or not _same_value(v, again[k])
+    ]
     own = cfg.model.clone()
     read_fields(own, hf_fields(raw, arch))  # the run's own layers, normalized the same way
-    return (raw, []) if not (diff := differences(own, rebuilt.model)) else (None, diff)
+    diff = lost + differences(own, rebuilt.model)
+    return (raw, []) if not diff else (None, diff)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal config.json values; floats to rounding (a coefficient scaled and scaled back)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        return not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
 
 
 def hf_config_for(cfg: Any, source: dict | None = None) -> tuple[dict, Any]:
