@@ -509,6 +509,9 @@ def test_missing_plugin_names_the_package(tmp_path, monkeypatch):
     try:
         with pytest.raises(HFImportError, match="MixtralForCausalLM needs axplug-moe"):
             parse_hf_config(mixtral_config())
+        for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+            with pytest.raises(HFImportError, match=f"{arch} needs axplug-moe: pip install"):
+                parse_hf_config(mixtral_config(architectures=[arch]))
     finally:
         monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS")
         registry.reset()

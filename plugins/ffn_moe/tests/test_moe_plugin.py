@@ -88,6 +88,8 @@ EXPECTED = {
     ("presets", "moe-tiny"),
     ("presets", "mixtral-tiny"),
     ("architectures", "MixtralForCausalLM"),
+    ("architectures", "Qwen2MoeForCausalLM"),
+    ("architectures", "Qwen3MoeForCausalLM"),
 }
 
 
