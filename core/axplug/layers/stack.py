@@ -26,7 +26,7 @@ __all__ = [
 
 def hf_layers_per_unit(layer: Any) -> int:
     """How many of config.json's `num_hidden_layers` one `layer` of a stack is: its class's
-    `hf_depth(cfg)` (a block of several transformer layers, e.g. axplug-moe's MoELayerGroup),
+    `hf_depth(cfg)` (a block of several transformer layers, such as a plugin's layer group),
     else 1."""
     depth = getattr(getattr(layer, "klass", None), "hf_depth", None)
     return max(1, int(depth(layer))) if depth is not None else 1

@@ -68,7 +68,7 @@ def _saved(tmp_path, cfg):
 
 
 def _import(directory, tmp_path):
-    from axplug.interop.hf_trainer_config import hf_trainer_config, read_hf_config
+    from axplug.interop import hf_trainer_config, read_hf_config
 
     return hf_trainer_config(read_hf_config(directory), output_dir=str(tmp_path / "run"))
 
