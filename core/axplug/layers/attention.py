@@ -218,9 +218,10 @@ class Attention(BaseLayer):
         else:
             window = fields.get("sliding_window", None)
             cfg.sliding_window = None if window is None else fields.positive_int("sliding_window")
-        if fields.name("layer_types") in fields.read:
-            return  # a parent (a stack with a per-layer pattern) sets each layer's window
-        kinds = set(fields.get("layer_types", None) or ())
+        # Read already: a parent (a stack with a per-layer pattern) sets each layer's window.
+        kinds = set()
+        if fields.name("layer_types") not in fields.read:
+            kinds = set(fields.get("layer_types", None) or ())
         if kinds == {"full_attention"}:
             cfg.sliding_window = None
         elif kinds - {"sliding_attention"}:

@@ -103,6 +103,7 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_p
 # The layer kinds of a Hugging Face `layer_types` list that a `rope_parameters` may be keyed by
 # (transformers 5 writes Gemma 3's RoPE so: one entry per kind).
 LAYER_TYPES = ("full_attention", "sliding_attention")
+_GLOBAL = LAYER_TYPES[0]  # the entry a layer template takes: transformers 4's global RoPE
 
 
 def per_layer_type(params: Any) -> bool:
@@ -215,10 +216,10 @@ class RotaryPositionTransform(BaseLayer):
                 "RoPE for every layer here (a per-layer pattern needs an architecture that "
                 "builds one)"
             )
-        cfg.set(**read_rope(fields, "full_attention" if keyed else None))
+        cfg.set(**read_rope(fields, _GLOBAL if keyed else None))
         cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
         params = fields.get("rope_parameters", None)
-        entry = params.get("full_attention") if keyed else params
+        entry = params.get(_GLOBAL) if keyed else params
         partial = entry.get("partial_rotary_factor") if isinstance(entry, dict) else None
         top = fields.number("partial_rotary_factor", 1.0)  # transformers 4 keeps it here
         cfg.rotary_fraction = float(partial) if partial else top

@@ -44,9 +44,8 @@ from axplug.config import (
     UnknownFieldError,
     config_class,
 )
-from axplug.interop.hf_walk import differences, write_fields
+from axplug.interop import differences, write_fields
 from axplug.layers import BaseLayer, StackedTransformer
-from axplug.module import Module
 
 __all__ = ["PatternedTransformer", "apply_layer_overrides", "layer_types_from"]
 
@@ -277,7 +276,7 @@ class PatternedTransformer(StackedTransformer):
         _check_round_trip(cls, cfg, out, layers)
         return out
 
-    def __init__(self, cfg: Config, *, parent: Module | None = None):
+    def __init__(self, cfg: Config, *, parent: Any = None):
         # StackedTransformer's fields and methods; its children built here, one per kind.
         super(StackedTransformer, self).__init__(cfg, parent=parent)
         _check(cfg)

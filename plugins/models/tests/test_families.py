@@ -79,6 +79,7 @@ VARIANTS = (
     "mistral-no-window",
     "gemma-untied-exact-gelu",
     "phi3-partial-rope",
+    "llama-linear-rope",
 )
 
 
