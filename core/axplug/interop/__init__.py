@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     )
     from axplug.interop.hf_config import HFImportError, registered_architectures
     from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
+    from axplug.interop.hf_walk import differences, read_fields, write_fields
     from axplug.interop.llama import (
         Llama,
         attention_tensors,
@@ -34,6 +35,7 @@ _HOMES = {
     **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
     **dict.fromkeys(("hf_params", "hf_tensors"), "tensors"),
+    **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
         ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "from_config"
     ),
@@ -86,6 +88,11 @@ __all__ = [
     "norm_tensors",
     "attention_tensors",
     "mlp_tensors",
+    # The walk of the layers' hf_read / hf_write, for a layer that writes its children's
+    # fields itself (`hf_writes_subtree`) or reads them again.
+    "read_fields",
+    "write_fields",
+    "differences",
 ]
 
 

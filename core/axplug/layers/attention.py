@@ -191,7 +191,11 @@ class Attention(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """Heads, head width and the sliding window from a Hugging Face config.json."""
+        """Heads, head width and the sliding window from a Hugging Face config.json.
+
+        `layer_types` is one attention for every layer here, unless a parent already read it:
+        a stack with a per-layer pattern, whose kinds then set each layer's window over the
+        one read into this (its layer template's) config."""
         heads = fields.positive_int("num_attention_heads")
         cfg.num_heads = heads
         head_dim = fields.get("head_dim", None)
@@ -214,7 +218,10 @@ class Attention(BaseLayer):
         else:
             window = fields.get("sliding_window", None)
             cfg.sliding_window = None if window is None else fields.positive_int("sliding_window")
-        kinds = set(fields.get("layer_types", None) or ())
+        # Read already: a parent (a stack with a per-layer pattern) sets each layer's window.
+        kinds = set()
+        if fields.name("layer_types") not in fields.read:
+            kinds = set(fields.get("layer_types", None) or ())
         if kinds == {"full_attention"}:
             cfg.sliding_window = None
         elif kinds - {"sliding_attention"}:

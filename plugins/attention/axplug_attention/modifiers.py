@@ -76,6 +76,7 @@ class RopeModifier(ConfigModifier):
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
+        linear_scaling_factor: float | None = None  # linear position interpolation
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         c = self._config
@@ -87,6 +88,9 @@ class RopeModifier(ConfigModifier):
             low_freq_factor=float(c.low_freq_factor),
             high_freq_factor=float(c.high_freq_factor),
             original_max_position=c.original_max_position,
+            linear_scaling_factor=(
+                None if c.linear_scaling_factor is None else float(c.linear_scaling_factor)
+            ),
         )
         rope = RotaryPositionTransform.default_config().set(**fields)
         return _swap(

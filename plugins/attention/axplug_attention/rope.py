@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,15 @@ import numpy as np
 from axplug.config import ConfigError, config_class
 from axplug.layers import BaseLayer
 
-__all__ = ["RotaryPositionTransform", "rope_frequencies", "rope_tables", "apply_rope"]
+__all__ = [
+    "RotaryPositionTransform",
+    "rope_frequencies",
+    "rope_tables",
+    "apply_rope",
+    "read_rope",
+    "per_layer_type",
+    "LAYER_TYPES",
+]
 
 
 def rope_frequencies(
@@ -22,12 +31,15 @@ def rope_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
     original_max_position: int = 8192,
+    linear_scaling_factor: float | None = None,
 ) -> np.ndarray:
     """Angular frequency of each rotated pair, [rotary_dim // 2] float32.
 
     With `scaling_factor` (Llama 3.1: 8), wavelengths longer than
     `original_max_position / low_freq_factor` are stretched by the factor, those shorter than
     `original_max_position / high_freq_factor` are kept, and the band between is interpolated.
+    With `linear_scaling_factor` every frequency is divided by it, i.e. positions are (linear
+    position interpolation: Hugging Face's rope_type "linear", Gemma 3's global layers).
     """
     freqs = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
     if scaling_factor is not None:
@@ -43,6 +55,8 @@ def rope_frequencies(
             freqs,
             np.where(wavelen > low_wavelen, freqs / scaling_factor, mid),
         )
+    if linear_scaling_factor is not None:
+        freqs = freqs / linear_scaling_factor
     return freqs.astype(np.float32)
 
 
@@ -86,41 +100,84 @@ def rope_tables(positions: jax.Array, freqs: np.ndarray) -> tuple[jax.Array, jax
 _THETA = 10000.0  # transformers' default where config.json has no rope_theta
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
+# The layer kinds of a Hugging Face `layer_types` list that a `rope_parameters` may be keyed by
+# (transformers 5 writes Gemma 3's RoPE so: one entry per kind).
+LAYER_TYPES = ("full_attention", "sliding_attention")
+_GLOBAL = LAYER_TYPES[0]  # the entry a layer template takes: transformers 4's global RoPE
 
-def _read_rope(fields) -> tuple[float, dict | None]:
-    """(theta, Llama 3 scaling or None) of a config.json, its problems recorded."""
+
+def per_layer_type(params: Any) -> bool:
+    """Whether a `rope_parameters` value is keyed by layer type (one RoPE per kind)."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and set(params) <= set(LAYER_TYPES)
+        and all(isinstance(v, dict) for v in params.values())
+    )
+
+
+def read_rope(
+    fields, layer_type: str | None = None, *, theta_field: str = "rope_theta"
+) -> dict[str, Any]:
+    """The RotaryPositionTransform fields a config.json sets, its problems recorded: `theta`,
+    `scaling_factor` (Llama 3, with its three band fields when set) and
+    `linear_scaling_factor`, from `rope_parameters` (transformers 5) or `rope_theta` +
+    `rope_scaling` (transformers 4).
+
+    `layer_type`: read that entry of a `rope_parameters` keyed by layer type, whose missing
+    `rope_theta` falls back to the field `theta_field` (Gemma 3: `rope_local_base_freq` for
+    the sliding layers; absent too: 10000, transformers' default). Both forms are always read,
+    so neither is left unread.
+    """
     params = fields.get("rope_parameters", None)
     legacy = fields.get("rope_scaling", None)
-    if isinstance(params, dict):
+    fallback = fields.get(theta_field, _THETA)
+    if layer_type is not None and per_layer_type(params):
+        name, scaling = f"rope_parameters.{layer_type}", params.get(layer_type, {})
+        theta = scaling.get("rope_theta", fallback)
+    elif isinstance(params, dict):
         name, scaling = "rope_parameters", params
-        theta = params.get("rope_theta", fields.get("rope_theta", _THETA))
+        theta = params.get("rope_theta", fallback)
     else:
         name, scaling = "rope_scaling", legacy
-        theta = fields.get("rope_theta", _THETA)
+        theta = fallback
+    out: dict[str, Any] = {"scaling_factor": None, "linear_scaling_factor": None}
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        fields.problem(f"rope_theta={theta!r} (expected a positive number)")
+        fields.problem(f"{theta_field}={theta!r} (expected a positive number)")
         theta = 1.0
+    out["theta"] = float(theta)
     if not scaling:
-        return float(theta), None
+        return out
     if not isinstance(scaling, dict):
         fields.problem(f"{name}={scaling!r} (expected an object)")
-        return float(theta), None
+        return out
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return float(theta), None
-    if kind != "llama3":
+        return out
+    if kind not in ("llama3", "linear"):
         fields.problem(
-            f"{name}.rope_type={kind!r} (supported: 'default' and 'llama3'; linear, dynamic, "
-            "yarn and longrope scaling are not)"
+            f"{name}.rope_type={kind!r} (supported: 'default', 'linear' and 'llama3'; "
+            "dynamic, yarn and longrope scaling are not)"
         )
-        return float(theta), None
+        return out
+    if scaling.get("attention_factor", 1.0) not in (None, 1.0):
+        fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
+    if kind == "linear":
+        factor = scaling.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            fields.problem(f"{name}.factor={factor!r} (rope_type 'linear' needs a positive one)")
+            return out
+        out["linear_scaling_factor"] = float(factor)
+        return out
     absent = [k for k in _LLAMA3_KEYS if not isinstance(scaling.get(k), (int, float))]
     if absent:
         fields.problem(f"{name} of rope_type 'llama3' lacks {', '.join(absent)}")
-        return float(theta), None
-    if scaling.get("attention_factor", 1.0) not in (None, 1.0):
-        fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
-    return float(theta), {k: scaling[k] for k in _LLAMA3_KEYS}
+        return out
+    out["scaling_factor"] = float(scaling["factor"])
+    out["low_freq_factor"] = float(scaling["low_freq_factor"])
+    out["high_freq_factor"] = float(scaling["high_freq_factor"])
+    out["original_max_position"] = int(scaling["original_max_position_embeddings"])
+    return out
 
 
 class RotaryPositionTransform(BaseLayer):
@@ -138,23 +195,34 @@ class RotaryPositionTransform(BaseLayer):
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
+        # Linear position interpolation (Hugging Face's rope_type "linear"): every frequency
+        # divided by the factor, as if positions were; None disables it.
+        linear_scaling_factor: float | None = None
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """theta, Llama 3 scaling and the rotated fraction, from `rope_parameters`
-        (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4)."""
-        cfg.theta, scaling = _read_rope(fields)
+        """theta, Llama 3 or linear scaling and the rotated fraction, from `rope_parameters`
+        (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4).
+
+        A `rope_parameters` keyed by layer type (Gemma 3) needs a parent that read it first: a
+        stack that sets its layers' RoPE per kind (`patterned_transformer` of axplug-models).
+        The layer template then takes the `full_attention` entry, as `rope_theta` and
+        `rope_scaling` are the global layers' in the transformers 4 form."""
+        name = fields.name("rope_parameters")
+        keyed = per_layer_type(fields.raw.get(name))
+        if keyed and name not in fields.read:
+            fields.problem(
+                f"rope_parameters is keyed by layer type ({', '.join(fields.raw[name])}): one "
+                "RoPE for every layer here (a per-layer pattern needs an architecture that "
+                "builds one)"
+            )
+        cfg.set(**read_rope(fields, _GLOBAL if keyed else None))
         cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
         params = fields.get("rope_parameters", None)
-        partial = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        entry = params.get(_GLOBAL) if keyed else params
+        partial = entry.get("partial_rotary_factor") if isinstance(entry, dict) else None
         top = fields.number("partial_rotary_factor", 1.0)  # transformers 4 keeps it here
         cfg.rotary_fraction = float(partial) if partial else top
-        cfg.scaling_factor = None
-        if scaling is not None:
-            cfg.scaling_factor = float(scaling["factor"])
-            cfg.low_freq_factor = float(scaling["low_freq_factor"])
-            cfg.high_freq_factor = float(scaling["high_freq_factor"])
-            cfg.original_max_position = int(scaling["original_max_position_embeddings"])
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -164,6 +232,13 @@ class RotaryPositionTransform(BaseLayer):
             raise ValueError("interleaved RoPE (Hugging Face rotates halves: interleaved=False)")
         params: dict = {"rope_type": "default", "rope_theta": cfg.theta}
         scaling = None
+        if cfg.scaling_factor is not None and cfg.linear_scaling_factor is not None:
+            raise ValueError(
+                "RoPE has both Llama 3 and linear scaling (Hugging Face has one rope_type)"
+            )
+        if cfg.linear_scaling_factor is not None:
+            scaling = {"rope_type": "linear", "factor": cfg.linear_scaling_factor}
+            params = {**scaling, "rope_theta": cfg.theta}
         if cfg.scaling_factor is not None:
             scaling = {
                 "rope_type": "llama3",
@@ -191,6 +266,10 @@ class RotaryPositionTransform(BaseLayer):
                 f"{self.path}: high_freq_factor ({cfg.high_freq_factor}) must exceed "
                 f"low_freq_factor ({cfg.low_freq_factor})"
             )
+        if cfg.linear_scaling_factor is not None and cfg.linear_scaling_factor <= 0:
+            raise cfg.field_error(
+                "linear_scaling_factor", f"{cfg.linear_scaling_factor} is not a positive factor"
+            )
         if cfg.head_dim is not None:
             self.rotary_dim(cfg.head_dim)  # fail at build time, not at the first call
 
@@ -213,6 +292,7 @@ class RotaryPositionTransform(BaseLayer):
             low_freq_factor=cfg.low_freq_factor,
             high_freq_factor=cfg.high_freq_factor,
             original_max_position=cfg.original_max_position,
+            linear_scaling_factor=cfg.linear_scaling_factor,
         )
 
     def forward(self, q, k, *, q_positions, kv_positions):

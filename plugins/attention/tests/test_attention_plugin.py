@@ -266,6 +266,63 @@ def test_rope_llama3_scaling_in_the_layer():
     assert_close(q2, ref_rotary(q, pos, freqs=freqs), dict(rtol=1e-5, atol=1e-4))
 
 
+def test_rope_linear_scaling_divides_the_frequencies_as_positions():
+    assert_close(
+        rope_frequencies(16, theta=500.0, linear_scaling_factor=4.0),
+        rope_frequencies(16, theta=500.0) / 4.0,
+        dict(rtol=1e-6, atol=0),
+    )
+    cfg = RotaryPositionTransform.default_config().set(head_dim=16, linear_scaling_factor=4.0)
+    m, _ = build(cfg)
+    plain, _ = build(RotaryPositionTransform.default_config().set(head_dim=16))
+    q = normal(1, (B, S, 2, 16))
+    pos = arange_positions() * 4
+    got, _ = run(m, {}, {"q": q, "k": q, "q_positions": pos, "kv_positions": pos})
+    want, _ = run(plain, {}, {"q": q, "k": q, "q_positions": pos // 4, "kv_positions": pos // 4})
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+        {"rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}},
+    ],
+    ids=["transformers4", "transformers5"],
+)
+def test_rope_reads_and_writes_linear_scaling(raw):
+    from axplug.api import HFFields
+
+    cfg = RotaryPositionTransform.default_config()
+    fields = HFFields(raw)
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert fields.problems == []
+    assert (cfg.theta, cfg.linear_scaling_factor, cfg.scaling_factor) == (1e6, 8.0, None)
+    written = RotaryPositionTransform.hf_write(cfg)
+    assert written["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert written["rope_parameters"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match="both Llama 3 and linear"):
+        RotaryPositionTransform.hf_write(cfg.clone(scaling_factor=8.0))
+
+
+def test_rope_refuses_a_rope_parameters_keyed_by_layer_type_that_no_parent_read():
+    from axplug.api import HFFields
+
+    keyed = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+    }
+    fields = HFFields({"rope_parameters": keyed})
+    RotaryPositionTransform.hf_read(RotaryPositionTransform.default_config(), fields)
+    assert any("keyed by layer type" in p for p in fields.problems)
+    # A parent that read it (a patterned stack) leaves the template the full entry.
+    fields = HFFields({"rope_parameters": keyed})
+    fields.get("rope_parameters")
+    cfg = RotaryPositionTransform.default_config()
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert fields.problems == [] and (cfg.theta, cfg.linear_scaling_factor) == (1e6, 8.0)
+
+
 def test_rope_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"rotary_fraction: 1.5 is not in \(0, 1\]"):
         build(RotaryPositionTransform.default_config().set(rotary_fraction=1.5))
@@ -275,6 +332,8 @@ def test_rope_config_errors_name_the_field():
         build(
             RotaryPositionTransform.default_config().set(scaling_factor=8.0, high_freq_factor=1.0)
         )
+    with pytest.raises(ConfigError, match="linear_scaling_factor: -2.0 is not a positive"):
+        build(RotaryPositionTransform.default_config().set(linear_scaling_factor=-2.0))
 
 
 def test_rope_attention_uses_input_positions_for_packed_sequences():
@@ -842,11 +901,12 @@ class TestRopeGqaAttentionConformance(LayerConformance):
     "given, field, default",
     [
         ("rope:theta=500000", lambda a: a.position.theta, 10000.0),
+        ("rope:linear_scaling_factor=8", lambda a: a.position.linear_scaling_factor, None),
         ("gqa:num_kv_heads=2", lambda a: a.qkv.num_kv_heads, 1),
         ("sliding_window:size=8", lambda a: a.sliding_window, 4096),
         ("alibi:max_bias=4", lambda a: a.linear_bias_slopes[0], 2.0**-1),  # 8 heads, bias 8
     ],
-    ids=["rope", "gqa", "sliding_window", "alibi"],
+    ids=["rope", "rope_linear", "gqa", "sliding_window", "alibi"],
 )
 def test_reapplying_a_modifier_resets_the_options_it_owns(given, field, default):
     # The documented rule: applied again, a modifier sets every option it owns, given or

@@ -39,6 +39,9 @@ FAMILIES = {
             "original_max_position_embeddings": 16,
         },
     ),  # fmt: skip
+    "llama-linear-rope": lambda: config(
+        "Llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    ),
     "mistral": lambda: config("Mistral", sliding_window=5),
     "mistral-no-window": lambda: config("Mistral", sliding_window=None),
     "qwen2": lambda: config("Qwen2"),
@@ -76,6 +79,7 @@ VARIANTS = (
     "mistral-no-window",
     "gemma-untied-exact-gelu",
     "phi3-partial-rope",
+    "llama-linear-rope",
 )
 
 
