@@ -51,6 +51,32 @@ FAMILIES = {
     "gemma-untied-exact-gelu": lambda: config(
         "Gemma", head_dim=8, tie_word_embeddings=False, hidden_act="gelu", pad_token_id=0
     ),
+    "gemma2": lambda: config(
+        "Gemma2",
+        head_dim=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        sliding_window=6,
+        num_hidden_layers=3,
+        query_pre_attn_scalar=12,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+    ),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{**SHAPES, "num_hidden_layers": 3},
+        head_dim=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        sliding_window=6,
+        query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=96,
         n_embd=32,
