@@ -183,7 +183,7 @@ def test_list_describes_components_from_source_and_counts_distributions(plugin_s
     rows = {r["name"]: r for r in _json(capsys, "list")}
     assert rows["k"]["description"] == "A fake kernel for tests."  # the first sentence
     assert rows["k"]["status"] == "unchecked"
-    assert rows["rms_norm"]["description"] == "x / rms(x) * scale."
+    assert rows["rms_norm"]["description"].startswith("x / rms(x) * (scale + scale_offset)")
     assert rows["mesh"]["description"].endswith("e.g. `mesh:fsdp=-1,model=2`.")  # not cut at e.g.
     # A preset is an object built by a call: its description argument.
     assert rows["gpt-tiny"]["description"].startswith("2-layer GPT on bytes")

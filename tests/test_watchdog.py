@@ -196,6 +196,7 @@ def test_injected_hang_dumps_stacks_calls_the_hook_and_exits_75(tmp_path):
     assert "NOT REACHED" not in out
 
 
+# 8 s: long enough that a loaded machine gets through the restore to the first batch.
 STALLED_START = """
 import sys, time
 from axplug.input import IteratorInput
@@ -204,7 +205,7 @@ from axplug.trainer.run import train
 
 cfg = tiny_trainer_config(
     sys.argv[1], "model.decoder.transformer.num_layers=1", "input.seq_len=16",
-    "watchdog.startup_timeout_s=3", "watchdog.exit_on_hang=True", max_steps=5,
+    "watchdog.startup_timeout_s=8", "watchdog.exit_on_hang=True", max_steps=5,
 )
 cfg.input = IteratorInput.default_config().set(
     make_iterator="never_batches:batches"
