@@ -450,9 +450,10 @@ def test_an_unregistered_architecture_is_refused_before_jax_is_imported(tmp_path
         f"'--output', {str(tmp_path / 'run')!r}])\n"
         "assert 'jax' not in sys.modules, 'jax was imported'\nsys.exit(rc)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = {**os.environ, "AXPLUG_DISABLE_PLUGINS": "axplug-models"}  # as if not installed
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 2, proc.stderr
-    assert "Gemma2ForCausalLM needs axplug-models" in proc.stderr
+    assert "Gemma2ForCausalLM needs axplug-models: pip install axplug-models" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 

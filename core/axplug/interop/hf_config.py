@@ -33,7 +33,7 @@ KNOWN_PROVIDERS = {
         (
             "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
-            "GPT2LMHeadModel", "DeepseekV3ForCausalLM",
+            "GPT2LMHeadModel",
         ),
         "axplug-models",
     ),
