@@ -15,9 +15,9 @@ NEG_INF = -1e30
 def reference_attention(query, key, value, allowed, *, scale: float, bias=None) -> jax.Array:
     """softmax(q k^T * scale + bias, masked by `allowed`) v, logits in float32.
 
-    query [b, sq, h, d]; key, value [b, skv, kvh, d] with h % kvh == 0; allowed boolean
-    [b, 1, sq, skv] (`AttentionMask.dense()`); bias None or float32 [b, h, sq, skv]
-    (`AttentionMask.bias()`). Returns [b, sq, h, d] in value's dtype.
+    query [b, sq, h, d]; key [b, skv, kvh, d], value [b, skv, kvh, dv] with h % kvh == 0;
+    allowed boolean [b, 1, sq, skv] (`AttentionMask.dense()`); bias None or float32
+    [b, h, sq, skv] (`AttentionMask.bias()`). Returns [b, sq, h, dv] in value's dtype.
     """
     b, sq, h, d = query.shape
     kvh = key.shape[2]
@@ -36,7 +36,7 @@ def reference_attention(query, key, value, allowed, *, scale: float, bias=None) 
     logits = jnp.where(allowed[:, :, None], logits, NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
     out = jnp.einsum("bngqk,bknd->bqngd", probs, value)
-    return out.reshape(b, sq, h, d)
+    return out.reshape(b, sq, h, value.shape[-1])  # v may be narrower or wider than q, k
 
 
 class ReferenceKernel(AttentionKernel):
