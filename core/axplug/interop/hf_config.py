@@ -26,13 +26,12 @@ KIND = "architectures"
 # Hugging Face architectures a first-party distribution registers: the hint when none
 # installed does (the core imports none of them).
 KNOWN_PROVIDERS = {
-    "MixtralForCausalLM": "axplug-moe",
+    **dict.fromkeys(("MixtralForCausalLM", "DeepseekV3ForCausalLM"), "axplug-moe"),
     **dict.fromkeys(
         (
             "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
             "GPT2LMHeadModel", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-            "DeepseekV3ForCausalLM",
         ),
         "axplug-models",
     ),

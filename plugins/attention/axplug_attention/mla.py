@@ -280,4 +280,3 @@ class MultiHeadLatentAttention(BaseLayer):
         out = self.kernel(q, k, latent_all, mask)  # [b, s, h, r]: MQA over the latents
         out = jnp.einsum("bshr,rhv->bshv", out, w_uv)
         return self.output(out.reshape(*out.shape[:2], -1)), cache_state
-

@@ -104,6 +104,7 @@ def build(cfg, seed: int = 0):
 EXPECTED = {
     ("layers", "rope"),
     ("layers", "gqa_qkv_linear"),
+    ("layers", "mla"),
     ("modifiers", "rope"),
     ("modifiers", "gqa"),
     ("modifiers", "sliding_window"),

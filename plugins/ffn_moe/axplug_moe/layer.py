@@ -41,8 +41,8 @@ class MoEFeedForward(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """Experts and their width (`moe_intermediate_size`; Mixtral aliases it to
-        intermediate_size) from a Hugging Face config.json."""
+        """Experts, their width (`moe_intermediate_size`; Mixtral aliases it to
+        intermediate_size) and the shared experts from a Hugging Face config.json."""
         from axplug.layers import HF_ACTIVATIONS
 
         cfg.num_experts = fields.positive_int("num_local_experts")
@@ -52,6 +52,15 @@ class MoEFeedForward(BaseLayer):
             fields.problem(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
         cfg.activation = HF_ACTIVATIONS.get(act, cfg.activation)
         cfg.gated = True
+        # Shared experts of moe_intermediate_size each, as one FFN (DeepSeek; a family without
+        # them fixes the field to 0 in its `implied`).
+        shared = fields.get("n_shared_experts", 0)
+        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+            fields.problem(f"n_shared_experts={shared!r} (expected an integer >= 0)")
+            shared = 0
+        cfg.num_shared_experts = shared
+        cfg.shared_hidden_dim = None
+        cfg.shared_expert = None
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -62,10 +71,15 @@ class MoEFeedForward(BaseLayer):
         names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
         if not names:
             raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
+        if cfg.num_shared_experts and cfg.shared_hidden_dim not in (None, cfg.hidden_dim):
+            raise ValueError(
+                f"shared experts of width {cfg.shared_hidden_dim}, not moe_intermediate_size"
+            )
         return {
             "num_local_experts": cfg.num_experts,
             "moe_intermediate_size": cfg.hidden_dim,
             "hidden_act": names[0],
+            "n_shared_experts": cfg.num_shared_experts,
         }
 
     def __init__(self, cfg: Config, *, parent=None):
