@@ -21,8 +21,6 @@ up-projection absorbed: scores = (q_nope W_uk) . latent + q_rope . k_rope, outpu
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -30,18 +28,13 @@ from axplug.api import AttentionMask
 from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers import BaseLayer, ContiguousKVCache, DotProductKernel, Linear, RMSNorm
 from axplug.sharding import constrain
-from axplug_attention.rope import RotaryPositionTransform
+from axplug_attention.rope import RotaryPositionTransform, yarn_mscale
 
-__all__ = ["MultiHeadLatentAttention", "yarn_mscale"]
+__all__ = ["MultiHeadLatentAttention"]
 
 _Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
 _KV_AXES = ("batch", "kv_seq", "heads", None)
 _LATENT_NORM_EPS = 1e-6  # transformers' DeepSeek latent norms: RMSNorm(rank), its default eps
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature for a context stretched by `factor` (1 when factor <= 1)."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class MultiHeadLatentAttention(BaseLayer):
@@ -62,7 +55,9 @@ class MultiHeadLatentAttention(BaseLayer):
         # A bias on q_a_proj, kv_a_proj and output (Hugging Face's `attention_bias`).
         bias: bool = False
         latent_norm_eps: float = _LATENT_NORM_EPS
-        # The softmax scale; None: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5.
+        # The softmax scale; None: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times
+        # yarn_mscale(factor, mscale_all_dim) ** 2 when the position slot is a YaRN RoPE with
+        # mscale_all_dim (DeepSeek's long-context temperature).
         softmax_scale: float | None = None
         position: BaseLayer.Config = RotaryPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -112,7 +107,7 @@ class MultiHeadLatentAttention(BaseLayer):
         if cfg.softmax_scale is not None:
             raise ValueError(
                 f"softmax_scale={cfg.softmax_scale} (Hugging Face derives the scale from the "
-                "head widths and the RoPE scaling)"
+                "head widths and the YaRN RoPE scaling)"
             )
         return {
             "num_attention_heads": cfg.num_heads,
@@ -190,7 +185,14 @@ class MultiHeadLatentAttention(BaseLayer):
         cfg = self._config
         if cfg.softmax_scale is not None:
             return cfg.softmax_scale
-        return (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+        scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+        position = cfg.position
+        factor = getattr(position, "scaling_factor", None)
+        mscale_all_dim = getattr(position, "mscale_all_dim", None)
+        yarn = factor is not None and getattr(position, "scaling_type", None) == "yarn"
+        if yarn and mscale_all_dim:
+            scale *= yarn_mscale(factor, mscale_all_dim) ** 2
+        return scale
 
     # -- the projections -----------------------------------------------------------------
 

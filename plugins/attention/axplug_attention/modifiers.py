@@ -84,6 +84,7 @@ class RopeModifier(ConfigModifier):
             rotary_fraction=float(c.rotary_fraction),
             interleaved=c.interleaved,
             scaling_factor=None if c.scaling_factor is None else float(c.scaling_factor),
+            scaling_type="llama3",  # this modifier's scaling is Llama 3's
             low_freq_factor=float(c.low_freq_factor),
             high_freq_factor=float(c.high_freq_factor),
             original_max_position=c.original_max_position,

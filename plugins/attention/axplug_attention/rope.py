@@ -11,7 +11,14 @@ import numpy as np
 from axplug.config import ConfigError, config_class
 from axplug.layers import BaseLayer
 
-__all__ = ["RotaryPositionTransform", "rope_frequencies", "rope_tables", "apply_rope"]
+__all__ = [
+    "RotaryPositionTransform",
+    "rope_frequencies",
+    "yarn_frequencies",
+    "yarn_mscale",
+    "rope_tables",
+    "apply_rope",
+]
 
 
 def rope_frequencies(
@@ -44,6 +51,46 @@ def rope_frequencies(
             np.where(wavelen > low_wavelen, freqs / scaling_factor, mid),
         )
     return freqs.astype(np.float32)
+
+
+def yarn_frequencies(
+    rotary_dim: int,
+    *,
+    theta: float,
+    factor: float,
+    original_max_position: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> np.ndarray:
+    """YaRN's angular frequencies, [rotary_dim // 2] float32: pairs that turn fewer than
+    `beta_slow` times over `original_max_position` are interpolated (divided by `factor`),
+    those that turn more than `beta_fast` times are kept, with a linear ramp between (the
+    correction range of the YaRN paper, as transformers computes it)."""
+
+    def correction_dim(rotations: float) -> float:
+        return (rotary_dim * math.log(original_max_position / (rotations * 2 * math.pi))) / (
+            2 * math.log(theta)
+        )
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    # float32 like transformers: the frequencies are compared to 1e-5.
+    powers = np.float32(theta) ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim)
+    extrapolation = 1.0 / powers
+    interpolation = 1.0 / (np.float32(factor) * powers)
+    keep = 1 - ramp
+    return (interpolation * (1 - keep) + extrapolation * keep).astype(np.float32)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched by `factor` (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def apply_rope(
@@ -107,10 +154,12 @@ def _read_rope(fields) -> tuple[float, dict | None]:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return float(theta), None
+    if kind == "yarn":
+        return float(theta), _read_yarn(fields, name, scaling)
     if kind != "llama3":
         fields.problem(
-            f"{name}.rope_type={kind!r} (supported: 'default' and 'llama3'; linear, dynamic, "
-            "yarn and longrope scaling are not)"
+            f"{name}.rope_type={kind!r} (supported: 'default', 'llama3' and 'yarn'; linear, "
+            "dynamic and longrope scaling are not)"
         )
         return float(theta), None
     absent = [k for k in _LLAMA3_KEYS if not isinstance(scaling.get(k), (int, float))]
@@ -119,7 +168,37 @@ def _read_rope(fields) -> tuple[float, dict | None]:
         return float(theta), None
     if scaling.get("attention_factor", 1.0) not in (None, 1.0):
         fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
-    return float(theta), {k: scaling[k] for k in _LLAMA3_KEYS}
+    return float(theta), {"rope_type": "llama3", **{k: scaling[k] for k in _LLAMA3_KEYS}}
+
+
+def _read_yarn(fields, name: str, scaling: dict) -> dict | None:
+    """A YaRN scaling's parameters, as transformers reads them (None: its problems recorded)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    absent = [
+        k for k in ("factor", "original_max_position_embeddings") if not number(scaling.get(k))
+    ]
+    if absent:
+        fields.problem(
+            f"{name} of rope_type 'yarn' lacks {', '.join(absent)} (a factor derived from "
+            "max_position_embeddings is not supported)"
+        )
+        return None
+    out: dict = {
+        "rope_type": "yarn",
+        "factor": float(scaling["factor"]),
+        "original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
+        # transformers: `or`, so null and 0 read as the defaults.
+        "beta_fast": float(scaling.get("beta_fast") or 32.0),
+        "beta_slow": float(scaling.get("beta_slow") or 1.0),
+        "truncate": bool(scaling.get("truncate", True)),
+    }
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        value = scaling.get(key)
+        if value is not None and not number(value):
+            fields.problem(f"{name}.{key}={value!r} (expected a number)")
+            value = None
+        out[key] = None if value is None else float(value)
+    return out
 
 
 class RotaryPositionTransform(BaseLayer):
@@ -132,11 +211,21 @@ class RotaryPositionTransform(BaseLayer):
         # Fraction of each head's dims that is rotated (partial rotary); the rest pass through.
         rotary_fraction: float = 1.0
         interleaved: bool = False
-        # Llama 3 frequency scaling for long context; None disables it.
+        # Frequency scaling for long context by `scaling_factor`; None disables it.
+        # scaling_type "llama3" (Llama 3.1: low/high_freq_factor) or "yarn" (beta_fast/slow,
+        # truncate; the rotated dims scaled by `attention_factor`, None: derived from mscale
+        # and mscale_all_dim as transformers does).
         scaling_factor: float | None = None
+        scaling_type: str = "llama3"
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
+        beta_fast: float = 32.0
+        beta_slow: float = 1.0
+        truncate: bool = True
+        attention_factor: float | None = None
+        mscale: float | None = None
+        mscale_all_dim: float | None = None
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -146,11 +235,18 @@ class RotaryPositionTransform(BaseLayer):
         cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
         cfg.rotary_fraction = fields.number("partial_rotary_factor", 1.0)
         cfg.scaling_factor = None
+        cfg.scaling_type = "llama3"
         if scaling is not None:
+            cfg.scaling_type = scaling["rope_type"]
             cfg.scaling_factor = float(scaling["factor"])
+            cfg.original_max_position = int(scaling["original_max_position_embeddings"])
+        if scaling is not None and scaling["rope_type"] == "llama3":
             cfg.low_freq_factor = float(scaling["low_freq_factor"])
             cfg.high_freq_factor = float(scaling["high_freq_factor"])
-            cfg.original_max_position = int(scaling["original_max_position_embeddings"])
+        if scaling is not None and scaling["rope_type"] == "yarn":
+            for key in ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale",
+                        "mscale_all_dim"):  # fmt: skip
+                setattr(cfg, key, scaling[key])
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -160,7 +256,22 @@ class RotaryPositionTransform(BaseLayer):
             raise ValueError("interleaved RoPE (Hugging Face rotates halves: interleaved=False)")
         params: dict = {"rope_type": "default", "rope_theta": cfg.theta}
         scaling = None
-        if cfg.scaling_factor is not None:
+        if cfg.scaling_factor is not None and cfg.scaling_type == "yarn":
+            scaling = {
+                "rope_type": "yarn",
+                "factor": cfg.scaling_factor,
+                "original_max_position_embeddings": cfg.original_max_position,
+                "beta_fast": cfg.beta_fast,
+                "beta_slow": cfg.beta_slow,
+                "mscale": cfg.mscale,
+                "mscale_all_dim": cfg.mscale_all_dim,
+            }
+            if cfg.attention_factor is not None:
+                scaling["attention_factor"] = cfg.attention_factor
+            if not cfg.truncate:
+                scaling["truncate"] = False
+            params = {**scaling, "rope_theta": cfg.theta}
+        elif cfg.scaling_factor is not None:
             scaling = {
                 "rope_type": "llama3",
                 "factor": cfg.scaling_factor,
@@ -180,7 +291,16 @@ class RotaryPositionTransform(BaseLayer):
             raise ConfigError(
                 f"{self.path}.rotary_fraction: {cfg.rotary_fraction} is not in (0, 1]"
             )
-        if cfg.scaling_factor is not None and cfg.high_freq_factor <= cfg.low_freq_factor:
+        if cfg.scaling_type not in ("llama3", "yarn"):
+            raise ConfigError(
+                f"{self.path}.scaling_type: {cfg.scaling_type!r} is not 'llama3' or 'yarn'"
+            )
+        llama3 = cfg.scaling_type == "llama3"
+        if (
+            llama3
+            and cfg.scaling_factor is not None
+            and cfg.high_freq_factor <= cfg.low_freq_factor
+        ):
             raise ConfigError(
                 f"{self.path}: high_freq_factor ({cfg.high_freq_factor}) must exceed "
                 f"low_freq_factor ({cfg.low_freq_factor})"
@@ -200,6 +320,16 @@ class RotaryPositionTransform(BaseLayer):
 
     def frequencies(self, head_dim: int) -> np.ndarray:
         cfg = self._config
+        if cfg.scaling_factor is not None and cfg.scaling_type == "yarn":
+            return yarn_frequencies(
+                self.rotary_dim(head_dim),
+                theta=cfg.theta,
+                factor=cfg.scaling_factor,
+                original_max_position=cfg.original_max_position,
+                beta_fast=cfg.beta_fast,
+                beta_slow=cfg.beta_slow,
+                truncate=cfg.truncate,
+            )
         return rope_frequencies(
             self.rotary_dim(head_dim),
             theta=cfg.theta,
@@ -209,13 +339,32 @@ class RotaryPositionTransform(BaseLayer):
             original_max_position=cfg.original_max_position,
         )
 
+    def attention_factor(self) -> float:
+        """The scale of the rotated dims: YaRN's (1 without it)."""
+        cfg = self._config
+        if cfg.scaling_factor is None or cfg.scaling_type != "yarn":
+            return 1.0
+        if cfg.attention_factor is not None:
+            return cfg.attention_factor
+        if cfg.mscale and cfg.mscale_all_dim:
+            return yarn_mscale(cfg.scaling_factor, cfg.mscale) / yarn_mscale(
+                cfg.scaling_factor, cfg.mscale_all_dim
+            )
+        return yarn_mscale(cfg.scaling_factor)
+
     def forward(self, q, k, *, q_positions, kv_positions):
         # q: [b, sq, h, d], k: [b, skv, kvh, d]; positions are data (packing, decode offsets).
         freqs = self.frequencies(q.shape[-1])
         interleaved = self._config.interleaved
-        q_tables = rope_tables(q_positions, freqs)
+        factor = self.attention_factor()
+
+        def tables(positions):
+            cos, sin = rope_tables(positions, freqs)
+            return (cos, sin) if factor == 1.0 else (cos * factor, sin * factor)
+
+        q_tables = tables(q_positions)
         # Self-attention without a cache passes one positions array for both: one table.
-        kv_tables = q_tables if kv_positions is q_positions else None
+        kv_tables = q_tables if kv_positions is q_positions else tables(kv_positions)
         return (
             apply_rope(q, q_positions, freqs, interleaved=interleaved, tables=q_tables),
             apply_rope(k, kv_positions, freqs, interleaved=interleaved, tables=kv_tables),

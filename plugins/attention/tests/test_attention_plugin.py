@@ -34,8 +34,9 @@ from axplug_attention import (  # noqa: E402
     rope_frequencies,
 )
 
+from axplug.api import HFFields  # noqa: E402
 from axplug.cli import main  # noqa: E402
-from axplug.config import ConfigError  # noqa: E402
+from axplug.config import ConfigError, to_dict  # noqa: E402
 from axplug.context import functional  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
@@ -264,6 +265,40 @@ def test_rope_llama3_scaling_in_the_layer():
     q2, _ = run(m, {}, {"q": q, "k": q, "q_positions": pos, "kv_positions": pos})
     freqs = ref_llama3_freqs(16, 10000.0, 4.0, 1.0, 4.0, 64)
     assert_close(q2, ref_rotary(q, pos, freqs=freqs), dict(rtol=1e-5, atol=1e-4))
+
+
+YARN_CASES = {
+    # DeepSeek-V3's: mscale = mscale_all_dim, so the rotated dims keep their scale.
+    "deepseek": dict(factor=40.0, original_max_position_embeddings=4096, beta_fast=32,
+                     beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+    "no-mscale-untruncated": dict(factor=4.0, original_max_position_embeddings=32,
+                                  beta_fast=16, beta_slow=2, truncate=False),
+    "mscales-differ": dict(factor=4.0, original_max_position_embeddings=32, mscale=0.707,
+                           mscale_all_dim=1.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(YARN_CASES))
+def test_rope_yarn_matches_transformers(case):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, **YARN_CASES[case]}
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=128, rope_parameters=params
+    )
+    want_freqs, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    cfg = RotaryPositionTransform.default_config()
+    fields = HFFields({"rope_parameters": params})
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert not fields.problems
+    layer, _ = build(cfg.set(head_dim=32))
+    assert_close(layer.frequencies(32), want_freqs.numpy(), dict(rtol=1e-6, atol=0))
+    assert layer.attention_factor() == pytest.approx(want_factor, rel=1e-12)
+    written = RotaryPositionTransform.hf_write(cfg)["rope_parameters"]
+    again = RotaryPositionTransform.default_config()
+    RotaryPositionTransform.hf_read(again, HFFields({"rope_parameters": written}))
+    assert to_dict(again) == to_dict(cfg.set(head_dim=None))
 
 
 def test_rope_config_errors_name_the_field():

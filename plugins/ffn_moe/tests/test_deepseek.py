@@ -422,8 +422,12 @@ def test_architecture_builds_dense_first_then_moe_layers(tmp_path):
     "updates, message",
     [
         (
+            dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}),
+            "rope_type='dynamic'",
+        ),
+        (
             dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}),
-            "rope_type='yarn'",
+            "'yarn' lacks original_max_position_embeddings",
         ),
         (dict(num_key_value_heads=2), "num_key_value_heads=2 differs"),
         (dict(n_group=3), "n_group=3 does not divide the 8 experts"),
@@ -472,7 +476,8 @@ FAMILIES = {
     # q compressed (q_lora_rank), interleaved RoPE, 8 experts in 2 groups, 3 layers.
     "q-lora": dict(num_hidden_layers=3, q_lora_rank=24, n_routed_experts=8, n_shared_experts=1),
     # q straight from the input, rotate-half RoPE, biases, raw gates, 2 shared experts.
-    "q-proj": dict(
+    # ... and YaRN RoPE scaling (frequencies, cos/sin factor, softmax temperature).
+    "q-proj-yarn": dict(
         num_hidden_layers=2,
         q_lora_rank=None,
         rope_interleave=False,
@@ -482,6 +487,14 @@ FAMILIES = {
         norm_topk_prob=False,
         routed_scaling_factor=1.5,
         tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+        },
     ),
 }
 

@@ -39,6 +39,15 @@ FAMILIES = {
             "original_max_position_embeddings": 16,
         },
     ),  # fmt: skip
+    "llama-yarn": lambda: config(
+        "Llama",
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
     "mistral": lambda: config("Mistral", sliding_window=5),
     "mistral-no-window": lambda: config("Mistral", sliding_window=None),
     "qwen2": lambda: config("Qwen2"),
