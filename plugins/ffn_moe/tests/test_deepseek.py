@@ -510,3 +510,25 @@ def test_deepseek_v3_matches_transformers(family, tmp_path):
     exported = json.loads((tmp_path / "out" / "config.json").read_text())
     assert exported["q_lora_rank"] == FAMILIES[family]["q_lora_rank"]
     assert exported["first_k_dense_replace"] == 1
+    if family == "q-proj-yarn":  # once: it compiles another engine
+        assert_paged_batching_matches(check)
+
+
+def assert_paged_batching_matches(check):
+    """Continuous batching through paged latent caches (2 slots for 3 prompts of different
+    lengths: rows reused) gives transformers' greedy tokens for every prompt."""
+    from axplug.inference import SamplingParams, generate, load_checkpoint
+    from axplug.testing._hf import PROMPT, _hf_greedy
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).eval()
+    prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]
+    loaded = load_checkpoint(check.run_dir, modifiers=["paged_kv_cache:page_size=4"])
+    completions = generate(
+        loaded.model,
+        loaded.params,
+        prompts,
+        SamplingParams(max_new_tokens=8, temperature=0.0),
+        num_slots=2,
+    )
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert list(completion.output_ids) == _hf_greedy(reference, tuple(prompt), 8), prompt
