@@ -800,3 +800,24 @@ def test_reapplying_a_modifier_resets_the_options_it_owns(given, field, default)
     assert field(attention) != default
     again = make_modifier(name)(cfg).model.decoder.transformer.layer.attention
     assert field(again) == default
+
+
+class TestMultiHeadLatentAttentionConformance(LayerConformance):
+    """The kit on MLA (q compressed), swapped for llama-tiny's whole attention layer."""
+
+    @pytest.fixture
+    def layer_config(self):
+        from axplug_attention.mla import MultiHeadLatentAttention
+
+        return MultiHeadLatentAttention.default_config().set(
+            input_dim=D, num_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=12,
+        )  # fmt: skip
+
+    @pytest.fixture
+    def inputs(self):
+        return {"x": normal(0, (4, S, D)), "positions": arange_positions(4)}
+
+    @pytest.fixture
+    def swap_target(self):
+        return Attention
