@@ -441,6 +441,33 @@ def test_architecture_refuses_what_it_does_not_compute_by_name(tmp_path, updates
         trainer_config(tmp_path, **updates)
 
 
+def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
+    from axplug.config import apply_overrides
+
+    steps, rate = 3, 0.01
+    cfg = trainer_config(tmp_path, vocab_size=256)  # the byte-level text the trainer reads
+    cfg = apply_overrides(
+        cfg.clone(summary_writers=[]),
+        [
+            "compilation_cache_dir=None", "input.seq_len=32", "input.batch_size=8",
+            f"max_steps={steps}",
+            f"model.decoder.transformer.layer.feed_forward.router.bias_update_rate={rate}",
+        ],
+    )  # fmt: skip
+    trainer = cfg.instantiate(devices=jax.devices()[:1])
+    trainer.run()
+    params = jax.device_get(trainer.state["params"])["decoder"]["transformer"]
+    # Exactly `steps` float32 additions of +-rate (an optimizer step, however small, would
+    # leave another value).
+    reachable = {np.float32(0.0)}
+    for _ in range(steps):
+        reachable = {np.float32(v + d) for v in reachable for d in (-rate, 0.0, rate)}
+    for i in (1, 2):
+        bias = params[f"layer{i}"]["feed_forward"]["router"]["e_score_correction_bias"]
+        assert bias.dtype == np.float32 and np.any(bias != 0)
+        assert all(np.float32(b) in reachable for b in bias), bias
+
+
 def test_dense_first_stack_checks_its_layer_count():
     cfg = DenseFirstStack.default_config().set(input_dim=8, num_layers=2, num_dense_layers=3)
     with pytest.raises(ConfigError, match="num_dense_layers: 3 must be between 0 and"):
