@@ -15,6 +15,11 @@ MoEFeedForward), so a count can't come from a recipe that doesn't work.
 **Core lines.** The commits that added `plugins/attention` and `plugins/ffn_moe` (the first
 commit of each `pyproject.toml`, from `git log --follow --diff-filter=A`), and their
 `git diff --numstat` restricted to `core/`.
+
+**Model families.** For every installed architecture (`axplug.architectures`): the code lines
+of its contribution (the architecture class and the module-level helpers of its file, counted
+with `tokenize`: no blank, comment or docstring lines), and the core lines changed by the
+commit that registered it (the first commit whose pyproject.toml has its entry, `git log -S`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["VARIANTS", "PLUGINS", "variant_specs", "count_changed_lines", "core_lines", "main"]
+__all__ = [
+    "VARIANTS",
+    "PLUGINS",
+    "variant_specs",
+    "count_changed_lines",
+    "core_lines",
+    "family_lines",
+    "main",
+]
 
 # feature -> (modifier added, the config class that shows the feature is there)
 VARIANTS = {
@@ -98,6 +111,51 @@ def core_lines(plugin_dir: str) -> tuple[str, str, list[tuple[int, int, str]]]:
     return commit, subject, rows
 
 
+def _code_lines(path: str) -> int:
+    """Lines of `path` holding code: not blank, not only a comment, not a docstring."""
+    import io
+    import tokenize
+
+    lines: set[int] = set()
+    previous = tokenize.INDENT
+    with open(path, encoding="utf-8") as f:
+        tokens = list(tokenize.generate_tokens(io.StringIO(f.read()).readline))
+    for tok in tokens:
+        kind = tok.type
+        if kind == tokenize.STRING and previous in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL):
+            previous = kind  # a docstring (an expression statement of one string)
+            continue
+        if kind not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
+                        tokenize.DEDENT, tokenize.ENDMARKER):  # fmt: skip
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+        previous = kind
+    return len(lines)
+
+
+def family_lines() -> list[tuple[str, str, int, int, int]]:
+    """(architecture, distribution, contribution code lines, core +, core -) per family."""
+    import inspect
+
+    from axplug import registry
+
+    rows = []
+    for name in registry.names("architectures"):
+        component = registry.entry("architectures", name)
+        obj = registry.load("architectures", name)
+        source = inspect.getsourcefile(obj if isinstance(obj, type) else type(obj))
+        log = _git("log", "--format=%h", "-S", f"{name} =", "--", "pyproject.toml",
+                   "plugins/*/pyproject.toml").split()  # fmt: skip
+        plus = minus = 0
+        if log:
+            for line in _git(
+                "diff", "--numstat", f"{log[-1]}^", log[-1], "--", "core/"
+            ).splitlines():
+                added, deleted, _ = line.split("\t")
+                plus, minus = plus + int(added), minus + int(deleted)
+        rows.append((name, component.distribution, _code_lines(source), plus, minus))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     del argv
     from axplug import registry
@@ -123,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         files = ", ".join(f"{p} (+{a}/-{d})" for a, d, p in rows) or "-"
         print(f"{dist:18} {commit:8} {plus:7d} {minus:7d}  {files}")
         print(f"{'':18} {subject[:90]}")
+
+    print("\nmodel families: code lines of the contribution's file; core lines its commit changed")
+    print(f"{'architecture':22} {'distribution':14} {'lines':>6} {'core +':>7} {'core -':>7}")
+    for arch, dist, lines, plus, minus in family_lines():
+        print(f"{arch:22} {dist:14} {lines:6d} {plus:7d} {minus:7d}")
     return 0
 
 

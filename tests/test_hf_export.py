@@ -76,9 +76,8 @@ def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, c
     capsys.readouterr()
     assert main(["export-hf", gpt, "--output", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
-    # Every installed architecture says why not (DeepseekV3ForCausalLM sorts before LLaMA).
-    assert "cannot export this model: as " in err and "as LlamaForCausalLM: " in err
-    assert "layer_norm_eps" in err
+    assert "cannot export this model:" in err and "as LlamaForCausalLM: " in err
+    assert "layer_norm_eps" in err  # a LayerNorm: no LLaMA-layout family reads its field
 
 
 def test_mixtral_round_trips_through_the_moe_plugins_mapping(tmp_path, capsys):
@@ -129,3 +128,25 @@ def test_a_moe_that_mixtral_cannot_express_is_refused_by_name(tmp_path, capsys):
     assert main(["export-hf", run, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "as MixtralForCausalLM: " in err and "capacity_factor=1.25" in err
+
+
+def test_a_field_the_family_fixes_or_defaults_must_come_back_from_the_rebuild():
+    # LLaMA has one attention_bias for q, k, v and o: a model with q/k/v biases alone would
+    # be rebuilt with an o_proj bias too. Its layers re-read the same config.json, so only
+    # what the rebuilt layers write back shows it (as for a field an architecture implies).
+    import pytest
+
+    from axplug.interop.hf_export import HFExportError, hf_config_for
+    from axplug.presets import preset_config
+
+    cfg = preset_config("llama-tiny")
+    cfg.model.decoder.transformer.layer.attention.qkv.bias = True
+    with pytest.raises(
+        HFExportError,
+        match=r"as LlamaForCausalLM: attention_bias=False \(a LlamaForCausalLM built from the "
+        r"config.json has True\)",
+    ):
+        hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})
+    cfg.model.decoder.transformer.layer.attention.qkv.bias = False
+    raw, arch = hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})
+    assert arch.architecture == "LlamaForCausalLM" and raw["attention_bias"] is False

@@ -408,8 +408,8 @@ def test_bfloat16_checkpoint_loads_exactly_and_computes_in_bfloat16(tmp_path):
     [
         (
             llama_config,
-            {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-            "rope_scaling.rope_type='linear'",
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            "rope_scaling.rope_type='dynamic'",
         ),
         (llama_config, {"hidden_act": "xielu"}, "hidden_act='xielu'"),
         (llama_config, {"attention_dropout": 0.1}, "attention_dropout=0.1"),
@@ -509,6 +509,9 @@ def test_missing_plugin_names_the_package(tmp_path, monkeypatch):
     try:
         with pytest.raises(HFImportError, match="MixtralForCausalLM needs axplug-moe"):
             parse_hf_config(mixtral_config())
+        for arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+            with pytest.raises(HFImportError, match=f"{arch} needs axplug-moe: pip install"):
+                parse_hf_config(mixtral_config(architectures=[arch]))
     finally:
         monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS")
         registry.reset()

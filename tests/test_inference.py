@@ -30,7 +30,7 @@ from axplug.inference import (
     load_checkpoint,
     sample_tokens,
 )
-from axplug.layers import CausalLM
+from axplug.layers import CausalLM, Embedding, LayerNorm, QKVLinear, RMSNorm
 from axplug.layers.kv_cache import EMPTY_POSITION, set_block_tables
 from axplug.modifiers import make_modifier
 
@@ -146,6 +146,155 @@ if _installed("axplug-moe"):
 @pytest.mark.parametrize("mods", list(DECODE_CASES.values()), ids=list(DECODE_CASES))
 def test_decoding_with_the_cache_gives_the_forward_logits(mods):
     model, params = build(lm_cfg(*mods, layers=4 if "every=2" in str(mods) else 2))
+    ids = random_ids(1, (3, 11))
+    full = np.asarray(forward_logits(model, params, ids))
+    decoded, _ = decode_logits(model, params, ids, prompt_lens=[5, 2, 7], max_len=12)
+    np.testing.assert_allclose(decoded, full, **LOOSE)
+
+
+def _layer(**fields):
+    """An edit of an `lm_cfg` config: `fields` set on every transformer layer."""
+
+    def edit(cfg):
+        cfg.decoder.transformer.layer.set(**fields)
+        return cfg
+
+    return edit
+
+
+def _decoder(**fields):
+    """An edit of an `lm_cfg` config: `fields` set on the decoder."""
+
+    def edit(cfg):
+        cfg.decoder.set(**fields)
+        return cfg
+
+    return edit
+
+
+def _attention(**fields):
+    """An edit of an `lm_cfg` config: `fields` set on every attention layer."""
+
+    def edit(cfg):
+        cfg.decoder.transformer.layer.attention.set(**fields)
+        return cfg
+
+    return edit
+
+
+def randomized(params, seed: int = 7):
+    """`params` plus small random values: zero biases and unit norm scales matter then."""
+    leaves, treedef = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    return treedef.unflatten([a + 0.3 * rng.standard_normal(a.shape) for a in leaves])
+
+
+def _gpt2(cfg):
+    """GPT-2's shape: learned positions, LayerNorms, a plain GELU MLP, biases everywhere."""
+    cfg.decoder.set(
+        position_embedding=Embedding.default_config(),
+        max_positions=12,
+        tie_word_embeddings=True,
+        output_norm=LayerNorm.default_config(),
+    )
+    layer = cfg.decoder.transformer.layer
+    layer.norm = LayerNorm.default_config()
+    layer.feed_forward.set(activation="gelu_tanh", gated=False)
+    layer.feed_forward.linear.bias = True
+    layer.attention.qkv.bias = True
+    layer.attention.output.bias = True
+    return cfg
+
+
+# Options of the core layers that Hugging Face families need: (config edits, modifiers).
+OPTION_CASES = {
+    "post_norms": ((_layer(post_norm=True),), ()),
+    "post_norms_only_scanned_paged": (
+        (_layer(pre_norm=False, post_norm=True),),
+        ("scan_layers", "paged_kv_cache:page_size=4"),
+    ),
+    "embedding_scale": ((_decoder(embedding_scale=DIM**0.5),), ()),
+    "final_logit_softcap_scanned": ((_decoder(final_logit_softcap=2.0),), ("scan_layers",)),
+    "position_embedding_paged": (
+        (_decoder(position_embedding=Embedding.default_config(), max_positions=12),),
+        ("paged_kv_cache:page_size=4",),
+    ),
+    # Decode steps read the cache through the paged kernel with the cap, prefill densely.
+    "attention_softcap": ((_attention(logit_softcap=0.5),), ()),
+    "attention_softcap_paged_flash": (
+        (_attention(logit_softcap=0.5),),
+        ("paged_kv_cache:page_size=4", "flash_attention"),
+    ),
+    "qk_norm_qkv_bias_scanned": (
+        (
+            _attention(
+                qk_norm=RMSNorm.default_config(), qkv=QKVLinear.default_config().set(bias=True)
+            ),
+        ),
+        ("scan_layers",),
+    ),
+    "qk_norm_projection_paged": (
+        (_attention(qk_norm=RMSNorm.default_config(), qk_norm_over="projection"),),
+        ("paged_kv_cache:page_size=4",),
+    ),
+    "gpt2_like": ((_gpt2,), ()),
+}
+if _installed("axplug-attention"):
+
+    def _gemma(cfg):
+        gemma_norm = RMSNorm.default_config().set(scale_offset=1.0)
+        cfg.decoder.set(
+            embedding_scale=DIM**0.5,
+            final_logit_softcap=2.0,
+            tie_word_embeddings=True,
+            output_norm=gemma_norm.clone(),
+        )
+        layer = cfg.decoder.transformer.layer
+        layer.set(norm=gemma_norm.clone(), post_norm=True)
+        layer.feed_forward.set(activation="gelu_tanh")
+        layer.attention.set(logit_softcap=0.5, qk_norm=gemma_norm.clone())
+        layer.attention.kernel.set(scale=0.3)  # query_pre_attn_scalar ** -0.5
+        return cfg
+
+    OPTION_CASES |= {
+        "qwen_like_gqa_paged": (
+            (
+                _attention(
+                    qk_norm=RMSNorm.default_config(), qkv=QKVLinear.default_config().set(bias=True)
+                ),
+            ),
+            ("rope", "gqa:num_kv_heads=2", "paged_kv_cache:page_size=3"),
+        ),
+        "olmo2_like_gqa": (
+            (
+                _layer(pre_norm=False, post_norm=True),
+                _attention(qk_norm=RMSNorm.default_config(), qk_norm_over="projection"),
+            ),
+            ("rope", "gqa:num_kv_heads=2"),
+        ),
+        "gemma_like_gqa_paged_scanned_flash": (
+            (_gemma,),
+            (
+                "rope",
+                "gqa:num_kv_heads=2",
+                "paged_kv_cache:page_size=4",
+                "scan_layers",
+                "flash_attention",
+            ),
+        ),
+        "gemma_like_contiguous": ((_gemma,), ("rope", "gqa:num_kv_heads=1")),
+    }
+
+
+@pytest.mark.parametrize("edits,mods", list(OPTION_CASES.values()), ids=list(OPTION_CASES))
+def test_decoding_with_layer_options_gives_the_forward_logits(edits, mods):
+    cfg = lm_cfg()
+    for edit in edits:
+        cfg = edit(cfg)
+    for spec in mods:
+        cfg = make_modifier(spec)(cfg)
+    model, params = build(cfg)
+    params = randomized(params)
     ids = random_ids(1, (3, 11))
     full = np.asarray(forward_logits(model, params, ids))
     decoded, _ = decode_logits(model, params, ids, prompt_lens=[5, 2, 7], max_len=12)

@@ -56,6 +56,7 @@ class Case:
     dtype: str = "float32"
     head_dim: int = 16
     slopes: tuple | None = None  # per query head: ALiBi's linear distance bias
+    softcap: float | None = None  # the mask's logit_softcap: cap * tanh(scores / cap)
 
 
 CASES = [
@@ -111,6 +112,24 @@ CASES = [
         kv_heads=1,
         slopes=(0.5, 0.25, 0.125, 0.0625),
     ),
+    # Caps near the scores' scale (about 1: head_dim 16, unit normal q, k), so tanh bends them.
+    Case("softcap", softcap=1.0),
+    Case(  # Gemma 2's mix: soft-capped GQA with a sliding window, packed
+        "softcap_gqa_window_segments",
+        q_positions=(0, 1, 2, 3, 4, 0, 1, 2),
+        segments=(0, 0, 0, 0, 0, 1, 1, 1),
+        window=3,
+        kv_heads=2,
+        softcap=0.5,
+    ),
+    Case(  # one soft-capped decode step against a cache
+        "softcap_decode",
+        q_positions=(6,),
+        kv_positions=(0, 1, 2, 3, 4, 5, 6, EMPTY, EMPTY, EMPTY),
+        kv_heads=1,
+        softcap=0.5,
+    ),
+    Case("softcap_alibi", slopes=(0.5, 0.25, 0.125, 0.0625), softcap=1.0),  # cap, then bias
 ]
 
 
@@ -141,6 +160,7 @@ def inputs(case: Case, batch: int = 2):
         causal=case.causal,
         sliding_window=case.window,
         linear_bias_slopes=None if case.slopes is None else jnp.asarray(case.slopes, jnp.float32),
+        logit_softcap=case.softcap,
     )
     dt = jnp.dtype(case.dtype)
     return (jnp.asarray(q, dt), jnp.asarray(k, dt), jnp.asarray(v, dt)), mask, jnp.asarray(cot)
@@ -169,12 +189,16 @@ def ref_bias(case: Case) -> np.ndarray:
     return -slopes[:, None, None] * np.abs(qp[:, None] - kp[None, :])
 
 
-def ref_attention(q, k, v, allowed, scale, bias=0.0):
-    """Plain softmax attention in float32 with k/v heads repeated to the query heads."""
+def ref_attention(q, k, v, allowed, scale, bias=0.0, softcap=None):
+    """Plain softmax attention in float32 with k/v heads repeated to the query heads; the
+    scaled scores soft-capped (softcap * tanh(s / softcap)) before the bias and the mask."""
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     rep = q.shape[2] // k.shape[2]
     k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale + jnp.asarray(bias, jnp.float32)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    logits = logits + jnp.asarray(bias, jnp.float32)
     logits = jnp.where(jnp.asarray(allowed), logits, -jnp.inf)
     e = jnp.exp(logits - logits.max(-1, keepdims=True))
     return jnp.einsum("bhqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v)
@@ -222,7 +246,7 @@ def reference(case: Case):
     allowed, bias = ref_allowed(case), ref_bias(case)
     scale = 1.0 / math.sqrt(case.head_dim)
     return forward_and_grads(
-        lambda q, k, v: ref_attention(q, k, v, allowed, scale, bias), q, k, v, cot
+        lambda q, k, v: ref_attention(q, k, v, allowed, scale, bias, case.softcap), q, k, v, cot
     )
 
 
@@ -234,6 +258,8 @@ def test_kernel_matches_reference(name, case):
     if kernel is not None:
         if case.slopes is not None and not getattr(kernel, "supports_linear_bias", False):
             pytest.skip(f"{name}: no supports_linear_bias (dispatch never gives it a bias)")
+        if case.softcap is not None and not getattr(kernel, "supports_logit_softcap", False):
+            pytest.skip(f"{name}: no supports_logit_softcap (dispatch never gives it a cap)")
         answer = kernel.is_supported(q, k, v, mask, jax.default_backend())
         if not answer:
             pytest.skip(f"{name}: {getattr(answer, 'reason', 'unsupported')}")
@@ -353,6 +379,60 @@ def test_a_bias_goes_only_to_kernels_that_declare_it(fake_kernels):
     assert reasons["xla"] is None and reasons["reference"] is None
 
 
+def test_a_softcap_goes_only_to_kernels_that_declare_it(fake_kernels):
+    # As for the bias: a kernel that does not declare the cap would leave scores uncapped.
+    q, k, v, mask = example_call()
+    capped = dataclasses.replace(mask, logit_softcap=50.0)
+    assert select_kernel(q, k, v, mask, backend="gpu")[0] == "needs_gpu"
+    assert select_kernel(q, k, v, capped, backend="gpu")[0] == "xla"
+    assert select_kernel(q, k, v, capped, backend="tpu")[0] == "xla"  # not tpu_only either
+    choices = kernel_choices(q, k, v, capped, backend="gpu")
+    reasons = {c.name: c.reason for c in choices}
+    no_cap = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
+    assert reasons["needs_gpu"] == reasons["tpu_only"] == reasons["raises"] == no_cap
+    assert reasons["xla"] is None and reasons["reference"] is None
+    # Whatever is installed: dispatch never picks a kernel without the capability ...
+    for c in choices:
+        kernel = dict(registered_kernels([c.name]))[c.name]
+        assert not c.supported or getattr(kernel, "supports_logit_softcap", False), c.name
+    # ... and AttentionKernel's own check answers Unsupported for one (a direct caller).
+    from axplug.kernels import AttentionKernel
+
+    answer = AttentionKernel().is_supported(q, k, v, capped, "cpu")
+    assert not answer and "logit soft-capping" in answer.reason
+    assert AttentionKernel().is_supported(q, k, v, mask, "cpu") is True
+
+
+def test_every_installed_kernel_without_the_capability_declines_a_cap():
+    from axplug.testing import abstract_call
+
+    for name, kernel in registered_kernels():
+        if getattr(kernel, "supports_logit_softcap", False):
+            continue
+        for backend in ("cpu", "gpu", "tpu", "neuron"):
+            for q_seq in (None, 1):
+                args = abstract_call(logit_softcap=30.0, q_seq=q_seq)
+                assert not kernel.is_supported(*args, backend), (name, backend, q_seq)
+
+
+def test_the_kernel_slots_scale_reaches_every_kernel(fake_kernels):
+    # Gemma: scale = query_pre_attn_scalar ** -0.5, not head_dim ** -0.5.
+    from axplug.layers import Attention
+    from axplug.modifiers import make_modifier
+
+    args = example_call()
+    want = run_layer(DotProductKernel.default_config().set(scale=0.05), args)
+    assert not np.allclose(want, run_layer(DotProductKernel.default_config(), args))
+    for names in (["xla"], ["reference"]):
+        cfg = FlashAttention.default_config().set(scale=0.05, kernels=names)
+        assert_close(run_layer(cfg, args), want, F32)
+    # The flash_attention modifier keeps the scale the slot had.
+    attention = Attention.default_config().set(input_dim=8, num_heads=2)
+    attention.kernel.set(scale=0.05)
+    flash = make_modifier("flash_attention")(attention)
+    assert flash.kernel.klass is FlashAttention and flash.kernel.scale == 0.05
+
+
 def test_flash_attention_layer_runs_the_chosen_kernel(fake_kernels):
     args = example_call()
     for backend, value in (("tpu", 2.0), ("gpu", 1.0)):
@@ -406,7 +486,15 @@ def test_flash_attention_modifier_is_the_cores():
         make_modifier("flash_attention")(QKVLinear.default_config())
 
 
-ALL = ("gqa", "non_causal", "sliding_window", "segment_ids", "differentiable", "linear_bias")
+ALL = (
+    "gqa",
+    "non_causal",
+    "sliding_window",
+    "segment_ids",
+    "differentiable",
+    "linear_bias",
+    "logit_softcap",
+)
 
 
 class TestXlaKernelConformance(KernelConformance):

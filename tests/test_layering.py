@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
 
 import pytest
 
@@ -191,3 +192,80 @@ def test_the_core_never_names_a_plugin_package():
         if name in path.read_text(encoding="utf-8")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def _plugin_classes() -> set[str]:
+    """Names of the classes the first-party plugins define."""
+    return {
+        node.name
+        for path in (ROOT / "plugins").glob("*/axplug_*/**/*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name != "Config"
+    }
+
+
+_READS = ("get", "positive_int", "number", "expect", "has", "name")
+
+
+def _strings(nodes) -> set[str]:
+    return {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def _hf_field_names(paths) -> set[str]:
+    """The config.json fields `hf_read` methods read (`fields.get("x")`, ...) and `hf_write`
+    methods write (the keys of the dicts they return)."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.FunctionDef) and node.name in ("hf_read", "hf_write")):
+                continue
+            for sub in ast.walk(node):
+                called = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                if called and sub.func.attr in _READS and sub.args:
+                    names |= _strings([sub.args[0]])
+                if isinstance(sub, ast.Dict) and node.name == "hf_write":
+                    names |= _strings(sub.keys)
+    return names
+
+
+def test_the_core_never_names_a_plugin_class_or_a_plugin_layers_hf_field():
+    """A model family is a plugin: the core spells neither the classes of a plugin's layers
+    nor the config.json fields that only a plugin's layers read and write."""
+    classes = _plugin_classes()
+    assert {"RotaryPositionTransform", "MoEFeedForward", "Mixtral"} <= classes
+    core_files = sorted(CORE.rglob("*.py"))
+    plugin_fields = _hf_field_names((ROOT / "plugins").glob("*/axplug_*/**/*.py"))
+    own_fields = _hf_field_names(core_files)
+    only_plugins = plugin_fields - own_fields
+    assert {"rope_theta", "num_local_experts", "num_experts_per_tok"} <= only_plugins
+    offenders = []
+    for path in core_files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        words = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        words |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        strings = " ".join(
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        )
+        # A class by its identifier, or in a string when its name is compound (MoEFeedForward;
+        # a model's name in prose, "Mixtral", is not a class).
+        compound = {c for c in classes if sum(ch.isupper() for ch in c) > 1}
+        named = {c for c in classes if c in words}
+        named |= {c for c in compound if re.search(rf"\b{c}\b", strings)}
+        named |= {f for f in only_plugins if re.search(rf"\b{f}\b", strings) or f in words}
+        offenders += [f"{path.relative_to(ROOT)}: {n}" for n in sorted(named)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_lazy_package_name_is_shadowed_by_its_submodule():
+    """A package that reads its names on first use must not have a submodule named like one:
+    importing the submodule would set the package attribute to the module."""
+    import types
+
+    for package in ("axplug.api", "axplug.interop"):
+        pkg = importlib.import_module(package)
+        for module in pathlib.Path(pkg.__file__).parent.glob("*.py"):
+            importlib.import_module(f"{package}.{module.stem}")
+        shadowed = [n for n in pkg.__all__ if isinstance(getattr(pkg, n), types.ModuleType)]
+        assert not shadowed, f"{package}: {shadowed} resolve to modules"

@@ -37,6 +37,7 @@ from axplug.layers import (
     LayerNorm,
     Linear,
     ParameterSpec,
+    QKVLinear,
     RepeatedTransformer,
     RMSNorm,
     StackedTransformer,
@@ -140,6 +141,11 @@ def ref_silu(x):
 
 def ref_gelu_tanh(x):
     return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def ref_gelu_erf(x):
+    erf = np.vectorize(math.erf)(np.asarray(x, np.float64) / math.sqrt(2.0))
+    return jnp.asarray(0.5 * np.asarray(x, np.float64) * (1.0 + erf), jnp.float32)
 
 
 def ref_ffn(x, p, act=ref_silu, gated=True):
@@ -252,6 +258,32 @@ def test_rms_norm():
     assert_close(run(m2, params, (x,)), ref_rms_norm(x, params, eps=0.5))
 
 
+def test_rms_norm_scale_offset_is_gemmas_one_plus_w():
+    m = build(RMSNorm, input_dim=D, scale_offset=1.0)
+    # The stored scale starts at zeros: the effective scale (1 + w) starts at one.
+    np.testing.assert_array_equal(init(m, randomize_norms=False)["scale"], np.zeros(D))
+    x = 3.0 * normal(1, (B, S, D)) + 0.5
+    w = 0.5 * normal(2, (D,))
+    want = x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + 1e-6) * (1.0 + w)
+    assert_close(run(m, {"scale": w}, (x,)), want)
+    # Any offset starts as the identity scale and adds itself to the stored one.
+    half = build(RMSNorm, input_dim=D, scale_offset=0.5)
+    np.testing.assert_array_equal(init(half, randomize_norms=False)["scale"], np.full(D, 0.5))
+    assert_close(run(half, {"scale": w}, (x,)), ref_rms_norm(x, {"scale": w + 0.5}))
+    # The default stays x / rms(x) * w with ones at init.
+    np.testing.assert_array_equal(
+        init(build(RMSNorm, input_dim=D), randomize_norms=False)["scale"], np.ones(D)
+    )
+    # bf16 compute: Gemma's float32 math of the bf16 input, cast once at the end.
+    m16 = build(RMSNorm, input_dim=D, scale_offset=1.0, compute_dtype="bfloat16")
+    x16 = x.astype(jnp.bfloat16)
+    x32 = x16.astype(jnp.float32)
+    want16 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6) * (1.0 + w)
+    out16 = run(m16, {"scale": w}, (x16,))
+    assert out16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out16), np.asarray(want16.astype(jnp.bfloat16)))
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_layer_norm(bias):
     m = build(LayerNorm, input_dim=D, bias=bias)
@@ -264,7 +296,13 @@ def test_layer_norm(bias):
 
 @pytest.mark.parametrize(
     "activation,gated,ref_act",
-    [("silu", True, ref_silu), ("gelu", False, ref_gelu_tanh), ("gelu", True, ref_gelu_tanh)],
+    [
+        ("silu", True, ref_silu),
+        ("gelu", False, ref_gelu_tanh),
+        ("gelu", True, ref_gelu_tanh),
+        ("gelu_tanh", True, ref_gelu_tanh),  # GeGLU with the tanh GELU (Gemma)
+        ("gelu_exact", True, ref_gelu_erf),
+    ],
 )
 def test_feed_forward(activation, gated, ref_act):
     m = build(FeedForward, input_dim=D, hidden_dim=F, activation=activation, gated=gated)
@@ -273,6 +311,22 @@ def test_feed_forward(activation, gated, ref_act):
     assert params["wo"]["weight"].shape == (F, D)
     x = normal(1, (B, S, D))
     assert_close(run(m, params, (x,)), ref_ffn(x, params, ref_act, gated))
+
+
+def test_hugging_face_activation_names_map_to_the_same_functions():
+    from axplug.layers import ACTIVATIONS, HF_ACTIVATIONS
+
+    x = 3.0 * normal(1, (64,))
+    refs = {
+        "gelu": ref_gelu_erf,  # exact in Hugging Face
+        "gelu_pytorch_tanh": ref_gelu_tanh,
+        "gelu_new": ref_gelu_tanh,
+        "silu": ref_silu,
+        "swish": ref_silu,
+    }
+    for hf_name, ref in refs.items():
+        assert_close(ACTIVATIONS[HF_ACTIVATIONS[hf_name]](x), ref(x))
+    assert set(HF_ACTIVATIONS.values()) <= set(ACTIVATIONS)
 
 
 def test_unknown_activation_error_names_path():
@@ -316,6 +370,85 @@ def test_attention_head_dim_override():
     x = normal(1, (B, S, D))
     out = run(m, params, {"x": x, "positions": arange_positions()})
     assert_close(out, ref_attention(x, params, H, ref_mask(B, S)))
+
+
+def test_attention_qkv_bias_is_on_q_k_v_only():
+    m = build(Attention, input_dim=D, num_heads=H, qkv=QKVLinear.default_config().set(bias=True))
+    params = init(m)
+    for name in "qkv":
+        assert params["qkv"][name]["bias"].shape == (D,)
+    assert set(params["output"]) == {"weight"}  # the output projection stays bias-free
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    split = lambda t: t.reshape(B, S, H, -1)  # noqa: E731
+    q, k, v = (split(ref_linear(x, params["qkv"][n])) for n in "qkv")
+    want = ref_sdpa(q, k, v, ref_mask(B, S)).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # The default has no biases: the same parameter tree as before the option existed.
+    assert set(init(build_attention())["qkv"]["q"]) == {"weight"}
+
+
+@pytest.mark.parametrize("over", ["head_dim", "projection"])
+def test_attention_qk_norm(over):
+    hd = 3  # head_dim != D // H, so the two modes' norm widths differ from D
+    m = build_attention(head_dim=hd, qk_norm=RMSNorm.default_config(), qk_norm_over=over)
+    params = init(m)  # random norm scales
+    width = hd if over == "head_dim" else H * hd
+    assert params["q_norm"]["scale"].shape == params["k_norm"]["scale"].shape == (width,)
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    p = params["qkv"]
+    split = lambda t: t.reshape(B, S, H, hd)  # noqa: E731
+    if over == "head_dim":  # each head's q (and k) normed over its head_dim, one shared scale
+        q = ref_rms_norm(split(x @ p["q"]["weight"]), params["q_norm"])
+        k = ref_rms_norm(split(x @ p["k"]["weight"]), params["k_norm"])
+    else:  # the whole projection normed, then split into heads
+        q = split(ref_rms_norm(x @ p["q"]["weight"], params["q_norm"]))
+        k = split(ref_rms_norm(x @ p["k"]["weight"], params["k_norm"]))
+    v = split(x @ p["v"]["weight"])
+    want = ref_sdpa(q, k, v, ref_mask(B, S)).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # Without qk_norm: no norm parameters, the old tree.
+    assert set(init(build_attention())) == {"qkv", "output"}
+
+
+def test_attention_qk_norm_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"^qk_norm_over: 'heads' is not one of"):
+        build_attention(qk_norm=RMSNorm.default_config(), qk_norm_over="heads")
+    with pytest.raises(ConfigError, match=r"^qk_norm: DotProductKernel.Config has no input_dim"):
+        build_attention(qk_norm=DotProductKernel.default_config())
+    cfg = layer_cfg().set(input_dim=D)
+    cfg.attention.set(qk_norm=RMSNorm.default_config(), qk_norm_over="all")
+    with pytest.raises(ConfigError, match=r"^attention\.qk_norm_over: 'all' is not one of"):
+        cfg.instantiate(parent=None)
+
+
+def test_attention_logit_softcap():
+    cap = 0.5  # below the scores' scale, so the cap bends them
+    m = build_attention(logit_softcap=cap)
+    params = init(m)
+    x = 2.0 * normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    split = lambda t: t.reshape(B, S, H, -1)  # noqa: E731
+    q, k, v = (split(x @ params["qkv"][n]["weight"]) for n in "qkv")
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    assert float(jnp.abs(scores).max()) > 2 * cap
+    scores = cap * jnp.tanh(scores / cap)  # after the scale, before the mask
+    probs = ref_softmax(jnp.where(ref_mask(B, S)[:, None], scores, -jnp.inf))
+    want = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    # With a query scale of the kernel slot's (Gemma: query_pre_attn_scalar ** -0.5).
+    scaled = build_attention(
+        logit_softcap=cap, kernel=DotProductKernel.default_config().set(scale=0.2)
+    )
+    out = run(scaled, params, {"x": x, "positions": arange_positions()})
+    scores = cap * jnp.tanh(jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.2 / cap)
+    probs = ref_softmax(jnp.where(ref_mask(B, S)[:, None], scores, -jnp.inf))
+    want = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, S, -1) @ params["output"]["weight"]
+    assert_close(out, want)
+    for bad in (0.0, -50.0, float("inf")):
+        with pytest.raises(ConfigError, match=r"^logit_softcap: .* must be a finite number > 0"):
+            build_attention(logit_softcap=bad)
 
 
 def test_attention_non_causal():
@@ -422,6 +555,23 @@ def test_transformer_layer_pre_norm_residual():
     x = normal(1, (B, S, D))
     out = run(m, params, {"x": x, "positions": arange_positions()})
     assert_close(out, ref_transformer_layer(x, params, ref_mask(B, S)))
+
+
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["pre_and_post", "post_only"])
+def test_transformer_layer_post_norms(pre_norm):
+    # Gemma 2/3: x + post(attn(pre(x))); OLMo 2: x + post(attn(x)). Same for the FFN.
+    cfg = layer_cfg().set(input_dim=D, pre_norm=pre_norm, post_norm=True)
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    names = {"attention", "post_attention_norm", "feed_forward", "post_feed_forward_norm"}
+    assert set(params) == names | ({"attention_norm", "feed_forward_norm"} if pre_norm else set())
+    pre = lambda name, x: ref_rms_norm(x, params[name]) if pre_norm else x  # noqa: E731
+    x = normal(1, (B, S, D))
+    h = ref_attention(pre("attention_norm", x), params["attention"], H, ref_mask(B, S))
+    y = x + ref_rms_norm(h, params["post_attention_norm"])
+    h = ref_ffn(pre("feed_forward_norm", y), params["feed_forward"])
+    want = y + ref_rms_norm(h, params["post_feed_forward_norm"])
+    assert_close(run(m, params, {"x": x, "positions": arange_positions()}), want)
 
 
 def test_transformer_layer_with_segments():
@@ -604,6 +754,120 @@ def test_decoder_tied_logits_are_normed_hidden_times_embedding_transpose():
     x = ref_transformer_layer(x, params["transformer"]["layer0"], ref_mask(B, S))
     x = ref_rms_norm(x, params["output_norm"])
     assert_close(run(m, params, (ids,)), x @ params["embedding"]["weight"].T, F32_LOOSE)
+
+
+def test_decoder_embedding_scale():
+    scale = math.sqrt(D)
+    cfg = Decoder.default_config().set(vocab_size=V, dim=D, embedding_scale=scale)
+    cfg.transformer.set(num_layers=1, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    ids = token_ids()
+    x = params["embedding"]["weight"][ids] * scale
+    x = ref_transformer_layer(x, params["transformer"]["layer0"], ref_mask(B, S))
+    want = ref_rms_norm(x, params["output_norm"]) @ params["lm_head"]["weight"]
+    assert_close(run(m, params, (ids,)), want, F32_LOOSE)
+    # bf16 compute: the scale is a bf16 value first (HF: hidden * tensor(scale, hidden.dtype)).
+    m16 = cfg.clone(compute_dtype="bfloat16").instantiate(parent=None)
+    got = run(m16, params, (ids, arange_positions()), method="_embed")
+    table16 = params["embedding"]["weight"].astype(jnp.bfloat16)
+    want16 = table16[ids] * jnp.asarray(scale, jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want16))
+    for bad in (0.0, -2.0, float("inf")):
+        with pytest.raises(ConfigError, match=r"^embedding_scale: .* must be a finite number > 0"):
+            cfg.clone(embedding_scale=bad).instantiate(parent=None)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decoder_final_logit_softcap(tied):
+    cap = 0.5  # below the logits' scale, so the cap changes them
+    cfg = Decoder.default_config().set(
+        vocab_size=V, dim=D, tie_word_embeddings=tied, final_logit_softcap=cap
+    )
+    cfg.transformer.set(num_layers=2, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    ids = token_ids()
+    raw = ref_decoder(ids, params, 2, ref_mask(B, S), tied=tied)
+    assert float(jnp.abs(raw).max()) > 2 * cap
+    logits = run(m, params, (ids,))
+    assert logits.dtype == jnp.float32
+    assert_close(logits, cap * jnp.tanh(raw / cap), F32_LOOSE)
+    assert float(jnp.abs(logits).max()) <= cap
+    for bad in (0.0, -30.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"^final_logit_softcap: .* must be a finite num"):
+            cfg.clone(final_logit_softcap=bad).instantiate(parent=None)
+
+
+def test_decoder_position_embedding():
+    cfg = Decoder.default_config().set(
+        vocab_size=V, dim=D, position_embedding=Embedding.default_config(), max_positions=S + 1
+    )
+    cfg.transformer.set(num_layers=1, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    params = init(m)
+    assert params["position_embedding"]["weight"].shape == (S + 1, D)
+    ids = token_ids()
+    # Packed rows: the table is read by position, not by index.
+    segment_ids = jnp.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    positions = jnp.array([[0, 1, 2, 0, 1, 2], [1, 2, 3, 4, 5, 6]])
+    logits = run(m, params, {"input_ids": ids, "positions": positions, "segment_ids": segment_ids})
+    x = params["embedding"]["weight"][ids] + params["position_embedding"]["weight"][positions]
+    mask = ref_mask(B, S, segment_ids=segment_ids)
+    x = ref_transformer_layer(x, params["transformer"]["layer0"], mask)
+    want = ref_rms_norm(x, params["output_norm"]) @ params["lm_head"]["weight"]
+    assert_close(logits, want, F32_LOOSE)
+    # Padding (EMPTY_POSITION) reads row 0; a real position past the table is NaN, not a
+    # silently repeated row.
+    from axplug.layers import EMPTY_POSITION
+
+    pad = jnp.array([[0, EMPTY_POSITION, S + 1]] * B)
+    x = run(m, params, (ids[:, :3], pad), method="_embed")
+    table, wpe = params["embedding"]["weight"], params["position_embedding"]["weight"]
+    assert_close(x[:, :2], table[ids[:, :2]] + wpe[0])
+    assert np.isnan(np.asarray(x[:, 2])).all()
+    with pytest.raises(ConfigError, match=r"^max_positions: None: position_embedding needs"):
+        cfg.clone(max_positions=None).instantiate(parent=None)
+    with pytest.raises(ConfigError, match=r"^max_positions: 0: position_embedding needs"):
+        cfg.clone(max_positions=0).instantiate(parent=None)
+    with pytest.raises(ConfigError, match=r"^max_positions: is read only with position_emb"):
+        cfg.clone(position_embedding=None).instantiate(parent=None)
+
+
+class LossFusingStack(StackedTransformer):
+    """A stack that computes the loss itself when training, as a 1F1B pipeline does (through
+    `Decoder.fused_loss`), here without any pipeline."""
+
+    fuses_loss = True
+
+    def forward_with_loss(self, x, *, head, head_params, labels, **kwargs):
+        return head(head_params, self.forward(x, **kwargs), labels)
+
+
+DECODER_OPTIONS = {
+    "embedding_scale": dict(embedding_scale=math.sqrt(D)),
+    "final_logit_softcap": dict(final_logit_softcap=0.5),
+    "position_embedding": dict(position_embedding=Embedding.default_config(), max_positions=S),
+}
+
+
+@pytest.mark.parametrize("options", list(DECODER_OPTIONS.values()), ids=list(DECODER_OPTIONS))
+def test_fused_loss_equals_the_loss_of_the_logits_with_decoder_options(options):
+    cfg = lm_cfg(tied=True)
+    cfg.decoder.set(**options)
+    cfg.decoder.transformer = LossFusingStack.default_config().set(num_layers=2, layer=layer_cfg())
+    m = cfg.instantiate(parent=None)
+    assert m.decoder.fuses_loss
+    params = init(m)
+    ids = token_ids()
+    labels = jnp.roll(ids, -1, axis=1).at[:, -1].set(-1)
+    inputs = {"input_ids": ids, "target_labels": labels}
+    (fused, aux), _ = functional(m, prng_key=key(0), state=params, inputs=inputs, is_training=True)
+    assert aux["logits"] is None  # the fused path ran
+    (plain, aux), _ = functional(m, prng_key=None, state=params, inputs=inputs, is_training=False)
+    assert_close(fused, plain)
+    assert_close(plain, ref_xent(aux["logits"], labels)[0], F32_LOOSE)
 
 
 @pytest.mark.parametrize("tied", [False, True])

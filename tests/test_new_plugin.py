@@ -140,6 +140,7 @@ def test_generated_plugin_passes_its_tests(tmp_path, kind):
     _installed_and_tested(tmp_path, kind)
 
 
+@pytest.mark.slow  # the layer kind installs and passes above; this adds a chosen name
 def test_layer_with_its_modifier_under_a_chosen_name_installs_and_passes(tmp_path, capsys):
     argv = ["new-plugin", "axplug-acts", "--component", "sq_relu", "--with-modifier"]
     assert cli_main([*argv, "--dir", str(tmp_path / "src")]) == 0

@@ -82,16 +82,32 @@ def test_paged_dispatch_picks_by_backend_and_says_why_not():
     assert not dense & set(names) and "xla" in dense and "xla" not in names
 
 
+def test_paged_dispatch_gives_a_softcap_only_to_kernels_that_declare_it():
+    query, paged = make_paged_problem(head_dim=128, page=8)
+    for backend in ("cpu", "gpu", "tpu"):
+        name, kernel = select_paged_kernel(query, paged, backend=backend, logit_softcap=0.5)
+        assert getattr(kernel, "supports_logit_softcap", False), (backend, name)
+        choices = _choices(query, paged, backend, logit_softcap=0.5)
+        for choice_name, choice, answer in choices:
+            if not getattr(choice, "supports_logit_softcap", False):
+                assert not answer and "supports_logit_softcap" in answer.reason, choice_name
+    # The fallback caps: softcap(q k^T * scale) before the softmax.
+    got = paged_attention_xla(query, paged, scale=0.3, logit_softcap=0.5)
+    want = np.asarray(paged_reference(query, paged, scale=0.3, logit_softcap=0.5))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(want, reference(query, paged, 0.3), rtol=1e-3, atol=1e-3)
+
+
 def _registered_paged():
     from axplug.kernels import registered_kernels
 
     return registered_kernels(paged=True)
 
 
-def _choices(query, paged, backend):
+def _choices(query, paged, backend, **kwargs):
     from axplug.kernels.paged import paged_kernel_choices
 
-    return paged_kernel_choices(query, paged, backend=backend)
+    return paged_kernel_choices(query, paged, backend=backend, **kwargs)
 
 
 def _mesh(n):
@@ -145,3 +161,34 @@ def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch,
     # Traced once: every layer of the decode program (width 1) calls it, the prefill's none.
     heads = cfg.decoder.transformer.layer.attention.num_heads
     assert len(calls) == cfg.decoder.transformer.num_layers and calls[0][:2] == (2, heads)
+
+
+def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch):
+    """A soft-capped model's decode steps still read the cache in place, with the cap, and
+    give the tokens of the dense path."""
+    from axplug.inference import Engine, Request, SamplingParams
+    from axplug.presets import preset_config
+
+    caps = []
+    original = XlaPagedKernel.__call__
+
+    def spy(self, query, paged, *, scale, logit_softcap=None):
+        caps.append(logit_softcap)
+        return original(self, query, paged, scale=scale, logit_softcap=logit_softcap)
+
+    monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
+    cfg = preset_config("gpt-tiny").model
+    cfg.decoder.transformer.layer.attention.logit_softcap = 0.2
+    params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
+    dense = cfg.clone()
+    dense.decoder.transformer.layer.attention.sliding_window = 64  # the dense path
+
+    def decode(model_cfg):
+        engine = Engine(model_cfg.instantiate(parent=None), params, num_slots=2, max_len=32)
+        engine.submit(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=6, temperature=0)))
+        return engine.run()[0].output_ids
+
+    want = decode(dense)
+    assert not caps
+    assert decode(cfg) == want
+    assert caps and set(caps) == {0.2}

@@ -58,7 +58,9 @@ def cache_entries(cache_dir):
     return set(os.listdir(cache_dir)) if cache_dir.exists() else set()
 
 
-@pytest.fixture(params=["bytes", "packed_token_files"])
+# Packed token files resume through the same loop as bytes, and their batches are a function
+# of the step (`TokenFileInput.batch(step)`, test_token_file.py): the second kill is slow.
+@pytest.fixture(params=["bytes", pytest.param("packed_token_files", marks=pytest.mark.slow)])
 def extra(request, tmp_path):
     """The run's input: the preset's bytes, or packed token shards from `prepare-data`."""
     if request.param == "bytes":

@@ -21,10 +21,12 @@ class AttentionMask:
     bias slopes are data, the kind is static. Part of the plugin API (docs/plugin-reference.md).
 
     A key is allowed when `kv_position <= q_position` (causal), `|q - kv| < sliding_window`
-    and the segment ids are equal. `linear_bias_slopes` [heads] adds
-    `-slope[h] * |q_position - kv_position|` to head h's scaled scores (ALiBi); kernels that
-    cannot add it answer Unsupported, so dispatch picks one that can. Padding and empty cache
-    slots have position `EMPTY_POSITION`, which a causal mask hides.
+    and the segment ids are equal. `logit_softcap` (static) soft-caps the scaled scores,
+    `s = cap * tanh(s / cap)` (Gemma 2), before any bias and the mask. `linear_bias_slopes`
+    [heads] adds `-slope[h] * |q_position - kv_position|` to head h's scaled scores (ALiBi).
+    Dispatch gives a cap only to kernels that declare `supports_logit_softcap` and slopes
+    only to those that declare `supports_linear_bias`. Padding and empty cache slots have
+    position `EMPTY_POSITION`, which a causal mask hides.
     """
 
     q_positions: jax.Array  # [batch, q_len] int32
@@ -34,6 +36,8 @@ class AttentionMask:
     causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
     sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     linear_bias_slopes: jax.Array | None = None  # [heads] float32 (plugin API 1.1)
+    # Soft cap of the scaled scores, cap * tanh(s / cap); None: uncapped.
+    logit_softcap: float | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     def dense(self) -> jax.Array:
         """Boolean [batch, 1, q_len, kv_len]: True where attention is allowed."""

@@ -6,7 +6,10 @@ names the tensors (`tensors`). The fields of config.json belong to the layers: e
 that has Hugging Face fields implements `hf_read(cfg, fields)` (set its config from
 config.json) and `hf_write(cfg) -> dict` (the fields its config implies; `ValueError` naming
 what config.json cannot express). The core walks the model config calling them, so it never
-spells a field, and a field that no layer read is refused by name.
+spells a field, and a field that no layer read is refused by name. A layer whose class sets
+`hf_writes_subtree = True` writes the fields of every layer config under it in its own
+`hf_write` (theirs are not called): a stack whose layers differ by kind (Gemma 2's
+`layer_types`) knows what each kind's layers write.
 
 Standard library only: config.json is read and checked before jax is imported.
 """
@@ -178,6 +181,10 @@ class HFArchitecture(Protocol):
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         """Every parameter of `model` (the filled-in model config), by its path in the
         unrolled parameter tree (`decoder.transformer.layer0.attention.qkv.q.weight`)."""
+
+    # Optional: `config_fields(model) -> dict`, the config.json fields the family itself reads
+    # in `base_config` (options only its Hugging Face code has, e.g. Gemma 2's soft-caps),
+    # written by an export; the rebuild check then proves they round-trip.
 
 
 def iter_tensor_names(rules: Iterable[HFTensor]) -> list[str]:

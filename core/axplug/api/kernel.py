@@ -12,7 +12,11 @@ A kernel is registered under the `axplug.kernels` entry-point group; the entry l
   returns [b, sq, h, d] in value's dtype, differentiable;
 - `supports_linear_bias: bool` (optional, plugin API 1.1) - True when the kernel adds
   `mask.bias()` (ALiBi) to its scores; dispatch never gives a mask with bias slopes to a
-  kernel without it.
+  kernel without it;
+- `supports_logit_softcap: bool` (optional) - True when the kernel soft-caps its scaled
+  scores by `mask.logit_softcap` (`cap * tanh(s / cap)`, before bias and mask: Gemma 2);
+  dispatch never gives a mask with a cap to a kernel without it, and `AttentionKernel`'s
+  own `is_supported` answers Unsupported for one.
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ class AttentionKernel:
 
     priority: int = 0
     supports_linear_bias: bool = False
+    supports_logit_softcap: bool = False
 
     def is_supported(self, query, key, value, mask, backend: str):
         problem = check_shapes(query, key, value)
+        capped = getattr(mask, "logit_softcap", None) is not None
+        if problem is None and capped and not self.supports_logit_softcap:
+            problem = Unsupported("logit soft-capping (supports_logit_softcap is False)")
         return True if problem is None else problem
 
     def __call__(self, query, key, value, mask, *, scale: float) -> jax.Array:

@@ -2,7 +2,7 @@
 
 A backend is a `Storage` subclass registered in the `axplug.storage` entry point group under
 its URL scheme; the local filesystem (`file`, and plain paths) ships with the core this way.
-A cloud plugin adds e.g. `s3 = "my_pkg.storage:S3Storage"`. Every method takes the full URL
+A cloud plugin adds e.g. `s3 = "my_pkg.storage:MyObjectStorage"`. Every method takes the full URL
 (`s3://bucket/run/checkpoints/step_00000010`); `join` builds child URLs. Orbax writes the
 arrays itself, to the `epath.Path` that `path()` returns; the other methods are what the
 checkpointer needs around that: listing steps, checking completion markers, reading the

@@ -42,9 +42,12 @@ def run(args: argparse.Namespace) -> int:
     from axplug.interop.hf_export import export_hf
 
     raw = export_hf(args.run_dir, args.output, step=args.step)
+    import os
+
+    shards = sorted(f for f in os.listdir(args.output) if f.endswith(".safetensors"))
     print(
-        f"wrote {args.output}: {raw['architectures'][0]}, {raw['num_hidden_layers']} layers, "
-        f"hidden {raw['hidden_size']}, vocab {raw['vocab_size']}",
+        f"wrote {args.output}: {raw['architectures'][0]}, config.json and "
+        f"{len(shards)} safetensors file(s)",
         file=sys.stdout,
     )
     return 0

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every file it writes
-    from axplug.interop.hf_trainer_config import read_hf_config
+    from axplug.interop.from_config import read_hf_config
 
     hf = read_hf_config(args.directory)  # refused here, before jax, when not installed
     if args.print_config:

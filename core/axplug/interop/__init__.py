@@ -2,21 +2,22 @@
 (`axplug.architectures` entries; LLaMA is the core's own, docs/model-families.md).
 
 Names are read on first use (PEP 562): `axplug import-hf` reads and checks config.json through
-`axplug.interop.hf_config` before anything imports jax.
+`axplug.interop.hf_config` before anything imports jax. No module is named like a function it
+exports: importing it would shadow the function on the package.
 """
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from axplug.interop.hf_config import HFImportError, registered_architectures
-    from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
-    from axplug.interop.hf_params import hf_params, hf_tensors
-    from axplug.interop.hf_trainer_config import (
+    from axplug.interop.from_config import (
         HFSource,
         hf_trainer_config,
         parse_hf_config,
         read_hf_config,
     )
+    from axplug.interop.hf_config import HFImportError, registered_architectures
+    from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
+    from axplug.interop.hf_walk import differences, read_fields, write_fields
     from axplug.interop.llama import (
         Llama,
         attention_tensors,
@@ -28,13 +29,15 @@ if TYPE_CHECKING:
         norm_tensors,
     )
     from axplug.interop.safetensors_dir import SafetensorsDir
+    from axplug.interop.tensors import hf_params, hf_tensors
 
 _HOMES = {
     **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
-    **dict.fromkeys(("hf_params", "hf_tensors"), "hf_params"),
+    **dict.fromkeys(("hf_params", "hf_tensors"), "tensors"),
+    **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
-        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "hf_trainer_config"
+        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "from_config"
     ),
     **dict.fromkeys(
         (
@@ -85,6 +88,11 @@ __all__ = [
     "norm_tensors",
     "attention_tensors",
     "mlp_tensors",
+    # The walk of the layers' hf_read / hf_write, for a layer that writes its children's
+    # fields itself (`hf_writes_subtree`) or reads them again.
+    "read_fields",
+    "write_fields",
+    "differences",
 ]
 
 

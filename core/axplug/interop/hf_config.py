@@ -26,12 +26,18 @@ KIND = "architectures"
 # Hugging Face architectures a first-party distribution registers: the hint when none
 # installed does (the core imports none of them).
 KNOWN_PROVIDERS = {
-    **dict.fromkeys(("MixtralForCausalLM", "DeepseekV3ForCausalLM"), "axplug-moe"),
+    **dict.fromkeys(
+        (
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+            "DeepseekV3ForCausalLM",
+        ),
+        "axplug-moe",
+    ),
     **dict.fromkeys(
         (
             "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
-            "GPT2LMHeadModel", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+            "GPT2LMHeadModel",
         ),
         "axplug-models",
     ),

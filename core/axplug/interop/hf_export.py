@@ -2,17 +2,17 @@
 safetensors with their index, the tokenizer files), through the installed architecture that
 builds the same model. The inverse of `import_hf`.
 
-config.json is what the model's layers write (`hf_write`), over the imported model's own
-fields that no layer reads (token ids and the like). Before anything is written the
-architecture rebuilds the model from that config.json; where the rebuilt model would compute
-something else (a layer it lacks, an option it does not set), the export is refused naming the
-config path, so a checkpoint never loads as another model.
+config.json is the imported model's own (token ids and the like) with every field the run's
+layers write (`hf_write`) over it. Before anything is written the architecture rebuilds the
+model from that config.json; where the rebuilt model would compute something else (a layer
+it lacks, an option it does not set, a source field the run no longer agrees with), the
+export is refused naming the config path, so a checkpoint never loads as another model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import os
 from typing import Any
 
@@ -30,30 +30,60 @@ class HFExportError(HFImportError):
 
 def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[str]]:
     """(config.json, []) when `arch` expresses the model of `cfg`, else (None, why not)."""
-    from axplug.interop.hf_trainer_config import hf_fields, model_from_fields
+    from axplug.interop.from_config import hf_fields, model_from_fields
     from axplug.interop.hf_walk import differences, read_fields, write_fields
 
     written, problems = write_fields(cfg.model)
     if problems:
         return None, problems
+    family_fields = getattr(arch, "config_fields", None)  # what the family reads in base_config
+    if family_fields is not None:
+        written.update(family_fields(cfg.model))
+    mine = dict(written)  # the layers' own names, before the family's aliases and implied
     aliases = getattr(arch, "aliases", {})
     implied = getattr(arch, "implied", {})
     written = {aliases.get(k, k): v for k, v in written.items()}
     written = {k: v for k, v in written.items() if k not in implied}  # checked by the rebuild
+    # The source's fields under the run's: one the run no longer agrees with fails the
+    # rebuild below, so none survives silently.
     base = dict(source or {})
-    if base:  # drop what the source's layers read: the run's layers wrote their own
-        probe = hf_fields(base, arch)
-        with contextlib.suppress(HFImportError):
-            model_from_fields(arch, probe)
-        base = {k: v for k, v in base.items() if k not in probe.read}
     raw = {**base, **written, "architectures": [arch.architecture], "model_type": arch.model_type}
+    raw.setdefault(aliases.get("max_position_embeddings", "max_position_embeddings"),
+                   getattr(cfg.input, "seq_len", 2048))  # fmt: skip
     try:
         rebuilt = model_from_fields(arch, hf_fields(raw, arch))
     except HFImportError as exc:
         return None, [str(exc)]
+    # What the rebuilt layers write must be what the run's wrote: a field the family fixes
+    # (`implied`) or defaults where config.json leaves it out would otherwise pass unseen,
+    # since the run's own layers below re-read the same config.json.
+    again, _ = write_fields(rebuilt.model)
+    if family_fields is not None:
+        again.update(family_fields(rebuilt.model))
+    lost = [
+        f"{aliases.get(k, k)}={v!r} (a {arch.architecture} built from the config.json has "
+        f"{again[k]!r})"
+        if k in again
+        else f"{aliases.get(k, k)}={v!r} (a {arch.architecture} has no such field)"
+        for k, v in mine.items()
+        if k not in again or not _same_value(v, again[k])
+    ]
     own = cfg.model.clone()
     read_fields(own, hf_fields(raw, arch))  # the run's own layers, normalized the same way
-    return (raw, []) if not (diff := differences(own, rebuilt.model)) else (None, diff)
+    diff = lost + differences(own, rebuilt.model)
+    return (raw, []) if not diff else (None, diff)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal config.json values; floats to rounding (a coefficient scaled and scaled back)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        return not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
 
 
 def hf_config_for(cfg: Any, source: dict | None = None) -> tuple[dict, Any]:
@@ -67,7 +97,6 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> tuple[dict, Any]:
         arch = load_architecture(name)
         raw, why = _try(arch, cfg, source)
         if raw is not None:
-            raw.setdefault("max_position_embeddings", getattr(cfg.input, "seq_len", 2048))
             raw.setdefault("torch_dtype", "float32")
             return raw, arch
         reasons.append(f"as {name}: " + "; ".join(why[:4]))
@@ -133,7 +162,7 @@ def export_hf(
 
         tok = load_tokenizer(tokenizer_home)
         raw.update(bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
-    from axplug.interop.hf_params import hf_tensors
+    from axplug.interop.tensors import hf_tensors
 
     rules = arch.tensors(loaded.config.model)
     os.makedirs(output_dir, exist_ok=True)

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from axplug.config import to_dict
+from axplug.interop.from_config import hf_trainer_config, read_hf_config
 from axplug.interop.hf_config import HFImportError, load_architecture
-from axplug.interop.hf_params import IGNORED_SUFFIXES, hf_params
-from axplug.interop.hf_trainer_config import hf_trainer_config, read_hf_config
 from axplug.interop.safetensors_dir import SafetensorsDir
+from axplug.interop.tensors import IGNORED_SUFFIXES, hf_params
 from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer
 from axplug.trainer.run import write_config
@@ -83,6 +83,7 @@ def import_hf(
             )
         num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
         state = _state(trainer, params)
+        del params
         write_config(cfg)
         metadata = {
             "step": IMPORT_STEP,
@@ -154,7 +155,13 @@ def _ignored(name: str, tied: bool) -> bool:
 def _state(trainer: Trainer, params: dict) -> dict:
     """The trainer's state layout on its mesh: imported params, fresh optimizer state, step 0."""
     shardings = trainer.state_shardings
-    params = jax.device_put(params, shardings["params"])
+    # Leaf by leaf, each host array dropped once on its devices: one copy of the parameters.
+    leaves, treedef = jax.tree.flatten(params)
+    params.clear()
+    targets = treedef.flatten_up_to(shardings["params"])
+    for i, target in enumerate(targets):
+        leaves[i] = jax.device_put(leaves[i], target)
+    params = jax.tree.unflatten(treedef, leaves)
     opt_state = jax.jit(trainer.tx.init, out_shardings=shardings["opt_state"])(params)
     step = jax.device_put(jnp.asarray(IMPORT_STEP, jnp.int32), shardings["step"])
     return {"params": params, "opt_state": opt_state, "step": step}

@@ -2,9 +2,11 @@
 
 A layer class with Hugging Face fields has `hf_read(cfg, fields)` and `hf_write(cfg) -> dict`
 (axplug.api.hf). `read_fields` calls every `hf_read` of a model config, parents first;
-`write_fields` merges every `hf_write`. `differences` says what of a run's model an
-architecture does not build, so an export never writes a config.json that computes
-something else.
+`write_fields` merges every `hf_write`, except under a layer whose class sets
+`hf_writes_subtree = True`, whose own `hf_write` writes the fields of every layer config
+under it (a stack whose layers differ by kind writes them per kind). `differences` says what
+of a run's model an architecture does not build, so an export never writes a config.json that
+computes something else.
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ def write_fields(model: ConfigBase) -> tuple[dict, list[str]]:
     out: dict[str, Any] = {}
     problems: list[str] = []
     owner: dict[str, str] = {}
+    covered: list[str] = []  # paths of layers whose hf_write covers the layers under them
     for path, cfg in hf_layers(model):
+        if any(_under(path, top) for top in covered):
+            continue
+        if getattr(cfg.klass, "hf_writes_subtree", False):
+            covered.append(path)
         where = f"model.{path}" if path else "model"
         try:
             written = cfg.klass.hf_write(cfg)
@@ -69,6 +76,13 @@ def write_fields(model: ConfigBase) -> tuple[dict, list[str]]:
                 continue
             out[key], owner[key] = value, where
     return out, problems
+
+
+def _under(path: str, top: str) -> bool:
+    """Whether the config at `path` lies strictly under the one at `top`."""
+    if not top:
+        return bool(path)
+    return path.startswith((f"{top}.", f"{top}["))
 
 
 def _neutral(cfg: Any) -> frozenset[str]:

@@ -73,9 +73,10 @@ def llama_base(
 
 
 def linear_tensors(param: str, hf: str, linear: Any) -> dict[str, HFTensor]:
-    """A Linear's weight (transposed) and bias, if it has one."""
+    """A Linear's weight (transposed) and bias, if it has one (`linear`: its config, or
+    whether it has a bias)."""
     out = {f"{param}.weight": HFTensor(f"{hf}.weight", transpose=True)}
-    if getattr(linear, "bias", False):
+    if linear is True or getattr(linear, "bias", False):
         out[f"{param}.bias"] = HFTensor(f"{hf}.bias")
     return out
 
@@ -91,8 +92,10 @@ def norm_tensors(param: str, hf: str, norm: Any) -> dict[str, HFTensor]:
 def attention_tensors(param: str, hf: str, attention: Any) -> dict[str, HFTensor]:
     """q/k/v/o projections named `{hf}.{q,k,v,o}_proj`."""
     out: dict[str, HFTensor] = {}
+    qkv = attention.qkv
+    bias = bool(getattr(qkv, "bias", False) or qkv.linear.bias)
     for name in "qkv":
-        out.update(linear_tensors(f"{param}.qkv.{name}", f"{hf}.{name}_proj", attention.qkv.linear))
+        out.update(linear_tensors(f"{param}.qkv.{name}", f"{hf}.{name}_proj", bias))
     out.update(linear_tensors(f"{param}.output", f"{hf}.o_proj", attention.output))
     return out
 
@@ -136,11 +139,11 @@ def decoder_tensors(
 
 
 class Llama:
-    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE (incl. Llama 3 scaling), GQA, tied or not."""
+    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE with or without Llama 3 scaling, GQA, tied or not."""
 
     architecture = "LlamaForCausalLM"
     model_type = "llama"
-    defaults: Mapping[str, Any] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+    defaults: Mapping[str, Any] = {"rms_norm_eps": 1e-6}
     aliases: Mapping[str, str] = {"qkv_bias": "attention_bias"}  # one flag for all four
 
     def base_config(self, fields: HFFields) -> Any:

@@ -5,8 +5,8 @@ so it never holds more than [queries, block] scores; it saves only the output an
 log-sum-exp. The backward pass (a custom VJP) recomputes each block's probabilities from the
 log-sum-exp, as flash attention does. Memory is O(seq * block) instead of O(seq^2); FLOPs are
 those of the plain kernel plus the recompute. Masks come from positions and segment ids, so
-packed sequences, sliding windows, GQA, decoding offsets and a linear (ALiBi) score bias all
-work, on every backend.
+packed sequences, sliding windows, GQA, decoding offsets, a linear (ALiBi) score bias and
+logit soft-capping all work, on every backend.
 """
 
 from __future__ import annotations
@@ -38,16 +38,21 @@ def _allowed(q_pos, kv_pos, q_seg, kv_seg, causal, window):
     return ok[:, None, None]
 
 
-def _scores(q, k, scale, mask_args, valid, causal, window, slopes):
-    """Masked f32 scores [b, kvh, g, sq, block] of grouped q against one key block; slopes
-    ([kvh, g] or None) add the linear distance bias."""
+def _scores(q, k, scale, mask_args, valid, causal, window, slopes, cap):
+    """(masked f32 scores [b, kvh, g, sq, block] of grouped q against one key block, and
+    tanh(s / cap) of the scaled scores when `cap` soft-caps them, else None); slopes
+    ([kvh, g] or None) add the linear distance bias after the cap."""
     s = jnp.einsum("bqngd,bknd->bngqk", q, k, preferred_element_type=jnp.float32) * scale
+    t = None
+    if cap is not None:
+        t = jnp.tanh(s / cap)
+        s = cap * t
     if slopes is not None:
         q_pos, kv_pos = mask_args[0], mask_args[1]
         distance = jnp.abs(q_pos[:, :, None] - kv_pos[:, None, :]).astype(jnp.float32)
         s = s - slopes[None, :, :, None, None] * distance[:, None, None]
     s = jnp.where(_allowed(*mask_args, causal, window), s, NEG_INF)
-    return jnp.where(valid[:, None, None, None, :], s, _PAD)
+    return jnp.where(valid[:, None, None, None, :], s, _PAD), t
 
 
 def _blocks(x, block):
@@ -66,7 +71,9 @@ def _unblocks(x):
     return jnp.moveaxis(x, 0, 1).reshape(b, n * block, *x.shape[3:])
 
 
-def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, causal, window, block):
+def _forward(
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, causal, window, block, cap
+):
     """(out [b, sq, kvh, g, d] f32, lse [b, kvh, g, sq])."""
     b, sq, kvh, g, d = q.shape
     xs = _key_blocks(k, v, kv_pos, valid, kv_seg, block)
@@ -74,7 +81,7 @@ def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, cau
     def step(carry, blk):
         m, total, acc = carry
         kb, vb, pb, validb, segb = blk
-        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes)
+        s, _ = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes, cap)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
         correction = jnp.exp(m - m_new)
@@ -95,27 +102,29 @@ def _forward(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, cau
     return out, m + jnp.log(total)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12))
-def _attention(q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13))
+def _attention(
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block, cap
+):
     out, _ = _forward(
         q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes,
-        scale=scale, causal=causal, window=window, block=block,
+        scale=scale, causal=causal, window=window, block=block, cap=cap,
     )  # fmt: skip
     return out.astype(v.dtype)
 
 
 def _attention_fwd(
-    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, scale, causal, window, block, cap
 ):
     out, lse = _forward(
         q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes,
-        scale=scale, causal=causal, window=window, block=block,
+        scale=scale, causal=causal, window=window, block=block, cap=cap,
     )  # fmt: skip
     out = out.astype(v.dtype)
     return out, (q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse)
 
 
-def _attention_bwd(scale, causal, window, block, residuals, d_out):
+def _attention_bwd(scale, causal, window, block, cap, residuals, d_out):
     q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse = residuals
     d_out = d_out.astype(jnp.float32)
     # delta = rowsum(dO * O): the softmax's Jacobian term, [b, kvh, g, sq].
@@ -124,11 +133,14 @@ def _attention_bwd(scale, causal, window, block, residuals, d_out):
 
     def step(dq, blk):
         kb, vb, pb, validb, segb = blk
-        s = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes)
+        s, t = _scores(q, kb, scale, (q_pos, pb, q_seg, segb), validb, causal, window, slopes, cap)
         p = jnp.exp(s - lse[..., None])  # [b, n, g, sq, block]
         dv = jnp.einsum("bngqk,bqngd->bknd", p, d_out)
         dp = jnp.einsum("bqngd,bknd->bngqk", d_out, vb.astype(jnp.float32))
-        ds = p * (dp - delta[..., None]) * scale
+        if t is None:
+            ds = p * (dp - delta[..., None]) * scale
+        else:  # through the cap: d(cap tanh(s / cap)) / ds = 1 - tanh^2
+            ds = p * (dp - delta[..., None]) * (1.0 - t * t) * scale
         dq = dq + jnp.einsum("bngqk,bknd->bqngd", ds, kb.astype(jnp.float32))
         dk = jnp.einsum("bngqk,bqngd->bknd", ds, q.astype(jnp.float32))
         return dq, (dk, dv)
@@ -167,6 +179,7 @@ def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 5
     out = _attention(
         q, key, value, mask.q_positions, kv_pos, mask.q_segment_ids, kv_seg, valid, slopes,
         float(scale), mask.causal, mask.sliding_window, block,
+        None if mask.logit_softcap is None else float(mask.logit_softcap),
     )  # fmt: skip
     return out.reshape(b, sq, h, d)
 
@@ -177,6 +190,7 @@ class BlockwiseKernel(AttentionKernel):
 
     priority = 20
     supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
+    supports_logit_softcap = True  # AttentionMask.logit_softcap
     block = 512
     # Measured on 2 CPU cores (fwd+bwd, 8 heads of 32, 4096 tokens a batch): 0.64-1.13x the
     # XLA kernel's time from 512 to 4096 keys, noisy at 1024; short sequences stay plain.

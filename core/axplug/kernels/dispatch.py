@@ -66,6 +66,11 @@ def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoic
             reason = "a score bias (the kernel does not declare supports_linear_bias)"
             out.append(KernelChoice(name, getattr(kernel, "priority", 0), False, reason))
             continue
+        if mask.logit_softcap is not None and not getattr(kernel, "supports_logit_softcap", False):
+            # Likewise for a cap: a kernel that does not declare it would leave scores uncapped.
+            reason = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
+            out.append(KernelChoice(name, getattr(kernel, "priority", 0), False, reason))
+            continue
         try:
             answer = kernel.is_supported(query, key, value, mask, backend)
         except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch

@@ -7,7 +7,10 @@ A paged kernel is an `axplug.kernels` entry with `paged = True` (plugin API 1.3)
   (or a ShapeDtypeStruct), `paged` an `axplug.layers.PagedKV`;
 - `__call__(query, paged, *, scale) -> [b, h, d]` in the pages' dtype: softmax attention of
   each row's query over the first `paged.lengths[b]` tokens of its pages, all visible (a
-  decode step: the row's own new token is the last of them). Not differentiated.
+  decode step: the row's own new token is the last of them). Not differentiated;
+- `supports_logit_softcap: bool` (optional) - True when `__call__` also takes
+  `logit_softcap=cap` and soft-caps the scaled scores to `cap * tanh(s / cap)`; it is
+  passed only when set, and only to kernels that declare it.
 
 Dispatch (`select_paged_kernel`) tries them by priority and falls back to `XlaPagedKernel`;
 dense dispatch never sees them. The Pallas TPU/GPU kernels come from axplug-tpu/axplug-gpu.
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 
 from axplug.api import PagedKV, Unsupported
 from axplug.kernels.dispatch import registered_kernels
+from axplug.kernels.reference import soft_cap
 
 __all__ = [
     "XlaPagedKernel",
@@ -47,10 +51,18 @@ def check_paged_shapes(query, paged: PagedKV) -> Unsupported | None:
     return None
 
 
-def paged_attention_xla(query, paged: PagedKV, *, scale: float, pages_per_block: int = 8):
+def paged_attention_xla(
+    query,
+    paged: PagedKV,
+    *,
+    scale: float,
+    pages_per_block: int = 8,
+    logit_softcap: float | None = None,
+):
     """Paged attention in plain JAX: a loop over blocks of `pages_per_block` pages of every
     row with an online softmax. Only the blocks that hold tokens are read (the loop runs to
-    the longest row's), one block at a time: no row is gathered into a contiguous buffer."""
+    the longest row's), one block at a time: no row is gathered into a contiguous buffer.
+    `logit_softcap` soft-caps the scaled scores (`cap * tanh(s / cap)`)."""
     key_pages, value_pages, table, lengths = paged
     kvh, num_pages, page, d = key_pages.shape
     b, h, _ = query.shape
@@ -72,7 +84,7 @@ def paged_attention_xla(query, paged: PagedKV, *, scale: float, pages_per_block:
             return rows.reshape(kvh, b, block * page, d).astype(jnp.float32)
 
         k, v = read(key_pages), read(value_pages)
-        scores = jnp.einsum("kbgd,kbtd->kbgt", q, k)
+        scores = soft_cap(jnp.einsum("kbgd,kbtd->kbgt", q, k), logit_softcap)
         index = i * block * page + jnp.arange(block * page)
         valid = index[None, :] < lengths[:, None]  # [b, t]
         scores = jnp.where(valid[None, :, None, :], scores, -jnp.inf)
@@ -101,20 +113,31 @@ class XlaPagedKernel:
     paged = True
     priority = 10
     pages_per_block = 8
+    supports_logit_softcap = True
 
     def is_supported(self, query, paged, backend):
         problem = check_paged_shapes(query, paged)
         return True if problem is None else problem
 
-    def __call__(self, query, paged, *, scale):
-        return paged_attention_xla(query, paged, scale=scale, pages_per_block=self.pages_per_block)
+    def __call__(self, query, paged, *, scale, logit_softcap=None):
+        return paged_attention_xla(
+            query, paged, scale=scale, pages_per_block=self.pages_per_block,
+            logit_softcap=logit_softcap,
+        )  # fmt: skip
 
 
-def paged_kernel_choices(query, paged, *, backend: str | None = None):
-    """(name, kernel, answer) for every registered paged kernel in dispatch order."""
+def paged_kernel_choices(
+    query, paged, *, backend: str | None = None, logit_softcap: float | None = None
+):
+    """(name, kernel, answer) for every registered paged kernel in dispatch order, for a
+    call whose scores are soft-capped by `logit_softcap` when it is set."""
     backend = backend or jax.default_backend()
     out = []
     for name, kernel in registered_kernels(paged=True):
+        if logit_softcap is not None and not getattr(kernel, "supports_logit_softcap", False):
+            reason = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
+            out.append((name, kernel, Unsupported(reason)))
+            continue
         try:
             answer = kernel.is_supported(query, paged, backend)
         except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch
@@ -123,9 +146,13 @@ def paged_kernel_choices(query, paged, *, backend: str | None = None):
     return out
 
 
-def select_paged_kernel(query, paged, *, backend: str | None = None):
-    """(name, kernel): the first supported paged kernel by priority, else `XlaPagedKernel`."""
-    for name, kernel, answer in paged_kernel_choices(query, paged, backend=backend):
+def select_paged_kernel(
+    query, paged, *, backend: str | None = None, logit_softcap: float | None = None
+):
+    """(name, kernel): the first supported paged kernel by priority, else `XlaPagedKernel`;
+    with `logit_softcap`, only kernels that declare `supports_logit_softcap`."""
+    choices = paged_kernel_choices(query, paged, backend=backend, logit_softcap=logit_softcap)
+    for name, kernel, answer in choices:
         if answer:
             return name, kernel
     return PAGED_FALLBACK, XlaPagedKernel()

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import AttentionKernel, Unsupported, check_shapes
+from axplug.kernels.reference import reference_attention
 
 __all__ = ["XlaKernel"]
 
@@ -19,6 +20,9 @@ class XlaKernel(AttentionKernel):
 
     priority = 10
     supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
+    # AttentionMask.logit_softcap: jax.nn.dot_product_attention takes no cap, so a capped
+    # call runs the reference math, which XLA partitions alike.
+    supports_logit_softcap = True
 
     def is_supported(self, query, key, value, mask, backend):
         if (problem := check_shapes(query, key, value)) is not None:  # Unsupported is falsy
@@ -30,6 +34,11 @@ class XlaKernel(AttentionKernel):
         return True
 
     def __call__(self, query, key, value, mask, *, scale):
+        if mask.logit_softcap is not None:
+            return reference_attention(
+                query, key, value, mask.dense(), scale=scale, bias=mask.bias(),
+                logit_softcap=mask.logit_softcap,
+            )  # fmt: skip
         # The mask comes from positions, not indices: packed sequences and decode offsets work.
         return jax.nn.dot_product_attention(
             query, key, value, bias=mask.bias(), mask=mask.dense(), scale=scale,

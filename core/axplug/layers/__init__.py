@@ -11,7 +11,13 @@ from axplug.layers.attention import (
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Embedding, Linear
 from axplug.layers.decoder import CausalLM, Decoder, cross_entropy
-from axplug.layers.feed_forward import ACTIVATIONS, HF_ACTIVATIONS, FeedForward, get_activation
+from axplug.layers.feed_forward import (
+    ACTIVATIONS,
+    HF_ACTIVATIONS,
+    FeedForward,
+    get_activation,
+    hf_activation,
+)
 from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
 from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
@@ -26,6 +32,8 @@ from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
 
 __all__ = [
     "ACTIVATIONS",
+    "HF_ACTIVATIONS",
+    "hf_activation",
     "EMPTY_POSITION",
     "Initializer",
     "linear_bias",
@@ -43,7 +51,6 @@ __all__ = [
     "DotProductKernel",
     "Embedding",
     "FeedForward",
-    "HF_ACTIVATIONS",
     "IdentityPositionTransform",
     "LayerNorm",
     "OutputCollection",

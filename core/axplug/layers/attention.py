@@ -23,6 +23,7 @@ __all__ = [
     "IdentityPositionTransform",
     "DotProductKernel",
     "Attention",
+    "QK_NORM_OVER",
 ]
 
 _Q_AXES = ("batch", "seq", "heads", None)  # [batch, seq, heads, head_dim]
@@ -30,20 +31,28 @@ _KV_AXES = ("batch", "kv_seq", "heads", None)
 
 
 class QKVLinear(BaseLayer):
-    """Projects [batch, seq, dim] to q [b, s, heads, d] and k, v [b, s, kv_heads, d]."""
+    """Projects [batch, seq, dim] to q [b, s, heads, d] and k, v [b, s, kv_heads, d].
+
+    `bias=True` gives the q, k and v projections a bias each (Qwen2); the attention's output
+    projection is configured apart (`Attention.output`) and keeps none unless it says so.
+    """
 
     @config_class
     class Config(BaseLayer.Config):
         input_dim: Required[int] = REQUIRED
         num_heads: Required[int] = REQUIRED
         head_dim: Required[int] = REQUIRED
+        # Biases on the q, k, v projections (parameters q.bias, k.bias, v.bias); the same as
+        # linear.bias=True, which also adds them.
+        bias: bool = False
         linear: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "heads"))
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
         """q/k/v biases (`qkv_bias`, else `attention_bias`); as many k/v heads as query heads
         (GQA is a plugin's layer)."""
-        cfg.linear.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.linear.bias = False  # `bias` says it (one field, so export compares one)
         heads = fields.get("num_attention_heads", None)
         kv_heads = fields.get("num_key_value_heads", heads)
         if kv_heads != heads:
@@ -54,7 +63,7 @@ class QKVLinear(BaseLayer):
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        return {"qkv_bias": bool(cfg.linear.bias)}
+        return {"qkv_bias": bool(cfg.bias or cfg.linear.bias)}
 
     @property
     def num_kv_heads(self) -> int:
@@ -62,13 +71,14 @@ class QKVLinear(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
+        linear = cfg.linear.clone(bias=True) if cfg.bias else cfg.linear
         for name, heads in (
             ("q", cfg.num_heads),
             ("k", self.num_kv_heads),
             ("v", self.num_kv_heads),
         ):
             self._add_child(
-                name, cfg.linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
+                name, linear.clone(input_dim=cfg.input_dim, output_dim=heads * cfg.head_dim)
             )
 
     def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -90,10 +100,13 @@ class IdentityPositionTransform(BaseLayer):
 
 
 class DotProductKernel(BaseLayer):
-    """softmax(q k^T * scale + bias, masked) v in float32; k/v may have fewer heads (grouped).
+    """softmax(softcap(q k^T * scale) + bias, masked) v in float32; k/v may have fewer heads
+    (grouped); the cap is the mask's `logit_softcap` (none by default).
 
     The kernel slot's contract: `forward(q [b, sq, h, d], k [b, skv, kvh, d], v, mask)` ->
-    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`.
+    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`. A slot with
+    `paged_attention(q, paged, *, logit_softcap=None)` is handed decode steps over paged
+    caches.
     """
 
     @config_class
@@ -107,22 +120,51 @@ class DotProductKernel(BaseLayer):
             raise ConfigError(f"{self.path}: {h} query heads not divisible by {kvh} kv heads")
         d = q.shape[-1]
         scale = self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)
-        return reference_attention(q, k, v, mask.dense(), scale=scale, bias=mask.bias())
+        return reference_attention(
+            q, k, v, mask.dense(), scale=scale, bias=mask.bias(), logit_softcap=mask.logit_softcap
+        )
 
-    def paged_attention(self, q, paged) -> jax.Array:
+    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
         """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale)
+        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
 
 
-def paged_attention(q, paged, *, scale: float | None, backend: str | None = None) -> jax.Array:
-    """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3)."""
-    _, kernel = select_paged_kernel(q, paged, backend=backend)
+def paged_attention(
+    q,
+    paged,
+    *,
+    scale: float | None,
+    backend: str | None = None,
+    logit_softcap: float | None = None,
+) -> jax.Array:
+    """q [b, h, d] over `paged` with the paged kernel dispatch picks (plugin API 1.3); with
+    `logit_softcap`, one that soft-caps the scores."""
+    _, kernel = select_paged_kernel(q, paged, backend=backend, logit_softcap=logit_softcap)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return kernel(q, paged, scale=scale)
+    if logit_softcap is None:
+        return kernel(q, paged, scale=scale)
+    return kernel(q, paged, scale=scale, logit_softcap=logit_softcap)
+
+
+QK_NORM_OVER = ("head_dim", "projection")
 
 
 class Attention(BaseLayer):
-    """Self-attention: qkv slot -> position slot -> kernel slot -> output projection."""
+    """Self-attention: qkv slot -> q/k norms (optional) -> position slot -> kernel slot ->
+    output projection.
+
+    `qk_norm` (a norm config, e.g. `RMSNorm.default_config()`) normalizes q and k after
+    the projection and before the position transform (RoPE), as children `q_norm` and
+    `k_norm`: over each head's `head_dim` with one scale shared by the heads
+    (`qk_norm_over="head_dim"`: Qwen3, Gemma 3), or over the whole q projection
+    (num_heads * head_dim) and k projection (num_kv_heads * head_dim) before the split into
+    heads (`"projection"`: OLMo 2).
+
+    `logit_softcap` soft-caps the scaled scores to `cap * tanh(s / cap)` before the mask
+    (Gemma 2); it reaches the kernel slot on the mask (`AttentionMask.logit_softcap`), so
+    dispatch picks only kernels that cap. The scores' scale is the kernel slot's `scale`
+    (Gemma: `query_pre_attn_scalar ** -0.5`; None: `head_dim ** -0.5`).
+    """
 
     @config_class
     class Config(BaseLayer.Config):
@@ -134,6 +176,12 @@ class Attention(BaseLayer):
         # Per-head slopes of a linear distance bias on the scores (ALiBi: `alibi` modifier of
         # axplug-attention); None: no bias. Plugin API 1.1.
         linear_bias_slopes: tuple[float, ...] | None = None
+        # A norm (any layer config with `input_dim`) of q and of k; None: none.
+        qk_norm: BaseLayer.Config | None = None
+        # What qk_norm normalizes over: "head_dim" (per head) or "projection" (all heads).
+        qk_norm_over: str = "head_dim"
+        # Soft cap of the attention scores, cap * tanh(s / cap) (Gemma 2: 50.0); None: none.
+        logit_softcap: float | None = None
         qkv: BaseLayer.Config = QKVLinear.default_config()
         position: BaseLayer.Config = IdentityPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -143,7 +191,11 @@ class Attention(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """Heads, head width and the sliding window from a Hugging Face config.json."""
+        """Heads, head width and the sliding window from a Hugging Face config.json.
+
+        `layer_types` is one attention for every layer here, unless a parent already read it:
+        a stack with a per-layer pattern, whose kinds then set each layer's window over the
+        one read into this (its layer template's) config."""
         heads = fields.positive_int("num_attention_heads")
         cfg.num_heads = heads
         head_dim = fields.get("head_dim", None)
@@ -166,7 +218,10 @@ class Attention(BaseLayer):
         else:
             window = fields.get("sliding_window", None)
             cfg.sliding_window = None if window is None else fields.positive_int("sliding_window")
-        kinds = set(fields.get("layer_types", None) or ())
+        # Read already: a parent (a stack with a per-layer pattern) sets each layer's window.
+        kinds = set()
+        if fields.name("layer_types") not in fields.read:
+            kinds = set(fields.get("layer_types", None) or ())
         if kinds == {"full_attention"}:
             cfg.sliding_window = None
         elif kinds - {"sliding_attention"}:
@@ -199,6 +254,8 @@ class Attention(BaseLayer):
             "qkv",
             cfg.qkv.clone(input_dim=cfg.input_dim, num_heads=cfg.num_heads, head_dim=head_dim),
         )
+        if cfg.qk_norm is not None:
+            self._add_qk_norms(cfg, head_dim)
         position = cfg.position.clone()
         if hasattr(position, "head_dim"):
             position.head_dim = head_dim
@@ -208,12 +265,44 @@ class Attention(BaseLayer):
             "output", cfg.output.clone(input_dim=cfg.num_heads * head_dim, output_dim=cfg.input_dim)
         )
         self._add_child("kv_cache", cfg.kv_cache)
+        cap = cfg.logit_softcap
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise cfg.field_error("logit_softcap", f"{cap} must be a finite number > 0")
         slopes = cfg.linear_bias_slopes
         if slopes is not None and len(slopes) != cfg.num_heads:
             raise cfg.field_error(
                 "linear_bias_slopes",
                 f"{len(slopes)} slopes for {cfg.num_heads} heads; give one per query head",
             )
+
+    def _add_qk_norms(self, cfg: Config, head_dim: int) -> None:
+        if cfg.qk_norm_over not in QK_NORM_OVER:
+            raise cfg.field_error(
+                "qk_norm_over",
+                f"{cfg.qk_norm_over!r} is not one of {', '.join(map(repr, QK_NORM_OVER))}",
+            )
+        if not hasattr(cfg.qk_norm, "input_dim"):
+            raise cfg.field_error(
+                "qk_norm",
+                f"{type(cfg.qk_norm).__qualname__} has no input_dim field; give a norm such "
+                "as RMSNorm.default_config()",
+            )
+        kv_heads = getattr(self.qkv, "num_kv_heads", cfg.num_heads)
+        per_head = cfg.qk_norm_over == "head_dim"
+        for name, heads in (("q_norm", cfg.num_heads), ("k_norm", kv_heads)):
+            dim = head_dim if per_head else heads * head_dim
+            self._add_child(name, cfg.qk_norm.clone(input_dim=dim))
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [b, s, h, d], k, v [b, s, kvh, d] from the qkv slot, q and k normed if asked."""
+        q, k, v = self.qkv(x)
+        if self._config.qk_norm is None:
+            return q, k, v
+        if self._config.qk_norm_over == "head_dim":
+            return self.q_norm(q), self.k_norm(k), v
+        # Over the whole projection, as before the split into heads.
+        whole = lambda norm, t: norm(t.reshape(*t.shape[:-2], -1)).reshape(t.shape)  # noqa: E731
+        return whole(self.q_norm, q), whole(self.k_norm, k), v
 
     def _slopes(self) -> jax.Array | None:
         slopes = self._config.linear_bias_slopes
@@ -230,11 +319,12 @@ class Attention(BaseLayer):
             causal=self._config.causal,
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
+            logit_softcap=self._config.logit_softcap,
         )
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
         # x: [batch, seq, dim]; positions: [batch, seq]
-        q, k, v = self.qkv(x)
+        q, k, v = self._project(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         # Queries keep their sequence shard; keys and values are gathered along the sequence,
         # so attention under sequence parallelism is exact (each shard sees every key).
@@ -264,7 +354,7 @@ class Attention(BaseLayer):
         if not self._config.causal:
             raise ConfigError(f"{self.path}: decoding with a KV cache needs causal attention")
         # x: [batch, new, dim]; positions: [batch, new]
-        q, k, v = self.qkv(x)
+        q, k, v = self._project(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         cfg = self._config
         attend_pages = getattr(self.kernel, "paged_attention", None)
@@ -276,7 +366,9 @@ class Attention(BaseLayer):
             and cfg.linear_bias_slopes is None
         ):
             cache_state, paged = self.kv_cache.extend_paged(cache_state, k, v, positions)
-            out = attend_pages(q[:, 0], paged)[:, None]  # the pages read in place
+            # The cap only when set: a slot's paged_attention from before it takes none.
+            cap = {} if cfg.logit_softcap is None else {"logit_softcap": cfg.logit_softcap}
+            out = attend_pages(q[:, 0], paged, **cap)[:, None]  # the pages read in place
             return self.output(out.reshape(*out.shape[:2], -1)), cache_state
         cache_state, k_all, v_all, kv_positions = self.kv_cache.extend(cache_state, k, v, positions)
         mask = AttentionMask(
@@ -285,6 +377,7 @@ class Attention(BaseLayer):
             causal=True,
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
+            logit_softcap=self._config.logit_softcap,
         )
         out = self.kernel(q, k_all, v_all, mask)
         return self.output(out.reshape(*out.shape[:2], -1)), cache_state

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
+from axplug.api import EMPTY_POSITION
 from axplug.config import REQUIRED, Required, config_class
 from axplug.context import functional
 from axplug.layers.base import BaseLayer
@@ -19,17 +22,34 @@ __all__ = ["Decoder", "CausalLM", "cross_entropy"]
 
 
 class Decoder(BaseLayer):
-    """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
+    """Token ids [batch, seq] -> logits [batch, seq, vocab].
+
+    The token embeddings are multiplied by `embedding_scale` (Gemma: sqrt(dim)) when set,
+    as a value of the compute dtype; with `position_embedding` (GPT-2's wpe), a learned
+    [max_positions, dim] table looked up by position is added to them (child
+    `position_embedding`, parameter `weight`; padding's `EMPTY_POSITION` reads row 0, a
+    real position past the table NaN). The logits are soft-capped to
+    `cap * tanh(logits / cap)` (in float32, then in the logits' dtype) with
+    `final_logit_softcap` (Gemma 2), in every path (forward, extend_step, fused_loss).
+    """
 
     @config_class
     class Config(BaseLayer.Config):
         vocab_size: Required[int] = REQUIRED
         dim: Required[int] = REQUIRED
         embedding: Embedding.Config = Embedding.default_config()
+        # Multiplies the token embeddings (Gemma: dim ** 0.5); None: no scaling.
+        embedding_scale: float | None = None
+        # Learned absolute position embeddings added to the token embeddings (GPT-2), and the
+        # number of positions they cover; None: none (positions only reach the attention).
+        position_embedding: Embedding.Config | None = None
+        max_positions: int | None = None
         transformer: BaseLayer.Config = StackedTransformer.default_config()
         output_norm: BaseLayer.Config = RMSNorm.default_config()
         lm_head: Linear.Config = Linear.default_config().set(mesh_axes=("embed", "vocab"))
         tie_word_embeddings: bool = False
+        # Logits become cap * tanh(logits / cap) (Gemma 2: 30.0); None: not capped.
+        final_logit_softcap: float | None = None
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -48,9 +68,31 @@ class Decoder(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
+        scale = cfg.embedding_scale
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise cfg.field_error("embedding_scale", f"{scale} must be a finite number > 0")
+        cap = cfg.final_logit_softcap
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise cfg.field_error("final_logit_softcap", f"{cap} must be a finite number > 0")
+        if cfg.position_embedding is None:
+            if cfg.max_positions is not None:
+                raise cfg.field_error(
+                    "max_positions", "is read only with position_embedding; set that too"
+                )
+        elif cfg.max_positions is None or cfg.max_positions < 1:
+            raise cfg.field_error(
+                "max_positions",
+                f"{cfg.max_positions}: position_embedding needs the number of positions "
+                "(>= 1) its table covers",
+            )
         self._add_child(
             "embedding", cfg.embedding.clone(num_embeddings=cfg.vocab_size, dim=cfg.dim)
         )
+        if cfg.position_embedding is not None:
+            self._add_child(
+                "position_embedding",
+                cfg.position_embedding.clone(num_embeddings=cfg.max_positions, dim=cfg.dim),
+            )
         self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
         self._add_child("output_norm", cfg.output_norm.clone(input_dim=cfg.dim))
         if not cfg.tie_word_embeddings:
@@ -64,7 +106,7 @@ class Decoder(BaseLayer):
         positions = constrain(positions, ("batch", "seq"))
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
-        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
         return constrain(self._logits(x), ("batch", "seq", "vocab"))
 
@@ -83,7 +125,7 @@ class Decoder(BaseLayer):
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
         labels = constrain(labels, ("batch", "seq"))
-        x = constrain(self.embedding(input_ids), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
         used = ("output_norm", "embedding" if self._config.tie_word_embeddings else "lm_head")
         head_params = {name: self.parameters[name] for name in used}
 
@@ -104,11 +146,27 @@ class Decoder(BaseLayer):
         count = jnp.sum(labels >= 0)
         return total / jnp.maximum(count, 1), count
 
+    def _embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
+        """The transformer's input [batch, seq, dim] for token ids at `positions`."""
+        cfg = self._config
+        x = self.embedding(input_ids)
+        if cfg.embedding_scale is not None:
+            # In the compute dtype, as Hugging Face's Gemma: hidden * tensor(scale, hidden.dtype).
+            x = x * jnp.asarray(cfg.embedding_scale, x.dtype)
+        if cfg.position_embedding is not None:
+            # Padding (EMPTY_POSITION, in extend_step) reads row 0; its outputs are never used.
+            x = x + self.position_embedding(jnp.where(positions == EMPTY_POSITION, 0, positions))
+        return x
+
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.output_norm(x)
-        if self._config.tie_word_embeddings:
-            return self.embedding.attend(x)
-        return self.lm_head(x)
+        tied = self._config.tie_word_embeddings
+        logits = self.embedding.attend(x) if tied else self.lm_head(x)
+        cap = self._config.final_logit_softcap
+        if cap is None:
+            return logits
+        capped = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
+        return capped.astype(logits.dtype)
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
         """An empty decoding cache for `extend_step`: `max_len` tokens per row."""
@@ -128,7 +186,7 @@ class Decoder(BaseLayer):
 
         Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`).
         """
-        x = self.embedding(input_ids)
+        x = self._embed(input_ids, positions)
         x, cache = self.transformer.extend_step(
             x, positions=positions, cache_state=cache_state["transformer"]
         )

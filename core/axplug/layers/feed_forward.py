@@ -10,25 +10,46 @@ from axplug.layers.basic import Linear
 from axplug.module import Module
 from axplug.sharding import constrain
 
-__all__ = ["FeedForward", "ACTIVATIONS", "HF_ACTIVATIONS", "get_activation"]
+__all__ = ["FeedForward", "ACTIVATIONS", "HF_ACTIVATIONS", "get_activation", "hf_activation"]
 
+
+def _gelu_exact(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=False)
+
+
+# "gelu" is the tanh approximation (jax.nn.gelu's default), also named "gelu_tanh";
+# "gelu_exact" the erf form. Hugging Face's "gelu" is the erf form: see HF_ACTIVATIONS.
 ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu": jax.nn.gelu,
-    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": jax.nn.gelu,  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+    "gelu_exact": _gelu_exact,  # 0.5 x (1 + erf(x / sqrt(2)))
     "relu": jax.nn.relu,
     "tanh": jax.nn.tanh,
     "linear": lambda x: x,
 }
 
-# Hugging Face `hidden_act` names -> ours (the first name of each is what an export writes).
+# Hugging Face `hidden_act` / `hidden_activation` names -> the ACTIVATIONS name computing the
+# same function. Note "gelu": exact (erf) in Hugging Face, the tanh form here.
 HF_ACTIVATIONS = {
     "silu": "silu",
-    "gelu_pytorch_tanh": "gelu",
-    "gelu_new": "gelu",
+    "swish": "silu",
     "gelu": "gelu_exact",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
     "relu": "relu",
+    "tanh": "tanh",
+    "linear": "linear",
 }
+
+
+def hf_activation(name: str) -> str:
+    """The Hugging Face `hidden_act` of one of ours; ValueError where it has none."""
+    name = "gelu_tanh" if name == "gelu" else name  # the same function
+    for hf, ours in HF_ACTIVATIONS.items():
+        if ours == name:
+            return hf
+    raise ValueError(f"activation {name!r} has no Hugging Face name")
 
 
 def get_activation(name: str, path: str = "activation"):
@@ -39,7 +60,11 @@ def get_activation(name: str, path: str = "activation"):
 
 
 class FeedForward(BaseLayer):
-    """gated: wo(act(wi_gate x) * wi_up x); otherwise wo(act(wi_up x))."""
+    """gated: wo(act(wi_gate x) * wi_up x); otherwise wo(act(wi_up x)).
+
+    SwiGLU is `activation="silu"` (the default), GeGLU with the tanh GELU (Gemma's
+    "gelu_pytorch_tanh") `activation="gelu_tanh"`; `activation` names an ACTIVATIONS entry.
+    """
 
     @config_class
     class Config(BaseLayer.Config):
@@ -63,12 +88,9 @@ class FeedForward(BaseLayer):
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
-        if not names:
-            raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
         return {
             "intermediate_size": cfg.hidden_dim,
-            "hidden_act": names[0],
+            "hidden_act": hf_activation(cfg.activation),
             "mlp_bias": cfg.linear.bias,
         }
 

@@ -62,9 +62,12 @@ class FlashAttention(BaseLayer):
         scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return kernel(q, k, v, mask, scale=scale)
 
-    def paged_attention(self, q, paged) -> jax.Array:
+    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
         """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale, backend=self._config.backend)
+        cfg = self._config
+        return paged_attention(
+            q, paged, scale=cfg.scale, backend=cfg.backend, logit_softcap=logit_softcap
+        )
 
     @classmethod
     def info_lines(cls) -> list[str]:
@@ -88,9 +91,9 @@ class BlockwiseAttention(BaseLayer):
         scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return blockwise_attention(q, k, v, mask, scale=scale, block=cfg.block)
 
-    def paged_attention(self, q, paged) -> jax.Array:
+    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
         """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale)
+        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
 
 
 class FlashAttentionModifier(ConfigModifier):

@@ -12,12 +12,18 @@ __all__ = ["RMSNorm", "LayerNorm"]
 
 
 class RMSNorm(BaseLayer):
-    """x / rms(x) * scale."""
+    """x / rms(x) * (scale + scale_offset), in float32, cast to the compute dtype at the end.
+
+    `scale_offset=1.0` is Gemma's `(1 + w)` form; the stored `scale` then starts at zeros
+    (in general at `1 - scale_offset`), so every offset starts as the identity scale.
+    """
 
     @config_class
     class Config(BaseLayer.Config):
         input_dim: Required[int] = REQUIRED
         eps: float = 1e-6
+        # Added to the stored scale in the forward pass (Gemma: 1.0, scale initialized to 0).
+        scale_offset: float = 0.0
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -28,12 +34,19 @@ class RMSNorm(BaseLayer):
         return {"rms_norm_eps": cfg.eps}
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        offset = self._config.scale_offset
+        if offset == 0.0:
+            initializer = jax.nn.initializers.ones
+        elif offset == 1.0:
+            initializer = jax.nn.initializers.zeros
+        else:
+            initializer = jax.nn.initializers.constant(1.0 - offset)
         return {
             "scale": ParameterSpec(
                 shape=(self._config.input_dim,),
                 dtype=self.dtype,
                 mesh_axes=("embed",),
-                initializer=jax.nn.initializers.ones,
+                initializer=initializer,
                 weight_decay_scale=0.0,
             )
         }
@@ -41,7 +54,10 @@ class RMSNorm(BaseLayer):
     def forward(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self._config.eps)
-        return self.cast(y * self.parameters["scale"].astype(jnp.float32))
+        scale = self.parameters["scale"].astype(jnp.float32)
+        if self._config.scale_offset != 0.0:
+            scale = scale + self._config.scale_offset
+        return self.cast(y * scale)
 
 
 class LayerNorm(BaseLayer):

@@ -18,9 +18,30 @@ __all__ = [
     "StackedTransformer",
     "RepeatedTransformer",
     "REMAT_POLICIES",
+    "hf_layers_per_unit",
     "scan_layer",
     "merge_collections",
 ]
+
+
+def hf_layers_per_unit(layer: Any) -> int:
+    """How many of config.json's `num_hidden_layers` one `layer` of a stack is: its class's
+    `hf_depth(cfg)` (a block of several transformer layers, such as a plugin's layer group),
+    else 1."""
+    depth = getattr(getattr(layer, "klass", None), "hf_depth", None)
+    return max(1, int(depth(layer))) if depth is not None else 1
+
+
+def _hf_read_depth(cfg: Any, fields: Any) -> int:
+    """The stack's num_layers for config.json's num_hidden_layers (a count of units)."""
+    layers = fields.positive_int("num_hidden_layers")
+    per = hf_layers_per_unit(cfg.layer)
+    if layers % per:
+        fields.problem(
+            f"{fields.name('num_hidden_layers')}={layers} is not a multiple of the {per} layers "
+            f"of each {getattr(cfg.layer.klass, '__name__', 'unit')} of the stack"
+        )
+    return layers // per
 
 
 class StackedTransformer(BaseLayer):
@@ -36,11 +57,11 @@ class StackedTransformer(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        cfg.num_layers = fields.positive_int("num_hidden_layers")
+        cfg.num_layers = _hf_read_depth(cfg, fields)
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        return {"num_hidden_layers": cfg.num_layers}
+        return {"num_hidden_layers": cfg.num_layers * hf_layers_per_unit(cfg.layer)}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
@@ -114,11 +135,11 @@ class RepeatedTransformer(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        cfg.num_layers = fields.positive_int("num_hidden_layers")
+        cfg.num_layers = _hf_read_depth(cfg, fields)
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        return {"num_hidden_layers": cfg.num_layers}
+        return {"num_hidden_layers": cfg.num_layers * hf_layers_per_unit(cfg.layer)}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

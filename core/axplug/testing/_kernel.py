@@ -28,6 +28,7 @@ KERNEL_CAPABILITIES = (
     "segment_ids",  # packed sequences: q/kv segment ids
     "differentiable",  # gradients match the reference's
     "linear_bias",  # AttentionMask.linear_bias_slopes (ALiBi); plugin API 1.1
+    "logit_softcap",  # AttentionMask.logit_softcap (Gemma 2's score soft-capping)
 )
 # What a kernel that declares nothing is checked for: the plugin API 1.0 features. A new
 # capability is opt-in, so kernels written before it keep passing.
@@ -47,6 +48,7 @@ class Case(NamedTuple):
     window: int | None = None
     segments: bool = False
     bias: bool = False  # ALiBi slopes on the mask
+    softcap: float | None = None  # the mask's logit_softcap
     needs: tuple[str, ...] = ()
 
 
@@ -59,6 +61,11 @@ CASES = {
     "segments": Case(segments=True, needs=("segment_ids",)),
     "alibi": Case(bias=True, needs=("linear_bias",)),
     "alibi_gqa_decode": Case(q_len=1, kv_heads=2, bias=True, needs=("linear_bias", "gqa")),
+    # A cap near the scores' scale (about 1 here), so tanh bends them.
+    "softcap": Case(softcap=1.0, needs=("logit_softcap",)),
+    "softcap_gqa_window_decode": Case(
+        q_len=1, kv_heads=2, window=6, softcap=0.5, needs=("logit_softcap", "gqa", "sliding_window")
+    ),
 }
 
 
@@ -91,6 +98,7 @@ def make_problem(case: Case, dtype=jnp.float32, seed: int = 0):
         causal=case.causal,
         sliding_window=case.window,
         linear_bias_slopes=alibi_slopes(case.heads) if case.bias else None,
+        logit_softcap=case.softcap,
     )
     return q, k, v, mask
 
@@ -125,7 +133,8 @@ class KernelConformance(NumericsFixtures):
     `axplug.kernels.AttentionKernel`. Optional fixtures: `reference` (default
     `reference_kernel()`), `tolerance`, `dtype`. Declare in `capabilities` which mask features
     and layouts the kernel supports (default `DEFAULT_CAPABILITIES`, the plugin API 1.0 set;
-    add "linear_bias" with `supports_linear_bias = True` on the kernel).
+    add "linear_bias" with `supports_linear_bias = True` on the kernel, "logit_softcap" with
+    `supports_logit_softcap = True`).
 
     The `reference` fixture is what every case is compared with: any object with the kernel
     protocol's `__call__`; override it for a kernel whose numerics legitimately differ (a
@@ -170,6 +179,14 @@ class KernelConformance(NumericsFixtures):
             f"supports_linear_bias is {attribute}: dispatch reads the attribute"
         )
 
+    def test_softcap_capability_matches_the_kernel_attribute(self, kernel):
+        declared = "logit_softcap" in self.capabilities
+        attribute = bool(getattr(kernel, "supports_logit_softcap", False))
+        assert declared == attribute, (
+            f"capabilities {'include' if declared else 'omit'} 'logit_softcap' but the "
+            f"kernel's supports_logit_softcap is {attribute}: dispatch reads the attribute"
+        )
+
     @pytest.mark.parametrize("case_name", list(CASES))
     def test_matches_reference(self, kernel, reference, case_name, dtype, tolerance):
         case = self._case(case_name)
@@ -197,9 +214,10 @@ class KernelConformance(NumericsFixtures):
         fn(q + 1, k, v * 2, mask)
         assert counter.count == 1, f"the kernel was traced {counter.count} times for one shape"
 
-    def test_gradients_match_reference(self, kernel, reference, dtype, tolerance):
+    @pytest.mark.parametrize("case_name", ["mha_causal", "softcap"])
+    def test_gradients_match_reference(self, kernel, reference, dtype, tolerance, case_name):
         require(self, "differentiable", KERNEL_CAPABILITIES)
-        case = CASES["mha_causal"]
+        case = self._case(case_name)
         q, k, v, mask = make_problem(case, dtype)
 
         def loss(fn, q, k, v):

@@ -37,9 +37,12 @@ def make_paged_problem(
     return cast(query), paged
 
 
-def paged_reference(query, paged: PagedKV, *, scale: float) -> jax.Array:
+def paged_reference(
+    query, paged: PagedKV, *, scale: float, logit_softcap: float | None = None
+) -> jax.Array:
     """Each row's pages gathered into a contiguous row, then the core's reference attention
-    over its first `lengths[b]` tokens: the yardstick for paged kernels."""
+    over its first `lengths[b]` tokens (scores soft-capped by `logit_softcap` when set): the
+    yardstick for paged kernels."""
     key_pages, value_pages, table, lengths = paged
     kvh, num_pages, page, d = key_pages.shape
 
@@ -49,7 +52,9 @@ def paged_reference(query, paged: PagedKV, *, scale: float) -> jax.Array:
 
     k, v = rows(key_pages), rows(value_pages)
     visible = jnp.arange(k.shape[1])[None, :] < lengths[:, None]  # [b, t]
-    out = reference_attention(query[:, None], k, v, visible[:, None, None, :], scale=scale)
+    out = reference_attention(
+        query[:, None], k, v, visible[:, None, None, :], scale=scale, logit_softcap=logit_softcap
+    )
     return out[:, 0]
 
 
@@ -60,7 +65,7 @@ class PagedKernelConformance(NumericsFixtures):
     optionally `is_supported(query, paged, backend)` (see `axplug.kernels.paged`). Optional
     fixtures: `dtype` (float32), `tolerance`, `problem_shapes` (keyword arguments of
     `make_paged_problem`: a kernel with layout limits, such as a 128-wide head_dim on TPU,
-    sets its own).
+    sets its own). A kernel with `supports_logit_softcap = True` is checked with a cap too.
     """
 
     float32_tolerance = 1e-4  # blocked online softmax against one softmax
@@ -95,6 +100,23 @@ class PagedKernelConformance(NumericsFixtures):
         got = kernel(query, paged, scale=scale)
         assert got.shape == query.shape and got.dtype == paged.value_pages.dtype
         want = paged_reference(query, paged, scale=scale)
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
+        )
+
+    def test_logit_softcap(self, kernel, dtype, tolerance, problem_shapes):
+        if not getattr(kernel, "supports_logit_softcap", False):
+            pytest.skip("the kernel does not declare supports_logit_softcap")
+        query, paged = make_paged_problem(dtype=dtype, **problem_shapes)
+        if hasattr(kernel, "is_supported"):
+            answer = kernel.is_supported(query, paged, jax.default_backend())
+            if not answer:
+                pytest.skip(f"not supported here: {getattr(answer, 'reason', answer)}")
+        scale, cap = 1.0 / math.sqrt(query.shape[-1]), 0.5  # a cap that bends the scores
+        got = kernel(query, paged, scale=scale, logit_softcap=cap)
+        want = paged_reference(query, paged, scale=scale, logit_softcap=cap)
+        uncapped = paged_reference(query, paged, scale=scale)
+        assert not np.allclose(np.asarray(want), np.asarray(uncapped), **tolerance)
         np.testing.assert_allclose(
             np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
         )

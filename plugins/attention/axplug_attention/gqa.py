@@ -18,7 +18,8 @@ class GroupedQKVLinear(QKVLinear):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        cfg.linear.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
+        cfg.linear.bias = False  # `bias` says it (one field, so export compares one)
         heads = fields.positive_int("num_attention_heads")
         kv_heads = fields.positive_int("num_key_value_heads", heads)
         if heads and kv_heads and heads % kv_heads:
@@ -29,7 +30,8 @@ class GroupedQKVLinear(QKVLinear):
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        return {"qkv_bias": bool(cfg.linear.bias), "num_key_value_heads": cfg.num_kv_heads}
+        bias = bool(cfg.bias or cfg.linear.bias)
+        return {"qkv_bias": bias, "num_key_value_heads": cfg.num_kv_heads}
 
     def __init__(self, cfg: Config, *, parent=None):
         # Checked before the projections are built, so the error names the field.

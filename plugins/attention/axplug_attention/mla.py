@@ -56,8 +56,8 @@ class MultiHeadLatentAttention(BaseLayer):
         bias: bool = False
         latent_norm_eps: float = _LATENT_NORM_EPS
         # The softmax scale; None: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times
-        # yarn_mscale(factor, mscale_all_dim) ** 2 when the position slot is a YaRN RoPE with
-        # mscale_all_dim (DeepSeek's long-context temperature).
+        # yarn_mscale(yarn_factor, yarn_mscale_all_dim) ** 2 when the position slot is a YaRN
+        # RoPE with yarn_mscale_all_dim (DeepSeek's long-context temperature).
         softmax_scale: float | None = None
         position: BaseLayer.Config = RotaryPositionTransform.default_config()
         kernel: BaseLayer.Config = DotProductKernel.default_config()
@@ -186,11 +186,9 @@ class MultiHeadLatentAttention(BaseLayer):
         if cfg.softmax_scale is not None:
             return cfg.softmax_scale
         scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
-        position = cfg.position
-        factor = getattr(position, "scaling_factor", None)
-        mscale_all_dim = getattr(position, "mscale_all_dim", None)
-        yarn = factor is not None and getattr(position, "scaling_type", None) == "yarn"
-        if yarn and mscale_all_dim:
+        factor = getattr(cfg.position, "yarn_factor", None)
+        mscale_all_dim = getattr(cfg.position, "yarn_mscale_all_dim", None)
+        if factor is not None and mscale_all_dim:
             scale *= yarn_mscale(factor, mscale_all_dim) ** 2
         return scale
 

@@ -76,6 +76,7 @@ class RopeModifier(ConfigModifier):
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
+        linear_scaling_factor: float | None = None  # linear position interpolation
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         c = self._config
@@ -84,10 +85,12 @@ class RopeModifier(ConfigModifier):
             rotary_fraction=float(c.rotary_fraction),
             interleaved=c.interleaved,
             scaling_factor=None if c.scaling_factor is None else float(c.scaling_factor),
-            scaling_type="llama3",  # this modifier's scaling is Llama 3's
             low_freq_factor=float(c.low_freq_factor),
             high_freq_factor=float(c.high_freq_factor),
             original_max_position=c.original_max_position,
+            linear_scaling_factor=(
+                None if c.linear_scaling_factor is None else float(c.linear_scaling_factor)
+            ),
         )
         rope = RotaryPositionTransform.default_config().set(**fields)
         return _swap(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,9 @@ __all__ = [
     "yarn_mscale",
     "rope_tables",
     "apply_rope",
+    "read_rope",
+    "per_layer_type",
+    "LAYER_TYPES",
 ]
 
 
@@ -29,12 +33,15 @@ def rope_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
     original_max_position: int = 8192,
+    linear_scaling_factor: float | None = None,
 ) -> np.ndarray:
     """Angular frequency of each rotated pair, [rotary_dim // 2] float32.
 
     With `scaling_factor` (Llama 3.1: 8), wavelengths longer than
     `original_max_position / low_freq_factor` are stretched by the factor, those shorter than
     `original_max_position / high_freq_factor` are kept, and the band between is interpolated.
+    With `linear_scaling_factor` every frequency is divided by it, i.e. positions are (linear
+    position interpolation: Hugging Face's rope_type "linear", Gemma 3's global layers).
     """
     freqs = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
     if scaling_factor is not None:
@@ -50,6 +57,8 @@ def rope_frequencies(
             freqs,
             np.where(wavelen > low_wavelen, freqs / scaling_factor, mid),
         )
+    if linear_scaling_factor is not None:
+        freqs = freqs / linear_scaling_factor
     return freqs.astype(np.float32)
 
 
@@ -80,7 +89,7 @@ def yarn_frequencies(
     if low == high:
         high += 0.001  # no singular ramp
     ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
-    # float32 like transformers: the frequencies are compared to 1e-5.
+    # In float32 like transformers.
     powers = np.float32(theta) ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim)
     extrapolation = 1.0 / powers
     interpolation = 1.0 / (np.float32(factor) * powers)
@@ -130,49 +139,97 @@ def rope_tables(positions: jax.Array, freqs: np.ndarray) -> tuple[jax.Array, jax
     return jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
 
 
+_THETA = 10000.0  # transformers' default where config.json has no rope_theta
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
+# The layer kinds of a Hugging Face `layer_types` list that a `rope_parameters` may be keyed by
+# (transformers 5 writes Gemma 3's RoPE so: one entry per kind).
+LAYER_TYPES = ("full_attention", "sliding_attention")
+_GLOBAL = LAYER_TYPES[0]  # the entry a layer template takes: transformers 4's global RoPE
 
-def _read_rope(fields) -> tuple[float, dict | None]:
-    """(theta, Llama 3 scaling or None) of a config.json, its problems recorded."""
+
+def per_layer_type(params: Any) -> bool:
+    """Whether a `rope_parameters` value is keyed by layer type (one RoPE per kind)."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and set(params) <= set(LAYER_TYPES)
+        and all(isinstance(v, dict) for v in params.values())
+    )
+
+
+def read_rope(
+    fields, layer_type: str | None = None, *, theta_field: str = "rope_theta"
+) -> dict[str, Any]:
+    """The RotaryPositionTransform fields a config.json sets, its problems recorded: `theta`,
+    `scaling_factor` (Llama 3, with its three band fields when set), `linear_scaling_factor`
+    and `yarn_factor` (with its `yarn_*` fields), from `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (transformers 4).
+
+    `layer_type`: read that entry of a `rope_parameters` keyed by layer type, whose missing
+    `rope_theta` falls back to the field `theta_field` (Gemma 3: `rope_local_base_freq` for
+    the sliding layers; absent too: 10000, transformers' default). Both forms are always read,
+    so neither is left unread.
+    """
     params = fields.get("rope_parameters", None)
     legacy = fields.get("rope_scaling", None)
-    if isinstance(params, dict):
+    fallback = fields.get(theta_field, _THETA)
+    if layer_type is not None and per_layer_type(params):
+        name, scaling = f"rope_parameters.{layer_type}", params.get(layer_type, {})
+        theta = scaling.get("rope_theta", fallback)
+    elif isinstance(params, dict):
         name, scaling = "rope_parameters", params
-        theta = params.get("rope_theta", fields.get("rope_theta", None))
+        theta = params.get("rope_theta", fallback)
     else:
         name, scaling = "rope_scaling", legacy
-        theta = fields.get("rope_theta", None)
+        theta = fallback
+    out: dict[str, Any] = {
+        "scaling_factor": None,
+        "linear_scaling_factor": None,
+        "yarn_factor": None,
+    }
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        fields.problem(f"rope_theta={theta!r} (expected a positive number)")
+        fields.problem(f"{theta_field}={theta!r} (expected a positive number)")
         theta = 1.0
+    out["theta"] = float(theta)
     if not scaling:
-        return float(theta), None
+        return out
     if not isinstance(scaling, dict):
         fields.problem(f"{name}={scaling!r} (expected an object)")
-        return float(theta), None
+        return out
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return float(theta), None
+        return out
     if kind == "yarn":
-        return float(theta), _read_yarn(fields, name, scaling)
-    if kind != "llama3":
+        return {**out, **_read_yarn(fields, name, scaling)}
+    if kind not in ("llama3", "linear"):
         fields.problem(
-            f"{name}.rope_type={kind!r} (supported: 'default', 'llama3' and 'yarn'; linear, "
+            f"{name}.rope_type={kind!r} (supported: 'default', 'linear', 'llama3' and 'yarn'; "
             "dynamic and longrope scaling are not)"
         )
-        return float(theta), None
+        return out
+    if scaling.get("attention_factor", 1.0) not in (None, 1.0):
+        fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
+    if kind == "linear":
+        factor = scaling.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            fields.problem(f"{name}.factor={factor!r} (rope_type 'linear' needs a positive one)")
+            return out
+        out["linear_scaling_factor"] = float(factor)
+        return out
     absent = [k for k in _LLAMA3_KEYS if not isinstance(scaling.get(k), (int, float))]
     if absent:
         fields.problem(f"{name} of rope_type 'llama3' lacks {', '.join(absent)}")
-        return float(theta), None
-    if scaling.get("attention_factor", 1.0) not in (None, 1.0):
-        fields.problem(f"{name}.attention_factor={scaling['attention_factor']!r} (only 1.0)")
-    return float(theta), {"rope_type": "llama3", **{k: scaling[k] for k in _LLAMA3_KEYS}}
+        return out
+    out["scaling_factor"] = float(scaling["factor"])
+    out["low_freq_factor"] = float(scaling["low_freq_factor"])
+    out["high_freq_factor"] = float(scaling["high_freq_factor"])
+    out["original_max_position"] = int(scaling["original_max_position_embeddings"])
+    return out
 
 
-def _read_yarn(fields, name: str, scaling: dict) -> dict | None:
-    """A YaRN scaling's parameters, as transformers reads them (None: its problems recorded)."""
+def _read_yarn(fields, name: str, scaling: dict) -> dict[str, Any]:
+    """The yarn_* fields of a YaRN scaling, as transformers reads it ({}: problems recorded)."""
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     absent = [
         k for k in ("factor", "original_max_position_embeddings") if not number(scaling.get(k))
@@ -182,22 +239,21 @@ def _read_yarn(fields, name: str, scaling: dict) -> dict | None:
             f"{name} of rope_type 'yarn' lacks {', '.join(absent)} (a factor derived from "
             "max_position_embeddings is not supported)"
         )
-        return None
-    out: dict = {
-        "rope_type": "yarn",
-        "factor": float(scaling["factor"]),
-        "original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
-        # transformers: `or`, so null and 0 read as the defaults.
-        "beta_fast": float(scaling.get("beta_fast") or 32.0),
-        "beta_slow": float(scaling.get("beta_slow") or 1.0),
-        "truncate": bool(scaling.get("truncate", True)),
+        return {}
+    out: dict[str, Any] = {
+        "yarn_factor": float(scaling["factor"]),
+        "original_max_position": int(scaling["original_max_position_embeddings"]),
+        # transformers reads them with `or`: null and 0 are the defaults.
+        "yarn_beta_fast": float(scaling.get("beta_fast") or 32.0),
+        "yarn_beta_slow": float(scaling.get("beta_slow") or 1.0),
+        "yarn_truncate": bool(scaling.get("truncate", True)),
     }
     for key in ("attention_factor", "mscale", "mscale_all_dim"):
         value = scaling.get(key)
         if value is not None and not number(value):
             fields.problem(f"{name}.{key}={value!r} (expected a number)")
             value = None
-        out[key] = None if value is None else float(value)
+        out[f"yarn_{key}"] = None if value is None else float(value)
     return out
 
 
@@ -211,42 +267,49 @@ class RotaryPositionTransform(BaseLayer):
         # Fraction of each head's dims that is rotated (partial rotary); the rest pass through.
         rotary_fraction: float = 1.0
         interleaved: bool = False
-        # Frequency scaling for long context by `scaling_factor`; None disables it.
-        # scaling_type "llama3" (Llama 3.1: low/high_freq_factor) or "yarn" (beta_fast/slow,
-        # truncate; the rotated dims scaled by `attention_factor`, None: derived from mscale
-        # and mscale_all_dim as transformers does).
+        # Llama 3 frequency scaling for long context; None disables it.
         scaling_factor: float | None = None
-        scaling_type: str = "llama3"
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
         original_max_position: int = 8192
-        beta_fast: float = 32.0
-        beta_slow: float = 1.0
-        truncate: bool = True
-        attention_factor: float | None = None
-        mscale: float | None = None
-        mscale_all_dim: float | None = None
+        # Linear position interpolation (Hugging Face's rope_type "linear"): every frequency
+        # divided by the factor, as if positions were; None disables it.
+        linear_scaling_factor: float | None = None
+        # YaRN (Hugging Face's rope_type "yarn"): frequencies by `yarn_frequencies` over
+        # original_max_position, the rotated dims scaled by `yarn_attention_factor` (None:
+        # derived from yarn_mscale / yarn_mscale_all_dim as transformers does); None disables.
+        yarn_factor: float | None = None
+        yarn_beta_fast: float = 32.0
+        yarn_beta_slow: float = 1.0
+        yarn_truncate: bool = True
+        yarn_attention_factor: float | None = None
+        yarn_mscale: float | None = None
+        yarn_mscale_all_dim: float | None = None
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """theta, Llama 3 scaling and the rotated fraction, from `rope_parameters`
-        (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4)."""
-        cfg.theta, scaling = _read_rope(fields)
+        """theta, Llama 3, linear or YaRN scaling and the rotated fraction, from `rope_parameters`
+        (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4).
+
+        A `rope_parameters` keyed by layer type (Gemma 3) needs a parent that read it first: a
+        stack that sets its layers' RoPE per kind (`patterned_transformer` of axplug-models).
+        The layer template then takes the `full_attention` entry, as `rope_theta` and
+        `rope_scaling` are the global layers' in the transformers 4 form."""
+        name = fields.name("rope_parameters")
+        keyed = per_layer_type(fields.raw.get(name))
+        if keyed and name not in fields.read:
+            fields.problem(
+                f"rope_parameters is keyed by layer type ({', '.join(fields.raw[name])}): one "
+                "RoPE for every layer here (a per-layer pattern needs an architecture that "
+                "builds one)"
+            )
+        cfg.set(**read_rope(fields, _GLOBAL if keyed else None))
         cfg.interleaved = False  # Hugging Face checkpoints lay q/k out for rotate_half
-        cfg.rotary_fraction = fields.number("partial_rotary_factor", 1.0)
-        cfg.scaling_factor = None
-        cfg.scaling_type = "llama3"
-        if scaling is not None:
-            cfg.scaling_type = scaling["rope_type"]
-            cfg.scaling_factor = float(scaling["factor"])
-            cfg.original_max_position = int(scaling["original_max_position_embeddings"])
-        if scaling is not None and scaling["rope_type"] == "llama3":
-            cfg.low_freq_factor = float(scaling["low_freq_factor"])
-            cfg.high_freq_factor = float(scaling["high_freq_factor"])
-        if scaling is not None and scaling["rope_type"] == "yarn":
-            for key in ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale",
-                        "mscale_all_dim"):  # fmt: skip
-                setattr(cfg, key, scaling[key])
+        params = fields.get("rope_parameters", None)
+        entry = params.get(_GLOBAL) if keyed else params
+        partial = entry.get("partial_rotary_factor") if isinstance(entry, dict) else None
+        top = fields.number("partial_rotary_factor", 1.0)  # transformers 4 keeps it here
+        cfg.rotary_fraction = float(partial) if partial else top
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -256,22 +319,31 @@ class RotaryPositionTransform(BaseLayer):
             raise ValueError("interleaved RoPE (Hugging Face rotates halves: interleaved=False)")
         params: dict = {"rope_type": "default", "rope_theta": cfg.theta}
         scaling = None
-        if cfg.scaling_factor is not None and cfg.scaling_type == "yarn":
+        scalings = [cfg.scaling_factor, cfg.linear_scaling_factor, cfg.yarn_factor]
+        if sum(f is not None for f in scalings) > 1:
+            raise ValueError(
+                "RoPE has more than one of Llama 3, linear and YaRN scaling (Hugging Face has "
+                "one rope_type)"
+            )
+        if cfg.yarn_factor is not None:
             scaling = {
                 "rope_type": "yarn",
-                "factor": cfg.scaling_factor,
+                "factor": cfg.yarn_factor,
                 "original_max_position_embeddings": cfg.original_max_position,
-                "beta_fast": cfg.beta_fast,
-                "beta_slow": cfg.beta_slow,
-                "mscale": cfg.mscale,
-                "mscale_all_dim": cfg.mscale_all_dim,
+                "beta_fast": cfg.yarn_beta_fast,
+                "beta_slow": cfg.yarn_beta_slow,
+                "mscale": cfg.yarn_mscale,
+                "mscale_all_dim": cfg.yarn_mscale_all_dim,
             }
-            if cfg.attention_factor is not None:
-                scaling["attention_factor"] = cfg.attention_factor
-            if not cfg.truncate:
+            if cfg.yarn_attention_factor is not None:
+                scaling["attention_factor"] = cfg.yarn_attention_factor
+            if not cfg.yarn_truncate:
                 scaling["truncate"] = False
             params = {**scaling, "rope_theta": cfg.theta}
-        elif cfg.scaling_factor is not None:
+        if cfg.linear_scaling_factor is not None:
+            scaling = {"rope_type": "linear", "factor": cfg.linear_scaling_factor}
+            params = {**scaling, "rope_theta": cfg.theta}
+        if cfg.scaling_factor is not None:
             scaling = {
                 "rope_type": "llama3",
                 "factor": cfg.scaling_factor,
@@ -280,6 +352,8 @@ class RotaryPositionTransform(BaseLayer):
                 "original_max_position_embeddings": cfg.original_max_position,
             }
             params = {**scaling, "rope_theta": cfg.theta}
+        if cfg.rotary_fraction != 1.0:
+            params["partial_rotary_factor"] = cfg.rotary_fraction
         out = {"rope_theta": cfg.theta, "rope_scaling": scaling, "rope_parameters": params}
         if cfg.rotary_fraction != 1.0:
             out["partial_rotary_factor"] = cfg.rotary_fraction
@@ -291,20 +365,17 @@ class RotaryPositionTransform(BaseLayer):
             raise ConfigError(
                 f"{self.path}.rotary_fraction: {cfg.rotary_fraction} is not in (0, 1]"
             )
-        if cfg.scaling_type not in ("llama3", "yarn"):
-            raise ConfigError(
-                f"{self.path}.scaling_type: {cfg.scaling_type!r} is not 'llama3' or 'yarn'"
-            )
-        llama3 = cfg.scaling_type == "llama3"
-        if (
-            llama3
-            and cfg.scaling_factor is not None
-            and cfg.high_freq_factor <= cfg.low_freq_factor
-        ):
+        if cfg.scaling_factor is not None and cfg.high_freq_factor <= cfg.low_freq_factor:
             raise ConfigError(
                 f"{self.path}: high_freq_factor ({cfg.high_freq_factor}) must exceed "
                 f"low_freq_factor ({cfg.low_freq_factor})"
             )
+        if cfg.linear_scaling_factor is not None and cfg.linear_scaling_factor <= 0:
+            raise cfg.field_error(
+                "linear_scaling_factor", f"{cfg.linear_scaling_factor} is not a positive factor"
+            )
+        if cfg.yarn_factor is not None and cfg.yarn_factor <= 0:
+            raise cfg.field_error("yarn_factor", f"{cfg.yarn_factor} is not a positive factor")
         if cfg.head_dim is not None:
             self.rotary_dim(cfg.head_dim)  # fail at build time, not at the first call
 
@@ -320,15 +391,15 @@ class RotaryPositionTransform(BaseLayer):
 
     def frequencies(self, head_dim: int) -> np.ndarray:
         cfg = self._config
-        if cfg.scaling_factor is not None and cfg.scaling_type == "yarn":
+        if cfg.yarn_factor is not None:
             return yarn_frequencies(
                 self.rotary_dim(head_dim),
                 theta=cfg.theta,
-                factor=cfg.scaling_factor,
+                factor=cfg.yarn_factor,
                 original_max_position=cfg.original_max_position,
-                beta_fast=cfg.beta_fast,
-                beta_slow=cfg.beta_slow,
-                truncate=cfg.truncate,
+                beta_fast=cfg.yarn_beta_fast,
+                beta_slow=cfg.yarn_beta_slow,
+                truncate=cfg.yarn_truncate,
             )
         return rope_frequencies(
             self.rotary_dim(head_dim),
@@ -337,20 +408,21 @@ class RotaryPositionTransform(BaseLayer):
             low_freq_factor=cfg.low_freq_factor,
             high_freq_factor=cfg.high_freq_factor,
             original_max_position=cfg.original_max_position,
+            linear_scaling_factor=cfg.linear_scaling_factor,
         )
 
     def attention_factor(self) -> float:
         """The scale of the rotated dims: YaRN's (1 without it)."""
         cfg = self._config
-        if cfg.scaling_factor is None or cfg.scaling_type != "yarn":
+        if cfg.yarn_factor is None:
             return 1.0
-        if cfg.attention_factor is not None:
-            return cfg.attention_factor
-        if cfg.mscale and cfg.mscale_all_dim:
-            return yarn_mscale(cfg.scaling_factor, cfg.mscale) / yarn_mscale(
-                cfg.scaling_factor, cfg.mscale_all_dim
+        if cfg.yarn_attention_factor is not None:
+            return cfg.yarn_attention_factor
+        if cfg.yarn_mscale and cfg.yarn_mscale_all_dim:
+            return yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale) / yarn_mscale(
+                cfg.yarn_factor, cfg.yarn_mscale_all_dim
             )
-        return yarn_mscale(cfg.scaling_factor)
+        return yarn_mscale(cfg.yarn_factor)
 
     def forward(self, q, k, *, q_positions, kv_positions):
         # q: [b, sq, h, d], k: [b, skv, kvh, d]; positions are data (packing, decode offsets).

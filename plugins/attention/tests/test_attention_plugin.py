@@ -46,6 +46,7 @@ from axplug.layers import (  # noqa: E402
     IdentityPositionTransform,
     QKVLinear,
     RepeatedTransformer,
+    RMSNorm,
 )
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402
@@ -301,6 +302,63 @@ def test_rope_yarn_matches_transformers(case):
     assert to_dict(again) == to_dict(cfg.set(head_dim=None))
 
 
+def test_rope_linear_scaling_divides_the_frequencies_as_positions():
+    assert_close(
+        rope_frequencies(16, theta=500.0, linear_scaling_factor=4.0),
+        rope_frequencies(16, theta=500.0) / 4.0,
+        dict(rtol=1e-6, atol=0),
+    )
+    cfg = RotaryPositionTransform.default_config().set(head_dim=16, linear_scaling_factor=4.0)
+    m, _ = build(cfg)
+    plain, _ = build(RotaryPositionTransform.default_config().set(head_dim=16))
+    q = normal(1, (B, S, 2, 16))
+    pos = arange_positions() * 4
+    got, _ = run(m, {}, {"q": q, "k": q, "q_positions": pos, "kv_positions": pos})
+    want, _ = run(plain, {}, {"q": q, "k": q, "q_positions": pos // 4, "kv_positions": pos // 4})
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+        {"rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}},
+    ],
+    ids=["transformers4", "transformers5"],
+)
+def test_rope_reads_and_writes_linear_scaling(raw):
+    from axplug.api import HFFields
+
+    cfg = RotaryPositionTransform.default_config()
+    fields = HFFields(raw)
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert fields.problems == []
+    assert (cfg.theta, cfg.linear_scaling_factor, cfg.scaling_factor) == (1e6, 8.0, None)
+    written = RotaryPositionTransform.hf_write(cfg)
+    assert written["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert written["rope_parameters"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match="more than one of Llama 3, linear and YaRN"):
+        RotaryPositionTransform.hf_write(cfg.clone(scaling_factor=8.0))
+
+
+def test_rope_refuses_a_rope_parameters_keyed_by_layer_type_that_no_parent_read():
+    from axplug.api import HFFields
+
+    keyed = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+    }
+    fields = HFFields({"rope_parameters": keyed})
+    RotaryPositionTransform.hf_read(RotaryPositionTransform.default_config(), fields)
+    assert any("keyed by layer type" in p for p in fields.problems)
+    # A parent that read it (a patterned stack) leaves the template the full entry.
+    fields = HFFields({"rope_parameters": keyed})
+    fields.get("rope_parameters")
+    cfg = RotaryPositionTransform.default_config()
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert fields.problems == [] and (cfg.theta, cfg.linear_scaling_factor) == (1e6, 8.0)
+
+
 def test_rope_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"rotary_fraction: 1.5 is not in \(0, 1\]"):
         build(RotaryPositionTransform.default_config().set(rotary_fraction=1.5))
@@ -310,6 +368,8 @@ def test_rope_config_errors_name_the_field():
         build(
             RotaryPositionTransform.default_config().set(scaling_factor=8.0, high_freq_factor=1.0)
         )
+    with pytest.raises(ConfigError, match="linear_scaling_factor: -2.0 is not a positive"):
+        build(RotaryPositionTransform.default_config().set(linear_scaling_factor=-2.0))
 
 
 def test_rope_attention_uses_input_positions_for_packed_sequences():
@@ -361,6 +421,98 @@ def test_gqa_equals_mha_with_repeated_kv_weights(kv_heads, flash):
     x = normal(1, (B, S, D))
     inputs = {"x": x, "positions": arange_positions()}
     assert_close(run(gqa, gparams, inputs), run(mha, mparams, inputs))
+
+
+def ref_rms(x, scale, eps=1e-6):
+    return x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + eps) * scale
+
+
+def ref_gqa_attention(
+    x, p, kv_heads, *, positions=None, qk_norm_over=None, rope=False, softcap=None, scale=None
+):
+    """Causal GQA attention in plain jnp: q, k, v projections (biases where present), q/k
+    RMSNorm over the whole projection or per head, RoPE, each kv head repeated for its group
+    of query heads, softmax(softcap(q k^T * scale)) v (scale 1/sqrt(d) unless given), output."""
+    b, s, _ = x.shape
+    pos = arange_positions(b, s) if positions is None else positions
+    proj = {n: x @ p["qkv"][n]["weight"] + p["qkv"][n].get("bias", 0.0) for n in "qkv"}
+    if qk_norm_over == "projection":  # OLMo 2: before the split into heads
+        proj["q"] = ref_rms(proj["q"], p["q_norm"]["scale"])
+        proj["k"] = ref_rms(proj["k"], p["k_norm"]["scale"])
+    q = proj["q"].reshape(b, s, H, -1)
+    k, v = (proj[n].reshape(b, s, kv_heads, -1) for n in "kv")
+    if qk_norm_over == "head_dim":  # Qwen3: per head, one scale shared by the heads
+        q, k = ref_rms(q, p["q_norm"]["scale"]), ref_rms(k, p["k_norm"]["scale"])
+    if rope:  # after the norms
+        q, k = (jnp.asarray(ref_rotary(t, pos), jnp.float32) for t in (q, k))
+    k, v = (jnp.repeat(t, H // kv_heads, axis=2) for t in (k, v))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (scale or 1.0 / math.sqrt(q.shape[-1]))
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    allowed = pos[:, None, None, :] <= pos[:, None, :, None]
+    probs = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ p["output"]["weight"]
+
+
+def randomized(params, seed: int = 7):
+    """`params` plus small random values everywhere (zero biases, unit scales matter then)."""
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef.unflatten([a + 0.3 * normal(seed + i, a.shape) for i, a in enumerate(leaves)])
+
+
+def test_gqa_keeps_the_qkv_bias_of_the_projection_it_replaces():
+    cfg = attention_cfg(qkv=QKVLinear.default_config().set(bias=True))
+    cfg = make_modifier("gqa:num_kv_heads=2")(cfg)
+    assert cfg.qkv.klass is GroupedQKVLinear and cfg.qkv.bias is True
+    m, params = build(cfg)
+    assert params["qkv"]["q"]["bias"].shape == (D,)
+    assert params["qkv"]["k"]["bias"].shape == params["qkv"]["v"]["bias"].shape == (2 * D // H,)
+    assert set(params["output"]) == {"weight"}
+    params = randomized(params)
+    x = normal(1, (B, S, D))
+    out = run(m, params, {"x": x, "positions": arange_positions()})
+    assert_close(out, ref_gqa_attention(x, params, 2))
+
+
+@pytest.mark.parametrize("over", ["head_dim", "projection"])
+def test_qk_norm_with_gqa_and_rope_matches_a_plain_reference_and_decodes(over):
+    cfg = attention_cfg("gqa:num_kv_heads=2", "rope", qk_norm=RMSNorm.default_config())
+    cfg.qk_norm_over = over
+    m, params = build(cfg)
+    d = D // H
+    assert params["q_norm"]["scale"].shape == ((d,) if over == "head_dim" else (H * d,))
+    assert params["k_norm"]["scale"].shape == ((d,) if over == "head_dim" else (2 * d,))
+    params = randomized(params)
+    x = normal(1, (B, S, D))
+    positions = arange_positions() + 3
+    full = run(m, params, {"x": x, "positions": positions})
+    want = ref_gqa_attention(x, params, 2, positions=positions, qk_norm_over=over, rope=True)
+    assert_close(full, want, F32_LOOSE)
+    decoded = decode_in_chunks(m, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["core_kernel", "flash"])
+def test_softcap_and_scale_with_gqa_and_rope_match_a_plain_reference_and_decode(flash):
+    cfg = attention_cfg("gqa:num_kv_heads=2", "rope", logit_softcap=0.5)
+    cfg.kernel.set(scale=0.4)
+    if flash:
+        cfg = make_modifier("flash_attention")(cfg)
+        assert cfg.kernel.klass is FlashAttention and cfg.kernel.scale == 0.4
+    m, params = build(cfg)
+    x = 2.0 * normal(1, (B, S, D))
+    positions = arange_positions() + 3
+    full = run(m, params, {"x": x, "positions": positions})
+    want = ref_gqa_attention(x, params, 2, positions=positions, rope=True, softcap=0.5, scale=0.4)
+    assert_close(full, want, F32_LOOSE)
+    uncapped = ref_gqa_attention(x, params, 2, positions=positions, rope=True, scale=0.4)
+    assert not np.allclose(want, uncapped, rtol=1e-3, atol=1e-3)
+    decoded = decode_in_chunks(m, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
+    paged = make_modifier("paged_kv_cache:page_size=4")(cfg)
+    m_paged, _ = build(paged)
+    decoded = decode_in_chunks(m_paged, params, x, positions, [3] + [1] * (S - 3), max_len=S + 2)
+    assert_close(decoded, full, F32_LOOSE)
 
 
 def test_gqa_rejects_a_kv_head_count_that_does_not_divide():
@@ -785,11 +937,12 @@ class TestRopeGqaAttentionConformance(LayerConformance):
     "given, field, default",
     [
         ("rope:theta=500000", lambda a: a.position.theta, 10000.0),
+        ("rope:linear_scaling_factor=8", lambda a: a.position.linear_scaling_factor, None),
         ("gqa:num_kv_heads=2", lambda a: a.qkv.num_kv_heads, 1),
         ("sliding_window:size=8", lambda a: a.sliding_window, 4096),
         ("alibi:max_bias=4", lambda a: a.linear_bias_slopes[0], 2.0**-1),  # 8 heads, bias 8
     ],
-    ids=["rope", "gqa", "sliding_window", "alibi"],
+    ids=["rope", "rope_linear", "gqa", "sliding_window", "alibi"],
 )
 def test_reapplying_a_modifier_resets_the_options_it_owns(given, field, default):
     # The documented rule: applied again, a modifier sets every option it owns, given or

@@ -27,6 +27,11 @@ class MoELayerGroup(BaseLayer):
         layer: BaseLayer.Config = TransformerLayer.default_config()
         moe_layer: BaseLayer.Config = TransformerLayer.default_config()
 
+    @classmethod
+    def hf_depth(cls, cfg: Config) -> int:
+        """The Hugging Face layers one group is (a stack's num_hidden_layers counts them)."""
+        return cfg.every
+
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if cfg.every < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, FeedForward, ParameterSpec, get_activation
+from axplug.layers import BaseLayer, FeedForward, Linear, ParameterSpec, get_activation
 from axplug_moe.dispatch import AutoDispatch, Experts
 from axplug_moe.router import TopKRouter
 
@@ -15,7 +15,8 @@ __all__ = ["MoEFeedForward"]
 class MoEFeedForward(BaseLayer):
     """`num_experts` gated FFNs (SwiGLU by default); each token runs the `router.top_k`
     experts it picks, weighted by its gates, plus `num_shared_experts` experts every token
-    runs.
+    runs; with `shared_expert_gate` their output is scaled per token by
+    sigmoid(x @ w), w a [dim, 1] Linear without bias (Qwen2-MoE's `shared_expert_gate`).
 
     Fields shared with `FeedForward` (input_dim, hidden_dim, activation, gated) mean the
     same, per expert, so `replace_config` carries them over from the dense layer. Tokens
@@ -32,6 +33,9 @@ class MoEFeedForward(BaseLayer):
         num_experts: int = 8
         num_shared_experts: int = 0
         shared_hidden_dim: int | None = None  # per shared expert; None: hidden_dim
+        # Scale the shared experts' output by sigmoid(x @ w) per token (child
+        # `shared_expert_gate`, a Linear dim -> 1 without bias); needs num_shared_experts.
+        shared_expert_gate: bool = False
         init_scale: float = 1.0
         # Routing: top_k, renormalize, capacity_factor and the aux-loss coefficients.
         router: BaseLayer.Config = TopKRouter.default_config()
@@ -52,35 +56,54 @@ class MoEFeedForward(BaseLayer):
             fields.problem(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
         cfg.activation = HF_ACTIVATIONS.get(act, cfg.activation)
         cfg.gated = True
-        # Shared experts of moe_intermediate_size each, as one FFN (DeepSeek; a family without
-        # them fixes the field to 0 in its `implied`).
-        shared = fields.get("n_shared_experts", 0)
-        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
-            fields.problem(f"n_shared_experts={shared!r} (expected an integer >= 0)")
-            shared = 0
-        cfg.num_shared_experts = shared
-        cfg.shared_hidden_dim = None
-        cfg.shared_expert = None
+        # Shared experts, as one FFN: one of `shared_expert_intermediate_size` (Qwen2-MoE),
+        # gated by a sigmoid where the family's code gates it (`shared_expert_gate`, an
+        # implied field); or `n_shared_experts` of moe_intermediate_size each, ungated
+        # (DeepSeek-V3). A family implies the one it does not have to be None.
+        width = fields.get("shared_expert_intermediate_size", None)
+        count = fields.get("n_shared_experts", None)
+        cfg.num_shared_experts, cfg.shared_hidden_dim = 0, None
+        cfg.shared_expert_gate = False
+        if width is not None and count is not None:
+            fields.problem(
+                "both shared_expert_intermediate_size and n_shared_experts are set (a family "
+                "has one)"
+            )
+        elif width is not None:
+            cfg.num_shared_experts = 1
+            cfg.shared_hidden_dim = fields.positive_int("shared_expert_intermediate_size")
+            cfg.shared_expert_gate = bool(fields.get("shared_expert_gate", False))
+        elif count is not None:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                fields.problem(f"n_shared_experts={count!r} (expected an integer >= 0)")
+                count = 0
+            cfg.num_shared_experts = count
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
         if not cfg.gated:
             raise ValueError("experts that are not gated")
-        from axplug.layers import HF_ACTIVATIONS
+        from axplug.layers import hf_activation
 
-        names = [hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation]
-        if not names:
-            raise ValueError(f"activation {cfg.activation!r} has no Hugging Face name")
-        if cfg.num_shared_experts and cfg.shared_hidden_dim not in (None, cfg.hidden_dim):
-            raise ValueError(
-                f"shared experts of width {cfg.shared_hidden_dim}, not moe_intermediate_size"
-            )
-        return {
+        out = {
             "num_local_experts": cfg.num_experts,
             "moe_intermediate_size": cfg.hidden_dim,
-            "hidden_act": names[0],
-            "n_shared_experts": cfg.num_shared_experts,
+            "hidden_act": hf_activation(cfg.activation),
+            "shared_expert_intermediate_size": None,
+            "n_shared_experts": None,
         }
+        if cfg.num_shared_experts:
+            if cfg.shared_expert is not None and cfg.shared_expert.klass is not FeedForward:
+                raise ValueError(
+                    f"a shared expert of class {cfg.shared_expert.klass.__name__} (Hugging Face "
+                    "shared experts are gated MLPs: a FeedForward)"
+                )
+            width = cfg.num_shared_experts * (cfg.shared_hidden_dim or cfg.hidden_dim)
+            out["shared_expert_intermediate_size"] = width
+            out["shared_expert_gate"] = bool(cfg.shared_expert_gate)
+            if cfg.shared_hidden_dim in (None, cfg.hidden_dim) and not cfg.shared_expert_gate:
+                out["n_shared_experts"] = cfg.num_shared_experts  # DeepSeek's form
+        return out
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
@@ -106,6 +129,17 @@ class MoEFeedForward(BaseLayer):
                     hidden_dim=hidden,
                     activation=cfg.activation,
                     gated=cfg.gated,
+                ),
+            )
+        if cfg.shared_expert_gate:
+            if not cfg.num_shared_experts:
+                raise cfg.field_error(
+                    "shared_expert_gate", "gates the shared experts: set num_shared_experts >= 1"
+                )
+            self._add_child(
+                "shared_expert_gate",
+                Linear.default_config().set(
+                    input_dim=cfg.input_dim, output_dim=1, mesh_axes=("embed", None)
                 ),
             )
 
@@ -143,5 +177,8 @@ class MoEFeedForward(BaseLayer):
         routing = self.router(x)
         y = self.dispatch(x, routing, experts)
         if self._config.num_shared_experts:
-            y = y + self.shared_expert(x)
+            shared = self.shared_expert(x)
+            if self._config.shared_expert_gate:
+                shared = jax.nn.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
         return y.astype(self.compute_dtype).reshape(shape)

@@ -71,6 +71,8 @@ class MoEModifier(ConfigModifier):
         load_balance_coefficient: float = 0.01
         z_loss_coefficient: float = 1e-3
         num_shared_experts: int = 0
+        shared_hidden_dim: int | None = None  # per shared expert; None: hidden_dim
+        shared_expert_gate: bool = False  # sigmoid(x @ w) on the shared experts' output
         hidden_dim: int | None = None  # per expert; None: the dense layer's
         dispatch: str = "auto"
 
@@ -80,6 +82,8 @@ class MoEModifier(ConfigModifier):
         layer = dict(
             num_experts=c.num_experts,
             num_shared_experts=c.num_shared_experts,
+            shared_hidden_dim=c.shared_hidden_dim,
+            shared_expert_gate=c.shared_expert_gate,
             dispatch=DISPATCHERS[c.dispatch].default_config(),
         )
         if c.hidden_dim is not None:
@@ -106,6 +110,11 @@ class MoEModifier(ConfigModifier):
         if c.capacity_factor is not None and c.capacity_factor <= 0:
             raise ConfigError(
                 f"modifier 'moe': capacity_factor={c.capacity_factor} must be > 0 (None: drop-free)"
+            )
+        if c.shared_expert_gate and c.num_shared_experts < 1:
+            raise ConfigError(
+                "modifier 'moe': shared_expert_gate=True gates the shared experts; set "
+                "num_shared_experts >= 1"
             )
         if c.dispatch not in DISPATCHERS:
             raise ConfigError(

@@ -90,6 +90,8 @@ EXPECTED = {
     ("presets", "moe-tiny"),
     ("presets", "mixtral-tiny"),
     ("architectures", "MixtralForCausalLM"),
+    ("architectures", "Qwen2MoeForCausalLM"),
+    ("architectures", "Qwen3MoeForCausalLM"),
     ("architectures", "DeepseekV3ForCausalLM"),
 }
 
@@ -233,6 +235,8 @@ CASES = {
     "top2_capacity": (2, 1.0, True, True, "silu"),
     "top2_drop_free": (2, None, True, True, "silu"),
     "top1_raw_ungated": (1, 1.5, False, False, "relu"),
+    # Qwen2-MoE's routing: the top-2 softmax probabilities as they are (norm_topk_prob=False).
+    "top2_raw_drop_free": (2, None, False, True, "silu"),
 }
 
 
@@ -371,6 +375,134 @@ def test_shared_expert_adds_a_dense_ffn_on_every_token():
     xs = x.astype(np.float64)
     dense = (ref_act("silu")(xs @ sw["wi_gate"]) * (xs @ sw["wi_up"])) @ sw["wo"]
     assert_close(y, want + dense)
+
+
+def test_shared_expert_gate_scales_the_shared_expert_by_a_sigmoid_per_token():
+    # Qwen2-MoE: y = moe(x) + sigmoid(x @ w_gate) * shared(x), w_gate [dim, 1] without bias.
+    x, w = skewed_case()
+    cfg = moe_cfg(
+        "gather", capacity_factor=None, num_shared_experts=1, shared_hidden_dim=F // 2,
+        shared_expert_gate=True,
+    )  # fmt: skip
+    cfg.router.renormalize = False
+    model = cfg.instantiate(parent=None)
+    specs = model.create_parameter_specs_recursively()
+    assert specs["shared_expert_gate"]["weight"].shape == (D, 1)
+    assert "bias" not in specs["shared_expert_gate"]
+    assert specs["shared_expert"]["wi_up"]["weight"].shape == (D, F // 2)
+    shared = {
+        "wi_gate": {"weight": normal(10, (D, F // 2), D**-0.5)},
+        "wi_up": {"weight": normal(11, (D, F // 2), D**-0.5)},
+        "wo": {"weight": normal(12, (F // 2, D), F**-0.5)},
+    }
+    gate = normal(14, (D, 1), 0.5)
+    params = {
+        **layer_params(w),
+        "shared_expert": jax.tree.map(jnp.asarray, shared),
+        "shared_expert_gate": {"weight": jnp.asarray(gate)},
+    }
+    y, _ = _jitted(model)(params, jnp.asarray(x))
+    want, _ = ref_moe(x, w, top_k=2, capacity_factor=None, renormalize=False)
+    sw = {k: np.asarray(v["weight"], np.float64) for k, v in shared.items()}
+    xs = x.astype(np.float64)
+    dense = (ref_act("silu")(xs @ sw["wi_gate"]) * (xs @ sw["wi_up"])) @ sw["wo"]
+    sigmoid = 1.0 / (1.0 + np.exp(-(xs @ gate.astype(np.float64))))  # [g, s, 1]
+    assert_close(y, want + sigmoid * dense)
+    assert float(np.abs(sigmoid - 0.5).max()) > 0.1  # the gate really varies per token
+
+
+def test_default_layer_has_no_shared_expert_gate_and_computes_as_before():
+    x, w = skewed_case()
+    plain = moe_cfg("gather", num_shared_experts=1)
+    assert plain.shared_expert_gate is False
+    specs = plain.instantiate(parent=None).create_parameter_specs_recursively()
+    assert "shared_expert_gate" not in specs
+    shared = dense_ffn_params()
+    y, _ = run(plain, {**layer_params(w), "shared_expert": shared}, x)
+    want, _ = ref_moe(x, w, top_k=2, capacity_factor=1.0)
+    sw = {k: np.asarray(v["weight"], np.float64) for k, v in shared.items()}
+    xs = x.astype(np.float64)
+    assert_close(y, want + (ref_act("silu")(xs @ sw["wi_gate"]) * (xs @ sw["wi_up"])) @ sw["wo"])
+    with pytest.raises(ConfigError, match=r"shared_expert_gate.*set num_shared_experts >= 1"):
+        moe_cfg(shared_expert_gate=True).instantiate(parent=None)
+    with pytest.raises(ConfigError, match="shared_expert_gate=True gates the shared experts"):
+        small_lm("moe:shared_expert_gate=True")
+
+
+def _decode_logits(model, params, ids, prompt):
+    """Logits of every position: a prefill of `prompt` tokens, then one token per call."""
+
+    def step(p, i, pos, c):
+        inputs = {"input_ids": i, "positions": pos, "cache_state": c}
+        out, _ = functional(
+            model, prng_key=None, state=p, inputs=inputs, is_training=False, method="extend_step"
+        )
+        return out
+
+    step = jax.jit(step)
+    batch, total = ids.shape
+    cache = model.init_cache_state(batch, total)
+    positions = np.broadcast_to(np.arange(total, dtype=np.int32), ids.shape)
+    logits, cache = step(params, ids[:, :prompt], positions[:, :prompt], cache)
+    out = [np.asarray(logits)]
+    for t in range(prompt, total):
+        logits, cache = step(params, ids[:, t : t + 1], positions[:, t : t + 1], cache)
+        out.append(np.asarray(logits))
+    return np.concatenate(out, axis=1)
+
+
+QWEN_MOE = "moe:num_experts=4,top_k=2,capacity_factor=None,renormalize=False"
+
+
+@pytest.mark.parametrize(
+    "modifiers",
+    [
+        # Qwen2-MoE: a gated shared expert, raw top-k probabilities, every layer MoE.
+        (f"{QWEN_MOE},num_shared_experts=1,shared_hidden_dim=24,shared_expert_gate=True",),
+        # decoder_sparse_step=2 (dense, then MoE), scanned, with per-head q/k RMSNorm.
+        (f"{QWEN_MOE},every=2,num_shared_experts=1,shared_expert_gate=True", "scan_layers"),
+    ],
+    ids=["gated_shared_raw_top_k", "every2_qk_norm_scanned"],
+)
+def test_decoding_with_the_cache_gives_the_forward_logits(modifiers):
+    from axplug.layers import RMSNorm
+
+    cfg = small_lm(layers=4 if "every=2" in modifiers[0] else 2)
+    if "scan_layers" in modifiers:
+        cfg.model.decoder.transformer.layer.attention.qk_norm = RMSNorm.default_config()
+    for spec in modifiers:
+        cfg = make_modifier(spec)(cfg)
+    model = cfg.model.instantiate()
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(7)  # norm scales and gates away from their init
+    params = jax.tree.map(lambda a: a + 0.3 * rng.standard_normal(a.shape).astype(a.dtype), params)
+    ids = np.random.default_rng(1).integers(0, 64, (2, 8)).astype(np.int32)
+    full, _ = jax.jit(
+        lambda p, i: functional(
+            model, prng_key=None, state=p, inputs=(i,), is_training=False, method="predict"
+        )
+    )(params, jnp.asarray(ids))
+    decoded = _decode_logits(model, params, ids, prompt=4)
+    np.testing.assert_allclose(decoded, np.asarray(full), **F32_LOOSE)
+
+
+def test_a_stack_of_groups_reads_and_writes_hugging_face_depth():
+    from axplug.api import HFFields
+
+    for scan in (False, True):
+        stack = small_lm("moe:num_experts=4,every=2", scan=scan).model.decoder.transformer
+        fields = HFFields({"num_hidden_layers": 6})
+        stack.klass.hf_read(stack, fields)
+        assert (stack.num_layers, fields.problems) == (3, [])
+        assert stack.klass.hf_write(stack) == {"num_hidden_layers": 6}
+        fields = HFFields({"num_hidden_layers": 5})
+        stack.klass.hf_read(stack, fields)
+        assert fields.problems == [
+            "num_hidden_layers=5 is not a multiple of the 2 layers of each MoELayerGroup of "
+            "the stack"
+        ]
+    plain = small_lm().model.decoder.transformer
+    assert plain.klass.hf_write(plain) == {"num_hidden_layers": 4}
 
 
 def test_capacity_is_per_sequence_and_bounded():

@@ -47,6 +47,8 @@ def _common(query, key, value, mask, backend: str, dtypes) -> Unsupported | None
         return Unsupported(f"dtype {query.dtype} (needs {names})")
     if query.shape[1] != key.shape[1]:
         return Unsupported("q_len != kv_len (decoding): index-based masks would be wrong")
+    if getattr(mask, "logit_softcap", None) is not None:
+        return Unsupported("logit soft-capping (not passed to the GPU kernels)")
     return check_sequence_sharding(query)
 
 

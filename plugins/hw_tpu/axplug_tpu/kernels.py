@@ -72,6 +72,8 @@ class SplashAttentionKernel(AttentionKernel):
             return Unsupported("a non-causal sliding window")
         if mask.linear_bias_slopes is not None:
             return Unsupported("a score bias (splash masks scores, it adds none)")
+        if getattr(mask, "logit_softcap", None) is not None:
+            return Unsupported("logit soft-capping (not passed to splash)")
         problem = check_sequence_sharding(query)
         return True if problem is None else problem
 

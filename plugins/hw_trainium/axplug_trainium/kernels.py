@@ -99,6 +99,8 @@ class NkiFlashKernel(AttentionKernel):
             return Unsupported("segment ids (packed sequences)")
         if mask.linear_bias_slopes is not None:
             return Unsupported("a score bias (the NKI flash kernel takes none)")
+        if getattr(mask, "logit_softcap", None) is not None:
+            return Unsupported("logit soft-capping (not passed to the NKI flash kernel)")
         problem = check_sequence_sharding(query)
         return True if problem is None else problem
 
