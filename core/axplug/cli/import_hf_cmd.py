@@ -17,8 +17,9 @@ examples:
 
 DIR holds config.json and model.safetensors (or shards listed by model.safetensors.index.json).
 Its architecture must be installed: `axplug list --kind architectures` shows them (the core
-has LlamaForCausalLM; axplug-moe adds Mixtral, axplug-models the other families). Every
-config.json field must be read by a layer of the model, or the import is refused naming it.
+has LlamaForCausalLM; axplug-moe adds Mixtral and DeepSeek-V3, axplug-models the other
+families). Every config.json field must be read by a layer of the model, or the import is
+refused naming it.
 OUTPUT gets config.txt and checkpoints/step_00000000 in the trainer's layout (fresh optimizer
 state), so `axplug train` on it fine-tunes and anything that loads a trained run loads it.
 """

@@ -27,7 +27,11 @@ KIND = "architectures"
 # installed does (the core imports none of them).
 KNOWN_PROVIDERS = {
     **dict.fromkeys(
-        ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"), "axplug-moe"
+        (
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+            "DeepseekV3ForCausalLM",
+        ),
+        "axplug-moe",
     ),
     **dict.fromkeys(
         (

@@ -22,10 +22,10 @@ def reference_attention(
 ) -> jax.Array:
     """softmax(softcap(q k^T * scale) + bias, masked by `allowed`) v, logits in float32.
 
-    query [b, sq, h, d]; key, value [b, skv, kvh, d] with h % kvh == 0; allowed boolean
-    [b, 1, sq, skv] (`AttentionMask.dense()`); bias None or float32 [b, h, sq, skv]
-    (`AttentionMask.bias()`); logit_softcap None or the cap of `soft_cap`
-    (`AttentionMask.logit_softcap`). Returns [b, sq, h, d] in value's dtype.
+    query [b, sq, h, d]; key [b, skv, kvh, d], value [b, skv, kvh, dv] with h % kvh == 0;
+    allowed boolean [b, 1, sq, skv] (`AttentionMask.dense()`); bias None or float32
+    [b, h, sq, skv] (`AttentionMask.bias()`); logit_softcap None or the cap of `soft_cap`
+    (`AttentionMask.logit_softcap`). Returns [b, sq, h, dv] in value's dtype.
     """
     b, sq, h, d = query.shape
     kvh = key.shape[2]
@@ -48,7 +48,7 @@ def reference_attention(
     logits = jnp.where(allowed[:, :, None], logits, NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
     out = jnp.einsum("bngqk,bknd->bqngd", probs, value)
-    return out.reshape(b, sq, h, d)
+    return out.reshape(b, sq, h, value.shape[-1])  # v may be narrower or wider than q, k
 
 
 class ReferenceKernel(AttentionKernel):

@@ -36,15 +36,18 @@ class HFCheck:
 
 
 def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -> Any:
-    """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d weight perturbed."""
+    """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d weight perturbed:
+    the parameters and the buffers the checkpoint stores (DeepSeek's router bias)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    saved = set(model.state_dict())
+    stored_buffers = [b for name, b in model.named_buffers() if name in saved]
     with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
+        for param in [*model.parameters(), *stored_buffers]:
+            if param.ndim == 1 and param.is_floating_point():
                 param.add_(torch.randn_like(param) * scale)
     return model
 

@@ -15,6 +15,8 @@ from axplug.layers import BaseLayer
 __all__ = [
     "RotaryPositionTransform",
     "rope_frequencies",
+    "yarn_frequencies",
+    "yarn_mscale",
     "rope_tables",
     "apply_rope",
     "read_rope",
@@ -58,6 +60,46 @@ def rope_frequencies(
     if linear_scaling_factor is not None:
         freqs = freqs / linear_scaling_factor
     return freqs.astype(np.float32)
+
+
+def yarn_frequencies(
+    rotary_dim: int,
+    *,
+    theta: float,
+    factor: float,
+    original_max_position: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> np.ndarray:
+    """YaRN's angular frequencies, [rotary_dim // 2] float32: pairs that turn fewer than
+    `beta_slow` times over `original_max_position` are interpolated (divided by `factor`),
+    those that turn more than `beta_fast` times are kept, with a linear ramp between (the
+    correction range of the YaRN paper, as transformers computes it)."""
+
+    def correction_dim(rotations: float) -> float:
+        return (rotary_dim * math.log(original_max_position / (rotations * 2 * math.pi))) / (
+            2 * math.log(theta)
+        )
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    # In float32 like transformers.
+    powers = np.float32(theta) ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim)
+    extrapolation = 1.0 / powers
+    interpolation = 1.0 / (np.float32(factor) * powers)
+    keep = 1 - ramp
+    return (interpolation * (1 - keep) + extrapolation * keep).astype(np.float32)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched by `factor` (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def apply_rope(
@@ -120,9 +162,9 @@ def read_rope(
     fields, layer_type: str | None = None, *, theta_field: str = "rope_theta"
 ) -> dict[str, Any]:
     """The RotaryPositionTransform fields a config.json sets, its problems recorded: `theta`,
-    `scaling_factor` (Llama 3, with its three band fields when set) and
-    `linear_scaling_factor`, from `rope_parameters` (transformers 5) or `rope_theta` +
-    `rope_scaling` (transformers 4).
+    `scaling_factor` (Llama 3, with its three band fields when set), `linear_scaling_factor`
+    and `yarn_factor` (with its `yarn_*` fields), from `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (transformers 4).
 
     `layer_type`: read that entry of a `rope_parameters` keyed by layer type, whose missing
     `rope_theta` falls back to the field `theta_field` (Gemma 3: `rope_local_base_freq` for
@@ -141,7 +183,11 @@ def read_rope(
     else:
         name, scaling = "rope_scaling", legacy
         theta = fallback
-    out: dict[str, Any] = {"scaling_factor": None, "linear_scaling_factor": None}
+    out: dict[str, Any] = {
+        "scaling_factor": None,
+        "linear_scaling_factor": None,
+        "yarn_factor": None,
+    }
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         fields.problem(f"{theta_field}={theta!r} (expected a positive number)")
         theta = 1.0
@@ -154,10 +200,12 @@ def read_rope(
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return out
+    if kind == "yarn":
+        return {**out, **_read_yarn(fields, name, scaling)}
     if kind not in ("llama3", "linear"):
         fields.problem(
-            f"{name}.rope_type={kind!r} (supported: 'default', 'linear' and 'llama3'; "
-            "dynamic, yarn and longrope scaling are not)"
+            f"{name}.rope_type={kind!r} (supported: 'default', 'linear', 'llama3' and 'yarn'; "
+            "dynamic and longrope scaling are not)"
         )
         return out
     if scaling.get("attention_factor", 1.0) not in (None, 1.0):
@@ -180,6 +228,35 @@ def read_rope(
     return out
 
 
+def _read_yarn(fields, name: str, scaling: dict) -> dict[str, Any]:
+    """The yarn_* fields of a YaRN scaling, as transformers reads it ({}: problems recorded)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    absent = [
+        k for k in ("factor", "original_max_position_embeddings") if not number(scaling.get(k))
+    ]
+    if absent:
+        fields.problem(
+            f"{name} of rope_type 'yarn' lacks {', '.join(absent)} (a factor derived from "
+            "max_position_embeddings is not supported)"
+        )
+        return {}
+    out: dict[str, Any] = {
+        "yarn_factor": float(scaling["factor"]),
+        "original_max_position": int(scaling["original_max_position_embeddings"]),
+        # transformers reads them with `or`: null and 0 are the defaults.
+        "yarn_beta_fast": float(scaling.get("beta_fast") or 32.0),
+        "yarn_beta_slow": float(scaling.get("beta_slow") or 1.0),
+        "yarn_truncate": bool(scaling.get("truncate", True)),
+    }
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        value = scaling.get(key)
+        if value is not None and not number(value):
+            fields.problem(f"{name}.{key}={value!r} (expected a number)")
+            value = None
+        out[f"yarn_{key}"] = None if value is None else float(value)
+    return out
+
+
 class RotaryPositionTransform(BaseLayer):
     """RoPE: rotates q and k by their own positions, so q.k depends on the relative offset."""
 
@@ -198,10 +275,20 @@ class RotaryPositionTransform(BaseLayer):
         # Linear position interpolation (Hugging Face's rope_type "linear"): every frequency
         # divided by the factor, as if positions were; None disables it.
         linear_scaling_factor: float | None = None
+        # YaRN (Hugging Face's rope_type "yarn"): frequencies by `yarn_frequencies` over
+        # original_max_position, the rotated dims scaled by `yarn_attention_factor` (None:
+        # derived from yarn_mscale / yarn_mscale_all_dim as transformers does); None disables.
+        yarn_factor: float | None = None
+        yarn_beta_fast: float = 32.0
+        yarn_beta_slow: float = 1.0
+        yarn_truncate: bool = True
+        yarn_attention_factor: float | None = None
+        yarn_mscale: float | None = None
+        yarn_mscale_all_dim: float | None = None
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """theta, Llama 3 or linear scaling and the rotated fraction, from `rope_parameters`
+        """theta, Llama 3, linear or YaRN scaling and the rotated fraction, from `rope_parameters`
         (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4).
 
         A `rope_parameters` keyed by layer type (Gemma 3) needs a parent that read it first: a
@@ -232,10 +319,27 @@ class RotaryPositionTransform(BaseLayer):
             raise ValueError("interleaved RoPE (Hugging Face rotates halves: interleaved=False)")
         params: dict = {"rope_type": "default", "rope_theta": cfg.theta}
         scaling = None
-        if cfg.scaling_factor is not None and cfg.linear_scaling_factor is not None:
+        scalings = [cfg.scaling_factor, cfg.linear_scaling_factor, cfg.yarn_factor]
+        if sum(f is not None for f in scalings) > 1:
             raise ValueError(
-                "RoPE has both Llama 3 and linear scaling (Hugging Face has one rope_type)"
+                "RoPE has more than one of Llama 3, linear and YaRN scaling (Hugging Face has "
+                "one rope_type)"
             )
+        if cfg.yarn_factor is not None:
+            scaling = {
+                "rope_type": "yarn",
+                "factor": cfg.yarn_factor,
+                "original_max_position_embeddings": cfg.original_max_position,
+                "beta_fast": cfg.yarn_beta_fast,
+                "beta_slow": cfg.yarn_beta_slow,
+                "mscale": cfg.yarn_mscale,
+                "mscale_all_dim": cfg.yarn_mscale_all_dim,
+            }
+            if cfg.yarn_attention_factor is not None:
+                scaling["attention_factor"] = cfg.yarn_attention_factor
+            if not cfg.yarn_truncate:
+                scaling["truncate"] = False
+            params = {**scaling, "rope_theta": cfg.theta}
         if cfg.linear_scaling_factor is not None:
             scaling = {"rope_type": "linear", "factor": cfg.linear_scaling_factor}
             params = {**scaling, "rope_theta": cfg.theta}
@@ -270,6 +374,8 @@ class RotaryPositionTransform(BaseLayer):
             raise cfg.field_error(
                 "linear_scaling_factor", f"{cfg.linear_scaling_factor} is not a positive factor"
             )
+        if cfg.yarn_factor is not None and cfg.yarn_factor <= 0:
+            raise cfg.field_error("yarn_factor", f"{cfg.yarn_factor} is not a positive factor")
         if cfg.head_dim is not None:
             self.rotary_dim(cfg.head_dim)  # fail at build time, not at the first call
 
@@ -285,6 +391,16 @@ class RotaryPositionTransform(BaseLayer):
 
     def frequencies(self, head_dim: int) -> np.ndarray:
         cfg = self._config
+        if cfg.yarn_factor is not None:
+            return yarn_frequencies(
+                self.rotary_dim(head_dim),
+                theta=cfg.theta,
+                factor=cfg.yarn_factor,
+                original_max_position=cfg.original_max_position,
+                beta_fast=cfg.yarn_beta_fast,
+                beta_slow=cfg.yarn_beta_slow,
+                truncate=cfg.yarn_truncate,
+            )
         return rope_frequencies(
             self.rotary_dim(head_dim),
             theta=cfg.theta,
@@ -295,13 +411,32 @@ class RotaryPositionTransform(BaseLayer):
             linear_scaling_factor=cfg.linear_scaling_factor,
         )
 
+    def attention_factor(self) -> float:
+        """The scale of the rotated dims: YaRN's (1 without it)."""
+        cfg = self._config
+        if cfg.yarn_factor is None:
+            return 1.0
+        if cfg.yarn_attention_factor is not None:
+            return cfg.yarn_attention_factor
+        if cfg.yarn_mscale and cfg.yarn_mscale_all_dim:
+            return yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale) / yarn_mscale(
+                cfg.yarn_factor, cfg.yarn_mscale_all_dim
+            )
+        return yarn_mscale(cfg.yarn_factor)
+
     def forward(self, q, k, *, q_positions, kv_positions):
         # q: [b, sq, h, d], k: [b, skv, kvh, d]; positions are data (packing, decode offsets).
         freqs = self.frequencies(q.shape[-1])
         interleaved = self._config.interleaved
-        q_tables = rope_tables(q_positions, freqs)
+        factor = self.attention_factor()
+
+        def tables(positions):
+            cos, sin = rope_tables(positions, freqs)
+            return (cos, sin) if factor == 1.0 else (cos * factor, sin * factor)
+
+        q_tables = tables(q_positions)
         # Self-attention without a cache passes one positions array for both: one table.
-        kv_tables = q_tables if kv_positions is q_positions else None
+        kv_tables = q_tables if kv_positions is q_positions else tables(kv_positions)
         return (
             apply_rope(q, q_positions, freqs, interleaved=interleaved, tables=q_tables),
             apply_rope(k, kv_positions, freqs, interleaved=interleaved, tables=kv_tables),

@@ -34,8 +34,9 @@ from axplug_attention import (  # noqa: E402
     rope_frequencies,
 )
 
+from axplug.api import HFFields  # noqa: E402
 from axplug.cli import main  # noqa: E402
-from axplug.config import ConfigError  # noqa: E402
+from axplug.config import ConfigError, to_dict  # noqa: E402
 from axplug.context import functional  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
@@ -105,6 +106,7 @@ def build(cfg, seed: int = 0):
 EXPECTED = {
     ("layers", "rope"),
     ("layers", "gqa_qkv_linear"),
+    ("layers", "mla"),
     ("modifiers", "rope"),
     ("modifiers", "gqa"),
     ("modifiers", "sliding_window"),
@@ -266,6 +268,40 @@ def test_rope_llama3_scaling_in_the_layer():
     assert_close(q2, ref_rotary(q, pos, freqs=freqs), dict(rtol=1e-5, atol=1e-4))
 
 
+YARN_CASES = {
+    # DeepSeek-V3's: mscale = mscale_all_dim, so the rotated dims keep their scale.
+    "deepseek": dict(factor=40.0, original_max_position_embeddings=4096, beta_fast=32,
+                     beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+    "no-mscale-untruncated": dict(factor=4.0, original_max_position_embeddings=32,
+                                  beta_fast=16, beta_slow=2, truncate=False),
+    "mscales-differ": dict(factor=4.0, original_max_position_embeddings=32, mscale=0.707,
+                           mscale_all_dim=1.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(YARN_CASES))
+def test_rope_yarn_matches_transformers(case):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, **YARN_CASES[case]}
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=128, rope_parameters=params
+    )
+    want_freqs, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    cfg = RotaryPositionTransform.default_config()
+    fields = HFFields({"rope_parameters": params})
+    RotaryPositionTransform.hf_read(cfg, fields)
+    assert not fields.problems
+    layer, _ = build(cfg.set(head_dim=32))
+    assert_close(layer.frequencies(32), want_freqs.numpy(), dict(rtol=1e-6, atol=0))
+    assert layer.attention_factor() == pytest.approx(want_factor, rel=1e-12)
+    written = RotaryPositionTransform.hf_write(cfg)["rope_parameters"]
+    again = RotaryPositionTransform.default_config()
+    RotaryPositionTransform.hf_read(again, HFFields({"rope_parameters": written}))
+    assert to_dict(again) == to_dict(cfg.set(head_dim=None))
+
+
 def test_rope_linear_scaling_divides_the_frequencies_as_positions():
     assert_close(
         rope_frequencies(16, theta=500.0, linear_scaling_factor=4.0),
@@ -301,7 +337,7 @@ def test_rope_reads_and_writes_linear_scaling(raw):
     written = RotaryPositionTransform.hf_write(cfg)
     assert written["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
     assert written["rope_parameters"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
-    with pytest.raises(ValueError, match="both Llama 3 and linear"):
+    with pytest.raises(ValueError, match="more than one of Llama 3, linear and YaRN"):
         RotaryPositionTransform.hf_write(cfg.clone(scaling_factor=8.0))
 
 
@@ -917,3 +953,24 @@ def test_reapplying_a_modifier_resets_the_options_it_owns(given, field, default)
     assert field(attention) != default
     again = make_modifier(name)(cfg).model.decoder.transformer.layer.attention
     assert field(again) == default
+
+
+class TestMultiHeadLatentAttentionConformance(LayerConformance):
+    """The kit on MLA (q compressed), swapped for llama-tiny's whole attention layer."""
+
+    @pytest.fixture
+    def layer_config(self):
+        from axplug_attention.mla import MultiHeadLatentAttention
+
+        return MultiHeadLatentAttention.default_config().set(
+            input_dim=D, num_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=12,
+        )  # fmt: skip
+
+    @pytest.fixture
+    def inputs(self):
+        return {"x": normal(0, (4, S, D)), "positions": arange_positions(4)}
+
+    @pytest.fixture
+    def swap_target(self):
+        return Attention

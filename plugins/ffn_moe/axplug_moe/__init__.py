@@ -14,16 +14,24 @@ from axplug_moe.dispatch import (
     RaggedDispatch,
     SortedDispatch,
 )
-from axplug_moe.group import MoELayerGroup
+from axplug_moe.group import DenseFirstStack, MoELayerGroup
 from axplug_moe.layer import MoEFeedForward
 from axplug_moe.modifiers import MoEModifier
-from axplug_moe.router import Routing, TopKRouter, expert_capacity
+from axplug_moe.router import (
+    DeepSeekRouter,
+    Routing,
+    TopKRouter,
+    expert_capacity,
+    group_limited_top_k,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DISPATCHERS",
     "AutoDispatch",
+    "DeepSeekRouter",
+    "DenseFirstStack",
     "Dispatch",
     "EinsumDispatch",
     "Experts",
@@ -36,4 +44,5 @@ __all__ = [
     "SortedDispatch",
     "TopKRouter",
     "expert_capacity",
+    "group_limited_top_k",
 ]

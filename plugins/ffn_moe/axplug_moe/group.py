@@ -1,5 +1,6 @@
 """A block of `every` transformer layers whose last one is MoE: the repeated unit of a stack
-that has a mixture-of-experts feed-forward in every Nth layer."""
+that has a mixture-of-experts feed-forward in every Nth layer; and a stack whose first
+layers are dense."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, TransformerLayer
+from axplug.layers import BaseLayer, StackedTransformer, TransformerLayer
 
-__all__ = ["MoELayerGroup"]
+__all__ = ["MoELayerGroup", "DenseFirstStack"]
 
 
 class MoELayerGroup(BaseLayer):
@@ -60,3 +61,38 @@ class MoELayerGroup(BaseLayer):
                 x, positions=positions, cache_state=cache_state[name]
             )
         return x, new_cache
+
+
+class DenseFirstStack(StackedTransformer):
+    """An unrolled stack whose first `num_dense_layers` layers are built from `dense_layer`
+    and the rest from `layer`: DeepSeek's dense layers before the MoE ones
+    (`first_k_dense_replace`). Children layer0..layerN-1 as in `StackedTransformer`."""
+
+    @config_class
+    class Config(StackedTransformer.Config):
+        num_dense_layers: int = 0
+        dense_layer: BaseLayer.Config = TransformerLayer.default_config()
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        super().hf_read(cfg, fields)
+        dense = fields.get("first_k_dense_replace", 0)
+        if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+            fields.problem(f"first_k_dense_replace={dense!r} (expected an integer >= 0)")
+            dense = 0
+        cfg.num_dense_layers = min(dense, cfg.num_layers)  # transformers: more is all dense
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        return {**super().hf_write(cfg), "first_k_dense_replace": cfg.num_dense_layers}
+
+    def __init__(self, cfg: Config, *, parent=None):
+        BaseLayer.__init__(self, cfg, parent=parent)  # children of its own, not the parent's
+        if not 0 <= cfg.num_dense_layers <= cfg.num_layers:
+            raise ConfigError(
+                f"{self.path}.num_dense_layers: {cfg.num_dense_layers} must be between 0 and "
+                f"num_layers ({cfg.num_layers})"
+            )
+        for i in range(cfg.num_layers):
+            sub = cfg.dense_layer if i < cfg.num_dense_layers else cfg.layer
+            self._add_child(f"layer{i}", sub.clone(input_dim=cfg.input_dim))

@@ -45,8 +45,8 @@ class MoEFeedForward(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        """Experts and their width (`moe_intermediate_size`; Mixtral aliases it to
-        intermediate_size) from a Hugging Face config.json."""
+        """Experts, their width (`moe_intermediate_size`; Mixtral aliases it to
+        intermediate_size) and the shared experts from a Hugging Face config.json."""
         from axplug.layers import HF_ACTIVATIONS
 
         cfg.num_experts = fields.positive_int("num_local_experts")
@@ -56,15 +56,28 @@ class MoEFeedForward(BaseLayer):
             fields.problem(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
         cfg.activation = HF_ACTIVATIONS.get(act, cfg.activation)
         cfg.gated = True
-        # One shared expert of that width where config.json has one (Qwen2-MoE), gated by a
-        # sigmoid where the family's code gates it (`shared_expert_gate`, an implied field).
-        if fields.get("shared_expert_intermediate_size", None) is None:
-            cfg.num_shared_experts, cfg.shared_hidden_dim = 0, None
-            cfg.shared_expert_gate = False
-        else:
+        # Shared experts, as one FFN: one of `shared_expert_intermediate_size` (Qwen2-MoE),
+        # gated by a sigmoid where the family's code gates it (`shared_expert_gate`, an
+        # implied field); or `n_shared_experts` of moe_intermediate_size each, ungated
+        # (DeepSeek-V3). A family implies the one it does not have to be None.
+        width = fields.get("shared_expert_intermediate_size", None)
+        count = fields.get("n_shared_experts", None)
+        cfg.num_shared_experts, cfg.shared_hidden_dim = 0, None
+        cfg.shared_expert_gate = False
+        if width is not None and count is not None:
+            fields.problem(
+                "both shared_expert_intermediate_size and n_shared_experts are set (a family "
+                "has one)"
+            )
+        elif width is not None:
             cfg.num_shared_experts = 1
             cfg.shared_hidden_dim = fields.positive_int("shared_expert_intermediate_size")
             cfg.shared_expert_gate = bool(fields.get("shared_expert_gate", False))
+        elif count is not None:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                fields.problem(f"n_shared_experts={count!r} (expected an integer >= 0)")
+                count = 0
+            cfg.num_shared_experts = count
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -77,6 +90,7 @@ class MoEFeedForward(BaseLayer):
             "moe_intermediate_size": cfg.hidden_dim,
             "hidden_act": hf_activation(cfg.activation),
             "shared_expert_intermediate_size": None,
+            "n_shared_experts": None,
         }
         if cfg.num_shared_experts:
             if cfg.shared_expert is not None and cfg.shared_expert.klass is not FeedForward:
@@ -87,6 +101,8 @@ class MoEFeedForward(BaseLayer):
             width = cfg.num_shared_experts * (cfg.shared_hidden_dim or cfg.hidden_dim)
             out["shared_expert_intermediate_size"] = width
             out["shared_expert_gate"] = bool(cfg.shared_expert_gate)
+            if cfg.shared_hidden_dim in (None, cfg.hidden_dim) and not cfg.shared_expert_gate:
+                out["n_shared_experts"] = cfg.num_shared_experts  # DeepSeek's form
         return out
 
     def __init__(self, cfg: Config, *, parent=None):

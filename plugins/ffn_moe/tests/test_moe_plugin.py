@@ -78,7 +78,9 @@ def assert_close(actual, desired, tol=F32):
 EXPECTED = {
     ("layers", "moe_feed_forward"),
     ("layers", "top_k_router"),
+    ("layers", "deepseek_router"),
     ("layers", "moe_layer_group"),
+    ("layers", "moe_dense_first_stack"),
     ("layers", "moe_auto_dispatch"),
     ("layers", "moe_einsum_dispatch"),
     ("layers", "moe_gather_dispatch"),
@@ -90,6 +92,7 @@ EXPECTED = {
     ("architectures", "MixtralForCausalLM"),
     ("architectures", "Qwen2MoeForCausalLM"),
     ("architectures", "Qwen3MoeForCausalLM"),
+    ("architectures", "DeepseekV3ForCausalLM"),
 }
 
 

@@ -39,6 +39,15 @@ FAMILIES = {
             "original_max_position_embeddings": 16,
         },
     ),  # fmt: skip
+    "llama-yarn": lambda: config(
+        "Llama",
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
     "llama-linear-rope": lambda: config(
         "Llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
     ),
@@ -106,6 +115,7 @@ VARIANTS = (
     "gemma-untied-exact-gelu",
     "phi3-partial-rope",
     "llama-linear-rope",
+    "llama-yarn",
 )
 
 

@@ -1,0 +1,561 @@
+"""DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention (axplug-attention's
+`mla`), the DeepSeek router and the dense-first stack of axplug-moe.
+
+References are written here, in float64 numpy, from transformers' modeling_deepseek_v3 (not
+from the plugins' helpers): MLA with both RoPE layouts and both q paths, and the sigmoid
+group-limited routing. Whole models are checked against transformers itself
+(`check_against_transformers`: logits within 1e-5, 16 greedy tokens, the export reloaded).
+The tiny models use initializer_range 0.1 so that routing depends on the token: at the
+default 0.02 the (perturbed) correction bias alone decides, and a router that ignored the
+groups would pass.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axplug import registry
+
+axplug_moe = pytest.importorskip("axplug_moe")
+pytest.importorskip("axplug_attention")
+if not any(c.distribution == "axplug-moe" and c.loadable for c in registry.discover()):
+    pytest.skip("axplug-moe is disabled", allow_module_level=True)
+
+from axplug_attention.mla import MultiHeadLatentAttention  # noqa: E402
+from axplug_moe import DeepSeekRouter, DenseFirstStack, MoEFeedForward  # noqa: E402
+
+from axplug.api import EMPTY_POSITION, ParameterSpec  # noqa: E402
+from axplug.config import ConfigError  # noqa: E402
+from axplug.context import functional  # noqa: E402
+from axplug.interop import HFImportError, hf_trainer_config, parse_hf_config  # noqa: E402
+from axplug.layers import FeedForward, PagedKVCache  # noqa: E402
+
+F32 = dict(rtol=1e-5, atol=1e-5)
+
+
+def normal(i: int, shape, scale: float = 1.0) -> np.ndarray:
+    return (scale * np.random.default_rng(i).standard_normal(shape)).astype(np.float32)
+
+
+def random_params(layer, seed: int, scale: float = 0.3):
+    """Every parameter random (biases and norm scales too, so a dropped one shows)."""
+    specs = layer.create_parameter_specs_recursively()
+    leaves, tree = jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda s: isinstance(s, ParameterSpec)
+    )
+    values = []
+    for i, (path, spec) in enumerate(leaves):
+        base = 1.0 if path[-1].key == "scale" else 0.0  # norms near 1
+        values.append(jnp.asarray(base + normal(seed + i, spec.shape, scale)))
+    return jax.tree.unflatten(tree, values)
+
+
+# ----------------------------------------------------------------- MLA, float64 reference
+
+MLA = dict(
+    input_dim=32,
+    num_heads=4,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+)
+
+
+def mla_layer(**updates):
+    cfg = MultiHeadLatentAttention.default_config().set(name="attention", **{**MLA, **updates})
+    return cfg.instantiate(parent=None)
+
+
+def _rms(x, scale, eps=1e-6):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def _rope(x, positions, theta, interleave):
+    """transformers' DeepSeek RoPE on x [b, s, h, d]: `apply_rotary_pos_emb_interleave`
+    (even/odd pairs, halves out) or `apply_rotary_pos_emb` (rotate_half)."""
+    d = x.shape[-1]
+    freqs = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    angles = positions[..., None, None].astype(np.float64) * freqs  # [b, s, 1, d/2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleave else (x[..., : d // 2], x[..., d // 2 :])
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def ref_mla(p, x, positions, *, q_lora_rank, interleave, bias, theta=10000.0):
+    """DeepseekV3Attention in float64: x [b, s, dim] -> [b, s, dim], causal."""
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+
+    def linear(name, v):
+        y = v @ f(p[name]["weight"])
+        return y + f(p[name]["bias"]) if "bias" in p[name] else y
+
+    x = f(x)
+    b, s, _ = x.shape
+    h, dn, dr = MLA["num_heads"], MLA["qk_nope_head_dim"], MLA["qk_rope_head_dim"]
+    r = MLA["kv_lora_rank"]
+    if q_lora_rank is None:
+        q = linear("q_proj", x)
+    else:
+        q = linear("q_b_proj", _rms(linear("q_a_proj", x), f(p["q_a_norm"]["scale"])))
+    q = q.reshape(b, s, h, dn + dr)
+    kv = linear("kv_a_proj", x)
+    latent = _rms(kv[..., :r], f(p["kv_a_norm"]["scale"]))
+    k_rope = _rope(kv[..., None, r:], positions, theta, interleave)
+    q_rope = _rope(q[..., dn:], positions, theta, interleave)
+    kvb = linear("kv_b_proj", latent).reshape(b, s, h, -1)
+    k = np.concatenate([kvb[..., :dn], np.broadcast_to(k_rope, (b, s, h, dr))], axis=-1)
+    v = kvb[..., dn:]
+    q = np.concatenate([q[..., :dn], q_rope], axis=-1)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * (dn + dr) ** -0.5
+    scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1)
+    return linear("output", out)
+
+
+MLA_CASES = {
+    "q-lora-interleaved": dict(q_lora_rank=12, rope_interleave=True, bias=False),
+    "q-proj-halves-bias": dict(q_lora_rank=None, rope_interleave=False, bias=True),
+}
+
+
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_mla_matches_the_float64_reference(case):
+    opts = MLA_CASES[case]
+    layer = mla_layer(**opts)
+    params = random_params(layer, 100)
+    names = set(params)
+    want_q = {"q_proj"} if opts["q_lora_rank"] is None else {"q_a_proj", "q_a_norm", "q_b_proj"}
+    assert names == want_q | {"kv_a_proj", "kv_a_norm", "kv_b_proj", "output"}
+    assert ("bias" in params["kv_a_proj"]) == opts["bias"] == ("bias" in params["output"])
+    assert "bias" not in params["kv_b_proj"]
+    x = normal(1, (2, 9, 32))
+    positions = np.broadcast_to(np.arange(9) + 3, (2, 9)).astype(np.int32)  # an offset too
+    got, _ = functional(
+        layer,
+        prng_key=None,
+        state=params,
+        is_training=False,
+        inputs={"x": jnp.asarray(x), "positions": jnp.asarray(positions)},
+    )
+    want = ref_mla(
+        params,
+        x,
+        positions,
+        q_lora_rank=opts["q_lora_rank"],
+        interleave=opts["rope_interleave"],
+        bias=opts["bias"],
+    )
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, **F32)
+
+
+def test_mla_packed_segments_do_not_attend_across():
+    layer = mla_layer(q_lora_rank=12)
+    params = random_params(layer, 200)
+    x = jnp.asarray(normal(2, (1, 8, 32)))
+    call = lambda x, pos, seg: functional(  # noqa: E731
+        layer,
+        prng_key=None,
+        state=params,
+        is_training=False,
+        inputs={"x": x, "positions": pos, "segment_ids": seg},
+    )[0]
+    positions = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 4]], jnp.int32)
+    packed = call(x, positions, jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 2]], jnp.int32))
+    alone = call(x[:, 3:], positions[:, 3:], None)
+    np.testing.assert_allclose(packed[:, 3:], alone, **F32)
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_mla_decode_through_the_latent_cache_equals_forward(cache):
+    kv_cache = PagedKVCache.default_config().set(page_size=4) if cache == "paged" else None
+    layer = mla_layer(q_lora_rank=12, **({"kv_cache": kv_cache} if kv_cache else {}))
+    params = random_params(layer, 300)
+    b, s, max_len = 2, 10, 16
+    x = jnp.asarray(normal(3, (b, s, 32)))
+    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    want, _ = functional(
+        layer,
+        prng_key=None,
+        state=params,
+        is_training=False,
+        inputs={"x": x, "positions": positions},
+    )
+    state = layer.init_cache_state(b, max_len)
+    # The compressed cache: one head of the latent (key) and of the rope key (value).
+    assert state["key"].shape[0] == state["value"].shape[0] == 1
+    assert state["key"].shape[-1] == MLA["kv_lora_rank"]
+    assert state["value"].shape[-1] == MLA["qk_rope_head_dim"]
+
+    @jax.jit
+    def step(state, x, positions):
+        return functional(
+            layer,
+            prng_key=None,
+            state=params,
+            is_training=False,
+            method="extend_step",
+            inputs={"x": x, "positions": positions, "cache_state": state},
+        )[0]
+
+    # Prefill of different lengths per row (right padding), then one token at a time.
+    prompt = 4
+    pad = jnp.asarray([[0, 0, 0, 0], [0, 0, 0, 1]], bool)
+    first = jnp.where(pad, EMPTY_POSITION, positions[:, :prompt])
+    out, state = step(state, x[:, :prompt], first)
+    outs = [out[0:1, :prompt], out[1:2, : prompt - 1]]
+    rows = [[], []]
+    t = [prompt, prompt - 1]
+    while min(t) < s:
+        idx = jnp.asarray([min(t[0], s - 1), min(t[1], s - 1)])
+        live = jnp.asarray([t[0] < s, t[1] < s])
+        pos = jnp.where(live, idx, EMPTY_POSITION)[:, None].astype(jnp.int32)
+        out, state = step(state, x[jnp.arange(b), idx][:, None], pos)
+        for i in range(b):
+            if t[i] < s:
+                rows[i].append(out[i : i + 1])
+                t[i] += 1
+    got = [jnp.concatenate([outs[i], *rows[i]], axis=1) for i in range(b)]
+    np.testing.assert_allclose(jnp.concatenate(got, axis=0), want, **F32)
+    assert list(np.asarray(state["length"])) == [s, s]
+
+
+def test_mla_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="qk_rope_head_dim: 7 must be even"):
+        mla_layer(qk_rope_head_dim=7)
+    with pytest.raises(ConfigError, match="q_lora_rank: 0"):
+        mla_layer(q_lora_rank=0)
+
+
+# ------------------------------------------------------------- routing, float64 reference
+
+
+def ref_route(logits, bias, *, top_k, groups, top_groups, renormalize, factor):
+    """DeepseekV3TopkRouter in float64: dense gates [g, s, e] (0 for unchosen experts)."""
+    scores = 1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64)))
+    choice = scores + np.asarray(bias, np.float64)
+    *lead, e = scores.shape
+    per = e // groups
+    out = np.zeros(scores.shape)
+    for idx in np.ndindex(*lead):
+        c = choice[idx].copy()
+        group_score = np.sort(c.reshape(groups, per), axis=-1)[:, -2:].sum(-1)
+        kept = np.argsort(-group_score, kind="stable")[:top_groups]
+        mask = np.repeat(np.isin(np.arange(groups), kept), per)
+        c[~mask] = -np.inf
+        chosen = np.argsort(-c, kind="stable")[:top_k]
+        w = scores[idx][chosen]
+        if renormalize:
+            w = w / (w.sum() + 1e-20)
+        out[idx][chosen] = w * factor
+    return out
+
+
+ROUTER_CASES = {
+    "groups-renormalized": dict(
+        top_k=2, num_groups=4, top_groups=2, renormalize=True, scaling_factor=2.5
+    ),
+    "one-group-raw": dict(
+        top_k=3, num_groups=1, top_groups=1, renormalize=False, scaling_factor=1.0
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTER_CASES))
+def test_deepseek_router_matches_the_float64_reference(case):
+    opts = ROUTER_CASES[case]
+    e, d = 8, 16
+    cfg = DeepSeekRouter.default_config().set(
+        name="router", input_dim=d, num_experts=e, capacity_factor=None, **opts
+    )
+    router = cfg.instantiate(parent=None)
+    x = normal(1, (3, 10, d))
+    w = normal(2, (d, e), 0.5)
+    bias = normal(3, (e,), 0.5)
+    params = {"weight": jnp.asarray(w), "e_score_correction_bias": jnp.asarray(bias)}
+    routing, _ = functional(
+        router, prng_key=None, state=params, inputs=(jnp.asarray(x),), is_training=False
+    )
+    got = np.zeros((3, 10, e))
+    np.put_along_axis(
+        got, np.asarray(routing.expert_index), np.asarray(routing.combine_weights), axis=-1
+    )
+    ref = dict(
+        top_k=opts["top_k"],
+        groups=opts["num_groups"],
+        top_groups=opts["top_groups"],
+        renormalize=opts["renormalize"],
+        factor=opts["scaling_factor"],
+    )
+    logits = x.astype(np.float64) @ w
+    want = ref_route(logits, bias, **ref)
+    np.testing.assert_allclose(got, want, **F32)
+    # The case really exercises the bias (choice only) and, with groups, the group limit.
+    assert not np.allclose(want, ref_route(logits, 0 * bias, **ref))
+    if opts["num_groups"] > 1:
+        assert not np.allclose(want, ref_route(logits, bias, **{**ref, "top_groups": 4}))
+
+
+def test_correction_bias_is_state_and_moves_only_with_the_update_rate():
+    cfg = DeepSeekRouter.default_config().set(
+        name="router", input_dim=16, num_experts=8, num_groups=2, top_groups=1
+    )
+    spec = cfg.instantiate(parent=None).create_parameter_specs_recursively()
+    bias_spec = spec["e_score_correction_bias"]
+    assert bias_spec.update == "state" and bias_spec.weight_decay_scale == 0.0
+    assert bias_spec.dtype == jnp.float32
+    x = jnp.asarray(normal(4, (2, 12, 16)))
+    params = {"weight": jnp.asarray(normal(5, (16, 8))), "e_score_correction_bias": jnp.zeros(8)}
+    for rate, training in ((0.0, True), (0.01, False)):
+        router = cfg.clone(bias_update_rate=rate).instantiate(parent=None)
+        _, collection = functional(
+            router, prng_key=None, state=params, inputs=(x,), is_training=training
+        )
+        assert not collection.state_updates
+    router = cfg.clone(bias_update_rate=0.01).instantiate(parent=None)
+    routing, collection = functional(
+        router, prng_key=None, state=params, inputs=(x,), is_training=True
+    )
+    load = np.bincount(np.asarray(routing.expert_index).reshape(-1), minlength=8) / (2 * 12 * 2)
+    want = 0.01 * np.sign(load.mean() - load)
+    np.testing.assert_allclose(collection.state_updates["e_score_correction_bias"], want)
+    # No gradient reaches the bias: it only ranks experts.
+    grad = jax.grad(
+        lambda p: jnp.sum(
+            functional(router, prng_key=None, state=p, inputs=(x,), is_training=False)[
+                0
+            ].combine_weights
+        )
+    )(params)
+    assert not np.any(np.asarray(grad["e_score_correction_bias"]))
+    assert np.any(np.asarray(grad["weight"]))
+
+
+def test_router_config_errors_name_the_field():
+    base = DeepSeekRouter.default_config().set(name="router", input_dim=16, num_experts=8)
+    for updates, message in (
+        (dict(num_groups=3), "num_groups=3 does not divide the 8 experts"),
+        (dict(num_groups=8), "num_groups=8 leaves 1 expert per group"),
+        (dict(num_groups=2, top_groups=3), "top_groups=3 is not between 1 and num_groups=2"),
+        (dict(num_groups=4, top_groups=1, top_k=3), "top_k=3 exceeds the 2 experts"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            base.clone(**updates).instantiate(parent=None)
+
+
+# -------------------------------------------------------- the architecture, config.json only
+
+RAW = dict(
+    architectures=["DeepseekV3ForCausalLM"],
+    model_type="deepseek_v3",
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=2,
+    n_routed_experts=8,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    qk_nope_head_dim=8,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-6,
+    head_dim=8,
+    qk_head_dim=16,
+    rope_interleave=True,
+    num_nextn_predict_layers=1,
+    pretraining_tp=1,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    hidden_act="silu",
+    attention_bias=False,
+    attention_dropout=0.0,
+    tie_word_embeddings=False,
+)
+
+
+def trainer_config(tmp_path, **updates):
+    return hf_trainer_config(parse_hf_config({**RAW, **updates}), output_dir=str(tmp_path))
+
+
+def test_architecture_builds_dense_first_then_moe_layers(tmp_path):
+    cfg = trainer_config(tmp_path)
+    stack = cfg.model.decoder.transformer
+    assert stack.klass is DenseFirstStack and stack.num_layers == 3
+    assert stack.num_dense_layers == 1
+    assert stack.dense_layer.feed_forward.klass is FeedForward
+    assert stack.dense_layer.feed_forward.hidden_dim == 64
+    moe = stack.layer.feed_forward
+    assert moe.klass is MoEFeedForward and moe.router.klass is DeepSeekRouter
+    assert (moe.num_experts, moe.hidden_dim, moe.num_shared_experts) == (8, 16, 2)
+    assert (moe.router.num_groups, moe.router.top_groups, moe.router.top_k) == (2, 1, 2)
+    assert moe.router.scaling_factor == 2.5 and moe.router.capacity_factor is None
+    for layer in (stack.layer, stack.dense_layer):
+        attention = layer.attention
+        assert attention.klass is MultiHeadLatentAttention
+        assert attention.q_lora_rank is None and attention.rope_interleave is True
+    model = cfg.model.instantiate(parent=None)
+    layers = model.decoder.transformer
+    assert [type(getattr(layers, f"layer{i}").feed_forward) for i in range(3)] == [
+        FeedForward,
+        MoEFeedForward,
+        MoEFeedForward,
+    ]
+
+
+@pytest.mark.parametrize(
+    "updates, message",
+    [
+        (
+            dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}),
+            "rope_type='dynamic'",
+        ),
+        (
+            dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0}),
+            "'yarn' lacks original_max_position_embeddings",
+        ),
+        (dict(num_key_value_heads=2), "num_key_value_heads=2 differs"),
+        (dict(n_group=3), "n_group=3 does not divide the 8 experts"),
+        (dict(head_dim=16), "head_dim=16 \\(MLA implies 8\\)"),
+        (dict(n_shared_experts=0), "n_shared_experts=0"),
+        (dict(scoring_func="softmax"), "scoring_func='softmax'"),
+    ],
+)
+def test_architecture_refuses_what_it_does_not_compute_by_name(tmp_path, updates, message):
+    with pytest.raises(HFImportError, match=message):
+        trainer_config(tmp_path, **updates)
+
+
+def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
+    from axplug.config import apply_overrides
+
+    steps, rate = 3, 0.01
+    cfg = trainer_config(tmp_path, vocab_size=256)  # the byte-level text the trainer reads
+    cfg = apply_overrides(
+        cfg.clone(summary_writers=[]),
+        [
+            "compilation_cache_dir=None", "input.seq_len=32", "input.batch_size=8",
+            f"max_steps={steps}",
+            f"model.decoder.transformer.layer.feed_forward.router.bias_update_rate={rate}",
+        ],
+    )  # fmt: skip
+    trainer = cfg.instantiate(devices=jax.devices()[:1])
+    trainer.run()
+    params = jax.device_get(trainer.state["params"])["decoder"]["transformer"]
+    # Exactly `steps` float32 additions of +-rate (an optimizer step, however small, would
+    # leave another value).
+    reachable = {np.float32(0.0)}
+    for _ in range(steps):
+        reachable = {np.float32(v + d) for v in reachable for d in (-rate, 0.0, rate)}
+    for i in (1, 2):
+        bias = params[f"layer{i}"]["feed_forward"]["router"]["e_score_correction_bias"]
+        assert bias.dtype == np.float32 and np.any(bias != 0)
+        assert all(np.float32(b) in reachable for b in bias), bias
+
+
+def test_dense_first_stack_checks_its_layer_count():
+    cfg = DenseFirstStack.default_config().set(input_dim=8, num_layers=2, num_dense_layers=3)
+    with pytest.raises(ConfigError, match="num_dense_layers: 3 must be between 0 and"):
+        cfg.instantiate(parent=None)
+
+
+# ------------------------------------------------------------------ against transformers
+
+transformers = pytest.importorskip("transformers")
+from axplug.testing import check_against_transformers  # noqa: E402
+
+TOL = 1e-5
+SHAPES = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=12,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+)
+
+FAMILIES = {
+    # q compressed (q_lora_rank), interleaved RoPE, 8 experts in 2 groups, 3 layers.
+    "q-lora": dict(num_hidden_layers=3, q_lora_rank=24, n_routed_experts=8, n_shared_experts=1),
+    # q straight from the input, rotate-half RoPE, biases, raw gates, 2 shared experts.
+    # ... and YaRN RoPE scaling (frequencies, cos/sin factor, softmax temperature).
+    "q-proj-yarn": dict(
+        num_hidden_layers=2,
+        q_lora_rank=None,
+        rope_interleave=False,
+        attention_bias=True,
+        n_routed_experts=4,
+        n_shared_experts=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_deepseek_v3_matches_transformers(family, tmp_path):
+    config = transformers.DeepseekV3Config(**{**SHAPES, **FAMILIES[family]})
+    check = check_against_transformers(config, tmp_path)
+    assert check.logits_error < TOL, check
+    assert check.greedy_axplug == check.greedy_transformers, check
+    assert check.export_class == check.architecture == "DeepseekV3ForCausalLM"
+    assert check.export_logits_error < TOL, check
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert exported["q_lora_rank"] == FAMILIES[family]["q_lora_rank"]
+    assert exported["first_k_dense_replace"] == 1
+    if family == "q-proj-yarn":  # once: it compiles another engine
+        assert_paged_batching_matches(check)
+
+
+def assert_paged_batching_matches(check):
+    """Continuous batching through paged latent caches (2 slots for 3 prompts of different
+    lengths: rows reused) gives transformers' greedy tokens for every prompt."""
+    from axplug.inference import SamplingParams, generate, load_checkpoint
+    from axplug.testing._hf import PROMPT, _hf_greedy
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).eval()
+    prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]
+    loaded = load_checkpoint(check.run_dir, modifiers=["paged_kv_cache:page_size=4"])
+    completions = generate(
+        loaded.model,
+        loaded.params,
+        prompts,
+        SamplingParams(max_new_tokens=8, temperature=0.0),
+        num_slots=2,
+    )
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert list(completion.output_ids) == _hf_greedy(reference, tuple(prompt), 8), prompt
