@@ -130,7 +130,8 @@ ALLOWED = {
     "core/axplug/layers/norm.py": 1,
     "plugins/attention/axplug_attention/rope.py": 2,
     "plugins/ffn_moe/axplug_moe/layer.py": 2,
-    "plugins/ffn_moe/axplug_moe/router.py": 1,
+    "plugins/ffn_moe/axplug_moe/router.py": 2,
+    "plugins/attention/axplug_attention/mla.py": 2,
     "plugins/models/axplug_models/pattern.py": 10,
     "plugins/checkpoint_cloud/axplug_checkpoint_cloud/_orbax_routes.py": 1,
 }
