@@ -34,6 +34,20 @@ class HFCheck:
     hf_dir: str
     export_dir: str
 
+    def mismatches(self, tol: float = 1e-5) -> list[str]:
+        """What fails the families' bar: logits off by more than `tol`, other greedy tokens,
+        an export reloaded as another class or computing other logits; [] when all hold."""
+        out = []
+        if not self.logits_error < tol:
+            out.append(f"logits off by {self.logits_error:.3g} (> {tol})")
+        if self.greedy_axplug != self.greedy_transformers:
+            out.append(f"greedy {self.greedy_axplug} != transformers' {self.greedy_transformers}")
+        if self.export_class != self.architecture:
+            out.append(f"the export reloads as {self.export_class}, not {self.architecture}")
+        if not self.export_logits_error < tol:
+            out.append(f"the export's logits off by {self.export_logits_error:.3g} (> {tol})")
+        return out
+
 
 def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -> Any:
     """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d weight perturbed:
@@ -42,7 +56,7 @@ def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).train(False)
     saved = set(model.state_dict())
     stored_buffers = [b for name, b in model.named_buffers() if name in saved]
     with torch.no_grad():
@@ -122,7 +136,7 @@ def check_against_transformers(
         SamplingParams(max_new_tokens=steps, temperature=0.0),
     )
     _cli("export-hf", run_dir, "--output", export_dir)
-    exported = AutoModelForCausalLM.from_pretrained(export_dir).eval()
+    exported = AutoModelForCausalLM.from_pretrained(export_dir).train(False)
     again = _hf_logits(exported, ids)[0, -1]
     return HFCheck(
         architecture=type(reference).__name__,

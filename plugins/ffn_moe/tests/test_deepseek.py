@@ -530,10 +530,8 @@ FAMILIES = {
 def test_deepseek_v3_matches_transformers(family, tmp_path):
     config = transformers.DeepseekV3Config(**{**SHAPES, **FAMILIES[family]})
     check = check_against_transformers(config, tmp_path)
-    assert check.logits_error < TOL, check
-    assert check.greedy_axplug == check.greedy_transformers, check
-    assert check.export_class == check.architecture == "DeepseekV3ForCausalLM"
-    assert check.export_logits_error < TOL, check
+    assert not check.mismatches(TOL), check
+    assert check.architecture == "DeepseekV3ForCausalLM"
     exported = json.loads((tmp_path / "out" / "config.json").read_text())
     assert exported["q_lora_rank"] == FAMILIES[family]["q_lora_rank"]
     assert exported["first_k_dense_replace"] == 1
@@ -547,7 +545,7 @@ def assert_paged_batching_matches(check):
     from axplug.inference import SamplingParams, generate, load_checkpoint
     from axplug.testing._hf import PROMPT, _hf_greedy
 
-    reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).train(False)
     prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]
     loaded = load_checkpoint(check.run_dir, modifiers=["paged_kv_cache:page_size=4"])
     completions = generate(

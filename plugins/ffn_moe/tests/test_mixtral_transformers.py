@@ -15,6 +15,5 @@ def test_mixtral_matches_transformers(tmp_path):
         num_experts_per_tok=2, max_position_embeddings=128, sliding_window=None,
     )  # fmt: skip
     check = check_against_transformers(config, tmp_path)
-    assert check.logits_error < 1e-5, check
-    assert check.greedy_axplug == check.greedy_transformers, check
-    assert check.export_class == "MixtralForCausalLM" and check.export_logits_error < 1e-5
+    assert not check.mismatches(1e-5), check
+    assert check.architecture == "MixtralForCausalLM"
