@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from axplug.config import ConfigError, apply_overrides
 from axplug.layers import (
@@ -21,13 +22,15 @@ __all__ = ["Preset", "resolve_preset", "preset_config", "PRESETS"]
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """`build()` gives the base config; `modifiers` are registered modifier specs applied in
-    order; `providers` names the distribution that provides each plugin modifier."""
+    order; `providers` names the distribution that provides each plugin modifier;
+    `config_json` is the published config.json a model's planning preset is built from."""
 
     name: str
     description: str
     build: Callable[[], Trainer.Config]
     modifiers: tuple[str, ...] = ()
     providers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    config_json: Mapping[str, Any] | None = None
 
 
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from axplug.interop.from_config import (
         HFSource,
+        config_json_preset,
         hf_trainer_config,
         parse_hf_config,
         read_hf_config,
@@ -37,7 +38,14 @@ _HOMES = {
     **dict.fromkeys(("hf_params", "hf_tensors"), "tensors"),
     **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
-        ("HFSource", "hf_trainer_config", "parse_hf_config", "read_hf_config"), "from_config"
+        (
+            "HFSource",
+            "hf_trainer_config",
+            "parse_hf_config",
+            "read_hf_config",
+            "config_json_preset",
+        ),
+        "from_config",
     ),
     **dict.fromkeys(
         (
@@ -73,6 +81,7 @@ __all__ = [
     "parse_hf_config",
     "read_hf_config",
     "hf_trainer_config",
+    "config_json_preset",
     "hf_params",
     "hf_tensors",
     "SafetensorsDir",

@@ -15,7 +15,14 @@ from axplug.interop.hf_config import (
     read_config_json,
 )
 
-__all__ = ["HFSource", "read_hf_config", "parse_hf_config", "hf_trainer_config", "hf_fields"]
+__all__ = [
+    "HFSource",
+    "read_hf_config",
+    "parse_hf_config",
+    "hf_trainer_config",
+    "hf_fields",
+    "config_json_preset",
+]
 
 # Checkpoint dtypes -> the compute dtype the imported model runs in (norms, softmax and the
 # router stay float32 in axplug whatever this is).
@@ -105,3 +112,26 @@ def hf_trainer_config(
     for spec in modifiers:
         cfg = make_modifier(spec)(cfg)
     return apply_overrides(cfg, overrides)
+
+
+def config_json_preset(
+    name: str,
+    description: str,
+    raw: dict,
+    modifiers: Sequence[str] = ("scan_layers:remat_policy=full",),
+) -> Any:
+    """A planning preset whose model is what `axplug import-hf` builds from the config.json
+    `raw` then `modifiers` (default: the stack scanned with full remat), in bfloat16: the
+    published shapes by construction."""
+    from axplug.presets import Preset
+
+    def build() -> Any:
+        cfg = hf_trainer_config(
+            parse_hf_config(dict(raw), source=f"preset {name}"),
+            output_dir=f"runs/{name}",
+            modifiers=modifiers,
+        )
+        cfg.model.compute_dtype = "bfloat16"
+        return cfg
+
+    return Preset(name, description, build, config_json=dict(raw))

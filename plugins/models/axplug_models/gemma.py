@@ -149,10 +149,6 @@ class Gemma3(Gemma2):
     architecture = "Gemma3ForCausalLM"
     model_type = "gemma3_text"
     defaults: Mapping[str, Any] = {**Gemma.defaults, "sliding_window_pattern": 6}
-    aliases: Mapping[str, str] = {
-        **Gemma.aliases,
-        "sliding_window_pattern": "_sliding_window_pattern",
-    }
 
     def base_config(self, fields: HFFields) -> Any:
         return _gemma2_like(fields, self.architecture, qk_norm=True)

@@ -118,14 +118,19 @@ def layer_types_from(fields: HFFields, num_layers: int) -> list[str] | None:
     """The kind of every layer: `layer_types`, else derived from `sliding_window_pattern` as
     transformers does (Gemma 2 and 3); None after recording the problem."""
     types = fields.get("layer_types", None)
-    period = fields.get("sliding_window_pattern", None)  # read either way: layer_types wins
+    # Read either way (layer_types wins); transformers 5 keeps the period as
+    # `_sliding_window_pattern`, published Gemma 3 configs spell it without the underscore.
+    name = "_sliding_window_pattern"
+    if fields.get(name, None) is None:
+        name = "sliding_window_pattern"
+    period = fields.get(name, None)
     if types is None:
         if period is None:
             fields.problem(
                 "missing layer_types (and no sliding_window_pattern to derive them from)"
             )
             return None
-        period = fields.positive_int("sliding_window_pattern")
+        period = fields.positive_int(name)
         if not period:
             return None
         return [SLIDING if (i + 1) % period else FULL for i in range(num_layers)]

@@ -4,10 +4,10 @@ own, by construction, and the layer stack is scanned in bfloat16 like the core's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from axplug.presets import Preset
+from axplug.interop import config_json_preset
 
 __all__ = [
     "mistral_7b",
@@ -16,25 +16,8 @@ __all__ = [
     "gemma_7b",
     "olmo2_7b",
     "phi3_mini",
-    "config_json_preset",
+    "gemma3_27b",
 ]
-
-
-def config_json_preset(name: str, description: str, raw: Mapping[str, Any]) -> Preset:
-    """A preset whose model is what `axplug import-hf` builds from config.json `raw`."""
-
-    def build() -> Any:
-        from axplug.interop import hf_trainer_config, parse_hf_config
-
-        cfg = hf_trainer_config(
-            parse_hf_config(dict(raw), source=f"preset {name}"),
-            output_dir=f"runs/{name}",
-            modifiers=["scan_layers:remat_policy=full"],
-        )
-        cfg.model.compute_dtype = "bfloat16"
-        return cfg
-
-    return Preset(name, description, build)
 
 
 def _published(architecture: str, **fields: Any) -> dict[str, Any]:
@@ -146,4 +129,31 @@ olmo2_7b = config_json_preset(
         rope_theta=500000.0,
         max_position_embeddings=4096,
     ),  # fmt: skip
+)
+gemma3_27b = config_json_preset(
+    "gemma3-27b",
+    "Gemma 3 27B text shapes (5 sliding-window layers to 1 global, q/k norms, 262k vocab), "
+    "for planning",
+    _published(
+        "Gemma3ForCausalLM",
+        vocab_size=262208,
+        hidden_size=5376,
+        intermediate_size=21504,
+        num_hidden_layers=62,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        head_dim=128,
+        query_pre_attn_scalar=168,
+        sliding_window=1024,
+        sliding_window_pattern=6,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+    ),  # fmt: skip
+    modifiers=(),  # unrolled: a patterned stack does not scan yet
 )

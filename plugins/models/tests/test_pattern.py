@@ -434,6 +434,25 @@ def test_gemma3_layers_windows_and_rope_per_kind_equal_transformers(form):
     assert (global_rope.theta, global_rope.linear_scaling_factor) == (1e6, 8.0)
 
 
+@pytest.mark.parametrize("period_field", ["sliding_window_pattern", "_sliding_window_pattern"])
+def test_gemma3_family_derives_layer_types_from_either_period_name(period_field):
+    """The Hub's Gemma 3 config.json files have no layer_types; the period is spelled without
+    the underscore there and with it in transformers 5."""
+    transformers = pytest.importorskip("transformers")
+    from axplug.interop import hf_trainer_config, parse_hf_config
+
+    hf = transformers.Gemma3TextConfig(**{**GEMMA3_LEGACY, "sliding_window_pattern": 3})
+    raw = {k: v for k, v in GEMMA3_LEGACY.items() if k != "sliding_window_pattern"}
+    raw = {
+        "architectures": ["Gemma3ForCausalLM"],
+        **raw,
+        period_field: 3,
+        "query_pre_attn_scalar": 8,
+    }
+    cfg = hf_trainer_config(parse_hf_config(raw), output_dir="unused")
+    assert cfg.model.decoder.transformer.pattern == tuple(hf.layer_types)
+
+
 def test_gemma3_export_writes_what_transformers_reads_back():
     transformers = pytest.importorskip("transformers")
     hf = transformers.Gemma3TextConfig(**GEMMA3_LEGACY)
