@@ -48,8 +48,8 @@ def test_aot_plans_qwen3_moe_with_its_active_parameters(capsys):
     pytest.importorskip("axplug_aot")
     from axplug.cli import main
 
-    argv = ["aot", "--preset", "qwen3-30b-a3b", "--mesh-rule", "gpu-h100-8x2", "--max-devices",
-            "8", "--set", "input.batch_size=16", "--set", "input.seq_len=256", "--json"]  # fmt: skip
+    argv = ["aot", "--preset", "qwen3-30b-a3b", "--mesh-rule", "gpu-h100-8x2", "--json"]
+    argv += ["--max-devices", "8", "--set", "input.batch_size=16", "--set", "input.seq_len=256"]
     main(argv)
     out, err = capsys.readouterr()
     assert out, err
