@@ -557,3 +557,29 @@ def assert_paged_batching_matches(check):
     )
     for prompt, completion in zip(prompts, completions, strict=True):
         assert list(completion.output_ids) == _hf_greedy(reference, tuple(prompt), 8), prompt
+
+
+# --------------------------------------------------------------- the conformance kit
+
+from axplug.testing import LayerConformance  # noqa: E402
+
+
+@pytest.mark.slow  # ~1-2 min; TestMoEFeedForwardConformance runs the kit on MoE by default
+class TestDeepSeekMoEConformance(LayerConformance):
+    """The kit on DeepSeek-V3's MoE layer: group-limited sigmoid routing with its correction
+    bias (state, not trained by gradient), routed scaling and a shared expert, swapped for
+    llama-tiny's dense feed-forward."""
+
+    @pytest.fixture
+    def layer_config(self):
+        cfg = MoEFeedForward.default_config().set(
+            input_dim=16, hidden_dim=24, num_experts=8, num_shared_experts=1
+        )
+        cfg.router = DeepSeekRouter.default_config().set(
+            top_k=2, num_groups=4, top_groups=2, scaling_factor=2.5, capacity_factor=None
+        )
+        return cfg
+
+    @pytest.fixture
+    def mesh_shape(self):
+        return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
