@@ -150,3 +150,22 @@ def test_a_field_the_family_fixes_or_defaults_must_come_back_from_the_rebuild():
     cfg.model.decoder.transformer.layer.attention.qkv.bias = False
     raw, arch = hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})
     assert arch.architecture == "LlamaForCausalLM" and raw["attention_bias"] is False
+
+
+def test_the_kernel_slot_is_free_but_its_scale_is_not():
+    # A kernel is how attention runs (any computes the same); a scale other than the one the
+    # architecture builds changes what it computes, which LLaMA's config.json cannot say.
+    import pytest
+
+    from axplug.interop.hf_export import HFExportError, hf_config_for
+    from axplug.layers import FlashAttention
+    from axplug.presets import preset_config
+
+    cfg = preset_config("llama-tiny")
+    attention = cfg.model.decoder.transformer.layer.attention
+    attention.kernel = FlashAttention.default_config()
+    raw, _ = hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})  # another kernel
+    assert raw["architectures"] == ["LlamaForCausalLM"]
+    attention.kernel.scale = 0.3
+    with pytest.raises(HFExportError, match=r"attention\.kernel\.scale: 0\.3 \(the architecture "):
+        hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})
