@@ -6,6 +6,7 @@ import pytest
 from axplug import registry
 from axplug.cli import main
 from axplug.config import ConfigError, find_configs
+from axplug.layers import RepeatedTransformer, StackedTransformer
 from axplug.mesh_rules import detect_selector, select_mesh_rule
 from axplug.presets import PRESETS, preset_config
 from axplug.summary import read_jsonl
@@ -198,6 +199,34 @@ def test_modifier_specs_are_parsed_and_checked():
     scanned = make_modifier("scan_layers:remat_policy=full")(preset_config("gpt-tiny"))
     assert scanned.model.decoder.transformer.remat_policy == "full"
     assert scanned.model.decoder.transformer.num_layers == 2  # carried over
+
+
+class _ScansItself(StackedTransformer):
+    """A stack that says how it scans (here, as a RepeatedTransformer of twice as many
+    layers); without the hook, scan_layers finds no StackedTransformer in the tree."""
+
+    @classmethod
+    def scanned_config(cls, cfg, *, remat_policy):
+        return RepeatedTransformer.default_config().set(
+            num_layers=2 * cfg.num_layers, layer=cfg.layer.clone(), remat_policy=remat_policy
+        )
+
+
+def test_scan_layers_asks_a_stack_class_with_scanned_config_how_it_scans():
+    from axplug.modifiers import make_modifier
+
+    cfg = preset_config("gpt-tiny")
+    stack = cfg.model.decoder.transformer
+    cfg.model.decoder.transformer = _ScansItself.default_config().set(
+        num_layers=stack.num_layers, layer=stack.layer
+    )
+    scanned = make_modifier("scan_layers:remat_policy=dots")(cfg).model.decoder.transformer
+    assert scanned.klass is RepeatedTransformer and scanned.remat_policy == "dots"
+    assert scanned.num_layers == 4 and scanned.layer == stack.layer
+    # No stack of either kind is still an error.
+    cfg.model.decoder.transformer = stack.layer.clone()
+    with pytest.raises(ConfigError, match="no sub-config of class StackedTransformer"):
+        make_modifier("scan_layers")(cfg)
 
 
 def test_train_command_writes_config_metrics_and_resumes(tmp_path, capsys):

@@ -6,10 +6,12 @@ from axplug.component_spec import component_config, resolve_spec
 from axplug.config import (
     ConfigBase,
     ConfigModifier,
+    InstantiableConfig,
     apply_overrides,
     config_class,
     find_configs,
     replace_config,
+    visit,
 )
 from axplug.mesh import MESH_AXES, PIPELINE_AXIS
 
@@ -68,7 +70,12 @@ class MeshShapeModifier(ConfigModifier):
 
 
 class ScanLayersModifier(ConfigModifier):
-    """Runs the transformer stack under lax.scan with a remat policy (fast compile, less memory)."""
+    """Runs the transformer stack under lax.scan with a remat policy (fast compile, less memory).
+
+    A stack class that scans otherwise (a plugin's stack of layers that differ) says how with a
+    classmethod `scanned_config(cfg, *, remat_policy) -> config`: its configs are replaced by
+    what that returns (applied again, the scanned class's own `scanned_config` updates it).
+    """
 
     @config_class
     class Config(ConfigModifier.Config):
@@ -77,10 +84,35 @@ class ScanLayersModifier(ConfigModifier):
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         from axplug.layers import RepeatedTransformer, StackedTransformer
 
-        new = RepeatedTransformer.default_config().set(remat_policy=self._config.remat_policy)
+        policy = self._config.remat_policy
+        cfg, own = _scan_by_class(cfg, policy)
+        new = RepeatedTransformer.default_config().set(remat_policy=policy)
         if find_configs(cfg, RepeatedTransformer):
             return replace_config(cfg, target=RepeatedTransformer, new_cfg=new, carry=["layer"])
-        return replace_config(cfg, target=StackedTransformer, new_cfg=new)
+        return replace_config(cfg, target=StackedTransformer, new_cfg=new, missing_ok=own > 0)
+
+
+def _scan_by_class(cfg: ConfigBase, policy: str) -> tuple[ConfigBase, int]:
+    """(`cfg` with every config whose class has `scanned_config` replaced by its scanned
+    form, how many were)."""
+    found: list[tuple[str, InstantiableConfig]] = []
+
+    def add(path: str, value: object) -> None:
+        if isinstance(value, InstantiableConfig) and hasattr(value.klass, "scanned_config"):
+            found.append((path, value))
+
+    add("", cfg)
+    visit(cfg, add)
+    for path, old in found:
+        new = old.klass.scanned_config(old, remat_policy=policy)  # type: ignore[union-attr]
+        cfg = replace_config(
+            cfg,
+            target=old.klass,  # type: ignore[arg-type]
+            new_cfg=new,
+            owned=list(new.keys()),  # what scanned_config returns is taken as it is
+            where=lambda p, _old, path=path: p == path,
+        )
+    return cfg, len(found)
 
 
 class ComputeDtypeModifier(ConfigModifier):

@@ -26,6 +26,7 @@ from axplug.layers.stack import (
     RepeatedTransformer,
     StackedTransformer,
     merge_collections,
+    remat_layer,
     scan_layer,
 )
 from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
@@ -65,5 +66,6 @@ __all__ = [
     "cross_entropy",
     "get_activation",
     "merge_collections",
+    "remat_layer",
     "scan_layer",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "RepeatedTransformer",
     "REMAT_POLICIES",
     "hf_layers_per_unit",
+    "remat_layer",
     "scan_layer",
     "merge_collections",
 ]
@@ -211,6 +212,35 @@ class RepeatedTransformer(BaseLayer):
         return x, {"layer": new_cache}
 
 
+def remat_layer(
+    layer: Module,
+    params: Any,
+    x: jax.Array,
+    kwargs: dict,
+    key: jax.Array | None,
+    is_training: bool,
+    remat_policy: str,
+    *,
+    prevent_cse: bool = True,
+) -> tuple[jax.Array, OutputCollection]:
+    """`layer` applied once to `x` with `params`, under jax.checkpoint with `remat_policy`
+    ("none": no checkpoint); (output, the layer's outputs). `prevent_cse=False` only inside
+    a scan (jax.checkpoint's advice)."""
+
+    def call(x, params, key):
+        return functional(
+            layer,
+            prng_key=key,
+            state=params,
+            inputs=(x,) if not kwargs else {"x": x, **kwargs},
+            is_training=is_training,
+        )
+
+    if remat_policy != "none":
+        call = jax.checkpoint(call, policy=REMAT_POLICIES[remat_policy], prevent_cse=prevent_cse)
+    return call(x, params, key)
+
+
 def scan_layer(
     layer: Module,
     params: Any,
@@ -225,16 +255,10 @@ def scan_layer(
 
     def body(carry, xs):
         layer_params, key = xs
-        return functional(
-            layer,
-            prng_key=key,
-            state=layer_params,
-            inputs=(carry,) if not kwargs else {"x": carry, **kwargs},
-            is_training=is_training,
+        return remat_layer(
+            layer, layer_params, carry, kwargs, key, is_training, remat_policy, prevent_cse=False
         )
 
-    if remat_policy != "none":
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat_policy], prevent_cse=False)
     return jax.lax.scan(body, x, (params, keys))
 
 

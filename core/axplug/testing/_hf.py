@@ -2,15 +2,17 @@
 
 `check_against_transformers(config, tmp_path)` builds a tiny random model with transformers
 (every 1-d weight perturbed, so a dropped bias or a norm convention shows), saves it, runs
-`axplug import-hf`, compares the last-position logits and 16 greedy tokens, runs
-`axplug export-hf` and reloads the export with `AutoModelForCausalLM`. torch and transformers
-are imported only here (a test dependency, never the core's).
+`axplug import-hf` (with `modifiers`, e.g. `scan_layers`), compares the last-position logits
+and 16 greedy tokens, runs `axplug export-hf` and reloads the export with
+`AutoModelForCausalLM`. torch and transformers are imported only here (a test dependency,
+never the core's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -113,10 +115,16 @@ def _cli(*args: str) -> None:
 
 
 def check_against_transformers(
-    config: Any, tmp_path: Any, *, steps: int = 16, prompt: tuple[int, ...] = PROMPT
+    config: Any,
+    tmp_path: Any,
+    *,
+    steps: int = 16,
+    prompt: tuple[int, ...] = PROMPT,
+    modifiers: Sequence[str] = (),
 ) -> HFCheck:
-    """Import, decode and export a tiny random model of `config` (a transformers config);
-    the caller asserts on the returned errors (the families' bar: 1e-5 in float32)."""
+    """Import (with `modifiers`, e.g. `scan_layers`), decode and export a tiny random model of
+    `config` (a transformers config); the caller asserts on the returned errors (the families'
+    bar: 1e-5 in float32)."""
     from transformers import AutoModelForCausalLM
 
     from axplug.inference import SamplingParams, generate, load_checkpoint
@@ -126,7 +134,8 @@ def check_against_transformers(
     reference.save_pretrained(hf_dir)
     ids = np.asarray([prompt])
     want = _hf_logits(reference, ids)[0, -1]
-    _cli("import-hf", hf_dir, "--output", run_dir)
+    flags = [arg for spec in modifiers for arg in ("--modifier", spec)]
+    _cli("import-hf", hf_dir, "--output", run_dir, *flags)
     loaded = load_checkpoint(run_dir)
     got = _axplug_logits(loaded, ids)[0, -1]
     (completion,) = generate(
