@@ -13,6 +13,11 @@ the layer config: value}, e.g.
         "full_attention": {"attention.sliding_window": None},
     }
 
+Scanned: `scan_layers` (`scanned_config`) turns it into `RepeatedPatternTransformer`
+(pattern_scan.py): one period of the pattern under lax.scan, the layers after the last whole
+period unrolled, each layer under jax.checkpoint with `remat_policy` (which this unrolled
+stack honours too).
+
 Hugging Face: `hf_read` sets the pattern from `layer_types` (absent: derived from
 `sliding_window_pattern` as transformers does: layer i is full when (i + 1) % period == 0; a
 family whose config.json has neither gives the period in its `defaults`, Gemma 2: 2,
@@ -45,7 +50,13 @@ from axplug.config import (
     config_class,
 )
 from axplug.interop import differences, write_fields
-from axplug.layers import BaseLayer, StackedTransformer
+from axplug.layers import (
+    REMAT_POLICIES,
+    BaseLayer,
+    StackedTransformer,
+    merge_collections,
+    remat_layer,
+)
 
 __all__ = ["PatternedTransformer", "apply_layer_overrides", "layer_types_from"]
 
@@ -93,8 +104,13 @@ def _known_kinds(cfg: Any) -> str:
 
 
 def _check(cfg: Any) -> None:
-    """The pattern against num_layers and kinds, and every kind's overrides against the
-    layer template; errors name the config path."""
+    """The pattern against num_layers and kinds, and the remat policy; errors name the
+    config path."""
+    if cfg.remat_policy not in REMAT_POLICIES:
+        raise cfg.field_error(
+            "remat_policy",
+            f"unknown policy {cfg.remat_policy!r}; choose from {sorted(REMAT_POLICIES)}",
+        )
     pattern = tuple(cfg.pattern)
     if len(pattern) != cfg.num_layers:
         raise cfg.field_error(
@@ -193,9 +209,30 @@ class PatternedTransformer(StackedTransformer):
         # kind -> {dotted path inside the layer config: value}, e.g.
         # {"sliding_attention": {"attention.sliding_window": 4096}}; {} overrides nothing.
         kinds: dict[str, dict[str, Any]] = {}
+        # Each layer under jax.checkpoint with this policy (REMAT_POLICIES); the scanned form
+        # (`scan_layers`) sets it on the periods it scans.
+        remat_policy: str = "none"
 
     hf_role = "stack"  # computes what a stack of its layers computes
     hf_writes_subtree = True  # hf_write writes every kind's layers' fields
+    _in_scan = False  # whether its layers' checkpoints run inside a scan (no CSE barrier)
+
+    @classmethod
+    def scanned_config(cls, cfg: Config, *, remat_policy: str) -> Any:
+        """The scanned form (`scan_layers`): a `RepeatedPatternTransformer` of the same
+        layers."""
+        from axplug_models.pattern_scan import RepeatedPatternTransformer
+
+        new = RepeatedPatternTransformer.default_config()
+        for name, value in cfg.items():
+            if name != "klass":
+                setattr(new, name, copy.deepcopy(value))
+        return new.set(remat_policy=remat_policy)
+
+    @classmethod
+    def hf_layer_path(cls, cfg: Config, i: int) -> str:
+        """Layer i's parameters, below the stack."""
+        return f"layer{i}"
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -288,6 +325,28 @@ class PatternedTransformer(StackedTransformer):
         templates = {kind: _layer(cfg, kind) for kind in cfg.kinds}  # every kind checked
         for i, kind in enumerate(cfg.pattern):
             self._add_child(f"layer{i}", templates[kind].clone(input_dim=cfg.input_dim))
+
+    def forward(self, x: Any, **kwargs: Any) -> Any:
+        """The layers in order, each under jax.checkpoint unless remat_policy is "none"."""
+        cfg = self._config
+        if cfg.remat_policy == "none":
+            return super().forward(x, **kwargs)
+        ctx = self._context()
+        for i in range(cfg.num_layers):
+            layer = ctx.add_child(f"layer{i}")
+            key = layer.prng_key if layer.has_prng_key else None
+            x, outputs = remat_layer(
+                getattr(self, f"layer{i}"),
+                layer.state,
+                x,
+                kwargs,
+                key,
+                ctx.is_training,
+                cfg.remat_policy,
+                prevent_cse=not self._in_scan,
+            )
+            merge_collections(layer.output_collection, outputs)
+        return x
 
     def layer_config(self, i: int) -> BaseLayer.Config:
         """The config of layer i: the template with its kind's overrides."""
