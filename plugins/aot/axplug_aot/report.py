@@ -123,17 +123,26 @@ def _pipeline_summary(model) -> dict[str, Any] | None:
     return None
 
 
-def _scanned_stacks(cfg) -> list:
-    """The configs of every RepeatedTransformer in `cfg`, subclasses (a pipeline) included."""
-    from axplug.config import InstantiableConfig, visit
+def _scans(model) -> bool:
+    """Whether a module of `model` is a scanned stack: a RepeatedTransformer or a subclass (a
+    pipeline), a plugin stack's scanned part (a patterned stack's periods) included."""
     from axplug.layers import RepeatedTransformer
+
+    return any(isinstance(m, RepeatedTransformer) for m in _modules(model))
+
+
+def _remat_policies(cfg) -> list[str]:
+    """Every layer's `remat_policy` in `cfg`: scanned stacks', and a plugin stack's own."""
+    from axplug.config import InstantiableConfig, visit
+    from axplug.layers import BaseLayer
 
     found = []
 
     def add(_path, value):
         klass = getattr(value, "klass", None) if isinstance(value, InstantiableConfig) else None
-        if isinstance(klass, type) and issubclass(klass, RepeatedTransformer):
-            found.append(value)
+        policy = getattr(value, "remat_policy", None)
+        if isinstance(klass, type) and issubclass(klass, BaseLayer) and isinstance(policy, str):
+            found.append(policy)
 
     visit(cfg, add)
     return found
@@ -289,7 +298,7 @@ def compile_report(
         fits=fits,
         flops_per_step_analytic=flops,
         flops_per_step_xla=xla,
-        scanned_layers=bool(_scanned_stacks(cfg)),
+        scanned_layers=_scans(trainer.model),
         tokens_per_step=tokens,
         peak_flops_per_device=peak,
         target_mfu=target_mfu,
@@ -303,7 +312,7 @@ def compile_report(
     report.notes.extend(plan_notes)
     if report.scanned_layers:
         report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
-    offloads = any(str(stack.remat_policy).startswith("offload") for stack in _scanned_stacks(cfg))
+    offloads = any(policy.startswith("offload") for policy in _remat_policies(cfg))
     if offloads and not memory["host"]:
         report.notes.append(
             "the offload remat policy's host copies are not separate here (XLA:CPU has one "
