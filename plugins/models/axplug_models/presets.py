@@ -155,5 +155,4 @@ gemma3_27b = config_json_preset(
         final_logit_softcapping=None,
         attn_logit_softcapping=None,
     ),  # fmt: skip
-    modifiers=(),  # unrolled: a patterned stack does not scan yet
 )

@@ -201,21 +201,14 @@ def test_shortest_period():
 
 
 def test_hf_trainer_config_scans_a_gemma3_config_json():
-    """Gemma 3 27B's config.json (62 layers: ten periods of six, then two sliding layers)
-    imports scanned, with the unrolled import's parameters."""
+    """Gemma 3 27B's config.json (the Hub's form: the period, no layer_types; 62 layers: ten
+    periods of six, then two sliding layers) imports scanned, with the unrolled import's
+    parameters."""
     transformers = pytest.importorskip("transformers")
     from axplug.interop import hf_trainer_config, parse_hf_config
+    from axplug.presets import resolve_preset
 
-    hf = transformers.Gemma3TextConfig(
-        vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
-        num_attention_heads=32, num_key_value_heads=16, head_dim=128,
-        query_pre_attn_scalar=168, sliding_window=1024, max_position_embeddings=131072,
-        rope_parameters={
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-    )  # fmt: skip
-    raw = {**hf.to_dict(), "architectures": ["Gemma3ForCausalLM"]}
+    raw = resolve_preset("gemma3-27b").config_json
 
     def model(*modifiers):
         cfg = hf_trainer_config(parse_hf_config(raw), output_dir="unused", modifiers=modifiers)
@@ -224,10 +217,8 @@ def test_hf_trainer_config_scans_a_gemma3_config_json():
     scan_cfg, scan = model("scan_layers:remat_policy=full")
     stack = scan.decoder.transformer
     assert type(stack) is RepeatedPatternTransformer
-    assert (
-        stack.layer.config.num_layers == 10
-        and stack.tail.config.pattern == ("sliding_attention",) * 2
-    )
+    assert stack.layer.config.num_layers == 10
+    assert stack.tail.config.pattern == ("sliding_attention",) * 2
     _, unrolled = model()
 
     def count(m):
@@ -235,13 +226,18 @@ def test_hf_trainer_config_scans_a_gemma3_config_json():
         return sum(int(np.prod(s.shape)) for s in jax.tree.leaves(specs))
 
     assert count(scan) == count(unrolled)
+    types = transformers.Gemma3TextConfig(num_hidden_layers=62, sliding_window_pattern=6)
     assert [stack.layer_config(i).attention.sliding_window for i in range(62)] == [
-        None if kind == "full_attention" else 1024 for kind in hf.layer_types
+        None if kind == "full_attention" else 1024 for kind in types.layer_types
     ]
-    paths = {
-        RepeatedPatternTransformer.hf_layer_path(scan_cfg.decoder.transformer, i) for i in range(62)
-    }
-    assert len(paths) == 62 and "layer9.layer.layer5" in paths and "tail.layer1" in paths
+    place = RepeatedPatternTransformer.hf_layer_path
+    paths = [place(scan_cfg.decoder.transformer, i) for i in range(62)]
+    assert len(set(paths)) == 62
+    assert (paths[59], paths[60], paths[61]) == (
+        "layer9.layer.layer5",
+        "tail.layer0",
+        "tail.layer1",
+    )
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -343,3 +339,21 @@ def test_a_bad_period_on_import_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith("error: model.decoder.transformer.period: the pattern does not repeat")
+
+
+@pytest.mark.slow
+def test_aot_plans_the_gemma3_27b_preset_scanned(capsys):
+    """The preset scans (ten periods of six and a tail of two) and `axplug aot` reports it so
+    (the note that XLA counts a scanned layer's FLOPs once)."""
+    pytest.importorskip("axplug_aot")
+    import json
+
+    from axplug.cli import main
+
+    argv = ["aot", "--preset", "gemma3-27b", "--mesh-rule", "gpu-h100-8x2", "--max-devices", "8",
+            "--set", "input.batch_size=16", "--set", "input.seq_len=256", "--json"]  # fmt: skip
+    main(argv)
+    out, err = capsys.readouterr()
+    assert out, err
+    report = json.loads(out)
+    assert report["scanned_layers"] is True and report["params"] == 27_009_346_304
