@@ -543,3 +543,34 @@ def test_blockwise_kernel_is_dispatched_for_long_sequences_only():
 
     assert call(BlockwiseKernel.min_kv_len) == "blockwise"
     assert call(BlockwiseKernel.min_kv_len // 4) == "xla"
+
+
+def test_blockwise_attention_takes_values_of_another_head_dim():
+    # MLA: q and k heads of 12 (nope + rope), values of 8; against plain jnp, with gradients.
+    from axplug.kernels import blockwise_attention
+
+    b, s, h, kvh, d, dv = 2, 40, 4, 2, 12, 8
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(keys[0], (b, s, h, d))
+    k = jax.random.normal(keys[1], (b, s, kvh, d))
+    v = jax.random.normal(keys[2], (b, s, kvh, dv))
+    pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+    mask = AttentionMask(pos, pos)
+
+    def plain(q, k, v):
+        kk, vv = (jnp.repeat(x, h // kvh, axis=2) for x in (k, v))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, kk) * 0.3
+        scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), vv)
+
+    def blocks(q, k, v):
+        return blockwise_attention(q, k, v, mask, scale=0.3, block=16)  # 3 blocks, 1 ragged
+
+    out = blocks(q, k, v)
+    assert out.shape == (b, s, h, dv)
+    np.testing.assert_allclose(out, plain(q, k, v), rtol=1e-5, atol=1e-5)
+    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
+    got = jax.grad(loss(blocks), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

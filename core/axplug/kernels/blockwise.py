@@ -74,8 +74,10 @@ def _unblocks(x):
 def _forward(
     q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, *, scale, causal, window, block, cap
 ):
-    """(out [b, sq, kvh, g, d] f32, lse [b, kvh, g, sq])."""
-    b, sq, kvh, g, d = q.shape
+    """(out [b, sq, kvh, g, dv] f32, lse [b, kvh, g, sq]); dv, the value head_dim, may differ
+    from q's and k's (MLA)."""
+    b, sq, kvh, g, _ = q.shape
+    d = v.shape[-1]
     xs = _key_blocks(k, v, kv_pos, valid, kv_seg, block)
 
     def step(carry, blk):
@@ -160,8 +162,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd, optimize_remat=True)
 
 
 def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 512) -> jax.Array:
-    """Attention of `query` [b, sq, h, d] over `key`/`value` [b, skv, kvh, d] under `mask` (an
-    `AttentionMask`), `block` keys at a time; equals the reference kernel."""
+    """Attention of `query` [b, sq, h, d] over `key` [b, skv, kvh, d] and `value`
+    [b, skv, kvh, dv] under `mask` (an `AttentionMask`), `block` keys at a time; equals the
+    reference kernel."""
     b, sq, h, d = query.shape
     skv, kvh = key.shape[1], key.shape[2]
     block = min(block, skv)
@@ -181,7 +184,7 @@ def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 5
         float(scale), mask.causal, mask.sliding_window, block,
         None if mask.logit_softcap is None else float(mask.logit_softcap),
     )  # fmt: skip
-    return out.reshape(b, sq, h, d)
+    return out.reshape(b, sq, h, value.shape[-1])
 
 
 class BlockwiseKernel(AttentionKernel):

@@ -14,7 +14,7 @@ from axplug_moe.dispatch import (
     RaggedDispatch,
     SortedDispatch,
 )
-from axplug_moe.group import DenseFirstStack, MoELayerGroup
+from axplug_moe.group import DenseFirstStack, MoELayerGroup, RepeatedDenseFirstStack
 from axplug_moe.layer import MoEFeedForward
 from axplug_moe.modifiers import MoEModifier
 from axplug_moe.router import (
@@ -32,6 +32,7 @@ __all__ = [
     "AutoDispatch",
     "DeepSeekRouter",
     "DenseFirstStack",
+    "RepeatedDenseFirstStack",
     "Dispatch",
     "EinsumDispatch",
     "Experts",

@@ -1,6 +1,6 @@
 """A block of `every` transformer layers whose last one is MoE: the repeated unit of a stack
 that has a mixture-of-experts feed-forward in every Nth layer; and a stack whose first
-layers are dense."""
+layers are dense, unrolled or (`scan_layers`) with the layers after them scanned."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from typing import Any
 import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, StackedTransformer, TransformerLayer
+from axplug.layers import (
+    REMAT_POLICIES,
+    BaseLayer,
+    RepeatedTransformer,
+    StackedTransformer,
+    TransformerLayer,
+    merge_collections,
+    remat_layer,
+)
 
-__all__ = ["MoELayerGroup", "DenseFirstStack"]
+__all__ = ["MoELayerGroup", "DenseFirstStack", "RepeatedDenseFirstStack"]
 
 
 class MoELayerGroup(BaseLayer):
@@ -86,6 +94,18 @@ class DenseFirstStack(StackedTransformer):
     def hf_write(cls, cfg: Config) -> dict:
         return {**super().hf_write(cfg), "first_k_dense_replace": cfg.num_dense_layers}
 
+    @classmethod
+    def scanned_config(cls, cfg: Config, *, remat_policy: str) -> Any:
+        """The scanned form (`scan_layers`): a `RepeatedDenseFirstStack` of the same layers."""
+        return RepeatedDenseFirstStack.default_config().set(
+            input_dim=cfg.input_dim,
+            num_layers=cfg.num_layers,
+            num_dense_layers=cfg.num_dense_layers,
+            dense_layer=cfg.dense_layer.clone(),
+            layer=cfg.layer.clone(),
+            remat_policy=remat_policy,
+        )
+
     def __init__(self, cfg: Config, *, parent=None):
         BaseLayer.__init__(self, cfg, parent=parent)  # children of its own, not the parent's
         if not 0 <= cfg.num_dense_layers <= cfg.num_layers:
@@ -96,3 +116,103 @@ class DenseFirstStack(StackedTransformer):
         for i in range(cfg.num_layers):
             sub = cfg.dense_layer if i < cfg.num_dense_layers else cfg.layer
             self._add_child(f"layer{i}", sub.clone(input_dim=cfg.input_dim))
+
+
+class RepeatedDenseFirstStack(BaseLayer):
+    """`DenseFirstStack`'s layers with the ones after the dense layers scanned: children
+    `dense{i}` (the first `num_dense_layers`, unrolled, each under jax.checkpoint with
+    `remat_policy`) and `layer`, a `RepeatedTransformer` of the rest. DeepSeek-V3's 3 dense
+    layers then 58 MoE layers compile as 3 + 1."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        input_dim: Required[int] = REQUIRED
+        num_layers: Required[int] = REQUIRED  # every layer, the dense ones included
+        num_dense_layers: int = 0
+        dense_layer: BaseLayer.Config = TransformerLayer.default_config()
+        layer: BaseLayer.Config = TransformerLayer.default_config()
+        remat_policy: str = "none"
+
+    hf_role = "stack"  # computes what the unrolled DenseFirstStack computes
+    hf_read = DenseFirstStack.hf_read
+    hf_write = DenseFirstStack.hf_write
+
+    @classmethod
+    def scanned_config(cls, cfg: Config, *, remat_policy: str) -> Config:
+        """`scan_layers` applied again: the same stack with the new remat policy."""
+        return cfg.clone(remat_policy=remat_policy)
+
+    @classmethod
+    def hf_layer_path(cls, cfg: Config, i: int) -> str:
+        """Layer i's parameters below the stack; a scanned layer j spelled `layer{j}.layer`
+        (the core fills it into, and exports it from, the stacked arrays)."""
+        k = cfg.num_dense_layers
+        return f"dense{i}" if i < k else f"layer{i - k}.layer"
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if not 0 <= cfg.num_dense_layers <= cfg.num_layers:
+            raise cfg.field_error(
+                "num_dense_layers",
+                f"{cfg.num_dense_layers} must be between 0 and num_layers ({cfg.num_layers})",
+            )
+        if cfg.remat_policy not in REMAT_POLICIES:
+            raise cfg.field_error(
+                "remat_policy",
+                f"unknown policy {cfg.remat_policy!r}; choose from {sorted(REMAT_POLICIES)}",
+            )
+        for i in range(cfg.num_dense_layers):
+            self._add_child(f"dense{i}", cfg.dense_layer.clone(input_dim=cfg.input_dim))
+        if self._num_scanned:
+            scan = RepeatedTransformer.default_config().set(
+                input_dim=cfg.input_dim,
+                num_layers=self._num_scanned,
+                layer=cfg.layer.clone(),
+                remat_policy=cfg.remat_policy,
+            )
+            self._add_child("layer", scan)
+
+    @property
+    def _num_scanned(self) -> int:
+        return self._config.num_layers - self._config.num_dense_layers
+
+    def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        cfg = self._config
+        ctx = self._context()
+        for i in range(cfg.num_dense_layers):
+            if cfg.remat_policy == "none":
+                x = getattr(self, f"dense{i}")(x, **kwargs)
+                continue
+            layer = ctx.add_child(f"dense{i}")
+            key = layer.prng_key if layer.has_prng_key else None
+            x, outputs = remat_layer(
+                getattr(self, f"dense{i}"),
+                layer.state,
+                x,
+                kwargs,
+                key,
+                ctx.is_training,
+                cfg.remat_policy,
+            )
+            merge_collections(layer.output_collection, outputs)
+        return self.layer(x, **kwargs) if self._num_scanned else x
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """The dense layers' caches and the scanned layers' (stacked)."""
+        out = {
+            f"dense{i}": getattr(self, f"dense{i}").init_cache_state(batch_size, max_len)
+            for i in range(self._config.num_dense_layers)
+        }
+        if self._num_scanned:
+            out["layer"] = self.layer.init_cache_state(batch_size, max_len)
+        return out
+
+    def extend_step(self, x: jax.Array, *, positions: jax.Array, cache_state: dict):
+        """`forward` for new tokens through every layer's cache; (output, new cache)."""
+        new = {}
+        names = [f"dense{i}" for i in range(self._config.num_dense_layers)]
+        for name in names + (["layer"] if self._num_scanned else []):
+            x, new[name] = getattr(self, name).extend_step(
+                x, positions=positions, cache_state=cache_state[name]
+            )
+        return x, new

@@ -98,5 +98,4 @@ deepseek_v3_671b = config_json_preset(
         max_position_embeddings=163840,
         tie_word_embeddings=False,
     ),
-    modifiers=(),  # the dense-first stack is unrolled
 )

@@ -583,3 +583,75 @@ class TestDeepSeekMoEConformance(LayerConformance):
     @pytest.fixture
     def mesh_shape(self):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
+
+
+def test_scanned_deepseek_v3_matches_transformers(tmp_path):
+    """`scan_layers`: the dense layer unrolled, the three MoE layers after it scanned (full
+    remat); import, greedy decoding through the stacked caches and export as unrolled."""
+    config = transformers.DeepseekV3Config(
+        **{**SHAPES, **FAMILIES["q-lora"], "num_hidden_layers": 4}
+    )
+    check = check_against_transformers(
+        config, tmp_path, modifiers=["scan_layers:remat_policy=full"]
+    )
+    assert not check.mismatches(TOL), check
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (exported["num_hidden_layers"], exported["first_k_dense_replace"]) == (4, 1)
+
+
+def test_scan_layers_makes_a_dense_first_stack_scanned_and_equal():
+    from axplug_moe import RepeatedDenseFirstStack
+
+    from axplug.layers import RepeatedTransformer
+    from axplug.modifiers import make_modifier
+
+    raw = {"architectures": ["DeepseekV3ForCausalLM"], **transformers.DeepseekV3Config(
+        **{**SHAPES, **FAMILIES["q-lora"], "num_hidden_layers": 4}).to_dict()}  # fmt: skip
+    unrolled = hf_trainer_config(parse_hf_config(raw), output_dir="unused")
+    scanned = hf_trainer_config(
+        parse_hf_config(raw), output_dir="unused", modifiers=["scan_layers:remat_policy=full"]
+    )
+    stack = scanned.model.decoder.transformer
+    assert stack.klass is RepeatedDenseFirstStack and stack.remat_policy == "full"
+    assert (stack.num_layers, stack.num_dense_layers) == (4, 1)
+    again = make_modifier("scan_layers:remat_policy=dots")(scanned).model.decoder.transformer
+    assert again.klass is RepeatedDenseFirstStack and again.remat_policy == "dots"
+
+    a = unrolled.model.clone(name="model").instantiate(parent=None)
+    b = scanned.model.clone(name="model").instantiate(parent=None)
+    assert isinstance(b.decoder.transformer.layer, RepeatedTransformer)
+    params = a.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    stacked = dict(params["decoder"]["transformer"])
+    moe = [stacked.pop(f"layer{i}") for i in range(1, 4)]
+    transformer = {"dense0": stacked.pop("layer0")}
+    transformer["layer"] = {"layer": jax.tree.map(lambda *x: jnp.stack(x), *moe)}
+    scanned_params = {**params, "decoder": {**params["decoder"], "transformer": transformer}}
+    ids = jnp.asarray([[1, 5, 9, 3, 7, 2]])
+
+    def logits(model, p):
+        out, _ = functional(
+            model,
+            prng_key=None,
+            state=p,
+            inputs={"input_ids": ids},
+            is_training=False,
+            method="predict",
+        )
+        return out
+
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda p: logits(b, p))(scanned_params)),
+        np.asarray(jax.jit(lambda p: logits(a, p))(params)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_a_dense_first_stack_with_more_dense_layers_than_layers_is_an_error():
+    from axplug_moe import RepeatedDenseFirstStack
+
+    cfg = RepeatedDenseFirstStack.default_config().set(
+        name="stack", input_dim=8, num_layers=2, num_dense_layers=3
+    )
+    with pytest.raises(ConfigError, match=r"num_dense_layers: 3 must be between 0 and num_"):
+        cfg.instantiate(parent=None)
