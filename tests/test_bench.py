@@ -95,6 +95,7 @@ def test_three_sides_same_loss_as_an_independent_reference():
     assert not ok and "MISMATCH" in text
 
 
+@pytest.mark.slow  # ~35 s: both sides of bench/moe_dispatch.py compiled
 def test_moe_sides_agree_and_include_aux_losses():
     cfg, sides, _, batches = _sides("moe-tiny", flax=False)
     spec = plain_llama.spec_from_config(cfg)
@@ -178,6 +179,7 @@ def test_axplug_list_does_not_import_jax():
     assert not startup.imports_jax(startup.COMMANDS["axplug list"])
 
 
+@pytest.mark.slow  # ~40 s: two full steps compiled for their cost analysis
 def test_axplug_step_reads_the_bytes_a_plain_jax_step_reads():
     """The compiled steps on one device: the module system, context and the non-finite guard
     add no memory traffic beyond the guard's branch (a few scalars), and no FLOPs."""

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from axplug.cli import main
@@ -80,6 +81,7 @@ def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, c
     assert "layer_norm_eps" in err  # a LayerNorm: no LLaMA-layout family reads its field
 
 
+@pytest.mark.slow  # ~25 s; axplug-moe's test_mixtral_transformers exports against transformers
 def test_mixtral_round_trips_through_the_moe_plugins_mapping(tmp_path, capsys):
     import jax
     import pytest

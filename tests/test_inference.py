@@ -477,18 +477,30 @@ def alone(model, params, prompt, sampling, max_len=16):
     return completion.output_ids
 
 
+_BATCHING_CACHES = {
+    "contiguous": (),
+    "paged": ("paged_kv_cache:page_size=4,num_pages=9",),
+    # 10 pages of 2 tokens for 3 rows of up to 15: rows grow page by page and the newest
+    # is preempted (and recomputed) when the pool runs dry.
+    "paged-preempting": ("paged_kv_cache:page_size=2,num_pages=10",),
+}
+
+
 @pytest.mark.parametrize(
-    "cache",
+    "cache, chunk",
     [
-        (),
-        ("paged_kv_cache:page_size=4,num_pages=9",),
-        # 10 pages of 2 tokens for 3 rows of up to 15: rows grow page by page and the newest
-        # is preempted (and recomputed) when the pool runs dry.
-        ("paged_kv_cache:page_size=2,num_pages=10",),
+        pytest.param(
+            modifiers,
+            chunk,
+            id=f"{prompts}-{name}",
+            # Whole prompts are the chunked case's easier half: by default only the
+            # preempting pool runs them (the other two take ~20 s each).
+            marks=[pytest.mark.slow] if chunk is None and name != "paged-preempting" else [],
+        )
+        for chunk, prompts in ((None, "whole-prompts"), (3, "chunked-prefill"))
+        for name, modifiers in _BATCHING_CACHES.items()
     ],
-    ids=["contiguous", "paged", "paged-preempting"],
 )
-@pytest.mark.parametrize("chunk", [None, 3], ids=["whole-prompts", "chunked-prefill"])
 def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache, chunk):
     model, params = rope_model
     if cache:

@@ -328,7 +328,10 @@ def test_a_mesh_that_would_split_nothing_is_a_config_error(tmp_path, modifier, o
         cfg.instantiate()
 
 
-@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+@pytest.mark.parametrize(
+    "cache",
+    [pytest.param("contiguous", marks=pytest.mark.slow), "paged"],  # paged: the harder
+)
 def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
     """Loaded onto all 8 devices (the run's fsdp=4 x model=2 mesh), parameters stay sharded,
     the KV caches split rows over fsdp and kv heads over model, and greedy decoding gives

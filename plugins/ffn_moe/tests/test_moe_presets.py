@@ -44,6 +44,7 @@ def test_moe_preset_counts_what_transformers_builds_from_its_config_json(name):
     assert count + TRANSFORMERS_BUFFERS.get(name, 0) == PUBLISHED[name]
 
 
+@pytest.mark.slow  # ~20 s of compiling; test_model_presets plans mistral-7b by default
 def test_aot_plans_qwen3_moe_with_its_active_parameters(capsys):
     pytest.importorskip("axplug_aot")
     from axplug.cli import main
