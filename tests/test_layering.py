@@ -212,18 +212,25 @@ def _strings(nodes) -> set[str]:
 
 
 def _hf_field_names(paths) -> set[str]:
-    """The config.json fields `hf_read` methods read (`fields.get("x")`, ...) and `hf_write`
-    methods write (the keys of the dicts they return)."""
+    """The config.json fields `hf_read` methods (and `read_*` helpers) read
+    (`fields.get("x")`, ...) and `hf_write` methods (and `write_*` helpers) write (the keys
+    of the dicts they return)."""
     names = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.FunctionDef) and node.name in ("hf_read", "hf_write")):
+            if not isinstance(node, ast.FunctionDef):
                 continue
+            writes = node.name == "hf_write" or node.name.startswith("write_")
+            if not (writes or node.name == "hf_read" or node.name.startswith("read_")):
+                continue
+            helper = not node.name.startswith("hf_")  # only its reads of `fields` count
             for sub in ast.walk(node):
                 called = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                if called and helper:
+                    called = isinstance(sub.func.value, ast.Name) and sub.func.value.id == "fields"
                 if called and sub.func.attr in _READS and sub.args:
                     names |= _strings([sub.args[0]])
-                if isinstance(sub, ast.Dict) and node.name == "hf_write":
+                if isinstance(sub, ast.Dict) and writes:
                     names |= _strings(sub.keys)
     return names
 

@@ -37,7 +37,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from axplug_attention.rope import LAYER_TYPES, per_layer_type, read_rope
+from axplug_attention.rope_hf import LAYER_TYPES, per_layer_type, read_rope
 
 from axplug.api import HFFields
 from axplug.config import (
