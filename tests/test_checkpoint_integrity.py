@@ -69,6 +69,32 @@ def test_checksums_do_not_depend_on_sharding_and_catch_any_flipped_byte():
         assert host_checksums({"w": changed})["w"] != want["w"], i
 
 
+def test_host_sums_and_nan_checks_run_block_by_block_and_agree_with_the_devices(monkeypatch):
+    from axplug.checkpoint import checksum
+    from axplug.checkpoint._tree import first_non_finite
+
+    rng = np.random.default_rng(0)
+    tree = {
+        "w": rng.standard_normal((13, 5)).astype(np.float32),
+        "b": rng.standard_normal(30).astype(jax.numpy.bfloat16),
+        "i": np.arange(23, dtype=np.int8),
+        "u": rng.integers(0, 2**32, 11, dtype=np.uint32),
+        "mask": rng.random(19) > 0.5,
+    }
+    # The devices' program: arrays that one CPU device holds go to the host path instead.
+    names = sorted(tree)
+    sums = checksum._device_checksums([jax.device_put(tree[n]) for n in names])
+    want = {n: f"{int(v):08x}" for n, v in zip(names, jax.device_get(sums), strict=True)}
+    monkeypatch.setattr(checksum, "HOST_BLOCK", 7)  # every leaf in several blocks
+    on_device = jax.device_put(tree)
+    assert all(checksum.in_host_memory(x) for x in jax.tree.leaves(on_device))
+    assert host_checksums(tree) == tree_checksums(on_device) == want
+    late = tree["w"].copy()
+    late[12, 4] = np.nan  # in the last block
+    assert first_non_finite({"a": on_device["w"], "z": jax.device_put(late)}) == "['z']"
+    assert first_non_finite(on_device) is None
+
+
 def test_a_changed_data_file_is_never_restored_silently(run, tmp_path):
     out = copy(run, tmp_path)
     target = data_files(out, 4)[0]

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from axplug.checkpoint.checksum import host_blocks, in_host_memory
+
 __all__ = ["first_non_finite", "abstract_target"]
 
 
@@ -22,18 +24,23 @@ def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
     return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
 
 
+def _host_finite(value: Any) -> bool:
+    # Block by block: XLA's CPU compiler would materialize `isfinite` of the whole leaf.
+    return all(bool(np.all(np.isfinite(block))) for _, block in host_blocks(value))
+
+
 def first_non_finite(state: Any) -> str | None:
     """The key path (`['params']['w']`) of the first leaf with a NaN or inf, or None."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(state)
     paths, arrays = [], []
     for path, leaf in leaves:
-        if isinstance(leaf, jax.Array):
+        if isinstance(leaf, jax.Array) and not in_host_memory(leaf):
             if _is_float(leaf.dtype):
                 paths.append(path)
                 arrays.append(leaf)
-        elif isinstance(leaf, (np.ndarray, np.generic, float, complex)):
-            value = np.asarray(leaf)
-            if _is_float(value.dtype) and not np.all(np.isfinite(value)):
+        elif isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, complex)):
+            dtype = leaf.dtype if isinstance(leaf, jax.Array) else np.asarray(leaf).dtype
+            if _is_float(dtype) and not _host_finite(leaf):
                 return jax.tree_util.keystr(path)
     if not arrays:
         return None

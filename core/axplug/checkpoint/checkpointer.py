@@ -47,11 +47,19 @@ class Checkpointer(Configurable):
         keep_every: int | None = None  # also keep every step divisible by this, forever
         async_save: bool = True
         storage_options: dict | None = None  # keyword arguments of the storage backend
+        # Target size of the files a save writes the arrays into (OCDBT data files). A file's
+        # compressed bytes stay in host memory until it is written, so this bounds what a save
+        # holds beyond the state; None: orbax's default, about 2 GiB a file.
+        data_file_bytes: int | None = None
 
     def __init__(self, cfg: Checkpointer.Config):
         super().__init__(cfg)
         cfg = self._config
         check_retention(cfg)
+        if cfg.data_file_bytes is not None and cfg.data_file_bytes < 1:
+            raise cfg.field_error(
+                "data_file_bytes", f"must be None or at least 1, got {cfg.data_file_bytes}"
+            )
         self.directory: str = cfg.directory
         self.storage = storage_for(cfg.directory, cfg.storage_options)
         try:
@@ -116,7 +124,11 @@ class Checkpointer(Configurable):
         self._prepare_step_dir(step)
         args = ocp.args.Composite(
             **{
-                layout.STATE_ITEM: ocp.args.StandardSave(state),
+                # PyTree*, never Standard*, args for the state item: one orbax instance
+                # takes only one handler type per item (a partial restore is PyTreeRestore).
+                layout.STATE_ITEM: ocp.args.PyTreeSave(
+                    state, ocdbt_target_data_file_size=self._config.data_file_bytes
+                ),
                 layout.METADATA_ITEM: ocp.args.JsonSave(metadata),
                 layout.CHECKSUMS_ITEM: ocp.args.JsonSave(tree_checksums(state)),
             }
@@ -225,9 +237,9 @@ class Checkpointer(Configurable):
                 k: construct_restore_args(abstract[k]) if k in abstract else placeholders(v)
                 for k, v in saved.items()
             }
-            state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
         else:
-            state_args = ocp.args.StandardRestore(abstract)
+            item, restore_args = abstract, construct_restore_args(abstract)
+        state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
         args = ocp.args.Composite(
             **{
                 layout.STATE_ITEM: state_args,
