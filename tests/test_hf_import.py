@@ -25,6 +25,7 @@ from axplug.interop import (
     read_hf_config,
 )
 from axplug.modifiers import make_modifier
+from axplug.trainer.fresh_optimizer import restore_train_state
 
 # --- small HF checkpoints, written the way transformers names and shapes them ---------------
 
@@ -245,13 +246,15 @@ def hf_logits(cfg: dict, weights: dict, ids: np.ndarray) -> np.ndarray:
 
 
 def load_run(run_dir, devices=None):
-    """(trainer, step, state, metadata): config from the checkpoint metadata, then restore."""
+    """(trainer, step, state, metadata): config from the checkpoint metadata, then the state
+    the trainer resumes with (an import's fresh optimizer state created)."""
     directory = f"{run_dir}/checkpoints"
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
-        metadata = checkpointer.metadata(checkpointer.latest_step())
+        step = checkpointer.latest_step()
+        metadata = checkpointer.metadata(step)
     cfg = from_dict(metadata["config"]).clone(compilation_cache_dir=None, summary_writers=[])
     trainer = cfg.instantiate(devices=devices)
-    step, state, _ = trainer.checkpointer.restore(target=trainer.abstract_state)
+    step, state, _ = restore_train_state(trainer, step)
     return trainer, step, state, metadata
 
 

@@ -2,15 +2,22 @@
 directory.
 
 The run directory looks like one the trainer wrote: `config.txt` and a complete checkpoint
-`checkpoints/step_00000000` holding `{"params", "opt_state", "step"}` (fresh optimizer state)
-with metadata `{"step": 0, "config": to_dict(trainer config), "source": ...}`. So whatever loads
-a trained run loads an imported one, and `axplug train` on it fine-tunes from the imported
-weights.
+`checkpoints/step_00000000` with metadata `{"step": 0, "config": to_dict(trainer config),
+"opt_state": "fresh", "source": ...}`. Its state is `{"params", "step"}`: a fresh optimizer
+state (`tx.init(params)`, twice the parameters with Adam) is not written but created where it
+is needed (`axplug.trainer.fresh_optimizer`), so resuming the run or `axplug train --from` it
+starts from the imported weights with exactly the state a trainer would have; the commands
+that read weights only (generate, serve, eval, export-hf) read the parameters as from any run.
+
+Peak host memory is about the parameters plus one shard: tensors are read one at a time with
+one shard file open, each host array is dropped once on its devices, and the save writes data
+files of `DATA_FILE_BYTES`, the most it holds beyond the parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Sequence
 
@@ -25,11 +32,15 @@ from axplug.interop.safetensors_dir import SafetensorsDir
 from axplug.interop.tensors import IGNORED_SUFFIXES, hf_params
 from axplug.tokenizer import TOKENIZER_FILES
 from axplug.trainer import Trainer
+from axplug.trainer.fresh_optimizer import FRESH_OPT_STATE
 from axplug.trainer.run import write_config
 
-__all__ = ["ImportResult", "import_hf", "IMPORT_STEP", "copy_tokenizer_files"]
+__all__ = ["ImportResult", "import_hf", "IMPORT_STEP", "DATA_FILE_BYTES", "copy_tokenizer_files"]
 
 IMPORT_STEP = 0
+# The import's checkpoint files: a save holds one file's compressed bytes in host memory (orbax's
+# default is 2 GiB, which holds the whole checkpoint of most models).
+DATA_FILE_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +73,11 @@ def import_hf(
     hf = read_hf_config(directory)
     cfg = hf_trainer_config(hf, output_dir=output_dir, modifiers=modifiers, overrides=overrides)
     # No summary writers: building them would create metric files in the output directory.
-    trainer = cfg.clone(compilation_cache_dir=None, summary_writers=[]).instantiate(devices=devices)
+    # The data file size is the import's own: the saved config is `cfg`.
+    checkpointer_cfg = cfg.checkpointer.clone(data_file_bytes=DATA_FILE_BYTES)
+    trainer = cfg.clone(
+        compilation_cache_dir=None, summary_writers=[], checkpointer=checkpointer_cfg
+    ).instantiate(devices=devices)
     checkpointer = trainer.checkpointer
     try:
         existing = checkpointer.all_steps()
@@ -88,6 +103,7 @@ def import_hf(
         metadata = {
             "step": IMPORT_STEP,
             "config": to_dict(cfg),
+            **FRESH_OPT_STATE,
             "source": {
                 "format": "huggingface",
                 "directory": os.path.abspath(directory),
@@ -153,15 +169,17 @@ def _ignored(name: str, tied: bool) -> bool:
 
 
 def _state(trainer: Trainer, params: dict) -> dict:
-    """The trainer's state layout on its mesh: imported params, fresh optimizer state, step 0."""
+    """`{"params", "step"}` laid out on the trainer's mesh: the imported params and step 0."""
     shardings = trainer.state_shardings
     # Leaf by leaf, each host array dropped once on its devices: one copy of the parameters.
+    # A transfer holds its host array until it completes, and then still from a reference
+    # cycle: waited for and collected per leaf, or every host array outlives the loop.
     leaves, treedef = jax.tree.flatten(params)
     params.clear()
     targets = treedef.flatten_up_to(shardings["params"])
     for i, target in enumerate(targets):
-        leaves[i] = jax.device_put(leaves[i], target)
+        leaves[i] = jax.device_put(leaves[i], target).block_until_ready()
+        gc.collect(1)
     params = jax.tree.unflatten(treedef, leaves)
-    opt_state = jax.jit(trainer.tx.init, out_shardings=shardings["opt_state"])(params)
     step = jax.device_put(jnp.asarray(IMPORT_STEP, jnp.int32), shardings["step"])
-    return {"params": params, "opt_state": opt_state, "step": step}
+    return {"params": params, "step": step}

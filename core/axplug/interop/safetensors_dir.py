@@ -1,5 +1,9 @@
 """The tensors of a Hugging Face checkpoint directory (`*.safetensors`, sharded or not), read
-lazily with `safetensors` into numpy, each checked against the shape the caller expects."""
+lazily with `safetensors` into numpy, each checked against the shape the caller expects.
+
+One shard file is open at a time: safetensors memory-maps it, and every page read stays in
+the process's resident memory until the file is closed, so keeping each shard open would
+add the whole checkpoint to the import's peak memory."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import glob
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -26,8 +31,8 @@ class SafetensorsDir(contextlib.AbstractContextManager):
 
     def __init__(self, directory: str):
         self.directory = directory
-        self._files = contextlib.ExitStack()
-        self._handles: dict[str, object] = {}
+        self._file: str | None = None  # the one open shard, and its handle
+        self._handle: Any = None
         try:
             self._where = self._index()
         except BaseException:
@@ -68,14 +73,18 @@ class SafetensorsDir(contextlib.AbstractContextManager):
                 where[name] = file
         return where
 
-    def _open(self, file: str):
-        if file not in self._handles:
+    def _open(self, file: str) -> Any:
+        """The handle of `file`, the shard open before it closed."""
+        if file != self._file:
+            self.close()
             path = os.path.join(self.directory, file)
             try:
-                self._handles[file] = self._files.enter_context(safe_open(path, framework="np"))
+                handle = safe_open(path, framework="np")
+                handle.__enter__()
             except Exception as exc:
                 raise HFImportError(f"{path}: not a readable safetensors file ({exc})") from None
-        return self._handles[file]
+            self._file, self._handle = file, handle
+        return self._handle
 
     def names(self) -> list[str]:
         return sorted(self._where)
@@ -109,8 +118,9 @@ class SafetensorsDir(contextlib.AbstractContextManager):
         return sorted(set(self._where) - self._used)
 
     def close(self) -> None:
-        self._files.close()
-        self._handles.clear()
+        handle, self._file, self._handle = self._handle, None, None
+        if handle is not None:
+            handle.__exit__(None, None, None)
 
     def __exit__(self, *exc_info) -> None:
         self.close()

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from axplug.checkpoint import CheckpointCorruptError
+from axplug.trainer.fresh_optimizer import fresh_opt_state, restore_train_state
 from axplug.trainer.init_from import restore_weights
 
 __all__ = ["restore_or_init"]
@@ -20,13 +21,14 @@ def _init_from(trainer: Any, fresh: dict) -> dict:
         cfg.init_from,
         cfg.init_step,
         abstract_state=trainer.abstract_state,
-        param_specs=trainer.param_specs,
         optimizer=cfg.init_optimizer,
     )
     log.info("starting from the weights of step %d of %s", step, cfg.init_from)
     state = {**fresh, "params": params}  # step 0: the fine-tune's own count and schedule
-    if opt_state is not None:
-        state["opt_state"] = opt_state
+    if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold
+        state["opt_state"] = (
+            opt_state if opt_state is not None else fresh_opt_state(trainer, params)
+        )
     return state
 
 
@@ -50,7 +52,7 @@ def restore_or_init(trainer: Any) -> dict:
         log.info("restoring step %d", step)
         try:
             with trainer.goodput.phase("restore"):
-                step, state, _ = trainer.checkpointer.restore(step, target=trainer.abstract_state)
+                step, state, _ = restore_train_state(trainer, step)
         except CheckpointCorruptError as exc:
             if trainer.config.on_corrupt_checkpoint == "stop":
                 raise

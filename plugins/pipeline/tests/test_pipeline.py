@@ -129,7 +129,6 @@ def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path):
         str(tmp_path / "pp"),
         None,
         abstract_state=target.abstract_state,
-        param_specs=target.param_specs,
         optimizer=True,
     )
     assert step == 3

@@ -1,0 +1,42 @@
+"""Checkpoints that hold no optimizer state (`axplug import-hf`'s): their metadata says
+`"opt_state": "fresh"`, and whoever needs the optimizer state creates it as `tx.init(params)`,
+the state the import would have saved, on the devices where it is used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+__all__ = ["FRESH_OPT_STATE", "has_fresh_opt_state", "fresh_opt_state", "restore_train_state"]
+
+# The metadata entry of a checkpoint saved as {"params", "step"}: its optimizer state is fresh.
+FRESH_OPT_STATE = {"opt_state": "fresh"}
+
+
+def has_fresh_opt_state(metadata: dict) -> bool:
+    """Whether a checkpoint with this metadata was saved without its (fresh) optimizer state."""
+    return metadata.get("opt_state") == FRESH_OPT_STATE["opt_state"]
+
+
+def fresh_opt_state(trainer: Any, params: Any) -> Any:
+    """`trainer.tx.init(params)`, laid out as the trainer lays out its optimizer state."""
+    init = jax.jit(trainer.tx.init, out_shardings=trainer.state_shardings["opt_state"])
+    return init(params)
+
+
+def restore_train_state(trainer: Any, step: int) -> tuple[int, dict, dict]:
+    """`(step, state, metadata)` of `trainer.checkpointer`'s `step` as the trainer's state; a
+    step saved without optimizer state gets a fresh one (its params and step restored)."""
+    checkpointer = trainer.checkpointer
+    abstract = trainer.abstract_state
+    if not has_fresh_opt_state(checkpointer.metadata(step)):
+        return checkpointer.restore(step, target=abstract)
+    target = {"params": abstract["params"], "step": abstract["step"]}
+    step, saved, metadata = checkpointer.restore(step, target=target, partial=True)
+    opt_state = fresh_opt_state(trainer, saved["params"])
+    return (
+        step,
+        {"params": saved["params"], "opt_state": opt_state, "step": saved["step"]},
+        metadata,
+    )
