@@ -34,9 +34,5 @@ def restore_train_state(trainer: Any, step: int) -> tuple[int, dict, dict]:
         return checkpointer.restore(step, target=abstract)
     target = {"params": abstract["params"], "step": abstract["step"]}
     step, saved, metadata = checkpointer.restore(step, target=target, partial=True)
-    opt_state = fresh_opt_state(trainer, saved["params"])
-    return (
-        step,
-        {"params": saved["params"], "opt_state": opt_state, "step": saved["step"]},
-        metadata,
-    )
+    state = {**saved, "opt_state": fresh_opt_state(trainer, saved["params"])}
+    return step, state, metadata
