@@ -128,7 +128,7 @@ ALLOWED = {
     "core/axplug/layers/attention.py": 2,
     "core/axplug/layers/feed_forward.py": 1,
     "core/axplug/layers/norm.py": 1,
-    "plugins/attention/axplug_attention/rope.py": 2,
+    "plugins/attention/axplug_attention/rope_hf.py": 2,  # write_rope, for hf_write
     "plugins/ffn_moe/axplug_moe/layer.py": 2,
     "plugins/ffn_moe/axplug_moe/router.py": 2,
     "plugins/attention/axplug_attention/mla.py": 2,
