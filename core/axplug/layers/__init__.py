@@ -26,6 +26,7 @@ from axplug.layers.stack import (
     RepeatedTransformer,
     StackedTransformer,
     merge_collections,
+    remat_children,
     remat_layer,
     scan_layer,
 )
@@ -67,5 +68,6 @@ __all__ = [
     "get_activation",
     "merge_collections",
     "remat_layer",
+    "remat_children",
     "scan_layer",
 ]

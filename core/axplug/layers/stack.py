@@ -20,6 +20,7 @@ __all__ = [
     "REMAT_POLICIES",
     "hf_layers_per_unit",
     "remat_layer",
+    "remat_children",
     "scan_layer",
     "merge_collections",
 ]
@@ -239,6 +240,39 @@ def remat_layer(
     if remat_policy != "none":
         call = jax.checkpoint(call, policy=REMAT_POLICIES[remat_policy], prevent_cse=prevent_cse)
     return call(x, params, key)
+
+
+def remat_children(
+    module: Module,
+    names: list[str],
+    x: jax.Array,
+    kwargs: dict,
+    remat_policy: str,
+    *,
+    prevent_cse: bool = True,
+) -> jax.Array:
+    """`module`'s children `names` applied in order to `x` (inside its forward), each under
+    jax.checkpoint with `remat_policy` ("none": called plainly); their outputs collected."""
+    if remat_policy == "none":
+        for name in names:
+            x = getattr(module, name)(x, **kwargs)
+        return x
+    ctx = module._context()
+    for name in names:
+        child = ctx.add_child(name)
+        key = child.prng_key if child.has_prng_key else None
+        x, outputs = remat_layer(
+            getattr(module, name),
+            child.state,
+            x,
+            kwargs,
+            key,
+            ctx.is_training,
+            remat_policy,
+            prevent_cse=prevent_cse,
+        )
+        merge_collections(child.output_collection, outputs)
+    return x
 
 
 def scan_layer(

@@ -15,8 +15,7 @@ from axplug.layers import (
     RepeatedTransformer,
     StackedTransformer,
     TransformerLayer,
-    merge_collections,
-    remat_layer,
+    remat_children,
 )
 
 __all__ = ["MoELayerGroup", "DenseFirstStack", "RepeatedDenseFirstStack"]
@@ -178,23 +177,8 @@ class RepeatedDenseFirstStack(BaseLayer):
 
     def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
         cfg = self._config
-        ctx = self._context()
-        for i in range(cfg.num_dense_layers):
-            if cfg.remat_policy == "none":
-                x = getattr(self, f"dense{i}")(x, **kwargs)
-                continue
-            layer = ctx.add_child(f"dense{i}")
-            key = layer.prng_key if layer.has_prng_key else None
-            x, outputs = remat_layer(
-                getattr(self, f"dense{i}"),
-                layer.state,
-                x,
-                kwargs,
-                key,
-                ctx.is_training,
-                cfg.remat_policy,
-            )
-            merge_collections(layer.output_collection, outputs)
+        dense = [f"dense{i}" for i in range(cfg.num_dense_layers)]
+        x = remat_children(self, dense, x, kwargs, cfg.remat_policy)
         return self.layer(x, **kwargs) if self._num_scanned else x
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:

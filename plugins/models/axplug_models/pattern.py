@@ -54,8 +54,7 @@ from axplug.layers import (
     REMAT_POLICIES,
     BaseLayer,
     StackedTransformer,
-    merge_collections,
-    remat_layer,
+    remat_children,
 )
 
 __all__ = ["PatternedTransformer", "apply_layer_overrides", "layer_types_from"]
@@ -329,24 +328,10 @@ class PatternedTransformer(StackedTransformer):
     def forward(self, x: Any, **kwargs: Any) -> Any:
         """The layers in order, each under jax.checkpoint unless remat_policy is "none"."""
         cfg = self._config
-        if cfg.remat_policy == "none":
-            return super().forward(x, **kwargs)
-        ctx = self._context()
-        for i in range(cfg.num_layers):
-            layer = ctx.add_child(f"layer{i}")
-            key = layer.prng_key if layer.has_prng_key else None
-            x, outputs = remat_layer(
-                getattr(self, f"layer{i}"),
-                layer.state,
-                x,
-                kwargs,
-                key,
-                ctx.is_training,
-                cfg.remat_policy,
-                prevent_cse=not self._in_scan,
-            )
-            merge_collections(layer.output_collection, outputs)
-        return x
+        names = [f"layer{i}" for i in range(cfg.num_layers)]
+        return remat_children(
+            self, names, x, kwargs, cfg.remat_policy, prevent_cse=not self._in_scan
+        )
 
     def layer_config(self, i: int) -> BaseLayer.Config:
         """The config of layer i: the template with its kind's overrides."""
