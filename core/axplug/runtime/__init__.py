@@ -10,6 +10,7 @@ from axplug.runtime.distributed import (
     initialize_distributed,
     resolve_distributed,
 )
+from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 from axplug.runtime.goodput import PHASES, GoodputRecorder, format_goodput
 from axplug.runtime.host_batch import process_rows, put_process_batch, shard_input_config
 from axplug.runtime.run_lock import RunDirLock, RunDirLockedError, StoreLease
@@ -22,6 +23,7 @@ __all__ = [
     "ENV_PROCESS_ID",
     "HANG_EXIT_CODE",
     "PHASES",
+    "RESTART_EXIT_CODE",
     "DistributedSpec",
     "RunDirLock",
     "RunDirLockedError",

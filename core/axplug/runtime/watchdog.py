@@ -28,12 +28,13 @@ import traceback
 from collections.abc import Callable
 
 from axplug.config import Configurable, config_class
+from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 
 __all__ = ["Watchdog", "HANG_EXIT_CODE", "thread_stacks"]
 
 log = logging.getLogger("axplug.watchdog")
 
-HANG_EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h
+HANG_EXIT_CODE = RESTART_EXIT_CODE  # EX_TEMPFAIL: rerun to resume
 
 
 def thread_stacks() -> str:
