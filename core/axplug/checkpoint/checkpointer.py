@@ -21,6 +21,7 @@ from axplug.checkpoint.errors import (
     CheckpointNotFoundError,
 )
 from axplug.checkpoint.integrity import checksum_mismatch, first_line, layout_mismatch
+from axplug.checkpoint.local_tier import LocalTier
 from axplug.checkpoint.retention import apply_retention, check_retention
 from axplug.checkpoint.storage import storage_for
 from axplug.config import REQUIRED, Configurable, Required, config_class
@@ -51,6 +52,8 @@ class Checkpointer(Configurable):
         # compressed bytes stay in host memory until it is written, so this bounds what a save
         # holds beyond the state; None: orbax's default, about 2 GiB a file.
         data_file_bytes: int | None = None
+        # A second, fast tier on each host (off until `local.directory` is set).
+        local: LocalTier.Config = LocalTier.default_config()
 
     def __init__(self, cfg: Checkpointer.Config):
         super().__init__(cfg)
@@ -72,6 +75,8 @@ class Checkpointer(Configurable):
         self._pending: int | None = None  # step being written in the background
         self._closed = False
         drop_orbax_error_logs()
+        local = cfg.local.instantiate()  # its settings are checked even while it is off
+        self.local: LocalTier | None = local if cfg.local.directory is not None else None
 
     # -- listing -----------------------------------------------------------------------------
 
@@ -164,7 +169,10 @@ class Checkpointer(Configurable):
             )
 
     def wait_until_finished(self) -> None:
-        """Blocks until the background write (if any) is committed, then applies retention."""
+        """Blocks until the background write (if any) is committed, then applies retention;
+        waits for the local tier's write too (whose failure is logged, never raised)."""
+        if self.local is not None:
+            self.local.wait_until_finished()
         if self._pending is None:
             return
         step, self._pending = self._pending, None
@@ -370,6 +378,8 @@ class Checkpointer(Configurable):
         finally:
             self._closed = True
             self._orbax.close()
+            if self.local is not None:
+                self.local.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,14 +1,19 @@
-"""Where a run starts: its latest checkpoint that restores and verifies, else fresh weights
-(or the `init_from` run's), falling back past corrupt steps."""
+"""Where a run starts: the newest step of the local tier complete on every process when it is
+newer than the persistent tier's (`local_restore`), else the latest persistent checkpoint that
+restores and verifies, else fresh weights (or the `init_from` run's), falling back past
+corrupt steps."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import jax
+
 from axplug.checkpoint import CheckpointCorruptError
 from axplug.trainer.fresh_optimizer import fresh_opt_state, restore_train_state
 from axplug.trainer.init_from import restore_weights
+from axplug.trainer.local_restore import discard_newer_local, restore_newer_local
 
 __all__ = ["restore_or_init"]
 
@@ -33,6 +38,20 @@ def _init_from(trainer: Any, fresh: dict) -> dict:
 
 
 def restore_or_init(trainer: Any) -> dict:
+    """The newest step either tier holds complete (on every process), else a fresh state.
+
+    Local steps after the one restored are deleted: training recomputes them.
+    """
+    newer = None
+    if trainer.checkpointer.local is not None:
+        with trainer.goodput.phase("restore"):
+            newer = restore_newer_local(trainer)
+    state = newer[1] if newer is not None else _persistent_or_init(trainer)
+    discard_newer_local(trainer, int(jax.device_get(state["step"])))
+    return state
+
+
+def _persistent_or_init(trainer: Any) -> dict:
     """The latest complete checkpoint that restores and verifies, else a fresh state.
 
     A step that fails (a truncated or changed file, unreadable metadata) is reported; with

@@ -325,6 +325,9 @@ class Trainer(Configurable):
                     pending = None
                     with self.goodput.phase("checkpoint"):
                         self._save(state, done)
+                elif (local := self.checkpointer.local) is not None and local.due(done):
+                    with self.goodput.phase("checkpoint"):
+                        local.save(done, state)  # logs a failure; the persistent tier decides
                 if cfg.eval_every and self.eval_input is not None and done % cfg.eval_every == 0:
                     with self.goodput.phase("eval"):
                         eval_loss = self.evaluate(state["params"])

@@ -1,0 +1,171 @@
+"""The local checkpoint tier: a run killed during a persistent save resumes from the newer
+local step, bit for bit; a lost local directory (on any process) or another layout falls back
+to the persistent tier; bad settings name their field."""
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.cli.main import build_parser, main
+from axplug.cli.train_cmd import build_config
+from axplug.config import ConfigError
+from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args, tiny_trainer_config
+
+STEPS = 12  # persistent every 6 (steps 6 and 12), local every 2 (2, 4, 8, 10; keep 2)
+KILL_AT = 12  # during the persistent save of 12: the newest complete steps are 6 and local 10
+TINY = ("log_every=1", "model.decoder.transformer.num_layers=1", "checkpointer.local.every=2")
+KILLER = str(Path(__file__).with_name("kill_at_save.py"))
+
+
+def _args(output_dir, local_dir, cache_dir, *extra):
+    sets = [*TINY, f"checkpointer.local.directory={str(local_dir)!r}"]
+    sets.append(f"compilation_cache_dir={str(cache_dir)!r}")
+    args = tiny_train_args(output_dir, *sets, preset="llama-tiny", modifiers=["mesh:fsdp=-1"],
+                           max_steps=STEPS)  # fmt: skip
+    return [*args, "--checkpoint-every", "6", "--seed", "3", *extra]
+
+
+def _env(devices):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(var, None)
+    return env
+
+
+def _kill_during_save(args, log, devices=8):
+    """The run of `args`, SIGKILLed during its persistent save of KILL_AT."""
+    cmd = [sys.executable, KILLER, str(KILL_AT), *args]
+    return subprocess.Popen(cmd, env=_env(devices), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _trainer(args, devices=None):
+    return build_config(build_parser().parse_args(args)).instantiate(devices=devices)
+
+
+def _persistent(output_dir):
+    ckpt = Path(output_dir) / "checkpoints"
+    return sorted(int(p.name[5:]) for p in ckpt.glob("step_*") if (p / "commit_success.txt").exists())
+
+
+def _local(local_dir, process=0):
+    return sorted(int(p.name[5:]) for p in (Path(local_dir) / f"process_{process}").glob("step_*"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(losses, final state) of the uninterrupted run, in this process."""
+    root = tmp_path_factory.mktemp("reference")
+    trainer = _trainer(_args(root / "run", root / "local", root / "cache"))
+    trainer.run()
+    losses = [r["loss"] for r in read_jsonl(root / "run" / "metrics.jsonl")]
+    assert len(losses) == STEPS
+    return losses, jax.device_get(trainer.state)
+
+
+def _resume_in_process(args, caplog, devices=None):
+    with caplog.at_level(logging.INFO, logger="axplug"):
+        trainer = _trainer(args, devices)
+        trainer.run()
+    return trainer, caplog.text
+
+
+def _assert_matches(reference, output_dir, trainer):
+    losses, state = reference
+    records = read_jsonl(Path(output_dir) / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in records] == losses  # exact, not approximate
+    jax.tree.map(np.testing.assert_array_equal, state, jax.device_get(trainer.state))
+
+
+def _interrupted_in_process(tmp_path):
+    """A run that trained to the end, with its last persistent step made incomplete: what a
+    kill during that save leaves (persistent 6; local 8 and 10)."""
+    args = _args(tmp_path / "run", tmp_path / "local", tmp_path / "cache")
+    trainer = _trainer(args)
+    trainer.run()
+    trainer.checkpointer.uncommit(STEPS)
+    assert _persistent(tmp_path / "run") == [6] and _local(tmp_path / "local") == [8, 10]
+    return args
+
+
+def test_killed_during_a_persistent_save_resumes_from_the_newer_local_step(
+    tmp_path, reference, caplog
+):
+    out, local = tmp_path / "run", tmp_path / "local"
+    args = _args(out, local, tmp_path / "cache")
+    with open(tmp_path / "killed.log", "w+") as log:
+        proc = _kill_during_save(args, log)
+        proc.wait(timeout=300)
+        log.seek(0)
+        assert proc.returncode == -signal.SIGKILL, log.read()[-3000:]
+    # The persistent save of 12 never completed; the local tier holds 8 and 10.
+    assert _persistent(out) == [6]
+    assert _local(local) == [8, 10]
+    assert not (out / "checkpoints" / f"step_{STEPS:08d}" / "commit_success.txt").exists()
+
+    trainer, logs = _resume_in_process(args, caplog)
+    assert f"resumed from step 10 of the local tier {local / 'process_0'}" in logs
+    _assert_matches(reference, out, trainer)
+    assert _persistent(out) == [6, 12]
+
+
+def test_lost_local_directory_resumes_from_the_persistent_tier(tmp_path, reference, caplog):
+    args = _interrupted_in_process(tmp_path)
+    shutil.rmtree(tmp_path / "local")  # the machine and its RAM disk are gone
+    trainer, logs = _resume_in_process(args, caplog)
+    assert "resumed from step 6 of" in logs and "local tier" not in logs
+    _assert_matches(reference, tmp_path / "run", trainer)
+
+
+def test_another_layout_ignores_the_local_tier(tmp_path, caplog):
+    args = _interrupted_in_process(tmp_path)
+    trainer, logs = _resume_in_process(args, caplog, devices=jax.devices()[:4])
+    assert (
+        f"local tier: not restoring step 10 of {tmp_path / 'local' / 'process_0'}: it was saved "
+        "on another layout (1 process(es), 8 devices, mesh fsdp=8; now 1 process(es), "
+        "4 devices, mesh fsdp=4)"
+    ) in logs
+    assert "resumed from step 6 of" in logs
+    assert int(trainer.state["step"]) == STEPS
+    # The steps after the restored one are a history the run recomputed: replaced on 4 devices.
+    assert _local(tmp_path / "local") == [8, 10]
+
+
+def test_a_replaced_persistent_directory_never_restores_old_local_steps(tmp_path, caplog):
+    args = _interrupted_in_process(tmp_path)
+    shutil.rmtree(tmp_path / "run")  # starting over into the same output directory
+    _, logs = _resume_in_process(args, caplog)
+    assert "it belongs to another run" in logs
+    assert "initializing parameters and optimizer state" in logs
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("every=0", "checkpointer.local.every: must be an int of at least 1, got 0"),
+        ("keep_last=0", "checkpointer.local.keep_last: must be an int of at least 1, got 0"),
+        ("directory='s3://b/x'", "checkpointer.local.directory: must be a path on this host"),
+    ],
+)
+def test_bad_settings_name_the_field(tmp_path, setting, message):
+    cfg = tiny_trainer_config(tmp_path, f"checkpointer.local.{setting}")
+    with pytest.raises(ConfigError) as info:
+        cfg.instantiate()
+    assert str(info.value).startswith(message)
+
+
+def test_cli_reports_a_bad_setting_in_one_line(tmp_path, capsys):
+    args = tiny_train_args(tmp_path, "checkpointer.local.every=-2")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: checkpointer.local.every: must be an int of at least 1, got -2"
