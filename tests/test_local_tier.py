@@ -169,3 +169,66 @@ def test_cli_reports_a_bad_setting_in_one_line(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: checkpointer.local.every: must be an int of at least 1, got -2"
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pair(tmp_path, logs, *, kill):
+    """Two processes x 4 devices, each with its own local directory (its host's)."""
+    flags = ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = []
+    for i, log in enumerate(logs):
+        log.seek(0)
+        log.truncate()
+        args = _args(tmp_path / "run", tmp_path / f"host{i}", tmp_path / "cache", *flags,
+                     "--process-id", str(i))  # fmt: skip
+        cmd = [KILLER, str(KILL_AT)] if kill else ["-m", "axplug.cli"]
+        procs.append(subprocess.Popen([sys.executable, *cmd, *args], env=_env(4), stdout=log,
+                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    for proc in procs:
+        proc.wait(timeout=300)
+    texts = []
+    for proc, log in zip(procs, logs, strict=True):
+        log.seek(0)
+        texts.append(log.read())
+        assert (proc.returncode != 0) if kill else (proc.returncode == 0), texts[-1][-3000:]
+    return texts
+
+
+def _losses(tmp_path):
+    return {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")}
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_tier(tmp_path):
+    logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]  # noqa: SIM115
+    try:
+        _pair(tmp_path, logs, kill=True)
+        assert _persistent(tmp_path / "run") == [6]
+        assert _local(tmp_path / "host0", 0) == _local(tmp_path / "host1", 1) == [8, 10]
+
+        # Both hold step 10: both restore it, and are killed during the save of 12 again.
+        texts = _pair(tmp_path, logs, kill=True)
+        for i, text in enumerate(texts):
+            assert f"resumed from step 10 of the local tier {tmp_path / f'host{i}'}" in text
+        from_local = _losses(tmp_path)
+
+        # Process 1's host is gone: neither restores the local step 10 process 0 still has.
+        shutil.rmtree(tmp_path / "host1")
+        texts = _pair(tmp_path, logs, kill=False)
+    finally:
+        for log in logs:
+            log.close()
+    for text in texts:
+        assert "local tier: step 10 is not complete on process 1" in text
+        assert "resumed from step 6 of" in text and "of the local tier" not in text
+    from_persistent = _losses(tmp_path)
+    assert sorted(from_persistent) == list(range(1, STEPS + 1))
+    # Steps 11 and 12 after the local restore equal those recomputed from step 6, exactly.
+    assert [from_local[s] for s in (11, 12)] == [from_persistent[s] for s in (11, 12)]
