@@ -53,8 +53,8 @@ def _trainer(args, devices=None):
 
 
 def _persistent(output_dir):
-    ckpt = Path(output_dir) / "checkpoints"
-    return sorted(int(p.name[5:]) for p in ckpt.glob("step_*") if (p / "commit_success.txt").exists())
+    steps = (Path(output_dir) / "checkpoints").glob("step_*")
+    return sorted(int(p.name[5:]) for p in steps if (p / "commit_success.txt").exists())
 
 
 def _local(local_dir, process=0):

@@ -139,7 +139,8 @@ class LocalTier(Configurable):
             held = {str(d): s["index"] for s in leaf["shards"] for d in s["devices"]}
             shape = tuple(x.shape)
             if leaf["shape"] != list(shape) or leaf["dtype"] != str(x.dtype):
-                return f"{leaf['name']} is {leaf['dtype']}{leaf['shape']}, here {x.dtype}{list(shape)}"
+                saved = f"{leaf['dtype']}{leaf['shape']}"
+                return f"{leaf['name']} is {saved}, here {x.dtype}{list(shape)}"
             if held != _layout(x, shape):
                 return f"{leaf['name']} is sharded differently (saved on another mesh or rules)"
         return None
@@ -173,8 +174,12 @@ class LocalTier(Configurable):
                     pieces.append(shard.data)
                 distinct[key]["devices"].append(shard.device.id)
             index.append(
-                {"name": name, "shape": list(shape), "dtype": str(x.dtype),
-                 "shards": list(distinct.values())}  # fmt: skip
+                {
+                    "name": name,
+                    "shape": list(shape),
+                    "dtype": str(x.dtype),
+                    "shards": list(distinct.values()),
+                }  # fmt: skip
             )
         # The state is donated to the next step: own the host copies before it runs.
         data = [a if a.flags.owndata else a.copy() for a in map(np.asarray, jax.device_get(pieces))]

@@ -27,8 +27,9 @@ RUN_ID_FILE = "local_tier_run"
 
 def _shared_run_id(checkpointer: Any) -> str:
     """The run id in the persistent directory, created by process 0 when missing."""
-    storage, url = checkpointer.storage, checkpointer.storage.join(
-        checkpointer.directory, RUN_ID_FILE
+    storage, url = (
+        checkpointer.storage,
+        checkpointer.storage.join(checkpointer.directory, RUN_ID_FILE),
     )
     if jax.process_index() == 0 and not storage.exists(url):
         storage.write_text(url, uuid.uuid4().hex + "\n")
