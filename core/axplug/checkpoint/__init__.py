@@ -10,10 +10,12 @@ from axplug.checkpoint.errors import (
 )
 from axplug.checkpoint.inventory import StepInfo, delete_step, list_steps, resolve_checkpoint_dir
 from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
+from axplug.checkpoint.local_tier import LocalTier
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
 
 __all__ = [
     "Checkpointer",
+    "LocalTier",
     "Storage",
     "LocalStorage",
     "storage_for",
