@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from axplug.cli._train_config import build_config, source_label
+from axplug.config import UsageError
 
 __all__ = ["add_parser", "run", "build_config"]
 
@@ -47,8 +48,12 @@ detects (Slurm srun, Open MPI, GKE TPU; --cluster tpu-vm on Cloud TPU VMs). Ever
 runs the same command with the same --output-dir on a shared filesystem or bucket.
 See docs/launch.md and `axplug launch --print slurm|k8s|tpu-vm`.
 
-exit codes: 0 done, 2 bad config or flags, 75 hung and stopped by the watchdog
-(with --set watchdog.exit_on_hang=True): restart the same command to resume.
+SIGTERM or Ctrl-C stops after the step in flight: every process saves that step and the run
+exits 75; a second signal exits at once, without saving.
+
+exit codes: 0 done; 1 a failed run; 2 bad config or flags; 75 stopped with the state safe,
+rerun the same command to resume: preempted (SIGTERM/SIGINT, saved), hung (with
+--set watchdog.exit_on_hang=True), or a lost peer process (multi-process).
 """
 
 
@@ -156,6 +161,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     group.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
     group.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
     group.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a process whose heartbeat stops this long is lost: every other process exits 75 "
+        "naming it (default 30; the coordination service's own timeout is set longer)",
+    )
+    group.add_argument(
         "--cluster",
         default="auto",
         choices=("auto", "none", *CLUSTER_NAMES),
@@ -197,7 +210,18 @@ def run(args: argparse.Namespace) -> int:
         "writers": args.writer,
         "overrides": args.overrides,
     }
-    metrics = train(cfg, provenance=provenance, allow_config_change=args.allow_config_change)
+    from axplug.runtime import Preempted, StopSignals, stop_peer_monitor
+
+    try:
+        with StopSignals():
+            metrics = train(
+                cfg, provenance=provenance, allow_config_change=args.allow_config_change
+            )
+    except Preempted as stop:
+        print(stop, file=sys.stderr)
+        return stop.exit_code
+    finally:
+        stop_peer_monitor()
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""
     print(f"done: step {metrics.get('step')}{loss}")
     if "goodput/wall_s" in metrics:
@@ -207,15 +231,24 @@ def run(args: argparse.Namespace) -> int:
 
 def start_processes(args: argparse.Namespace) -> None:
     """Initializes jax.distributed when flags, environment or a scheduler ask for processes."""
-    from axplug.runtime import initialize_distributed, resolve_distributed
+    from axplug.runtime import (
+        DEFAULT_PEER_TIMEOUT_S,
+        initialize_distributed,
+        resolve_distributed,
+        start_peer_monitor,
+    )
 
     spec = resolve_distributed(
         args.coordinator, args.num_processes, args.process_id, cluster=args.cluster
     )
+    timeout = DEFAULT_PEER_TIMEOUT_S if args.peer_timeout is None else args.peer_timeout
+    if timeout <= 0:
+        raise UsageError(f"--peer-timeout must be > 0 seconds, got {timeout:g}")
     if spec is None:
         return
     from axplug.cli._logging import configure_logging
 
     configure_logging(args.verbose - args.quiet)
-    index, count = initialize_distributed(spec)
+    index, count = initialize_distributed(spec, peer_timeout_s=timeout)
     print(f"process {index} of {count}", file=sys.stderr)
+    start_peer_monitor(timeout)

@@ -13,10 +13,28 @@ from axplug.runtime.distributed import (
 from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 from axplug.runtime.goodput import PHASES, GoodputRecorder, format_goodput
 from axplug.runtime.host_batch import process_rows, put_process_batch, shard_input_config
+from axplug.runtime.peers import (
+    DEFAULT_PEER_TIMEOUT_S,
+    PeerMonitor,
+    service_heartbeat_timeout,
+    set_last_saved,
+    start_peer_monitor,
+    stop_peer_monitor,
+)
+from axplug.runtime.preemption import Preempted, StopAgreement, StopSignals
 from axplug.runtime.run_lock import RunDirLock, RunDirLockedError, StoreLease
 from axplug.runtime.watchdog import HANG_EXIT_CODE, Watchdog, thread_stacks
 
 __all__ = [
+    "DEFAULT_PEER_TIMEOUT_S",
+    "PeerMonitor",
+    "Preempted",
+    "StopAgreement",
+    "StopSignals",
+    "service_heartbeat_timeout",
+    "set_last_saved",
+    "start_peer_monitor",
+    "stop_peer_monitor",
     "CLUSTERS",
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",

@@ -160,13 +160,17 @@ def resolve_distributed(
 
 
 def initialize_distributed(
-    spec: DistributedSpec | None, *, timeout_s: int = 300
+    spec: DistributedSpec | None, *, timeout_s: int = 300, peer_timeout_s: float = 30.0
 ) -> tuple[int, int]:
     """Initializes `jax.distributed` for `spec` (None: nothing); returns (process index, count).
 
-    Must run before anything touches a jax device. On CPU the collectives go over gloo.
+    Must run before anything touches a jax device. On CPU the collectives go over gloo. The
+    coordination service's heartbeat timeout is set longer than `peer_timeout_s`, the
+    `PeerMonitor`'s, so axplug's lost-peer line comes before the service's abort.
     """
     import jax
+
+    from axplug.runtime.peers import service_heartbeat_timeout
 
     if spec is None:
         return 0, 1
@@ -189,6 +193,7 @@ def initialize_distributed(
         num_processes=spec.num_processes,
         process_id=spec.process_id,
         initialization_timeout=timeout_s,
+        heartbeat_timeout_seconds=service_heartbeat_timeout(peer_timeout_s),
         **kwargs,
     )
     return jax.process_index(), jax.process_count()

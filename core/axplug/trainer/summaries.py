@@ -3,9 +3,9 @@ the goodput record appended after it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
@@ -15,8 +15,9 @@ from axplug.checkpoint import scheme_of, storage_for
 from axplug.config import InstantiableConfig
 from axplug.runtime import format_goodput
 from axplug.summary.base import SummaryWriter
+from axplug.trainer.attempts import AttemptRecorder
 
-__all__ = ["summary_dir", "build_writer", "append_goodput", "goodput_report"]
+__all__ = ["summary_dir", "build_writer", "attempt_recorder", "goodput_report"]
 
 log = logging.getLogger("axplug.trainer")
 
@@ -47,20 +48,27 @@ def build_writer(cfg: InstantiableConfig, trainer_cfg: Any, tokens_per_step: int
     return SummaryWriter.fill_run_fields(cfg, run).instantiate()
 
 
-def append_goodput(trainer_cfg: Any, step: int, report: dict) -> None:
-    """Appends `{"step", <report>}` to OUTPUT_DIR/goodput.jsonl (in a bucket too)."""
-    storage = storage_for(trainer_cfg.output_dir, trainer_cfg.checkpointer.storage_options)
-    url = storage.join(trainer_cfg.output_dir, "goodput.jsonl")
-    previous = storage.read_text(url) if storage.exists(url) else ""
-    storage.write_text(url, previous + json.dumps({"step": step, **report}) + "\n")
+def attempt_recorder(trainer: Any, start_step: int) -> AttemptRecorder | None:
+    """Process 0's record of this attempt at the run (None on the other processes)."""
+    if jax.process_index() != 0:
+        return None
+    cfg = trainer.config
+    storage = storage_for(cfg.output_dir, cfg.checkpointer.storage_options)
+    url = storage.join(cfg.output_dir, "goodput.jsonl")
+    started = time.time() - trainer.goodput.report()["goodput/wall_s"]
+    return AttemptRecorder(storage, url, summary_dir(cfg.output_dir), start_step, started)
 
 
-def goodput_report(trainer: Any) -> dict:
-    """The run's goodput, logged and appended to OUTPUT_DIR/goodput.jsonl by process 0."""
+def goodput_report(trainer: Any, end: str = "done") -> dict:
+    """The attempt's goodput and the job's totals over every attempt; process 0 logs them and
+    appends them to OUTPUT_DIR/goodput.jsonl (`axplug.trainer.attempts`). `end`: done,
+    preempted."""
     report = trainer.goodput.report()
     report["goodput/slow_steps"] = len(trainer.watchdog.slow_steps)
-    if jax.process_index() == 0:
+    if trainer.attempt is not None:
+        step = int(jax.device_get(trainer.state["step"]))
+        fields = trainer.attempt.finish(step, end, report)
+        report.update({k: v for k, v in fields.items() if k not in ("end", "ended")})
         # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
         log.debug("%s", format_goodput(report))
-        append_goodput(trainer.config, int(jax.device_get(trainer.state["step"])), report)
     return report

@@ -26,7 +26,10 @@ from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
 from axplug.runtime import (
     GoodputRecorder,
+    Preempted,
     RunDirLock,
+    StopAgreement,
+    StopSignals,
     Watchdog,
     put_process_batch,
     shard_input_config,
@@ -40,7 +43,12 @@ from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.step import build_eval_step, build_train_step
-from axplug.trainer.summaries import build_writer, goodput_report, summary_dir
+from axplug.trainer.summaries import (
+    attempt_recorder,
+    build_writer,
+    goodput_report,
+    summary_dir,
+)
 
 __all__ = ["Trainer", "summary_dir"]
 
@@ -113,6 +121,7 @@ class Trainer(Configurable):
         if cfg.eval_every is not None and cfg.eval_every < 1:
             raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
+        self.attempt = None  # process 0's goodput record of this attempt, made by run()
         if cfg.compilation_cache_dir:
             enable_compilation_cache(cfg.compilation_cache_dir)
         self.mesh_builder = cfg.mesh.instantiate()
@@ -267,8 +276,13 @@ class Trainer(Configurable):
         log.error("%s; training continues, the next checkpoint saves again", exc)
 
     def run(self) -> dict:
-        """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics."""
-        with self.run_lock:
+        """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics.
+
+        SIGTERM or SIGINT stops it after the step in flight, saved: it raises `Preempted`."""
+        from axplug.runtime import set_last_saved
+
+        set_last_saved(self.checkpointer.latest_step)
+        with self.run_lock, StopSignals() as self._signals:
             return self._run()
 
     def _run(self) -> dict:
@@ -293,7 +307,12 @@ class Trainer(Configurable):
                 log.info(
                     "already at step %d of max_steps %d: nothing to train", start, cfg.max_steps
                 )
-            last = self._train_loop(state, start, guard, timer)
+            self.attempt = attempt_recorder(self, start)
+            try:
+                last = self._train_loop(state, start, guard, timer)
+            except Preempted:
+                goodput_report(self, "preempted")
+                raise
             report = goodput_report(self)
             for writer in self.writers:
                 writer.write_run_summary(int(last["step"]), report)
@@ -306,8 +325,11 @@ class Trainer(Configurable):
         cfg = self._config
         last: dict = {"step": start}
         pending: tuple[int, Any] | None = None
+        agreement = StopAgreement(self.mesh)
         try:
             batches = self.input.iter_from(start)
+            if self._signals.requested is not None and jax.process_count() == 1:
+                raise Preempted(start, self._signals.requested, saved=False)
             for step in range(start, cfg.max_steps):
                 with self.goodput.phase("data_wait"):
                     batch = self.put_batch(next(batches)[1])
@@ -335,6 +357,9 @@ class Trainer(Configurable):
                     self.hooks(
                         "on_eval_end", trainer=self, step=done, metrics={"eval_loss": eval_loss}
                     )
+                if agreement.update(self._signals.requested is not None) and done < cfg.max_steps:
+                    self.state = state
+                    self._stop(state, done, pending, guard, timer)
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
@@ -343,6 +368,17 @@ class Trainer(Configurable):
                 self.checkpointer.wait_until_finished()
         self.state = state
         return last
+
+    def _stop(self, state: dict, done: int, pending: Any, guard: Any, timer: Any) -> None:
+        """Saves step `done` (unless it just was) and raises `Preempted`."""
+        if pending is not None:
+            self._on_step_end(*pending, guard, timer)
+        with self.goodput.phase("checkpoint"):
+            if done % self._config.checkpoint_every != 0:
+                self._save(state, done)
+            self.checkpointer.wait_until_finished()
+        signal_name = self._signals.requested or "a signal to another process"
+        raise Preempted(done, signal_name)
 
     def _compile(self, state: dict, batch: dict) -> None:
         # Compiling ahead of the first call fills the cache that call uses, so the time is
@@ -387,6 +423,8 @@ class Trainer(Configurable):
         else:  # a progress display moves every step; files and sinks every log_every
             self._write(step, values, every_step_only=True)
         self.hooks("on_step_end", trainer=self, step=step, metrics=values)
+        if self.attempt is not None:
+            self.attempt.step_completed(step, self.goodput.seconds["step"])
         return {"step": step, **values}
 
     def _write(self, step: int, scalars: dict, *, every_step_only: bool = False) -> None:

@@ -1,0 +1,258 @@
+"""Preemption: SIGTERM / Ctrl-C save the step in flight and exit 75, the rerun resumes bit for
+bit; a second signal exits at once; a lost peer is reported; goodput spans the attempts."""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.checkpoint import Checkpointer
+from axplug.cli.main import build_parser
+from axplug.cli.train_cmd import build_config
+from axplug.runtime import RESTART_EXIT_CODE, PeerMonitor
+from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args
+
+STEPS = 60
+
+
+def _args(output_dir, cache_dir, max_steps=STEPS, extra=()):
+    cache = f"compilation_cache_dir={str(cache_dir)!r}"
+    overrides = ("log_every=1", cache, "model.decoder.transformer.num_layers=1")
+    args = tiny_train_args(output_dir, *overrides, max_steps=max_steps)
+    return [*args, "--checkpoint-every", "10", "--seed", "5", *extra]
+
+
+def _start(output_dir, cache_dir, **kwargs):
+    command = [sys.executable, "-m", "axplug.cli", *_args(output_dir, cache_dir, **kwargs)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _logged(output_dir):
+    path = output_dir / "metrics.jsonl"
+    return len(read_jsonl(path)) if path.exists() else 0
+
+
+def _wait_for_steps(proc, output_dir, count):
+    deadline = time.time() + 120
+    while _logged(output_dir) < count:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "no progress"
+        time.sleep(0.005)
+
+
+def _finish(proc):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+def _final_state(output_dir, cache_dir):
+    trainer = build_config(build_parser().parse_args(_args(output_dir, cache_dir))).instantiate()
+    directory = str(output_dir / "checkpoints")
+    with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
+        return jax.device_get(checkpointer.restore(target=trainer.abstract_state)[1])
+
+
+def _complete_steps(output_dir):
+    ckpt = output_dir / "checkpoints"
+    return sorted(
+        int(p.name.split("_")[1]) for p in ckpt.iterdir() if (p / "commit_success.txt").exists()
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run: its directory and the compilation cache the others share."""
+    root = tmp_path_factory.mktemp("reference")
+    cache = root / "xla-cache"
+    _finish(_start(root / "run", cache))
+    return root / "run", cache
+
+
+# SIGTERM at a seeded random step; Ctrl-C right at a checkpoint step (its asynchronous save
+# still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt.
+@pytest.mark.parametrize("sig, when", [("SIGTERM", "random"), ("SIGINT", "at_save"),
+                                       ("SIGKILL", "random")])  # fmt: skip
+def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
+    tmp_path, reference, sig, when
+):
+    ref_dir, cache = reference
+    run = tmp_path / "run"
+    target = 20 if when == "at_save" else random.Random(f"{sig}{when}").randint(3, STEPS - 15)
+    proc = _start(run, cache)
+    _wait_for_steps(proc, run, target)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    reached = _logged(run)
+    if sig == "SIGKILL":
+        assert proc.returncode == -signal.SIGKILL
+        saved = max(_complete_steps(run), default=0)
+    else:
+        assert proc.returncode == RESTART_EXIT_CODE, err[-3000:]
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("preempted at step")]
+        assert lines == [f"preempted at step {reached} ({sig}): saved; rerun to resume"], err
+        saved = reached
+        assert saved in _complete_steps(run) and target <= saved < STEPS
+        if when == "at_save":
+            assert 20 in _complete_steps(run)  # the save in flight finished too
+    _finish(_start(run, cache))
+
+    ref, res = read_jsonl(ref_dir / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in res] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in res] == [r["loss"] for r in ref]  # exact, not approximate
+    jax.tree.map(
+        np.testing.assert_array_equal, _final_state(ref_dir, cache), _final_state(run, cache)
+    )
+
+    # goodput.jsonl: one record per attempt, and the job's totals on the last.
+    first, second = read_jsonl(run / "goodput.jsonl")
+    assert (first["attempt"], second["attempt"]) == (1, 2)
+    assert first["end"] == ("killed" if sig == "SIGKILL" else "preempted")
+    assert second["end"] == "done" and second["start_step"] == saved
+    lost = 0 if sig != "SIGKILL" else first["steps"] - saved
+    assert second["lost_steps"] == lost and (sig != "SIGKILL" or lost > 0)
+    assert second["job/attempts"] == 2 and second["job/lost_steps"] == lost
+    assert second["job/productive_steps"] == STEPS
+    assert second["job/steps_computed"] == first["steps"] + second["steps"] == STEPS + lost
+    assert second["restart_s"] >= 0 and second["recovery_s"] > 0
+    assert 0 < second["job/goodput_fraction"] < 1
+
+
+def test_a_second_signal_exits_at_once_without_saving(tmp_path, reference):
+    _, cache = reference
+    proc = _start(tmp_path / "run", cache, max_steps=100_000)
+    seen = []
+
+    def wait_for(text):
+        for line in proc.stderr:
+            seen.append(line)
+            if text in line:
+                return
+        raise AssertionError("".join(seen))
+
+    wait_for("building the trainer")  # seconds of work before any step: time for both
+    proc.send_signal(signal.SIGTERM)
+    wait_for("SIGTERM: finishing the step in flight, then saving")
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
+    assert "SIGTERM again: exiting now, without saving" in rest
+    assert "preempted at step" not in rest
+
+
+class _Store:
+    """The key-value calls of jax's distributed client, in memory."""
+
+    def __init__(self):
+        self.values = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def test_a_peer_that_stops_beating_is_named_within_the_timeout(monkeypatch):
+    from axplug.runtime import peers
+
+    store = _Store()
+    monkeypatch.setattr(peers, "_client", lambda: store)
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    lost = []
+    monitor = PeerMonitor(1.0, lambda: 40, on_lost=lost.append)
+    start = time.monotonic()
+    monitor.start()
+    # Process 1 beats, then process 2 ends on purpose; neither is lost. Process 1 then stops.
+    for beat in range(8):
+        store.values["axplug/heartbeat/1"] = str(beat)
+        store.values["axplug/heartbeat/2"] = "done" if beat > 2 else str(beat)
+        time.sleep(0.1)
+    stopped = time.monotonic()
+    while not lost and time.monotonic() - start < 5:
+        time.sleep(0.02)
+    monitor.stop()
+    assert len(lost) == 1 and time.monotonic() - stopped < 1.0 + 0.2
+    assert lost[0].startswith("lost process 1 of 3 (no heartbeat for ")
+    assert lost[0].endswith(
+        "process 0 stops. Newest complete checkpoint: step 40. Exit 75: restart every process "
+        "with the same command to resume"
+    )
+    assert store.values["axplug/heartbeat/0"] == "done"  # it told the others it ended
+
+
+def test_a_bad_peer_timeout_is_one_error_line(capsys, tmp_path):
+    from axplug.cli.main import main
+
+    args = [*_args(tmp_path / "run", tmp_path / "cache"), "--peer-timeout", "0"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == "error: --peer-timeout must be > 0 seconds, got 0"
+
+
+# --- two processes -----------------------------------------------------------------------------
+
+
+def _pair(output_dir, cache_dir, port, steps):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--peer-timeout", "10"]
+    args = [*_args(output_dir, cache_dir, max_steps=steps), "--modifier", "mesh:fsdp=-1", *flags]
+    return [
+        subprocess.Popen([sys.executable, "-m", "axplug.cli", *args, "--process-id", str(i)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_stop_step_and_a_lost_peer_is_reported(tmp_path):
+    """SIGTERM to one process: both save the same step, exit 75; SIGKILL of process 1: the
+    survivor exits 75 within the 10 s peer timeout naming it; the rerun matches an
+    uninterrupted two-process run bit for bit."""
+    steps, cache = 40, tmp_path / "xla-cache"
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    for proc in _pair(reference, cache, _port(), steps):
+        _finish(proc)
+
+    procs = _pair(run, cache, _port(), steps)
+    _wait_for_steps(procs[0], run, 6)
+    procs[1].send_signal(signal.SIGTERM)
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [RESTART_EXIT_CODE] * 2, errs
+    reached = _logged(run)
+    assert f"preempted at step {reached} (SIGTERM): saved" in errs[1]
+    assert f"preempted at step {reached} (a signal to another process): saved" in errs[0]
+    assert reached in _complete_steps(run)
+
+    procs = _pair(run, cache, _port(), steps)
+    _wait_for_steps(procs[0], run, reached + 5)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    err = procs[0].communicate(timeout=60)[1]
+    assert procs[0].returncode == RESTART_EXIT_CODE and time.monotonic() - killed < 10 + 2
+    lines = [line for line in err.splitlines() if line.startswith("error: lost process")]
+    assert len(lines) == 1 and lines[0].startswith("error: lost process 1 of 2 (no heartbeat")
+    assert f"Newest complete checkpoint: step {max(_complete_steps(run))}" in lines[0]
+    procs[1].wait()
+
+    for proc in _pair(run, cache, _port(), steps):
+        _finish(proc)
+    ref, res = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in res] == list(range(1, steps + 1))
+    assert [r["loss"] for r in res] == [r["loss"] for r in ref]
