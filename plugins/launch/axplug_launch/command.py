@@ -124,6 +124,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_GRACE_S,
         help=f"seconds a SIGTERMed trainer gets to save (default: {DEFAULT_GRACE_S})",
     )
+    group.add_argument(
+        "--spare-grace",
+        type=float,
+        default=30.0,
+        help="seconds a standby host's low-priority job gets to yield it (default: 30)",
+    )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="after --: the command (--agent, --local)"
     )
@@ -175,6 +181,7 @@ def _run_local(args: argparse.Namespace) -> int:
         regrow_after_s=args.regrow_after,
         max_restarts=LOCAL_MAX_RESTARTS if args.max_restarts is None else args.max_restarts,
         grace_s=args.grace,
+        spare_grace_s=args.spare_grace,
     )
     return run_local(job)
 

@@ -3,7 +3,9 @@
 
 import json
 import os
+import pathlib
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from axplug.checkpoint.layout import CHECKSUMS_ITEM, METADATA_FILE, step_dir_nam
 from axplug.summary import read_jsonl
 from axplug.testing import tiny_train_args
 
+DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "launch.md"
+SECTION = "## Standby capacity and hot-swap"
 STEPS = 8
 TINY = (
     "log_every=1",
@@ -23,31 +27,52 @@ TINY = (
     "model.decoder.transformer.layer.attention.num_heads=4",
     "input.seq_len=16",
 )
-# A standby host's low-priority job: yields its host on SIGTERM, leaving a note.
-LOWPRIO = (
-    f"{sys.executable} -c \"import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, "
-    "lambda *_: (pathlib.Path(sys.argv[1]).write_text('yielded'), sys.exit(75))); "
-    'time.sleep(600)" {host_dir}/lowprio'
-)
+AXPLUG = [sys.executable, "-m", "axplug.cli"]
 
 
-def train_command(output_dir, cache_dir):
+def docs_commands():
+    """The `axplug launch --local` commands of the docs section, split like a shell would."""
+    text = DOCS.read_text()
+    section = text[text.index(SECTION) :].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    lines = [line for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    return {
+        argv[argv.index("--output-dir") + 1]: argv
+        for argv in map(shlex.split, lines)
+        if argv[:3] == ["axplug", "launch", "--local"]
+    }
+
+
+def tiny_sets(cache_dir):
+    """The tiny model and a shared compilation cache, as `--set` flags after the docs' own."""
     cache = f"compilation_cache_dir={str(cache_dir)!r}"
-    train = tiny_train_args(output_dir, *TINY, cache, preset="llama-tiny",
-                            modifiers=["mesh:fsdp=-1"], max_steps=STEPS)  # fmt: skip
-    return [sys.executable, "-m", "axplug.cli", *train, "--checkpoint-every", "2"]
+    args = tiny_train_args("unused", *TINY, cache, preset="llama-tiny", max_steps=STEPS)
+    return ["--max-steps", str(STEPS), "--checkpoint-every", "2", *args[args.index("--set") :]]
 
 
-def start_local(tmp, name, cache_dir, *flags):
-    """`axplug launch --local ... -- <train>`, its output in tmp/name.log."""
-    scratch = tmp / f"{name}-hosts"
-    argv = [sys.executable, "-m", "axplug.cli", "launch", "--local", "--devices-per-host", "4",
-            "--scratch-dir", str(scratch), *flags, "--",
-            *train_command(tmp / name, cache_dir)]  # fmt: skip
+def start_local(tmp, run, cache_dir, *flags, spares=None):
+    """The docs' command for `runs/RUN` with `flags` (and --spares) instead of its own, in
+    `tmp`, the model shrunk; its output in tmp/RUN.log."""
+    argv = docs_commands()[f"runs/{run}"]
+    split = argv.index("--")
+    launcher, train = argv[3:split], argv[split + 1 :]
+    if spares is not None:
+        i = launcher.index("--spares")
+        launcher[i + 1] = str(spares)
+    if "--spare-command" in launcher:
+        i = launcher.index("--spare-command") + 1
+        spare = shlex.split(launcher[i])
+        assert spare[:2] == ["axplug", "train"], spare
+        launcher[i] = shlex.join([*AXPLUG, *spare[1:], *tiny_sets(cache_dir)])
+    assert train[:2] == ["axplug", "train"], train
+    argv = [*AXPLUG, "launch", "--local", *launcher, *flags, "--",
+            *AXPLUG, *train[1:], *tiny_sets(cache_dir)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != "XLA_FLAGS"}
-    log = open(tmp / f"{name}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log, proc.scratch, proc.output_dir = tmp / f"{name}.log", scratch, tmp / name
+    log = open(tmp / f"{run}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+    proc.log, proc.scratch, proc.output_dir = tmp / f"{run}.log", tmp / ".axplug-hosts", tmp / "runs" / run
     return proc
 
 
@@ -98,28 +123,30 @@ def cache_dir(tmp_path_factory):
 def reference(tmp_path_factory, cache_dir):
     """An uninterrupted run of the same 2 processes x 4 devices."""
     tmp = tmp_path_factory.mktemp("reference")
-    code, text = finish(start_local(tmp, "run", cache_dir, "--num-processes", "2"))
+    proc = start_local(tmp, "swap", cache_dir, spares=0)
+    code, text = finish(proc)
     assert code == 0, text[-3000:]
-    return tmp / "run"
+    return proc.output_dir
 
 
 def test_killed_trainer_is_swapped_for_a_standby_and_the_run_ends_bit_exact(
     tmp_path, cache_dir, reference
 ):
-    proc = start_local(tmp_path, "swap", cache_dir, "--num-processes", "2", "--spares", "1",
-                       "--spare-command", LOWPRIO)  # fmt: skip
+    proc = start_local(tmp_path, "swap", cache_dir)
     kill_process_mid_run(proc)
     code, text = finish(proc)
     assert code == 0, text[-4000:]
-    assert (
+    # host-2's low-priority `axplug train` yields on SIGTERM: saved (75), or killed by it.
+    swapped = re.escape(
         "launch: host-1 (process 1) lost (signal SIGKILL): swapped in host-2 (its low-priority "
-        "job stopped: exit 75) as process 1; 0 standby left; restarting 2 processes from the "
-        "newest checkpoint" in text
-    )
+        "job stopped: EXIT) as process 1; 0 standby left; restarting 2 processes from the "
+        "newest checkpoint"
+    ).replace("EXIT", "(exit 75|signal SIGTERM)")
+    assert re.search(swapped, text), text[-4000:]
+    assert "[host-2 standby] " in text
     recovered = re.search(r"launch: recovered: step (\d+) done ([\d.]+) s after host-1 failed", text)
     assert recovered is not None, text[-4000:]
     assert float(recovered.group(2)) > 0
-    assert (proc.scratch / "host-2" / "lowprio").read_text() == "yielded"
     hosts = {h["name"]: h for h in json.loads((proc.scratch / "hosts.json").read_text())["hosts"]}
     assert hosts["host-1"]["state"] == "retired" and hosts["host-2"]["process_id"] == 1
     # The same final parameters and optimizer state, bit for bit, and the same losses.
@@ -128,7 +155,7 @@ def test_killed_trainer_is_swapped_for_a_standby_and_the_run_ends_bit_exact(
 
 
 def test_elastic_job_shrinks_to_one_process_and_keeps_the_losses(tmp_path, cache_dir, reference):
-    proc = start_local(tmp_path, "elastic", cache_dir, "--num-processes", "2", "--elastic")
+    proc = start_local(tmp_path, "elastic", cache_dir)
     kill_process_mid_run(proc)
     code, text = finish(proc)
     assert code == 0, text[-4000:]
@@ -139,11 +166,11 @@ def test_elastic_job_shrinks_to_one_process_and_keeps_the_losses(tmp_path, cache
     assert "launch: attempt 2: 1 processes on host-0, learner.grad_accumulation_steps=2" in text
     # One process of 4 devices, two microbatches of 4 rows: the same per-device rows, the
     # same global batch, so the same losses to float32 reduction order.
-    np.testing.assert_allclose(losses(tmp_path / "elastic"), losses(reference), rtol=1e-5)
+    np.testing.assert_allclose(losses(proc.output_dir), losses(reference), rtol=1e-5)
 
 
 def test_no_standby_left_stops_with_the_restart_code(tmp_path, cache_dir):
-    proc = start_local(tmp_path, "alone", cache_dir, "--num-processes", "2")
+    proc = start_local(tmp_path, "swap", cache_dir, spares=0)
     kill_process_mid_run(proc)
     code, text = finish(proc)
     assert code == 75, text[-4000:]

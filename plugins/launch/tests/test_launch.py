@@ -153,8 +153,8 @@ def test_tpu_vm_template_runs_the_command_on_every_worker(capsys, tmp_path):
 def test_docs_show_exactly_what_the_command_prints(capsys):
     docs = DOCS.read_text()
     examples = [
-        ["slurm", *GPU_JOB],
-        ["k8s", *GPU_JOB, "--image", "ghcr.io/example/axplug:0.1",
+        ["slurm", *GPU_JOB, "--spares", "1"],
+        ["k8s", *GPU_JOB, "--spares", "1", "--image", "ghcr.io/example/axplug:0.1",
          "--output-dir", "gs://my-bucket/runs/llama2-7b"],
         ["tpu-vm", "--preset", "llama2-7b", "--mesh-rule", "tpu-v5p-64",
          "--output-dir", "gs://my-bucket/runs/llama2-7b"],
