@@ -3,6 +3,7 @@ lines noticed, so a supervisor can tell when a restarted run completes its first
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -88,10 +89,8 @@ class Child:
     def send(self, sig: int) -> None:
         """Sends `sig` unless the process has already exited."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
 
     def stop(self, grace_s: float) -> int:
         """SIGTERM, up to `grace_s` seconds to exit, then SIGKILL; returns the exit code."""

@@ -97,9 +97,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     group.add_argument(
         "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help="repeatable"
     )
-    group.add_argument(
-        "--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE"
-    )
+    group.add_argument("--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE")
     group = parser.add_argument_group("--local")
     group.add_argument(
         "--scratch-dir",
@@ -158,7 +156,6 @@ def _run_local(args: argparse.Namespace) -> int:
     import shlex
 
     from axplug.config import UsageError
-
     from axplug_launch.local import LocalJob, run_local
 
     command = _command(args)

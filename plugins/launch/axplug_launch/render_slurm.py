@@ -33,14 +33,16 @@ def render_slurm(plan: JobPlan) -> str:
 # others stand by (--no-kill: a failed node does not end the allocation). `axplug train` sees
 # the Slurm step and calls jax.distributed.initialize, which reads SLURM_STEP_NODELIST
 # (coordinator: the first node), SLURM_NTASKS (process count) and SLURM_PROCID (this process).
-# On every node the agent restarts a trainer that exits {RESTART_EXIT_CODE} (hung, lost peer) in place.
+# On every node the agent restarts a trainer that exits {RESTART_EXIT_CODE} (hung, lost peer)
+# in place.
 export JAX_COORDINATOR_PORT={plan.port}
 export JAX_LOCAL_DEVICE_IDS={device_ids}
 TRAIN_NODES={plan.hosts}
 MAX_ATTEMPTS={max_attempts}
 
-# --signal=B:TERM@{plan.grace_s}: on preemption or {plan.grace_s} s before the time limit this shell gets
-# SIGTERM and passes it on; every trainer saves its step and exits {RESTART_EXIT_CODE}; the job requeues.
+# --signal=B:TERM@{plan.grace_s}: on preemption or {plan.grace_s} s before the time limit this
+# shell gets SIGTERM and passes it on; every trainer saves its step and exits
+# {RESTART_EXIT_CODE}; the job requeues.
 trap 'preempted=1; kill -TERM "$step" 2>/dev/null' TERM
 for attempt in $(seq "$MAX_ATTEMPTS"); do
   # Nodes of the allocation that Slurm reports failed: a standby node takes their place.
