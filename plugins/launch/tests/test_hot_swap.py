@@ -177,3 +177,18 @@ def test_no_standby_left_stops_with_the_restart_code(tmp_path, cache_dir):
         "error: host-1 (process 1) lost (signal SIGKILL) and no standby host is left; the state "
         "is safe: rerun with more --spares, or --elastic to continue on fewer processes" in text
     )
+
+
+@pytest.mark.slow
+def test_elastic_job_grows_back_when_the_host_returns(tmp_path, cache_dir, reference):
+    proc = start_local(tmp_path, "elastic", cache_dir, "--regrow-after", "0")
+    kill_process_mid_run(proc)
+    code, text = finish(proc)
+    assert code == 0, text[-4000:]
+    assert "launch: host-1 is healthy again and stands by" in text
+    assert (
+        "launch: growing from 1 to 2 processes (host-1 joined), "
+        "learner.grad_accumulation_steps=1" in text
+    )
+    assert "launch: attempt 3: 2 processes on host-0, host-1\n" in text
+    np.testing.assert_allclose(losses(proc.output_dir), losses(reference), rtol=1e-5)
