@@ -63,7 +63,9 @@ def start_local(tmp, run, cache_dir, *flags, spares=None):
         i = launcher.index("--spare-command") + 1
         spare = shlex.split(launcher[i])
         assert spare[:5] == ["nice", "-n", "19", "axplug", "train"], spare
-        launcher[i] = shlex.join([*spare[:3], *AXPLUG, *spare[4:], *tiny_sets(cache_dir)])
+        # Long enough to be still training when its host is taken.
+        busy = ["--max-steps", "100000", "--checkpoint-every", "100000"]
+        launcher[i] = shlex.join([*spare[:3], *AXPLUG, *spare[4:], *tiny_sets(cache_dir), *busy])
     assert train[:2] == ["axplug", "train"], train
     argv = [*AXPLUG, "launch", "--local", *launcher, *flags, "--",
             *AXPLUG, *train[1:], *tiny_sets(cache_dir)]  # fmt: skip
