@@ -1,5 +1,8 @@
-"""Job renderers for axplug: `axplug launch --print slurm|k8s|tpu-vm`."""
+"""axplug-launch: job templates, a local job with standby hosts, and the restart agent."""
 
-from axplug_launch.command import TARGETS, JobPlan, plan_job, render
+from axplug_launch.agent import run_agent
+from axplug_launch.command import TARGETS, render
+from axplug_launch.local import LocalJob, run_local
+from axplug_launch.plan import JobPlan, plan_job
 
-__all__ = ["TARGETS", "JobPlan", "plan_job", "render"]
+__all__ = ["TARGETS", "JobPlan", "LocalJob", "plan_job", "render", "run_agent", "run_local"]

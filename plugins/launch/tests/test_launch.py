@@ -27,19 +27,46 @@ def parse_train(command):
     return build_parser().parse_args(command[1:])
 
 
-def test_k8s_template_is_an_indexed_job_running_axplug_train(capsys):
+def parse_agent(command):
+    """`axplug launch --agent ... -- axplug train ...`: the agent's flags, the train args."""
+    from axplug.cli.main import build_parser
+
+    assert command[:3] == ["axplug", "launch", "--agent"]
+    args = build_parser(command[1:]).parse_args(command[1:])
+    assert args.agent and args.command[0] == "--"
+    return args, parse_train(args.command[1:])
+
+
+def test_k8s_template_is_an_indexed_job_running_the_agent_around_axplug_train(capsys):
     yaml = pytest.importorskip("yaml")
-    code, out, _ = launch(capsys, "k8s", *GPU_JOB, "--set", "learner.learning_rate=1e-4")
+    code, out, _ = launch(
+        capsys, "k8s", *GPU_JOB, "--set", "learner.learning_rate=1e-4", "--spares", "1"
+    )
     assert code == 0
-    service, job = yaml.safe_load_all(out)
-    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    docs = list(yaml.safe_load_all(out))
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["PriorityClass", "PriorityClass", "Service", "Job", "Deployment"]
+    train_class, standby_class, service, job, standby = docs
     spec = job["spec"]
-    assert job["kind"] == "Job" and spec["completionMode"] == "Indexed"
+    assert service["spec"]["clusterIP"] == "None"
+    assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 4  # 32 H100s, 8 per host
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == service["metadata"]["name"] == job["metadata"]["name"]
+    # The trainer preempts standby work; a SIGTERM leaves it 120 s to save.
+    assert pod["priorityClassName"] == train_class["metadata"]["name"]
+    assert train_class["value"] > 0 > standby_class["value"]
+    assert standby_class["preemptionPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] == 120 and pod["restartPolicy"] == "Never"
+    # Exit 75 and disruptions recreate the pod without counting; exit 2 fails the Job.
+    rules = {
+        (r["action"], tuple(r["onExitCodes"]["values"]) if "onExitCodes" in r else "disruption")
+        for r in spec["podFailurePolicy"]["rules"]
+    }
+    assert rules == {("FailJob", (2,)), ("Ignore", (HANG_EXIT_CODE,)), ("Ignore", "disruption")}
     (container,) = pod["containers"]
-    args = parse_train(container["command"])
+    agent, args = parse_agent(container["command"])
+    assert agent.max_restarts == 5
     assert (args.preset, args.mesh_rule) == ("llama2-7b", "gpu-h100-8x4")
     assert args.overrides == ["learner.learning_rate=1e-4", "watchdog.exit_on_hang=True"]
     env = {
@@ -56,6 +83,21 @@ def test_k8s_template_is_an_indexed_job_running_axplug_train(capsys):
     assert resolve_distributed(environ=pod_env) == DistributedSpec(
         f"{name}-0.{name}:1234", 4, 3, None, resolve_distributed(environ=pod_env).source
     )
+    # One standby pod holding a node of the same accelerators, at the lowest priority.
+    assert standby["spec"]["replicas"] == 1
+    standby_pod = standby["spec"]["template"]["spec"]
+    assert standby_pod["priorityClassName"] == standby_class["metadata"]["name"]
+    assert standby_pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+
+
+def test_k8s_standby_runs_the_low_priority_command(capsys):
+    yaml = pytest.importorskip("yaml")
+    lowprio = "axplug train --preset llama-tiny --output-dir gs://b/lowprio"
+    code, out, _ = launch(capsys, "k8s", *GPU_JOB, "--spares", "2", "--spare-command", lowprio)
+    assert code == 0
+    standby = list(yaml.safe_load_all(out))[-1]
+    assert standby["spec"]["replicas"] == 2
+    assert standby["spec"]["template"]["spec"]["containers"][0]["command"] == lowprio.split()
 
 
 def _bash_syntax_ok(script, tmp_path):
@@ -64,18 +106,24 @@ def _bash_syntax_ok(script, tmp_path):
     return subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
 
 
-def test_slurm_template_is_valid_bash_and_srun_runs_axplug_train(capsys, tmp_path):
-    code, out, _ = launch(capsys, "slurm", *GPU_JOB)
+def test_slurm_template_has_spare_nodes_requeue_and_the_agent_in_srun(capsys, tmp_path):
+    code, out, _ = launch(capsys, "slurm", *GPU_JOB, "--spares", "1")
     assert code == 0
     assert _bash_syntax_ok(out, tmp_path).returncode == 0
-    assert "#SBATCH --nodes=4\n" in out and "#SBATCH --gpus-per-node=8\n" in out
-    assert "#SBATCH --ntasks-per-node=1\n" in out
+    assert "#SBATCH --nodes=5\n" in out and "TRAIN_NODES=4\n" in out  # 4 train, 1 stands by
+    assert "#SBATCH --gpus-per-node=8\n" in out and "#SBATCH --ntasks-per-node=1\n" in out
+    for line in ("#SBATCH --requeue", "#SBATCH --no-kill", "#SBATCH --signal=B:TERM@120"):
+        assert line + "\n" in out
     assert "JAX_LOCAL_DEVICE_IDS=0,1,2,3,4,5,6,7\n" in out
     words = shlex.split(out.replace("\\\n", " "), comments=True)
-    command = words[words.index("srun") + 2 : words.index("||")]
-    args = parse_train(command)
+    srun = words.index("srun")
+    assert words[srun + 1 : srun + 4] == [
+        "--nodes=$TRAIN_NODES", "--ntasks=$TRAIN_NODES", "--kill-on-bad-exit=1"
+    ]  # fmt: skip
+    start = words.index("axplug", srun)
+    agent, args = parse_agent(words[start : words.index("&", start)])
     assert args.overrides == ["watchdog.exit_on_hang=True"] and args.cluster == "auto"
-    assert f"-eq {HANG_EXIT_CODE} ]; then scontrol requeue" in out
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in out
     # Under srun, `axplug train` detects the job and leaves the details to JAX.
     slurm = {
         "SLURM_JOB_ID": "9",
@@ -98,15 +146,15 @@ def test_tpu_vm_template_runs_the_command_on_every_worker(capsys, tmp_path):
     line = next(line for line in out.splitlines() if line.startswith("gcloud "))
     words = shlex.split(line)
     assert "--worker=all" in words
-    args = parse_train(shlex.split(words[words.index("--command") + 1]))
+    _, args = parse_agent(shlex.split(words[words.index("--command") + 1]))
     assert args.cluster == "tpu-vm" and args.mesh_rule == "tpu-v5p-64"
 
 
 def test_docs_show_exactly_what_the_command_prints(capsys):
     docs = DOCS.read_text()
     examples = [
-        ["slurm", *GPU_JOB],
-        ["k8s", *GPU_JOB, "--image", "ghcr.io/example/axplug:0.1",
+        ["slurm", *GPU_JOB, "--spares", "1"],
+        ["k8s", *GPU_JOB, "--spares", "1", "--image", "ghcr.io/example/axplug:0.1",
          "--output-dir", "gs://my-bucket/runs/llama2-7b"],
         ["tpu-vm", "--preset", "llama2-7b", "--mesh-rule", "tpu-v5p-64",
          "--output-dir", "gs://my-bucket/runs/llama2-7b"],
@@ -127,3 +175,5 @@ def test_launch_errors_name_the_fix(capsys):
         "--devices-per-host", "4",
     )  # fmt: skip
     assert code == 0 and "completions: 2" in out and "resources" not in out
+    code, _, err = launch(capsys, "k8s", "--mesh-rule", "cpu")
+    assert code == 2 and "launch --print needs --preset" in err
