@@ -87,3 +87,6 @@ def test_a_run_splits_its_time_and_a_restart_shows_restore_time(tmp_path, capsys
     assert runs[0]["goodput/wall_s"] == metrics["goodput/wall_s"]
     assert runs[1]["goodput/restore_s"] > 0 and runs[1]["goodput/init_s"] == 0
     assert runs[1]["goodput/step_s"] > 0 and runs[1]["goodput/slow_steps"] >= 0
+    # The second attempt recomputed steps 4..6, which the first had done: lost steps.
+    assert (runs[1]["attempt"], runs[1]["start_step"], runs[1]["lost_steps"]) == (2, 3, 3)
+    assert runs[1]["job/steps_computed"] == 9 and runs[1]["job/productive_steps"] == 6

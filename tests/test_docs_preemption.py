@@ -1,0 +1,50 @@
+"""docs/launch.md "Failures and preemption", run as written (with a smaller model): the timeout's
+SIGTERM saves and exits 75, the rerun resumes and finishes."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from axplug.summary import read_jsonl
+from axplug.testing import tiny_train_args
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "launch.md"
+
+
+def section_commands():
+    text = PAGE.read_text()
+    section = text.split("## Failures and preemption\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```", section, flags=re.S | re.M)
+    return block.strip().splitlines()
+
+
+def test_the_preemption_commands_run_as_documented(tmp_path):
+    lines = section_commands()
+    assert lines[0].startswith("timeout --preserve-status --signal=TERM 60 axplug train ")
+    # Tiny model and many more steps: the timeout lands mid-run, a few seconds in.
+    args = tiny_train_args("x", "model.decoder.transformer.num_layers=1")
+    tiny = " ".join(f"--set {v!r}" for k, v in zip(args, args[1:], strict=False) if k == "--set")
+    cache = f"--set compilation_cache_dir={str(tmp_path / 'cache')!r}"
+    script = "\n".join(
+        line.replace("--signal=TERM 60", "--signal=TERM 8")
+        .replace("--max-steps 200", f"--max-steps 3000 --checkpoint-every 1000 {tiny} {cache}")
+        .replace("axplug train", f"{sys.executable} -m axplug.cli train")
+        for line in lines
+    )
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "exit code 75" in done.stdout, out[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("preempted at step")]
+    step = int(line.split()[3])
+    assert line == f"preempted at step {step} (SIGTERM): saved; rerun to resume"
+    assert "done: step 3000" in done.stdout
+    first, second = read_jsonl(tmp_path / "runs" / "preempt" / "goodput.jsonl")
+    assert (first["end"], first["step"]) == ("preempted", step)
+    assert (second["end"], second["start_step"], second["job/productive_steps"]) == (
+        "done",
+        step,
+        3000,
+    )
