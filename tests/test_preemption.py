@@ -256,3 +256,14 @@ def test_two_processes_agree_on_the_stop_step_and_a_lost_peer_is_reported(tmp_pa
     ref, res = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in res] == list(range(1, steps + 1))
     assert [r["loss"] for r in res] == [r["loss"] for r in ref]
+
+
+def test_ctrl_c_in_any_other_command_is_one_line_and_exit_130(capsys):
+    from axplug.cli.main import run_reporting_errors
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert run_reporting_errors(interrupted) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted (SIGINT): stopped before finishing") and err.count("\n") == 1

@@ -195,6 +195,15 @@ def run_reporting_errors(run: Callable[[], int]) -> int:
     """
     try:
         return run()
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback from wherever the command was. (`axplug train`
+        # catches it itself, to save the step in flight.)
+        print(
+            "interrupted (SIGINT): stopped before finishing; what it was writing may be "
+            "incomplete: rerun the command",
+            file=sys.stderr,
+        )
+        return 130
     except BrokenPipeError:
         # `axplug list | head`: the reader left. Quiet exit, and no second error at shutdown.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
