@@ -27,24 +27,24 @@ def test_the_preemption_commands_run_as_documented(tmp_path):
     tiny = " ".join(f"--set {v!r}" for k, v in zip(args, args[1:], strict=False) if k == "--set")
     cache = f"--set compilation_cache_dir={str(tmp_path / 'cache')!r}"
     script = "\n".join(
-        line.replace("--signal=TERM 60", "--signal=TERM 8")
-        .replace("--max-steps 200", f"--max-steps 3000 --checkpoint-every 1000 {tiny} {cache}")
+        line.replace("--signal=TERM 60", "--signal=TERM 10")
+        .replace("--max-steps 200", f"--max-steps 1500 --checkpoint-every 500 {tiny} {cache}")
         .replace("axplug train", f"{sys.executable} -m axplug.cli train")
         for line in lines
     )
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
-    assert "exit code 75" in done.stdout, out[-3000:]
+    assert done.returncode == 0, out[-1500:]
+    assert "exit code 75" in done.stdout, out[-1500:]
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("preempted at step")]
     step = int(line.split()[3])
     assert line == f"preempted at step {step} (SIGTERM): saved; rerun to resume"
-    assert "done: step 3000" in done.stdout
+    assert "done: step 1500" in done.stdout
     first, second = read_jsonl(tmp_path / "runs" / "preempt" / "goodput.jsonl")
     assert (first["end"], first["step"]) == ("preempted", step)
     assert (second["end"], second["start_step"], second["job/productive_steps"]) == (
         "done",
         step,
-        3000,
+        1500,
     )

@@ -20,7 +20,7 @@ from axplug.runtime import RESTART_EXIT_CODE, PeerMonitor
 from axplug.summary import read_jsonl
 from axplug.testing import tiny_train_args
 
-STEPS = 60
+STEPS = 40
 
 
 def _args(output_dir, cache_dir, max_steps=STEPS, extra=()):
@@ -63,6 +63,8 @@ def _final_state(output_dir, cache_dir):
 
 def _complete_steps(output_dir):
     ckpt = output_dir / "checkpoints"
+    if not ckpt.exists():
+        return []
     return sorted(
         int(p.name.split("_")[1]) for p in ckpt.iterdir() if (p / "commit_success.txt").exists()
     )
@@ -79,14 +81,16 @@ def reference(tmp_path_factory):
 
 # SIGTERM at a seeded random step; Ctrl-C right at a checkpoint step (its asynchronous save
 # still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt.
-@pytest.mark.parametrize("sig, when", [("SIGTERM", "random"), ("SIGINT", "at_save"),
-                                       ("SIGKILL", "random")])  # fmt: skip
+KILLED = pytest.param("SIGKILL", "random", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("sig, when", [("SIGTERM", "random"), ("SIGINT", "at_save"), KILLED])
 def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
     tmp_path, reference, sig, when
 ):
     ref_dir, cache = reference
     run = tmp_path / "run"
-    target = 20 if when == "at_save" else random.Random(f"{sig}{when}").randint(3, STEPS - 15)
+    target = 20 if when == "at_save" else random.Random(f"{sig}{when}").randint(3, STEPS - 12)
     proc = _start(run, cache)
     _wait_for_steps(proc, run, target)
     proc.send_signal(getattr(signal, sig))
