@@ -329,6 +329,7 @@ class Trainer(Configurable):
         try:
             batches = self.input.iter_from(start)
             if self._signals.requested is not None and jax.process_count() == 1:
+                self.state = state
                 raise Preempted(start, self._signals.requested, saved=False)
             for step in range(start, cfg.max_steps):
                 with self.goodput.phase("data_wait"):

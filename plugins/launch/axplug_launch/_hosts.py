@@ -84,7 +84,7 @@ class HostPool:
         self.training += joined
         return joined
 
-    def write_state(self, **extra: object) -> None:
+    def save_host_states(self, **extra: object) -> None:
         """OUTPUT: SCRATCH/hosts.json, every host's state and pid, and `extra`."""
         record = {
             "hosts": [

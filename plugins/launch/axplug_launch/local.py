@@ -151,7 +151,7 @@ class _Supervisor:
             )
             self.trainers.append(child)
             host.pid = child.pid
-        self.pool.write_state(attempt=self.attempt, coordinator=f"127.0.0.1:{port}")
+        self.pool.save_host_states(attempt=self.attempt, coordinator=f"127.0.0.1:{port}")
         names = ", ".join(h.name for h in self.pool.training)
         extra = f", {_ACCUMULATION}={accumulation}" if n != self.job.processes else ""
         self.say(f"launch: attempt {self.attempt}: {n} processes on {names}{extra}")
