@@ -37,6 +37,6 @@ def expected_writer_scalars(run_dir, final: dict) -> dict[tuple[int, str], float
     assert {step for step, _ in want} == {1, 2, 3, 4} and (4, "train/loss") in want
     (goodput,) = read_jsonl(os.path.join(run_dir, "goodput.jsonl"))
     # The attempt's fields and the job's totals go to writers too (`end` is a word: not).
-    want |= {(4, k): v for k, v in goodput.items() if k not in ("step", "end", "ended")}
+    want |= {(4, group_tag(k)): v for k, v in goodput.items() if k not in ("step", "end", "ended")}
     assert want[(4, "goodput/wall_s")] == pytest.approx(final["goodput/wall_s"])
     return want
