@@ -55,7 +55,7 @@ def eight_devices(tmp_path_factory):
     return [r["loss"] for r in read_jsonl(root / "full" / "metrics.jsonl")], root / "half", cache
 
 
-@pytest.mark.parametrize("devices, processes", [(4, 1), (2, 2)])
+@pytest.mark.parametrize("devices, processes", [(4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_an_eight_device_checkpoint_resumes_elsewhere_with_the_same_losses(
     tmp_path, eight_devices, devices, processes
 ):

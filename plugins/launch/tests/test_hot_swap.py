@@ -155,6 +155,7 @@ def test_killed_trainer_is_swapped_for_a_standby_and_the_run_ends_bit_exact(
     assert losses(proc.output_dir) == losses(reference)
 
 
+@pytest.mark.slow
 def test_elastic_job_shrinks_to_one_process_and_keeps_the_losses(tmp_path, cache_dir, reference):
     proc = start_local(tmp_path, "elastic", cache_dir)
     kill_process_mid_run(proc)
