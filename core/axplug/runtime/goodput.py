@@ -32,6 +32,7 @@ class GoodputRecorder:
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._start = self._mark = time.perf_counter()
+        self.started_at = time.time()  # wall-clock start, for records that outlive the process
         self._stack = ["setup"]
 
     def _charge(self) -> None:

@@ -36,7 +36,6 @@ __all__ = [
     "set_last_saved",
 ]
 
-log = logging.getLogger("axplug.runtime")
 
 DEFAULT_PEER_TIMEOUT_S = 30.0
 _PREFIX = "axplug/heartbeat/"
@@ -104,12 +103,6 @@ class PeerMonitor:
             self._thread = None
             with contextlib.suppress(Exception):  # the store is gone: nobody left to tell
                 _client().key_value_set(f"{_PREFIX}{self._me}", _DONE, allow_overwrite=True)
-
-    def __enter__(self) -> PeerMonitor:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _run(self) -> None:
         client = _client()

@@ -9,7 +9,6 @@ whatever step each host's signal arrived at. A second signal ends the process at
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -20,7 +19,6 @@ from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 
 __all__ = ["Preempted", "StopSignals", "StopAgreement"]
 
-log = logging.getLogger("axplug.trainer")
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

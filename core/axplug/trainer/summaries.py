@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 import jax
@@ -55,7 +54,7 @@ def attempt_recorder(trainer: Any, start_step: int) -> AttemptRecorder | None:
     cfg = trainer.config
     storage = storage_for(cfg.output_dir, cfg.checkpointer.storage_options)
     url = storage.join(cfg.output_dir, "goodput.jsonl")
-    started = time.time() - trainer.goodput.report()["goodput/wall_s"]
+    started = trainer.goodput.started_at
     return AttemptRecorder(storage, url, summary_dir(cfg.output_dir), start_step, started)
 
 

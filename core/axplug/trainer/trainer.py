@@ -12,14 +12,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
-from axplug.checkpoint import Checkpointer, CheckpointError
+from axplug.checkpoint import Checkpointer
 from axplug.config import (
     REQUIRED,
     Configurable,
     InstantiableConfig,
     Required,
     config_class,
-    to_dict,
 )
 from axplug.input import ByteTextInput, eval_split_of
 from axplug.learner import Learner
@@ -42,6 +41,7 @@ from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
+from axplug.trainer.saving import SAVE_ERROR_POLICIES, save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step
 from axplug.trainer.summaries import (
     attempt_recorder,
@@ -53,7 +53,6 @@ from axplug.trainer.summaries import (
 __all__ = ["Trainer", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
-_SAVE_ERROR_POLICIES = ("stop", "retry_next")
 _CORRUPT_POLICIES = ("previous", "stop")
 
 
@@ -105,10 +104,10 @@ class Trainer(Configurable):
 
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)
-        if cfg.on_save_error not in _SAVE_ERROR_POLICIES:
+        if cfg.on_save_error not in SAVE_ERROR_POLICIES:
             raise cfg.field_error(
                 "on_save_error",
-                f"must be one of {_SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
+                f"must be one of {SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
             )
         if cfg.on_corrupt_checkpoint not in _CORRUPT_POLICIES:
             raise cfg.field_error(
@@ -253,28 +252,6 @@ class Trainer(Configurable):
         ]
         return float(np.mean(jax.device_get(losses)))
 
-    def _save(self, state: dict, step: int) -> None:
-        try:  # a failed background write of the previous checkpoint surfaces here
-            self.checkpointer.wait_until_finished()
-        except CheckpointError as exc:
-            self._save_failed(exc)
-        try:
-            self.checkpointer.save(step, state, {"step": step, "config": to_dict(self._config)})
-        except CheckpointError as exc:
-            self._save_failed(exc)
-            return
-        self.hooks(
-            "on_checkpoint_saved",
-            trainer=self,
-            step=step,
-            path=f"{self.checkpointer.directory}/step_{step:08d}",
-        )
-
-    def _save_failed(self, exc: CheckpointError) -> None:
-        if self._config.on_save_error != "retry_next":
-            raise exc
-        log.error("%s; training continues, the next checkpoint saves again", exc)
-
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics.
 
@@ -347,7 +324,7 @@ class Trainer(Configurable):
                     last = self._on_step_end(*pending, guard, timer)
                     pending = None
                     with self.goodput.phase("checkpoint"):
-                        self._save(state, done)
+                        save_checkpoint(self, state, done)
                 elif (local := self.checkpointer.local) is not None and local.due(done):
                     with self.goodput.phase("checkpoint"):
                         local.save(done, state)  # logs a failure; the persistent tier decides
@@ -360,7 +337,9 @@ class Trainer(Configurable):
                     )
                 if agreement.update(self._signals.requested is not None) and done < cfg.max_steps:
                     self.state = state
-                    self._stop(state, done, pending, guard, timer)
+                    if pending is not None:
+                        self._on_step_end(*pending, guard, timer)
+                    save_and_stop(self, state, done, self._signals.requested)
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
@@ -369,17 +348,6 @@ class Trainer(Configurable):
                 self.checkpointer.wait_until_finished()
         self.state = state
         return last
-
-    def _stop(self, state: dict, done: int, pending: Any, guard: Any, timer: Any) -> None:
-        """Saves step `done` (unless it just was) and raises `Preempted`."""
-        if pending is not None:
-            self._on_step_end(*pending, guard, timer)
-        with self.goodput.phase("checkpoint"):
-            if done % self._config.checkpoint_every != 0:
-                self._save(state, done)
-            self.checkpointer.wait_until_finished()
-        signal_name = self._signals.requested or "a signal to another process"
-        raise Preempted(done, signal_name)
 
     def _compile(self, state: dict, batch: dict) -> None:
         # Compiling ahead of the first call fills the cache that call uses, so the time is
