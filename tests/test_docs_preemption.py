@@ -11,6 +11,23 @@ from axplug.testing import tiny_train_args
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "launch.md"
 
+# Stands in for `timeout --preserve-status --signal=TERM 60`: SIGTERM once the run has trained a
+# few steps (progress.json), however long start-up takes on a loaded machine; the child's status.
+TERM_AFTER_STEPS = """
+import json, signal, subprocess, sys, time
+proc, deadline = subprocess.Popen(sys.argv[2:]), time.monotonic() + 300
+while proc.poll() is None:
+    try:
+        step = json.load(open(sys.argv[1]))["step"]
+    except (OSError, ValueError, KeyError):
+        step = 0
+    if step >= 5 or time.monotonic() > deadline:
+        proc.send_signal(signal.SIGTERM)
+        break
+    time.sleep(0.05)
+sys.exit(proc.wait())
+"""
+
 
 def section_commands():
     text = PAGE.read_text()
@@ -22,12 +39,15 @@ def section_commands():
 def test_the_preemption_commands_run_as_documented(tmp_path):
     lines = section_commands()
     assert lines[0].startswith("timeout --preserve-status --signal=TERM 60 axplug train ")
-    # Tiny model and many more steps: the timeout lands mid-run, a few seconds in.
+    # Tiny model and many more steps; the SIGTERM comes a few steps in, as the timeout's would.
     args = tiny_train_args("x", "model.decoder.transformer.num_layers=1")
     tiny = " ".join(f"--set {v!r}" for k, v in zip(args, args[1:], strict=False) if k == "--set")
     cache = f"--set compilation_cache_dir={str(tmp_path / 'cache')!r}"
+    (tmp_path / "term_after_steps.py").write_text(TERM_AFTER_STEPS)
+    progress = tmp_path / "runs" / "preempt" / "progress.json"
+    timeout = f"{sys.executable} term_after_steps.py {progress}"
     script = "\n".join(
-        line.replace("--signal=TERM 60", "--signal=TERM 10")
+        line.replace("timeout --preserve-status --signal=TERM 60", timeout)
         .replace("--max-steps 200", f"--max-steps 1500 --checkpoint-every 500 {tiny} {cache}")
         .replace("axplug train", f"{sys.executable} -m axplug.cli train")
         for line in lines
