@@ -1,6 +1,6 @@
 """A checkpoint saved on 8 devices (`fsdp=8`) resumes on 4 devices, and on 2 processes of 2
-devices, with the 8-device run's losses to float32 reduction order: same global batch, same
-data stream."""
+devices, and one saved by 2 processes of 4 devices resumes on 1 process of 4, with the 8-device
+run's losses to float32 reduction order: same global batch, same data stream."""
 
 import os
 import shutil
@@ -52,6 +52,10 @@ def eight_devices(tmp_path_factory):
     cache = root / "cache"
     _run(root / "full", cache, STEPS, 8)
     _run(root / "half", cache, HALF, 8)
+    losses = np.asarray([r["loss"] for r in read_jsonl(root / "full" / "metrics.jsonl")])
+    # The comparisons tell batches apart: a stream shifted by a step, or rows split otherwise,
+    # moves a loss far beyond the tolerance.
+    assert np.all(np.abs(np.diff(losses)) > 10 * 2e-6 * losses[1:])
     return [r["loss"] for r in read_jsonl(root / "full" / "metrics.jsonl")], root / "half", cache
 
 
@@ -70,3 +74,18 @@ def test_an_eight_device_checkpoint_resumes_elsewhere_with_the_same_losses(
     np.testing.assert_array_equal([r["loss"] for r in records[:HALF]], reference[:HALF])
     np.testing.assert_allclose([r["loss"] for r in records[HALF:]], reference[HALF:],
                                rtol=2e-6, atol=0)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, eight_devices):
+    reference, _, cache = eight_devices
+    run = tmp_path / "run"
+    err = _run(run, cache, HALF, 4, processes=2)
+    assert "process 0 of 2" in err
+    state = run / "checkpoints" / f"step_{HALF:08d}" / "state"
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= set(os.listdir(state))
+    err = _run(run, cache, STEPS, 4)
+    assert f"resumed from step {HALF}" in err and "process 0 of" not in err
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([r["loss"] for r in records], reference, rtol=2e-6, atol=0)
