@@ -21,6 +21,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     steps = shell_commands("your-data.md")
     assert [argv[:2] for argv in steps] == [
         ["axplug", "prepare-data"],
+        ["axplug", "data"],
         ["axplug", "train"],
         ["axplug", "generate"],
     ]
@@ -28,6 +29,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
         assert main(argv[1:]) == 0, argv
     out = capsys.readouterr().out
     assert "wrote data/corpus:" in out and "done: step 10" in out
+    assert "data/corpus: ok, 4 shard(s), 3,595 documents" in out
     assert "\nHAMLET." in out.split("done: step 10")[1]  # the generated text, from the prompt
     metrics = (tmp_path / "runs" / "corpus" / "metrics.jsonl").read_text()
     assert '"eval_loss"' in metrics  # eval_every ran on the held-out documents

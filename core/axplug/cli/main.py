@@ -32,6 +32,7 @@ COMMANDS = (
     "axplug.cli.import_hf_cmd",
     "axplug.cli.export_hf_cmd",
     "axplug.cli.prepare_data_cmd",
+    "axplug.cli.data_cmd",
 )
 
 EPILOG = """\

@@ -15,15 +15,19 @@ examples:
   axplug prepare-data web.jsonl --field content --tokenizer llama/tokenizer.model \\
       --output data/web --workers 8
   axplug prepare-data shard-*.parquet --tokenizer gpt2.tiktoken --output data/pq
+  axplug data verify data/books
   axplug train --preset llama-tiny --input token_file:path=data/books --output-dir runs/books
 
 Sources: `.jsonl` (one JSON object per line; --field names the text), `.parquet` (--field
 names the column), a directory saved by Hugging Face `datasets` (`save_to_disk`), or text
 (one document per file, or per --text-unit paragraph/line). Each document gets the
 tokenizer's EOS appended (--no-eos to leave it out). The output holds token shards,
-meta.json and a copy of the tokenizer; a killed run rerun with the same arguments
-tokenizes only what is missing. The tokenizer is a tokenizer.json, a SentencePiece .model,
-a .tiktoken file, a directory with one of them, or `bytes` (pip install 'axplug[tokenizers]').
+meta.json (written last; it records each shard's token count and largest id) and a copy
+of the tokenizer; a killed run rerun with the same arguments tokenizes only what is
+missing. The tokenizer and the arguments are checked before anything is written. The
+tokenizer is a tokenizer.json, a SentencePiece .model, a .tiktoken file, a directory with
+one of them, or `bytes` (pip install 'axplug[tokenizers]'). `axplug data verify DIR` reads
+every shard back and checks it against meta.json.
 """
 
 
@@ -56,6 +60,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from axplug.config import UsageError
+
+    for flag, value in (("--workers", args.workers), ("--docs-per-shard", args.docs_per_shard)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -83,21 +92,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{totals['tokens']:,} tokens ({rate:,.0f} tokens/s)",
             )
 
-        try:
-            meta = prepare_data(
-                args.files,
-                tokenizer=args.tokenizer,
-                output=args.output,
-                field=args.field,
-                text_unit=args.text_unit,
-                docs_per_shard=args.docs_per_shard,
-                workers=args.workers,
-                append_eos=not args.no_eos,
-                on_shard=on_shard,
-            )
-        except ImportError as exc:  # a tokenizer or source format's optional package
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        meta = prepare_data(
+            args.files,
+            tokenizer=args.tokenizer,
+            output=args.output,
+            field=args.field,
+            text_unit=args.text_unit,
+            docs_per_shard=args.docs_per_shard,
+            workers=args.workers,
+            append_eos=not args.no_eos,
+            on_shard=on_shard,
+        )
     seconds = time.perf_counter() - start
     print(
         f"wrote {args.output}: {meta['num_documents']:,} documents, {meta['num_tokens']:,} "

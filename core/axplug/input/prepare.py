@@ -1,10 +1,15 @@
 """`prepare_data`: text, JSONL, Parquet or a saved Hugging Face dataset -> token shards.
 
-Documents are read in order from every source and grouped into chunks of `docs_per_shard`;
-each chunk is tokenized by a worker process and written as one shard (`write_shard`), so the
-output does not depend on the number of workers. A shard on disk is finished (written, then
-renamed), so a rerun after a kill tokenizes only the missing chunks; `progress.json` records
-the settings and refuses a rerun that would mix different ones. `meta.json` comes last.
+Documents are read in order from every source (`axplug.input.sources`) and grouped into chunks
+of `docs_per_shard`; each chunk is tokenized by a worker process and written as one shard
+(`write_shard`), so the output does not depend on the number of workers. A shard on disk is
+finished (written, then renamed), so a rerun after a kill tokenizes only the missing chunks;
+`progress.json` records the settings and refuses a rerun that would mix different ones.
+`meta.json` comes last.
+
+The arguments, the sources' kinds and the tokenizer are checked before anything is written; a
+source that turns out unreadable midway (a truncated JSONL line) removes the output directory
+when this run created it, since the fixed source would not match its `progress.json`.
 """
 
 from __future__ import annotations
@@ -14,93 +19,17 @@ import itertools
 import json
 import os
 import pathlib
+import shutil
 from collections.abc import Callable, Iterator
 
-from axplug.config import ConfigError, ConfigFileError
-from axplug.input.token_file import FORMAT, write_shard
-from axplug.tokenizer import Tokenizer, load_tokenizer
+from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
+from axplug.input.data_dir import FORMAT, no_space_as_enospc, open_shard, write_shard
+from axplug.input.sources import TEXT_UNITS, chunks, read_documents
+from axplug.tokenizer import TOKENIZER_FILES, Tokenizer, load_tokenizer
 
 __all__ = ["prepare_data", "read_documents", "TEXT_UNITS"]
 
-TEXT_UNITS = ("file", "paragraph", "line")
-
-
-def _text_documents(path: pathlib.Path, unit: str) -> Iterator[str]:
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if unit == "file":
-        parts = [text]
-    elif unit == "paragraph":
-        parts = text.split("\n\n")
-    else:
-        parts = text.splitlines()
-    yield from (p for p in parts if p.strip())
-
-
-def _jsonl_documents(path: pathlib.Path, field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if field not in record:
-                raise ConfigError(f"{path}:{number}: no field {field!r} (use --field NAME)")
-            yield str(record[field])
-
-
-def _parquet_documents(path: pathlib.Path, field: str) -> Iterator[str]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ImportError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from e
-    table = pq.ParquetFile(path)
-    if field not in table.schema_arrow.names:
-        raise ConfigError(f"{path}: no column {field!r}; columns: {table.schema_arrow.names}")
-    for batch in table.iter_batches(columns=[field]):
-        yield from (str(v) for v in batch.column(0).to_pylist() if v is not None)
-
-
-def _dataset_documents(path: pathlib.Path, field: str) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError as e:
-        raise ImportError(f"{path}: a saved Hugging Face dataset needs `datasets`") from e
-    dataset = datasets.load_from_disk(str(path))
-    if isinstance(dataset, datasets.DatasetDict):
-        dataset = dataset["train"] if "train" in dataset else next(iter(dataset.values()))
-    if field not in dataset.column_names:
-        raise ConfigError(f"{path}: no column {field!r}; columns: {dataset.column_names}")
-    yield from (str(v) for v in dataset[field])
-
-
-def read_documents(path: str | os.PathLike, *, field: str = "text", text_unit: str = "file"):
-    """The documents of one source, by its kind: a directory saved by `datasets`, `.jsonl`,
-    `.parquet`, or text (`text_unit`: one document per file, paragraph or line)."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        return _dataset_documents(path, field)
-    if not path.is_file():
-        raise ConfigFileError(f"prepare-data: {str(path)!r} does not exist")
-    if path.suffix in (".jsonl", ".json"):
-        return _jsonl_documents(path, field)
-    if path.suffix == ".parquet":
-        return _parquet_documents(path, field)
-    if text_unit not in TEXT_UNITS:
-        raise ConfigError(f"text unit {text_unit!r}: one of {TEXT_UNITS}")
-    return _text_documents(path, text_unit)
-
-
-def _chunks(sources, field, text_unit, size) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for source in sources:
-        for doc in read_documents(source, field=field, text_unit=text_unit):
-            chunk.append(doc)
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
-
-
+SHARD_FIELDS = ("name", "tokens", "documents", "max_token_id")  # a shard's record in meta.json
 _worker: dict = {}
 
 
@@ -139,6 +68,47 @@ def _size(path: pathlib.Path) -> int:
     return path.stat().st_size if path.exists() else -1
 
 
+def _load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
+    """`load_tokenizer`, with a file the tokenizer libraries cannot read as one error naming it."""
+    try:
+        return load_tokenizer(spec)
+    except ConfigError:
+        raise
+    except Exception as e:  # `tokenizers` raises a bare Exception, sentencepiece a RuntimeError
+        path = pathlib.Path(spec).expanduser()
+        if path.is_dir():
+            path = next(path / n for n in TOKENIZER_FILES if (path / n).is_file())
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigFileError(
+            f"tokenizer {str(path)!r}: not a readable tokenizer ({reason}); give a valid "
+            "tokenizer.json, SentencePiece .model or .tiktoken file"
+        ) from None
+
+
+def _check_output(out: pathlib.Path) -> None:
+    """Refuses an output that is, or is inside, something other than a directory."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise UsageError(
+                    f"prepare-data: --output {str(out)!r}: {str(path)!r} is a file, not a "
+                    "directory; give a new directory (or the one a killed run left)"
+                )
+            return
+
+
+def _write_text(path: pathlib.Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary name (a full disk names `path`)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with no_space_as_enospc(path):
+            tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
 def prepare_data(
     sources: list[str | os.PathLike],
     *,
@@ -154,30 +124,43 @@ def prepare_data(
     """Tokenizes `sources` into the data directory `output`; returns its meta.json content.
 
     `on_shard(record)` is called as each shard is done (the CLI's progress bar)."""
-    import multiprocessing
-
     if docs_per_shard < 1:
-        raise ConfigError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
+        raise ConfigValueError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
+    if workers is not None and workers < 1:
+        raise ConfigValueError(f"workers must be >= 1 (or None: one per CPU), got {workers}")
+    if text_unit not in TEXT_UNITS:
+        raise ConfigValueError(f"text unit {text_unit!r}: one of {TEXT_UNITS}")
     if not sources:
         raise ConfigError("prepare-data: no input files given")
     for source in sources:
-        if not pathlib.Path(source).exists():
-            raise ConfigFileError(f"prepare-data: {str(source)!r} does not exist")
-    try:
-        tok = load_tokenizer(tokenizer)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigFileError(str(e)) from None
+        read_documents(source, field=field, text_unit=text_unit)  # exists, readable kind
     out = pathlib.Path(output)
+    _check_output(out)
+    tok = _load_tokenizer(tokenizer)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers,
+                        append_eos, on_shard)  # fmt: skip
+    except ConfigError:
+        # A source unreadable midway: once it is fixed it no longer matches progress.json.
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, append_eos, on_shard):
+    import multiprocessing
+
     eos = tok.eos_id if append_eos else None
     settings = _settings(sources, tok, field, text_unit, docs_per_shard, eos)
     progress = out / "progress.json"
-    if progress.exists() and json.loads(progress.read_text()) != settings:
+    if progress.exists() and _read_progress(progress) != settings:
         raise ConfigError(
             f"prepare-data: {out} holds a preparation with other inputs or settings "
             "(progress.json); use a new --output directory, or delete that one"
         )
-    progress.write_text(json.dumps(settings, indent=1) + "\n")
+    _write_text(progress, json.dumps(settings, indent=1) + "\n")
     dtype = "uint16" if tok.vocab_size <= 2**16 else "uint32"
     done = {p.name[: -len(".docs.npy")] for p in out.glob("shard_*.docs.npy")}
     records: list[dict] = []
@@ -189,11 +172,10 @@ def prepare_data(
 
     def jobs() -> Iterator[tuple[int, list[str]]]:
         """Chunks still to tokenize; finished shards (from a killed run) are counted."""
-        for index, texts in enumerate(_chunks(sources, field, text_unit, docs_per_shard)):
+        for index, texts in enumerate(chunks(sources, field, text_unit, docs_per_shard)):
             name = f"shard_{index:05d}"
-            if name in done and (out / f"{name}.bin").exists():
-                size = os.path.getsize(out / f"{name}.bin") // (2 if dtype == "uint16" else 4)
-                finished({"name": name, "tokens": size, "documents": len(texts), "bytes": 0})
+            if name in done and (shard := _finished_shard(out, name, len(texts), dtype, tok)):
+                finished({**shard, "bytes": 0})
             else:
                 yield index, texts
 
@@ -211,7 +193,11 @@ def prepare_data(
                 for record in pool.imap_unordered(_tokenize_chunk, wave):
                     finished(record)
     records.sort(key=lambda r: r["name"])
-    saved = tok.save(out).name if tok.source else "bytes"
+    if tok.source:
+        with no_space_as_enospc(out / tok.file_name):
+            saved = tok.save(out).name
+    else:
+        saved = "bytes"
     meta = {
         "format": FORMAT,
         "dtype": dtype,
@@ -221,10 +207,29 @@ def prepare_data(
         "bos_id": tok.bos_id,
         "num_tokens": sum(r["tokens"] for r in records),
         "num_documents": sum(r["documents"] for r in records),
-        "shards": [{k: r[k] for k in ("name", "tokens", "documents")} for r in records],
+        "shards": [{k: r[k] for k in SHARD_FIELDS} for r in records],
         "settings": settings,
     }
-    tmp = out / ".meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / "meta.json")
+    _write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
+
+
+def _read_progress(path: pathlib.Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(
+            f"{path}: not JSON ({e}): the preparation there cannot be resumed; use a new "
+            "--output directory, or delete that one"
+        ) from None
+
+
+def _finished_shard(out: pathlib.Path, name: str, documents: int, dtype: str, tok) -> dict | None:
+    """The record of a shard a killed run finished, checked; None: tokenize it again."""
+    record = {"name": name, "documents": documents}
+    try:
+        shard = open_shard(out, {"dtype": dtype, "vocab_size": tok.vocab_size}, record)
+    except ConfigFileError:
+        return None
+    top = int(shard.tokens.max()) if len(shard.tokens) else None
+    return {**record, "tokens": len(shard.tokens), "max_token_id": top}

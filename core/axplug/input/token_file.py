@@ -1,16 +1,8 @@
-"""Tokenized data on disk (what `axplug prepare-data` writes) and the input that trains on it.
-
-A data directory holds `meta.json`, the tokenizer file, and shards: `shard_NNNNN.bin` (the
-token ids of whole documents, each ending with the tokenizer's EOS when it has one; uint16
-or uint32) with `shard_NNNNN.docs.npy` (int64 document start offsets in the shard, plus its
-length). Shards are written whole and renamed into place, so a directory is never half a
-shard, and `meta.json` is written last.
-"""
+"""The input that trains on a prepared data directory (`axplug prepare-data`; its layout and
+checks are in `axplug.input.data_dir`)."""
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 from collections.abc import Iterator
 
@@ -18,40 +10,11 @@ import numpy as np
 
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
 from axplug.input.base import Batch, StepInput, check_split, field_error
+from axplug.input.data_dir import FORMAT, open_shards, out_of_vocab, read_meta, write_shard
 
 __all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
 
-FORMAT = "axplug-tokens-1"
 IGNORE_LABEL = -1  # a target the loss skips (CausalLM ignores labels < 0)
-
-
-def read_meta(directory: str | os.PathLike) -> dict:
-    """The `meta.json` of a prepared data directory, checked."""
-    path = pathlib.Path(directory) / "meta.json"
-    if not path.is_file():
-        raise ConfigFileError(
-            f"{str(directory)!r} is not a prepared data directory (no meta.json); make one with "
-            "`axplug prepare-data FILES --tokenizer PATH --output DIR`"
-        )
-    meta = json.loads(path.read_text())
-    if meta.get("format") != FORMAT:
-        raise ConfigFileError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta
-
-
-def write_shard(directory: pathlib.Path, name: str, documents: list, dtype: str) -> dict:
-    """Writes the documents (lists of ids) as shard `name` atomically; returns its record."""
-    lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
-    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.fromiter(
-        (t for d in documents for t in d), dtype=np.dtype(dtype), count=int(starts[-1])
-    )
-    for suffix, write in ((".bin", tokens.tofile), (".docs.npy", lambda f: np.save(f, starts))):
-        tmp = directory / f".{name}{suffix}.tmp"
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, directory / f"{name}{suffix}")
-    return {"name": name, "tokens": int(starts[-1]), "documents": len(documents)}
 
 
 class TokenFileInput(StepInput):
@@ -88,13 +51,12 @@ class TokenFileInput(StepInput):
         root = pathlib.Path(cfg.path).expanduser()
         self.meta = read_meta(root)
         self.vocab_size = int(self.meta["vocab_size"])
-        self._shards, starts, doc_starts = [], [0], [np.zeros(1, np.int64)]
-        for shard in self.meta["shards"]:
-            tokens = np.memmap(root / f"{shard['name']}.bin", dtype=self.meta["dtype"], mode="r")
-            docs = np.load(root / f"{shard['name']}.docs.npy")
-            self._shards.append(tokens)
-            doc_starts.append(docs[1:] + starts[-1])
-            starts.append(starts[-1] + len(tokens))
+        self._paths, self._shards, starts, doc_starts = [], [], [0], [np.zeros(1, np.int64)]
+        for shard in open_shards(root, self.meta):  # sizes checked against meta.json, docs.npy
+            self._paths.append(shard.path)
+            self._shards.append(shard.tokens)
+            doc_starts.append(shard.docs[1:] + starts[-1])
+            starts.append(starts[-1] + len(shard.tokens))
         self._offsets = np.asarray(starts, np.int64)  # global token offset of each shard
         self._doc_starts = np.concatenate(doc_starts)  # [documents + 1]
         n_docs = len(self._doc_starts) - 1
@@ -125,6 +87,21 @@ class TokenFileInput(StepInput):
             out.append(self._shards[i][lo - self._offsets[i] : hi - self._offsets[i]])
         return np.concatenate(out).astype(np.int32)
 
+    def _check_ids(self, windows: np.ndarray, starts: list[int]) -> None:
+        """Refuses ids outside the vocabulary, which a gather would clamp silently.
+
+        meta.json's `max_token_id` is checked when the directory opens; this catches a shard
+        changed since, at the cost of a max over each batch (`axplug data verify` reads all)."""
+        bad = (windows < 0) | (windows >= self.vocab_size)  # uint32 ids >= 2**31 wrap negative
+        if not bad.any():
+            return
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        at = starts[row] + col
+        shard = int(np.searchsorted(self._offsets, at, side="right")) - 1
+        local = at - int(self._offsets[shard])
+        token = int(self._shards[shard][local])
+        raise ConfigFileError(out_of_vocab(self._paths[shard], token, local, self.vocab_size))
+
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._epoch is None or self._epoch[0] != epoch:
             rng = np.random.default_rng([self._config.seed, 0x7F4A, epoch])
@@ -143,6 +120,7 @@ class TokenFileInput(StepInput):
         first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
         starts = [self.window_start(first + r) for r in range(self.local_batch_size)]
         windows = np.stack([self._read(s, cfg.seq_len + 1) for s in starts])
+        self._check_ids(windows, starts)
         batch = {
             "input_ids": np.ascontiguousarray(windows[:, :-1]),
             "target_labels": np.ascontiguousarray(windows[:, 1:]),
