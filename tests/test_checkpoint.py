@@ -265,10 +265,11 @@ def test_data_file_bytes_splits_the_arrays_into_files_that_restore_exactly(tmp_p
         _, restored, _ = ckpt.restore(1, target=_abstract(state))
         assert ckpt.verify(1) == len(jax.tree.leaves(state))
     _assert_same(restored, state)
-    # A file is closed once it passes 32 KiB: each big array (~60 KiB compressed) in its own.
-    # (Orbax's default, 2 GiB, puts arrays written together into one file.)
+    # A file is closed once it passes 32 KiB: no file holds two big arrays (~60 KiB compressed
+    # each), so there are at least 8 files. (Orbax's default, 2 GiB, puts arrays written
+    # together into one file.) Writes run concurrently, so where an array's bytes land varies.
     sizes = sorted(p.stat().st_size for p in _data_files(tmp_path / step_dir_name(1)))
-    assert len([n for n in sizes if n > 32 * 1024]) == 8 and sizes[-1] < 80 * 1024, sizes
+    assert len(sizes) >= 8 and sizes[-1] < 80 * 1024, sizes
 
 
 def test_one_checkpointer_saves_and_restores_whole_and_partial_states(tmp_path):
