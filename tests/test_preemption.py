@@ -80,11 +80,13 @@ def reference(tmp_path_factory):
 
 
 # SIGTERM at a seeded random step; Ctrl-C right at a checkpoint step (its asynchronous save
-# still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt.
+# still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt. SIGTERM's
+# save and rerun also run by default in test_docs_preemption.py, so its case here is slow.
+TERMINATED = pytest.param("SIGTERM", "random", marks=pytest.mark.slow)
 KILLED = pytest.param("SIGKILL", "random", marks=pytest.mark.slow)
 
 
-@pytest.mark.parametrize("sig, when", [("SIGTERM", "random"), ("SIGINT", "at_save"), KILLED])
+@pytest.mark.parametrize("sig, when", [TERMINATED, ("SIGINT", "at_save"), KILLED])
 def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
     tmp_path, reference, sig, when
 ):

@@ -171,6 +171,7 @@ def test_elastic_job_shrinks_to_one_process_and_keeps_the_losses(tmp_path, cache
     np.testing.assert_allclose(losses(proc.output_dir), losses(reference), rtol=1e-5)
 
 
+@pytest.mark.slow  # 33 s: a third two-process job; the swap itself runs by default above
 def test_no_standby_left_stops_with_the_restart_code(tmp_path, cache_dir):
     proc = start_local(tmp_path, "swap", cache_dir, spares=0)
     kill_process_mid_run(proc)
