@@ -10,7 +10,7 @@ import pathlib
 import shutil
 from collections.abc import Sequence
 
-from axplug.config import ConfigDependencyError, ConfigFileError, ConfigValueError
+from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError, ConfigValueError
 
 __all__ = [
     "Tokenizer",
@@ -20,6 +20,7 @@ __all__ = [
     "TiktokenTokenizer",
     "load_tokenizer",
     "has_tokenizer",
+    "read_tokenizer_config",
     "TOKENIZER_FILES",
 ]
 
@@ -92,6 +93,20 @@ def _special(vocab: dict[str, int], config: dict, key: str, names: tuple[str, ..
     return next((vocab[n] for n in names if n in vocab), None)
 
 
+def read_tokenizer_config(path: pathlib.Path) -> dict:
+    """A `tokenizer_config.json` (special tokens), {} when missing; one not a JSON object fails
+    naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigValueError(f"{path}: not a readable tokenizer_config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigValueError(f"{path}: not a JSON object (a tokenizer_config.json maps names)")
+    return config
+
+
 class HFTokenizer(Tokenizer):
     """A Hugging Face `tokenizer.json` (the `tokenizers` package); special tokens from a
     `tokenizer_config.json` beside it, else the usual names (`</s>`, `<|endoftext|>`...)."""
@@ -106,8 +121,7 @@ class HFTokenizer(Tokenizer):
         self._tok = _Tokenizer.from_file(str(self.source))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         vocab = self._tok.get_vocab(with_added_tokens=True)
-        config_path = self.source.with_name("tokenizer_config.json")
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        config = read_tokenizer_config(self.source.with_name("tokenizer_config.json"))
         self.bos_id = _special(vocab, config, "bos_token", _BOS_NAMES)
         self.eos_id = _special(vocab, config, "eos_token", _EOS_NAMES)
         self.pad_id = _special(vocab, config, "pad_token", _PAD_NAMES)
@@ -186,6 +200,8 @@ _BY_SUFFIX = {
 }
 _EXTRA = {HFTokenizer: "tokenizers", SentencePieceTokenizer: "sentencepiece",
           TiktokenTokenizer: "tiktoken"}  # fmt: skip
+_KIND = {HFTokenizer: "Hugging Face tokenizer.json", SentencePieceTokenizer: "SentencePiece model",
+         TiktokenTokenizer: "tiktoken rank file"}  # fmt: skip
 
 
 def has_tokenizer(directory: str | pathlib.Path | None) -> bool:
@@ -226,3 +242,11 @@ def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:
             f"tokenizer {str(path)!r} needs the {_EXTRA[cls]!r} package: "
             "pip install 'axplug[tokenizers]'"
         ) from e
+    except ConfigError:
+        raise
+    except Exception as e:  # the format's own parser: any error it has means a bad file
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigValueError(
+            f"{path}: not a readable {_KIND[cls]} ({reason}); replace it with a complete copy "
+            "(a truncated or damaged file?)"
+        ) from None

@@ -12,8 +12,10 @@ metadata JSON and deleting old steps.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import shutil
+import threading
 from typing import TYPE_CHECKING, Any
 
 from axplug.checkpoint.errors import StorageNotFoundError
@@ -108,10 +110,22 @@ class LocalStorage(Storage):
             return f.read()
 
     def write_text(self, url: str, text: str) -> None:
+        # Under a temporary name, then renamed: a reader (or a killed writer) never leaves a
+        # half-written file at `url`.
         local = self._local(url)
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with open(local, "w", encoding="utf-8") as f:
-            f.write(text)
+        head, name = os.path.split(local)
+        os.makedirs(head, exist_ok=True)
+        tmp = os.path.join(head, f".{name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, local)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if exc.filename is None:  # a failed write names no file
+                raise OSError(exc.errno, exc.strerror, local) from exc
+            raise
 
     def stat(self, url: str) -> tuple[int | None, float | None]:
         local = self._local(url)

@@ -22,6 +22,13 @@ families). Every config.json field must be read by a layer of the model, or the 
 refused naming it.
 OUTPUT gets config.txt and checkpoints/step_00000000 in the trainer's layout (fresh optimizer
 state), so `axplug train` on it fine-tunes and anything that loads a trained run loads it.
+
+Everything is read and checked before anything is written: every tensor (float16, bfloat16,
+float32 or float64 only, no NaN or inf) and the tokenizer files, loaded as `generate` loads
+them. The tokenizer files and config.txt / config.json are written under temporary names and
+renamed into place, and the checkpoint commits last: an import killed or out of disk space
+leaves no complete step, and the same command run again cleans up after it and imports. An
+OUTPUT that already holds a complete checkpoint is refused.
 """
 
 

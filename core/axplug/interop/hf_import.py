@@ -9,6 +9,13 @@ is needed (`axplug.trainer.fresh_optimizer`), so resuming the run or `axplug tra
 starts from the imported weights with exactly the state a trainer would have; the commands
 that read weights only (generate, serve, eval, export-hf) read the parameters as from any run.
 
+Every input is read and checked before the first write: each tensor (a floating-point dtype,
+no NaN or inf, the shape config.json implies), the tokenizer files (loaded as `generate` loads
+them) and generation_config.json. Then the tokenizer files and config.txt / config.json are
+written, each under a temporary name renamed into place, and the checkpoint's commit comes
+last: an import cut short leaves no complete step, and rerunning it into the same directory
+removes what it left and starts over.
+
 Peak host memory is about the parameters plus one shard: tensors are read one at a time with
 one shard file open, each host array is dropped once on its devices, and the save writes data
 files of `DATA_FILE_BYTES`, the most it holds beyond the parameters.
@@ -18,8 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import os
+import pathlib
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +45,14 @@ from axplug.trainer import Trainer
 from axplug.trainer.fresh_optimizer import FRESH_OPT_STATE
 from axplug.trainer.run import write_config
 
-__all__ = ["ImportResult", "import_hf", "IMPORT_STEP", "DATA_FILE_BYTES", "copy_tokenizer_files"]
+__all__ = [
+    "ImportResult",
+    "import_hf",
+    "IMPORT_STEP",
+    "DATA_FILE_BYTES",
+    "check_tokenizer_files",
+    "copy_tokenizer_files",
+]
 
 IMPORT_STEP = 0
 # The import's checkpoint files: a save holds one file's compressed bytes in host memory (orbax's
@@ -72,6 +89,8 @@ def import_hf(
     """
     hf = read_hf_config(directory)
     cfg = hf_trainer_config(hf, output_dir=output_dir, modifiers=modifiers, overrides=overrides)
+    check_tokenizer_files(directory)
+    generation_config = _generation_config(directory)
     # No summary writers: building them would create metric files in the output directory.
     # The data file size is the import's own: the saved config is `cfg`.
     checkpointer_cfg = cfg.checkpointer.clone(data_file_bytes=DATA_FILE_BYTES)
@@ -99,7 +118,6 @@ def import_hf(
         num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
         state = _state(trainer, params)
         del params
-        write_config(cfg)
         metadata = {
             "step": IMPORT_STEP,
             "config": to_dict(cfg),
@@ -109,12 +127,17 @@ def import_hf(
                 "directory": os.path.abspath(directory),
                 "architecture": hf.architecture,
                 "config": hf.raw,
-                "generation_config": _generation_config(directory),
+                "generation_config": generation_config,
             },
         }
+        # Everything but the checkpoint first, each file renamed into place once whole; the
+        # checkpoint's commit is the import's last write, so an import cut anywhere (killed,
+        # a full disk) leaves no complete step, and its rerun starts over.
+        _remove_leftovers(checkpointer, output_dir)
+        copy_tokenizer_files(directory, output_dir, remove_others=True)
+        write_config(cfg)
         checkpointer.save(IMPORT_STEP, state, metadata)
         checkpointer.wait_until_finished()
-        copy_tokenizer_files(directory, output_dir)
     finally:
         checkpointer.close()
     return ImportResult(
@@ -131,19 +154,68 @@ def import_hf(
 COPIED_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_config.json")
 
 
-def copy_tokenizer_files(directory: str, output_dir: str) -> list[str]:
-    """Copies the tokenizer files `directory` has into the run directory; returns their names."""
-    from axplug.checkpoint import storage_for
+# What an import writes beside its checkpoint; a rerun removes their temporary files.
+_RUN_FILES = (*COPIED_TOKENIZER_FILES, "config.txt", "config.json")
+
+
+def check_tokenizer_files(directory: str) -> list[str]:
+    """Loads each tokenizer file `directory` has, as `axplug generate` will; one that does not
+    load fails naming it. Returns their names."""
+    from axplug.config import ConfigDependencyError
+    from axplug.tokenizer import TOKENIZER_FILES, load_tokenizer, read_tokenizer_config
+
+    found = [n for n in COPIED_TOKENIZER_FILES if os.path.isfile(os.path.join(directory, n))]
+    read_tokenizer_config(pathlib.Path(directory, "tokenizer_config.json"))
+    for name in found:
+        if name in TOKENIZER_FILES:
+            try:
+                load_tokenizer(os.path.join(directory, name))
+            except ConfigDependencyError as exc:  # copied unchecked: the format's package is absent
+                logging.getLogger(__name__).warning("%s; copying %s unchecked", exc, name)
+    return found
+
+
+def copy_tokenizer_files(
+    directory: str, output_dir: str, *, remove_others: bool = False
+) -> list[str]:
+    """Copies the tokenizer files `directory` has into `output_dir`, each renamed into place
+    once whole; with `remove_others`, deletes the ones `directory` lacks (an earlier attempt's).
+    Returns the names copied."""
+    from axplug.checkpoint import LocalStorage, storage_for
+    from axplug.interop._files import copy_file
 
     storage = storage_for(output_dir)
     copied = []
     for name in COPIED_TOKENIZER_FILES:
-        source = os.path.join(directory, name)
-        if os.path.isfile(source):
+        source, target = os.path.join(directory, name), storage.join(output_dir, name)
+        if not os.path.isfile(source):
+            if remove_others:
+                storage.delete(target)
+            continue
+        if isinstance(storage, LocalStorage):
+            os.makedirs(os.fspath(storage.path(output_dir)), exist_ok=True)
+            copy_file(source, os.fspath(storage.path(target)))
+        else:  # an object store's write is whole or absent
             with open(source, "rb") as f:
-                storage.path(storage.join(output_dir, name)).write_bytes(f.read())
-            copied.append(name)
+                storage.path(target).write_bytes(f.read())
+        copied.append(name)
     return copied
+
+
+def _remove_leftovers(checkpointer: Any, output_dir: str) -> None:
+    """What an import cut short left in `output_dir` (which holds no complete step): its
+    temporary files and its partial save of the import step."""
+    from axplug.checkpoint import layout
+    from axplug.interop._files import is_temp_of
+
+    storage = checkpointer.storage
+    for entry in storage.listdir(output_dir):
+        if is_temp_of(entry, _RUN_FILES):
+            storage.delete(storage.join(output_dir, entry))
+    prefix = layout.step_dir_name(IMPORT_STEP)  # `step_00000000`, orbax's `step_00000000.orbax-...`
+    for entry in storage.listdir(checkpointer.directory):
+        if entry == prefix or entry.startswith(prefix + "."):
+            storage.delete(storage.join(checkpointer.directory, entry))
 
 
 def _generation_config(directory: str) -> dict:

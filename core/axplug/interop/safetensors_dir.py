@@ -1,5 +1,6 @@
 """The tensors of a Hugging Face checkpoint directory (`*.safetensors`, sharded or not), read
-lazily with `safetensors` into numpy, each checked against the shape the caller expects.
+lazily with `safetensors` into numpy, each checked against the shape the caller expects, for
+a floating-point dtype and for NaN and inf.
 
 One shard file is open at a time: safetensors memory-maps it, and every page read stays in
 the process's resident memory until the file is closed, so keeping each shard open would
@@ -19,9 +20,22 @@ from safetensors import safe_open
 
 from axplug.interop.hf_config import HFImportError
 
-__all__ = ["SafetensorsDir"]
+__all__ = ["SafetensorsDir", "FLOAT_DTYPES", "count_non_finite"]
 
 INDEX_FILE = "model.safetensors.index.json"
+# The safetensors dtypes a weight may have. Integers and booleans would be cast to float:
+# an int8-quantized checkpoint with the stock tensor names would import as garbage.
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_BLOCK = 2**22  # elements checked for NaN/inf at a time: a bool copy of one block, not the tensor
+
+
+def count_non_finite(value: np.ndarray) -> int:
+    """How many elements of `value` are NaN or inf."""
+    flat = value.reshape(-1)
+    return sum(
+        int(flat[i : i + _BLOCK].size - np.count_nonzero(np.isfinite(flat[i : i + _BLOCK])))
+        for i in range(0, flat.size, _BLOCK)
+    )
 
 
 class SafetensorsDir(contextlib.AbstractContextManager):
@@ -101,17 +115,32 @@ class SafetensorsDir(contextlib.AbstractContextManager):
             )
         file = self._where[name]
         handle = self._open(file)
+        where = f"{self.directory}/{file}"
         try:
-            found = tuple(handle.get_slice(name).get_shape())
+            info = handle.get_slice(name)
+            found, dtype = tuple(info.get_shape()), info.get_dtype()
         except Exception as exc:  # the index names a tensor its file lacks
-            raise HFImportError(f"{self.directory}/{file}: cannot read {name!r} ({exc})") from None
+            raise HFImportError(f"{where}: cannot read {name!r} ({exc})") from None
+        if dtype not in FLOAT_DTYPES:
+            raise HFImportError(
+                f"{where}: tensor {name!r} has dtype {dtype}; only floating-point weights "
+                f"({', '.join(FLOAT_DTYPES)}) import: a quantized checkpoint must be "
+                "dequantized to float16, bfloat16 or float32 first"
+            )
         if shape is not None and found != tuple(int(d) for d in shape):
             raise HFImportError(
-                f"{self.directory}/{file}: tensor {name!r} has shape {list(found)}, but "
+                f"{where}: tensor {name!r} has shape {list(found)}, but "
                 f"config.json implies {list(shape)}; the weights and config.json disagree"
             )
         self._used.add(name)
-        return handle.get_tensor(name)
+        value = handle.get_tensor(name)
+        bad = count_non_finite(value)
+        if bad:
+            raise HFImportError(
+                f"{where}: tensor {name!r} has {bad} NaN or inf value(s) of {value.size}; the "
+                "checkpoint is damaged (download it again) or was saved from a diverged run"
+            )
+        return value
 
     def unused(self) -> list[str]:
         """Names never read by `get`."""

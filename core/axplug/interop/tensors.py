@@ -16,6 +16,7 @@ import numpy as np
 
 from axplug.api.hf import HFTensor
 from axplug.interop.hf_config import HFImportError
+from axplug.interop.safetensors_dir import count_non_finite
 
 __all__ = ["hf_params", "hf_tensors", "flatten", "unflatten", "IGNORED_SUFFIXES"]
 
@@ -108,10 +109,15 @@ def hf_params(tensors: Any, rules: Mapping[str, HFTensor], specs: dict) -> dict:
                 f"tensor {rule.name!r} gives {list(value.shape)}; an override changed a "
                 "dimension, or the weights and config.json disagree"
             )
-        if layer is None:
-            out[target][...] = value
-        else:
-            out[target][layer] = value
+        dest = out[target] if layer is None else out[target][layer]
+        with np.errstate(over="ignore"):  # reported below, naming the tensor
+            dest[...] = value
+        if count_non_finite(dest):  # finite in the file, beyond the range of the model's dtype
+            raise HFImportError(
+                f"{path}: the Hugging Face tensor {rule.name!r} has values beyond the range of "
+                f"{dest.dtype}, the parameter's dtype (inf once cast); store the parameters "
+                "wider (--set model.dtype=float32) or fix the checkpoint"
+            )
     return unflatten(out)
 
 

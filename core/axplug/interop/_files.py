@@ -1,0 +1,148 @@
+"""Writing files and directories so that none looks complete before it is: a file goes to a
+temporary name beside it and is renamed into place; a directory is filled under a temporary
+name beside it and renamed into place whole.
+
+Every write error is an `OSError` naming the file written (a full disk: errno ENOSPC and the
+path, which the CLI reports as "no space left on <device> writing <path>"), and a failed write
+leaves no temporary file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from typing import BinaryIO
+
+__all__ = [
+    "TEMP_MARK",
+    "temp_path",
+    "atomic_file",
+    "copy_file",
+    "is_temp_of",
+    "named_os_error",
+    "staged_directory",
+    "remove_stale_stages",
+]
+
+TEMP_MARK = ".tmp-"  # `.NAME.tmp-PID`: a file or directory being written by process PID
+_OLD_MARK = ".old-"  # `.NAME.old-PID`: the directory a --force export is replacing
+_CHUNK = 4 * 2**20
+
+
+def temp_path(path: str, mark: str = TEMP_MARK) -> str:
+    """`dir/.name.tmp-PID` of `dir/name`: a hidden name in the same directory (one rename)."""
+    head, name = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{name}{mark}{os.getpid()}")
+
+
+def is_temp_of(entry: str, names: tuple[str, ...] | list[str]) -> bool:
+    """Whether the directory entry `entry` is a temporary file of one of `names`."""
+    return any(entry.startswith(f".{name}{TEMP_MARK}") for name in names)
+
+
+def named_os_error(exc: OSError, path: str) -> OSError:
+    """`exc` naming `path` when it names no file (a failed `write` names none)."""
+    if exc.filename is not None:
+        return exc
+    code = exc.errno if exc.errno is not None else errno.EIO
+    return OSError(code, exc.strerror or os.strerror(code), path)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str) -> Iterator[BinaryIO]:
+    """A binary file to write whose content appears at `path` only once it is all written."""
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise named_os_error(exc, path) from exc
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def copy_file(source: str, target: str) -> None:
+    """Copies `source` to `target` atomically (`target` is the old file or the whole copy)."""
+    with open(source, "rb") as src, atomic_file(target) as dst:
+        shutil.copyfileobj(src, dst, _CHUNK)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a stage of ours from before (a reused pid) is stale too
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def remove_stale_stages(path: str) -> list[str]:
+    """Deletes the temporary directories of `path` (`.name.tmp-PID`, `.name.old-PID`) whose
+    process is gone (a killed export); returns their paths."""
+    head, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"^\.{re.escape(name)}(?:{TEMP_MARK}|{_OLD_MARK})(\d+)$")
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(head):
+            m = pattern.match(entry)
+            if m and not _alive(int(m.group(1))):
+                _remove(os.path.join(head, entry))
+                removed.append(os.path.join(head, entry))
+    return removed
+
+
+@contextlib.contextmanager
+def staged_directory(path: str, *, replace: bool) -> Iterator[str]:
+    """A new directory to fill that becomes `path` only once the block completes.
+
+    `path` must be missing or empty, unless `replace`: then the old directory is renamed
+    aside, the new one renamed in, and only then the old one deleted, so `path` is at every
+    moment the old directory or the new one, whole. A failed block leaves `path` as it was.
+    """
+    stage = temp_path(path)
+    _remove(stage)
+    try:
+        os.makedirs(stage)
+        yield stage
+        _commit(stage, path, replace)
+    except OSError as exc:
+        _remove(stage)
+        raise named_os_error(exc, path) from exc
+    except BaseException:
+        _remove(stage)
+        raise
+
+
+def _commit(stage: str, path: str, replace: bool) -> None:
+    if not os.path.isdir(path):
+        os.rename(stage, path)
+        return
+    if not os.listdir(path):
+        os.rmdir(path)
+        os.rename(stage, path)
+        return
+    if not replace:
+        raise FileExistsError(errno.EEXIST, "filled while the export was written", path)
+    old = temp_path(path, _OLD_MARK)
+    _remove(old)
+    os.rename(path, old)
+    os.rename(stage, path)
+    shutil.rmtree(old, ignore_errors=True)
