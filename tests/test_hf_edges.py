@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from axplug.cli import main
 from test_hf_import import hf_weights, llama_config, load_run, word_tokenizer, write_hf
@@ -266,3 +267,106 @@ def test_generate_on_an_import_whose_tokenizer_was_damaged_is_one_error_line(
     argv = ["generate", "--checkpoint", str(out), "--prompt", "to be", "--max-new-tokens", "2"]
     assert main(argv) == 2
     assert str(tokenizer) in error_line(capsys)
+
+
+# --- 2. export-hf: an occupied --output, --force, a kill, a full disk ------------------------
+
+
+@pytest.fixture
+def imported(hf_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["import-hf", hf_dir, "--output", str(run)]) == 0
+    capsys.readouterr()
+    return run
+
+
+def export_files(directory) -> dict:
+    """{file name: its tensors (safetensors) or bytes} of an export."""
+    out = {}
+    for path in sorted(pathlib.Path(directory).iterdir()):
+        out[path.name] = load_file(path) if path.suffix == ".safetensors" else path.read_bytes()
+    return out
+
+
+def assert_same_export(directory, clean):
+    got, want = export_files(directory), export_files(clean)
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        if isinstance(value, dict):
+            assert sorted(got[name]) == sorted(value)
+            for tensor in value:
+                np.testing.assert_array_equal(got[name][tensor], value[tensor])
+        else:
+            assert got[name] == value, name
+
+
+def siblings(directory) -> list[str]:
+    """Temporary directories an export left beside `directory`."""
+    directory = pathlib.Path(directory)
+    return [p.name for p in directory.parent.iterdir() if p.name.startswith(f".{directory.name}.")]
+
+
+def test_an_older_export_is_refused_and_force_replaces_the_whole_directory(
+    imported, tmp_path, capsys
+):
+    from axplug.interop.hf_export import export_hf
+
+    out = tmp_path / "out"
+    export_hf(str(imported), str(out), shard_bytes=20_000)  # an older, sharded export
+    old = export_files(out)
+    assert "model.safetensors.index.json" in old
+    assert main(["export-hf", str(imported), "--output", str(out)]) == 2
+    line = error_line(capsys)
+    assert str(out) in line and "--force" in line
+    assert export_files(out).keys() == old.keys()  # untouched
+    assert main(["export-hf", str(imported), "--output", str(out), "--force"]) == 0
+    assert main(["export-hf", str(imported), "--output", str(tmp_path / "clean")]) == 0
+    assert sorted(os.listdir(out)) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]  # fmt: skip
+    assert_same_export(out, tmp_path / "clean")
+    assert siblings(out) == []
+
+
+def test_an_output_that_is_a_file_is_one_error_line(imported, tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    assert main(["export-hf", str(imported), "--output", str(target)]) == 2
+    assert str(target) in error_line(capsys)
+    assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("where", [".", ".."])
+def test_force_never_replaces_the_run_being_exported(imported, capsys, where):
+    output = os.path.normpath(imported / where)
+    assert main(["export-hf", str(imported), "--output", output, "--force"]) == 2
+    assert "holds the run" in error_line(capsys)
+    assert complete_steps(imported, capsys) == [0]
+
+
+def test_an_export_killed_mid_write_leaves_no_output_and_reruns(imported, tmp_path, capsys):
+    out = tmp_path / "out"
+    stall_and_kill(tmp_path, "export-hf", imported, "--output", out)
+    assert not out.exists()
+    assert len(siblings(out)) == 1  # the dead export's temporary directory
+    assert main(["export-hf", str(imported), "--output", str(out)]) == 0
+    assert main(["export-hf", str(imported), "--output", str(tmp_path / "clean")]) == 0
+    assert_same_export(out, tmp_path / "clean")
+    assert siblings(out) == []
+
+
+def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(
+    imported, tmp_path, capsys, monkeypatch
+):
+    import safetensors.numpy
+    from safetensors import SafetensorError
+
+    def full(tensors, path, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    out = tmp_path / "out"
+    assert main(["export-hf", str(imported), "--output", str(out)]) == 1
+    line = error_line(capsys)
+    assert "no space left" in line.lower() and ".safetensors" in line
+    assert not out.exists() and siblings(out) == []

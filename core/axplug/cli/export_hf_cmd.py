@@ -12,14 +12,21 @@ EPILOG = """\
 examples:
   axplug export-hf runs/tuned --output hf/tuned
   axplug export-hf runs/tuned --output hf/tuned-step200 --step 200
+  axplug export-hf runs/tuned --output hf/tuned --force     replace an earlier export
 
 The model must be one an installed architecture builds (`axplug list --kind architectures`):
 an `axplug import-hf` import and its fine-tunes export as their own architecture, a preset's
 run as the first architecture that expresses it (llama-tiny: LlamaForCausalLM). What no
 architecture expresses (ALiBi, interleaved RoPE, a capacity-limited router) is refused by its
 config path. The output holds config.json (the layers' fields over the imported model's own),
-sharded safetensors with their index, and the run's tokenizer files; config.json is written
-last. `axplug import-hf` on it gives back the same parameters.
+sharded safetensors with their index, and the run's tokenizer files. `axplug import-hf` on
+it gives back the same parameters.
+
+The export is written into a temporary directory beside DIR (.NAME.tmp-PID) and renamed to
+DIR once complete: DIR is never partial, and an export killed or out of disk space leaves no
+DIR (run it again as is; the temporary directories of dead exports are deleted). DIR must be
+new or empty; --force replaces a non-empty one whole (no old shard or index is left beside
+the new files), the old directory deleted only once the new one is in place.
 """
 
 
@@ -34,6 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run (or import) directory")
     parser.add_argument("--output", required=True, metavar="DIR", help="where to write")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument(
+        "--force", action="store_true", help="replace DIR when it is not empty (the whole DIR)"
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -41,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from axplug.interop.hf_export import export_hf
 
-    raw = export_hf(args.run_dir, args.output, step=args.step)
+    raw = export_hf(args.run_dir, args.output, step=args.step, force=args.force)
     import os
 
     shards = sorted(f for f in os.listdir(args.output) if f.endswith(".safetensors"))

@@ -7,6 +7,10 @@ layers write (`hf_write`) over it. Before anything is written the architecture r
 model from that config.json; where the rebuilt model would compute something else (a layer
 it lacks, an option it does not set, a source field the run no longer agrees with), the
 export is refused naming the config path, so a checkpoint never loads as another model.
+
+The export is written into a temporary directory beside the output and renamed into place
+once complete (`interop._files.staged_directory`): the output directory is missing, the old
+one or the new one whole, never a mix.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
 import jax
@@ -21,7 +26,7 @@ import numpy as np
 
 from axplug.interop.hf_config import HFImportError, load_architecture, registered_architectures
 
-__all__ = ["export_hf", "hf_config_for", "HFExportError"]
+__all__ = ["export_hf", "check_output", "hf_config_for", "HFExportError"]
 
 
 class HFExportError(HFImportError):
@@ -110,7 +115,10 @@ def hf_config_for(cfg: Any, source: dict | None = None) -> tuple[dict, Any]:
 def _write_shards(tensors, output_dir: str, shard_bytes: int) -> None:
     """Streams (name, array) into safetensors shards of at most `shard_bytes` (one tensor
     over it gets a shard of its own), then the index when there is more than one."""
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
+
+    from axplug.interop._files import atomic_file
 
     files: list[tuple[str, list[str]]] = []
     total = 0
@@ -121,7 +129,13 @@ def _write_shards(tensors, output_dir: str, shard_bytes: int) -> None:
         nonlocal shard, size
         if shard:
             tmp = os.path.join(output_dir, f".shard-{len(files) + 1:05d}.safetensors")
-            save_file(shard, tmp, {"format": "pt"})
+            try:
+                save_file(shard, tmp, {"format": "pt"})
+            except SafetensorError as exc:
+                error = _os_error(exc, tmp)
+                if error is exc:
+                    raise
+                raise error from exc
             files.append((tmp, list(shard)))
         shard, size = {}, 0
 
@@ -140,23 +154,74 @@ def _write_shards(tensors, output_dir: str, shard_bytes: int) -> None:
         file = f"model-{i:05d}-of-{len(files):05d}.safetensors"
         os.replace(tmp, os.path.join(output_dir, file))
         weight_map.update(dict.fromkeys(names, file))
-    with open(os.path.join(output_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with atomic_file(os.path.join(output_dir, "model.safetensors.index.json")) as f:
+        f.write(json.dumps(index, indent=1).encode())
+
+
+def _os_error(exc: Exception, path: str) -> Exception:
+    """safetensors' error for an OS error (`... (os error 28)`) as that `OSError` naming
+    `path`, so a full disk reads as one; any other error as it is."""
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    if found is None:
+        return exc
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), path)
+
+
+def check_output(output_dir: str, *, force: bool = False, run_dir: str | None = None) -> None:
+    """Refuses an `output_dir` that is a file, or a non-empty directory unless `force`, or
+    that is (or holds) `run_dir`, which replacing it would delete."""
+    from axplug.config import UsageError
+
+    if run_dir is not None and "://" not in run_dir:  # a run on an object store is not local
+        target, run = os.path.realpath(output_dir), os.path.realpath(run_dir)
+        if run == target or run.startswith(target.rstrip(os.sep) + os.sep):
+            raise UsageError(
+                f"--output {output_dir}: holds the run {run_dir} being exported; give a "
+                "directory of its own"
+            )
+    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
+        raise UsageError(
+            f"--output {output_dir}: is a file, not a directory; give a new directory's path"
+        )
+    held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    if held and not force:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise UsageError(
+            f"--output {output_dir}: not empty (holds {shown}); give a new or empty directory, "
+            "or --force to replace it whole"
+        )
 
 
 def export_hf(
-    run_dir: str, output_dir: str, *, step: int | None = None, shard_bytes: int = 2**31
+    run_dir: str,
+    output_dir: str,
+    *,
+    step: int | None = None,
+    shard_bytes: int = 2**31,
+    force: bool = False,
 ) -> dict:
     """Writes the run's model (latest step unless `step`) as a Hugging Face checkpoint into
-    `output_dir`; returns its config.json content."""
-    from axplug.inference.loading import load_checkpoint
-    from axplug.interop.hf_import import copy_tokenizer_files
+    `output_dir`; returns its config.json content.
 
+    `output_dir` must be new or empty unless `force`, which replaces it whole. The checkpoint
+    is written into a temporary directory beside it (`.NAME.tmp-PID`) renamed to `output_dir`
+    once complete, so `output_dir` never holds a partial export, nor an old one's files; the
+    temporary directories of exports killed before are deleted.
+    """
+    from axplug.inference.loading import load_checkpoint
+    from axplug.interop._files import atomic_file, remove_stale_stages, staged_directory
+    from axplug.interop.hf_import import check_tokenizer_files, copy_tokenizer_files
+
+    check_output(output_dir, force=force, run_dir=run_dir)
     loaded = load_checkpoint(run_dir, step=step)
     lineage = loaded.lineage  # this run, then the runs it was tuned from
     source = next((m["source"]["config"] for _, m in lineage if m.get("source")), None)
     raw, arch = hf_config_for(loaded.config, source)
     tokenizer_home = _tokenizer_home([d for d, _ in lineage], loaded.config)
+    if tokenizer_home is not None:
+        check_tokenizer_files(tokenizer_home)
     if tokenizer_home is not None and source is None:
         from axplug.tokenizer import load_tokenizer
 
@@ -165,16 +230,15 @@ def export_hf(
     from axplug.interop.tensors import hf_tensors
 
     rules = arch.tensors(loaded.config.model)
-    os.makedirs(output_dir, exist_ok=True)
-    _write_shards(hf_tensors(jax.device_get(loaded.params), rules), output_dir, shard_bytes)
-    if tokenizer_home is not None:
-        copy_tokenizer_files(tokenizer_home, output_dir)
-    # config.json last: a directory without it is not a checkpoint, so a cut export never
-    # looks complete.
-    tmp = os.path.join(output_dir, ".config.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(raw, f, indent=1)
-    os.replace(tmp, os.path.join(output_dir, "config.json"))
+    tensors = hf_tensors(jax.device_get(loaded.params), rules)
+    os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
+    remove_stale_stages(output_dir)
+    with staged_directory(output_dir, replace=force) as stage:
+        _write_shards(tensors, stage, shard_bytes)
+        if tokenizer_home is not None:
+            copy_tokenizer_files(tokenizer_home, stage)
+        with atomic_file(os.path.join(stage, "config.json")) as f:
+            f.write(json.dumps(raw, indent=1).encode())
     return raw
 
 
