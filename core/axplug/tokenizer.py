@@ -247,6 +247,6 @@ def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:
     except Exception as e:  # the format's own parser: any error it has means a bad file
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigValueError(
-            f"{path}: not a readable {_KIND[cls]} ({reason}); replace it with a complete copy "
-            "(a truncated or damaged file?)"
+            f"tokenizer {str(path)!r}: not a readable tokenizer ({reason}); give a valid "
+            f"{_KIND[cls]} (a truncated or damaged copy?)"
         ) from None

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
 from axplug.input.data_dir import FORMAT, no_space_as_enospc, open_shard, write_shard
 from axplug.input.sources import TEXT_UNITS, chunks, read_documents
-from axplug.tokenizer import TOKENIZER_FILES, Tokenizer, load_tokenizer
+from axplug.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["prepare_data", "read_documents", "TEXT_UNITS"]
 
@@ -66,23 +66,6 @@ def _size(path: pathlib.Path) -> int:
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size if path.exists() else -1
-
-
-def _load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
-    """`load_tokenizer`, with a file the tokenizer libraries cannot read as one error naming it."""
-    try:
-        return load_tokenizer(spec)
-    except ConfigError:
-        raise
-    except Exception as e:  # `tokenizers` raises a bare Exception, sentencepiece a RuntimeError
-        path = pathlib.Path(spec).expanduser()
-        if path.is_dir():
-            path = next(path / n for n in TOKENIZER_FILES if (path / n).is_file())
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigFileError(
-            f"tokenizer {str(path)!r}: not a readable tokenizer ({reason}); give a valid "
-            "tokenizer.json, SentencePiece .model or .tiktoken file"
-        ) from None
 
 
 def _check_output(out: pathlib.Path) -> None:
@@ -136,7 +119,7 @@ def prepare_data(
         read_documents(source, field=field, text_unit=text_unit)  # exists, readable kind
     out = pathlib.Path(output)
     _check_output(out)
-    tok = _load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer)  # a file its library cannot read: one error naming it
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
