@@ -61,8 +61,9 @@ class Learner(Configurable):
         # Micro-batches per step: gradients are averaged over this many slices of the batch.
         grad_accumulation_steps: int = 1
 
-    def __init__(self, cfg: Config):
-        super().__init__(cfg)
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        """Raises the ConfigError naming a field whose value is not one this learner takes."""
         for field, value, choices in (
             ("optimizer", cfg.optimizer, OPTIMIZERS),
             ("schedule", cfg.schedule, SCHEDULES),
@@ -71,6 +72,10 @@ class Learner(Configurable):
                 raise ConfigError(f"learner.{field}: unknown {value!r}; choose from {choices}")
         if cfg.grad_accumulation_steps < 1:
             raise ConfigError("learner.grad_accumulation_steps: must be >= 1")
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.check_config(cfg)
 
     @property
     def grad_accumulation_steps(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -144,40 +145,123 @@ PRESETS = (gpt_tiny, llama_tiny, llama2_7b, llama2_70b, llama3_8b, mixtral_8x7b)
 
 
 def resolve_preset(name: str) -> Preset:
-    """The registered preset `name`, or a `module:function` (your own recipe, importable)
-    returning a Preset or a Trainer config; else an error listing the installed presets."""
-    import re
-
+    """The registered preset `name`, or your recipe: `module:function` (importable) or
+    `path/to/file.py:function`, a function of no arguments returning a Preset or a Trainer
+    config; else an error listing the installed presets."""
     from axplug import registry
 
     try:
         preset = registry.load("presets", name)
     except registry.ComponentNotFoundError:
-        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", name):
+        if (match := _FILE_RECIPE.fullmatch(name)) is not None:
+            preset = _recipe(name, _file_object(name, match["path"], match["function"]))
+        elif _MODULE_RECIPE.fullmatch(name):
+            preset = _recipe(name, _module_object(name))
+        else:
             raise
-        preset = _recipe(name)
     if not isinstance(preset, Preset):
         raise ConfigError(f"preset {name!r} is a {type(preset).__qualname__}, not a Preset")
     return preset
 
 
-def _recipe(name: str) -> Preset:
-    """`module:function` -> a Preset: what it returns (a Preset, or a Trainer config)."""
-    from axplug.input.iterator import resolve_function
+_MODULE_RECIPE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+# `recipes/small.py:build`, `./r.py:build`: a Python file, then the function in it.
+_FILE_RECIPE = re.compile(r"(?P<path>.+\.py):(?P<function>[A-Za-z_][\w.]*)")
+_RECIPE = "a recipe is a function of no arguments returning an axplug.presets.Preset or a "
+_RECIPE += "Trainer config"
 
+
+def _module_object(name: str) -> Any:
+    """What `module:attr` names; an error saying how to make the module importable."""
+    import importlib
+
+    module, _, attr = name.partition(":")
     try:
-        made = resolve_function(name)
-    except ValueError as e:
-        raise ConfigError(f"--preset {name!r}: {e}") from None
-    made = made if isinstance(made, Preset) else made()
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            raise ConfigError(
+                f"--preset {name!r}: no module named {e.name!r}; put the directory holding "
+                f"{module.replace('.', '/')}.py on PYTHONPATH (PYTHONPATH=DIR axplug train "
+                f"...), or name the file: --preset path/to/{module.rpartition('.')[2]}.py:{attr}"
+            ) from None
+        raise ConfigError(f"--preset {name!r}: importing {module} failed: {e}") from None
+    except ImportError as e:
+        raise ConfigError(f"--preset {name!r}: importing {module} failed: {e}") from None
+    except SyntaxError as e:
+        raise ConfigError(f"--preset {name!r}: {_syntax(e)}") from None
+    return _attribute(name, obj, attr, module)
+
+
+def _file_object(name: str, file: str, attr: str) -> Any:
+    """What `path/to/file.py:attr` names, the file loaded as a module of its own."""
+    import hashlib
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(file).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--preset {name!r}: {path} is not a file")
+    resolved = path.resolve()
+    # A module name per file: two recipe files called `small.py` never share a module.
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:8]
+    module_name = f"axplug_recipe_{digest}_{resolved.stem}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, resolved)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"--preset {name!r}: {path} cannot be loaded as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickle look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as e:
+            del sys.modules[module_name]
+            raise ConfigError(f"--preset {name!r}: {_syntax(e)}") from None
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    return _attribute(name, module, attr, str(path))
+
+
+def _attribute(name: str, obj: Any, attr: str, where: str) -> Any:
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"--preset {name!r}: {where} has no {attr!r}; {_RECIPE}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _syntax(e: SyntaxError) -> str:
+    return f"{e.filename}, line {e.lineno}: {e.msg}"
+
+
+def _recipe(name: str, made: Any) -> Preset:
+    """A Preset from what `name` names: a Preset, or a function returning one or a config."""
+    import inspect
+
+    if not isinstance(made, Preset):
+        if not callable(made):
+            raise ConfigError(f"--preset {name!r} is a {type(made).__qualname__}; {_RECIPE}")
+        try:
+            inspect.signature(made).bind()
+        except TypeError:
+            raise ConfigError(
+                f"--preset {name!r} takes arguments {inspect.signature(made)}; {_RECIPE}"
+            ) from None
+        except ValueError:  # no signature to read (some builtins): calling it tells
+            try:
+                made = made()
+            except TypeError as e:
+                raise ConfigError(f"--preset {name!r}: {e}; {_RECIPE}") from None
+        else:
+            made = made()
     if isinstance(made, Preset):
         return made
     if isinstance(made, Trainer.Config):
         return Preset(name, f"the recipe {name}", lambda: made.clone())
-    raise ConfigError(
-        f"--preset {name!r} returned a {type(made).__qualname__}; a recipe function returns "
-        "an axplug.presets.Preset or a Trainer config"
-    )
+    raise ConfigError(f"--preset {name!r} returned a {type(made).__qualname__}; {_RECIPE}")
 
 
 def _check_modifiers(preset: Preset, specs: Sequence[str]) -> None:

@@ -12,8 +12,10 @@ __all__ = [
     "METADATA_ITEM",
     "METADATA_FILE",
     "CHECKSUMS_ITEM",
+    "TEMP_SUFFIX",
     "step_dir_name",
     "parse_step",
+    "parse_partial_step",
     "steps_to_keep",
 ]
 
@@ -26,8 +28,13 @@ METADATA_ITEM = "metadata"
 METADATA_FILE = "metadata"  # orbax JsonCheckpointHandler's default file name in its item dir
 CHECKSUMS_ITEM = "checksums"  # {leaf name: checksum} (axplug.checkpoint.checksum); JSON too
 
+# orbax writes a step into `step_00000009.orbax-checkpoint-tmp[...]` and renames it when done
+# (local files); one left behind is a save in progress, or one that was killed.
+TEMP_SUFFIX = ".orbax-checkpoint-tmp"
+
 # Exact match: orbax's `step_00000009.orbax-checkpoint-tmp...` temporary dirs never parse.
 _STEP_RE = re.compile(re.escape(STEP_PREFIX) + r"(\d{8,})")
+_PARTIAL_RE = re.compile(re.escape(STEP_PREFIX) + r"(\d{8,})" + re.escape(TEMP_SUFFIX) + ".*")
 
 
 def step_dir_name(step: int) -> str:
@@ -38,6 +45,12 @@ def step_dir_name(step: int) -> str:
 def parse_step(name: str) -> int | None:
     """The step of a step directory name, or None for anything else (temp dirs, stray files)."""
     m = _STEP_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_partial_step(name: str) -> int | None:
+    """The step of orbax's temporary directory of a step, or None for anything else."""
+    m = _PARTIAL_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

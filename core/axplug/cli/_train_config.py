@@ -56,6 +56,10 @@ def build_config(args: argparse.Namespace):
         cfg.eval_input = eval_split_of(cfg.input)  # `--set eval_input.x=...` edits this one
     cfg = apply_overrides(cfg, args.overrides)
     check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, source=source_label(args))
+    # What the run would refuse, refused here: `--print-config` prints only what can train.
+    check = getattr(getattr(cfg, "klass", None), "check_config", None)
+    if check is not None:
+        check(cfg)
     return cfg
 
 

@@ -16,7 +16,13 @@ examples:
   axplug checkpoints ls runs/tiny                 a run dir (its checkpoints/) or the dir itself
   axplug checkpoints ls s3://bucket/run --json
   axplug checkpoints rm gs://bucket/run --step 40 delete one step, completion marker first
+  axplug checkpoints rm runs/tiny --step 300 --force   the latest (or only) complete step too
   axplug checkpoints verify runs/tiny             read each complete step, check its checksums
+
+States: complete (restorable), incomplete (no completion marker: a save cut short on an
+object store, or a deleted step), partial (orbax's temporary directory: a save in progress,
+or one that was killed). `rm` refuses the latest or only complete step without --force: a
+resume would go back to an earlier step, or start over.
 
 Storage settings (endpoint, region, retries) come from the standard environment
 (AWS_ENDPOINT_URL, AWS_REGION, STORAGE_EMULATOR_HOST, ...) or --storage-option KEY=VALUE.
@@ -39,6 +45,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rm = actions.add_parser("rm", help="delete one step (its completion marker first)")
     rm.add_argument("url", help="checkpoint directory, or a run dir holding checkpoints/")
     rm.add_argument("--step", type=int, required=True, help="the step to delete")
+    rm.add_argument(
+        "--force",
+        action="store_true",
+        help="delete it even if it is the latest or only complete step",
+    )
     verify = actions.add_parser(
         "verify", help="read every complete step (or --step) and check its leaf checksums"
     )
@@ -109,22 +120,43 @@ def _verify(args: argparse.Namespace, directory: str) -> int:
     return 1 if bad else 0
 
 
+def _rm(storage: Any, directory: str, step: int, *, force: bool) -> int:
+    """Deletes `step` (its directory and any partial save of it); refuses the latest or only
+    complete step unless `force`."""
+    from axplug.checkpoint import CheckpointNotFoundError, delete_step, list_steps
+    from axplug.config import UsageError
+
+    infos = list_steps(storage, directory)
+    own = [info for info in infos if info.step == step]
+    if not own:
+        raise CheckpointNotFoundError(f"step {step} does not exist in {directory}")
+    complete = [info.step for info in infos if info.complete]
+    if not force and complete and complete[-1] == step:
+        if len(complete) == 1:
+            raise UsageError(
+                f"step {step} is the only complete checkpoint in {directory}: deleting it "
+                "loses what the run trained; pass --force to delete it anyway"
+            )
+        raise UsageError(
+            f"step {step} is the latest complete checkpoint in {directory}: a resume would go "
+            f"back to step {complete[-2]}; pass --force to delete it anyway"
+        )
+    for info in own:
+        if info.partial:
+            storage.delete(info.url)
+        else:
+            delete_step(storage, directory, step)
+    print(f"deleted step {step} from {directory}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from axplug.checkpoint import (
-        delete_step,
-        list_steps,
-        resolve_checkpoint_dir,
-        storage_for,
-    )
+    from axplug.checkpoint import list_steps, resolve_checkpoint_dir, storage_for
 
     storage = storage_for(args.url, _options(args.storage_option))
     directory = resolve_checkpoint_dir(storage, args.url)
     if args.action == "rm":
-        if not delete_step(storage, directory, args.step):
-            print(f"error: step {args.step} does not exist in {directory}", file=sys.stderr)
-            return 1
-        print(f"deleted step {args.step} from {directory}")
-        return 0
+        return _rm(storage, directory, args.step, force=args.force)
     if args.action == "verify":
         return _verify(args, directory)
     infos = list_steps(storage, directory, sizes=True)
@@ -134,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         for info in infos:
             print(json.dumps({"step": info.step, "complete": info.complete,
-                              "size_bytes": info.size_bytes, "mtime": info.mtime,
-                              "url": info.url}))  # fmt: skip
+                              "state": info.state, "size_bytes": info.size_bytes,
+                              "mtime": info.mtime, "url": info.url}))  # fmt: skip
         return 0
     if not infos:
         print(f"no checkpoint steps in {directory}")
@@ -148,6 +180,5 @@ def run(args: argparse.Namespace) -> int:
             if info.mtime is not None
             else "?"
         )
-        state = "complete" if info.complete else "incomplete"
-        print(f"{info.step:>10}  {state:<10}  {format_size(info.size_bytes):>10}  {when}")
+        print(f"{info.step:>10}  {info.state:<10}  {format_size(info.size_bytes):>10}  {when}")
     return 0

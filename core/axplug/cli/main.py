@@ -192,7 +192,9 @@ def run_reporting_errors(run: Callable[[], int]) -> int:
     axplug's own errors end in one `error:` line on stderr (their messages name the setting,
     step or plugin): exit 2 for a user's mistake, 1 for a failed run. `AXPLUG_TRACEBACK=1`
     re-raises them, traceback and all. Anything else is a bug: raised, with its traceback.
-    Commands raise; they keep no `except` lists of their own.
+    Commands raise; they keep no `except` lists of their own. A full disk (ENOSPC, EDQUOT)
+    is one line naming the device and the file: `no space left on DEVICE (mounted at DIR)
+    writing PATH`, exit 1.
     """
     try:
         return run()
@@ -213,5 +215,24 @@ def run_reporting_errors(run: Callable[[], int]) -> int:
         code = _exit_code(exc)
         if code is None or os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        from axplug.config import strip_userinfo
+
+        # A URI in a message (a library's, echoing a store's URL) shows no credentials.
+        print(f"error: {strip_userinfo(_message(exc))}", file=sys.stderr)
         return code
+
+
+def _message(exc: Exception) -> str:
+    """The text of the `error:` line: the error's message, or for a full disk which disk
+    and which file (the errno's own text names neither)."""
+    from axplug.cli._no_space import is_no_space, no_space_message
+
+    if isinstance(exc, OSError) and is_no_space(exc):
+        return no_space_message(exc)
+    cause, seen = exc.__cause__, set()  # a checkpoint save that failed on a full disk, say
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError) and is_no_space(cause):
+            return f"{exc}; {no_space_message(cause)}"
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return str(exc)

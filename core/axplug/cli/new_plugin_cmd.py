@@ -151,13 +151,45 @@ def generate(
     root = Path(directory) / values["dist"]
     if root.exists() and any(root.iterdir()) and not force:
         raise UsageError(f"{root} exists and is not empty; pass --force to overwrite")
-    written = []
-    for rel, text in template_files(kind, with_modifier).items():
-        path = root / Template(rel).substitute(values)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(text).substitute(values))
-        written.append(path)
-    return written
+    files = {
+        root / Template(rel).substitute(values): Template(text).substitute(values)
+        for rel, text in template_files(kind, with_modifier).items()
+    }
+    _write_package(root, files)
+    return list(files)
+
+
+def _write_package(root: Path, files: dict[Path, str]) -> None:
+    """Writes `files` (all under `root`) into a temporary directory beside `root`, then moves
+    them into place: a failed write (a full disk) leaves nothing behind."""
+    import os
+    import shutil
+
+    created = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = root.parent / f".{root.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for path, text in files.items():
+            staged = staging / path.relative_to(root)
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_text(text)
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+        if not root.exists():
+            os.replace(staging, root)
+            return
+        for path in files:  # --force over a package: its files replaced, any others kept
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / path.relative_to(root), path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in created:  # innermost first: the directories this call made, if empty
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def template_files(kind: str, with_modifier: bool = False) -> dict[str, str]:

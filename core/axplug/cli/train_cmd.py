@@ -29,6 +29,7 @@ examples:
       fine-tune an `axplug import-hf` run (docs/fine-tuning.md)
   axplug train --config runs/mine/config.json --output-dir runs/again
   axplug train --preset my_recipes:small --output-dir runs/mine    your own recipe function
+  axplug train --preset recipes/small.py:small --output-dir runs/mine      ... from a file
   axplug train --preset llama-tiny --output-dir runs/tiny --writer wandb:project=tiny
       also log to Weights & Biases (pip install axplug-wandb; axplug-mlflow for MLflow)
   axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
@@ -71,7 +72,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source.add_argument(
         "--preset",
         help="preset name (see `axplug list --kind presets`), or your recipe as "
-        "module:function returning a Preset or a Trainer config",
+        "module:function or path/to/file.py:function, a function of no arguments returning "
+        "a Preset or a Trainer config",
     )
     source.add_argument(
         "--from",
@@ -178,7 +180,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config",
         action="store_true",
-        help="print the effective config and exit without training",
+        help="print the effective config and exit without training (refusing what the "
+        "run would refuse: an unknown optimizer, a bad writer setting)",
     )
     parser.set_defaults(run=run)
     return parser

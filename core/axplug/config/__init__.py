@@ -18,6 +18,7 @@ from axplug.config.base import (
     visit,
 )
 from axplug.config.overrides import apply_overrides, parse_value
+from axplug.config.redact import has_userinfo, strip_userinfo, strip_userinfo_tree
 from axplug.config.serialize import UntrustedCodeError, from_dict, resolve_class, to_dict
 from axplug.config.tree import (
     ChainConfigModifier,
@@ -54,4 +55,7 @@ __all__ = [
     "resolve_class",
     "apply_overrides",
     "parse_value",
+    "has_userinfo",
+    "strip_userinfo",
+    "strip_userinfo_tree",
 ]

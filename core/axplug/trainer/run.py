@@ -13,16 +13,17 @@ __all__ = ["train", "write_config", "model_changes", "versions"]
 
 def write_config(cfg: Any, provenance: dict | None = None) -> str:
     """Writes OUTPUT_DIR/config.txt (`debug_string()`, to read) and OUTPUT_DIR/config.json
-    (`{"config": to_dict(cfg), "provenance": ...}`: exact, `--config` loads it); returns the
-    config.txt URL."""
+    (`{"config": to_dict(cfg), "provenance": ...}`: exact, `--config` loads it), every URI in
+    them without its user info; returns the config.txt URL."""
     import datetime
     import json
 
-    from axplug.config import to_dict
+    from axplug.config import strip_userinfo, to_dict
 
     storage = storage_for(cfg.output_dir, getattr(cfg.checkpointer, "storage_options", None))
     url = storage.join(cfg.output_dir, "config.txt")
-    storage.write_text(url, cfg.debug_string() + "\n")
+    # No credentials in the run's files: a URI's `user:password@` is dropped (also from argv).
+    storage.write_text(url, strip_userinfo(cfg.debug_string()) + "\n")
     record = {
         "config": to_dict(cfg),
         "provenance": {
@@ -31,7 +32,8 @@ def write_config(cfg: Any, provenance: dict | None = None) -> str:
             **(provenance or {}),
         },
     }
-    storage.write_text(storage.join(cfg.output_dir, "config.json"), json.dumps(record, indent=1))
+    text = strip_userinfo(json.dumps(record, indent=1))
+    storage.write_text(storage.join(cfg.output_dir, "config.json"), text)
     return url
 
 
@@ -98,6 +100,9 @@ def train(
     from axplug.runtime import RunDirLock, StoreLease
     from axplug.trainer.summaries import summary_dir
 
+    check = getattr(getattr(cfg, "klass", None), "check_config", None)
+    if check is not None:
+        check(cfg)  # a bad setting is refused before the lease creates OUTPUT_DIR
     if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
         return _build(cfg, hooks).run()
     # The lease before anything is written (summary files open when the trainer is built):

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from axplug.checkpoint import CheckpointError
-from axplug.config import to_dict
+from axplug.config import strip_userinfo_tree, to_dict
 from axplug.runtime import Preempted
 
 __all__ = ["SAVE_ERROR_POLICIES", "save_checkpoint", "save_and_stop"]
@@ -25,7 +25,8 @@ def save_checkpoint(trainer: Any, state: dict, step: int) -> None:
     except CheckpointError as exc:
         _save_failed(trainer, exc)
     try:
-        checkpointer.save(step, state, {"step": step, "config": to_dict(trainer.config)})
+        config = strip_userinfo_tree(to_dict(trainer.config))  # no credentials in metadata
+        checkpointer.save(step, state, {"step": step, "config": config})
     except CheckpointError as exc:
         _save_failed(trainer, exc)
         return

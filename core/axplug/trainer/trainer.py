@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
 from axplug.checkpoint import Checkpointer
+from axplug.checkpoint.retention import check_retention
 from axplug.config import (
     REQUIRED,
     Configurable,
@@ -102,8 +103,12 @@ class Trainer(Configurable):
         init_step: int | None = None
         init_optimizer: bool = False
 
-    def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
-        super().__init__(cfg)
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        """Raises the ConfigError a run would for `cfg` in what can be checked without
+        building or writing anything: the trainer's own fields, the learner's choices, the
+        checkpointer's retention, each summary writer's `check_config`. The trainer checks
+        first; `axplug train --print-config` checks too."""
         if cfg.on_save_error not in SAVE_ERROR_POLICIES:
             raise cfg.field_error(
                 "on_save_error",
@@ -119,6 +124,19 @@ class Trainer(Configurable):
                 raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")
         if cfg.eval_every is not None and cfg.eval_every < 1:
             raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
+        if isinstance(cfg.learner, Learner.Config):
+            Learner.check_config(cfg.learner)
+        if isinstance(cfg.checkpointer, Checkpointer.Config):
+            check_retention(cfg.checkpointer)
+        # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.
+        for i, writer in enumerate(cfg.summary_writers):
+            check = getattr(getattr(writer, "klass", None), "check_config", None)
+            if check is not None:
+                check(writer.located(f"summary_writers[{i}]"))
+
+    def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
+        super().__init__(cfg)
+        type(self).check_config(cfg)
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
         self.attempt = None  # process 0's goodput record of this attempt, made by run()
         if cfg.compilation_cache_dir:

@@ -481,7 +481,9 @@ def test_checkpoints_ls_and_rm(backend, tmp_path, request, monkeypatch, capsys):
     assert main(["checkpoints", "ls", directory, "--json"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["step"] for r in records] == [4, 8, 12] and records[0]["size_bytes"] > 2048
-    assert main(["checkpoints", "rm", run, "--step", "8"]) == 0
+    assert main(["checkpoints", "rm", run, "--step", "8"]) == 2  # the latest complete one
+    assert "pass --force" in capsys.readouterr().err
+    assert main(["checkpoints", "rm", run, "--step", "8", "--force"]) == 0
     assert "deleted step 8" in capsys.readouterr().out
     assert [i.step for i in list_steps(storage_for(directory), directory)] == [4, 12]
     assert main(["checkpoints", "rm", run, "--step", "8"]) == 1
