@@ -8,7 +8,14 @@ import pathlib
 import time
 from collections.abc import Mapping
 
-from axplug.config import REQUIRED, Required, config_class
+from axplug.config import (
+    REQUIRED,
+    ConfigValueError,
+    Required,
+    config_class,
+    has_userinfo,
+    strip_userinfo,
+)
 from axplug.summary import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["MlflowWriter", "RUN_FILE"]
@@ -23,10 +30,13 @@ class MlflowWriter(SummaryWriter):
 
     The store is `tracking_uri`, else `MLFLOW_TRACKING_URI`, else a SQLite file in the run
     directory (`sqlite:///DIR/mlflow.db`; `mlflow ui --backend-store-uri` that URI shows
-    it). The run id is kept in `DIR/mlflow-run.json`, so resuming the axplug run resumes the
-    MLflow run; steps it already has (a resume from an earlier checkpoint replays them) keep
-    their first values. A run that fails ends FAILED. MLflow stores infinities as the
-    largest float; NaN as NaN.
+    it). The run id is kept in `DIR/mlflow-run.json` (with the URI, less any user info), so
+    resuming the axplug run resumes the MLflow run; steps it already has (a resume from an
+    earlier checkpoint replays them) keep their first values. A run that fails ends FAILED.
+    MLflow stores infinities as the largest float; NaN as NaN.
+
+    `tracking_uri` holds no credentials (config.txt would): they go in the environment
+    (`MLFLOW_TRACKING_URI` whole, or `MLFLOW_TRACKING_USERNAME`/`_PASSWORD`/`_TOKEN`).
     """
 
     @config_class
@@ -37,10 +47,35 @@ class MlflowWriter(SummaryWriter):
         run_name: str | None = None  # None: the run directory's name
         tags: dict = {}
 
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        """Refuses credentials in `tracking_uri`, and a file store MLflow would refuse."""
+        if cfg.tracking_uri is not None and has_userinfo(cfg.tracking_uri):
+            raise cfg.field_error(
+                "tracking_uri",
+                f"{strip_userinfo(cfg.tracking_uri)!r} with user info: put no credentials in "
+                "the config (config.txt and checkpoints would hold them); give the whole URI "
+                "in MLFLOW_TRACKING_URI instead, or for a server MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
+            )
+        uri = cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri and _is_file_store(uri) and not _file_store_allowed():
+            problem = (
+                f"{uri!r} is a file store, which this MLflow opens only with "
+                "MLFLOW_ALLOW_FILE_STORE=true; use a database store, e.g. "
+                f"tracking_uri=sqlite:///{_file_path(uri)}/mlflow.db (or leave it unset: "
+                "sqlite:///OUTPUT_DIR/mlflow.db), or set MLFLOW_ALLOW_FILE_STORE=true"
+            )
+            if cfg.tracking_uri:
+                raise cfg.field_error("tracking_uri", problem)
+            raise ConfigValueError(f"MLFLOW_TRACKING_URI: {problem}")
+
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient  # imported here: configuring stays cheap
 
+        self.check_config(cfg)
         run_dir = pathlib.Path(cfg.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.tracking_uri = (
@@ -48,14 +83,33 @@ class MlflowWriter(SummaryWriter):
             or os.environ.get("MLFLOW_TRACKING_URI")
             or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
         )
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.run_id, self._last_step = self._resume(run_dir / RUN_FILE)
-        if self.run_id is None:
-            self.run_id = self._start(run_dir)
-            (run_dir / RUN_FILE).write_text(
-                json.dumps({"tracking_uri": self.tracking_uri, "run_id": self.run_id}) + "\n"
-            )
+        # What the run directory records: the store, never its credentials.
+        self.shown_uri = strip_userinfo(self.tracking_uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            self.run_id, self._last_step = self._resume(run_dir / RUN_FILE)
+            if self.run_id is None:
+                self.run_id = self._start(run_dir)
+        except MlflowException as exc:
+            raise self._refusal(exc) from exc
+        record = json.dumps({"tracking_uri": self.shown_uri, "run_id": self.run_id}) + "\n"
+        temporary = run_dir / f".{RUN_FILE}.tmp"
+        try:
+            temporary.write_text(record)
+            os.replace(temporary, run_dir / RUN_FILE)  # a resume never reads half a record
+        finally:
+            temporary.unlink(missing_ok=True)
         self._open = True
+
+    def _refusal(self, exc: Exception) -> Exception:
+        """One line for an MLflow error at start: a bad URI (exit 2), else a failed run (1)."""
+        cfg = self._config
+        where = cfg.field_path("tracking_uri") if cfg.tracking_uri else "MLFLOW_TRACKING_URI"
+        text = strip_userinfo(str(exc)).strip()  # MLflow's messages echo the URI, user info too
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE":
+            return ConfigValueError(f"{where}: MLflow refuses {self.shown_uri!r}: {first}")
+        return ConnectionError(f"MLflow store {self.shown_uri} ({where}): {first}")
 
     def _resume(self, path: pathlib.Path) -> tuple[str | None, int]:
         """The run this directory wrote to before and its last step, if it is still there."""
@@ -63,8 +117,11 @@ class MlflowWriter(SummaryWriter):
 
         if not path.exists():
             return None, -1
-        saved = json.loads(path.read_text())
-        if saved.get("tracking_uri") != self.tracking_uri:
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError:
+            return None, -1  # unreadable (written before records were atomic): a new run
+        if strip_userinfo(str(saved.get("tracking_uri"))) != self.shown_uri:
             return None, -1
         try:
             self.client.update_run(saved["run_id"], status="RUNNING")
@@ -108,3 +165,25 @@ class MlflowWriter(SummaryWriter):
 
     def __exit__(self, exc_type, *exc_info: object) -> None:
         self.close("FAILED" if exc_type is not None else "FINISHED")
+
+
+def _is_file_store(uri: str) -> bool:
+    """A `file:` URI or a plain path: MLflow's file store."""
+    scheme, sep, _ = uri.partition("://")
+    return not sep or scheme.lower() == "file" or uri.lower().startswith("file:")
+
+
+def _file_path(uri: str) -> str:
+    path = uri[len("file://") :] if uri.lower().startswith("file://") else uri
+    return str(pathlib.Path(path).expanduser().resolve())
+
+
+def _file_store_allowed() -> bool:
+    """Whether this MLflow opens file stores: those before the flag always, newer ones with
+    MLFLOW_ALLOW_FILE_STORE set (read as MLflow reads it)."""
+    try:
+        from mlflow import environment_variables
+    except ImportError:
+        return True  # building the writer says MLflow is missing
+    flag = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    return flag is None or bool(flag.get())
