@@ -70,6 +70,17 @@ def test_a_full_disk_without_a_file_name_still_says_so(capsys):
     )
 
 
+def test_a_full_disk_during_a_copy_names_the_destination(tmp_path, capsys):
+    from axplug.cli.main import run_reporting_errors
+
+    def copy():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/src/big.bin", None, "/dst/big.bin")
+
+    assert run_reporting_errors(copy) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "writing /dst/big.bin: " in line and "/src/" not in line
+
+
 def test_the_mount_of_a_path_not_made_yet_is_its_nearest_parents(tmp_path):
     from axplug.cli._no_space import mount_of
 

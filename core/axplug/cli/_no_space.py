@@ -19,7 +19,8 @@ def is_no_space(exc: BaseException) -> bool:
 
 def no_space_message(exc: OSError) -> str:
     """`no space left on /dev/sda1 (mounted at /data) writing /data/run/x: ...` for `exc`."""
-    path = exc.filename
+    # A copy or a rename names (source, destination): the destination is what was written.
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
     if path is None:
         return (
             f"no space left on device ({exc.strerror or exc}): free space on the disk the "
