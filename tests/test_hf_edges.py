@@ -158,10 +158,10 @@ def test_a_full_disk_during_the_tokenizer_copy_leaves_no_complete_step(
 def test_a_full_disk_writing_config_txt_names_it_and_leaves_no_complete_step(
     hf_dir, tmp_path, capsys, monkeypatch
 ):
-    from axplug.checkpoint import storage
+    from axplug import files
 
     class Full:
-        """A file opened for writing on a full disk: its writes fail, naming no file."""
+        """config.txt opened for writing on a full disk: its writes fail, naming no file."""
 
         def __init__(self, file):
             self.file = file
@@ -177,10 +177,10 @@ def test_a_full_disk_writing_config_txt_names_it_and_leaves_no_complete_step(
 
     def full_open(path, mode="r", *args, **kwargs):
         file = open(path, mode, *args, **kwargs)  # noqa: SIM115 - the caller closes it
-        return Full(file) if "w" in mode else file
+        return Full(file) if "w" in mode and "config.txt" in str(path) else file
 
     out = tmp_path / "run"
-    monkeypatch.setattr(storage, "open", full_open, raising=False)
+    monkeypatch.setattr(files, "open", full_open, raising=False)
     assert main(["import-hf", hf_dir, "--output", str(out)]) == 1
     line = error_line(capsys)
     assert "no space left" in line.lower() and str(out / "config.txt") in line

@@ -66,6 +66,7 @@ PUBLIC_MODULES = (
     "axplug.mesh_rules",
     "axplug.summary",
     "axplug.checkpoint",
+    "axplug.files",
     "axplug.presets",
     "axplug.modifiers",
     "axplug.trainer",

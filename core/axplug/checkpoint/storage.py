@@ -12,13 +12,12 @@ metadata JSON and deleting old steps.
 from __future__ import annotations
 
 import abc
-import contextlib
 import os
 import shutil
-import threading
 from typing import TYPE_CHECKING, Any
 
 from axplug.checkpoint.errors import StorageNotFoundError
+from axplug.files import write_text
 
 if TYPE_CHECKING:
     from etils import epath
@@ -112,20 +111,7 @@ class LocalStorage(Storage):
     def write_text(self, url: str, text: str) -> None:
         # Under a temporary name, then renamed: a reader (or a killed writer) never leaves a
         # half-written file at `url`.
-        local = self._local(url)
-        head, name = os.path.split(local)
-        os.makedirs(head, exist_ok=True)
-        tmp = os.path.join(head, f".{name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, local)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            if exc.filename is None:  # a failed write names no file
-                raise OSError(exc.errno, exc.strerror, local) from exc
-            raise
+        write_text(self._local(url), text)
 
     def stat(self, url: str) -> tuple[int | None, float | None]:
         local = self._local(url)

@@ -15,18 +15,16 @@ Every refusal is a `ConfigFileError` naming the file and what to do.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import pathlib
 import re
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from axplug.config import ConfigFileError
+from axplug.files import atomic_file
 
 __all__ = [
     "FORMAT",
@@ -38,7 +36,6 @@ __all__ = [
     "verify",
     "out_of_vocab",
     "write_shard",
-    "no_space_as_enospc",
 ]
 
 FORMAT = "axplug-tokens-1"
@@ -221,21 +218,6 @@ def _first_at_least(tokens: np.ndarray, bound: int) -> int:
     raise AssertionError("no token >= bound")
 
 
-@contextlib.contextmanager
-def no_space_as_enospc(path: str | os.PathLike) -> Iterator[None]:
-    """Re-raises a full disk while writing `path` as OSError(ENOSPC) naming `path`.
-
-    numpy's `tofile` reports a short write as `OSError: N requested and M written`, without an
-    errno, and a failed flush names no file: both become one error that says what happened."""
-    try:
-        yield
-    except OSError as e:
-        short = e.errno is None and "requested and" in str(e)
-        if e.errno == errno.ENOSPC or short:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
-        raise
-
-
 def write_shard(directory: pathlib.Path, name: str, documents: list, dtype: str) -> dict:
     """Writes the documents (lists of ids) as shard `name` atomically; returns its record."""
     lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
@@ -244,14 +226,8 @@ def write_shard(directory: pathlib.Path, name: str, documents: list, dtype: str)
         (t for d in documents for t in d), dtype=np.dtype(dtype), count=int(starts[-1])
     )
     for suffix, write in ((".bin", tokens.tofile), (".docs.npy", lambda f: np.save(f, starts))):
-        tmp = directory / f".{name}{suffix}.tmp"
-        try:
-            with no_space_as_enospc(directory / f"{name}{suffix}"), open(tmp, "wb") as f:
-                write(f)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, directory / f"{name}{suffix}")
+        with atomic_file(directory / f"{name}{suffix}") as f:
+            write(f)
     return {
         "name": name,
         "tokens": int(starts[-1]),

@@ -23,7 +23,8 @@ import shutil
 from collections.abc import Callable, Iterator
 
 from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
-from axplug.input.data_dir import FORMAT, no_space_as_enospc, open_shard, write_shard
+from axplug.files import errors_naming, write_text
+from axplug.input.data_dir import FORMAT, open_shard, write_shard
 from axplug.input.sources import TEXT_UNITS, chunks, read_documents
 from axplug.tokenizer import Tokenizer, load_tokenizer
 
@@ -80,18 +81,6 @@ def _check_output(out: pathlib.Path) -> None:
             return
 
 
-def _write_text(path: pathlib.Path, text: str) -> None:
-    """Writes `text` to `path` through a temporary name (a full disk names `path`)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with no_space_as_enospc(path):
-            tmp.write_text(text)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
 def prepare_data(
     sources: list[str | os.PathLike],
     *,
@@ -143,7 +132,7 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
             f"prepare-data: {out} holds a preparation with other inputs or settings "
             "(progress.json); use a new --output directory, or delete that one"
         )
-    _write_text(progress, json.dumps(settings, indent=1) + "\n")
+    write_text(progress, json.dumps(settings, indent=1) + "\n")
     dtype = "uint16" if tok.vocab_size <= 2**16 else "uint32"
     done = {p.name[: -len(".docs.npy")] for p in out.glob("shard_*.docs.npy")}
     records: list[dict] = []
@@ -177,7 +166,7 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
                     finished(record)
     records.sort(key=lambda r: r["name"])
     if tok.source:
-        with no_space_as_enospc(out / tok.file_name):
+        with errors_naming(out / tok.file_name):
             saved = tok.save(out).name
     else:
         saved = "bytes"
@@ -193,7 +182,7 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
         "shards": [{k: r[k] for k in SHARD_FIELDS} for r in records],
         "settings": settings,
     }
-    _write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
+    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
 
 

@@ -9,7 +9,7 @@ it lacks, an option it does not set, a source field the run no longer agrees wit
 export is refused naming the config path, so a checkpoint never loads as another model.
 
 The export is written into a temporary directory beside the output and renamed into place
-once complete (`interop._files.staged_directory`): the output directory is missing, the old
+once complete (`axplug.files.staged_directory`): the output directory is missing, the old
 one or the new one whole, never a mix.
 """
 
@@ -118,7 +118,7 @@ def _write_shards(tensors, output_dir: str, shard_bytes: int) -> None:
     from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
-    from axplug.interop._files import atomic_file
+    from axplug.files import atomic_file
 
     files: list[tuple[str, list[str]]] = []
     total = 0
@@ -210,8 +210,8 @@ def export_hf(
     once complete, so `output_dir` never holds a partial export, nor an old one's files; the
     temporary directories of exports killed before are deleted.
     """
+    from axplug.files import atomic_file, remove_stale_stages, staged_directory
     from axplug.inference.loading import load_checkpoint
-    from axplug.interop._files import atomic_file, remove_stale_stages, staged_directory
     from axplug.interop.hf_import import check_tokenizer_files, copy_tokenizer_files
 
     check_output(output_dir, force=force, run_dir=run_dir)

@@ -182,7 +182,7 @@ def copy_tokenizer_files(
     once whole; with `remove_others`, deletes the ones `directory` lacks (an earlier attempt's).
     Returns the names copied."""
     from axplug.checkpoint import LocalStorage, storage_for
-    from axplug.interop._files import copy_file
+    from axplug.files import copy_file
 
     storage = storage_for(output_dir)
     copied = []
@@ -206,7 +206,7 @@ def _remove_leftovers(checkpointer: Any, output_dir: str) -> None:
     """What an import cut short left in `output_dir` (which holds no complete step): its
     temporary files and its partial save of the import step."""
     from axplug.checkpoint import layout
-    from axplug.interop._files import is_temp_of
+    from axplug.files import is_temp_of
 
     storage = checkpointer.storage
     for entry in storage.listdir(output_dir):

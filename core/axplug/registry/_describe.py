@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 
+from axplug.files import write_text
 from axplug.registry._component import Component
 
 __all__ = ["describe", "first_sentence"]
@@ -135,11 +137,5 @@ class _Cache:
     def save(self) -> None:
         if not self.dirty:
             return
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"format": _CACHE_FORMAT, "files": self.entries}, f)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only home: descriptions are recomputed next time
+        with contextlib.suppress(OSError):  # a read-only home: recomputed next time
+            write_text(self.path, json.dumps({"format": _CACHE_FORMAT, "files": self.entries}))

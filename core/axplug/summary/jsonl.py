@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 
 from axplug.config import REQUIRED, Required, config_class
+from axplug.files import write_text
 from axplug.summary.base import SummaryWriter, to_scalars
 
 __all__ = ["JsonlWriter", "read_jsonl"]
@@ -92,8 +93,6 @@ class JsonlWriter(SummaryWriter):
         """Removes the records with `step >= step` (atomically: the file is replaced)."""
         self._file.flush()
         kept = [r for r in read_jsonl(self.path) if r["step"] < step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         self._file.close()
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+from axplug.files import write_text
+
 __all__ = ["AttemptRecorder", "job_totals"]
 
 _PROGRESS_EVERY_S = 1.0
@@ -125,11 +127,7 @@ class AttemptRecorder:
             "restart_s": self.restart_s,
             "step_s": round(step_s, 6),
         }
-        os.makedirs(os.path.dirname(self._progress) or ".", exist_ok=True)
-        tmp = f"{self._progress}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(progress, f)
-        os.replace(tmp, self._progress)
+        write_text(self._progress, json.dumps(progress))
 
     def finish(self, step: int, end: str, report: dict) -> dict:
         """Appends this attempt's record (`report` plus the attempt's fields and the job's

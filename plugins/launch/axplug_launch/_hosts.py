@@ -13,6 +13,8 @@ import json
 import os
 import time
 
+from axplug.files import write_text
+
 __all__ = ["Host", "HostPool", "elastic_processes"]
 
 
@@ -99,10 +101,7 @@ class HostPool:
             ],
             **extra,
         }
-        tmp = self._state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, self._state_file)
+        write_text(self._state_file, json.dumps(record, indent=1))
 
 
 def elastic_processes(target: int, available: int) -> int:

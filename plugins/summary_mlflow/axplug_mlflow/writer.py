@@ -16,6 +16,7 @@ from axplug.config import (
     has_userinfo,
     strip_userinfo,
 )
+from axplug.files import write_text
 from axplug.summary import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["MlflowWriter", "RUN_FILE"]
@@ -93,12 +94,7 @@ class MlflowWriter(SummaryWriter):
         except MlflowException as exc:
             raise self._refusal(exc) from exc
         record = json.dumps({"tracking_uri": self.shown_uri, "run_id": self.run_id}) + "\n"
-        temporary = run_dir / f".{RUN_FILE}.tmp"
-        try:
-            temporary.write_text(record)
-            os.replace(temporary, run_dir / RUN_FILE)  # a resume never reads half a record
-        finally:
-            temporary.unlink(missing_ok=True)
+        write_text(run_dir / RUN_FILE, record)  # a resume never reads half a record
         self._open = True
 
     def _refusal(self, exc: Exception) -> Exception:

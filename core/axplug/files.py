@@ -1,6 +1,7 @@
 """Writing files and directories so that none looks complete before it is: a file goes to a
 temporary name beside it and is renamed into place; a directory is filled under a temporary
-name beside it and renamed into place whole.
+name beside it and renamed into place whole. Every command and plugin that writes a file a
+reader may open uses these.
 
 Every write error is an `OSError` naming the file written (a full disk: errno ENOSPC and the
 path, which the CLI reports as "no space left on <device> writing <path>"), and a failed write
@@ -14,16 +15,19 @@ import errno
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import IO, Any
 
 __all__ = [
     "TEMP_MARK",
     "temp_path",
     "atomic_file",
+    "write_text",
     "copy_file",
     "is_temp_of",
     "named_os_error",
+    "errors_naming",
     "staged_directory",
     "remove_stale_stages",
 ]
@@ -44,20 +48,39 @@ def is_temp_of(entry: str, names: tuple[str, ...] | list[str]) -> bool:
     return any(entry.startswith(f".{name}{TEMP_MARK}") for name in names)
 
 
-def named_os_error(exc: OSError, path: str) -> OSError:
-    """`exc` naming `path` when it names no file (a failed `write` names none)."""
-    if exc.filename is not None:
+def named_os_error(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` naming `path` when it names no file (a failed `write` or flush names none).
+
+    numpy's `tofile` reports a short write as `OSError: N requested and M written`, with no
+    errno: a full disk, said as one."""
+    short = exc.errno is None and "requested and" in str(exc)
+    if exc.filename is not None and not short:
         return exc
-    code = exc.errno if exc.errno is not None else errno.EIO
-    return OSError(code, exc.strerror or os.strerror(code), path)
+    code = errno.ENOSPC if short else exc.errno if exc.errno is not None else errno.EIO
+    strerror = os.strerror(code) if short else exc.strerror or os.strerror(code)
+    return OSError(code, strerror, os.fspath(path))
 
 
 @contextlib.contextmanager
-def atomic_file(path: str) -> Iterator[BinaryIO]:
-    """A binary file to write whose content appears at `path` only once it is all written."""
-    tmp = temp_path(path)
+def errors_naming(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raises an `OSError` of the block that names no file as one naming `path`."""
     try:
-        with open(tmp, "wb") as f:
+        yield
+    except OSError as exc:
+        named = named_os_error(exc, path)
+        if named is exc:
+            raise
+        raise named from exc
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
+    """A file to write (`mode` "wb" or "w", UTF-8) whose content appears at `path` only once
+    it is all written."""
+    path = os.fspath(path)
+    tmp = f"{temp_path(path)}-{threading.get_ident()}"  # threads of one process write too
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, path)
     except OSError as exc:
@@ -66,6 +89,13 @@ def atomic_file(path: str) -> Iterator[BinaryIO]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` (UTF-8) to `path` atomically, creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def copy_file(source: str, target: str) -> None:
