@@ -260,12 +260,12 @@ class _Records(logging.Handler):
 def test_a_save_blocked_past_the_threshold_logs_once_what_it_waits_on(tmp_path, monkeypatch):
     import orbax.checkpoint as ocp
 
-    from axplug.checkpoint import Checkpointer, checkpointer
+    from axplug.checkpoint import Checkpointer, _slow_save
 
     handler = _Records()
     logger = logging.getLogger("axplug.checkpoint")
     logger.addHandler(handler)
-    monkeypatch.setattr(checkpointer, "SLOW_SAVE_WARNING_S", 0.05)
+    monkeypatch.setattr(_slow_save, "SLOW_SAVE_WARNING_S", 0.05)
     real_wait = ocp.AsyncCheckpointer.wait_until_finished
 
     def frozen_store(self):  # blocks until the warning is out (at most 30 s), then commits
@@ -281,7 +281,7 @@ def test_a_save_blocked_past_the_threshold_logs_once_what_it_waits_on(tmp_path, 
             ckpt.wait_until_finished()
             monkeypatch.setattr(ocp.AsyncCheckpointer, "wait_until_finished", real_wait)
             assert ckpt.all_steps() == [7]
-            monkeypatch.setattr(checkpointer, "SLOW_SAVE_WARNING_S", 30.0)
+            monkeypatch.setattr(_slow_save, "SLOW_SAVE_WARNING_S", 30.0)
             ckpt.save(8, {"w": np.ones(4, np.float32)})  # a quick save says nothing
     finally:
         logger.removeHandler(handler)

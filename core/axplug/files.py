@@ -74,21 +74,26 @@ def errors_naming(path: str | os.PathLike) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _removed_on_failure(temporary: str, path: str) -> Iterator[None]:
+    """Removes `temporary` when the block fails; its `OSError` then names `path`."""
+    try:
+        with errors_naming(path):
+            yield
+    except BaseException:
+        _remove(temporary)
+        raise
+
+
+@contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """A file to write (`mode` "wb" or "w", UTF-8) whose content appears at `path` only once
     it is all written."""
     path = os.fspath(path)
     tmp = f"{temp_path(path)}-{threading.get_ident()}"  # threads of one process write too
-    try:
+    with _removed_on_failure(tmp, path):
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, path)
-    except OSError as exc:
-        _remove(tmp)
-        raise named_os_error(exc, path) from exc
-    except BaseException:
-        _remove(tmp)
-        raise
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -149,16 +154,10 @@ def staged_directory(path: str, *, replace: bool) -> Iterator[str]:
     """
     stage = temp_path(path)
     _remove(stage)
-    try:
+    with _removed_on_failure(stage, path):
         os.makedirs(stage)
         yield stage
         _commit(stage, path, replace)
-    except OSError as exc:
-        _remove(stage)
-        raise named_os_error(exc, path) from exc
-    except BaseException:
-        _remove(stage)
-        raise
 
 
 def _commit(stage: str, path: str, replace: bool) -> None:

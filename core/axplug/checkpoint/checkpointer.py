@@ -5,9 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -17,6 +14,7 @@ from orbax.checkpoint.checkpoint_utils import construct_restore_args
 from axplug.checkpoint import inventory, layout
 from axplug.checkpoint._orbax import new_orbax, placeholders, remove_failed_save
 from axplug.checkpoint._quiet import drop_orbax_error_logs, quiet_after_failed_save
+from axplug.checkpoint._slow_save import SLOW_SAVE_WARNING_S, warn_if_slow
 from axplug.checkpoint._tree import abstract_target, first_non_finite
 from axplug.checkpoint.checksum import tree_checksums
 from axplug.checkpoint.errors import (
@@ -33,10 +31,6 @@ from axplug.config import REQUIRED, Configurable, Required, config_class
 __all__ = ["Checkpointer", "SLOW_SAVE_WARNING_S"]
 
 log = logging.getLogger("axplug.checkpoint")
-
-# A save that blocks the caller this long logs, once, what it waits on: a frozen object store
-# or a full, slow disk otherwise looks like a hung run.
-SLOW_SAVE_WARNING_S = 30.0
 
 
 class Checkpointer(Configurable):
@@ -149,7 +143,7 @@ class Checkpointer(Configurable):
             }
         )
         try:
-            with self._warn_if_slow(step, "starting the save of"):
+            with warn_if_slow(self._step_url(step), step, "starting the save of"):
                 self._orbax.save(self.storage.path(self._step_url(step)), args=args)
         except Exception as exc:
             self._save_failed(step)
@@ -188,7 +182,7 @@ class Checkpointer(Configurable):
             return
         step, self._pending = self._pending, None
         try:
-            with self._warn_if_slow(step, "waiting for the save of"):
+            with warn_if_slow(self._step_url(step), step, "waiting for the save of"):
                 self._orbax.wait_until_finished()
         except Exception as exc:
             self._save_failed(step)
@@ -205,31 +199,6 @@ class Checkpointer(Configurable):
                 f"step {step} is saved in {self.directory}, but deleting old steps failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-
-    @contextlib.contextmanager
-    def _warn_if_slow(self, step: int, doing: str) -> Iterator[None]:
-        """Logs once if the block takes longer than `SLOW_SAVE_WARNING_S` (while it runs)."""
-        started = time.monotonic()
-        done = threading.Event()
-
-        def warn() -> None:
-            if not done.wait(SLOW_SAVE_WARNING_S):
-                log.warning(
-                    "%s step %d to %s: still writing after %.0f s; the storage is slow or not "
-                    "answering (a frozen object store, a full disk?)",
-                    doing,
-                    step,
-                    self._step_url(step),
-                    time.monotonic() - started,
-                )
-
-        watcher = threading.Thread(target=warn, name="axplug-slow-save", daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            done.set()
-            watcher.join()
 
     def _save_failed(self, step: int) -> None:
         """After a failed save: its echoes silenced, orbax's threads joined (a fresh

@@ -13,7 +13,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
 from axplug.checkpoint import Checkpointer
-from axplug.checkpoint.retention import check_retention
 from axplug.config import (
     REQUIRED,
     Configurable,
@@ -38,11 +37,12 @@ from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
+from axplug.trainer.config_checks import check_trainer_config
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
-from axplug.trainer.saving import SAVE_ERROR_POLICIES, save_and_stop, save_checkpoint
+from axplug.trainer.saving import save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step
 from axplug.trainer.summaries import (
     attempt_recorder,
@@ -54,7 +54,6 @@ from axplug.trainer.summaries import (
 __all__ = ["Trainer", "summary_dir"]
 
 log = logging.getLogger("axplug.trainer")
-_CORRUPT_POLICIES = ("previous", "stop")
 
 
 class Trainer(Configurable):
@@ -109,30 +108,7 @@ class Trainer(Configurable):
         building or writing anything: the trainer's own fields, the learner's choices, the
         checkpointer's retention, each summary writer's `check_config`. The trainer checks
         first; `axplug train --print-config` checks too."""
-        if cfg.on_save_error not in SAVE_ERROR_POLICIES:
-            raise cfg.field_error(
-                "on_save_error",
-                f"must be one of {SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
-            )
-        if cfg.on_corrupt_checkpoint not in _CORRUPT_POLICIES:
-            raise cfg.field_error(
-                "on_corrupt_checkpoint",
-                f"must be one of {_CORRUPT_POLICIES}, got {cfg.on_corrupt_checkpoint!r}",
-            )
-        for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
-            if getattr(cfg, name) < 1:
-                raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")
-        if cfg.eval_every is not None and cfg.eval_every < 1:
-            raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
-        if isinstance(cfg.learner, Learner.Config):
-            Learner.check_config(cfg.learner)
-        if isinstance(cfg.checkpointer, Checkpointer.Config):
-            check_retention(cfg.checkpointer)
-        # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.
-        for i, writer in enumerate(cfg.summary_writers):
-            check = getattr(getattr(writer, "klass", None), "check_config", None)
-            if check is not None:
-                check(writer.located(f"summary_writers[{i}]"))
+        check_trainer_config(cfg)
 
     def __init__(self, cfg: Config, *, hooks: tuple = (), devices: list | None = None):
         super().__init__(cfg)

@@ -1,0 +1,44 @@
+"""What a trainer config can be checked for without building or writing anything: a run and
+`axplug train --print-config` refuse alike, and a refused run leaves no files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axplug.checkpoint import Checkpointer
+from axplug.checkpoint.retention import check_retention
+from axplug.learner import Learner
+from axplug.trainer.saving import SAVE_ERROR_POLICIES
+
+__all__ = ["check_trainer_config", "CORRUPT_POLICIES"]
+
+CORRUPT_POLICIES = ("previous", "stop")
+
+
+def check_trainer_config(cfg: Any) -> None:
+    """Raises the ConfigError a run would: the trainer's fields, the learner's choices, the
+    checkpointer's retention, each summary writer's `check_config`."""
+    if cfg.on_save_error not in SAVE_ERROR_POLICIES:
+        raise cfg.field_error(
+            "on_save_error",
+            f"must be one of {SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
+        )
+    if cfg.on_corrupt_checkpoint not in CORRUPT_POLICIES:
+        raise cfg.field_error(
+            "on_corrupt_checkpoint",
+            f"must be one of {CORRUPT_POLICIES}, got {cfg.on_corrupt_checkpoint!r}",
+        )
+    for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
+        if getattr(cfg, name) < 1:
+            raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")
+    if cfg.eval_every is not None and cfg.eval_every < 1:
+        raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
+    if isinstance(cfg.learner, Learner.Config):
+        Learner.check_config(cfg.learner)
+    if isinstance(cfg.checkpointer, Checkpointer.Config):
+        check_retention(cfg.checkpointer)
+    # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.
+    for i, writer in enumerate(cfg.summary_writers):
+        check = getattr(getattr(writer, "klass", None), "check_config", None)
+        if check is not None:
+            check(writer.located(f"summary_writers[{i}]"))
