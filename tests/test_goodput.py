@@ -90,3 +90,21 @@ def test_a_run_splits_its_time_and_a_restart_shows_restore_time(tmp_path, capsys
     # The second attempt recomputed steps 4..6, which the first had done: lost steps.
     assert (runs[1]["attempt"], runs[1]["start_step"], runs[1]["lost_steps"]) == (2, 3, 3)
     assert runs[1]["job/steps_computed"] == 9 and runs[1]["job/productive_steps"] == 6
+
+
+def test_a_killed_attempts_progress_lagging_its_checkpoint_counts_the_checkpointed_steps(
+    tmp_path,
+):
+    from axplug.checkpoint.storage import LocalStorage
+    from axplug.trainer.attempts import AttemptRecorder
+
+    storage, url, summary = LocalStorage(), str(tmp_path / "goodput.jsonl"), str(tmp_path)
+    first = AttemptRecorder(storage, url, summary, start_step=0, started=time.time())
+    first.step_completed(1, step_s=0.1)  # progress.json says step 1, then at most a second
+    # passes before its next write: the attempt saves step 2 and is killed in that window.
+    second = AttemptRecorder(storage, url, summary, start_step=2, started=time.time())
+    killed = second.records[-1]
+    assert (killed["end"], killed["step"], killed["steps"]) == ("killed", 2, 2)
+    assert second.lost_steps == 0
+    fields = second.finish(8, "done", {"goodput/step_s": 0.6, "goodput/wall_s": 1.0})
+    assert fields["job/productive_steps"] == 8 and fields["job/steps_computed"] == 8

@@ -85,12 +85,15 @@ class AttemptRecorder:
                 progress = json.load(f)
         last = self.records[-1] if self.records else None
         if progress is not None and (last is None or progress["attempt"] > last["attempt"]):
+            # progress.json lags by up to a second; the checkpoint this attempt resumes from
+            # proves the dead one reached at least its step.
+            reached = max(progress["step"], self.start_step)
             record = {
-                "step": progress["step"],
+                "step": reached,
                 "attempt": progress["attempt"],
                 "end": "killed",
                 "start_step": progress["start_step"],
-                "steps": progress["step"] - progress["start_step"],
+                "steps": reached - progress["start_step"],
                 "lost_steps": progress.get("lost_steps", 0),
                 "restart_s": progress.get("restart_s", 0.0),
                 "goodput/wall_s": round(progress["time"] - progress["started"], 6),
@@ -99,7 +102,7 @@ class AttemptRecorder:
             }
             self._append(record)
             os.remove(self._progress)
-            return progress["step"], progress["time"]
+            return reached, progress["time"]
         if last is None:
             return None
         return last["step"], last.get("ended", self.started)
