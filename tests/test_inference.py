@@ -416,6 +416,12 @@ def test_sampling_params_are_checked():
         SamplingParams(top_p=1.5, temperature=-1)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"top_k=2147483648 must be in \[0, 2147483647\]"):
+        SamplingParams(top_k=2**31)
+    with pytest.raises(ValueError, match="seed=18446744073709551616 must be a 64-bit integer"):
+        SamplingParams(seed=2**64)
+    with pytest.raises(ValueError, match="logprobs=-1 must be >= 0"):
+        SamplingParams(logprobs=-1)
 
 
 # ------------------------------------------------------------------- engine and batching
@@ -525,6 +531,84 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_mode
         want = alone(model, params, prompts[i], sampling)
         assert finished[i].output_ids == want, i
         assert len(want) == sampling.max_new_tokens
+
+
+SCORED = [  # (prompt length, sampling): logprobs of sampled and prompt tokens
+    (6, SamplingParams(max_new_tokens=5, temperature=0, logprobs=3, prompt_logprobs=2)),
+    (9, SamplingParams(max_new_tokens=4, temperature=0.9, seed=7, logprobs=0)),
+    (5, SamplingParams(max_new_tokens=0, prompt_logprobs=1)),  # score the prompt only
+    (11, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=2**31 - 1, prompt_logprobs=0)),
+    (3, SamplingParams(max_new_tokens=6, temperature=0.5, top_p=0.8, seed=2, logprobs=1)),
+]
+
+
+def _reference_logprobs(model, params, ids: list[int]) -> np.ndarray:
+    """log-softmax of one forward pass's logits over `ids`: row t predicts ids[t + 1]."""
+    logits = forward_logits(model, params, np.asarray([ids], np.int32))[0]
+    return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+
+
+def _assert_logprob(entry, want: np.ndarray, token: int, top_n: int):
+    assert entry.token == token
+    np.testing.assert_allclose(entry.logprob, want[token], rtol=0, atol=1e-5)
+    order = np.argsort(-want, kind="stable")[:top_n]
+    assert [t for t, _ in entry.top] == order.tolist()
+    np.testing.assert_allclose([v for _, v in entry.top], want[order], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cache, chunk",
+    [(modifiers, chunk) for chunk in (None, 3) for modifiers in _BATCHING_CACHES.values()],
+    ids=[f"{c}-{name}" for c in ("whole", "chunked") for name in _BATCHING_CACHES],
+)
+def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, cache, chunk):
+    model, params = rope_model
+    if cache:
+        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4, prefill_chunk=chunk)
+    prompts = [random_ids(40 + i, n).tolist() for i, (n, _) in enumerate(SCORED)]
+    for i, (prompt, (_, sampling)) in enumerate(zip(prompts, SCORED, strict=True)):
+        engine.submit(Request(prompt, sampling, id=i))
+    done = {c.id: c for c in engine.run()}
+    for i, (_, sampling) in enumerate(SCORED):
+        completion = done[i]
+        assert len(completion.output_ids) == sampling.max_new_tokens
+        want = _reference_logprobs(model, params, completion.prompt_ids + completion.output_ids)
+        prompt = completion.prompt_ids
+        if sampling.prompt_logprobs is None:
+            assert completion.prompt_logprobs is None
+        else:
+            assert len(completion.prompt_logprobs) == len(prompt)
+            assert completion.prompt_logprobs[0] is None
+            for t in range(1, len(prompt)):
+                entry = completion.prompt_logprobs[t]
+                _assert_logprob(entry, want[t - 1], prompt[t], sampling.prompt_logprobs)
+        if sampling.logprobs is None:
+            assert completion.output_logprobs is None
+            continue
+        assert len(completion.output_logprobs) == len(completion.output_ids)
+        for j, token in enumerate(completion.output_ids):
+            entry = completion.output_logprobs[j]
+            _assert_logprob(entry, want[len(prompt) + j - 1], token, sampling.logprobs)
+    if engine.allocator is not None:
+        assert engine.allocator.num_free == engine.allocator.num_pages
+
+
+def test_logprobs_ride_on_token_events_and_are_bounded(rope_model):
+    model, params = rope_model
+    engine = Engine(model, params, num_slots=1, max_len=16, max_logprobs=4)
+    with pytest.raises(ValueError, match=r"logprobs=5 asks for more top tokens than this "
+                       r"engine's max_logprobs \(4\)"):  # fmt: skip
+        engine.submit(Request([1, 2], SamplingParams(logprobs=5)))
+    engine.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0, logprobs=2)))
+    events = [e for _ in range(4) for e in engine.step()]
+    (completion,) = engine.pop_finished()
+    assert [e.logprob for e in events] == completion.output_logprobs
+    assert all(len(e.logprob.top) == 2 for e in events)
+    # Greedy: the chosen token is the most likely one.
+    assert all(e.logprob.top[0][0] == e.token for e in events)
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be at least 1 .0 only to score"):
+        SamplingParams(max_new_tokens=0)
 
 
 def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(rope_model):

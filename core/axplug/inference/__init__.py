@@ -3,6 +3,7 @@
 from axplug.inference.engine import (
     Completion,
     Engine,
+    Logprob,
     Request,
     TokenEvent,
     generate,
@@ -16,12 +17,13 @@ from axplug.inference.loading import (
 )
 from axplug.inference.paging import OutOfPagesError, PageAllocator
 from axplug.inference.requests import RequestState
-from axplug.inference.sampling import SamplingParams, sample_tokens
+from axplug.inference.sampling import SamplingParams, sample_tokens, token_logprobs
 
 __all__ = [
     "Completion",
     "Engine",
     "LoadedModel",
+    "Logprob",
     "OutOfPagesError",
     "PageAllocator",
     "Request",
@@ -34,4 +36,5 @@ __all__ = [
     "load_checkpoint",
     "run_to_completion",
     "sample_tokens",
+    "token_logprobs",
 ]

@@ -26,7 +26,14 @@ import numpy as np
 
 from axplug.api import EMPTY_POSITION
 from axplug.inference.paging import OutOfPagesError, PageAllocator, cache_paging
-from axplug.inference.requests import Completion, Request, RequestState, TokenEvent, seed_key
+from axplug.inference.requests import (
+    Completion,
+    Logprob,
+    Request,
+    RequestState,
+    TokenEvent,
+    seed_key,
+)
 from axplug.inference.sampling import SamplingParams
 from axplug.inference.steps import extend_rows, read_cache_row, write_cache_row
 from axplug.layers.kv_cache import assigning_pages
@@ -36,6 +43,7 @@ from axplug.sharding import make_scope
 __all__ = [
     "Request",
     "Completion",
+    "Logprob",
     "TokenEvent",
     "Engine",
     "generate",
@@ -51,6 +59,8 @@ class Engine:
     """Serves requests with `model` (a CausalLM) and `params` over `num_slots` cache rows.
 
     With a `mesh`, every call traces inside its sharding scope (`axis_rules`), as training does.
+    A request may ask for up to `max_logprobs` top tokens with its log-probabilities; a step
+    computes them only when a row asks (see `SamplingParams.logprobs`).
     """
 
     def __init__(
@@ -62,6 +72,7 @@ class Engine:
         max_len: int = 256,
         min_prefill_len: int = 16,
         prefill_chunk: int | None = None,
+        max_logprobs: int = 20,
         mesh: jax.sharding.Mesh | None = None,
         axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
     ):
@@ -75,7 +86,10 @@ class Engine:
             raise ValueError(f"num_slots ({num_slots}) and max_len ({max_len}) must be >= 1")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk={prefill_chunk} must be >= 1 (None: whole prompts)")
+        if max_logprobs < 0:
+            raise ValueError(f"max_logprobs={max_logprobs} must be >= 0")
         self.prefill_chunk = prefill_chunk or max_len
+        self.max_logprobs = max_logprobs
         self.model, self.params = model, params
         self._scope = make_scope(mesh, axis_rules)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
@@ -131,7 +145,14 @@ class Engine:
             raise ValueError(
                 f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
-        needed = len(prompt) + request.sampling.max_new_tokens - 1
+        sampling = request.sampling
+        for field in ("logprobs", "prompt_logprobs"):
+            if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
+                raise ValueError(
+                    f"{name}: {field}={wanted} asks for more top tokens than this engine's "
+                    f"max_logprobs ({self.max_logprobs}); ask for fewer or raise max_logprobs"
+                )
+        needed = len(prompt) + max(sampling.max_new_tokens, 1) - 1
         if needed > self.max_len:
             raise ValueError(
                 f"{name}: {len(prompt)} prompt tokens + {request.sampling.max_new_tokens} new "
@@ -295,6 +316,8 @@ class Engine:
         last = np.zeros((n,), np.int32)
         reset = np.zeros((n,), bool)
         counts = np.zeros((n,), np.int32)
+        targets = np.zeros((n, width), np.int32)
+        logprobs = prompt_logprobs = None  # static: None, 0, or max_logprobs top tokens
         for s, feed in feeds.items():
             active = self._slots[s]
             k = len(feed)
@@ -303,23 +326,60 @@ class Engine:
             last[s] = k - 1
             reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
             counts[s] = len(active.output)
+            sampling = active.request.sampling
+            if sampling.logprobs is not None:
+                logprobs = self._top_width(logprobs, sampling.logprobs)
+            if sampling.prompt_logprobs is not None and active.cached + 1 < len(
+                active.request.prompt
+            ):
+                prompt_logprobs = self._top_width(prompt_logprobs, sampling.prompt_logprobs)
+                following = active.context[active.cached + 1 : active.cached + k + 1]
+                targets[s, : len(following)] = following
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
-        tokens, self._cache = extend_rows(
+        tokens, scores, self._cache = extend_rows(
             # Only a steady decode step (width 1, no row starting) skips the length reset:
             # one program per prefill width, two for decoding.
-            self.model, self._scope, width > 1 or bool(reset.any()), self.params, self._cache, ids,
-            positions, reset, self._table, last, self._keys, counts, *self._sampling,
+            self.model, self._scope, width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
+            self.params, self._cache, ids, positions, reset, self._table, last, targets,
+            self._keys, counts, *self._sampling,
         )  # fmt: skip
         tokens = np.asarray(tokens)
+        scores = jax.device_get(scores)
         now = time.perf_counter()
         events = []
         for s, feed in feeds.items():
             active = self._slots[s]
+            if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
+                self._note_prompt_logprobs(active, len(feed), [a[s] for a in scores["prompt"]])
             active.cached += len(feed)
             if active.cached == active.context_len:  # all cached: the token is the next one
-                events.append(self._record(s, int(tokens[s]), now))
+                token = int(tokens[s])
+                top_n = active.request.sampling.logprobs
+                logprob = None
+                if top_n is not None:
+                    logprob = _logprob(token, *[a[s] for a in scores["token"]], top_n)
+                events.append(self._record(s, token, now, logprob))
         return events
+
+    def _top_width(self, current: int | None, asked: int) -> int:
+        """The static top-token count of a step: 0, or `max_logprobs` once any row asks for
+        some (two programs at most, not one per count asked)."""
+        return max(current or 0, self.max_logprobs if asked else 0)
+
+    @staticmethod
+    def _note_prompt_logprobs(active: RequestState, fed: int, scores: tuple) -> None:
+        """Logprobs of the prompt tokens that the positions fed this step predict."""
+        chosen, top_ids, top_values = scores
+        prompt = active.request.prompt
+        top_n = active.request.sampling.prompt_logprobs
+        for j in range(fed):
+            index = active.cached + j + 1
+            if index >= len(prompt):
+                break
+            active.prompt_logprobs[index] = _logprob(
+                prompt[index], chosen[j], top_ids[j], top_values[j], top_n
+            )
 
     def _occupy(self, slot: int, active: RequestState) -> None:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""
@@ -328,9 +388,9 @@ class Engine:
         sampling = active.request.sampling
         self._keys[slot] = seed_key(sampling.seed)
         temperature, top_k, top_p = self._sampling
-        temperature[slot], top_k[slot], top_p[slot] = (
-            sampling.temperature, sampling.top_k, sampling.top_p
-        )  # fmt: skip
+        # A top-k past the vocabulary cuts nothing (and a huge one must not overflow int32).
+        k = min(sampling.top_k, self.vocab_size or np.iinfo(np.int32).max)
+        temperature[slot], top_k[slot], top_p[slot] = sampling.temperature, k, sampling.top_p
 
     def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy
@@ -344,25 +404,37 @@ class Engine:
             self._table[slot] = self.allocator.num_pages
         return active
 
-    def _record(self, slot: int, token: int, now: float) -> TokenEvent:
+    def _record(
+        self, slot: int, token: int, now: float, logprob: Logprob | None = None
+    ) -> TokenEvent:
         active = self._slots[slot]
         sampling = active.request.sampling
         if not active.output:
             active.first_token_s = now - active.submitted
+        if sampling.max_new_tokens == 0:  # the prompt was only to be scored
+            self._retire(slot, "length")
+            return TokenEvent(active.request.id, None, "length")
         if token in sampling.stop_tokens:
             self._retire(slot, "stop")
             return TokenEvent(active.request.id, None, "stop")
         active.output.append(token)
+        if logprob is not None:
+            active.output_logprobs.append(logprob)
         if len(active.output) >= sampling.max_new_tokens:
             self._retire(slot, "length")
-            return TokenEvent(active.request.id, token, "length")
-        return TokenEvent(active.request.id, token)
+            return TokenEvent(active.request.id, token, "length", logprob)
+        return TokenEvent(active.request.id, token, logprob=logprob)
 
     def _retire(self, slot: int, reason: str) -> None:
         self._finish(self._vacate(slot), reason)
 
     def _finish(self, active: RequestState, reason: str) -> None:
         self._finished.append(active.completion(reason))
+
+
+def _logprob(token: int, chosen, top_ids, top_values, top_n: int) -> Logprob:
+    top = tuple(zip(top_ids[:top_n].tolist(), top_values[:top_n].tolist(), strict=True))
+    return Logprob(token, float(chosen), top)
 
 
 def run_to_completion(engine, on_token: Callable[[TokenEvent], None] | None = None):

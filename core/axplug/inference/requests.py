@@ -11,7 +11,7 @@ import numpy as np
 
 from axplug.inference.sampling import SamplingParams
 
-__all__ = ["Request", "Completion", "TokenEvent", "RequestState", "seed_key"]
+__all__ = ["Request", "Completion", "Logprob", "TokenEvent", "RequestState", "seed_key"]
 
 
 @dataclasses.dataclass
@@ -23,24 +23,43 @@ class Request:
     id: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Logprob:
+    """A token's log-probability under the model, and the most likely tokens' (id, logprob),
+    most likely first, as many as the request asked for."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclasses.dataclass
 class Completion:
-    """A finished request: its generated ids and why it stopped (`stop`, `length`, `cancelled`)."""
+    """A finished request: its generated ids and why it stopped (`stop`, `length`, `cancelled`).
+
+    With `SamplingParams.logprobs`, `output_logprobs` has one entry per output id; with
+    `prompt_logprobs`, `prompt_logprobs` one per prompt id, None for the first (it has no
+    context to be predicted from).
+    """
 
     id: Any
     prompt_ids: list[int]
     output_ids: list[int]
     finish_reason: str
     time_to_first_token_s: float
+    output_logprobs: list[Logprob] | None = None
+    prompt_logprobs: list[Logprob | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenEvent:
-    """One generated token of a request (None when the request ended on a stop token)."""
+    """One generated token of a request (None when the request ended on a stop token, or
+    without generating: `max_new_tokens=0`), with its Logprob when the request asked."""
 
     id: Any
     token: int | None
     finish_reason: str | None = None
+    logprob: Logprob | None = None
 
 
 @dataclasses.dataclass
@@ -54,6 +73,14 @@ class RequestState:
     first_token_s: float = 0.0
     admitted: int = 0  # admission order: the newest is preempted first
     cached: int = 0  # tokens of `context` in the cache
+    output_logprobs: list[Logprob] = dataclasses.field(default_factory=list)
+    # By prompt position, filled as the prompt is cached (again, identically, after a
+    # preemption); position 0 stays None.
+    prompt_logprobs: list[Logprob | None] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if self.request.sampling.prompt_logprobs is not None and not self.prompt_logprobs:
+            self.prompt_logprobs = [None] * len(self.request.prompt)
 
     @property
     def context(self) -> list[int]:
@@ -78,8 +105,12 @@ class RequestState:
 
     def completion(self, reason: str) -> Completion:
         """This request, finished for `reason`."""
-        return Completion(self.request.id, list(self.request.prompt), self.output, reason,
-                          self.first_token_s)  # fmt: skip
+        sampling = self.request.sampling
+        return Completion(
+            self.request.id, list(self.request.prompt), self.output, reason, self.first_token_s,
+            self.output_logprobs if sampling.logprobs is not None else None,
+            self.prompt_logprobs if sampling.prompt_logprobs is not None else None,
+        )  # fmt: skip
 
 
 def seed_key(seed: int) -> np.ndarray:

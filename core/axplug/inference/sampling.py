@@ -1,4 +1,5 @@
-"""Choosing the next token from logits: greedy, temperature, top-k and top-p, per row."""
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p, per row; and
+the log-probabilities a request asks for."""
 
 from __future__ import annotations
 
@@ -8,30 +9,45 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingParams", "sample_tokens"]
+__all__ = ["SamplingParams", "sample_tokens", "token_logprobs"]
+
+_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its tokens and when it stops."""
 
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # 0: only score the prompt (with `prompt_logprobs`)
     temperature: float = 1.0  # 0: greedy (argmax)
     top_k: int = 0  # 0: no top-k cut
     top_p: float = 1.0  # 1: no nucleus cut
     stop_tokens: tuple[int, ...] = ()  # generation ends at any of these (not included)
     seed: int = 0  # token t uses fold_in(PRNGKey(seed), t): independent of batching
+    # Log-probabilities under the model's own distribution (before temperature, top-k and
+    # top-p), each with the N most likely tokens: None off, N >= 0 on.
+    logprobs: int | None = None  # of every generated token
+    prompt_logprobs: int | None = None  # of every prompt token but the first
 
     def __post_init__(self):
         problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+        if self.max_new_tokens < 0 or (self.max_new_tokens == 0 and self.prompt_logprobs is None):
+            problems.append(
+                f"max_new_tokens={self.max_new_tokens} must be at least 1 (0 only to score the "
+                "prompt, with prompt_logprobs)"
+            )
         if not math.isfinite(self.temperature) or self.temperature < 0:
             problems.append(
                 f"temperature={self.temperature} must be a finite number >= 0 (0: greedy)"
             )
-        if self.top_k < 0:
-            problems.append(f"top_k={self.top_k} must be >= 0 (0: off)")
+        if not 0 <= self.top_k <= _INT32_MAX:
+            problems.append(f"top_k={self.top_k} must be in [0, {_INT32_MAX}] (0: off)")
+        if not -(2**63) <= self.seed < 2**64:
+            problems.append(f"seed={self.seed} must be a 64-bit integer")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= _INT32_MAX:
+                problems.append(f"{name}={value} must be >= 0 (None: off)")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p={self.top_p} must be in (0, 1] (1: off)")
         if problems:
@@ -79,3 +95,12 @@ def _filtered(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
     kept = (mass_before < top_p[:, None]) & (ranked > -jnp.inf)
     threshold = jnp.min(jnp.where(kept, ranked, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, top_n: int):
+    """Log-softmax of `logits` [..., vocab] at `targets` [...], and the `top_n` most likely
+    tokens with theirs ([..., top_n] ids and values; empty when `top_n` is 0)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    top_values, top_ids = jax.lax.top_k(logp, top_n)
+    return chosen, top_ids.astype(jnp.int32), top_values
