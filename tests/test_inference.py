@@ -382,6 +382,7 @@ def _sample(logits, n, **settings):
             full("temperature", 1.0, jnp.float32),
             full("top_k", 0, jnp.int32),
             full("top_p", 1.0, jnp.float32),
+            full("min_p", 0.0, jnp.float32),
         )
     )
 
@@ -408,6 +409,11 @@ def test_top_k_and_top_p_restrict_the_support():
     np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.15]) / 0.85, atol=0.03)
     assert set(_sample(logits, 500, top_k=3, top_p=0.5)) == {1, 3}
     assert (_sample(logits, 50, top_k=1) == 1).all()
+    # min-p 0.5: tokens at least half as likely as the most likely (0.4) stay: 0.4, 0.3.
+    min_p = _sample(logits, 3000, min_p=0.5)
+    assert set(min_p) == {1, 3}
+    np.testing.assert_allclose(np.bincount(min_p, minlength=5)[[1, 3]] / 3000, [4 / 7, 3 / 7],
+                               atol=0.03)  # fmt: skip
 
 
 def test_sampling_params_are_checked():
@@ -551,6 +557,7 @@ def _reference_logprobs(model, params, ids: list[int]) -> np.ndarray:
 def _assert_logprob(entry, want: np.ndarray, token: int, top_n: int):
     assert entry.token == token
     np.testing.assert_allclose(entry.logprob, want[token], rtol=0, atol=1e-5)
+    assert entry.rank == 1 + int(np.sum(want > want[token]))
     order = np.argsort(-want, kind="stable")[:top_n]
     assert [t for t, _ in entry.top] == order.tolist()
     np.testing.assert_allclose([v for _, v in entry.top], want[order], rtol=0, atol=1e-5)

@@ -7,10 +7,10 @@ import argparse
 __all__ = ["add_checkpoint_arguments"]
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """--checkpoint, --step, --tokenizer and --modifier, as `load_checkpoint` and
-    `find_tokenizer` take them."""
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory")
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """--checkpoint (`required` or not), --step, --tokenizer and --modifier, as
+    `load_checkpoint` and `find_tokenizer` take them."""
+    parser.add_argument("--checkpoint", required=required, metavar="DIR", help="run directory")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument(
         "--tokenizer",

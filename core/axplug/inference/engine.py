@@ -108,11 +108,12 @@ class Engine:
         self._ids = itertools.count()
         self._finished: list[Completion] = []
         self._keys = np.zeros((num_slots, 2), np.uint32)
-        # Per-row temperature, top-k, top-p; empty rows greedy.
+        # Per-row temperature, top-k, top-p, min-p; empty rows greedy.
         self._sampling = (
             np.zeros((num_slots,), np.float32),
             np.zeros((num_slots,), np.int32),
             np.ones((num_slots,), np.float32),
+            np.zeros((num_slots,), np.float32),
         )
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
@@ -146,6 +147,7 @@ class Engine:
                 f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
         sampling = request.sampling
+        seed_key(sampling.seed)  # a seed the key cannot hold fails here, not in a step
         for field in ("logprobs", "prompt_logprobs"):
             if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
                 raise ValueError(
@@ -370,16 +372,14 @@ class Engine:
     @staticmethod
     def _note_prompt_logprobs(active: RequestState, fed: int, scores: tuple) -> None:
         """Logprobs of the prompt tokens that the positions fed this step predict."""
-        chosen, top_ids, top_values = scores
         prompt = active.request.prompt
         top_n = active.request.sampling.prompt_logprobs
         for j in range(fed):
             index = active.cached + j + 1
             if index >= len(prompt):
                 break
-            active.prompt_logprobs[index] = _logprob(
-                prompt[index], chosen[j], top_ids[j], top_values[j], top_n
-            )
+            at_j = [a[j] for a in scores]
+            active.prompt_logprobs[index] = _logprob(prompt[index], *at_j, top_n)
 
     def _occupy(self, slot: int, active: RequestState) -> None:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""
@@ -387,17 +387,18 @@ class Engine:
         self._slots[slot] = active
         sampling = active.request.sampling
         self._keys[slot] = seed_key(sampling.seed)
-        temperature, top_k, top_p = self._sampling
+        temperature, top_k, top_p, min_p = self._sampling
         # A top-k past the vocabulary cuts nothing (and a huge one must not overflow int32).
         k = min(sampling.top_k, self.vocab_size or np.iinfo(np.int32).max)
         temperature[slot], top_k[slot], top_p[slot] = sampling.temperature, k, sampling.top_p
+        min_p[slot] = sampling.min_p
 
     def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy
         batch skips the sampler's sort and noise."""
         active, self._slots[slot] = self._slots[slot], None
-        temperature, top_k, top_p = self._sampling
-        temperature[slot], top_k[slot], top_p[slot] = 0.0, 0, 1.0
+        temperature, top_k, top_p, min_p = self._sampling
+        temperature[slot], top_k[slot], top_p[slot], min_p[slot] = 0.0, 0, 1.0, 0.0
         if self.allocator is not None:
             self.allocator.release(active.pages)
             active.pages = []
@@ -432,9 +433,9 @@ class Engine:
         self._finished.append(active.completion(reason))
 
 
-def _logprob(token: int, chosen, top_ids, top_values, top_n: int) -> Logprob:
+def _logprob(token: int, chosen, rank, top_ids, top_values, top_n: int) -> Logprob:
     top = tuple(zip(top_ids[:top_n].tolist(), top_values[:top_n].tolist(), strict=True))
-    return Logprob(token, float(chosen), top)
+    return Logprob(token, float(chosen), int(rank), top)
 
 
 def run_to_completion(engine, on_token: Callable[[TokenEvent], None] | None = None):

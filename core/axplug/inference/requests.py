@@ -25,11 +25,12 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Logprob:
-    """A token's log-probability under the model, and the most likely tokens' (id, logprob),
-    most likely first, as many as the request asked for."""
+    """A token's log-probability under the model and its rank there (1: the most likely),
+    and the most likely tokens' (id, logprob), most likely first, as many as asked for."""
 
     token: int
     logprob: float
+    rank: int = 1
     top: tuple[tuple[int, float], ...] = ()
 
 

@@ -22,6 +22,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy (argmax)
     top_k: int = 0  # 0: no top-k cut
     top_p: float = 1.0  # 1: no nucleus cut
+    min_p: float = 0.0  # 0: no cut; else drop tokens under min_p x the most likely's probability
     stop_tokens: tuple[int, ...] = ()  # generation ends at any of these (not included)
     seed: int = 0  # token t uses fold_in(PRNGKey(seed), t): independent of batching
     # Log-probabilities under the model's own distribution (before temperature, top-k and
@@ -50,6 +51,8 @@ class SamplingParams:
                 problems.append(f"{name}={value} must be >= 0 (None: off)")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p={self.top_p} must be in (0, 1] (1: off)")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"min_p={self.min_p} must be in [0, 1] (0: off)")
         if problems:
             raise ValueError("invalid sampling parameters: " + "; ".join(problems))
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
@@ -61,13 +64,17 @@ def sample_tokens(
     temperature: jax.Array,
     top_k: jax.Array,
     top_p: jax.Array,
+    min_p: jax.Array | None = None,
 ) -> jax.Array:
     """Next token per row [b] from `logits` [b, vocab], each row with its own key and settings.
 
     Top-k keeps the k highest logits, top-p then keeps the smallest prefix (by probability)
-    whose mass reaches p; tokens tied with the last kept one are kept too. A row with
-    temperature 0 takes the argmax.
+    whose mass reaches p; tokens tied with the last kept one are kept too; min-p then drops
+    tokens less likely than min_p times the most likely one. A row with temperature 0 takes
+    the argmax.
     """
+    if min_p is None:
+        min_p = jnp.zeros_like(top_p)
     logits = logits.astype(jnp.float32)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
@@ -76,6 +83,9 @@ def sample_tokens(
         # The vocabulary sort of top-k / top-p only when some row asks for either.
         filtering = jnp.any((top_k > 0) | (top_p < 1.0))
         filtered = jax.lax.cond(filtering, _filtered, lambda s, *_: s, scaled, top_k, top_p)
+        # min-p in logit space: log p_i - log p_max = scaled_i - max(scaled).
+        floor = jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(min_p)[:, None]
+        filtered = jnp.where((min_p[:, None] > 0) & (scaled < floor), -jnp.inf, filtered)
         sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
         return jnp.where(temperature > 0, sampled, greedy)
 
@@ -98,9 +108,11 @@ def _filtered(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, top_n: int):
-    """Log-softmax of `logits` [..., vocab] at `targets` [...], and the `top_n` most likely
-    tokens with theirs ([..., top_n] ids and values; empty when `top_n` is 0)."""
+    """Log-softmax of `logits` [..., vocab] at `targets` [...] and their rank (1: the most
+    likely), and the `top_n` most likely tokens with theirs ([..., top_n] ids and values;
+    empty when `top_n` is 0)."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     chosen = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    rank = 1 + jnp.sum(logp > chosen[..., None], axis=-1, dtype=jnp.int32)
     top_values, top_ids = jax.lax.top_k(logp, top_n)
-    return chosen, top_ids.astype(jnp.int32), top_values
+    return chosen, rank, top_ids.astype(jnp.int32), top_values

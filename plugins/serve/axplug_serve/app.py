@@ -6,35 +6,51 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axplug.inference import Completion, SamplingParams
+from axplug.inference import Completion, Logprob, SamplingParams
 from axplug.inference import Request as EngineRequest
+from axplug_serve.guard import Guard
+from axplug_serve.logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
 from axplug_serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from axplug_serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     error_body,
     validation_message,
+)
+from axplug_serve.schema import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    TokenizeResponse,
+    document,
+    responses,
 )
 from axplug_serve.text import ChatTemplate, TextStream
 from axplug_serve.worker import EngineWorker, QueueFullError
 
 __all__ = ["ServerSettings", "create_app"]
 
+log = logging.getLogger("axplug.serve")
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    """What the API needs besides the worker: names, limits and text handling."""
+    """What the API needs besides the worker: names, limits, access and text handling."""
 
     model_name: str
     tokenizer: Any
@@ -42,6 +58,11 @@ class ServerSettings:
     stop_tokens: tuple[int, ...] = ()
     default_max_tokens: int = 16  # /v1/completions, as OpenAI's API
     step: int | None = None  # the checkpoint step, shown by /v1/models
+    api_keys: tuple[str, ...] = ()  # none: no key needed
+    open_paths: tuple[str, ...] = ("/health", "/metrics")  # reachable without a key
+    max_body_bytes: int = 8 << 20
+    strict_fields: bool = False  # refuse unknown request fields instead of ignoring them
+    allowed_origins: tuple[str, ...] = ()  # CORS: none allowed
 
 
 class APIError(Exception):
@@ -50,6 +71,10 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str, param=None, code=None):
         super().__init__(message)
         self.status, self.body = status, error_body(message, kind, param, code)
+
+
+def _invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
 
 
 def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
@@ -66,31 +91,46 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
     app = FastAPI(title="axplug serve", lifespan=lifespan)
     api = _API(worker, settings, metrics)
 
+    def rejected(status: int) -> None:
+        metrics.rejected.labels(str(status)).inc()
+
+    app.add_middleware(
+        Guard,
+        api_keys=settings.api_keys,
+        open_paths=settings.open_paths,
+        max_body_bytes=settings.max_body_bytes,
+        on_reject=rejected,
+    )
+    if settings.allowed_origins:  # outside the guard: preflights need no key
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"])  # fmt: skip
+
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
-        metrics.rejected.labels(str(exc.status)).inc()
+        rejected(exc.status)
         headers = {"Retry-After": "1"} if exc.status == 429 else None
         return JSONResponse(exc.body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request, exc: RequestValidationError):
+    async def _invalid_body(_request, exc: RequestValidationError):
         message, param = validation_message(exc.errors())
-        metrics.rejected.labels("400").inc()
-        body = error_body(message, "invalid_request_error", param)
-        return JSONResponse(body, status_code=400)
+        rejected(400)
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return JSONResponse(
+            error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
+        )  # fmt: skip (405 keeps its Allow header)
 
-    @app.get("/health")
+    @app.get("/health", responses=responses(503))
     async def health():
         if worker.healthy:
             return {"status": "ok", "in_flight": worker.in_flight}
         return JSONResponse({"status": "error", "error": str(worker.error)}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response)
     async def prometheus():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
@@ -98,55 +138,79 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
     async def models():
         return {"object": "list", "data": [api.model_card()]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", responses=responses(404))
     async def model(model: str):
         api.check_model(model)
         return api.model_card()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=responses(400, 404, 429, 503, ok=CompletionResponse))
     async def completions(body: CompletionRequest, request: Request):
         return await api.completions(body, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions", responses=responses(400, 404, 429, 503, ok=ChatCompletionResponse)
+    )
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await api.chat_completions(body, request)
 
+    @app.post("/tokenize", responses=responses(400, 404, ok=TokenizeResponse))
+    async def tokenize(body: TokenizeRequest):
+        return await api.tokenize(body)
+
+    @app.post("/detokenize", responses=responses(400, 404, ok=DetokenizeResponse))
+    async def detokenize(body: DetokenizeRequest):
+        return await api.detokenize(body)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return api.tokenizer_info()
+
+    document(app)
     return app
 
 
 class _Generation:
-    """One request in the engine, seen from the event loop: its text as it is generated."""
+    """One request in the engine, seen from the event loop: its text (and the logprobs of the
+    tokens behind it) as it is generated."""
 
     def __init__(self, api: _API, endpoint: str, prompt: list[int], sampling, stop: list[str]):
         self.id = uuid.uuid4().hex
         self.prompt, self.endpoint, self._api = prompt, endpoint, api
+        self.sampling = sampling
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._text = TextStream(api.settings.tokenizer, prompt, stop)
         self._arrived = self._last_token = time.perf_counter()
         self.tokens = 0
         self.finish_reason: str | None = None
-        api.worker.submit(EngineRequest(prompt, sampling, id=self.id), self._sink)
+        self.prompt_logprobs: list[Logprob | None] | None = None
+
+    def submission(self) -> tuple[EngineRequest, Callable]:
+        return EngineRequest(self.prompt, self.sampling, id=self.id), self._sink
 
     def _sink(self, item) -> None:  # the engine thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """The text as it becomes final; `finish_reason` is set once it ends."""
+    async def deltas(self) -> AsyncIterator[tuple[str, list[Logprob]]]:
+        """The text as it becomes final, with the logprobs of the tokens it came from (when
+        asked for); `finish_reason` is set once it ends."""
         metrics = self._api.metrics
+        pending: list[Logprob] = []
         try:
             while self.finish_reason is None:
                 item = await self._queue.get()
                 if isinstance(item, ValueError):  # the engine refused the request
-                    raise APIError(400, str(item), "invalid_request_error", "prompt") from item
+                    raise _invalid(str(item), "prompt") from item
                 if isinstance(item, BaseException):  # the engine failed or is stopping
                     raise APIError(500, f"generation failed: {item}", "server_error") from item
                 if isinstance(item, Completion):
+                    self.prompt_logprobs = item.prompt_logprobs
                     self.finish_reason = "stop" if item.finish_reason == "stop" else "length"
-                    if tail := self._text.flush():
-                        yield tail
+                    tail = self._text.flush()
+                    if tail or pending:
+                        yield tail, pending
                     break
-                if item.token is None:  # a stop token; its Completion follows
+                if item.token is None:  # a stop token (or nothing to generate); Completion follows
                     continue
                 now = time.perf_counter()
                 latency = (
@@ -155,12 +219,15 @@ class _Generation:
                 latency.observe(now - (self._last_token if self.tokens else self._arrived))
                 self.tokens, self._last_token = self.tokens + 1, now
                 metrics.generation_tokens.inc()
+                if item.logprob is not None:
+                    pending.append(item.logprob)
                 delta = self._text.push(item.token)
                 if self._text.stopped:  # a stop string: the engine need not go on
                     self._api.worker.cancel(self.id)
                     self.finish_reason = "stop"
-                if delta:
-                    yield delta
+                if delta or (self._text.stopped and pending):
+                    yield delta, pending
+                    pending = []
         finally:
             reason = self.finish_reason or "cancelled"
             if self.finish_reason is None:  # the client went away, or the request failed
@@ -168,26 +235,32 @@ class _Generation:
             metrics.requests.labels(self.endpoint, reason).inc()
             metrics.request_latency.observe(time.perf_counter() - self._arrived)
 
-    def usage(self) -> dict[str, int]:
-        prompt = len(self.prompt)
-        return {"prompt_tokens": prompt, "completion_tokens": self.tokens,
-                "total_tokens": prompt + self.tokens}  # fmt: skip
+    async def collect(self) -> tuple[str, list[Logprob]]:
+        """The whole text and its tokens' logprobs."""
+        text, logprobs = [], []
+        async for delta, entries in self.deltas():
+            text.append(delta)
+            logprobs.extend(entries)
+        return "".join(text), logprobs
 
 
 class _API:
     def __init__(self, worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics):
         self.worker, self.settings, self.metrics = worker, settings, metrics
         self.created = int(time.time())
+        self.texts = TokenTexts(settings.tokenizer)
+        self._unknown_fields_seen: set[str] = set()
 
     def model_card(self) -> dict[str, Any]:
         card = {"id": self.settings.model_name, "object": "model", "created": self.created,
-                "owned_by": "axplug", "max_model_len": self.worker.engine.max_len}  # fmt: skip
+                "owned_by": "axplug", "max_model_len": self.worker.engine.max_len,
+                "chat_template": self.settings.chat_template.origin}  # fmt: skip
         if self.settings.step is not None:
             card["checkpoint_step"] = self.settings.step
         return card
 
-    def check_model(self, name: str) -> None:
-        if name != self.settings.model_name:
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.model_name:
             raise APIError(
                 404,
                 f"The model {name!r} does not exist; this server serves "
@@ -197,19 +270,64 @@ class _API:
                 "model_not_found",
             )
 
+    def check_fields(self, body) -> None:
+        """Unknown fields: logged once each, or refused with `strict_fields`."""
+        unknown = sorted(body.model_extra or ())
+        if unknown and self.settings.strict_fields:
+            raise _invalid(f"{unknown[0]}: unknown field (the server runs with --strict-fields)",
+                           unknown[0])  # fmt: skip
+        for name in unknown:
+            if name not in self._unknown_fields_seen:
+                self._unknown_fields_seen.add(name)
+                log.warning("ignoring the unknown request field %r (logged once)", name[:64])
+
+    async def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, off the event loop: a long prompt never stalls other requests."""
+        return await asyncio.to_thread(self.settings.tokenizer.encode, text)
+
     # -- endpoints -------------------------------------------------------------------------
 
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt = self.settings.tokenizer.encode(body.prompt)
-        else:
-            prompt = list(body.prompt)
-        generation = self._start("completions", body, prompt, body.max_tokens)
-        rid, created = f"cmpl-{generation.id}", int(time.time())
+        self.check_fields(body)
+        prompts = [await self.encode(p) if isinstance(p, str) else list(p) for p in body.prompt]
+        if body.max_tokens == 0 and not body.echo:
+            raise _invalid("max_tokens: 0 needs echo=true (to score the prompt)", "max_tokens")
+        if body.stream and body.echo and body.logprobs is not None:
+            raise _invalid("echo with logprobs is not streamed; set stream=false", "stream")
+        prompt_top = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs)
+                      if n is not None]  # fmt: skip
+        scoring = {
+            "logprobs": body.logprobs if body.max_tokens != 0 else None,
+            "prompt_logprobs": max(prompt_top) if prompt_top else None,
+        }
+        if body.max_tokens == 0 and scoring["prompt_logprobs"] is None:
+            scoring["prompt_logprobs"] = 0  # only echo: the engine still sees the prompt
+        generations = self._start("completions", body, prompts, body.max_tokens, body.n, **scoring)
+        rid, created = f"cmpl-{generations[0].id}", int(time.time())
+        echoed = [
+            self._echo(p, ids) if body.echo else ""
+            for p, ids in zip(body.prompt, prompts, strict=True)
+        ]
 
-        def choice(text: str, finish: str | None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        def choice(index: int, text: str, entries: list, finish: str | None, *,
+                   with_prompt: bool = False, start: int = 0):  # fmt: skip
+            """Choice `index`: `text` from the tokens of `entries` (after the prompt's when
+            `with_prompt`), whose text starts at character `start` of the choice's."""
+            generation = generations[index]
+            out = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            if body.logprobs is not None and (entries or with_prompt):
+                ids, scored = [e.token for e in entries], list(entries)
+                if with_prompt:
+                    ids = [*generation.prompt, *ids]
+                    scored = [*generation.prompt_logprobs, *scored]
+                out["logprobs"] = completion_logprobs(self.texts, ids, scored, body.logprobs,
+                                                      start)  # fmt: skip
+            if body.prompt_logprobs is not None and finish is not None:
+                out["prompt_logprobs"] = prompt_logprobs(
+                    self.texts, generation.prompt_logprobs, body.prompt_logprobs
+                )
+            return out
 
         def chunk(choices: list, usage=None) -> dict[str, Any]:
             return self._chunk(rid, "text_completion", created, choices, usage)
@@ -217,113 +335,257 @@ class _API:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-            async def events():
-                async for delta in generation.deltas():
-                    yield _sse(chunk([choice(delta, None)]))
-                yield _sse(chunk([choice("", generation.finish_reason)]))
-                if include_usage:
-                    yield _sse(chunk([], generation.usage()))
+            async def events(index: int, generation: _Generation):
+                sent = echoed[index // body.n]
+                if sent:
+                    yield _sse(chunk([choice(index, sent, [], None)]))
+                sent = len(sent)
+                async for delta, entries in generation.deltas():
+                    yield _sse(chunk([choice(index, delta, entries, None, start=sent)]))
+                    sent += len(delta)
+                yield _sse(chunk([choice(index, "", [], generation.finish_reason)]))
 
-            return _stream(events())
-        text = await _collect(generation, request)
-        return chunk([choice(text, generation.finish_reason)], generation.usage())
+            async def usage():
+                yield _sse(chunk([], self._usage(prompts, generations)))
+
+            return _stream(_merged(generations, events), usage() if include_usage else None)
+        results = await _collect(generations, request)
+        choices = [
+            choice(
+                i,
+                echoed[i // body.n] + text,
+                entries,
+                generations[i].finish_reason,
+                with_prompt=body.echo,
+            )  # fmt: skip
+            for i, (text, entries) in enumerate(results)
+        ]
+        return chunk(choices, self._usage(prompts, generations))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
+        self.check_fields(body)
         messages = [{"role": m.role, "content": m.content} for m in body.messages]
         try:
-            text = self.settings.chat_template.render(messages)
+            text = await asyncio.to_thread(self.settings.chat_template.render, messages)
         except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_request_error", "messages") from None
-        prompt = self.settings.tokenizer.encode(text)
-        generation = self._start("chat.completions", body, prompt, body.token_limit)
-        rid, created = f"chatcmpl-{generation.id}", int(time.time())
+            raise _invalid(str(exc), "messages") from None
+        prompt = await self.encode(text)
+        if body.token_limit == 0:
+            raise _invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        generations = self._start(
+            "chat.completions", body, [prompt], body.token_limit, body.n, logprobs=top_n
+        )
+        rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
 
         def chunk(choices: list, kind: str, usage=None) -> dict[str, Any]:
             return self._chunk(rid, kind, created, choices, usage)
 
+        def logprobs(entries: list) -> dict[str, Any] | None:
+            return chat_logprobs(self.texts, entries, top_n) if top_n is not None else None
+
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            kind = "chat.completion.chunk"
 
-            def delta(content: dict, finish: str | None = None) -> dict[str, Any]:
-                return {"index": 0, "delta": content, "logprobs": None, "finish_reason": finish}
+            def delta(index: int, content: dict, entries=(), finish: str | None = None):
+                return {"index": index, "delta": content,
+                        "logprobs": logprobs(list(entries)) if entries else None,
+                        "finish_reason": finish}  # fmt: skip
 
-            async def events():
-                kind = "chat.completion.chunk"
-                yield _sse(chunk([delta({"role": "assistant", "content": ""})], kind))
-                async for text in generation.deltas():
-                    yield _sse(chunk([delta({"content": text})], kind))
-                yield _sse(chunk([delta({}, generation.finish_reason)], kind))
-                if include_usage:
-                    yield _sse(chunk([], kind, generation.usage()))
+            async def events(index: int, generation: _Generation):
+                yield _sse(chunk([delta(index, {"role": "assistant", "content": ""})], kind))
+                async for text, entries in generation.deltas():
+                    yield _sse(chunk([delta(index, {"content": text}, entries)], kind))
+                yield _sse(chunk([delta(index, {}, (), generation.finish_reason)], kind))
 
-            return _stream(events())
-        text = await _collect(generation, request)
-        message = {"role": "assistant", "content": text}
-        choices = [{"index": 0, "message": message, "logprobs": None,
-                    "finish_reason": generation.finish_reason}]  # fmt: skip
-        return chunk(choices, "chat.completion", generation.usage())
+            async def usage():
+                yield _sse(chunk([], kind, self._usage([prompt], generations)))
+
+            return _stream(_merged(generations, events), usage() if include_usage else None)
+        results = await _collect(generations, request)
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": text},
+             "logprobs": logprobs(entries), "finish_reason": generations[i].finish_reason}
+            for i, (text, entries) in enumerate(results)
+        ]  # fmt: skip
+        return chunk(choices, "chat.completion", self._usage([prompt], generations))
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        self.check_model(body.model)
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.content} for m in body.messages]
+            try:
+                text = await asyncio.to_thread(self.settings.chat_template.render, messages)
+            except ValueError as exc:
+                raise _invalid(str(exc), "messages") from None
+        else:
+            text = body.prompt
+        tokens = await self.encode(text)
+        bos = self.settings.tokenizer.bos_id
+        if body.add_special_tokens and bos is not None and tokens[:1] != [bos]:
+            tokens = [bos, *tokens]
+        return {"count": len(tokens), "max_model_len": self.worker.engine.max_len,
+                "tokens": tokens}  # fmt: skip
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        self.check_model(body.model)
+        self._check_ids(body.tokens, "tokens")
+        return {"prompt": await asyncio.to_thread(self.settings.tokenizer.decode, body.tokens)}
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        tokenizer = self.settings.tokenizer
+
+        def text(token_id: int | None) -> str | None:
+            return tokenizer.decode([token_id]) if token_id is not None else None
+
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            "vocab_size": tokenizer.vocab_size,
+            "model_max_length": self.worker.engine.max_len,
+            "bos_token": text(tokenizer.bos_id),
+            "eos_token": text(tokenizer.eos_id),
+            "pad_token": text(tokenizer.pad_id),
+            "chat_template": self.settings.chat_template.source,
+        }
+
+    # -- helpers -----------------------------------------------------------------------------
 
     def _chunk(self, rid: str, kind: str, created: int, choices: list, usage) -> dict[str, Any]:
         model = self.settings.model_name
         return {"id": rid, "object": kind, "created": created, "model": model,
                 "choices": choices, "usage": usage}  # fmt: skip
 
-    def _start(self, endpoint: str, body, prompt: list[int], max_tokens: int | None):
-        """Checks the prompt against the engine's limits and submits it."""
+    def _echo(self, prompt: str | list[int], ids: list[int]) -> str:
+        return prompt if isinstance(prompt, str) else self.settings.tokenizer.decode(ids)
+
+    @staticmethod
+    def _usage(prompts: list[list[int]], generations: list[_Generation]) -> dict[str, int]:
+        prompt = sum(map(len, prompts))
+        completion = sum(g.tokens for g in generations)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}  # fmt: skip
+
+    def _check_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.worker.engine.vocab_size or self.settings.tokenizer.vocab_size
+        if vocab is not None and (bad := [t for t in ids if not 0 <= t < vocab]):
+            raise _invalid(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})",
+                           param)  # fmt: skip
+
+    def _start(
+        self,
+        endpoint: str,
+        body,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        n: int,
+        *,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> list[_Generation]:
+        """Checks each prompt against the engine's limits and submits `n` generations of
+        each, all or none; choice i is prompt i // n."""
         engine = self.worker.engine
-        if not prompt:
-            raise APIError(400, "the prompt has no tokens", "invalid_request_error", "prompt")
-        vocab = engine.vocab_size
-        if vocab is not None and (bad := [t for t in prompt if not 0 <= t < vocab]):
-            raise APIError(
-                400,
-                f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})",
-                "invalid_request_error",
-                "prompt",
+        stop_tokens = () if body.ignore_eos else self.settings.stop_tokens
+        stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
+        seed = body.seed if body.seed is not None else secrets.randbits(32)
+        generations = []
+        for prompt in prompts:
+            if not prompt:
+                raise _invalid("the prompt has no tokens", "prompt")
+            self._check_ids(prompt, "prompt")
+            room = engine.max_len + 1 - len(prompt)  # the last new token is never cached
+            wanted = max_tokens
+            if wanted is None:
+                wanted = self.settings.default_max_tokens if endpoint == "completions" else room
+                wanted = min(wanted, room)
+            if room < 1 or wanted > room:
+                raise _invalid(
+                    f"This model's maximum context length is {engine.max_len} tokens; the "
+                    f"prompt has {len(prompt)} tokens and max_tokens asks for {wanted} more "
+                    f"(prompt + max_tokens - 1 must be <= {engine.max_len}); shorten the "
+                    "prompt or lower max_tokens",
+                    "max_tokens" if room >= 1 else "prompt",
+                    "context_length_exceeded",
+                )
+            for j in range(n):
+                sampling = SamplingParams(
+                    max_new_tokens=wanted,
+                    temperature=body.temperature,
+                    top_k=max(body.top_k, 0),
+                    top_p=body.top_p,
+                    min_p=body.min_p,
+                    stop_tokens=stop_tokens,
+                    seed=(seed + j) % 2**32,  # each of n choices its own sample
+                    logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                )
+                generations.append(_Generation(self, endpoint, prompt, sampling, body.stop))
+        capacity = self.worker.capacity
+        if len(generations) > capacity:
+            raise _invalid(
+                f"this request asks for {len(generations)} generations ({len(prompts)} "
+                f"prompt(s) x n={n}); this server runs at most {capacity} at once "
+                "(--num-slots + --max-queue): split it",
+                "n" if n > 1 else "prompt",
             )
-        room = engine.max_len + 1 - len(prompt)  # the last new token is never cached
-        if max_tokens is None:
-            max_tokens = self.settings.default_max_tokens if endpoint == "completions" else room
-            max_tokens = min(max_tokens, room)
-        if room < 1 or max_tokens > room:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {engine.max_len} tokens; the prompt "
-                f"has {len(prompt)} tokens and max_tokens asks for {max_tokens} more "
-                f"(prompt + max_tokens - 1 must be <= {engine.max_len}); shorten the prompt "
-                "or lower max_tokens",
-                "invalid_request_error",
-                "max_tokens" if room >= 1 else "prompt",
-                "context_length_exceeded",
-            )
-        sampling = SamplingParams(
-            max_new_tokens=max_tokens,
-            temperature=body.temperature,
-            top_k=max(body.top_k, 0),
-            top_p=body.top_p,
-            stop_tokens=self.settings.stop_tokens,
-            seed=body.seed if body.seed is not None else secrets.randbits(32),
-        )
         try:
-            generation = _Generation(self, endpoint, prompt, sampling, body.stop)
+            self.worker.submit_all([g.submission() for g in generations])
         except QueueFullError as exc:
             raise APIError(429, str(exc), "rate_limit_error", code="queue_full") from None
         except RuntimeError as exc:  # the engine stopped
             raise APIError(503, str(exc), "server_error") from None
-        self.metrics.prompt_tokens.inc(len(prompt))
-        return generation
+        self.metrics.prompt_tokens.inc(sum(map(len, prompts)))
+        return generations
 
 
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-def _stream(events: AsyncIterator[str]) -> StreamingResponse:
+async def _merged(generations: list[_Generation], events) -> AsyncIterator[str]:
+    """`events(index, generation)` of every generation, interleaved as they come."""
+    if len(generations) == 1:
+        async for event in events(0, generations[0]):
+            yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, generation: _Generation) -> None:
+        try:
+            async for event in events(index, generation):
+                await queue.put(event)
+        except APIError as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, APIError):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:  # a client gone, or a failure: the others stop too
+            task.cancel()
+
+
+def _stream(events: AsyncIterator[str], tail: AsyncIterator[str] | None) -> StreamingResponse:
     async def with_done():
         try:
             async for event in events:
                 yield event
+            if tail is not None:
+                async for event in tail:
+                    yield event
         except APIError as exc:  # after the headers: the error is the stream's last event
             yield _sse(exc.body)
         yield "data: [DONE]\n\n"
@@ -332,24 +594,29 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(with_done(), media_type="text/event-stream", headers=headers)
 
 
-async def _collect(generation: _Generation, request: Request) -> str:
-    """The whole text; the generation is cancelled if the client disconnects first."""
-
-    async def text() -> str:
-        return "".join([delta async for delta in generation.deltas()])
-
-    task = asyncio.ensure_future(text())
+async def _collect(generations: list[_Generation], request: Request) -> list[tuple[str, list]]:
+    """Every generation's text and logprobs; all are cancelled if the client disconnects or
+    one fails (its error is raised)."""
+    tasks = [asyncio.ensure_future(g.collect()) for g in generations]
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        pending = set(tasks)
+        while pending:
+            finished, pending = await asyncio.wait(
+                pending | {gone}, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(gone)
+            if gone in finished or any(t.exception() for t in finished if t is not gone):
+                break
     finally:
         gone.cancel()
-    if not task.done():  # the client left: stop generating for it
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return ""
-    return task.result()
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return [task.result() if not task.cancelled() else ("", []) for task in tasks]
 
 
 async def _disconnected(request: Request) -> None:

@@ -9,7 +9,9 @@ from typing import Any
 
 from axplug.api import add_checkpoint_arguments
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "API_KEY_ENV"]
+
+API_KEY_ENV = "AXPLUG_SERVE_API_KEY"
 
 EPILOG = """\
 examples:
@@ -23,9 +25,13 @@ then, with any OpenAI client:
   python -c 'import openai; c = openai.OpenAI(base_url="http://127.0.0.1:8000/v1",
       api_key="-"); print(c.completions.create(model="demo", prompt="To be").choices[0].text)'
 
+  axplug serve --checkpoint runs/demo --api-key "$KEY"      # clients send "Bearer $KEY"
+
 endpoints: POST /v1/completions, POST /v1/chat/completions ("stream": true for server-sent
-events), GET /v1/models, GET /health, GET /metrics (Prometheus). The model is named after
-the run directory (--model-name to change it). At most --num-slots requests decode at once
+events; "logprobs", "echo" and vLLM's "prompt_logprobs" to score text), POST /tokenize,
+POST /detokenize, GET /tokenizer_info, GET /v1/models, GET /health, GET /metrics
+(Prometheus), GET /openapi.json. The model is named after the run directory (--model-name
+to change it). At most --num-slots requests decode at once
 (continuous batching) and --max-queue more wait; beyond that a request gets 429. Generation
 stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
 EOS. Chat prompts use the tokenizer's chat template (tokenizer_config.json), else
@@ -57,6 +63,22 @@ def _checked_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{option} {value}: must be at least {low}")
     if args.chat_template is not None and not os.path.isfile(args.chat_template):
         raise UsageError(f"--chat-template {args.chat_template}: no such file")
+    if args.max_body_bytes < 1024:
+        raise UsageError(f"--max-body-bytes {args.max_body_bytes}: must be at least 1024")
+    if not 0 <= args.max_logprobs <= 1000:
+        raise UsageError(f"--max-logprobs {args.max_logprobs}: must be in [0, 1000]")
+    if any(not key for key in args.api_key):
+        raise UsageError("--api-key: a key must not be empty")
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key values, then those in $AXPLUG_SERVE_API_KEY (comma-separated)."""
+    from_env = [k.strip() for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
+    return tuple(dict.fromkeys([*args.api_key, *from_env]))
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,6 +131,49 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "device does both)",
     )
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
+    parser.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        metavar="N",
+        help="most top tokens a request may ask logprobs of (20, as OpenAI's API)",
+    )
+    access = parser.add_argument_group("access and limits")
+    access.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' (repeat for several keys; also "
+        f"${API_KEY_ENV}, comma-separated); default: no key",
+    )
+    access.add_argument(
+        "--open-paths",
+        type=_list,
+        default=("/health", "/metrics"),
+        metavar="PATHS",
+        help="paths reachable without a key, comma-separated ('/health,/metrics'; '' for none)",
+    )
+    access.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=8 << 20,
+        metavar="N",
+        help="larger request bodies get 413 before they are read (8 MiB)",
+    )
+    access.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse unknown request fields with 400 (default: ignore them, logged once)",
+    )
+    access.add_argument(
+        "--allowed-origins",
+        type=_list,
+        default=(),
+        metavar="ORIGINS",
+        help="CORS: browser origins allowed to call the API, comma-separated ('*' for any); "
+        "default: none",
+    )
     parser.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -206,6 +271,7 @@ def build(args: argparse.Namespace):
             num_slots=args.num_slots,
             max_len=_max_len(loaded, args.max_len),
             prefill_chunk=args.prefill_chunk or None,
+            max_logprobs=args.max_logprobs,
             mesh=model.mesh,
             axis_rules=model.axis_rules,
         )
@@ -226,6 +292,11 @@ def build(args: argparse.Namespace):
         chat_template=_chat_template(ChatTemplate, tokenizer, args.chat_template),
         stop_tokens=tuple(stop),
         step=loaded.step,
+        api_keys=_api_keys(args),
+        open_paths=args.open_paths,
+        max_body_bytes=args.max_body_bytes,
+        strict_fields=args.strict_fields,
+        allowed_origins=args.allowed_origins,
     )
     metrics = ServerMetrics()
     worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)
@@ -268,10 +339,13 @@ def run(args: argparse.Namespace) -> int:
     cache = args.kv_cache + (" cache" if args.kv_cache == "contiguous" else " KV cache")
     chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
     split = f", prefill on {args.prefill_devices} device(s)" if args.prefill_devices else ""
+    keys = len(settings.api_keys)
+    access = f"{keys} API key(s)" if keys else "no API key"
     print(
         f"axplug serve: model {settings.model_name!r} (step {settings.step}) at "
         f"http://{args.host}:{args.port}/v1: {engine.num_slots} slots of {engine.max_len} "
-        f"tokens, up to {args.max_queue} queued, {cache}, {chunk}{split}",
+        f"tokens, up to {args.max_queue} queued, {cache}, {chunk}{split}; {access}; chat "
+        f"template: {settings.chat_template.origin}",
         file=sys.stderr,
         flush=True,
     )

@@ -1,4 +1,9 @@
-"""The OpenAI request bodies this server accepts (pydantic), and errors in OpenAI's shape."""
+"""The OpenAI request bodies this server accepts (pydantic), and errors in OpenAI's shape.
+
+Unknown fields are accepted (as vLLM does) and listed in `model_extra`: the server logs each
+name once, or refuses them with `--strict-fields`. Every number that reaches an array is
+bounded here, and text must be valid Unicode (no lone UTF-16 surrogates).
+"""
 
 from __future__ import annotations
 
@@ -10,37 +15,67 @@ __all__ = [
     "CompletionRequest",
     "ChatCompletionRequest",
     "ChatMessage",
+    "TokenizeRequest",
+    "DetokenizeRequest",
     "error_body",
     "validation_message",
 ]
 
 _MAX_STOP = 4  # as OpenAI's API
+MAX_N = 16  # choices per request
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+MAX_LOGPROBS = 20  # top tokens per position, as OpenAI's API and vLLM
+_INT32_MAX = 2**31 - 1
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints; unknown fields are refused, so a typo is not ignored.
-    An explicit `null` means the default, as in OpenAI's API."""
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path of the first string in `value` that is not valid Unicode, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path or 'body'} (character {exc.start})"
+        return None
+    if isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if found := _lone_surrogate(item, f"{path}.{key}" if path else str(key)):
+                return found
+    return None
 
-    model_config = ConfigDict(extra="forbid")
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints. An explicit `null` means the default, as in OpenAI's
+    API; unknown fields land in `model_extra`."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_tokens: int | None = Field(None, ge=0, le=_INT32_MAX, strict=True)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, strict=True, description="not OpenAI's: 0 or -1 is off")
-    n: int = Field(1, strict=True)
+    top_k: int = Field(
+        0, ge=-1, le=_INT32_MAX, strict=True, description="vLLM's extension: 0 or -1 is off"
+    )
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM's extension: 0 is off")
+    n: int = Field(1, ge=1, le=MAX_N, strict=True)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, validate_default=True)
+    stop_token_ids: list[int] = Field(
+        [], max_length=64, description="vLLM's extension: more ids that end generation"
+    )
+    ignore_eos: bool = Field(False, description="vLLM's extension: go on past the model's EOS")
     seed: int | None = Field(None, ge=0, lt=2**32, strict=True)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's extension: 1 is off")
     logit_bias: dict[str, float] | None = None
     # Accepted and ignored: bookkeeping some clients always send.
     store: bool | None = None
@@ -51,15 +86,12 @@ class _Sampling(BaseModel):
     @classmethod
     def _nulls_mean_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            if where := _lone_surrogate(data):
+                raise ValueError(
+                    f"{where}: not valid Unicode (a lone UTF-16 surrogate); send UTF-8 text"
+                )
             return {key: value for key, value in data.items() if value is not None}
         return data
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"only n=1 is supported, got {n}; send {n} requests instead")
-        return n
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -67,6 +99,20 @@ class _Sampling(BaseModel):
         if value != 0:
             raise ValueError("repetition penalties are not supported; leave it at 0")
         return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, value: float) -> float:
+        if value != 1:
+            raise ValueError("repetition penalties are not supported; leave it at 1")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids(cls, ids: list[int]) -> list[int]:
+        if bad := [t for t in ids if not 0 <= t <= _INT32_MAX]:
+            raise ValueError(f"token id {bad[0]} is not a token id")
+        return ids
 
     @field_validator("logit_bias")
     @classmethod
@@ -109,30 +155,35 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, strict=True, description="vLLM's extension"
+    )
     best_of: int | None = None
     suffix: str | None = None
 
-    _refused = _unsupported("echo", "logprobs", "suffix")
+    _refused = _unsupported("suffix")
     _one_best = _unsupported("best_of", allowed=(None, 1))
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> str | list[int]:
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise ValueError(
-                    f"one prompt per request is supported, got {len(prompt)}; send one request "
-                    "per prompt"
-                )
-            prompt = prompt[0]
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        return prompt
+    def _prompts(cls, prompt: Any) -> list[str] | list[list[int]]:
+        """One prompt (text or ids) or a list of them: always a list here."""
+        prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(
+            prompt[0], int
+        ) else [prompt]  # fmt: skip
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+        for one in prompts:
+            if not one:
+                raise ValueError("the prompt is empty")
+            if isinstance(one, list) and (bad := [t for t in one if not 0 <= t <= _INT32_MAX]):
+                raise ValueError(f"token id {bad[0]} is not a token id")
+        return prompts
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]]
@@ -157,19 +208,56 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None  # accepted: no tools run anyway
     response_format: dict[str, Any] | None = None
 
-    _refused = _unsupported("logprobs", "top_logprobs", "tools")
+    _refused = _unsupported("tools")
     _no_tool_choice = _unsupported("tool_choice", allowed=(None, "none"))
     _text_format = _unsupported("response_format", allowed=(None, {"type": "text"}))
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: only allowed with logprobs=true")
+        return self
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): a prompt, or chat messages rendered by the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (where := _lone_surrogate(data)):
+            raise ValueError(f"{where}: not valid Unicode (a lone UTF-16 surrogate)")
+        return data
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    tokens: list[int]
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):

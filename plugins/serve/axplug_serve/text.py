@@ -78,7 +78,9 @@ class ChatTemplate:
     """A Jinja chat template (Hugging Face's format), rendered in a sandbox: templates come
     with downloaded models, so they may not reach Python objects."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
+    def __init__(
+        self, source: str, *, bos_token: str = "", eos_token: str = "", origin: str = "given"
+    ):
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -89,6 +91,7 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ValueError(f"the chat template does not parse: {exc}") from None
         self.source, self.bos_token, self.eos_token = source, bos_token, eos_token
+        self.origin = origin  # where the template came from, for the banner and model card
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, explicit: str | None = None) -> ChatTemplate:
@@ -101,14 +104,17 @@ class ChatTemplate:
             config = json.loads((folder / "tokenizer_config.json").read_text())
         tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
         if explicit is not None:
-            return cls(pathlib.Path(explicit).read_text(), **tokens)
-        source = config.get("chat_template")
+            return cls(pathlib.Path(explicit).read_text(), **tokens, origin=str(explicit))
+        source, origin = config.get("chat_template"), f"{folder}/tokenizer_config.json"
         if isinstance(source, list):  # named templates: the default one
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default") or next(iter(named.values()), None)
         if not source and folder is not None and (folder / "chat_template.jinja").is_file():
             source = (folder / "chat_template.jinja").read_text()
-        return cls(source or DEFAULT_CHAT_TEMPLATE, **tokens)
+            origin = str(folder / "chat_template.jinja")
+        if not source:
+            return cls(DEFAULT_CHAT_TEMPLATE, **tokens, origin="default (role: content lines)")
+        return cls(source, **tokens, origin=origin)
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The prompt text for `messages`, ending where the assistant's reply starts."""

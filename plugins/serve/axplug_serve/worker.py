@@ -78,17 +78,22 @@ class EngineWorker:
 
     def submit(self, request: Request, sink: Sink) -> None:
         """Queues `request`; `sink` gets its tokens. QueueFullError when at capacity."""
+        self.submit_all([(request, sink)])
+
+    def submit_all(self, requests: list[tuple[Request, Sink]]) -> None:
+        """Queues every request or none: QueueFullError when they do not all fit now."""
         with self._lock:
             if self.error is not None or self._stopping:
                 raise RuntimeError(f"the engine is not running: {self.error or 'stopping'}")
-            if self._in_flight >= self.capacity:
+            if self._in_flight + len(requests) > self.capacity:
                 slots = self.engine.num_slots
                 raise QueueFullError(
                     f"the server is at capacity: {self._in_flight} requests in flight "
-                    f"({slots} decoding at once, {self.capacity - slots} queued); retry later"
+                    f"({slots} decoding at once, {self.capacity - slots} queued) and this "
+                    f"one needs {len(requests)}; retry later"
                 )
-            self._in_flight += 1
-            self._inbox.append(("submit", request, sink))
+            self._in_flight += len(requests)
+            self._inbox.extend(("submit", request, sink) for request, sink in requests)
         self._wake.set()
 
     def cancel(self, request_id: Any) -> None:
@@ -134,7 +139,11 @@ class EngineWorker:
                 continue
             try:
                 self.engine.submit(item)
-            except ValueError as exc:  # checked by the server first; the engine has the last word
+            # Checked by the server first; the engine has the last word. Whatever it refuses
+            # fails this request only, never the engine.
+            except Exception as exc:  # noqa: BLE001
+                if not isinstance(exc, ValueError):
+                    log.exception("request %r could not be queued", item.id)
                 self._release()
                 sink(exc)
             else:

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 
 pytest.importorskip("axplug_serve")
@@ -21,9 +22,19 @@ openai = pytest.importorskip("openai")
 from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
 
 from axplug.cli.main import main  # noqa: E402
-from axplug.inference import SamplingParams, find_tokenizer, generate, load_checkpoint  # noqa: E402
+from axplug.inference import (  # noqa: E402
+    Engine,
+    Request,
+    SamplingParams,
+    find_tokenizer,
+    generate,
+    load_checkpoint,
+)
 
 MAX_LEN = 256
+KEY = "test-key"
+MAX_BODY = 1 << 16
+_LOGS: dict[str, object] = {}  # server URL -> its log file
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +53,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(url: str) -> tuple[int, str]:
+def _get(url: str, body: dict | bytes | None = None, key: str | None = KEY, method=None):
+    """(status, text, headers) of a request: GET, or POST of `body` (JSON unless bytes)."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read().decode(), r.headers
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        return e.code, e.read().decode(), e.headers
 
 
 @contextlib.contextmanager
 def _serve(run_dir, tmp_path_factory, *extra):
-    """`axplug serve` in its own process (2 slots, 1 queued), stopped by its PID."""
+    """`axplug serve` in its own process (2 slots, 2 queued, API key KEY), stopped by its
+    PID."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     cmd = [sys.executable, "-m", "axplug.cli", "serve", "--checkpoint", run_dir,
-           "--port", str(port), "--num-slots", "2", "--max-queue", "1",
-           "--max-len", str(MAX_LEN), "--log-level", "warning", *extra]  # fmt: skip
+           "--port", str(port), "--num-slots", "2", "--max-queue", "2",
+           "--max-len", str(MAX_LEN), "--log-level", "warning", "--api-key", KEY,
+           "--max-body-bytes", str(MAX_BODY), *extra]  # fmt: skip
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -65,7 +84,7 @@ def _serve(run_dir, tmp_path_factory, *extra):
         deadline = time.monotonic() + 240
         while True:
             try:
-                if _get(base + "/health")[0] == 200:
+                if _get(base + "/health", key=None)[0] == 200:
                     break
             except OSError:
                 pass
@@ -75,6 +94,7 @@ def _serve(run_dir, tmp_path_factory, *extra):
         # The engine's gauges are there before any request (2 rows x 256 / 16 pages).
         paged = "--kv-cache" not in extra
         assert _metric(base, "axplug_serve_kv_pages_free") == (32 if paged else -1)
+        _LOGS[base] = log
         yield base
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -95,13 +115,17 @@ def server(run_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def reference(run_dir):
+def loaded(run_dir):
+    return load_checkpoint(run_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(run_dir, loaded):
     """Greedy ids of the same checkpoint, decoded in this process by the core's Engine."""
-    loaded = load_checkpoint(run_dir)
     tokenizer = find_tokenizer(loaded, run_dir)
 
     def greedy(prompt_ids: list[int], n: int) -> list[int]:
@@ -186,10 +210,14 @@ def test_a_stop_string_ends_the_text_before_it(server, client):
     ("kwargs", "message"),
     [
         ({"temperature": 5}, "temperature: Input should be less than or equal to 2"),
-        ({"n": 2}, "n: only n=1 is supported"),
+        ({"n": 17}, "n: Input should be less than or equal to 16"),
         ({"top_p": 0}, "top_p: Input should be greater than 0"),
-        ({"extra_body": {"tempreature": 0.5}}, "tempreature: Extra inputs are not permitted"),
-        ({"logprobs": 2}, "logprobs: not supported by this server"),
+        ({"extra_body": {"top_k": 2**31}}, "top_k: Input should be less than or equal to 2147"),
+        ({"seed": 2**64}, "seed: Input should be less than 4294967296"),
+        ({"logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+        ({"max_tokens": 0}, "max_tokens: 0 needs echo=true"),
+        ({"prompt": [[1], []]}, "prompt: Value error, the prompt is empty"),
+        ({"presence_penalty": 0.5}, "presence_penalty: repetition penalties are not supported"),
         ({"stream_options": {"include_usage": True}}, "stream_options: only allowed with stream"),
         ({"max_tokens": MAX_LEN}, "maximum context length is 256 tokens"),
         ({"prompt": [1, 999]}, "token id 999 is outside the model's vocabulary [0, 256)"),
@@ -204,14 +232,8 @@ def test_bad_requests_are_400_naming_the_field(server, client, kwargs, message):
 
 
 def test_malformed_bodies_and_nulls(server, client):
-    request = urllib.request.Request(
-        server + "/v1/completions", data=b'{"model": "tiny", "prompt": "hi",,}',
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    try:
-        urllib.request.urlopen(request, timeout=10)
-    except urllib.error.HTTPError as e:
-        status, error = e.code, json.loads(e.read())["error"]
+    status, text, _ = _get(server + "/v1/completions", b'{"model": "tiny", "prompt": "hi",,}')
+    error = json.loads(text)["error"]
     assert status == 400 and error["param"] is None
     assert error["message"].startswith("the request body is not valid JSON (at character")
     # Explicit nulls mean the defaults, as in OpenAI's API.
@@ -246,10 +268,10 @@ def test_a_client_that_disconnects_cancels_its_request(server, client):
 
 
 def test_a_full_queue_is_429_and_the_server_recovers(server, client):
-    # 2 slots + 1 queued: three long requests in flight, the fourth is refused.
+    # 2 slots + 2 queued: four long requests in flight, the fifth is refused.
     streams = [
         client.completions.create(model="tiny", prompt="To be", max_tokens=240, stream=True)
-        for _ in range(3)
+        for _ in range(4)
     ]
     with pytest.raises(openai.RateLimitError, match="at capacity"):
         client.completions.create(model="tiny", prompt="x", max_tokens=2)
@@ -262,7 +284,7 @@ def test_a_full_queue_is_429_and_the_server_recovers(server, client):
 
 
 def test_health_models_and_help(server, capsys):
-    status, body = _get(server + "/health")
+    status, body, _ = _get(server + "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
     assert re.search(r"^axplug_serve_time_to_first_token_seconds_count [1-9]", _get(
         server + "/metrics")[1], re.M)  # fmt: skip
@@ -284,7 +306,7 @@ def test_health_models_and_help(server, capsys):
 def test_other_engines_serve_the_same_text(run_dir, tmp_path_factory, reference, extra):
     tokenizer, greedy = reference
     with _serve(run_dir, tmp_path_factory, *extra) as base:
-        client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
         prompt = "HAMLET. To be, or not to be"
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
     assert out.choices[0].text == tokenizer.decode(greedy(tokenizer.encode(prompt), 16))
@@ -303,6 +325,192 @@ def test_serve_errors_before_listening(tmp_path, capsys):
         port = str(taken.getsockname()[1])
         assert main(["serve", "--checkpoint", str(tmp_path), "--port", port]) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def _post(base: str, path: str, body: dict, key: str | None = KEY) -> dict:
+    status, text, _ = _get(base + path, body, key)
+    assert status == 200, text
+    return json.loads(text)
+
+
+def _engine_scores(loaded, prompts: list[list[int]], new: int, top: int):
+    """The core Engine's greedy completions of `prompts` with output and prompt logprobs."""
+    engine = Engine(loaded.model, loaded.params, num_slots=2, max_len=64)
+    sampling = SamplingParams(max_new_tokens=new, temperature=0, logprobs=top, prompt_logprobs=top)
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(prompt, sampling, id=i))
+    done = {c.id: c for c in engine.run()}
+    return [done[i] for i in range(len(prompts))]
+
+
+def test_echo_logprobs_equal_the_engines_for_prompt_and_output(server, loaded, reference):
+    tokenizer, _ = reference
+    prompts = ["HAMLET. To be", "KING."]
+    args = {"prompt": prompts, "echo": True, "max_tokens": 4, "logprobs": 2, "temperature": 0}
+    body = _post(server, "/v1/completions", {"model": "tiny", **args})
+    wants = _engine_scores(loaded, [tokenizer.encode(p) for p in prompts], 4, 2)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    for prompt, choice, want in zip(prompts, body["choices"], wants, strict=True):
+        ids = want.prompt_ids + want.output_ids
+        assert choice["text"] == prompt + tokenizer.decode(want.output_ids)
+        got = choice["logprobs"]
+        assert got["tokens"] == [tokenizer.decode([t]) for t in ids]
+        assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+        entries = want.prompt_logprobs[1:] + want.output_logprobs
+        np.testing.assert_allclose(got["token_logprobs"][1:], [e.logprob for e in entries],
+                                   rtol=0, atol=1e-5)  # fmt: skip
+        for entry, top in zip(entries, got["top_logprobs"][1:], strict=True):
+            # The token itself and its two most likely, keyed by text.
+            texts = {tokenizer.decode([t]) for t in (entry.token, *[t for t, _ in entry.top])}
+            assert set(top) == texts
+            assert max(top.values()) == pytest.approx(entry.top[0][1], abs=1e-5)
+        offsets = got["text_offset"]
+        assert offsets == [sum(map(len, got["tokens"][:i])) for i in range(len(ids))]
+    assert body["usage"]["completion_tokens"] == 8
+
+    # Scoring only (lm-eval's loglikelihood): max_tokens 0, the prompt given as ids.
+    ids = wants[0].prompt_ids
+    body = _post(server, "/v1/completions", {"model": "tiny", "prompt": ids, "echo": True,
+                                            "max_tokens": 0, "logprobs": 0,
+                                            "prompt_logprobs": 1})  # fmt: skip
+    (choice,) = body["choices"]
+    assert choice["text"] == tokenizer.decode(ids) and body["usage"]["completion_tokens"] == 0
+    want = [e.logprob for e in wants[0].prompt_logprobs[1:]]
+    np.testing.assert_allclose(choice["logprobs"]["token_logprobs"][1:], want, atol=1e-5)
+    # vLLM's prompt_logprobs: None, then {id: {logprob, rank, decoded_token}} per token.
+    vllm = choice["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(ids)
+    for token, entry, ranked in zip(ids[1:], wants[0].prompt_logprobs[1:], vllm[1:], strict=True):
+        assert ranked[str(token)]["rank"] == entry.rank
+        assert ranked[str(token)]["decoded_token"] == tokenizer.decode([token])
+        assert ranked[str(entry.top[0][0])]["rank"] == 1
+
+
+def test_streamed_logprobs_and_chat_logprobs(server, client, loaded, reference):
+    tokenizer, _ = reference
+    args = {"model": "tiny", "prompt": "To be", "max_tokens": 12, "logprobs": 1, "temperature": 0}
+    whole = client.completions.create(**args).choices[0].logprobs
+    chunks = [c.choices[0] for c in client.completions.create(**args, stream=True) if c.choices]
+    parts = [c.logprobs for c in chunks if c.logprobs is not None]
+    assert sum((p.tokens for p in parts), []) == whole.tokens
+    assert sum((p.token_logprobs for p in parts), []) == whole.token_logprobs
+    assert sum((p.text_offset for p in parts), []) == whole.text_offset
+    assert chunks[-1].finish_reason == "length" and chunks[-1].logprobs is None
+
+    messages = [{"role": "user", "content": "Who is there?"}]
+    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
+                                         temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    prompt = tokenizer.encode("user: Who is there?\n\nassistant:")
+    (want,) = _engine_scores(loaded, [prompt], 5, 2)
+    content = out.choices[0].logprobs.content
+    assert [c.token for c in content] == [tokenizer.decode([t]) for t in want.output_ids]
+    np.testing.assert_allclose([c.logprob for c in content],
+                               [e.logprob for e in want.output_logprobs], atol=1e-5)  # fmt: skip
+    for c, entry in zip(content, want.output_logprobs, strict=True):
+        assert [t.token for t in c.top_logprobs] == [tokenizer.decode([t]) for t, _ in entry.top]
+        assert c.bytes == list(c.token.encode())
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+def test_list_prompts_and_n_choices(server, client, reference):
+    tokenizer, greedy = reference
+    prompts = ["To be", "HAMLET."]
+    out = client.completions.create(model="tiny", prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in out.choices] == [0, 1]
+    for prompt, choice in zip(prompts, out.choices, strict=True):
+        assert choice.text == tokenizer.decode(greedy(tokenizer.encode(prompt), 6))
+    assert out.usage.prompt_tokens == sum(len(tokenizer.encode(p)) for p in prompts)
+    sampled = dict(model="tiny", prompt=prompts, max_tokens=8, temperature=1.0, n=2, seed=5)
+    first, again = client.completions.create(**sampled), client.completions.create(**sampled)
+    texts = [c.text for c in sorted(first.choices, key=lambda c: c.index)]
+    assert len(texts) == 4 and texts == [c.text for c in sorted(again.choices,
+                                                                key=lambda c: c.index)]  # fmt: skip
+    assert texts[0] != texts[1]  # the n choices of a prompt are separate samples
+    assert first.usage.completion_tokens == 32
+    streamed = client.completions.create(**sampled, stream=True)
+    by_index: dict[int, str] = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            by_index[choice.index] = by_index.get(choice.index, "") + choice.text
+    assert [by_index[i] for i in range(4)] == texts
+    with pytest.raises(openai.BadRequestError, match="runs at most 4 at once"):
+        client.completions.create(model="tiny", prompt=prompts * 3, max_tokens=2)
+
+
+def test_tokenizer_endpoints(server, reference):
+    tokenizer, _ = reference
+    out = _post(server, "/tokenize", {"prompt": "Héllo", "add_special_tokens": False})
+    assert out == {"tokens": tokenizer.encode("Héllo"), "count": 6, "max_model_len": MAX_LEN}
+    chat = _post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert chat["tokens"] == tokenizer.encode("user: hi\n\nassistant:")
+    assert _post(server, "/detokenize", {"tokens": out["tokens"]}) == {"prompt": "Héllo"}
+    status, text, _ = _get(server + "/detokenize", {"tokens": [1, 999]})
+    assert status == 400 and "token id 999 is outside" in text
+    info = json.loads(_get(server + "/tokenizer_info")[1])
+    assert info["model_max_length"] == MAX_LEN and "chat_template" in info
+
+
+def test_an_api_key_is_required_but_health_and_metrics_are_open(server):
+    status, text, headers = _get(server + "/v1/models", key="wrong")
+    assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+    assert headers["WWW-Authenticate"] == "Bearer"
+    assert _get(server + "/v1/models", key=None)[0] == 401
+    assert _get(server + "/health", key=None)[0] == 200
+    assert _get(server + "/metrics", key=None)[0] == 200
+    assert _metric(server, 'axplug_serve_rejected_requests_total{status="401"}') >= 2
+
+
+def test_unknown_fields_are_ignored_and_logged_once(server, client):
+    for _ in range(2):
+        out = client.completions.create(
+            model="tiny", prompt="hi", max_tokens=2, extra_body={"tempreature": 0.5}
+        )
+        assert out.usage.completion_tokens == 2
+    log = _LOGS[server].read_text()
+    assert log.count("ignoring the unknown request field 'tempreature'") == 1, log
+
+
+_BAD_VALUES = [2**31, 2**63, -(2**63), -1, 1e308, "x" * 300, [], {}, True, [[-1]], {"a": []}]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_no_field_value_breaks_the_server(server, path):
+    """Every field of the request schema, given each hostile value: a documented status, never
+    a 5xx, and the engine serves the next request."""
+    schema = json.loads(_get(server + "/openapi.json")[1])
+    operation = schema["paths"][path]["post"]
+    documented = {int(s) for s in operation["responses"]}
+    assert 422 not in documented and {400, 401, 413, 429, 500, 503} <= documented
+    name = "CompletionRequest" if "chat" not in path else "ChatCompletionRequest"
+    good = {"model": "tiny", "max_tokens": 2}
+    message = {"role": "user", "content": "hi"}
+    good |= {"prompt": "hi"} if "chat" not in path else {"messages": [message]}
+    seen = set()
+    for field in schema["components"]["schemas"][name]["properties"]:
+        for value in _BAD_VALUES:
+            status, text, _ = _get(server + path, {**good, field: value})
+            assert status in documented and status < 500, (field, value, text)
+            seen.add(status)
+    assert {200, 400} <= seen
+    status, text, _ = _get(server + path, good)
+    assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
+    assert json.loads(_get(server + "/health")[1])["status"] == "ok"
+
+
+def test_oversized_bodies_lone_surrogates_and_odd_methods(server):
+    # json.dumps escapes the lone surrogate as \ud800, as a JavaScript client would send it.
+    status, text, _ = _get(server + "/v1/completions", {"model": "tiny", "prompt": "a\ud800b"})
+    assert status == 400 and "prompt (character 1): not valid Unicode" in text
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "\udfff"}]}
+    status, text, _ = _get(server + "/v1/chat/completions", chat)
+    assert status == 400 and "messages.0.content (character 0): not valid Unicode" in text
+    status, text, _ = _get(server + "/v1/completions", b'{"prompt": "' + b"a" * MAX_BODY + b'"}')
+    assert status == 413 and "at most 65536 bytes (--max-body-bytes)" in text
+    status, text, headers = _get(server + "/v1/completions", method="TRACE")
+    assert status == 405 and headers["Allow"] == "POST"
+    status, _, headers = _get(server + "/v1/models", method="OPTIONS")
+    assert status == 405 and headers["Allow"] == "GET"
 
 
 # ------------------------------------------------------------------- text, in process
