@@ -69,8 +69,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-len", type=int, metavar="TOKENS", help="context per request (default: trained)"
     )
     parser.add_argument(
-        "--max-gen-toks", type=int, default=256, metavar="N",
-        help="new tokens of a generation task that sets none (256)",
+        "--max-gen-toks", type=int, metavar="N",
+        help="new tokens of a generation task that sets none (256, at most half the context)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1234, help="lm-eval's seeds (1234)")
     parser.add_argument("--output", metavar="FILE.json", help="write the results as JSON")
@@ -98,7 +98,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.record and args.checkpoint is None:
         raise UsageError("--record writes into a run directory: it needs --checkpoint")
     for option, value in (("--batch-size", args.batch_size), ("--num-slots", args.num_slots),
-                          ("--max-gen-toks", args.max_gen_toks)):  # fmt: skip
+                          ("--max-gen-toks", args.max_gen_toks or 1)):  # fmt: skip
         if value < 1:
             raise UsageError(f"{option} {value}: must be at least 1")
     if args.limit is not None and args.limit <= 0:
@@ -117,7 +117,9 @@ def _engine_model(args: argparse.Namespace):
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     trained = getattr(loaded.config.input, "seq_len", None)
     max_len = args.max_len or (trained if isinstance(trained, int) and trained > 1 else 2048)
-    if args.max_gen_toks >= max_len:
+    if args.max_gen_toks is None:
+        args.max_gen_toks = min(256, max_len // 2)
+    elif args.max_gen_toks >= max_len:
         from axplug.config import UsageError
 
         raise UsageError(f"--max-gen-toks {args.max_gen_toks}: must be below the context "
@@ -134,7 +136,7 @@ def _engine_model(args: argparse.Namespace):
     return model, loaded.step
 
 
-def evaluate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, Any]:
     """lm-eval's `simple_evaluate` of `model` (an LM, or "local-completions" for a server)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -151,17 +153,20 @@ def evaluate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
         model_args = {
             "base_url": args.base_url.rstrip("/") + "/completions", "model": args.model,
             "tokenizer_backend": "remote", "tokenized_requests": True,
-            "max_gen_toks": args.max_gen_toks, "num_concurrent": 1, "max_retries": 1,
+            "max_gen_toks": args.max_gen_toks or 256, "num_concurrent": 1, "max_retries": 1,
         }  # fmt: skip
         if args.max_len:
             model_args["max_length"] = args.max_len
-        if args.api_key:
-            model_args["auth_token"] = args.api_key
+        key = args.api_key or os.environ.get("OPENAI_API_KEY")
+        if key:  # lm-eval's tokenizer client takes it as auth_token, its requests from the env
+            model_args["auth_token"] = key
+            os.environ["OPENAI_API_KEY"] = key
     seeds = {"random_seed": args.seed, "numpy_random_seed": args.seed,
              "torch_random_seed": args.seed, "fewshot_random_seed": args.seed}  # fmt: skip
     return lm_eval.simple_evaluate(
         model=model, model_args=model_args, tasks=args.tasks, task_manager=manager,
-        num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size, **seeds,
+        num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
+        log_samples=log_samples, **seeds,
     )  # fmt: skip
 
 

@@ -1,0 +1,264 @@
+"""axplug-eval: lm-eval tasks in process through the Engine, checked against a plain forward
+pass and against lm-eval's own `local-completions` model talking to `axplug serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+pytest.importorskip("axplug_serve")
+
+from axplug_eval.command import evaluate  # noqa: E402
+from axplug_eval.lm import EngineLM, cut_at_stops  # noqa: E402
+
+from axplug.cli.main import main  # noqa: E402
+from axplug.context import functional  # noqa: E402
+from axplug.inference import Engine, find_tokenizer, load_checkpoint  # noqa: E402
+from axplug.summary import read_jsonl  # noqa: E402
+
+MAX_LEN = 64
+KEY = "eval-key"
+MC = [
+    {"question": "HAMLET. To be, or not to", "choices": [" be", " cat", " xq"], "answer": 0},
+    {"question": "KING. My lord", "choices": [" is", " zz"], "answer": 0},
+    {"question": "ROMEO. O", "choices": [" Romeo", " qqq", " the"], "answer": 2},
+    {"question": "First", "choices": [" Citizen", " Xylophone"], "answer": 0},
+    {"question": "The", "choices": [" king", " qj"], "answer": 0},
+]
+GEN = [{"prompt": "HAMLET.", "target": " To be"}, {"prompt": "KING.\n", "target": " My"},
+       {"prompt": "To be, or", "target": " not"}]  # fmt: skip
+TEXTS = [{"text": "HAMLET. To be, or not to be, that is the question: " * 3},
+         {"text": "Words, words, words."}]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # --api-key may set it
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from axplug.testing import tiny_trainer_config
+    from axplug.trainer.run import train
+
+    out = str(tmp_path_factory.mktemp("evaluated") / "tiny")
+    train(tiny_trainer_config(out, "max_steps=4", "input.seq_len=64", preset="llama-tiny"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """Three tiny local tasks, one per request type: no hub, no network."""
+    root = tmp_path_factory.mktemp("tasks")
+    for name, rows in (("mc", MC), ("gen", GEN), ("ppl", TEXTS)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\ntest_split: test\n"
+    (root / "mc.yaml").write_text(
+        "task: tiny_mc\n" + common.format(root / "mc.jsonl") + "output_type: multiple_choice\n"
+        'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n'
+        "    aggregation: mean\n    higher_is_better: true\n"
+    )
+    (root / "gen.yaml").write_text(
+        "task: tiny_gen\n" + common.format(root / "gen.jsonl") + "output_type: generate_until\n"
+        'doc_to_text: "{{prompt}}"\ndoc_to_target: "{{target}}"\ngeneration_kwargs:\n'
+        '  until: [" "]\n  max_gen_toks: 8\n  do_sample: false\nmetric_list:\n'
+        "  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    (root / "ppl.yaml").write_text(
+        "task: tiny_ppl\n" + common.format(root / "ppl.jsonl")
+        + 'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n"
+    )  # fmt: skip
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def engine_lm(run_dir):
+    loaded = load_checkpoint(run_dir)
+    tokenizer = find_tokenizer(loaded, run_dir)
+    engine = Engine(loaded.model, loaded.params, num_slots=3, max_len=MAX_LEN)
+    return loaded, EngineLM(engine, tokenizer, max_gen_toks=8, batch_size=5)
+
+
+def _args(include, **extra):
+    defaults = dict(tasks=["tiny_mc", "tiny_gen", "tiny_ppl"], include_path=[include], limit=None,
+                    num_fewshot=None, batch_size=4, seed=1234, max_gen_toks=8, max_len=MAX_LEN,
+                    base_url=None, model=None, api_key=None)  # fmt: skip
+    return types.SimpleNamespace(**{**defaults, **extra})
+
+
+def _forward_logprobs(loaded, ids: list[int]) -> np.ndarray:
+    """log-softmax of one plain forward pass: row t scores ids[t + 1]."""
+    logits, _ = functional(loaded.model, prng_key=None, state=loaded.params,
+                           inputs=(jnp.asarray([ids], jnp.int32),), is_training=False,
+                           method="predict")  # fmt: skip
+    return np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1))
+
+
+def test_loglikelihoods_equal_a_plain_forward_pass(engine_lm):
+    loaded, lm = engine_lm
+    tokenizer = lm.tokenizer
+    pairs = [("HAMLET. To be, or", " not to be"), ("KING.", " My lord"), ("x" * 80, " tail")]
+    requests = [types.SimpleNamespace(args=pair) for pair in pairs]
+    got = lm.loglikelihood(requests)
+    for (context, continuation), (logprob, greedy) in zip(pairs, got, strict=True):
+        ids = tokenizer.encode(context + continuation)[-MAX_LEN:]  # left-truncated as lm-eval
+        start = len(ids) - len(tokenizer.encode(continuation))
+        table = _forward_logprobs(loaded, ids)
+        want = [table[t - 1, ids[t]] for t in range(start, len(ids))]
+        assert logprob == pytest.approx(sum(want), abs=1e-4)
+        assert greedy == all(table[t - 1].argmax() == ids[t] for t in range(start, len(ids)))
+    # Rolling: lm-eval's disjoint windows, each scored by a forward pass of its own.
+    from lm_eval import utils as lm_utils
+
+    text = TEXTS[0]["text"]
+    (rolling,) = lm.loglikelihood_rolling([types.SimpleNamespace(args=(text,))])
+    ids = tokenizer.encode(text)
+    windows = list(map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+        ids, prefix_token=lm.prefix_token_id, max_seq_len=MAX_LEN - 1, context_len=1)))  # fmt: skip
+    assert len(windows) > 1 and sum(len(c) for _, c in windows) == len(ids)
+    total = 0.0
+    for context, continuation in windows:
+        window = (context + continuation)[-MAX_LEN:]
+        table = _forward_logprobs(loaded, window)
+        total += sum(table[t - 1, window[t]] for t in range(len(window) - len(continuation),
+                                                             len(window)))  # fmt: skip
+    assert rolling == pytest.approx(total, abs=1e-3)
+
+
+def test_generation_cuts_at_the_first_stop_string():
+    assert cut_at_stops("abc\ndef END", ["END", "\n"]) == "abc"
+    assert cut_at_stops("abc", ["", "z"]) == "abc"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    """`axplug serve` of the same checkpoint, with an API key, stopped by its PID."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    cmd = [sys.executable, "-m", "axplug.cli", "serve", "--checkpoint", run_dir, "--port",
+           str(port), "--num-slots", "2", "--max-queue", "2", "--max-len", str(MAX_LEN),
+           "--api-key", KEY, "--log-level", "warning", "--no-warmup"]  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+def _samples(results: dict) -> dict:
+    """Per task, each document's responses in document order."""
+    return {task: [s["resps"] for s in sorted(rows, key=lambda s: s["doc_id"])]
+            for task, rows in results["samples"].items()}  # fmt: skip
+
+
+def test_in_process_scores_equal_lm_evals_own_client_against_axplug_serve(engine_lm, server, tasks):
+    _, lm = engine_lm
+    args = _args(tasks)
+    local = evaluate(lm, args, log_samples=True)
+    # lm-eval's own OpenAI client, 4 prompts per request, the server's tokenizer endpoints.
+    # Without an EOS (a byte tokenizer) lm-eval's API client cannot build rolling windows:
+    # perplexity is compared with the forward pass above instead.
+    remote_args = _args(tasks, tasks=["tiny_mc", "tiny_gen"], base_url=server + "/v1",
+                        model="tiny", api_key=KEY)  # fmt: skip
+    remote = evaluate("local-completions", remote_args, log_samples=True)
+    mine, theirs = _samples(local), _samples(remote)
+    for doc_mine, doc_theirs in zip(mine["tiny_mc"], theirs["tiny_mc"], strict=True):
+        for (lp_mine, greedy_mine), (lp_theirs, greedy_theirs) in zip(
+            [r[0] for r in doc_mine], [r[0] for r in doc_theirs], strict=True
+        ):
+            assert lp_mine == pytest.approx(lp_theirs, abs=1e-4)
+            assert greedy_mine == greedy_theirs
+    assert mine["tiny_gen"] == theirs["tiny_gen"]
+    assert len(mine["tiny_gen"]) == len(GEN) and any(r[0][0] for r in mine["tiny_gen"])
+    assert np.isfinite(local["results"]["tiny_ppl"]["word_perplexity,none"])
+    for task in ("tiny_mc", "tiny_gen"):
+        for metric, value in local["results"][task].items():
+            if "stderr" not in metric and metric not in ("alias", "name"):
+                assert remote["results"][task][metric] == pytest.approx(value, abs=1e-6), metric
+
+
+def test_the_eval_command_writes_results_and_records_them(run_dir, tasks, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    argv = [
+        "eval",
+        "--checkpoint",
+        run_dir,
+        "--tasks",
+        "tiny_mc",
+        "--include-path",
+        tasks,
+        "--max-len",
+        str(MAX_LEN),
+        "--limit",
+        "3",
+        "--output",
+        str(out),
+        "--record",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "tiny_mc" in printed.out and "acc" in printed.out
+    result = json.loads(out.read_text())
+    accuracy = result["metrics"]["eval/tiny_mc/acc"]
+    assert 0 <= accuracy <= 1 and result["results"]["tiny_mc"]["sample_len"] == 3
+    (record,) = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
+    assert record["step"] == result["step"] == 4 and record["eval/tiny_mc/acc"] == accuracy
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tasks", "x"], "give --checkpoint (evaluate in process) or --base-url"),
+        (["--tasks", "x", "--base-url", "http://127.0.0.1:1/v1"], "--base-url needs --model"),
+        (
+            ["--tasks", "x", "--checkpoint", "RUN", "--include-path", "/nonexistent"],
+            "--include-path /nonexistent: no such directory",
+        ),
+        (["--tasks", "no_such_task", "--checkpoint", "RUN"], "no task named 'no_such_task'"),
+        (["--tasks", "x", "--checkpoint", "RUN", "--batch-size", "0"], "--batch-size 0: must"),
+    ],
+)
+def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
+    argv = [run_dir if a == "RUN" else a for a in argv]
+    assert main(["eval", *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
