@@ -4,15 +4,17 @@
     python bench/serve.py http [--clients 8] [--requests 32] [--new-tokens 64]
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
-(and one alone) with `axplug.inference.Engine` (contiguous and paged caches) and with
-`bench/plain_decode.py`, interleaved, after a warm-up round that compiles every shape.
-Time to first token is the prefill call; decode tokens/s counts the later tokens over their
-time. Tokens must be equal (checked). Prints medians and the Engine/plain ratios
-(decode tokens/s: higher is better; TTFT: lower is better).
+(and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
+`logprobs=5` on every token: the cost of log-probabilities) and with `bench/plain_decode.py`,
+interleaved, after a warm-up round that compiles every shape. Time to first token is the
+prefill call; decode tokens/s counts the later tokens over their time. Tokens must be equal
+(checked). Prints medians with min-max and the Engine/plain ratios (decode tokens/s: higher is
+better; TTFT: lower is better), and paged with logprobs over paged without.
 
 `http`: starts `axplug serve` on a checkpoint (trains llama-tiny for 2 steps into a temporary
-directory unless --checkpoint) and runs `--clients` concurrent streaming clients; prints
-tokens/s, time to first token and inter-token latency p50/p99.
+directory unless --checkpoint) and runs `--clients` concurrent streaming clients, `--rounds`
+times per server; prints tokens/s, time to first token and inter-token latency p50/p99 as the
+median over rounds with their min-max, for each server setting and with `logprobs: 5`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from plain_decode import PlainDecoder  # noqa: E402
 from plain_llama import from_axplug_params, spec_from_config  # noqa: E402
 
 
-def engine_once(model, params, prompts, new_tokens: int, max_len: int):
+def engine_once(model, params, prompts, new_tokens: int, max_len: int, logprobs=None):
     """(ids, prefill seconds, decode seconds) of the Engine serving `prompts` at once."""
     engine = Engine(model, params, num_slots=len(prompts), max_len=max_len)
-    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0)
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0, logprobs=logprobs)
     ids = [engine.submit(Request(p, sampling)) for p in prompts]
     start = time.perf_counter()
     engine.step()  # admits and prefills every request: each gets its first token
@@ -77,6 +79,9 @@ def bench_engine(args) -> None:
             name: functools.partial(engine_once, m, params, rows, args.new_tokens, max_len)
             for name, m in models.items()
         }
+        runs["paged+logprobs"] = functools.partial(
+            engine_once, models["paged"], params, rows, args.new_tokens, max_len, logprobs=5
+        )
         runs["plain"] = lambda b=batch: plain.generate(jnp.asarray(b, jnp.int32), args.new_tokens)
         for run in runs.values():  # warm-up: compile every shape
             run()
@@ -89,7 +94,7 @@ def bench_engine(args) -> None:
                 row = results.setdefault(f"{name} {setting}", {"ttft": [], "tps": []})
                 row["ttft"].append(prefill)
                 row["tps"].append(len(batch) * (args.new_tokens - 1) / decode)
-            for name in models:
+            for name in [*models, "paged+logprobs"]:
                 for a, b in zip(outs[name], outs["plain"], strict=True):
                     equal += sum(int(x == y) for x, y in zip(a, b, strict=True))
                     total += len(b)
@@ -106,6 +111,11 @@ def bench_engine(args) -> None:
             f"{ttft / statistics.median(base['ttft']):>14.3f}"
             f"{tps / statistics.median(base['tps']):>15.3f}"
         )
+    for setting in ("batch", "alone"):
+        with_lp, without = results[f"paged+logprobs {setting}"], results[f"paged {setting}"]
+        ratio = statistics.median(with_lp["tps"]) / statistics.median(without["tps"])
+        ttft = statistics.median(with_lp["ttft"]) / statistics.median(without["ttft"])
+        print(f"logprobs=5 cost, {setting}: decode tok/s x{ratio:.3f}, TTFT x{ttft:.3f}")
     print(f"tokens equal to the plain decoder: {equal}/{total}")
 
 
@@ -113,13 +123,17 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def _client(http, base: str, prompts: list[list[int]], new_tokens: int, out: list) -> None:
+async def _client(
+    http, base: str, prompts: list[list[int]], new_tokens: int, out: list, logprobs=None
+) -> None:
     """Streams each prompt in turn; records (ttft, [inter-token gaps], tokens)."""
     import json
 
     for prompt in prompts:
         body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         start = last = time.perf_counter()
         first, gaps, tokens = None, [], 0
         async with http.stream("POST", base + "/v1/completions", json=body) as response:
@@ -139,7 +153,8 @@ async def _client(http, base: str, prompts: list[list[int]], new_tokens: int, ou
         out.append((first or 0.0, gaps, tokens))
 
 
-def _serve_load(args, name: str, extra: list[str], checkpoint: str) -> dict:
+def _serve_load(args, extra: list[str], checkpoint: str, logprobs_too: bool) -> dict:
+    """Per load (plain, and with logprobs if `logprobs_too`): one summary dict per round."""
     import asyncio
     import os
     import socket
@@ -164,32 +179,38 @@ def _serve_load(args, name: str, extra: list[str], checkpoint: str) -> dict:
             except httpx.HTTPError:
                 time.sleep(0.5)
         else:
-            raise RuntimeError(f"{name}: the server did not start: {proc.stderr.read()}")
+            raise RuntimeError(f"the server did not start: {proc.stderr.read()}")
         rng = np.random.default_rng(0)
         # Every 4th prompt is long: it arrives while the others decode.
         prompts = [rng.integers(0, 256, args.long_prompt if i % 4 == 3 else args.prompt_len)
                    .tolist() for i in range(args.requests)]  # fmt: skip
         per_client = [prompts[i :: args.clients] for i in range(args.clients)]
 
-        async def load():
+        async def load(logprobs):
             results: list = []
             async with httpx.AsyncClient(timeout=600) as http:
-                await _client(http, base, prompts[:2], 4, [])  # warm the connection path
+                await _client(http, base, prompts[:2], 4, [], logprobs)  # warm the path
                 start = time.perf_counter()
-                await asyncio.gather(*(_client(http, base, p, args.new_tokens, results)
-                                       for p in per_client))  # fmt: skip
+                await asyncio.gather(*(_client(http, base, p, args.new_tokens, results,
+                                               logprobs) for p in per_client))  # fmt: skip
                 return results, time.perf_counter() - start
 
-        results, seconds = asyncio.run(load())
+        loads = {"": None, " +logprobs=5": 5} if logprobs_too else {"": None}
+        rounds: dict[str, list[dict]] = {suffix: [] for suffix in loads}
+        for _ in range(args.rounds):  # the loads interleaved, round by round
+            for suffix, logprobs in loads.items():
+                results, seconds = asyncio.run(load(logprobs))
+                ttft = [r[0] for r in results]
+                gaps = [g for r in results for g in r[1]]
+                rounds[suffix].append({
+                    "tok/s": sum(r[2] for r in results) / seconds,
+                    "ttft p50": _percentile(ttft, 50), "ttft p99": _percentile(ttft, 99),
+                    "itl p50": _percentile(gaps, 50), "itl p99": _percentile(gaps, 99),
+                })  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(60)
-    ttft = [r[0] for r in results]
-    gaps = [g for r in results for g in r[1]]
-    tokens = sum(r[2] for r in results)
-    return {"name": name, "tok/s": tokens / seconds, "ttft p50": _percentile(ttft, 50),
-            "ttft p99": _percentile(ttft, 99), "itl p50": _percentile(gaps, 50),
-            "itl p99": _percentile(gaps, 99)}  # fmt: skip
+    return rounds
 
 
 def bench_http(args) -> None:
@@ -213,15 +234,25 @@ def bench_http(args) -> None:
     print(
         f"{args.preset} over HTTP: {args.clients} streaming clients, {args.requests} requests, "
         f"prompts of {args.prompt_len} tokens (every 4th {args.long_prompt}), "
-        f"{args.new_tokens} new tokens, greedy; 2 CPU devices"
+        f"{args.new_tokens} new tokens, greedy; 2 CPU devices; median [min-max] of "
+        f"{args.rounds} rounds"
     )
-    print(f"{'server':<32}{'tok/s':>8}{'TTFT p50':>10}{'p99':>8}{'ITL p50':>10}{'p99':>8}  (ms)")
-    for name, extra in configs:
-        r = _serve_load(args, name, extra, checkpoint)
-        print(
-            f"{name:<32}{r['tok/s']:>8.0f}{r['ttft p50'] * 1e3:>10.1f}{r['ttft p99'] * 1e3:>8.1f}"
-            f"{r['itl p50'] * 1e3:>10.2f}{r['itl p99'] * 1e3:>8.2f}"
-        )
+    columns = ("tok/s", "ttft p50", "ttft p99", "itl p50", "itl p99")
+    print(f"{'server':<44}" + "".join(f"{c:>20}" for c in columns) + "  (times in ms)")
+    base_tps = {}
+    for i, (name, extra) in enumerate(configs):
+        for suffix, rounds in _serve_load(args, extra, checkpoint, logprobs_too=i == 0).items():
+            cells = []
+            for column in columns:
+                scale = 1 if column == "tok/s" else 1e3
+                values = [r[column] * scale for r in rounds]
+                cells.append(f"{statistics.median(values):.1f} [{min(values):.1f}-"
+                             f"{max(values):.1f}]")  # fmt: skip
+            print(f"{name + suffix:<44}" + "".join(f"{c:>20}" for c in cells))
+            base_tps[suffix] = base_tps.get(suffix) or statistics.median(r["tok/s"] for r in rounds)
+    if len(base_tps) == 2:
+        ratio = base_tps[" +logprobs=5"] / base_tps[""]
+        print(f"logprobs=5 over HTTP (first setting): tokens/s x{ratio:.3f}")
 
 
 def main() -> None:
@@ -243,6 +274,7 @@ def main() -> None:
     http.add_argument("--long-prompt", type=int, default=192)
     http.add_argument("--new-tokens", type=int, default=64)
     http.add_argument("--max-len", type=int, default=256)
+    http.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.what == "engine":
         bench_engine(args)

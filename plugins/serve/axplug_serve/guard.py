@@ -16,8 +16,9 @@ __all__ = ["Guard"]
 log = logging.getLogger("axplug.serve")
 
 
-class _TooLarge(Exception):
-    """The body grew past the limit while it was read (no Content-Length, or a false one)."""
+class _TooLarge(BaseException):  # noqa: N818
+    """The body grew past the limit while it was read (no Content-Length, or a false one).
+    Not an Exception: the framework's body parsing would turn one into a 400."""
 
 
 class Guard:
