@@ -238,7 +238,7 @@ def bench_http(args) -> None:
         f"{args.rounds} rounds"
     )
     columns = ("tok/s", "ttft p50", "ttft p99", "itl p50", "itl p99")
-    print(f"{'server':<44}" + "".join(f"{c:>20}" for c in columns) + "  (times in ms)")
+    print(f"{'server':<44}" + "".join(f"{c:>22}" for c in columns) + "  (times in ms)")
     base_tps = {}
     for i, (name, extra) in enumerate(configs):
         for suffix, rounds in _serve_load(args, extra, checkpoint, logprobs_too=i == 0).items():
@@ -248,7 +248,7 @@ def bench_http(args) -> None:
                 values = [r[column] * scale for r in rounds]
                 cells.append(f"{statistics.median(values):.1f} [{min(values):.1f}-"
                              f"{max(values):.1f}]")  # fmt: skip
-            print(f"{name + suffix:<44}" + "".join(f"{c:>20}" for c in cells))
+            print(f"{name + suffix:<44}" + "".join(f"{c:>22}" for c in cells))
             base_tps[suffix] = base_tps.get(suffix) or statistics.median(r["tok/s"] for r in rounds)
     if len(base_tps) == 2:
         ratio = base_tps[" +logprobs=5"] / base_tps[""]
