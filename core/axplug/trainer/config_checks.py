@@ -17,7 +17,7 @@ CORRUPT_POLICIES = ("previous", "stop")
 
 def check_trainer_config(cfg: Any) -> None:
     """Raises the ConfigError a run would: the trainer's fields, the learner's choices, the
-    checkpointer's retention, each summary writer's `check_config`."""
+    checkpointer's retention, each summary writer's and evaluator's `check_config`."""
     if cfg.on_save_error not in SAVE_ERROR_POLICIES:
         raise cfg.field_error(
             "on_save_error",
@@ -38,7 +38,8 @@ def check_trainer_config(cfg: Any) -> None:
     if isinstance(cfg.checkpointer, Checkpointer.Config):
         check_retention(cfg.checkpointer)
     # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.
-    for i, writer in enumerate(cfg.summary_writers):
-        check = getattr(getattr(writer, "klass", None), "check_config", None)
-        if check is not None:
-            check(writer.located(f"summary_writers[{i}]"))
+    for field in ("summary_writers", "evaluators"):
+        for i, part in enumerate(getattr(cfg, field)):
+            check = getattr(getattr(part, "klass", None), "check_config", None)
+            if check is not None:
+                check(part.located(f"{field}[{i}]"))

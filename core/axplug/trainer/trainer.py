@@ -80,6 +80,10 @@ class Trainer(Configurable):
         checkpoint_every: int = 50
         eval_every: int | None = None
         eval_batches: int = 4
+        # Configs of evaluators run every eval_every steps beside the eval loss: each instance
+        # is called as `evaluator(trainer, params, step)` and returns scalars to log (e.g.
+        # axplug-eval's `eval_tasks` modifier adds lm-eval tasks).
+        evaluators: list = []
         log_every: int = 10
         seed: int = 0
         # Consecutive steps with a non-finite loss or gradient before the run stops.
@@ -126,9 +130,12 @@ class Trainer(Configurable):
         rows = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         self.input = shard_input_config(cfg.input, rows).instantiate()
         eval_cfg = cfg.eval_input
+        self.evaluators = [
+            c.instantiate(_path=f"evaluators[{i}]") for i, c in enumerate(cfg.evaluators)
+        ]
         if eval_cfg is None and cfg.eval_every is not None:
             eval_cfg = eval_split_of(cfg.input)
-            if eval_cfg is None:
+            if eval_cfg is None and not self.evaluators:
                 raise cfg.field_error(
                     "eval_every",
                     f"{cfg.input.klass.__name__} has no eval split; set eval_input to an "
@@ -246,6 +253,13 @@ class Trainer(Configurable):
         ]
         return float(np.mean(jax.device_get(losses)))
 
+    def evaluate_all(self, params: Any, step: int) -> dict[str, float]:
+        """The eval loss (with an eval input) and every evaluator's scalars at `step`."""
+        scalars = {"eval_loss": self.evaluate(params)} if self.eval_input is not None else {}
+        for evaluator in self.evaluators:
+            scalars.update(evaluator(self, params, step))
+        return scalars
+
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics.
 
@@ -322,13 +336,12 @@ class Trainer(Configurable):
                 elif (local := self.checkpointer.local) is not None and local.due(done):
                     with self.goodput.phase("checkpoint"):
                         local.save(done, state)  # logs a failure; the persistent tier decides
-                if cfg.eval_every and self.eval_input is not None and done % cfg.eval_every == 0:
+                evaluating = self.eval_input is not None or self.evaluators
+                if cfg.eval_every and evaluating and done % cfg.eval_every == 0:
                     with self.goodput.phase("eval"):
-                        eval_loss = self.evaluate(state["params"])
-                    self._write(done, {"eval_loss": eval_loss})
-                    self.hooks(
-                        "on_eval_end", trainer=self, step=done, metrics={"eval_loss": eval_loss}
-                    )
+                        scalars = self.evaluate_all(state["params"], done)
+                    self._write(done, scalars)
+                    self.hooks("on_eval_end", trainer=self, step=done, metrics=scalars)
                 if agreement.update(self._signals.requested is not None) and done < cfg.max_steps:
                     self.state = state
                     if pending is not None:

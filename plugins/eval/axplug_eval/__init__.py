@@ -5,10 +5,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["EngineLM", "cut_at_stops"]
+__all__ = ["EngineLM", "EvalTasksModifier", "LmEvalEvaluator", "cut_at_stops"]
 
 # Imported on first use: `axplug eval --help` and `axplug doctor` need no lm-eval import.
-_HOMES = {"EngineLM": "axplug_eval.lm", "cut_at_stops": "axplug_eval.lm"}
+_HOMES = {
+    "EngineLM": "axplug_eval.lm",
+    "cut_at_stops": "axplug_eval.lm",
+    "EvalTasksModifier": "axplug_eval.training",
+    "LmEvalEvaluator": "axplug_eval.training",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -262,3 +262,28 @@ def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys):
+    """`--modifier eval_tasks:...` logs eval/TASK/METRIC every `every` steps; the last equals
+    `axplug eval` of the final checkpoint."""
+    from axplug.testing import tiny_train_args
+
+    run = tmp_path / "run"
+    modifier = f"eval_tasks:tasks=tiny_mc+tiny_gen,include_path={tasks},limit=3,every=2"
+    argv = tiny_train_args(run, "input.seq_len=64", preset="llama-tiny", max_steps=4,
+                           modifiers=[modifier])  # fmt: skip
+    assert main(argv) == 0
+    records = [r for r in read_jsonl(run / "metrics.jsonl") if "eval/tiny_mc/acc" in r]
+    assert [r["step"] for r in records] == [2, 4]
+    assert all("eval/tiny_gen/exact_match" in r for r in records)
+    out = tmp_path / "final.json"
+    assert main(["eval", "--checkpoint", str(run), "--tasks", "tiny_mc,tiny_gen",
+                 "--include-path", tasks, "--limit", "3", "--max-len", "64",
+                 "--max-gen-toks", "32", "--output", str(out)]) == 0  # fmt: skip
+    final = json.loads(out.read_text())["metrics"]
+    assert {k: records[-1][k] for k in final} == pytest.approx(final)
+    capsys.readouterr()
+    bad = tiny_train_args(run, preset="llama-tiny", modifiers=["eval_tasks:limit=3"])
+    assert main([*bad, "--print-config"]) == 2
+    assert "evaluators[0].tasks: name at least one lm-eval task" in capsys.readouterr().err
