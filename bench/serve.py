@@ -5,7 +5,8 @@
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
-`logprobs=5` on every token: the cost of log-probabilities) and with `bench/plain_decode.py`,
+`logprobs=5` on every token: the cost of log-probabilities) and with `bench/plain_decode.py`
+(its cache token-major as the reference, and head-major: `plain-hm`, the stronger reference),
 interleaved, after a warm-up round that compiles every shape. Time to first token is the
 prefill call; decode tokens/s counts the later tokens over their time. Tokens must be equal
 (checked). Prints medians with min-max and the Engine/plain ratios (decode tokens/s: higher is
@@ -64,6 +65,7 @@ def bench_engine(args) -> None:
     params = models["contiguous"].initialize_parameters_recursively(jax.random.PRNGKey(0))
     max_len = args.prompt_len + args.new_tokens
     plain = PlainDecoder(spec, from_axplug_params(params, spec), max_len)
+    head_major = PlainDecoder(spec, plain.params, max_len, head_major=True)
     vocab = cfg.decoder.vocab_size
     prompts = np.random.default_rng(0).integers(0, vocab, (args.batch, args.prompt_len))
     print(
@@ -83,6 +85,9 @@ def bench_engine(args) -> None:
             engine_once, models["paged"], params, rows, args.new_tokens, max_len, logprobs=5
         )
         runs["plain"] = lambda b=batch: plain.generate(jnp.asarray(b, jnp.int32), args.new_tokens)
+        runs["plain-hm"] = lambda b=batch: head_major.generate(
+            jnp.asarray(b, jnp.int32), args.new_tokens
+        )
         for run in runs.values():  # warm-up: compile every shape
             run()
         for r in range(args.rounds):
@@ -94,7 +99,7 @@ def bench_engine(args) -> None:
                 row = results.setdefault(f"{name} {setting}", {"ttft": [], "tps": []})
                 row["ttft"].append(prefill)
                 row["tps"].append(len(batch) * (args.new_tokens - 1) / decode)
-            for name in [*models, "paged+logprobs"]:
+            for name in [*models, "paged+logprobs", "plain-hm"]:
                 for a, b in zip(outs[name], outs["plain"], strict=True):
                     equal += sum(int(x == y) for x, y in zip(a, b, strict=True))
                     total += len(b)
@@ -111,6 +116,11 @@ def bench_engine(args) -> None:
             f"{ttft / statistics.median(base['ttft']):>14.3f}"
             f"{tps / statistics.median(base['tps']):>15.3f}"
         )
+    for setting in ("batch", "alone"):
+        hm = statistics.median(results[f"plain-hm {setting}"]["tps"])
+        for name in models:
+            ratio = statistics.median(results[f"{name} {setting}"]["tps"]) / hm
+            print(f"{name} {setting}: decode tok/s x{ratio:.3f} of the head-major plain decoder")
     for setting in ("batch", "alone"):
         with_lp, without = results[f"paged+logprobs {setting}"], results[f"paged {setting}"]
         ratio = statistics.median(with_lp["tps"]) / statistics.median(without["tps"])
