@@ -618,6 +618,61 @@ def test_logprobs_ride_on_token_events_and_are_bounded(rope_model):
         SamplingParams(max_new_tokens=0)
 
 
+PENALIZED = [  # greedy, so the reference is an argmax of penalized forward-pass logits
+    SamplingParams(max_new_tokens=8, temperature=0, presence_penalty=1.5),
+    SamplingParams(max_new_tokens=8, temperature=0, frequency_penalty=1.0, logit_bias=[(7, 3.0)]),
+    SamplingParams(max_new_tokens=8, temperature=0, repetition_penalty=1.8),
+    SamplingParams(max_new_tokens=8, temperature=0),  # batched with them, unpenalized
+]
+
+
+def _penalized_reference(model, params, prompt, sampling):
+    """Greedy tokens from one forward pass per token, penalized in numpy (float64)."""
+    tokens = np.zeros((1, len(prompt) + sampling.max_new_tokens), np.int32)
+    tokens[0, : len(prompt)] = prompt
+    out = []
+    for t in range(len(prompt), tokens.shape[1]):
+        logits = np.asarray(forward_logits(model, params, tokens)[0, t - 1], np.float64)
+        counts = np.bincount(out, minlength=len(logits))
+        logits -= sampling.presence_penalty * (counts > 0) + sampling.frequency_penalty * counts
+        seen = np.zeros(len(logits), bool)
+        seen[tokens[0, :t]] = True
+        rp = sampling.repetition_penalty
+        logits = np.where(seen, np.where(logits > 0, logits / rp, logits * rp), logits)
+        for token, bias in sampling.logit_bias:
+            logits[token] += bias
+        out.append(int(np.argmax(logits)))
+        tokens[0, t] = out[-1]
+    return out
+
+
+@pytest.mark.parametrize(
+    "cache, chunk",
+    [((), None), (_BATCHING_CACHES["paged-preempting"], 3)],
+    ids=["contiguous-whole", "paged-preempting-chunked"],
+)
+def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(rope_model, cache, chunk):
+    model, params = rope_model
+    if cache:
+        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4, prefill_chunk=chunk)
+    prompts = [random_ids(60 + i, 4 + i).tolist() for i in range(len(PENALIZED))]
+    for i, (prompt, sampling) in enumerate(zip(prompts, PENALIZED, strict=True)):
+        engine.submit(Request(prompt, sampling, id=i))
+    done = {c.id: c.output_ids for c in engine.run()}
+    plain = SamplingParams(max_new_tokens=8, temperature=0)
+    for i, (prompt, sampling) in enumerate(zip(prompts, PENALIZED, strict=True)):
+        assert done[i] == _penalized_reference(model, params, prompt, sampling), i
+        if sampling.penalizes:  # the penalty changed something, so this test can fail
+            assert done[i] != _penalized_reference(model, params, prompt, plain), i
+    if "num_pages=10" in str(cache):
+        assert engine.preemptions > 0  # recomputed rows rebuilt their counts
+    with pytest.raises(ValueError, match="logit_bias token id 61 is outside the vocabulary"):
+        engine.submit(Request([1], SamplingParams(logit_bias=[(61, 1.0)])))
+    with pytest.raises(ValueError, match=r"logit_bias \(3, 200.0\): ids must be >= 0"):
+        SamplingParams(logit_bias={3: 200})
+
+
 def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(rope_model):
     model, params = rope_model
     engine = Engine(model, params, num_slots=2, max_len=24, min_prefill_len=4, prefill_chunk=4)

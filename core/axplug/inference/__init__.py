@@ -17,7 +17,7 @@ from axplug.inference.loading import (
 )
 from axplug.inference.paging import OutOfPagesError, PageAllocator
 from axplug.inference.requests import RequestState
-from axplug.inference.sampling import SamplingParams, sample_tokens, token_logprobs
+from axplug.inference.sampling import SamplingParams, penalized, sample_tokens, token_logprobs
 
 __all__ = [
     "Completion",
@@ -34,6 +34,7 @@ __all__ = [
     "find_tokenizer",
     "generate",
     "load_checkpoint",
+    "penalized",
     "run_to_completion",
     "sample_tokens",
     "token_logprobs",

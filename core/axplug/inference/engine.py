@@ -115,6 +115,10 @@ class Engine:
             np.ones((num_slots,), np.float32),
             np.zeros((num_slots,), np.float32),
         )
+        # Penalties and logit bias, made when a request first uses them: token counts and
+        # seen flags on the devices (kept by the steps), each row's settings on the host.
+        self._penalty_counts: dict | None = None
+        self._penalty_rows: dict[str, np.ndarray] | None = None
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
 
@@ -148,6 +152,13 @@ class Engine:
             )
         sampling = request.sampling
         seed_key(sampling.seed)  # a seed the key cannot hold fails here, not in a step
+        if sampling.penalizes and self.vocab_size is None:
+            raise ValueError(f"{name}: penalties and logit_bias need the model's vocab_size")
+        if bad := [t for t, _ in sampling.logit_bias if t >= (self.vocab_size or 0)]:
+            raise ValueError(
+                f"{name}: logit_bias token id {bad[0]} is outside the vocabulary "
+                f"[0, {self.vocab_size})"
+            )
         for field in ("logprobs", "prompt_logprobs"):
             if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
                 raise ValueError(
@@ -254,7 +265,22 @@ class Engine:
             return False
         self._cache = write_cache_row(self._cache, slot, row, self._table)
         self._occupy(slot, active)
+        if active.request.sampling.penalizes:  # its counts were kept by the other engine
+            self._restore_counts(slot, active)
         return True
+
+    def _restore_counts(self, slot: int, active: RequestState) -> None:
+        """Row `slot`'s token counts and seen flags for what `active` already fed (all but
+        its last token, which the next step feeds and counts)."""
+        fed = active.output[:-1]
+        counts = np.bincount(np.asarray(fed, np.int64), minlength=self.vocab_size)
+        seen = np.zeros((self.vocab_size,), np.int32)
+        seen[[*active.request.prompt, *fed]] = 1
+        state = self._penalty_counts
+        self._penalty_counts = {
+            "counts": jax.numpy.asarray(state["counts"]).at[slot].set(counts.astype(np.int32)),
+            "seen": jax.numpy.asarray(state["seen"]).at[slot].set(seen),
+        }
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -319,6 +345,7 @@ class Engine:
         reset = np.zeros((n,), bool)
         counts = np.zeros((n,), np.int32)
         targets = np.zeros((n, width), np.int32)
+        output_mask = np.zeros((n, width), np.int32)  # fed tokens that are generated ones
         logprobs = prompt_logprobs = None  # static: None, 0, or max_logprobs top tokens
         for s, feed in feeds.items():
             active = self._slots[s]
@@ -328,6 +355,8 @@ class Engine:
             last[s] = k - 1
             reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
             counts[s] = len(active.output)
+            prompt_len = len(active.request.prompt)
+            output_mask[s, max(0, prompt_len - active.cached) : k] = 1
             sampling = active.request.sampling
             if sampling.logprobs is not None:
                 logprobs = self._top_width(logprobs, sampling.logprobs)
@@ -339,13 +368,20 @@ class Engine:
                 targets[s, : len(following)] = following
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
-        tokens, scores, self._cache = extend_rows(
+        penalties = None
+        if any(self._slots[s].request.sampling.penalizes for s in feeds):
+            fed_mask = (positions != EMPTY_POSITION).astype(np.int32)
+            penalties = {**self._penalty_counts, **self._penalty_rows,
+                         "output_mask": output_mask, "fed_mask": fed_mask}  # fmt: skip
+        tokens, scores, self._cache, kept = extend_rows(
             # Only a steady decode step (width 1, no row starting) skips the length reset:
             # one program per prefill width, two for decoding.
             self.model, self._scope, width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
             self.params, self._cache, ids, positions, reset, self._table, last, targets,
-            self._keys, counts, *self._sampling,
+            self._keys, counts, penalties, *self._sampling,
         )  # fmt: skip
+        if kept is not None:
+            self._penalty_counts = kept
         tokens = np.asarray(tokens)
         scores = jax.device_get(scores)
         now = time.perf_counter()
@@ -392,6 +428,31 @@ class Engine:
         k = min(sampling.top_k, self.vocab_size or np.iinfo(np.int32).max)
         temperature[slot], top_k[slot], top_p[slot] = sampling.temperature, k, sampling.top_p
         min_p[slot] = sampling.min_p
+        if sampling.penalizes:
+            self._set_penalties(slot, sampling)
+        elif self._penalty_rows is not None:
+            self._set_penalties(slot, None)
+
+    def _set_penalties(self, slot: int, sampling: SamplingParams | None) -> None:
+        """Row `slot`'s penalty settings (neutral for None); the state is made on first use."""
+        n, vocab = self.num_slots, self.vocab_size
+        if self._penalty_rows is None:
+            self._penalty_rows = {
+                "presence": np.zeros((n,), np.float32),
+                "frequency": np.zeros((n,), np.float32),
+                "repetition": np.ones((n,), np.float32),
+                "bias": np.zeros((n, vocab), np.float32),
+            }
+            zeros = np.zeros((n, vocab), np.int32)
+            self._penalty_counts = {"counts": zeros, "seen": zeros}
+        rows = self._penalty_rows
+        neutral = sampling is None
+        rows["presence"][slot] = 0.0 if neutral else sampling.presence_penalty
+        rows["frequency"][slot] = 0.0 if neutral else sampling.frequency_penalty
+        rows["repetition"][slot] = 1.0 if neutral else sampling.repetition_penalty
+        rows["bias"][slot] = 0.0
+        for token, bias in () if neutral else sampling.logit_bias:
+            rows["bias"][slot, token] = bias
 
     def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy

@@ -9,7 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingParams", "sample_tokens", "token_logprobs"]
+__all__ = ["SamplingParams", "penalized", "sample_tokens", "token_logprobs"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -25,8 +25,16 @@ class SamplingParams:
     min_p: float = 0.0  # 0: no cut; else drop tokens under min_p x the most likely's probability
     stop_tokens: tuple[int, ...] = ()  # generation ends at any of these (not included)
     seed: int = 0  # token t uses fold_in(PRNGKey(seed), t): independent of batching
+    # OpenAI's penalties on tokens generated so far: minus presence_penalty once a token
+    # appeared, minus frequency_penalty per appearance; vLLM's (Hugging Face's)
+    # repetition_penalty on tokens of the prompt or output: positive logits divided by it,
+    # negative ones multiplied; logit_bias: (token id, bias) pairs added to the logits.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # Log-probabilities under the model's own distribution (before temperature, top-k and
-    # top-p), each with the N most likely tokens: None off, N >= 0 on.
+    # top-p, penalties and bias), each with the N most likely tokens: None off, N >= 0 on.
     logprobs: int | None = None  # of every generated token
     prompt_logprobs: int | None = None  # of every prompt token but the first
 
@@ -53,9 +61,26 @@ class SamplingParams:
             problems.append(f"top_p={self.top_p} must be in (0, 1] (1: off)")
         if not 0.0 <= self.min_p <= 1.0:
             problems.append(f"min_p={self.min_p} must be in [0, 1] (0: off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                problems.append(f"{name}={getattr(self, name)} must be in [-2, 2] (0: off)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            problems.append(f"repetition_penalty={self.repetition_penalty} must be > 0 (1: off)")
+        bias = tuple((int(t), float(b)) for t, b in dict(self.logit_bias).items())
+        if bad := [(t, b) for t, b in bias if not (t >= 0 and -100.0 <= b <= 100.0)]:
+            problems.append(f"logit_bias {bad[0]}: ids must be >= 0, biases in [-100, 100]")
         if problems:
             raise ValueError("invalid sampling parameters: " + "; ".join(problems))
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+        object.__setattr__(self, "logit_bias", bias)
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether penalties or a bias change this request's logits before sampling."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )  # fmt: skip
 
 
 def sample_tokens(
@@ -116,3 +141,18 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, top_n: int):
     rank = 1 + jnp.sum(logp > chosen[..., None], axis=-1, dtype=jnp.int32)
     top_values, top_ids = jax.lax.top_k(logp, top_n)
     return chosen, rank, top_ids.astype(jnp.int32), top_values
+
+
+def penalized(logits: jax.Array, state: dict) -> jax.Array:
+    """`logits` [b, vocab] with each row's penalties and bias applied (`SamplingParams`):
+    `state` holds per row `counts` of generated tokens [b, vocab], `seen` (prompt or output)
+    [b, vocab], `presence`, `frequency`, `repetition` [b] and `bias` [b, vocab]."""
+    logits = logits.astype(jnp.float32)
+    counts = state["counts"].astype(jnp.float32)
+    logits = (
+        logits - state["presence"][:, None] * (counts > 0) - state["frequency"][:, None] * counts
+    )
+    repetition = state["repetition"][:, None]
+    repeated = jnp.where(logits > 0, logits / repetition, logits * repetition)
+    logits = jnp.where(state["seen"], repeated, logits)
+    return logits + state["bias"]

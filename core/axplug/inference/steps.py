@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.context import functional
-from axplug.inference.sampling import sample_tokens, token_logprobs
+from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
 from axplug.layers.kv_cache import read_row, release_rows, set_block_tables, write_row
 from axplug.sharding import sharding_scope
 
@@ -19,7 +19,7 @@ __all__ = ["extend_rows", "read_cache_row", "write_cache_row"]
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
 def extend_rows(
     model, scope, resetting, logprobs, prompt_logprobs, params, cache, ids, positions, reset,
-    table, last, targets, keys, counts, *sampling,
+    table, last, targets, keys, counts, penalties, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
@@ -27,8 +27,13 @@ def extend_rows(
     log-probabilities to return, each None (none) or the number of top tokens N:
     `logprobs` of each row's sampled token, `prompt_logprobs` of every fed position's next
     token (`targets` [rows, width]; this needs every position's logits, not the last's only).
-    Returns (tokens, scores, cache); scores holds `token` and `prompt` (logprob, top ids,
-    top logprobs) triples, as asked.
+    `penalties` is None, or the rows' penalty state (`sampling.penalized`: token `counts` and
+    `seen` [rows, vocab], kept across steps, and the rows' settings) with `output_mask` and
+    `fed_mask` [rows, width]: which fed tokens are generated ones (counted) and real (seen).
+    Fed tokens are counted before sampling, so a row's last token counts from the next step
+    on, when it is fed; a row starting from empty starts from zero counts.
+    Returns (tokens, scores, cache, penalty counts or None); scores holds `token` and `prompt`
+    (logprob, rank, top ids, top logprobs), as asked.
     """
     if resetting:
         cache = release_rows(cache, reset)
@@ -58,19 +63,32 @@ def extend_rows(
         logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
     logits = logits[:, 0]
     temperature = sampling[0]
+    chosen_from, kept = logits, None
+    if penalties is not None:
+        rows = jnp.arange(ids.shape[0])[:, None]
+        fresh = reset[:, None]
+        kept = {
+            "counts": jnp.where(fresh, 0, penalties["counts"]).at[rows, ids].add(
+                penalties["output_mask"]
+            ),
+            "seen": jnp.where(fresh, 0, penalties["seen"]).at[rows, ids].max(
+                penalties["fed_mask"]
+            ),
+        }  # fmt: skip
+        chosen_from = penalized(logits, {**penalties, **kept})
 
     def sampled(_):
         step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
-        return sample_tokens(logits, step_keys, *sampling)
+        return sample_tokens(chosen_from, step_keys, *sampling)
 
     def greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return jnp.argmax(chosen_from, axis=-1).astype(jnp.int32)
 
     # Every row greedy: no per-row key derivation, sort or noise at all.
     tokens = jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None)
     if logprobs is not None:
         scores["token"] = token_logprobs(logits, tokens, logprobs)
-    return tokens, scores, cache
+    return tokens, scores, cache, kept
 
 
 @jax.jit

@@ -490,6 +490,7 @@ class _API:
         stop_tokens = () if body.ignore_eos else self.settings.stop_tokens
         stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
         seed = body.seed if body.seed is not None else secrets.randbits(32)
+        self._check_ids([int(t) for t in body.logit_bias or {}], "logit_bias")
         generations = []
         for prompt in prompts:
             if not prompt:
@@ -516,6 +517,10 @@ class _API:
                     top_k=max(body.top_k, 0),
                     top_p=body.top_p,
                     min_p=body.min_p,
+                    presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty,
+                    repetition_penalty=body.repetition_penalty,
+                    logit_bias=tuple((int(t), b) for t, b in (body.logit_bias or {}).items()),
                     stop_tokens=stop_tokens,
                     seed=(seed + j) % 2**32,  # each of n choices its own sample
                     logprobs=logprobs,

@@ -75,8 +75,12 @@ class _Sampling(BaseModel):
     user: str | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's extension: 1 is off")
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=100.0, description="vLLM's extension: 1 is off"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=1024, description="token id (a string) -> bias in [-100, 100]"
+    )
     # Accepted and ignored: bookkeeping some clients always send.
     store: bool | None = None
     metadata: dict[str, Any] | None = None
@@ -93,18 +97,14 @@ class _Sampling(BaseModel):
             return {key: value for key, value in data.items() if value is not None}
         return data
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0:
-            raise ValueError("repetition penalties are not supported; leave it at 0")
-        return value
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition_penalty(cls, value: float) -> float:
-        if value != 1:
-            raise ValueError("repetition penalties are not supported; leave it at 1")
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.isdigit() or int(token) > _INT32_MAX:
+                raise ValueError(f"key {token[:20]!r} is not a token id")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"the bias of token {token} must be in [-100, 100], got {bias}")
         return value
 
     @field_validator("stop_token_ids")
@@ -113,13 +113,6 @@ class _Sampling(BaseModel):
         if bad := [t for t in ids if not 0 <= t <= _INT32_MAX]:
             raise ValueError(f"token id {bad[0]} is not a token id")
         return ids
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, value: dict | None) -> dict | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
-        return value
 
     @field_validator("stop")
     @classmethod

@@ -94,7 +94,10 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cach
         Request([10, 11, 12, 13, 14, 15, 16], SamplingParams(max_new_tokens=1), id=2),
         Request([3, 3], SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5), id=3),
         Request([5] * 12, SamplingParams(max_new_tokens=5, temperature=0.0), id=4),
-    ]
+        # Penalties: the decode side rebuilds the moved row's token counts.
+        Request([2, 2, 9], SamplingParams(max_new_tokens=7, temperature=0.0, presence_penalty=1.0,
+                                          frequency_penalty=1.0, repetition_penalty=1.5), id=5),
+    ]  # fmt: skip
 
     def engine(loaded, **kwargs):
         return Engine(loaded.model, loaded.params, max_len=32, mesh=loaded.mesh,
@@ -115,7 +118,7 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cach
         threaded=cache == "paged",  # the prefill side in its own thread, or in step()
     )
     assert outputs(disaggregated) == want
-    assert disaggregated.transfers == 4  # every request but the one-token one moved
+    assert disaggregated.transfers == 5  # every request but the one-token one moved
     key = jax.tree.leaves(disaggregated.decode._cache)[0]
     assert key.sharding.device_set == set(decode_devices)
     if cache == "paged":

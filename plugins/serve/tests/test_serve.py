@@ -217,7 +217,9 @@ def test_a_stop_string_ends_the_text_before_it(server, client):
         ({"logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
         ({"max_tokens": 0}, "max_tokens: 0 needs echo=true"),
         ({"prompt": [[1], []]}, "prompt: Value error, the prompt is empty"),
-        ({"presence_penalty": 0.5}, "presence_penalty: repetition penalties are not supported"),
+        ({"presence_penalty": 3}, "presence_penalty: Input should be less than or equal to 2"),
+        ({"logit_bias": {"x": 1}}, "logit_bias: Value error, key 'x' is not a token id"),
+        ({"logit_bias": {"300": 1}}, "token id 300 is outside the model's vocabulary"),
         ({"stream_options": {"include_usage": True}}, "stream_options: only allowed with stream"),
         ({"max_tokens": MAX_LEN}, "maximum context length is 256 tokens"),
         ({"prompt": [1, 999]}, "token id 999 is outside the model's vocabulary [0, 256)"),
@@ -436,6 +438,23 @@ def test_list_prompts_and_n_choices(server, client, reference):
     assert [by_index[i] for i in range(4)] == texts
     with pytest.raises(openai.BadRequestError, match="runs at most 4 at once"):
         client.completions.create(model="tiny", prompt=prompts * 3, max_tokens=2)
+
+
+def test_penalties_and_logit_bias_equal_the_engines(server, client, loaded, reference):
+    tokenizer, _ = reference
+    forced = client.completions.create(model="tiny", prompt="To be", max_tokens=5,
+                                       temperature=0, logit_bias={"65": 100})  # fmt: skip
+    assert forced.choices[0].text == "AAAAA"
+    settings = {"presence_penalty": 1.5, "frequency_penalty": 0.5}
+    out = client.completions.create(model="tiny", prompt="To be", max_tokens=12,
+                                    temperature=0, **settings,
+                                    extra_body={"repetition_penalty": 1.3})  # fmt: skip
+    engine = Engine(loaded.model, loaded.params, num_slots=1, max_len=64)
+    sampling = SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3,
+                              **settings)  # fmt: skip
+    engine.submit(Request(tokenizer.encode("To be"), sampling))
+    (want,) = engine.run()
+    assert out.choices[0].text == tokenizer.decode(want.output_ids)
 
 
 def test_tokenizer_endpoints(server, reference):
