@@ -5,31 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import secrets
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axplug.inference import Completion, Logprob, SamplingParams
-from axplug.inference import Request as EngineRequest
+from axplug.inference import SamplingParams
+from axplug_serve.generation import Generation, collect, merged, sse, stream
 from axplug_serve.guard import Guard
 from axplug_serve.logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
 from axplug_serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from axplug_serve.protocol import (
+    APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
     error_body,
+    invalid,
     validation_message,
 )
 from axplug_serve.schema import (
@@ -40,7 +39,7 @@ from axplug_serve.schema import (
     document,
     responses,
 )
-from axplug_serve.text import ChatTemplate, TextStream
+from axplug_serve.text import ChatTemplate
 from axplug_serve.worker import EngineWorker, QueueFullError
 
 __all__ = ["ServerSettings", "create_app"]
@@ -63,18 +62,6 @@ class ServerSettings:
     max_body_bytes: int = 8 << 20
     strict_fields: bool = False  # refuse unknown request fields instead of ignoring them
     allowed_origins: tuple[str, ...] = ()  # CORS: none allowed
-
-
-class APIError(Exception):
-    """A request the server refuses, as an HTTP status and an OpenAI-shaped error."""
-
-    def __init__(self, status: int, message: str, kind: str, param=None, code=None):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, kind, param, code)
-
-
-def _invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, code)
 
 
 def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
@@ -169,81 +156,6 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
     return app
 
 
-class _Generation:
-    """One request in the engine, seen from the event loop: its text (and the logprobs of the
-    tokens behind it) as it is generated."""
-
-    def __init__(self, api: _API, endpoint: str, prompt: list[int], sampling, stop: list[str]):
-        self.id = uuid.uuid4().hex
-        self.prompt, self.endpoint, self._api = prompt, endpoint, api
-        self.sampling = sampling
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._text = TextStream(api.settings.tokenizer, prompt, stop)
-        self._arrived = self._last_token = time.perf_counter()
-        self.tokens = 0
-        self.finish_reason: str | None = None
-        self.prompt_logprobs: list[Logprob | None] | None = None
-
-    def submission(self) -> tuple[EngineRequest, Callable]:
-        return EngineRequest(self.prompt, self.sampling, id=self.id), self._sink
-
-    def _sink(self, item) -> None:  # the engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-    async def deltas(self) -> AsyncIterator[tuple[str, list[Logprob]]]:
-        """The text as it becomes final, with the logprobs of the tokens it came from (when
-        asked for); `finish_reason` is set once it ends."""
-        metrics = self._api.metrics
-        pending: list[Logprob] = []
-        try:
-            while self.finish_reason is None:
-                item = await self._queue.get()
-                if isinstance(item, ValueError):  # the engine refused the request
-                    raise _invalid(str(item), "prompt") from item
-                if isinstance(item, BaseException):  # the engine failed or is stopping
-                    raise APIError(500, f"generation failed: {item}", "server_error") from item
-                if isinstance(item, Completion):
-                    self.prompt_logprobs = item.prompt_logprobs
-                    self.finish_reason = "stop" if item.finish_reason == "stop" else "length"
-                    tail = self._text.flush()
-                    if tail or pending:
-                        yield tail, pending
-                    break
-                if item.token is None:  # a stop token (or nothing to generate); Completion follows
-                    continue
-                now = time.perf_counter()
-                latency = (
-                    metrics.inter_token_latency if self.tokens else metrics.time_to_first_token
-                )
-                latency.observe(now - (self._last_token if self.tokens else self._arrived))
-                self.tokens, self._last_token = self.tokens + 1, now
-                metrics.generation_tokens.inc()
-                if item.logprob is not None:
-                    pending.append(item.logprob)
-                delta = self._text.push(item.token)
-                if self._text.stopped:  # a stop string: the engine need not go on
-                    self._api.worker.cancel(self.id)
-                    self.finish_reason = "stop"
-                if delta or (self._text.stopped and pending):
-                    yield delta, pending
-                    pending = []
-        finally:
-            reason = self.finish_reason or "cancelled"
-            if self.finish_reason is None:  # the client went away, or the request failed
-                self._api.worker.cancel(self.id)
-            metrics.requests.labels(self.endpoint, reason).inc()
-            metrics.request_latency.observe(time.perf_counter() - self._arrived)
-
-    async def collect(self) -> tuple[str, list[Logprob]]:
-        """The whole text and its tokens' logprobs."""
-        text, logprobs = [], []
-        async for delta, entries in self.deltas():
-            text.append(delta)
-            logprobs.extend(entries)
-        return "".join(text), logprobs
-
-
 class _API:
     def __init__(self, worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics):
         self.worker, self.settings, self.metrics = worker, settings, metrics
@@ -274,7 +186,7 @@ class _API:
         """Unknown fields: logged once each, or refused with `strict_fields`."""
         unknown = sorted(body.model_extra or ())
         if unknown and self.settings.strict_fields:
-            raise _invalid(f"{unknown[0]}: unknown field (the server runs with --strict-fields)",
+            raise invalid(f"{unknown[0]}: unknown field (the server runs with --strict-fields)",
                            unknown[0])  # fmt: skip
         for name in unknown:
             if name not in self._unknown_fields_seen:
@@ -292,9 +204,9 @@ class _API:
         self.check_fields(body)
         prompts = [await self.encode(p) if isinstance(p, str) else list(p) for p in body.prompt]
         if body.max_tokens == 0 and not body.echo:
-            raise _invalid("max_tokens: 0 needs echo=true (to score the prompt)", "max_tokens")
+            raise invalid("max_tokens: 0 needs echo=true (to score the prompt)", "max_tokens")
         if body.stream and body.echo and body.logprobs is not None:
-            raise _invalid("echo with logprobs is not streamed; set stream=false", "stream")
+            raise invalid("echo with logprobs is not streamed; set stream=false", "stream")
         prompt_top = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs)
                       if n is not None]  # fmt: skip
         scoring = {
@@ -335,21 +247,21 @@ class _API:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-            async def events(index: int, generation: _Generation):
+            async def events(index: int, generation: Generation):
                 sent = echoed[index // body.n]
                 if sent:
-                    yield _sse(chunk([choice(index, sent, [], None)]))
+                    yield sse(chunk([choice(index, sent, [], None)]))
                 sent = len(sent)
                 async for delta, entries in generation.deltas():
-                    yield _sse(chunk([choice(index, delta, entries, None, start=sent)]))
+                    yield sse(chunk([choice(index, delta, entries, None, start=sent)]))
                     sent += len(delta)
-                yield _sse(chunk([choice(index, "", [], generation.finish_reason)]))
+                yield sse(chunk([choice(index, "", [], generation.finish_reason)]))
 
             async def usage():
-                yield _sse(chunk([], self._usage(prompts, generations)))
+                yield sse(chunk([], self._usage(prompts, generations)))
 
-            return _stream(_merged(generations, events), usage() if include_usage else None)
-        results = await _collect(generations, request)
+            return stream(merged(generations, events), usage() if include_usage else None)
+        results = await collect(generations, request)
         choices = [
             choice(
                 i,
@@ -369,10 +281,10 @@ class _API:
         try:
             text = await asyncio.to_thread(self.settings.chat_template.render, messages)
         except ValueError as exc:
-            raise _invalid(str(exc), "messages") from None
+            raise invalid(str(exc), "messages") from None
         prompt = await self.encode(text)
         if body.token_limit == 0:
-            raise _invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
+            raise invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         generations = self._start(
             "chat.completions", body, [prompt], body.token_limit, body.n, logprobs=top_n
@@ -394,17 +306,17 @@ class _API:
                         "logprobs": logprobs(list(entries)) if entries else None,
                         "finish_reason": finish}  # fmt: skip
 
-            async def events(index: int, generation: _Generation):
-                yield _sse(chunk([delta(index, {"role": "assistant", "content": ""})], kind))
+            async def events(index: int, generation: Generation):
+                yield sse(chunk([delta(index, {"role": "assistant", "content": ""})], kind))
                 async for text, entries in generation.deltas():
-                    yield _sse(chunk([delta(index, {"content": text}, entries)], kind))
-                yield _sse(chunk([delta(index, {}, (), generation.finish_reason)], kind))
+                    yield sse(chunk([delta(index, {"content": text}, entries)], kind))
+                yield sse(chunk([delta(index, {}, (), generation.finish_reason)], kind))
 
             async def usage():
-                yield _sse(chunk([], kind, self._usage([prompt], generations)))
+                yield sse(chunk([], kind, self._usage([prompt], generations)))
 
-            return _stream(_merged(generations, events), usage() if include_usage else None)
-        results = await _collect(generations, request)
+            return stream(merged(generations, events), usage() if include_usage else None)
+        results = await collect(generations, request)
         choices = [
             {"index": i, "message": {"role": "assistant", "content": text},
              "logprobs": logprobs(entries), "finish_reason": generations[i].finish_reason}
@@ -419,7 +331,7 @@ class _API:
             try:
                 text = await asyncio.to_thread(self.settings.chat_template.render, messages)
             except ValueError as exc:
-                raise _invalid(str(exc), "messages") from None
+                raise invalid(str(exc), "messages") from None
         else:
             text = body.prompt
         tokens = await self.encode(text)
@@ -461,7 +373,7 @@ class _API:
         return prompt if isinstance(prompt, str) else self.settings.tokenizer.decode(ids)
 
     @staticmethod
-    def _usage(prompts: list[list[int]], generations: list[_Generation]) -> dict[str, int]:
+    def _usage(prompts: list[list[int]], generations: list[Generation]) -> dict[str, int]:
         prompt = sum(map(len, prompts))
         completion = sum(g.tokens for g in generations)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
@@ -470,7 +382,7 @@ class _API:
     def _check_ids(self, ids: list[int], param: str) -> None:
         vocab = self.worker.engine.vocab_size or self.settings.tokenizer.vocab_size
         if vocab is not None and (bad := [t for t in ids if not 0 <= t < vocab]):
-            raise _invalid(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})",
+            raise invalid(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})",
                            param)  # fmt: skip
 
     def _start(
@@ -483,7 +395,7 @@ class _API:
         *,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
-    ) -> list[_Generation]:
+    ) -> list[Generation]:
         """Checks each prompt against the engine's limits and submits `n` generations of
         each, all or none; choice i is prompt i // n."""
         engine = self.worker.engine
@@ -494,7 +406,7 @@ class _API:
         generations = []
         for prompt in prompts:
             if not prompt:
-                raise _invalid("the prompt has no tokens", "prompt")
+                raise invalid("the prompt has no tokens", "prompt")
             self._check_ids(prompt, "prompt")
             room = engine.max_len + 1 - len(prompt)  # the last new token is never cached
             wanted = max_tokens
@@ -502,7 +414,7 @@ class _API:
                 wanted = self.settings.default_max_tokens if endpoint == "completions" else room
                 wanted = min(wanted, room)
             if room < 1 or wanted > room:
-                raise _invalid(
+                raise invalid(
                     f"This model's maximum context length is {engine.max_len} tokens; the "
                     f"prompt has {len(prompt)} tokens and max_tokens asks for {wanted} more "
                     f"(prompt + max_tokens - 1 must be <= {engine.max_len}); shorten the "
@@ -526,10 +438,10 @@ class _API:
                     logprobs=logprobs,
                     prompt_logprobs=prompt_logprobs,
                 )
-                generations.append(_Generation(self, endpoint, prompt, sampling, body.stop))
+                generations.append(Generation(self, endpoint, prompt, sampling, body.stop))
         capacity = self.worker.capacity
         if len(generations) > capacity:
-            raise _invalid(
+            raise invalid(
                 f"this request asks for {len(generations)} generations ({len(prompts)} "
                 f"prompt(s) x n={n}); this server runs at most {capacity} at once "
                 "(--num-slots + --max-queue): split it",
@@ -543,87 +455,3 @@ class _API:
             raise APIError(503, str(exc), "server_error") from None
         self.metrics.prompt_tokens.inc(sum(map(len, prompts)))
         return generations
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data)}\n\n"
-
-
-async def _merged(generations: list[_Generation], events) -> AsyncIterator[str]:
-    """`events(index, generation)` of every generation, interleaved as they come."""
-    if len(generations) == 1:
-        async for event in events(0, generations[0]):
-            yield event
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, generation: _Generation) -> None:
-        try:
-            async for event in events(index, generation):
-                await queue.put(event)
-        except APIError as exc:
-            await queue.put(exc)
-        finally:
-            await queue.put(done)
-
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, APIError):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:  # a client gone, or a failure: the others stop too
-            task.cancel()
-
-
-def _stream(events: AsyncIterator[str], tail: AsyncIterator[str] | None) -> StreamingResponse:
-    async def with_done():
-        try:
-            async for event in events:
-                yield event
-            if tail is not None:
-                async for event in tail:
-                    yield event
-        except APIError as exc:  # after the headers: the error is the stream's last event
-            yield _sse(exc.body)
-        yield "data: [DONE]\n\n"
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(with_done(), media_type="text/event-stream", headers=headers)
-
-
-async def _collect(generations: list[_Generation], request: Request) -> list[tuple[str, list]]:
-    """Every generation's text and logprobs; all are cancelled if the client disconnects or
-    one fails (its error is raised)."""
-    tasks = [asyncio.ensure_future(g.collect()) for g in generations]
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        pending = set(tasks)
-        while pending:
-            finished, pending = await asyncio.wait(
-                pending | {gone}, return_when=asyncio.FIRST_COMPLETED
-            )
-            pending.discard(gone)
-            if gone in finished or any(t.exception() for t in finished if t is not gone):
-                break
-    finally:
-        gone.cancel()
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return [task.result() if not task.cancelled() else ("", []) for task in tasks]
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -17,6 +17,8 @@ __all__ = [
     "ChatMessage",
     "TokenizeRequest",
     "DetokenizeRequest",
+    "APIError",
+    "invalid",
     "error_body",
     "validation_message",
 ]
@@ -251,6 +253,18 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     tokens: list[int]
+
+
+class APIError(Exception):
+    """A request the server refuses, as an HTTP status and an OpenAI-shaped error."""
+
+    def __init__(self, status: int, message: str, kind: str, param=None, code=None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, kind, param, code)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
