@@ -1,14 +1,7 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
-from axplug.inference.engine import (
-    Completion,
-    Engine,
-    Logprob,
-    Request,
-    TokenEvent,
-    generate,
-    run_to_completion,
-)
+from axplug.inference.engine import Engine
+from axplug.inference.generation import generate, run_to_completion
 from axplug.inference.loading import (
     LoadedModel,
     checkpoint_directory,
@@ -16,7 +9,7 @@ from axplug.inference.loading import (
     load_checkpoint,
 )
 from axplug.inference.paging import OutOfPagesError, PageAllocator
-from axplug.inference.requests import RequestState
+from axplug.inference.requests import Completion, Logprob, Request, RequestState, TokenEvent
 from axplug.inference.sampling import SamplingParams, penalized, sample_tokens, token_logprobs
 
 __all__ = [

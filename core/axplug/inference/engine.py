@@ -32,23 +32,14 @@ from axplug.inference.requests import (
     Request,
     RequestState,
     TokenEvent,
-    seed_key,
 )
-from axplug.inference.sampling import SamplingParams
+from axplug.inference.rows import RowSettings
 from axplug.inference.steps import extend_rows, read_cache_row, write_cache_row
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope
 
-__all__ = [
-    "Request",
-    "Completion",
-    "Logprob",
-    "TokenEvent",
-    "Engine",
-    "generate",
-    "run_to_completion",
-]
+__all__ = ["Engine"]
 
 
 def _bucket(length: int, minimum: int, maximum: int) -> int:
@@ -107,18 +98,7 @@ class Engine:
         self._waiting: collections.deque[RequestState] = collections.deque()
         self._ids = itertools.count()
         self._finished: list[Completion] = []
-        self._keys = np.zeros((num_slots, 2), np.uint32)
-        # Per-row temperature, top-k, top-p, min-p; empty rows greedy.
-        self._sampling = (
-            np.zeros((num_slots,), np.float32),
-            np.zeros((num_slots,), np.int32),
-            np.ones((num_slots,), np.float32),
-            np.zeros((num_slots,), np.float32),
-        )
-        # Penalties and logit bias, made when a request first uses them: token counts and
-        # seen flags on the devices (kept by the steps), each row's settings on the host.
-        self._penalty_counts: dict | None = None
-        self._penalty_rows: dict[str, np.ndarray] | None = None
+        self._rows = RowSettings(num_slots, self.vocab_size)
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
 
@@ -151,14 +131,8 @@ class Engine:
                 f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
         sampling = request.sampling
-        seed_key(sampling.seed)  # a seed the key cannot hold fails here, not in a step
-        if sampling.penalizes and self.vocab_size is None:
-            raise ValueError(f"{name}: penalties and logit_bias need the model's vocab_size")
-        if bad := [t for t, _ in sampling.logit_bias if t >= (self.vocab_size or 0)]:
-            raise ValueError(
-                f"{name}: logit_bias token id {bad[0]} is outside the vocabulary "
-                f"[0, {self.vocab_size})"
-            )
+        if problem := self._rows.problem(sampling):  # fails here, never in a step
+            raise ValueError(f"{name}: {problem}")
         for field in ("logprobs", "prompt_logprobs"):
             if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
                 raise ValueError(
@@ -235,6 +209,8 @@ class Engine:
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
+        from axplug.inference.generation import run_to_completion
+
         return run_to_completion(self, on_token)
 
     def pop_finished(self) -> list[Completion]:
@@ -265,22 +241,8 @@ class Engine:
             return False
         self._cache = write_cache_row(self._cache, slot, row, self._table)
         self._occupy(slot, active)
-        if active.request.sampling.penalizes:  # its counts were kept by the other engine
-            self._restore_counts(slot, active)
+        self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
         return True
-
-    def _restore_counts(self, slot: int, active: RequestState) -> None:
-        """Row `slot`'s token counts and seen flags for what `active` already fed (all but
-        its last token, which the next step feeds and counts)."""
-        fed = active.output[:-1]
-        counts = np.bincount(np.asarray(fed, np.int64), minlength=self.vocab_size)
-        seen = np.zeros((self.vocab_size,), np.int32)
-        seen[[*active.request.prompt, *fed]] = 1
-        state = self._penalty_counts
-        self._penalty_counts = {
-            "counts": jax.numpy.asarray(state["counts"]).at[slot].set(counts.astype(np.int32)),
-            "seen": jax.numpy.asarray(state["seen"]).at[slot].set(seen),
-        }
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -345,7 +307,6 @@ class Engine:
         reset = np.zeros((n,), bool)
         counts = np.zeros((n,), np.int32)
         targets = np.zeros((n, width), np.int32)
-        output_mask = np.zeros((n, width), np.int32)  # fed tokens that are generated ones
         logprobs = prompt_logprobs = None  # static: None, 0, or max_logprobs top tokens
         for s, feed in feeds.items():
             active = self._slots[s]
@@ -355,8 +316,6 @@ class Engine:
             last[s] = k - 1
             reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
             counts[s] = len(active.output)
-            prompt_len = len(active.request.prompt)
-            output_mask[s, max(0, prompt_len - active.cached) : k] = 1
             sampling = active.request.sampling
             if sampling.logprobs is not None:
                 logprobs = self._top_width(logprobs, sampling.logprobs)
@@ -368,20 +327,16 @@ class Engine:
                 targets[s, : len(following)] = following
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
-        penalties = None
-        if any(self._slots[s].request.sampling.penalizes for s in feeds):
-            fed_mask = (positions != EMPTY_POSITION).astype(np.int32)
-            penalties = {**self._penalty_counts, **self._penalty_rows,
-                         "output_mask": output_mask, "fed_mask": fed_mask}  # fmt: skip
+        rows = self._rows
+        penalties = rows.penalty_inputs(self._slots, positions)
         tokens, scores, self._cache, kept = extend_rows(
             # Only a steady decode step (width 1, no row starting) skips the length reset:
             # one program per prefill width, two for decoding.
             self.model, self._scope, width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
             self.params, self._cache, ids, positions, reset, self._table, last, targets,
-            self._keys, counts, penalties, *self._sampling,
+            rows.keys, counts, penalties, *rows.sampling,
         )  # fmt: skip
-        if kept is not None:
-            self._penalty_counts = kept
+        rows.keep(kept)
         tokens = np.asarray(tokens)
         scores = jax.device_get(scores)
         now = time.perf_counter()
@@ -389,14 +344,14 @@ class Engine:
         for s, feed in feeds.items():
             active = self._slots[s]
             if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
-                self._note_prompt_logprobs(active, len(feed), [a[s] for a in scores["prompt"]])
+                active.note_prompt_logprobs(len(feed), [a[s] for a in scores["prompt"]])
             active.cached += len(feed)
             if active.cached == active.context_len:  # all cached: the token is the next one
                 token = int(tokens[s])
                 top_n = active.request.sampling.logprobs
                 logprob = None
                 if top_n is not None:
-                    logprob = _logprob(token, *[a[s] for a in scores["token"]], top_n)
+                    logprob = Logprob.of(token, *[a[s] for a in scores["token"]], top_n)
                 events.append(self._record(s, token, now, logprob))
         return events
 
@@ -405,61 +360,17 @@ class Engine:
         some (two programs at most, not one per count asked)."""
         return max(current or 0, self.max_logprobs if asked else 0)
 
-    @staticmethod
-    def _note_prompt_logprobs(active: RequestState, fed: int, scores: tuple) -> None:
-        """Logprobs of the prompt tokens that the positions fed this step predict."""
-        prompt = active.request.prompt
-        top_n = active.request.sampling.prompt_logprobs
-        for j in range(fed):
-            index = active.cached + j + 1
-            if index >= len(prompt):
-                break
-            at_j = [a[j] for a in scores]
-            active.prompt_logprobs[index] = _logprob(prompt[index], *at_j, top_n)
-
     def _occupy(self, slot: int, active: RequestState) -> None:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""
         active.admitted = next(self._admissions)
         self._slots[slot] = active
-        sampling = active.request.sampling
-        self._keys[slot] = seed_key(sampling.seed)
-        temperature, top_k, top_p, min_p = self._sampling
-        # A top-k past the vocabulary cuts nothing (and a huge one must not overflow int32).
-        k = min(sampling.top_k, self.vocab_size or np.iinfo(np.int32).max)
-        temperature[slot], top_k[slot], top_p[slot] = sampling.temperature, k, sampling.top_p
-        min_p[slot] = sampling.min_p
-        if sampling.penalizes:
-            self._set_penalties(slot, sampling)
-        elif self._penalty_rows is not None:
-            self._set_penalties(slot, None)
-
-    def _set_penalties(self, slot: int, sampling: SamplingParams | None) -> None:
-        """Row `slot`'s penalty settings (neutral for None); the state is made on first use."""
-        n, vocab = self.num_slots, self.vocab_size
-        if self._penalty_rows is None:
-            self._penalty_rows = {
-                "presence": np.zeros((n,), np.float32),
-                "frequency": np.zeros((n,), np.float32),
-                "repetition": np.ones((n,), np.float32),
-                "bias": np.zeros((n, vocab), np.float32),
-            }
-            zeros = np.zeros((n, vocab), np.int32)
-            self._penalty_counts = {"counts": zeros, "seen": zeros}
-        rows = self._penalty_rows
-        neutral = sampling is None
-        rows["presence"][slot] = 0.0 if neutral else sampling.presence_penalty
-        rows["frequency"][slot] = 0.0 if neutral else sampling.frequency_penalty
-        rows["repetition"][slot] = 1.0 if neutral else sampling.repetition_penalty
-        rows["bias"][slot] = 0.0
-        for token, bias in () if neutral else sampling.logit_bias:
-            rows["bias"][slot, token] = bias
+        self._rows.set(slot, active.request.sampling)
 
     def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy
         batch skips the sampler's sort and noise."""
         active, self._slots[slot] = self._slots[slot], None
-        temperature, top_k, top_p, min_p = self._sampling
-        temperature[slot], top_k[slot], top_p[slot], min_p[slot] = 0.0, 0, 1.0, 0.0
+        self._rows.clear(slot)
         if self.allocator is not None:
             self.allocator.release(active.pages)
             active.pages = []
@@ -492,39 +403,3 @@ class Engine:
 
     def _finish(self, active: RequestState, reason: str) -> None:
         self._finished.append(active.completion(reason))
-
-
-def _logprob(token: int, chosen, rank, top_ids, top_values, top_n: int) -> Logprob:
-    top = tuple(zip(top_ids[:top_n].tolist(), top_values[:top_n].tolist(), strict=True))
-    return Logprob(token, float(chosen), int(rank), top)
-
-
-def run_to_completion(engine, on_token: Callable[[TokenEvent], None] | None = None):
-    """Steps `engine` (an Engine or anything with its interface) until every request is
-    done; the completions in the order they finished."""
-    while engine.has_work:
-        for event in engine.step():
-            if on_token is not None:
-                on_token(event)
-    return engine.pop_finished()
-
-
-def generate(
-    model: Any,
-    params: Any,
-    prompts: Sequence[Sequence[int]],
-    sampling: SamplingParams | None = None,
-    *,
-    num_slots: int | None = None,
-    max_len: int | None = None,
-    on_token: Callable[[TokenEvent], None] | None = None,
-) -> list[Completion]:
-    """Continues every prompt with `sampling`; the completions in the order of `prompts`."""
-    if not prompts:
-        return []
-    sampling = sampling or SamplingParams()
-    max_len = max_len or max(len(p) for p in prompts) + sampling.max_new_tokens
-    engine = Engine(model, params, num_slots=num_slots or len(prompts), max_len=max_len)
-    ids = [engine.submit(Request(prompt=p, sampling=sampling)) for p in prompts]
-    by_id = {c.id: c for c in engine.run(on_token)}
-    return [by_id[i] for i in ids]

@@ -33,6 +33,12 @@ class Logprob:
     rank: int = 1
     top: tuple[tuple[int, float], ...] = ()
 
+    @classmethod
+    def of(cls, token: int, chosen, rank, top_ids, top_values, top_n: int) -> Logprob:
+        """From a row of the step's scores (`token_logprobs`), keeping `top_n` alternatives."""
+        top = tuple(zip(top_ids[:top_n].tolist(), top_values[:top_n].tolist(), strict=True))
+        return cls(token, float(chosen), int(rank), top)
+
 
 @dataclasses.dataclass
 class Completion:
@@ -96,6 +102,15 @@ class RequestState:
     def decoding(self) -> bool:
         """Whether everything but its last token is cached (the prompt is done)."""
         return bool(self.output) and self.cached == self.context_len - 1
+
+    def note_prompt_logprobs(self, fed: int, scores: tuple) -> None:
+        """Logprobs of the prompt tokens that the `fed` positions fed this step predict."""
+        prompt, top_n = self.request.prompt, self.request.sampling.prompt_logprobs
+        for j in range(fed):
+            index = self.cached + j + 1
+            if index >= len(prompt):
+                break
+            self.prompt_logprobs[index] = Logprob.of(prompt[index], *[a[j] for a in scores], top_n)
 
     def feed(self, limit: int) -> list[int]:
         """The tokens this row writes next: its last token when decoding, else up to `limit`

@@ -20,7 +20,7 @@ from axplug.config import (
     Required,
     config_class,
 )
-from axplug.input import ByteTextInput, eval_split_of
+from axplug.input import ByteTextInput
 from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
 from axplug.runtime import (
@@ -38,6 +38,7 @@ from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
 from axplug.trainer.config_checks import check_trainer_config
+from axplug.trainer.evaluation import build_evaluation, evaluate_all
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
@@ -129,21 +130,7 @@ class Trainer(Configurable):
         rules = self.mesh_builder.axis_rules
         rows = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         self.input = shard_input_config(cfg.input, rows).instantiate()
-        eval_cfg = cfg.eval_input
-        self.evaluators = [
-            c.instantiate(_path=f"evaluators[{i}]") for i, c in enumerate(cfg.evaluators)
-        ]
-        if eval_cfg is None and cfg.eval_every is not None:
-            eval_cfg = eval_split_of(cfg.input)
-            if eval_cfg is None and not self.evaluators:
-                raise cfg.field_error(
-                    "eval_every",
-                    f"{cfg.input.klass.__name__} has no eval split; set eval_input to an "
-                    "input config, or eval_every=None",
-                )
-        self.eval_input = (
-            shard_input_config(eval_cfg, rows).instantiate() if eval_cfg is not None else None
-        )
+        self.eval_input, self.evaluators = build_evaluation(cfg, rows)
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
             checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
@@ -253,13 +240,6 @@ class Trainer(Configurable):
         ]
         return float(np.mean(jax.device_get(losses)))
 
-    def evaluate_all(self, params: Any, step: int) -> dict[str, float]:
-        """The eval loss (with an eval input) and every evaluator's scalars at `step`."""
-        scalars = {"eval_loss": self.evaluate(params)} if self.eval_input is not None else {}
-        for evaluator in self.evaluators:
-            scalars.update(evaluator(self, params, step))
-        return scalars
-
     def run(self) -> dict:
         """Trains from the latest checkpoint (or scratch) to max_steps; returns final metrics.
 
@@ -339,7 +319,7 @@ class Trainer(Configurable):
                 evaluating = self.eval_input is not None or self.evaluators
                 if cfg.eval_every and evaluating and done % cfg.eval_every == 0:
                     with self.goodput.phase("eval"):
-                        scalars = self.evaluate_all(state["params"], done)
+                        scalars = evaluate_all(self, state["params"], done)
                     self._write(done, scalars)
                     self.hooks("on_eval_end", trainer=self, step=done, metrics=scalars)
                 if agreement.update(self._signals.requested is not None) and done < cfg.max_steps:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -16,8 +15,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axplug.inference import SamplingParams
-from axplug_serve.generation import Generation, collect, merged, sse, stream
+from axplug_serve.generation import (
+    Generation,
+    collect,
+    merged,
+    sse,
+    start_generations,
+    stream,
+    usage,
+)
 from axplug_serve.guard import Guard
 from axplug_serve.logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
 from axplug_serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -27,6 +33,7 @@ from axplug_serve.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    check_ids,
     error_body,
     invalid,
     validation_message,
@@ -40,7 +47,7 @@ from axplug_serve.schema import (
     responses,
 )
 from axplug_serve.text import ChatTemplate
-from axplug_serve.worker import EngineWorker, QueueFullError
+from axplug_serve.worker import EngineWorker
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -171,6 +178,10 @@ class _API:
             card["checkpoint_step"] = self.settings.step
         return card
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self.worker.engine.vocab_size or self.settings.tokenizer.vocab_size
+
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.model_name:
             raise APIError(
@@ -215,7 +226,9 @@ class _API:
         }
         if body.max_tokens == 0 and scoring["prompt_logprobs"] is None:
             scoring["prompt_logprobs"] = 0  # only echo: the engine still sees the prompt
-        generations = self._start("completions", body, prompts, body.max_tokens, body.n, **scoring)
+        generations = start_generations(
+            self, "completions", body, prompts, body.max_tokens, body.n, **scoring
+        )
         rid, created = f"cmpl-{generations[0].id}", int(time.time())
         echoed = [
             self._echo(p, ids) if body.echo else ""
@@ -257,10 +270,10 @@ class _API:
                     sent += len(delta)
                 yield sse(chunk([choice(index, "", [], generation.finish_reason)]))
 
-            async def usage():
-                yield sse(chunk([], self._usage(prompts, generations)))
+            async def usage_event():
+                yield sse(chunk([], usage(prompts, generations)))
 
-            return stream(merged(generations, events), usage() if include_usage else None)
+            return stream(merged(generations, events), usage_event() if include_usage else None)
         results = await collect(generations, request)
         choices = [
             choice(
@@ -272,7 +285,7 @@ class _API:
             )  # fmt: skip
             for i, (text, entries) in enumerate(results)
         ]
-        return chunk(choices, self._usage(prompts, generations))
+        return chunk(choices, usage(prompts, generations))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
@@ -286,8 +299,8 @@ class _API:
         if body.token_limit == 0:
             raise invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
         top_n = (body.top_logprobs or 0) if body.logprobs else None
-        generations = self._start(
-            "chat.completions", body, [prompt], body.token_limit, body.n, logprobs=top_n
+        generations = start_generations(
+            self, "chat.completions", body, [prompt], body.token_limit, body.n, logprobs=top_n
         )
         rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
 
@@ -312,17 +325,17 @@ class _API:
                     yield sse(chunk([delta(index, {"content": text}, entries)], kind))
                 yield sse(chunk([delta(index, {}, (), generation.finish_reason)], kind))
 
-            async def usage():
-                yield sse(chunk([], kind, self._usage([prompt], generations)))
+            async def usage_event():
+                yield sse(chunk([], kind, usage([prompt], generations)))
 
-            return stream(merged(generations, events), usage() if include_usage else None)
+            return stream(merged(generations, events), usage_event() if include_usage else None)
         results = await collect(generations, request)
         choices = [
             {"index": i, "message": {"role": "assistant", "content": text},
              "logprobs": logprobs(entries), "finish_reason": generations[i].finish_reason}
             for i, (text, entries) in enumerate(results)
         ]  # fmt: skip
-        return chunk(choices, "chat.completion", self._usage([prompt], generations))
+        return chunk(choices, "chat.completion", usage([prompt], generations))
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         self.check_model(body.model)
@@ -343,7 +356,7 @@ class _API:
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
         self.check_model(body.model)
-        self._check_ids(body.tokens, "tokens")
+        check_ids(body.tokens, self.vocab_size, "tokens")
         return {"prompt": await asyncio.to_thread(self.settings.tokenizer.decode, body.tokens)}
 
     def tokenizer_info(self) -> dict[str, Any]:
@@ -371,87 +384,3 @@ class _API:
 
     def _echo(self, prompt: str | list[int], ids: list[int]) -> str:
         return prompt if isinstance(prompt, str) else self.settings.tokenizer.decode(ids)
-
-    @staticmethod
-    def _usage(prompts: list[list[int]], generations: list[Generation]) -> dict[str, int]:
-        prompt = sum(map(len, prompts))
-        completion = sum(g.tokens for g in generations)
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}  # fmt: skip
-
-    def _check_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.worker.engine.vocab_size or self.settings.tokenizer.vocab_size
-        if vocab is not None and (bad := [t for t in ids if not 0 <= t < vocab]):
-            raise invalid(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})",
-                           param)  # fmt: skip
-
-    def _start(
-        self,
-        endpoint: str,
-        body,
-        prompts: list[list[int]],
-        max_tokens: int | None,
-        n: int,
-        *,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-    ) -> list[Generation]:
-        """Checks each prompt against the engine's limits and submits `n` generations of
-        each, all or none; choice i is prompt i // n."""
-        engine = self.worker.engine
-        stop_tokens = () if body.ignore_eos else self.settings.stop_tokens
-        stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
-        seed = body.seed if body.seed is not None else secrets.randbits(32)
-        self._check_ids([int(t) for t in body.logit_bias or {}], "logit_bias")
-        generations = []
-        for prompt in prompts:
-            if not prompt:
-                raise invalid("the prompt has no tokens", "prompt")
-            self._check_ids(prompt, "prompt")
-            room = engine.max_len + 1 - len(prompt)  # the last new token is never cached
-            wanted = max_tokens
-            if wanted is None:
-                wanted = self.settings.default_max_tokens if endpoint == "completions" else room
-                wanted = min(wanted, room)
-            if room < 1 or wanted > room:
-                raise invalid(
-                    f"This model's maximum context length is {engine.max_len} tokens; the "
-                    f"prompt has {len(prompt)} tokens and max_tokens asks for {wanted} more "
-                    f"(prompt + max_tokens - 1 must be <= {engine.max_len}); shorten the "
-                    "prompt or lower max_tokens",
-                    "max_tokens" if room >= 1 else "prompt",
-                    "context_length_exceeded",
-                )
-            for j in range(n):
-                sampling = SamplingParams(
-                    max_new_tokens=wanted,
-                    temperature=body.temperature,
-                    top_k=max(body.top_k, 0),
-                    top_p=body.top_p,
-                    min_p=body.min_p,
-                    presence_penalty=body.presence_penalty,
-                    frequency_penalty=body.frequency_penalty,
-                    repetition_penalty=body.repetition_penalty,
-                    logit_bias=tuple((int(t), b) for t, b in (body.logit_bias or {}).items()),
-                    stop_tokens=stop_tokens,
-                    seed=(seed + j) % 2**32,  # each of n choices its own sample
-                    logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs,
-                )
-                generations.append(Generation(self, endpoint, prompt, sampling, body.stop))
-        capacity = self.worker.capacity
-        if len(generations) > capacity:
-            raise invalid(
-                f"this request asks for {len(generations)} generations ({len(prompts)} "
-                f"prompt(s) x n={n}); this server runs at most {capacity} at once "
-                "(--num-slots + --max-queue): split it",
-                "n" if n > 1 else "prompt",
-            )
-        try:
-            self.worker.submit_all([g.submission() for g in generations])
-        except QueueFullError as exc:
-            raise APIError(429, str(exc), "rate_limit_error", code="queue_full") from None
-        except RuntimeError as exc:  # the engine stopped
-            raise APIError(503, str(exc), "server_error") from None
-        self.metrics.prompt_tokens.inc(sum(map(len, prompts)))
-        return generations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -16,10 +17,11 @@ from fastapi.responses import StreamingResponse
 
 from axplug.inference import Completion, Logprob
 from axplug.inference import Request as EngineRequest
-from axplug_serve.protocol import APIError, invalid
+from axplug_serve.protocol import APIError, check_ids, invalid
 from axplug_serve.text import TextStream
+from axplug_serve.worker import QueueFullError
 
-__all__ = ["Generation", "collect", "merged", "sse", "stream"]
+__all__ = ["Generation", "collect", "merged", "sse", "start_generations", "stream", "usage"]
 
 
 class Generation:
@@ -179,3 +181,70 @@ async def collect(generations: list[Generation], request: Request) -> list[tuple
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def usage(prompts: list[list[int]], generations: list[Generation]) -> dict[str, int]:
+    """OpenAI's `usage` of a request's prompts and generations."""
+    prompt = sum(map(len, prompts))
+    completion = sum(g.tokens for g in generations)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+def start_generations(
+    api: Any,
+    endpoint: str,
+    body: Any,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    n: int,
+    *,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> list[Generation]:
+    """Checks each prompt against the engine's limits and submits `n` generations of each,
+    all or none; choice i is prompt i // n."""
+    engine, settings = api.worker.engine, api.settings
+    stop_tokens = () if body.ignore_eos else settings.stop_tokens
+    stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
+    seed = body.seed if body.seed is not None else secrets.randbits(32)
+    check_ids([int(t) for t in body.logit_bias or {}], api.vocab_size, "logit_bias")
+    generations = []
+    for prompt in prompts:
+        if not prompt:
+            raise invalid("the prompt has no tokens", "prompt")
+        check_ids(prompt, api.vocab_size, "prompt")
+        room = engine.max_len + 1 - len(prompt)  # the last new token is never cached
+        wanted = max_tokens
+        if wanted is None:
+            wanted = settings.default_max_tokens if endpoint == "completions" else room
+            wanted = min(wanted, room)
+        if room < 1 or wanted > room:
+            raise invalid(
+                f"This model's maximum context length is {engine.max_len} tokens; the prompt "
+                f"has {len(prompt)} tokens and max_tokens asks for {wanted} more (prompt + "
+                f"max_tokens - 1 must be <= {engine.max_len}); shorten the prompt or lower "
+                "max_tokens",
+                "max_tokens" if room >= 1 else "prompt",
+                "context_length_exceeded",
+            )
+        for j in range(n):  # each of n choices its own sample
+            sampling = body.sampling_params(wanted, stop_tokens, (seed + j) % 2**32, logprobs,
+                                            prompt_logprobs)  # fmt: skip
+            generations.append(Generation(api, endpoint, prompt, sampling, body.stop))
+    capacity = api.worker.capacity
+    if len(generations) > capacity:
+        raise invalid(
+            f"this request asks for {len(generations)} generations ({len(prompts)} prompt(s) "
+            f"x n={n}); this server runs at most {capacity} at once (--num-slots + "
+            "--max-queue): split it",
+            "n" if n > 1 else "prompt",
+        )
+    try:
+        api.worker.submit_all([g.submission() for g in generations])
+    except QueueFullError as exc:
+        raise APIError(429, str(exc), "rate_limit_error", code="queue_full") from None
+    except RuntimeError as exc:  # the engine stopped
+        raise APIError(503, str(exc), "server_error") from None
+    api.metrics.prompt_tokens.inc(sum(map(len, prompts)))
+    return generations

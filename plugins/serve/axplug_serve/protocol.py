@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from axplug.inference import SamplingParams
+
 __all__ = [
     "CompletionRequest",
     "ChatCompletionRequest",
@@ -18,6 +20,7 @@ __all__ = [
     "TokenizeRequest",
     "DetokenizeRequest",
     "APIError",
+    "check_ids",
     "invalid",
     "error_body",
     "validation_message",
@@ -125,6 +128,21 @@ class _Sampling(BaseModel):
         if any(not s for s in stops):
             raise ValueError("stop sequences must not be empty")
         return stops
+
+    def sampling_params(
+        self, max_new_tokens: int, stop_tokens: tuple[int, ...], seed: int,
+        logprobs: int | None, prompt_logprobs: int | None,
+    ) -> SamplingParams:  # fmt: skip
+        """The engine's sampling settings for this body."""
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=self.temperature,
+            top_k=max(self.top_k, 0), top_p=self.top_p, min_p=self.min_p,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            stop_tokens=stop_tokens, seed=seed, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )  # fmt: skip
 
     @field_validator("stream_options")
     @classmethod
@@ -265,6 +283,12 @@ class APIError(Exception):
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
+
+
+def check_ids(ids: list[int], vocab: int | None, param: str) -> None:
+    """A 400 naming `param` when an id lies outside the vocabulary [0, `vocab`)."""
+    if vocab is not None and (bad := [t for t in ids if not 0 <= t < vocab]):
+        raise invalid(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})", param)
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None):
