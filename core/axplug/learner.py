@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -60,6 +61,10 @@ class Learner(Configurable):
         max_grad_norm: float | None = 1.0
         # Micro-batches per step: gradients are averaged over this many slices of the batch.
         grad_accumulation_steps: int = 1
+        # A regex searched in each parameter's path (`decoder/transformer/layer0/attention/
+        # q_proj/weight`): the parameters it does not match are frozen (no gradient, no
+        # optimizer state, never changed). None: every parameter trains.
+        trainable: str | None = None
 
     @classmethod
     def check_config(cls, cfg: Config) -> None:
@@ -72,6 +77,13 @@ class Learner(Configurable):
                 raise ConfigError(f"learner.{field}: unknown {value!r}; choose from {choices}")
         if cfg.grad_accumulation_steps < 1:
             raise ConfigError("learner.grad_accumulation_steps: must be >= 1")
+        if cfg.trainable is not None:
+            try:
+                re.compile(cfg.trainable)
+            except re.error as e:
+                raise ConfigError(
+                    f"learner.trainable: {cfg.trainable!r} is not a regular expression ({e})"
+                ) from None
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)

@@ -20,8 +20,8 @@ def has_fresh_opt_state(metadata: dict) -> bool:
 
 
 def fresh_opt_state(trainer: Any, params: Any) -> Any:
-    """`trainer.tx.init(params)`, laid out as the trainer lays out its optimizer state."""
-    init = jax.jit(trainer.tx.init, out_shardings=trainer.state_shardings["opt_state"])
+    """`trainer.init_opt_state(params)`, laid out as the trainer lays out its optimizer state."""
+    init = jax.jit(trainer.init_opt_state, out_shardings=trainer.state_shardings["opt_state"])
     return init(params)
 
 

@@ -11,21 +11,28 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug.config import ConfigError
 from axplug.sharding import ShardingScope
+from axplug.trainer.trainable import pick
 
 __all__ = ["state_layout", "check_input_split"]
 
 
-def state_layout(tx: optax.GradientTransformation, abstract_params: Any, param_shardings: Any):
-    """(shardings, abstract sharded state) of `{"params", "opt_state", "step"}`."""
+def state_layout(
+    tx: optax.GradientTransformation,
+    abstract_params: Any,
+    param_shardings: Any,
+    optimizer_mask: Any | None = None,
+):
+    """(shardings, abstract sharded state) of `{"params", "opt_state", "step"}`; the
+    optimizer state covers the parameters `optimizer_mask` selects (None: all)."""
     mesh = jax.tree.leaves(param_shardings)[0].mesh
     replicated = NamedSharding(mesh, PartitionSpec())
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    abstract_opt = jax.eval_shape(tx.init, pick(optimizer_mask, abstract_params))
     # Optimizer moments are laid out like the parameters they track.
     opt_shardings = optax.tree_map_params(
         tx,
         lambda _, sharding: sharding,
         abstract_opt,
-        param_shardings,
+        pick(optimizer_mask, param_shardings),
         transform_non_params=lambda _: replicated,
     )
     shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}

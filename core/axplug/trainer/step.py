@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from axplug.api import ParameterSpec
 from axplug.config import ConfigValueError
 from axplug.context import functional
 from axplug.module import Module
 from axplug.trainer.aux_losses import AuxLossRule
+from axplug.trainer.trainable import merge, optimizer_mask, pick, update_kinds
 
 __all__ = [
     "build_train_step",
@@ -92,27 +92,39 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
     return loss_fn
 
 
-def _update_kinds(model: Module) -> Any:
-    """The params tree of each parameter's `ParameterSpec.update`."""
-    return jax.tree.map(
-        lambda s: s.update,
-        model.create_parameter_specs_recursively(),
-        is_leaf=lambda s: isinstance(s, ParameterSpec),
-    )
+def _grad_fn(loss_fn, kinds: Any):
+    """`jax.value_and_grad(loss_fn)`, differentiating only the leaves that are not frozen
+    (their gradients are None): a frozen weight's gradient is never computed."""
+    if "frozen" not in jax.tree.leaves(kinds):
+        return jax.value_and_grad(loss_fn, has_aux=True)
+    live_mask = jax.tree.map(lambda kind: kind != "frozen", kinds)
+
+    def value_and_grad(params, batch, key):
+        def of_live(live):
+            return loss_fn(merge(live_mask, live, params), batch, key)
+
+        return jax.value_and_grad(of_live, has_aux=True)(pick(live_mask, params))
+
+    return value_and_grad
 
 
 def _split_non_trainable(kinds: Any, grads: Any) -> tuple[Any, Any]:
-    """(gradients with non-trainable leaves zeroed, the `gradient` leaves' new values)."""
-    trained = jax.tree.map(
-        lambda kind, g: g if kind == "optimizer" else jnp.zeros_like(g), kinds, grads
-    )
+    """(gradients with non-trainable leaves zeroed, the `gradient` leaves' new values);
+    frozen leaves have no gradient (None)."""
+
+    def trained_only(kind, g):
+        if kind == "frozen":
+            return None
+        return g if kind == "optimizer" else jnp.zeros_like(g)
+
+    trained = jax.tree.map(trained_only, kinds, grads)
     overwrite = jax.tree.map(lambda kind, g: g if kind == "gradient" else None, kinds, grads)
     return trained, overwrite
 
 
 def _non_trainable_values(kinds: Any, new: Any, old: Any, updates: dict, overwrite: Any) -> Any:
     """The optimizer's `new` params, except `state` leaves: the recorded update (else the
-    `old` value), and `gradient` leaves: their gradient."""
+    `old` value), `gradient` leaves: their gradient, and `frozen` leaves: the `old` value."""
 
     def visit(kind, new, old, update, overwrite):
         if isinstance(kind, dict):
@@ -126,6 +138,8 @@ def _non_trainable_values(kinds: Any, new: Any, old: Any, updates: dict, overwri
             return jnp.asarray(value, old.dtype).reshape(old.shape)
         if kind == "gradient":
             return overwrite.astype(old.dtype)
+        if kind == "frozen":
+            return old
         return new
 
     return visit(kinds, new, old, updates, overwrite)
@@ -151,12 +165,17 @@ def build_train_step(
     seed: int,
     grad_accumulation_steps: int = 1,
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+    trainable: str | None = None,
 ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """`step(state, batch) -> (state, metrics)`; a non-finite loss or gradient leaves the
-    parameters and optimizer state unchanged and reports `finite=False`."""
-    grad_fn = jax.value_and_grad(_loss_fn(model, aux_rule), has_aux=True)
+    parameters and optimizer state unchanged and reports `finite=False`.
+
+    `trainable` (`learner.trainable`) freezes the parameters whose path it does not match:
+    `tx` and the state's `opt_state` then cover the others only (`trainable.pick`)."""
+    kinds = update_kinds(model.create_parameter_specs_recursively(), trainable)
+    opt_mask = optimizer_mask(kinds)
+    grad_fn = _grad_fn(_loss_fn(model, aux_rule), kinds)
     tx = optax.with_extra_args_support(tx)
-    kinds = _update_kinds(model)
     has_non_trainable = any(k != "optimizer" for k in jax.tree.leaves(kinds))
 
     def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
@@ -191,8 +210,10 @@ def build_train_step(
         # The norm goes to the optimizer's clipping (axplug.learner.clip_by_global_norm;
         # other transformations ignore it), so the gradients are read for it once.
         def apply(grads, opt_state, params):
-            deltas, new_opt_state = tx.update(grads, opt_state, params, grad_norm=grad_norm)
-            new_params = optax.apply_updates(params, deltas)
+            deltas, new_opt_state = tx.update(
+                pick(opt_mask, grads), opt_state, pick(opt_mask, params), grad_norm=grad_norm
+            )
+            new_params = merge(opt_mask, optax.apply_updates(pick(opt_mask, params), deltas), params)
             if has_non_trainable:
                 new_params = _non_trainable_values(kinds, new_params, params, updates, overwrite)
             return new_params, new_opt_state

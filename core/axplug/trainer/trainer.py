@@ -45,6 +45,7 @@ from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.saving import save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step
+from axplug.trainer.trainable import optimizer_mask, pick, update_kinds
 from axplug.trainer.summaries import (
     attempt_recorder,
     build_writer,
@@ -163,13 +164,15 @@ class Trainer(Configurable):
         self.param_specs = self.model.create_parameter_specs_recursively()
         param_shardings = parameter_shardings(self.param_specs, self.mesh, rules)
         self.schedule = self.learner.schedule(cfg.max_steps)
-        self.tx = self.learner.transform(self.param_specs, cfg.max_steps)
+        # Frozen parameters (learner.trainable) are left out of the optimizer and its state.
+        self.optimizer_mask = optimizer_mask(update_kinds(self.param_specs, cfg.learner.trainable))
+        self.tx = self.learner.transform(pick(self.optimizer_mask, self.param_specs), cfg.max_steps)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         abstract_params = jax.eval_shape(
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
         self.state_shardings, self.abstract_state = state_layout(
-            self.tx, abstract_params, param_shardings
+            self.tx, abstract_params, param_shardings, self.optimizer_mask
         )
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         scope = make_scope(self.mesh, rules)
@@ -182,6 +185,7 @@ class Trainer(Configurable):
             seed=cfg.seed,
             grad_accumulation_steps=self.learner.grad_accumulation_steps,
             learning_rate=self.schedule,
+            trainable=cfg.learner.trainable,
         )
         self._train_step = jax.jit(
             scoped(step, self.mesh, rules),
@@ -214,12 +218,16 @@ class Trainer(Configurable):
             params = self.model.initialize_parameters_recursively(key)
             return {
                 "params": params,
-                "opt_state": self.tx.init(params),
+                "opt_state": self.init_opt_state(params),
                 "step": jnp.zeros((), jnp.int32),
             }
 
         key = jax.random.PRNGKey(self._config.seed)
         return jax.jit(init, out_shardings=self.state_shardings)(key)
+
+    def init_opt_state(self, params: Any) -> Any:
+        """A fresh optimizer state for `params` (of the parameters the optimizer updates)."""
+        return self.tx.init(pick(self.optimizer_mask, params))
 
     def restore_or_init(self) -> dict:
         """The latest complete checkpoint that restores and verifies, else a fresh state (or
