@@ -302,6 +302,13 @@ class Checkpointer(Configurable):
         self._verify(step, actual)
         return len(actual)
 
+    def saved_tree(self, step: int | None = None) -> Any:
+        """The array metadata tree of `step`'s state (default: the latest): its structure,
+        shapes and dtypes, without reading arrays."""
+        self._check_open()
+        self.wait_until_finished()
+        return self._saved_tree(self._resolve_step(step))
+
     def _saved_tree(self, step: int) -> Any:
         """The array metadata tree of `step`'s state (shapes and dtypes, no data)."""
         path = self.storage.path(self.storage.join(self._step_url(step), layout.STATE_ITEM))

@@ -213,13 +213,17 @@ def export_hf(
     from axplug.files import atomic_file, remove_stale_stages, staged_directory
     from axplug.inference.loading import load_checkpoint
     from axplug.interop.hf_import import check_tokenizer_files, copy_tokenizer_files
+    from axplug.layers import fold_layers
 
     check_output(output_dir, force=force, run_dir=run_dir)
     loaded = load_checkpoint(run_dir, step=step)
     lineage = loaded.lineage  # this run, then the runs it was tuned from
     source = next((m["source"]["config"] for _, m in lineage if m.get("source")), None)
-    raw, arch = hf_config_for(loaded.config, source)
-    tokenizer_home = _tokenizer_home([d for d, _ in lineage], loaded.config)
+    # Layers that fold (a LoRA adapter) are written as what they fold into (merged weights).
+    model_cfg, params = fold_layers(loaded.config.model, loaded.params)
+    config = loaded.config.clone(model=model_cfg)
+    raw, arch = hf_config_for(config, source)
+    tokenizer_home = _tokenizer_home([d for d, _ in lineage], config)
     if tokenizer_home is not None:
         check_tokenizer_files(tokenizer_home)
     if tokenizer_home is not None and source is None:
@@ -229,8 +233,8 @@ def export_hf(
         raw.update(bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
     from axplug.interop.tensors import hf_tensors
 
-    rules = arch.tensors(loaded.config.model)
-    tensors = hf_tensors(jax.device_get(loaded.params), rules)
+    rules = arch.tensors(model_cfg)
+    tensors = hf_tensors(jax.device_get(params), rules)
     os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
     remove_stale_stages(output_dir)
     with staged_directory(output_dir, replace=force) as stage:

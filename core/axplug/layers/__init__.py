@@ -18,6 +18,7 @@ from axplug.layers.feed_forward import (
     get_activation,
     hf_activation,
 )
+from axplug.layers.fold import fold_layers, folded_config, folds
 from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
 from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
@@ -33,6 +34,9 @@ from axplug.layers.stack import (
 from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
 
 __all__ = [
+    "fold_layers",
+    "folded_config",
+    "folds",
     "ACTIVATIONS",
     "HF_ACTIVATIONS",
     "hf_activation",

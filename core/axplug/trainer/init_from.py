@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+import jax
 
 __all__ = ["restore_weights"]
 
 log = logging.getLogger("axplug.trainer")
 
 
+def _present(abstract: Any, saved: Any, new_ok: Any, path: str = "") -> tuple[Any, list, list]:
+    """(`abstract` pruned to what `saved` holds, the dotted paths it lacks that `new_ok`
+    (a tree of bools shaped like `abstract`) lets start fresh, those it does not)."""
+    if not isinstance(abstract, dict):
+        return abstract, [], []
+    kept, fresh, lacking = {}, [], []
+    for key, value in abstract.items():
+        where = f"{path}.{key}" if path else str(key)
+        if not isinstance(saved, dict) or key not in saved:
+            allowed = all(jax.tree.leaves(new_ok[key]))
+            (fresh if allowed else lacking).append(where)
+            continue
+        kept[key], more_fresh, more_lacking = _present(value, saved[key], new_ok[key], where)
+        fresh, lacking = fresh + more_fresh, lacking + more_lacking
+    return kept, fresh, lacking
+
+
 def restore_weights(
-    path: str, step: int | None, *, abstract_state: dict, optimizer: bool
+    path: str,
+    step: int | None,
+    *,
+    abstract_state: dict,
+    optimizer: bool,
+    new_ok: Any = None,
 ) -> tuple[int, dict, dict | None]:
     """(step, params, opt_state or None) of the run at `path` (latest step unless given).
 
@@ -19,6 +44,10 @@ def restore_weights(
     state restores onto this run's layout too (the same learner: resumed moments); None when
     the step holds none (an import's fresh optimizer state). Without, only the parameters are
     read.
+
+    `new_ok` (a params tree of bools) marks the parameters the source may lack (an adapter
+    added to a base model): they are left out of the returned params, for the caller to
+    initialize. Any other parameter the source lacks is the usual error naming it.
     """
     from axplug.checkpoint import Checkpointer
     from axplug.checkpoint.errors import CheckpointNotFoundError
@@ -38,6 +67,14 @@ def restore_weights(
         if optimizer:
             _, state, _ = checkpointer.restore(step, target=dict(abstract_state))
             return step, state["params"], state["opt_state"]
-        target = {"params": abstract_state["params"]}
+        params = abstract_state["params"]
+        if new_ok is not None:
+            saved = checkpointer.saved_tree(step).get("params")
+            params, fresh, lacking = _present(params, saved, new_ok)
+            if fresh and not lacking:
+                log.info("parameters new to this run (initialized fresh): %s", ", ".join(fresh))
+            else:
+                params = abstract_state["params"]  # the mismatch error names what differs
+        target = {"params": params}
         _, state, _ = checkpointer.restore(step, target=target, partial=True)
     return step, state["params"], None

@@ -20,16 +20,27 @@ __all__ = ["restore_or_init"]
 log = logging.getLogger("axplug.trainer")
 
 
+def _merged(fresh: Any, restored: Any) -> Any:
+    """`fresh` with every leaf `restored` holds replaced by it."""
+    if not isinstance(fresh, dict):
+        return restored
+    return {k: _merged(v, restored[k]) if k in restored else v for k, v in fresh.items()}
+
+
 def _init_from(trainer: Any, fresh: dict) -> dict:
     cfg = trainer.config
+    # Under learner.trainable, trained parameters the source lacks (adapters) start fresh.
+    new_ok = None if cfg.init_optimizer else trainer.optimizer_mask
     step, params, opt_state = restore_weights(
         cfg.init_from,
         cfg.init_step,
         abstract_state=trainer.abstract_state,
         optimizer=cfg.init_optimizer,
+        new_ok=new_ok,
     )
     log.info("starting from the weights of step %d of %s", step, cfg.init_from)
-    state = {**fresh, "params": params}  # step 0: the fine-tune's own count and schedule
+    # step 0: the fine-tune's own count and schedule
+    state = {**fresh, "params": _merged(fresh["params"], params)}
     if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold
         state["opt_state"] = (
             opt_state if opt_state is not None else fresh_opt_state(trainer, params)

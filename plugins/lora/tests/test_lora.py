@@ -1,0 +1,223 @@
+"""LoRA: the layer, the modifier's frozen base, merged and PEFT exports against transformers
+and PEFT, sharded runs against one device."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from axplug_lora import TRAINABLE, LoRALinear
+
+from axplug.cli import main
+from axplug.config import ConfigError, find_configs
+from axplug.context import functional
+from axplug.layers import Linear, fold_layers
+from axplug.testing import LayerConformance, tiny_trainer_config
+from axplug.trainer import Trainer
+from axplug.trainer.trainable import parameter_paths
+
+SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
+         "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+
+
+class TestLoRALinearConformance(LayerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        return LoRALinear.default_config().set(input_dim=16, output_dim=24, rank=4)
+
+    @pytest.fixture
+    def swap_target(self):
+        return Linear
+
+    @pytest.fixture
+    def llama_modifier(self, layer_config):
+        from axplug.config import replace_config
+
+        new = LoRALinear.default_config().set(rank=4)
+        return lambda cfg: replace_config(cfg, target=Linear, new_cfg=new)
+
+
+def _trainer(tmp_path, name, *overrides, modifiers=("lora:rank=4",), steps=3, devices=None):
+    cfg = tiny_trainer_config(
+        tmp_path / name, *overrides, preset="llama-tiny", modifiers=modifiers, max_steps=steps
+    )
+    return Trainer(cfg, devices=devices)
+
+
+def _train(trainer, steps):
+    state = trainer.init_state()
+    first = jax.device_get(state["params"])
+    for step in range(steps):
+        state, _ = trainer._train_step(state, trainer.put_batch(trainer.input.batch(step)))
+    return first, state
+
+
+def test_only_the_adapters_train_and_hold_optimizer_state(tmp_path):
+    trainer = _trainer(tmp_path, "lora", "learner.learning_rate=0.01")
+    adapted = find_configs(trainer.config.model, LoRALinear)
+    assert len(adapted) == 3  # qkv's, output's and the feed-forward's Linear configs
+    first, state = _train(trainer, 3)
+    paths = jax.tree.leaves(parameter_paths(first))
+    before, after = jax.tree.leaves(first), jax.tree.leaves(jax.device_get(state["params"]))
+    trained = 0
+    for path, old, new in zip(paths, before, after, strict=True):
+        if path.endswith(("lora_a", "lora_b")):
+            trained += old.size
+            if path.endswith("lora_b"):
+                assert np.abs(new).max() > 0, path  # it trained
+        else:
+            assert np.array_equal(old, new), path  # the base is bit-identical
+    # The formula: rank x (in + out) for each adapted projection of each layer.
+    specs = trainer.param_specs
+    layer = specs["decoder"]["transformer"]["layer0"]
+    weights = [layer["attention"][k]["weight"].shape for k in ("output",)]
+    weights += [layer["attention"]["qkv"][k]["weight"].shape for k in ("q", "k", "v")]
+    weights += [layer["feed_forward"][k]["weight"].shape for k in ("wi_gate", "wi_up", "wo")]
+    layers = len(specs["decoder"]["transformer"])
+    assert trained == layers * sum(4 * (i + o) for i, o in weights)
+    moments = sum(x.size for x in jax.tree.leaves(state["opt_state"]) if x.ndim > 0)
+    assert moments == 2 * trained  # Adam's two moments, for the adapters only
+    assert trainer.config.learner.trainable == TRAINABLE
+
+
+def test_merged_logits_equal_the_unmerged_model(tmp_path):
+    trainer = _trainer(tmp_path, "lora", "learner.learning_rate=0.05")
+    _, state = _train(trainer, 3)
+    params = jax.device_get(state["params"])
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
+
+    def logits(cfg, p):
+        model = cfg.clone(name="model").instantiate(parent=None)
+        out, _ = functional(model, prng_key=None, state=p, inputs=(ids,), method="predict",
+                            is_training=False)
+        return np.asarray(out)
+
+    merged_cfg, merged = fold_layers(trainer.config.model, params)
+    assert not find_configs(merged_cfg, LoRALinear)
+    assert "lora_a" not in json.dumps(jax.tree.map(lambda x: 0, merged))
+    unmerged = logits(trainer.config.model, params)
+    np.testing.assert_allclose(logits(merged_cfg, merged), unmerged, rtol=1e-5, atol=1e-5)
+    base = logits(merged_cfg, fold_layers(trainer.config.model, jax.tree.map(
+        lambda p: p, _zeroed_b(params)))[1])  # fmt: skip
+    assert np.abs(base - unmerged).max() > 1e-3  # the adapters changed the model
+
+
+def _zeroed_b(params):
+    def visit(tree):
+        return {k: (np.zeros_like(v) if k == "lora_b" else visit(v)) if isinstance(v, dict)
+                or k == "lora_b" else v for k, v in tree.items()}  # fmt: skip
+
+    return visit(params)
+
+
+def test_sharded_run_equals_one_device(tmp_path):
+    one = _trainer(
+        tmp_path, "one", "learner.learning_rate=0.01", "mesh.mesh_shape=(1,1,1,1,1)",
+        devices=jax.devices()[:1],
+    )  # fmt: skip
+    many = _trainer(
+        tmp_path, "many", "learner.learning_rate=0.01", "mesh.mesh_shape=(2,2,1,1,2)"
+    )
+    assert len(many.mesh.devices.flat) == 8
+    _, a = _train(one, 2)
+    _, b = _train(many, 2)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-5),
+        jax.device_get(a["params"]),
+        jax.device_get(b["params"]),
+    )
+    # The adapters are laid out like their base weights' axes.
+    q = many.state_shardings["params"]["decoder"]["transformer"]["layer0"]["attention"]["qkv"]["q"]
+    assert q["lora_a"].spec[0] == q["weight"].spec[0] and q["lora_a"].spec[1] is None
+    assert q["lora_b"].spec[1] == q["weight"].spec[1] and q["lora_b"].spec[0] is None
+
+
+def test_modifier_errors_name_the_option():
+    from axplug.modifiers import make_modifier
+
+    cfg = tiny_trainer_config("/tmp/unused", preset="llama-tiny")
+    with pytest.raises(ConfigError, match="modifier lora: rank must be >= 1"):
+        make_modifier("lora:rank=0")(cfg)
+    with pytest.raises(ConfigError, match="learner.trainable: .* matches no trained param"):
+        tiny_trainer_config("/tmp/unused", preset="llama-tiny",
+                            modifiers=["lora:targets=['nowhere']"]).instantiate()  # fmt: skip
+
+
+# --- import, LoRA fine-tune, merged and PEFT exports, against transformers and PEFT ---------
+
+
+@pytest.fixture
+def lora_run(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from axplug.testing import tiny_transformers_model
+
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    hf = str(tmp_path / "hf")
+    tiny_transformers_model(config).save_pretrained(hf)
+    imported = str(tmp_path / "imported")
+    assert main(["import-hf", hf, "--output", imported]) == 0
+    run = str(tmp_path / "lora")
+    argv = ["train", "--from", imported, "--output-dir", run, "--input",
+            "synthetic:vocab_size=96", "--modifier", "lora:rank=4,alpha=8,targets=['q','v','wo']",
+            "--set", "learner.learning_rate=0.05", "--set", "learner.warmup_steps=0",
+            "--set", "learner.schedule='constant'", "--max-steps", "4", *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    return hf, imported, run
+
+
+def _axplug_logits(run, ids):
+    from axplug.inference.loading import load_checkpoint
+
+    loaded = load_checkpoint(run)
+    out, _ = functional(
+        loaded.model, prng_key=None, state=loaded.params, inputs=(jnp.asarray(ids),),
+        method="predict", is_training=False,
+    )  # fmt: skip
+    return np.asarray(out), loaded
+
+
+def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path, lora_run):
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    hf, imported, run = lora_run
+    ids = np.random.default_rng(1).integers(0, 96, (2, 10))
+    logits, loaded = _axplug_logits(run, ids)
+    base_logits, _ = _axplug_logits(imported, ids)
+    assert np.abs(logits - base_logits).max() > 1e-3  # the adapters trained
+    # The frozen base is the import's, bit for bit.
+    base = _axplug_logits(imported, ids)[1].params["decoder"]["transformer"]["layer0"]
+    tuned = loaded.params["decoder"]["transformer"]["layer0"]
+    np.testing.assert_array_equal(
+        np.asarray(tuned["attention"]["qkv"]["q"]["weight"]),
+        np.asarray(base["attention"]["qkv"]["q"]["weight"]),
+    )
+
+    merged = str(tmp_path / "merged")
+    assert main(["export-hf", run, "--output", merged]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    with torch.no_grad():
+        got = model(torch.as_tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, logits, rtol=1e-4, atol=1e-4)
+
+    adapter = str(tmp_path / "adapter")
+    assert main(["export-lora", run, "--output", adapter]) == 0
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(base_model, adapter)
+    with torch.no_grad():
+        got = with_adapter(torch.as_tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, logits, rtol=1e-4, atol=1e-4)
+
+
+def test_export_lora_refuses_a_run_without_adapters(tmp_path, lora_run, capsys):
+    _, imported, _ = lora_run
+    assert main(["export-lora", imported, "--output", str(tmp_path / "none")]) != 0
+    assert "no LoRA adapters" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
