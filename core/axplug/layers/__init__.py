@@ -18,8 +18,8 @@ from axplug.layers.feed_forward import (
     get_activation,
     hf_activation,
 )
-from axplug.layers.fold import fold_layers, folded_config, folds
 from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
+from axplug.layers.fold import fold_layers, folded_config, folds
 from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.stack import (

@@ -213,7 +213,8 @@ def build_train_step(
             deltas, new_opt_state = tx.update(
                 pick(opt_mask, grads), opt_state, pick(opt_mask, params), grad_norm=grad_norm
             )
-            new_params = merge(opt_mask, optax.apply_updates(pick(opt_mask, params), deltas), params)
+            trained = optax.apply_updates(pick(opt_mask, params), deltas)
+            new_params = merge(opt_mask, trained, params)
             if has_non_trainable:
                 new_params = _non_trainable_values(kinds, new_params, params, updates, overwrite)
             return new_params, new_opt_state

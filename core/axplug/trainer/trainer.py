@@ -45,13 +45,13 @@ from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.saving import save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step
-from axplug.trainer.trainable import optimizer_mask, pick, update_kinds
 from axplug.trainer.summaries import (
     attempt_recorder,
     build_writer,
     goodput_report,
     summary_dir,
 )
+from axplug.trainer.trainable import optimizer_mask, pick, update_kinds
 
 __all__ = ["Trainer", "summary_dir"]
 

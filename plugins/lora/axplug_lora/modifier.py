@@ -74,6 +74,6 @@ class LoRAModifier(ConfigModifier):
             where=lambda path, old: old.klass is Linear and "transformer" in path.split("."),
             missing_ok=True,
         )
-        if "learner" in cfg.keys():
+        if "learner" in set(cfg.keys()):  # a trainer config
             cfg = cfg.clone(learner=cfg.learner.clone(trainable=TRAINABLE))
         return cfg

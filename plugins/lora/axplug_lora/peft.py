@@ -51,7 +51,7 @@ def peft_tensors(model_cfg: Any, params: dict, rules: dict) -> tuple[dict, dict]
             f"export-lora: the adapters have different rank/alpha/dropout {sorted(settings)}; "
             "a PEFT adapter here takes one setting: export the merged model with export-hf"
         )
-    (rank, alpha, dropout), = settings
+    ((rank, alpha, dropout),) = settings
     tensors, modules = {}, set()
     for path, a, b in adapters:
         rule = rules.get(f"{path}.weight")

@@ -89,8 +89,9 @@ def test_merged_logits_equal_the_unmerged_model(tmp_path):
 
     def logits(cfg, p):
         model = cfg.clone(name="model").instantiate(parent=None)
-        out, _ = functional(model, prng_key=None, state=p, inputs=(ids,), method="predict",
-                            is_training=False)
+        out, _ = functional(
+            model, prng_key=None, state=p, inputs=(ids,), method="predict", is_training=False
+        )
         return np.asarray(out)
 
     merged_cfg, merged = fold_layers(trainer.config.model, params)
@@ -116,9 +117,7 @@ def test_sharded_run_equals_one_device(tmp_path):
         tmp_path, "one", "learner.learning_rate=0.01", "mesh.mesh_shape=(1,1,1,1,1)",
         devices=jax.devices()[:1],
     )  # fmt: skip
-    many = _trainer(
-        tmp_path, "many", "learner.learning_rate=0.01", "mesh.mesh_shape=(2,2,1,1,2)"
-    )
+    many = _trainer(tmp_path, "many", "learner.learning_rate=0.01", "mesh.mesh_shape=(2,2,1,1,2)")
     assert len(many.mesh.devices.flat) == 8
     _, a = _train(one, 2)
     _, b = _train(many, 2)
