@@ -67,6 +67,8 @@ PUBLIC_MODULES = (
     "axplug.summary",
     "axplug.checkpoint",
     "axplug.files",
+    "axplug.input",
+    "axplug.tokenizer",
     "axplug.presets",
     "axplug.modifiers",
     "axplug.trainer",

@@ -8,9 +8,10 @@ iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 
 from axplug.input.base import Batch, Input, StepInput, data_vocab_size, eval_split_of
 from axplug.input.iterator import IteratorInput, resolve_function
+from axplug.input.prepare import DocumentEncoder, prepare_data
 from axplug.input.synthetic import SyntheticInput
 from axplug.input.text import ByteTextInput, bundled_corpus_path
-from axplug.input.token_file import TokenFileInput
+from axplug.input.token_file import IGNORE_LABEL, TokenFileInput
 
 __all__ = [
     "Batch",
@@ -24,4 +25,7 @@ __all__ = [
     "eval_split_of",
     "bundled_corpus_path",
     "resolve_function",
+    "prepare_data",
+    "DocumentEncoder",
+    "IGNORE_LABEL",
 ]

@@ -2,7 +2,9 @@
 
 A directory holds `meta.json`, the tokenizer file, and shards: `shard_NNNNN.bin` (the token ids
 of whole documents, each ending with the tokenizer's EOS when it has one; uint16 or uint32) with
-`shard_NNNNN.docs.npy` (int64 document start offsets in the shard, plus its length). meta.json
+`shard_NNNNN.docs.npy` (int64 document start offsets in the shard, plus its length), and when
+meta.json says `"loss_mask": true`, `shard_NNNNN.mask.bin` (a uint8 per token: 1 where the
+loss counts predicting that token, e.g. the assistant's turns of a chat). meta.json
 lists each shard with its `tokens`, `documents` and `max_token_id` (the largest id in it;
 directories from older versions lack it). Shards are written whole and renamed into place, so a
 directory is never half a shard, and `meta.json` is written last.
@@ -46,11 +48,13 @@ _CHUNK = 1 << 24  # tokens read at a time by `verify`
 
 
 class Shard(NamedTuple):
-    """One opened shard: its `.bin` path, tokens (memory mapped) and document offsets."""
+    """One opened shard: its `.bin` path, tokens (memory mapped), document offsets, and the
+    per-token loss mask of a data directory that has them."""
 
     path: pathlib.Path
     tokens: np.ndarray
     docs: np.ndarray  # [documents + 1], starts then the length
+    mask: np.ndarray | None = None
 
 
 def _int(value: Any) -> bool:
@@ -149,7 +153,16 @@ def open_shard(root: pathlib.Path, meta: dict, record: dict) -> Shard:
     for at in sorted({0, n - 1}) if n else ():  # two pages: a shard overwritten whole shows
         if tokens[at] >= meta["vocab_size"]:
             raise ConfigFileError(out_of_vocab(path, int(tokens[at]), at, meta["vocab_size"]))
-    return Shard(path, tokens, docs)
+    mask = None
+    if meta.get("loss_mask"):
+        mask_path = root / f"{record['name']}.mask.bin"
+        if not mask_path.is_file() or mask_path.stat().st_size != n:
+            raise ConfigFileError(
+                f"{mask_path}: missing or not one byte per token of {path.name} (meta.json "
+                f"says the data has loss masks): {_AGAIN}"
+            )
+        mask = np.memmap(mask_path, dtype=np.uint8, mode="r") if n else np.zeros(0, np.uint8)
+    return Shard(path, tokens, docs, mask)
 
 
 def out_of_vocab(path: pathlib.Path, token: int, at: int, vocab_size: int) -> str:
@@ -218,8 +231,15 @@ def _first_at_least(tokens: np.ndarray, bound: int) -> int:
     raise AssertionError("no token >= bound")
 
 
-def write_shard(directory: pathlib.Path, name: str, documents: list, dtype: str) -> dict:
-    """Writes the documents (lists of ids) as shard `name` atomically; returns its record."""
+def write_shard(
+    directory: pathlib.Path, name: str, documents: list, dtype: str, masks: list | None = None
+) -> dict:
+    """Writes the documents (lists of ids; with `masks`, a 0/1 list per document) as shard
+    `name` atomically, the mask file first; returns its record."""
+    if masks is not None:
+        flat = np.fromiter((m for d in masks for m in d), dtype=np.uint8)
+        with atomic_file(directory / f"{name}.mask.bin") as f:
+            flat.tofile(f)
     lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.fromiter(

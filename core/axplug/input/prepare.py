@@ -7,6 +7,9 @@ finished (written, then renamed), so a rerun after a kill tokenizes only the mis
 `progress.json` records the settings and refuses a rerun that would mix different ones.
 `meta.json` comes last.
 
+A `DocumentEncoder` (a plugin's: chat conversations, preference pairs) turns each source
+record into token documents with a per-token loss mask, stored beside the shards.
+
 The arguments, the sources' kinds and the tokenizer are checked before anything is written; a
 source that turns out unreadable midway (a truncated JSONL line) removes the output directory
 when this run created it, since the fixed source would not match its `progress.json`.
@@ -21,6 +24,7 @@ import os
 import pathlib
 import shutil
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
 from axplug.files import errors_naming, write_text
@@ -28,24 +32,64 @@ from axplug.input.data_dir import FORMAT, open_shard, write_shard
 from axplug.input.sources import TEXT_UNITS, chunks, read_documents
 from axplug.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["prepare_data", "read_documents", "TEXT_UNITS"]
+__all__ = ["prepare_data", "read_documents", "TEXT_UNITS", "DocumentEncoder"]
 
 SHARD_FIELDS = ("name", "tokens", "documents", "max_token_id")  # a shard's record in meta.json
 _worker: dict = {}
 
 
-def _init_worker(tokenizer_path: str, directory: str, dtype: str, eos: int | None) -> None:
+class DocumentEncoder(Protocol):
+    """Turns one source record into token documents with loss masks (picklable: it runs in
+    the tokenizing processes). `prepare_data(..., encoder=...)` reads `field` of each JSONL
+    line (`"*"`: the whole object)."""
+
+    field: str
+
+    def settings(self) -> dict:
+        """What makes its output differ (template, options): progress.json and meta.json."""
+
+    def encode(self, tokenizer: Tokenizer, record: Any) -> list[tuple[list[int], list[int]]]:
+        """(ids, mask) per document of `record`: mask 1 where the loss counts predicting the
+        token; raises ValueError naming what is wrong with the record."""
+
+    def meta(self) -> dict:
+        """Entries added to meta.json (e.g. the chat template used)."""
+
+    def files(self) -> dict[str, str]:
+        """Text files written into the data directory (e.g. chat_template.jinja)."""
+
+
+def _init_worker(tokenizer_path: str, directory: str, dtype: str, eos: int | None,
+                 encoder: DocumentEncoder | None = None) -> None:  # fmt: skip
     _worker.update(
-        tok=load_tokenizer(tokenizer_path), dir=pathlib.Path(directory), dtype=dtype, eos=eos
+        tok=load_tokenizer(tokenizer_path),
+        dir=pathlib.Path(directory),
+        dtype=dtype,
+        eos=eos,
+        encoder=encoder,
     )
 
 
-def _tokenize_chunk(job: tuple[int, list[str]]) -> dict:
+def _tokenize_chunk(job: tuple[int, list]) -> dict:
     index, texts = job
-    tail = [] if _worker["eos"] is None else [_worker["eos"]]
-    documents = [_worker["tok"].encode(text) + tail for text in texts]
-    record = write_shard(_worker["dir"], f"shard_{index:05d}", documents, _worker["dtype"])
-    return {**record, "bytes": sum(len(t.encode("utf-8")) for t in texts)}
+    name = f"shard_{index:05d}"
+    encoder = _worker["encoder"]
+    if encoder is None:
+        tail = [] if _worker["eos"] is None else [_worker["eos"]]
+        documents = [_worker["tok"].encode(text) + tail for text in texts]
+        record = write_shard(_worker["dir"], name, documents, _worker["dtype"])
+        return {**record, "bytes": sum(len(t.encode("utf-8")) for t in texts)}
+    documents, masks = [], []
+    for number, item in enumerate(texts):
+        try:
+            encoded = encoder.encode(_worker["tok"], item)
+        except ValueError as e:
+            raise ConfigError(f"record {number + 1} of {name}'s chunk: {e}") from None
+        for ids, mask in encoded:
+            documents.append(ids)
+            masks.append(mask)
+    record = write_shard(_worker["dir"], name, documents, _worker["dtype"], masks)
+    return {**record, "bytes": 0}
 
 
 def _settings(sources, tokenizer: Tokenizer, field, text_unit, docs_per_shard, eos) -> dict:
@@ -92,10 +136,14 @@ def prepare_data(
     workers: int | None = None,
     append_eos: bool = True,
     on_shard: Callable[[dict], None] | None = None,
+    encoder: DocumentEncoder | None = None,
 ) -> dict:
     """Tokenizes `sources` into the data directory `output`; returns its meta.json content.
 
-    `on_shard(record)` is called as each shard is done (the CLI's progress bar)."""
+    `on_shard(record)` is called as each shard is done (the CLI's progress bar). With an
+    `encoder`, each record of `encoder.field` becomes its documents and loss masks."""
+    if encoder is not None:
+        field = encoder.field
     if docs_per_shard < 1:
         raise ConfigValueError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
     if workers is not None and workers < 1:
@@ -113,7 +161,7 @@ def prepare_data(
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers,
-                        append_eos, on_shard)  # fmt: skip
+                        append_eos, on_shard, encoder)  # fmt: skip
     except ConfigError:
         # A source unreadable midway: once it is fixed it no longer matches progress.json.
         if created:
@@ -121,11 +169,14 @@ def prepare_data(
         raise
 
 
-def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, append_eos, on_shard):
+def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, append_eos, on_shard,
+             encoder):  # fmt: skip
     import multiprocessing
 
-    eos = tok.eos_id if append_eos else None
+    eos = tok.eos_id if append_eos and encoder is None else None
     settings = _settings(sources, tok, field, text_unit, docs_per_shard, eos)
+    if encoder is not None:
+        settings["encoder"] = encoder.settings()
     progress = out / "progress.json"
     if progress.exists() and _read_progress(progress) != settings:
         raise ConfigError(
@@ -146,12 +197,13 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
         """Chunks still to tokenize; finished shards (from a killed run) are counted."""
         for index, texts in enumerate(chunks(sources, field, text_unit, docs_per_shard)):
             name = f"shard_{index:05d}"
-            if name in done and (shard := _finished_shard(out, name, len(texts), dtype, tok)):
+            documents = len(texts) if encoder is None else None  # an encoder's may differ
+            if name in done and (shard := _finished_shard(out, name, documents, dtype, tok)):
                 finished({**shard, "bytes": 0})
             else:
                 yield index, texts
 
-    init = (str(tok.source) if tok.source else "bytes", str(out), dtype, eos)
+    init = (str(tok.source) if tok.source else "bytes", str(out), dtype, eos, encoder)
     workers = workers or os.cpu_count() or 1
     if workers == 1:
         _init_worker(*init)
@@ -182,6 +234,10 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
         "shards": [{k: r[k] for k in SHARD_FIELDS} for r in records],
         "settings": settings,
     }
+    if encoder is not None:
+        for file_name, text in encoder.files().items():
+            write_text(out / file_name, text)
+        meta.update(encoder.meta(), loss_mask=True)
     write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
 
@@ -196,12 +252,14 @@ def _read_progress(path: pathlib.Path) -> dict:
         ) from None
 
 
-def _finished_shard(out: pathlib.Path, name: str, documents: int, dtype: str, tok) -> dict | None:
+def _finished_shard(out: pathlib.Path, name: str, documents: int | None, dtype: str, tok):
     """The record of a shard a killed run finished, checked; None: tokenize it again."""
     record = {"name": name, "documents": documents}
+    meta = {"dtype": dtype, "vocab_size": tok.vocab_size, "loss_mask": documents is None}
     try:
-        shard = open_shard(out, {"dtype": dtype, "vocab_size": tok.vocab_size}, record)
+        shard = open_shard(out, meta, record)
     except ConfigFileError:
         return None
     top = int(shard.tokens.max()) if len(shard.tokens) else None
-    return {**record, "tokens": len(shard.tokens), "max_token_id": top}
+    count = len(shard.docs) - 1
+    return {**record, "documents": count, "tokens": len(shard.tokens), "max_token_id": top}

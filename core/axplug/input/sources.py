@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
 
-__all__ = ["read_documents", "chunks", "TEXT_UNITS"]
+__all__ = ["read_documents", "chunks", "TEXT_UNITS", "RECORD"]
 
 TEXT_UNITS = ("file", "paragraph", "line")
+RECORD = "*"  # the field that means a JSONL line's whole object (a chat, a preference pair)
 
 
 def _text_documents(path: pathlib.Path, unit: str) -> Iterator[str]:
@@ -40,6 +41,9 @@ def _jsonl_documents(path: pathlib.Path, field: str) -> Iterator[str]:
                 continue
             if not isinstance(record, dict):
                 raise ConfigError(f"{path}:{number}: a {type(record).__name__}, not a JSON object")
+            if field == RECORD:
+                yield record
+                continue
             if field not in record:
                 raise ConfigError(f"{path}:{number}: no field {field!r} (use --field NAME)")
             yield str(record[field])
@@ -79,6 +83,8 @@ def read_documents(path: str | os.PathLike, *, field: str = "text", text_unit: s
     `.parquet`, or text (`text_unit`: one document per file, paragraph or line). The kind and
     its reader are checked at the call; the file is read as the documents are."""
     path = pathlib.Path(path)
+    if field == RECORD and (path.is_dir() or path.suffix not in (".jsonl", ".json")):
+        raise ConfigFileError(f"{path}: whole records are read from JSONL files (.jsonl)")
     if path.is_dir():
         _require("datasets", path, "a saved Hugging Face dataset needs `datasets`")
         return _dataset_documents(path, field)

@@ -11,6 +11,7 @@ import numpy as np
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
 from axplug.input.base import Batch, StepInput, check_split, field_error
 from axplug.input.data_dir import FORMAT, open_shards, out_of_vocab, read_meta, write_shard
+from axplug.input.document_rows import plan_rows, row_batch
 
 __all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
 
@@ -29,6 +30,11 @@ class TokenFileInput(StepInput):
     restarting at each document, so attention stays inside a document and a packed row
     computes what its documents would alone; targets across a document boundary are
     `IGNORE_LABEL`. Without packing a window runs across documents (GPT-style).
+
+    `rows="documents"` starts every row at a document instead (`document_rows`): whole
+    documents, packed greedily with `packing`, else one per row, padded; each epoch visits
+    every row once. `group` rows stay together in the shuffle (2: preference pairs). A data
+    directory with loss masks (a chat's assistant turns) ignores the targets they mask.
     """
 
     @config_class
@@ -37,6 +43,8 @@ class TokenFileInput(StepInput):
         split: str = "train"
         eval_fraction: float = 0.05
         packing: bool = False
+        rows: str = "stream"  # or "documents"
+        group: int = 1  # consecutive rows shuffled as one (rows="documents")
 
     @classmethod
     def vocab_size_of(cls, cfg: Config) -> int | None:
@@ -51,10 +59,23 @@ class TokenFileInput(StepInput):
         root = pathlib.Path(cfg.path).expanduser()
         self.meta = read_meta(root)
         self.vocab_size = int(self.meta["vocab_size"])
+        if cfg.rows not in ("stream", "documents"):
+            raise field_error(cfg, "rows", f"{cfg.rows!r}: one of 'stream', 'documents'")
+        if (
+            cfg.group < 1
+            or cfg.batch_size % cfg.group
+            or (cfg.group > 1 and cfg.rows != "documents")
+        ):
+            raise field_error(
+                cfg, "group", f"{cfg.group}: must be >= 1, divide batch_size ({cfg.batch_size}) "
+                "and, above 1, come with rows='documents'"
+            )  # fmt: skip
         self._paths, self._shards, starts, doc_starts = [], [], [0], [np.zeros(1, np.int64)]
+        self._masks = []
         for shard in open_shards(root, self.meta):  # sizes checked against meta.json, docs.npy
             self._paths.append(shard.path)
             self._shards.append(shard.tokens)
+            self._masks.append(shard.mask)
             doc_starts.append(shard.docs[1:] + starts[-1])
             starts.append(starts[-1] + len(shard.tokens))
         self._offsets = np.asarray(starts, np.int64)  # global token offset of each shard
@@ -66,6 +87,19 @@ class TokenFileInput(StepInput):
         boundary = int(self._doc_starts[n_docs - eval_docs])
         lo, hi = (0, boundary) if cfg.split == "train" else (boundary, int(self._offsets[-1]))
         self._lo = lo
+        self._rows = None
+        self._epoch: tuple[int, np.ndarray] | None = None
+        if cfg.rows == "documents":
+            first, last = (
+                (0, n_docs - eval_docs) if cfg.split == "train" else (n_docs - eval_docs, n_docs)
+            )
+            first -= first % cfg.group  # a group's rows stay in one split
+            last -= last % cfg.group if cfg.split == "train" else 0
+            self._rows = plan_rows(self._doc_starts, first, last, cfg.seq_len + 1, cfg.packing)
+            self.num_windows = len(self._rows) // cfg.group
+            if self.num_windows < 1:
+                raise field_error(cfg, "path", f"the {cfg.split} split of {root} has no documents")
+            return
         self.num_windows = (hi - lo - 1) // cfg.seq_len
         if self.num_windows < 1:
             raise field_error(
@@ -76,16 +110,23 @@ class TokenFileInput(StepInput):
             )
         self._epoch: tuple[int, np.ndarray] | None = None
 
-    def _read(self, start: int, length: int) -> np.ndarray:
-        """Tokens [start, start + length) of the whole stream, across shards."""
+    def _read(self, start: int, length: int, arrays=None) -> np.ndarray:
+        """Tokens [start, start + length) of the whole stream, across shards (of `arrays`:
+        the masks)."""
+        arrays = self._shards if arrays is None else arrays
         out, end = [], start + length
         first = int(np.searchsorted(self._offsets, start, side="right")) - 1
-        for i in range(first, len(self._shards)):
+        for i in range(first, len(arrays)):
             lo, hi = max(start, self._offsets[i]), min(end, self._offsets[i + 1])
             if lo >= hi:
                 break
-            out.append(self._shards[i][lo - self._offsets[i] : hi - self._offsets[i]])
+            out.append(arrays[i][lo - self._offsets[i] : hi - self._offsets[i]])
         return np.concatenate(out).astype(np.int32)
+
+    def _read_masked(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(tokens, loss mask or None) of [start, start + length)."""
+        mask = self._read(start, length, self._masks) if self.meta.get("loss_mask") else None
+        return self._read(start, length), mask
 
     def _check_ids(self, windows: np.ndarray, starts: list[int]) -> None:
         """Refuses ids outside the vocabulary, which a gather would clamp silently.
@@ -118,6 +159,8 @@ class TokenFileInput(StepInput):
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         cfg = self._config
         first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
+        if self._rows is not None:
+            return self._document_batch(first)
         starts = [self.window_start(first + r) for r in range(self.local_batch_size)]
         windows = np.stack([self._read(s, cfg.seq_len + 1) for s in starts])
         self._check_ids(windows, starts)
@@ -132,6 +175,26 @@ class TokenFileInput(StepInput):
             batch["target_labels"] = np.where(same, batch["target_labels"], IGNORE_LABEL)
             batch["segment_ids"] = (doc[:, :-1] - doc[:, :1] + 1).astype(np.int32)
             batch["positions"] = (index[:, :-1] - self._doc_starts[doc[:, :-1]]).astype(np.int32)
+        if self.meta.get("loss_mask"):
+            kept = np.stack([self._read(s + 1, cfg.seq_len, self._masks) for s in starts])
+            batch["target_labels"] = np.where(kept > 0, batch["target_labels"], IGNORE_LABEL)
+        return {k: v.astype(np.int32) for k, v in batch.items()}
+
+    def _document_batch(self, first: int) -> Batch:
+        """Rows `first..` of the served sequence, in whole groups of `group` rows."""
+        cfg = self._config
+        group = cfg.group
+        rows = []
+        for r in range(first, first + self.local_batch_size):
+            epoch, index = divmod(r // group, self.num_windows)
+            rows.append(self._rows[int(self._permutation(epoch)[index]) * group + r % group])
+        batch = row_batch(self._read_masked, self._doc_starts, np.asarray(rows),
+                          cfg.seq_len + 1, IGNORE_LABEL, cfg.packing)  # fmt: skip
+        if int(batch["input_ids"].max(initial=0)) >= self.vocab_size:
+            raise ConfigFileError(
+                f"{self._config.path}: a token id is outside the vocabulary of "
+                f"{self.vocab_size}: check it with `axplug data verify`"
+            )
         return {k: v.astype(np.int32) for k, v in batch.items()}
 
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:

@@ -1,0 +1,14 @@
+"""Chat for axplug: templates (rendered in a sandbox) and chat fine-tuning data
+(`axplug prepare-chat`: conversations tokenized with a loss mask on the assistant's turns)."""
+
+from axplug_chat.encoder import TRAIN_ON, ChatEncoder, conversation, rendered_segments
+from axplug_chat.template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+
+__all__ = [
+    "ChatTemplate",
+    "DEFAULT_CHAT_TEMPLATE",
+    "ChatEncoder",
+    "TRAIN_ON",
+    "conversation",
+    "rendered_segments",
+]

@@ -1,0 +1,95 @@
+"""`axplug prepare-chat`: tokenize chat conversations with a loss mask on the assistant's turns."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_parser", "run", "prepare_records"]
+
+EPILOG = """\
+examples:
+  axplug prepare-chat chats.jsonl --tokenizer runs/base --output data/chat
+  axplug prepare-chat pairs.jsonl --tokenizer tok.json --chat-template chatml.jinja \\
+      --output data/sft --train-on last
+  axplug train --from runs/base --input "token_file:path=data/chat,rows=documents,packing=true" \\
+      --modifier lora:16 --output-dir runs/chat
+
+Each JSONL line is {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content":
+...}, ...]} (OpenAI's format) or {"prompt": ..., "completion": ...}. A conversation is rendered
+with the model's chat template (tokenizer_config.json's `chat_template`, or chat_template.jinja
+beside the tokenizer; --chat-template FILE otherwise; a plain `role: content` template when
+there is none), rendered in a sandbox. The loss counts the assistant's replies only
+(--train-on assistant; `last`: the final reply; `all`: every token). The data directory
+records the template (chat_template.jinja, meta.json), so `axplug serve` on the fine-tuned
+model applies the same one. Train with `rows=documents` so that no conversation is cut across
+rows (add `packing=true` to fill rows with several).
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "prepare-chat",
+        help="tokenize chat JSONL with a loss mask on the assistant's turns",
+        description="Tokenize chat conversations into a data directory for fine-tuning.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="JSONL files, in order")
+    parser.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer file or dir")
+    parser.add_argument("--output", required=True, metavar="DIR", help="the data directory")
+    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file")
+    parser.add_argument(
+        "--train-on",
+        choices=("assistant", "last", "all"),
+        default="assistant",
+        help="the tokens the loss counts (default: every assistant reply)",
+    )
+    parser.add_argument("--docs-per-shard", type=int, default=10_000, help="records per shard")
+    parser.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_000,
+                    workers=None, chat_template=None) -> dict:  # fmt: skip
+    """prepare-data with the encoder `encoder_for(template)` built for `tokenizer`'s template
+    (or the `chat_template` file); shared with preference data (axplug-dpo)."""
+    import os
+
+    from axplug.config import UsageError
+    from axplug.input import prepare_data
+    from axplug.tokenizer import load_tokenizer
+    from axplug_chat.template import ChatTemplate
+
+    if chat_template is not None and not os.path.isfile(chat_template):
+        raise UsageError(f"--chat-template {chat_template}: no such file")
+    try:
+        template = ChatTemplate.for_tokenizer(load_tokenizer(tokenizer), chat_template)
+    except ValueError as e:
+        raise UsageError(f"--chat-template: {e}") from None
+    return prepare_data(files, tokenizer=tokenizer, output=output, encoder=encoder_for(template),
+                        docs_per_shard=docs_per_shard, workers=workers)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from axplug.config import UsageError
+    from axplug_chat.encoder import ChatEncoder
+
+    for flag, value in (("--workers", args.workers), ("--docs-per-shard", args.docs_per_shard)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    meta = prepare_records(
+        args.files,
+        tokenizer=args.tokenizer,
+        output=args.output,
+        encoder_for=lambda t: ChatEncoder(t, train_on=args.train_on),
+        docs_per_shard=args.docs_per_shard,
+        workers=args.workers,
+        chat_template=args.chat_template,
+    )
+    print(
+        f"wrote {args.output}: {meta['num_documents']:,} conversations, {meta['num_tokens']:,} "
+        f"tokens, loss on the {args.train_on} tokens; template: {meta['chat_template']['origin']}"
+    )
+    return 0
