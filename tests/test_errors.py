@@ -125,7 +125,10 @@ ALLOWED = {
     "plugins/serve/axplug_serve/protocol.py": 15,  # HTTP requests (pydantic validators): a 400
     "plugins/serve/axplug_serve/worker.py": 1,
     "plugins/serve/axplug_serve/disaggregated.py": 1,
-    "plugins/serve/axplug_serve/text.py": 2,  # the command wraps them (UsageError)
+    # The chat template's refusals: serve and prepare-chat wrap them (UsageError, 400).
+    "plugins/chat/axplug_chat/template.py": 2,
+    # A chat record's refusals: prepare-data names the record (ConfigError).
+    "plugins/chat/axplug_chat/encoder.py": 8,
     # `hf_write`: what config.json cannot express, by contract; export-hf names the config path.
     "core/axplug/layers/attention.py": 2,
     "core/axplug/layers/feed_forward.py": 1,

@@ -30,12 +30,14 @@ if TYPE_CHECKING:
         norm_tensors,
     )
     from axplug.interop.safetensors_dir import SafetensorsDir
-    from axplug.interop.tensors import hf_params, hf_tensors
+    from axplug.interop.hf_export import check_output, export_hf, hf_config_for
+    from axplug.interop.tensors import flatten, hf_params, hf_tensors
 
 _HOMES = {
     **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
-    **dict.fromkeys(("hf_params", "hf_tensors"), "tensors"),
+    **dict.fromkeys(("hf_params", "hf_tensors", "flatten"), "tensors"),
+    **dict.fromkeys(("export_hf", "hf_config_for", "check_output"), "hf_export"),
     **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
         (
@@ -84,6 +86,10 @@ __all__ = [
     "config_json_preset",
     "hf_params",
     "hf_tensors",
+    "flatten",
+    "export_hf",
+    "hf_config_for",
+    "check_output",
     "SafetensorsDir",
     "ImportResult",
     "import_hf",

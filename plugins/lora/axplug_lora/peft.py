@@ -19,7 +19,7 @@ __all__ = ["peft_adapter", "peft_tensors"]
 def _adapters(params: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(unrolled path of the adapted Linear, lora_a, lora_b) of every adapter in `params`;
     a scanned stack's adapters (a leading layer axis) one per layer."""
-    from axplug.interop.tensors import flatten
+    from axplug.interop import flatten
 
     flat = {k: np.asarray(v) for k, v in flatten(params).items()}
     scanned = "decoder.transformer.layer."
@@ -91,8 +91,8 @@ def peft_adapter(
     from safetensors.numpy import save_file
 
     from axplug.files import atomic_file, remove_stale_stages, staged_directory
-    from axplug.inference.loading import load_checkpoint
-    from axplug.interop.hf_export import check_output, hf_config_for
+    from axplug.inference import load_checkpoint
+    from axplug.interop import check_output, hf_config_for
     from axplug.layers import folded_config
 
     check_output(output_dir, force=force, run_dir=run_dir)
