@@ -7,6 +7,7 @@ iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 """
 
 from axplug.input.base import Batch, Input, StepInput, data_vocab_size, eval_split_of
+from axplug.input.data_dir import open_shards, read_meta
 from axplug.input.iterator import IteratorInput, resolve_function
 from axplug.input.prepare import DocumentEncoder, prepare_data
 from axplug.input.synthetic import SyntheticInput
@@ -28,4 +29,6 @@ __all__ = [
     "prepare_data",
     "DocumentEncoder",
     "IGNORE_LABEL",
+    "open_shards",
+    "read_meta",
 ]

@@ -30,11 +30,15 @@ def plan_rows(doc_starts: np.ndarray, first: int, last: int, length: int, packin
 
 
 def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignore: int,
-              packing: bool) -> dict:  # fmt: skip
+              packing: bool, values=None) -> dict:  # fmt: skip
     """The batch of `rows` (from `plan_rows`) of `length` = seq_len + 1 tokens.
 
     `read(start, count)` returns (tokens, mask or None) of the token stream. A target counts
-    where the next token is in the same document, is not padding, and its mask is 1."""
+    where the next token is in the same document, is not padding, and its mask is 1.
+    `values` maps names to `read(start, count)` of per-token float values, served aligned
+    with the targets (0 where a target does not count)."""
+    values = values or {}
+    held = {name: np.zeros((len(rows), length), np.float32) for name in values}
     n = len(rows)
     tokens = np.zeros((n, length), np.int64)
     mask = np.zeros((n, length), bool)
@@ -50,6 +54,8 @@ def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignor
             mask[r, at : at + size] = True if kept is None else kept.astype(bool)
             doc[r, at : at + size] = k
             positions[r, at : at + size] = np.arange(size)
+            for name, read_values in values.items():
+                held[name][r, at : at + size] = read_values(start, size)
             at += size
     same = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] > 0)
     batch = {
@@ -59,4 +65,7 @@ def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignor
     if packing:
         batch["segment_ids"] = doc[:, :-1]
         batch["positions"] = positions[:, :-1]
+    counted = batch["target_labels"] != ignore
+    for name, array in held.items():
+        batch[name] = np.where(counted, array[:, 1:], 0.0).astype(np.float32)
     return batch

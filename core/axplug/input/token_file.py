@@ -3,6 +3,7 @@ checks are in `axplug.input.data_dir`)."""
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from collections.abc import Iterator
 
@@ -16,6 +17,18 @@ from axplug.input.document_rows import plan_rows, row_batch
 __all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
 
 IGNORE_LABEL = -1  # a target the loss skips (CausalLM ignores labels < 0)
+
+
+def _token_values(shard, name: str) -> np.ndarray:
+    """The float32 per-token values NAME of a shard (`shard_NNNNN.NAME.bin`), size checked."""
+    path = shard.path.with_name(f"{shard.path.stem}.{name}.bin")
+    n = len(shard.tokens)
+    if not path.is_file() or path.stat().st_size != 4 * n:
+        raise ConfigFileError(
+            f"{path}: missing or not a float32 per token of {shard.path.name} (meta.json lists "
+            f"token values {name!r}): write them again with the command that made them"
+        )
+    return np.memmap(path, dtype=np.float32, mode="r") if n else np.zeros(0, np.float32)
 
 
 class TokenFileInput(StepInput):
@@ -35,6 +48,10 @@ class TokenFileInput(StepInput):
     documents, packed greedily with `packing`, else one per row, padded; each epoch visits
     every row once. `group` rows stay together in the shuffle (2: preference pairs). A data
     directory with loss masks (a chat's assistant turns) ignores the targets they mask.
+
+    Per-token values a data directory lists in meta.json's `token_values` (files
+    `shard_NNNNN.NAME.bin`, float32; e.g. reference log-probabilities written by a plugin)
+    are served under NAME aligned with the targets, 0 where a target does not count.
     """
 
     @config_class
@@ -72,10 +89,15 @@ class TokenFileInput(StepInput):
             )  # fmt: skip
         self._paths, self._shards, starts, doc_starts = [], [], [0], [np.zeros(1, np.int64)]
         self._masks = []
+        self._values: dict[str, list[np.ndarray]] = {
+            n: [] for n in self.meta.get("token_values", {})
+        }
         for shard in open_shards(root, self.meta):  # sizes checked against meta.json, docs.npy
             self._paths.append(shard.path)
             self._shards.append(shard.tokens)
             self._masks.append(shard.mask)
+            for name, arrays in self._values.items():
+                arrays.append(_token_values(shard, name))
             doc_starts.append(shard.docs[1:] + starts[-1])
             starts.append(starts[-1] + len(shard.tokens))
         self._offsets = np.asarray(starts, np.int64)  # global token offset of each shard
@@ -110,9 +132,9 @@ class TokenFileInput(StepInput):
             )
         self._epoch: tuple[int, np.ndarray] | None = None
 
-    def _read(self, start: int, length: int, arrays=None) -> np.ndarray:
+    def _read(self, start: int, length: int, arrays=None, dtype=np.int32) -> np.ndarray:
         """Tokens [start, start + length) of the whole stream, across shards (of `arrays`:
-        the masks)."""
+        the masks, a per-token value)."""
         arrays = self._shards if arrays is None else arrays
         out, end = [], start + length
         first = int(np.searchsorted(self._offsets, start, side="right")) - 1
@@ -121,7 +143,7 @@ class TokenFileInput(StepInput):
             if lo >= hi:
                 break
             out.append(arrays[i][lo - self._offsets[i] : hi - self._offsets[i]])
-        return np.concatenate(out).astype(np.int32)
+        return np.concatenate(out).astype(dtype)
 
     def _read_masked(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(tokens, loss mask or None) of [start, start + length)."""
@@ -178,7 +200,11 @@ class TokenFileInput(StepInput):
         if self.meta.get("loss_mask"):
             kept = np.stack([self._read(s + 1, cfg.seq_len, self._masks) for s in starts])
             batch["target_labels"] = np.where(kept > 0, batch["target_labels"], IGNORE_LABEL)
-        return {k: v.astype(np.int32) for k, v in batch.items()}
+        batch = {k: v.astype(np.int32) for k, v in batch.items()}
+        for name, arrays in self._values.items():
+            got = np.stack([self._read(s + 1, cfg.seq_len, arrays, np.float32) for s in starts])
+            batch[name] = np.where(batch["target_labels"] >= 0, got, 0.0).astype(np.float32)
+        return batch
 
     def _document_batch(self, first: int) -> Batch:
         """Rows `first..` of the served sequence, in whole groups of `group` rows."""
@@ -188,14 +214,16 @@ class TokenFileInput(StepInput):
         for r in range(first, first + self.local_batch_size):
             epoch, index = divmod(r // group, self.num_windows)
             rows.append(self._rows[int(self._permutation(epoch)[index]) * group + r % group])
+        values = {name: functools.partial(self._read, arrays=arrays, dtype=np.float32)
+                  for name, arrays in self._values.items()}  # fmt: skip
         batch = row_batch(self._read_masked, self._doc_starts, np.asarray(rows),
-                          cfg.seq_len + 1, IGNORE_LABEL, cfg.packing)  # fmt: skip
+                          cfg.seq_len + 1, IGNORE_LABEL, cfg.packing, values)  # fmt: skip
         if int(batch["input_ids"].max(initial=0)) >= self.vocab_size:
             raise ConfigFileError(
                 f"{self._config.path}: a token id is outside the vocabulary of "
                 f"{self.vocab_size}: check it with `axplug data verify`"
             )
-        return {k: v.astype(np.int32) for k, v in batch.items()}
+        return {k: v if k in self._values else v.astype(np.int32) for k, v in batch.items()}
 
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ __all__ = [
     "build_train_step",
     "build_eval_step",
     "model_inputs",
+    "forward_arguments",
     "step_key",
     "summary_scalars",
 ]
@@ -26,11 +28,23 @@ __all__ = [
 TrainState = dict[str, Any]  # {"params", "opt_state", "step"}
 
 
-def model_inputs(batch: dict) -> dict:
-    """The model's keyword arguments from a batch: ids, labels, and a packed batch's
-    `positions` and `segment_ids` when it has them."""
-    keys = ("input_ids", "target_labels", "positions", "segment_ids")
-    return {k: batch[k] for k in keys if k in batch}
+_STANDARD_INPUTS = ("input_ids", "target_labels", "positions", "segment_ids")
+
+
+def forward_arguments(model: Module) -> tuple[str, ...] | None:
+    """The keyword arguments `model.forward` takes (None: any, it has `**kwargs`)."""
+    parameters = inspect.signature(type(model).forward).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.name != "self")
+
+
+def model_inputs(batch: dict, accepted: tuple[str, ...] | None = _STANDARD_INPUTS) -> dict:
+    """The model's keyword arguments from a batch: the entries its forward takes (`accepted`,
+    from `forward_arguments`; None: all). By default ids, labels, and a packed batch's
+    `positions` and `segment_ids`; an input may add more (a data directory's per-token
+    values, e.g. reference log-probabilities), which reach a model that takes them."""
+    return {k: v for k, v in batch.items() if accepted is None or k in accepted}
 
 
 def step_key(seed: int, step: jax.Array) -> jax.Array:
@@ -76,13 +90,14 @@ def summary_scalars(collection) -> dict[str, Any]:
 
 def _loss_fn(model: Module, aux_rule: AuxLossRule):
     """`(params, batch, key) -> (total loss, (metrics, state updates))`."""
+    accepted = forward_arguments(model)
 
     def loss_fn(params, batch, key):
         (loss, _), collection = functional(
             model,
             prng_key=key,
             state=params,
-            inputs=model_inputs(batch),
+            inputs=model_inputs(batch, accepted),
             is_training=True,
         )
         aux_total, aux_terms = aux_rule(collection.module_outputs)
@@ -239,13 +254,14 @@ def build_train_step(
 
 def build_eval_step(model: Module) -> Callable[[Any, dict], jax.Array]:
     """`eval_step(params, batch) -> mean cross-entropy loss` in inference mode."""
+    accepted = forward_arguments(model)
 
     def eval_step(params, batch):
         (loss, _), _ = functional(
             model,
             prng_key=None,
             state=params,
-            inputs=model_inputs(batch),
+            inputs=model_inputs(batch, accepted),
             is_training=False,
         )
         return loss

@@ -1,0 +1,191 @@
+"""DPO: the losses against numpy, preference data and reference log-probabilities, and a toy
+preference set where training raises the reward margin and ranks held-out pairs."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_logps
+
+from axplug.cli import main
+from axplug.config import ConfigError
+from axplug.context import functional
+from axplug.inference import load_checkpoint
+from axplug.testing import tiny_train_args
+
+SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=32",
+         "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+
+
+def _log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "simpo"])
+def test_losses_match_numpy(kind):
+    rng = np.random.default_rng(0)
+    policy, reference = rng.normal(-20, 5, 8), rng.normal(-20, 5, 8)
+    counts = rng.integers(3, 12, 8)
+    beta, gamma = 0.3, 0.4
+    loss, metrics = preference_loss(jnp.asarray(policy), jnp.asarray(reference),
+                                    jnp.asarray(counts), beta=beta, kind=kind,
+                                    simpo_gamma=gamma)  # fmt: skip
+    c, r, rc, rr = policy[0::2], policy[1::2], reference[0::2], reference[1::2]
+    nc, nr = counts[0::2], counts[1::2]
+    if kind == "sigmoid":
+        want = -_log_sigmoid(beta * ((c - rc) - (r - rr)))
+        margin = beta * ((c - rc) - (r - rr))
+    elif kind == "ipo":
+        h = (c / nc - rc / nc) - (r / nr - rr / nr)
+        want = (h - 1 / (2 * beta)) ** 2
+        margin = beta * h
+    else:
+        want = -_log_sigmoid(beta * (c / nc - r / nr) - gamma)
+        margin = beta * (c / nc - r / nr)
+    np.testing.assert_allclose(float(loss), want.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["reward_margin"]), margin.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["accuracy"]), (margin > 0).mean())
+
+
+def test_sequence_logps_count_only_the_labelled_targets():
+    logits = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 7))
+    labels = jnp.asarray([[1, -1, 3, 4, -1], [-1, -1, 0, -1, 6]])
+    sums, counts = sequence_logps(logits, labels)
+    logp = np.asarray(jax.nn.log_softmax(logits, -1))
+    want = [logp[0, 0, 1] + logp[0, 2, 3] + logp[0, 3, 4], logp[1, 2, 0] + logp[1, 4, 6]]
+    np.testing.assert_allclose(np.asarray(sums), want, rtol=1e-6)
+    assert list(np.asarray(counts)) == [3, 2]
+
+
+def _pairs(n, seed=0):
+    """Prompts of random letters; the chosen reply repeats the prompt's first letter, the
+    rejected one a different letter: a preference a model can learn and generalize."""
+    rng = np.random.default_rng(seed)
+    letters = "abcdefghij"
+    out = []
+    for _ in range(n):
+        prompt = "".join(rng.choice(list(letters), 4))
+        wrong = letters[(letters.index(prompt[0]) + 1 + rng.integers(9)) % 10]
+        out.append({"prompt": f"{prompt}>", "chosen": prompt[0] * 3, "rejected": wrong * 3})
+    return out
+
+
+@pytest.fixture
+def toy(tmp_path, capsys):
+    base = str(tmp_path / "base")
+    assert main(tiny_train_args(base, preset="llama-tiny", max_steps=2)) == 0
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in _pairs(160)))
+    data = str(tmp_path / "prefs")
+    assert main(["prepare-preferences", str(source), "--tokenizer", "bytes", "--plain",
+                 "--output", data, "--workers", "1"]) == 0  # fmt: skip
+    assert main(["dpo-reference", "--checkpoint", base, data]) == 0
+    capsys.readouterr()
+    return base, data
+
+
+def _accuracy(model, params, batch):
+    """The fraction of pairs whose chosen response gains more over the reference."""
+    logits, _ = functional(model, prng_key=None, state=params, method="predict",
+                           inputs={"input_ids": jnp.asarray(batch["input_ids"])},
+                           is_training=False)  # fmt: skip
+    policy, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
+    gain = np.asarray(policy) - batch["reference_logps"].sum(-1)
+    return float(np.mean(gain[0::2] > gain[1::2]))
+
+
+def test_reference_logps_are_the_base_models(toy):
+    base, data = toy
+    meta = json.loads((pathlib.Path(data) / "meta.json").read_text())
+    assert meta["token_values"]["reference_logps"]["checkpoint"].rstrip("/").endswith("base")
+    inp = PreferenceInput.default_config().set(path=data, seq_len=32, batch_size=8).instantiate()
+    batch = inp.batch(0)
+    loaded = load_checkpoint(base)
+    logits, _ = functional(loaded.model, prng_key=None, state=loaded.params, method="predict",
+                           inputs={"input_ids": jnp.asarray(batch["input_ids"])},
+                           is_training=False)  # fmt: skip
+    want, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
+    np.testing.assert_allclose(batch["reference_logps"].sum(-1), np.asarray(want), atol=1e-4)
+    # Rows alternate the chosen and rejected replies of one prompt.
+    ids = batch["input_ids"]
+    assert all(bytes(ids[i][:5].astype(np.uint8)) == bytes(ids[i + 1][:5].astype(np.uint8))
+               for i in range(0, 8, 2))  # fmt: skip
+
+
+def _dpo_run(tmp_path, base, data, *extra):
+    run = str(tmp_path / "dpo")
+    argv = ["train", "--from", base, "--output-dir", run, "--input", f"preferences:path={data}",
+            "--modifier", "dpo:beta=0.5", "--set", "learner.learning_rate=0.003",
+            "--set", "learner.warmup_steps=0", "--set", "learner.schedule='constant'",
+            "--max-steps", "40", "--set", "log_every=1", *extra, *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    return run
+
+
+def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy):
+    base, data = toy
+    run = _dpo_run(tmp_path, base, data)
+    rows = [
+        json.loads(line)
+        for line in pathlib.Path(run, "metrics.jsonl").read_text().split("\n")
+        if line
+    ]
+    margins = [r["dpo/reward_margin"] for r in rows if "dpo/reward_margin" in r]
+    assert len(margins) >= 30
+    assert np.mean(margins[-5:]) > np.mean(margins[:5]) + 0.1
+    loaded = load_checkpoint(run)
+    assert isinstance(loaded.model, DPOCausalLM)
+    held_out = PreferenceInput.default_config().set(
+        path=data, seq_len=32, batch_size=16, split="eval", eval_fraction=0.2
+    ).instantiate()  # fmt: skip
+    batch = held_out.batch(0)
+    tuned = _accuracy(loaded.model, loaded.params, batch)
+    base_model = load_checkpoint(base)
+    before = _accuracy(base_model.model, base_model.params, batch)
+    print(f"held-out accuracy {before:.3f} -> {tuned:.3f}; margin {np.mean(margins[:5]):.3f} "
+          f"-> {np.mean(margins[-5:]):.3f}")  # fmt: skip
+    assert tuned >= 0.8 and before < 0.8
+
+
+def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
+    from axplug.cli.main import build_parser
+    from axplug.cli.train_cmd import build_config
+
+    base, data = toy
+    argv = ["train", "--from", base, "--output-dir", str(tmp_path / "lora"), "--input",
+            f"preferences:path={data}", "--modifier", "lora:4", "--modifier", "dpo",
+            *SMALL]  # fmt: skip
+    trainer = build_config(build_parser().parse_args(argv)).instantiate()
+    state = trainer.restore_or_init()
+    batch = trainer.input.batch(0)
+    logits, _ = functional(trainer.model, prng_key=None, state=state["params"],
+                           method="predict", is_training=False,
+                           inputs={"input_ids": jnp.asarray(batch["input_ids"])})  # fmt: skip
+    policy, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
+    np.testing.assert_allclose(np.asarray(policy), batch["reference_logps"].sum(-1), atol=1e-4)
+    # The first step's loss is log 2: policy and reference agree on every pair.
+    (loss, _), _ = functional(trainer.model, prng_key=None, state=state["params"],
+                              is_training=False,
+                              inputs={k: jnp.asarray(v) for k, v in batch.items()})  # fmt: skip
+    np.testing.assert_allclose(float(loss), np.log(2), atol=1e-4)
+    trainer.checkpointer.close()
+
+
+def test_errors_name_the_fix(tmp_path, toy, capsys):
+    base, data = toy
+    meta_path = pathlib.Path(data) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["token_values"]
+    meta_path.write_text(json.dumps(meta))
+    run = str(tmp_path / "noref")
+    argv = ["train", "--from", base, "--output-dir", run, "--input", f"preferences:path={data}",
+            "--modifier", "dpo", "--max-steps", "1", *SMALL]  # fmt: skip
+    assert main(argv) != 0
+    assert "axplug dpo-reference" in capsys.readouterr().err
+    from axplug.modifiers import make_modifier
+
+    with pytest.raises(ConfigError, match="modifier dpo: loss 'kto'; choose from"):
+        make_modifier("dpo:kto")(None)
