@@ -8,12 +8,16 @@ from axplug.checkpoint.errors import (
     CheckpointNotFoundError,
     StorageNotFoundError,
 )
+from axplug.checkpoint.frozen import FROZEN_KEY, prune, restore_params
 from axplug.checkpoint.inventory import StepInfo, delete_step, list_steps, resolve_checkpoint_dir
 from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
 from axplug.checkpoint.local_tier import LocalTier
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
 
 __all__ = [
+    "FROZEN_KEY",
+    "prune",
+    "restore_params",
     "Checkpointer",
     "LocalTier",
     "Storage",

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from axplug.checkpoint import Checkpointer, storage_for
+from axplug.checkpoint import Checkpointer, restore_params, storage_for
 from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -111,10 +111,11 @@ def load_checkpoint(
             ),
             "step": jax.ShapeDtypeStruct((), "int32", sharding=_replicated(mesh)),
         }
-        _, state, _ = checkpointer.restore(step, target=target, partial=True)
+        # A fine-tune that froze its base stores what it trained; the rest from its base.
+        params = restore_params(checkpointer, step, target["params"])
     return LoadedModel(
         model=model,
-        params=state["params"],
+        params=params,
         config=cfg,
         step=step,
         mesh=mesh,

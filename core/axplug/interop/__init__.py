@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         read_hf_config,
     )
     from axplug.interop.hf_config import HFImportError, registered_architectures
+    from axplug.interop.hf_export import check_output, export_hf, hf_config_for
     from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
     from axplug.interop.hf_walk import differences, read_fields, write_fields
     from axplug.interop.llama import (
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
         norm_tensors,
     )
     from axplug.interop.safetensors_dir import SafetensorsDir
-    from axplug.interop.hf_export import check_output, export_hf, hf_config_for
     from axplug.interop.tensors import flatten, hf_params, hf_tensors
 
 _HOMES = {

@@ -8,6 +8,8 @@ from typing import Any
 
 import jax
 
+from axplug.checkpoint import FROZEN_KEY, prune, restore_params
+
 __all__ = ["FRESH_OPT_STATE", "has_fresh_opt_state", "fresh_opt_state", "restore_train_state"]
 
 # The metadata entry of a checkpoint saved as {"params", "step"}: its optimizer state is fresh.
@@ -30,7 +32,15 @@ def restore_train_state(trainer: Any, step: int) -> tuple[int, dict, dict]:
     step saved without optimizer state gets a fresh one (its params and step restored)."""
     checkpointer = trainer.checkpointer
     abstract = trainer.abstract_state
-    if not has_fresh_opt_state(checkpointer.metadata(step)):
+    metadata = checkpointer.metadata(step)
+    if metadata.get(FROZEN_KEY) is not None:  # the trained parameters; the frozen from the base
+        params = restore_params(checkpointer, step, abstract["params"])
+        present = prune(trainer.stored_mask, abstract["params"])
+        target = {**abstract, "params": present}
+        step, state, metadata = checkpointer.restore(step, target=target)
+        trainer.frozen_source = metadata[FROZEN_KEY]
+        return step, {**state, "params": params}, metadata
+    if not has_fresh_opt_state(metadata):
         return checkpointer.restore(step, target=abstract)
     target = {"params": abstract["params"], "step": abstract["step"]}
     step, saved, metadata = checkpointer.restore(step, target=target, partial=True)

@@ -29,6 +29,21 @@ def _present(abstract: Any, saved: Any, new_ok: Any, path: str = "") -> tuple[An
     return kept, fresh, lacking
 
 
+def _known(checkpointer: Any, step: int, params: dict, new_ok: Any) -> dict:
+    """`params` without the leaves the source lacks when `new_ok` lets them start fresh
+    (else whole: the restore's mismatch error names what differs)."""
+    from axplug.checkpoint import FROZEN_KEY
+
+    if checkpointer.metadata(step).get(FROZEN_KEY):  # a fine-tune of a fine-tune: its base
+        return params  # holds the rest; restore_params reads both
+    saved = checkpointer.saved_tree(step).get("params")
+    known, fresh, lacking = _present(params, saved, new_ok)
+    if fresh and not lacking:
+        log.info("parameters new to this run (initialized fresh): %s", ", ".join(fresh))
+        return known
+    return params
+
+
 def restore_weights(
     path: str,
     step: int | None,
@@ -49,7 +64,7 @@ def restore_weights(
     added to a base model): they are left out of the returned params, for the caller to
     initialize. Any other parameter the source lacks is the usual error naming it.
     """
-    from axplug.checkpoint import Checkpointer
+    from axplug.checkpoint import Checkpointer, restore_params
     from axplug.checkpoint.errors import CheckpointNotFoundError
     from axplug.inference.loading import checkpoint_directory
     from axplug.trainer.fresh_optimizer import has_fresh_opt_state
@@ -69,12 +84,5 @@ def restore_weights(
             return step, state["params"], state["opt_state"]
         params = abstract_state["params"]
         if new_ok is not None:
-            saved = checkpointer.saved_tree(step).get("params")
-            params, fresh, lacking = _present(params, saved, new_ok)
-            if fresh and not lacking:
-                log.info("parameters new to this run (initialized fresh): %s", ", ".join(fresh))
-            else:
-                params = abstract_state["params"]  # the mismatch error names what differs
-        target = {"params": params}
-        _, state, _ = checkpointer.restore(step, target=target, partial=True)
-    return step, state["params"], None
+            params = _known(checkpointer, step, params, new_ok)
+        return step, restore_params(checkpointer, step, params), None

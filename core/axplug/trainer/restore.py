@@ -6,11 +6,13 @@ corrupt steps."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import jax
 
 from axplug.checkpoint import CheckpointCorruptError
+from axplug.inference.loading import checkpoint_directory
 from axplug.trainer.fresh_optimizer import fresh_opt_state, restore_train_state
 from axplug.trainer.init_from import restore_weights
 from axplug.trainer.local_restore import discard_newer_local, restore_newer_local
@@ -18,6 +20,11 @@ from axplug.trainer.local_restore import discard_newer_local, restore_newer_loca
 __all__ = ["restore_or_init"]
 
 log = logging.getLogger("axplug.trainer")
+
+
+def _absolute(directory: str) -> str:
+    """A local directory as an absolute path (a URL as it is): resumable from any cwd."""
+    return directory if "://" in directory else os.path.abspath(directory)
 
 
 def _merged(fresh: Any, restored: Any) -> Any:
@@ -39,6 +46,9 @@ def _init_from(trainer: Any, fresh: dict) -> dict:
         new_ok=new_ok,
     )
     log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+    if trainer.frozen_mask is not None:  # checkpoints store the trained parameters only
+        trainer.frozen_source = {"from": _absolute(checkpoint_directory(cfg.init_from)),
+                                 "step": step}  # fmt: skip
     # step 0: the fine-tune's own count and schedule
     state = {**fresh, "params": _merged(fresh["params"], params)}
     if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from axplug.checkpoint import CheckpointError
+from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune
 from axplug.config import strip_userinfo_tree, to_dict
 from axplug.runtime import Preempted
 
@@ -26,7 +26,11 @@ def save_checkpoint(trainer: Any, state: dict, step: int) -> None:
         _save_failed(trainer, exc)
     try:
         config = strip_userinfo_tree(to_dict(trainer.config))  # no credentials in metadata
-        checkpointer.save(step, state, {"step": step, "config": config})
+        metadata = {"step": step, "config": config}
+        if trainer.frozen_source is not None:  # the base's weights stay in the base run
+            state = {**state, "params": prune(trainer.stored_mask, state["params"])}
+            metadata[FROZEN_KEY] = trainer.frozen_source
+        checkpointer.save(step, state, metadata)
     except CheckpointError as exc:
         _save_failed(trainer, exc)
         return

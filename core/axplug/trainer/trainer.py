@@ -164,8 +164,17 @@ class Trainer(Configurable):
         self.param_specs = self.model.create_parameter_specs_recursively()
         param_shardings = parameter_shardings(self.param_specs, self.mesh, rules)
         self.schedule = self.learner.schedule(cfg.max_steps)
-        # Frozen parameters (learner.trainable) are left out of the optimizer and its state.
-        self.optimizer_mask = optimizer_mask(update_kinds(self.param_specs, cfg.learner.trainable))
+        # Frozen parameters (learner.trainable) are left out of the optimizer and its state;
+        # a fine-tune's checkpoints leave them out too (`frozen_source` names their run).
+        kinds = update_kinds(self.param_specs, cfg.learner.trainable)
+        self.optimizer_mask = optimizer_mask(kinds)
+        self.frozen_mask = None if self.optimizer_mask is None else jax.tree.map(
+            lambda kind: kind == "frozen", kinds
+        )  # fmt: skip
+        self.stored_mask = None if self.frozen_mask is None else jax.tree.map(
+            lambda frozen: not frozen, self.frozen_mask
+        )  # fmt: skip
+        self.frozen_source: dict | None = None
         self.tx = self.learner.transform(pick(self.optimizer_mask, self.param_specs), cfg.max_steps)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         abstract_params = jax.eval_shape(

@@ -12,7 +12,7 @@ import numpy as np
 from axplug.config import ConfigError
 from axplug_dpo.data import REFERENCE
 
-__all__ = ["write_reference", "token_logps"]
+__all__ = ["store_reference", "token_logps"]
 
 
 def token_logps(engine, tokens: np.ndarray, docs: np.ndarray, batch: int = 64) -> np.ndarray:
@@ -34,7 +34,7 @@ def token_logps(engine, tokens: np.ndarray, docs: np.ndarray, batch: int = 64) -
     return out
 
 
-def write_reference(
+def store_reference(
     data_dir: str, loaded, *, num_slots: int = 8, on_shard: Callable | None = None
 ) -> dict:
     """Computes `loaded`'s (an `axplug.inference.LoadedModel`) log-probabilities of every token

@@ -37,10 +37,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.inference import load_checkpoint
-    from axplug_dpo.reference import write_reference
+    from axplug_dpo.reference import store_reference
 
     loaded = load_checkpoint(args.checkpoint, step=args.step)
-    entry = write_reference(args.data_dir, loaded)
+    entry = store_reference(args.data_dir, loaded)
     print(f"wrote reference log-probabilities of step {entry['step']} of {entry['checkpoint']} "
           f"into {args.data_dir}")  # fmt: skip
     return 0

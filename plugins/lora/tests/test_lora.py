@@ -220,3 +220,58 @@ def test_export_lora_refuses_a_run_without_adapters(tmp_path, lora_run, capsys):
     assert main(["export-lora", imported, "--output", str(tmp_path / "none")]) != 0
     assert "no LoRA adapters" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+# --- adapter-only checkpoints -----------------------------------------------------------------
+
+
+def _step_bytes(run):
+    import pathlib
+
+    steps = sorted(pathlib.Path(run, "checkpoints").glob("step_*"))
+    return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file())
+
+
+def test_a_lora_checkpoint_stores_the_adapters_and_names_its_base(tmp_path, lora_run):
+    from axplug.checkpoint import Checkpointer
+
+    _, imported, run = lora_run
+    cfg = Checkpointer.default_config().set(directory=f"{run}/checkpoints")
+    with cfg.instantiate() as checkpointer:
+        step = checkpointer.latest_step()
+        paths = jax.tree.leaves(parameter_paths(checkpointer.saved_tree(step)["params"]))
+        source = checkpointer.metadata(step)["frozen"]
+    assert paths and all(p.endswith(("lora_a", "lora_b")) for p in paths)
+    assert source["from"].endswith("imported/checkpoints") and source["step"] == 0
+    print(f"checkpoint bytes: lora {_step_bytes(run)}, base {_step_bytes(imported)}")
+    assert _step_bytes(run) < _step_bytes(imported) / 2
+
+
+def test_a_lora_run_resumes_bit_exact_from_its_adapter_checkpoint(tmp_path, lora_run):
+    _, imported, _ = lora_run
+
+    def train(out, steps, every):
+        argv = ["train", "--from", imported, "--output-dir", str(tmp_path / out), "--input",
+                "synthetic:vocab_size=96", "--modifier", "lora:rank=4", "--set",
+                "learner.learning_rate=0.05", "--max-steps", str(steps), "--checkpoint-every",
+                str(every), *SMALL]  # fmt: skip
+        assert main(argv) == 0
+
+    train("whole", 4, 4)
+    train("halves", 2, 2)
+    train("halves", 4, 2)  # resumes at step 2: adapters from its checkpoint, base from the import
+    whole, halves = (_axplug_logits(str(tmp_path / r), np.arange(8)[None])[1] for r in
+                     ("whole", "halves"))  # fmt: skip
+    assert whole.step == halves.step == 4
+    jax.tree.map(np.testing.assert_array_equal, whole.params, halves.params)
+
+
+def test_a_missing_base_is_named(tmp_path, lora_run, capsys):
+    import shutil
+
+    _, imported, run = lora_run
+    shutil.move(imported, str(tmp_path / "moved"))
+    assert main(["export-hf", run, "--output", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert "stores only its trained parameters" in err and "imported/checkpoints" in err
+    assert not (tmp_path / "imported").exists()  # nothing recreated where the base was
