@@ -1,16 +1,17 @@
 """Folding layers into the plain layers they compute as: a low-rank adapter merged into its
 base weight before an export, or for decoding without the adapter's extra matmuls.
 
-A layer class that folds defines `folded_config()` (the config of the class it becomes; the
-fields the two share carry over) and `fold_parameters(cfg, params)` (its parameters as that
-class's; `params` may carry leading axes, a scanned stack's layers).
+A layer class that folds defines the classmethods `folded_config(cfg)` (its config once
+folded) and `fold_parameters(cfg, params)` (its parameters then; `params` may carry leading
+axes, a scanned stack's layers): the core `Linear` folds its adapter into its weight.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from axplug.config import ConfigBase, replace_config
+from axplug.config import ConfigBase
 from axplug.config import visit as visit_configs
 
 __all__ = ["fold_layers", "folded_config", "folds"]
@@ -37,15 +38,17 @@ def fold_layers(model_cfg: ConfigBase, params: dict) -> tuple[ConfigBase, dict]:
 
 
 def folded_config(model_cfg: ConfigBase) -> ConfigBase:
-    """The model config with every layer that folds replaced by what it folds into."""
-    classes: set[type] = set()
+    """A copy of the model config with every layer that folds as it is once folded."""
+    out = copy.deepcopy(model_cfg)
 
-    def collect(_path: str, value: Any) -> None:
-        if isinstance(value, ConfigBase) and folds(getattr(value, "klass", None) or object):
-            classes.add(value.klass)
+    def fold(path: str, value: Any) -> None:
+        if not isinstance(value, ConfigBase) or not folds(getattr(value, "klass", None) or object):
+            return
+        folded = value.klass.folded_config(value)
+        if folded is not value:
+            for name in folded.keys():
+                setattr(value, name, getattr(folded, name))
 
-    collect("", model_cfg)
-    visit_configs(model_cfg, collect)
-    for cls in sorted(classes, key=lambda c: c.__qualname__):
-        model_cfg = replace_config(model_cfg, target=cls, new_cfg=cls.folded_config())
-    return model_cfg
+    fold("", out)
+    visit_configs(out, fold)
+    return out

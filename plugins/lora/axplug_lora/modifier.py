@@ -2,78 +2,75 @@
 
 from __future__ import annotations
 
-from axplug.config import (
-    ConfigBase,
-    ConfigError,
-    ConfigModifier,
-    config_class,
-    find_configs,
-    replace_config,
-)
+from axplug.config import ConfigBase, ConfigError, ConfigModifier, config_class, visit
 from axplug.layers import Linear
-from axplug_lora.layer import LoRALinear
+from axplug_lora.layer import LoRAAdapter
 
 __all__ = ["LoRAModifier", "TRAINABLE"]
 
 # learner.trainable under LoRA: the adapters only.
-TRAINABLE = r"/lora_[ab]$"
+TRAINABLE = r"/adapter/lora_[ab]$"
 
 
 class LoRAModifier(ConfigModifier):
-    """`lora:rank=8,alpha=16,targets=attention+feed_forward,dropout=0.05`.
+    """`lora:rank=8,alpha=16,targets=attention+feed_forward,dropout=0.05`, or `lora:none`.
 
-    Adapts every `Linear` under `targets`: components of its path (`attention`,
-    `feed_forward`, `output`, `lm_head`) or a projection's own name (`q`, `k`, `v`, `wi_gate`,
-    `wi_up`, `wo`: a `LoRALinear` whose `modules` names them) . It
-    sets `learner.trainable` so that only the adapters train: the base weights get no
-    gradient and no optimizer state. Applied again, the new options replace the old.
+    Puts a `LoRAAdapter` in the `adapter` slot of every `Linear` (a quantized one included)
+    under `targets`: components of its path (`attention`, `feed_forward`, `output`,
+    `lm_head`) or a projection's own name (`q`, `k`, `v`, `wi_gate`, `wi_up`, `wo`: one
+    config builds q, k and v, so those name the modules that get one). It sets
+    `learner.trainable` so that only the adapters train: the base gets no gradient and no
+    optimizer state. Applied again, the new options replace the old; `lora:none` removes
+    them.
     """
 
     positional_option = "rank"
 
     @config_class
     class Config(ConfigModifier.Config):
-        rank: int = 8
+        rank: int | None = 8  # None (`lora:none`): no adapters
         alpha: float = 16.0
         dropout: float = 0.0
         targets: tuple[str, ...] = ("attention", "feed_forward")
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         c = self._config
-        if c.rank < 1:
-            raise ConfigError(f"modifier lora: rank must be >= 1, got {c.rank}")
+        rank = 0 if c.rank is None else c.rank
+        if rank < 0:
+            raise ConfigError(f"modifier lora: rank must be an int >= 1 (or none), got {c.rank!r}")
         if not 0.0 <= c.dropout < 1.0:
             raise ConfigError(f"modifier lora: dropout must be in [0, 1), got {c.dropout}")
         targets = set(c.targets)
-        # Back to plain Linear layers first, so re-applying with other targets replaces them.
-        cfg = replace_config(
-            cfg, target=LoRALinear, new_cfg=Linear.default_config(), missing_ok=True
-        )
-        new = LoRALinear.default_config().set(rank=c.rank, alpha=c.alpha, dropout=c.dropout)
-        matched = [p for p, _ in find_configs(cfg, Linear) if targets & set(p.split("."))]
-        cfg = replace_config(
-            cfg,
-            target=Linear,
-            new_cfg=new,
-            where=lambda path, _old: bool(targets & set(path.split("."))),
-            missing_ok=True,
-        )
-        # The transformer's other Linear configs build several projections each (q, k and v
-        # from one): adapted where a module's own name is a target.
-        per_module = [p for p, v in find_configs(cfg, Linear)
-                      if v.klass is Linear and "transformer" in p.split(".")]  # fmt: skip
-        if not matched and not per_module:
+        cfg = cfg.clone()
+        adapter = LoRAAdapter.default_config().set(rank=rank, alpha=c.alpha, dropout=c.dropout)
+        linears = []
+
+        def collect(path: str, value) -> None:
+            klass = getattr(value, "klass", None)
+            if isinstance(klass, type) and issubclass(klass, Linear):  # a quantized one too
+                if "lm_head" not in path.split(".") or "lm_head" in targets:
+                    linears.append((path, value))
+
+        visit(cfg, collect)
+        chosen = 0
+        for path, linear in linears:
+            parts = set(path.split("."))
+            if rank == 0:
+                linear.adapter = None
+            elif targets & parts:  # the whole config (every module it builds)
+                linear.adapter = adapter.clone()
+                chosen += 1
+            elif "transformer" in parts:  # its modules by name
+                linear.adapter = adapter.clone(modules=tuple(sorted(targets)))
+                chosen += 1
+            else:
+                linear.adapter = None
+        if rank and not chosen:
             raise ConfigError(
                 f"modifier lora: targets {sorted(targets)} match no Linear layer; name path "
                 "components such as attention or feed_forward, or projections such as q, v, wo"
             )
-        cfg = replace_config(
-            cfg,
-            target=Linear,
-            new_cfg=new.clone(modules=tuple(sorted(targets))),
-            where=lambda path, old: old.klass is Linear and "transformer" in path.split("."),
-            missing_ok=True,
-        )
         if "learner" in set(cfg.keys()):  # a trainer config
-            cfg = cfg.clone(learner=cfg.learner.clone(trainable=TRAINABLE))
+            trainable = TRAINABLE if rank else None
+            cfg = cfg.clone(learner=cfg.learner.clone(trainable=trainable))
         return cfg

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from axplug.config import ConfigError
-from axplug_lora.layer import LoRALinear
+from axplug_lora.layer import LoRAAdapter
 
 __all__ = ["peft_adapter", "peft_tensors"]
 
@@ -25,10 +25,10 @@ def _adapters(params: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
     scanned = "decoder.transformer.layer."
     found = []
     for path in sorted(flat):
-        if not path.endswith(".lora_a"):
+        if not path.endswith(".adapter.lora_a"):
             continue
-        base = path.removesuffix(".lora_a")
-        a, b = flat[path], flat[f"{base}.lora_b"]
+        base = path.removesuffix(".adapter.lora_a")
+        a, b = flat[path], flat[f"{base}.adapter.lora_b"]
         if base.startswith(scanned):
             rest = base[len(scanned) :]
             found += [(f"decoder.transformer.layer{i}.{rest}", a[i], b[i]) for i in range(len(a))]
@@ -45,7 +45,7 @@ def peft_tensors(model_cfg: Any, params: dict, rules: dict) -> tuple[dict, dict]
     adapters = _adapters(jax.device_get(params))
     if not adapters:
         raise ConfigError("export-lora: the run's model has no LoRA adapters (--modifier lora)")
-    settings = {(c.rank, c.alpha, c.dropout) for _, c in find_configs(model_cfg, LoRALinear)}
+    settings = {(c.rank, c.alpha, c.dropout) for _, c in find_configs(model_cfg, LoRAAdapter)}
     if len(settings) > 1:
         raise ConfigError(
             f"export-lora: the adapters have different rank/alpha/dropout {sorted(settings)}; "

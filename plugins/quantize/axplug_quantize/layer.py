@@ -140,7 +140,8 @@ fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
 
 
 class QuantizedLinear(Linear):
-    """A Linear whose matmul is int8 or fp8 in training and inference alike.
+    """A Linear whose matmul is int8 or fp8 in training and inference alike (an adapter on
+    it, axplug-lora's, stays in float: QLoRA-style training of a quantized base).
 
     Parameters and optimizer state keep their dtype; only the matmul's operands are
     quantized. fp8 adds three float32 amax histories (non-trainable: the forward records the
@@ -175,7 +176,7 @@ class QuantizedLinear(Linear):
                 )
         return specs
 
-    def forward(self, x: jax.Array) -> jax.Array:
+    def project(self, x: jax.Array) -> jax.Array:
         cfg = self._config
         params = self.parameters
         x = self.cast(x)
