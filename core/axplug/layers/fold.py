@@ -46,8 +46,8 @@ def folded_config(model_cfg: ConfigBase) -> ConfigBase:
             return
         folded = value.klass.folded_config(value)
         if folded is not value:
-            for name in folded.keys():
-                setattr(value, name, getattr(folded, name))
+            for name, field in folded.items():
+                setattr(value, name, field)
 
     fold("", out)
     visit_configs(out, fold)

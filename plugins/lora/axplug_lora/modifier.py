@@ -47,9 +47,9 @@ class LoRAModifier(ConfigModifier):
 
         def collect(path: str, value) -> None:
             klass = getattr(value, "klass", None)
-            if isinstance(klass, type) and issubclass(klass, Linear):  # a quantized one too
-                if "lm_head" not in path.split(".") or "lm_head" in targets:
-                    linears.append((path, value))
+            linear = isinstance(klass, type) and issubclass(klass, Linear)  # quantized too
+            if linear and ("lm_head" not in path.split(".") or "lm_head" in targets):
+                linears.append((path, value))
 
         visit(cfg, collect)
         chosen = 0
