@@ -83,13 +83,14 @@ def main(argv=None) -> None:
     print(
         f"{args.preset} ({', '.join(shape + args.set)}), {args.rounds} rounds x {args.steps} steps"
     )
-    print(f"{'variant':<20}{'opt state MB':>14}{'args MB':>10}{'temp MB':>10}{"GFLOP":>10}"
-          f"{"step ms (min-max)":>24}{'opt x':>8}{'args x':>8}{'flops x':>9}{'time x':>8}")  # fmt: skip
+    print(f"{'variant':<20}{'opt state MB':>14}{'args MB':>10}{'temp MB':>10}{'GFLOP':>10}"
+          f"{'step ms (min-max)':>24}{'opt x':>8}{'args x':>8}{'flops x':>9}"
+          f"{'time x':>8}")  # fmt: skip
     for name, row in rows.items():
         med = statistics.median(row["times"])
         spread = f"{1e3 * med:.1f} ({1e3 * min(row['times']):.1f}-{1e3 * max(row['times']):.1f})"
         print(f"{name:<20}{row['opt'] / 2**20:>14.2f}{row['args'] / 2**20:>10.2f}"
-              f"{row['temp'] / 2**20:>10.2f}{row["flops"] / 1e9:>10.2f}{spread:>24}"
+              f"{row['temp'] / 2**20:>10.2f}{row['flops'] / 1e9:>10.2f}{spread:>24}"
               f"{row['opt'] / full['opt']:>8.3f}{row['args'] / full['args']:>8.3f}"
               f"{row['flops'] / max(full['flops'], 1):>9.3f}"
               f"{med / statistics.median(full['times']):>8.3f}")  # fmt: skip
