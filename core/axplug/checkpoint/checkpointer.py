@@ -246,11 +246,7 @@ class Checkpointer(Configurable):
         self._check_target(step, saved, abstract, partial=partial)
         treedef = jax.tree.structure(abstract)
         if partial:  # the saved tree, with Orbax's placeholder where nothing is wanted
-            item = {k: abstract.get(k, placeholders(v)) for k, v in saved.items()}
-            restore_args = {
-                k: construct_restore_args(abstract[k]) if k in abstract else placeholders(v)
-                for k, v in saved.items()
-            }
+            item, restore_args = _partial_item(saved, abstract)
         else:
             item, restore_args = abstract, construct_restore_args(abstract)
         state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
@@ -264,7 +260,7 @@ class Checkpointer(Configurable):
             restored = self._orbax.restore(self.storage.path(self._step_url(step)), args=args)
             state = restored[layout.STATE_ITEM]
             if partial:
-                state = {key: state[key] for key in abstract}
+                state = _wanted(state, abstract)
             state = jax.tree.unflatten(treedef, treedef.flatten_up_to(state))
         except Exception as exc:
             raise CheckpointCorruptError(
@@ -324,8 +320,8 @@ class Checkpointer(Configurable):
         """CheckpointError (not corruption) when `abstract` differs from what `step` holds
         (`saved`, its array metadata tree): a config that builds another model or optimizer
         (with `partial`, only in what `abstract` holds)."""
-        if partial and isinstance(saved, dict) and isinstance(abstract, dict):
-            saved = {key: value for key, value in saved.items() if key in abstract}
+        if partial:
+            saved = _wanted(saved, abstract)
         if (shown := layout_mismatch(saved, abstract)) is not None:
             raise CheckpointError(
                 f"step {step} in {self.directory} holds a different state than this config "
@@ -403,3 +399,25 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _partial_item(saved: Any, abstract: Any) -> tuple[Any, Any]:
+    """(item, restore args) of a partial restore: `saved`'s tree with `abstract`'s leaves
+    where it wants them and Orbax's placeholder elsewhere, at any depth of dicts."""
+    item, args = {}, {}
+    for key, value in saved.items():
+        want = abstract.get(key) if isinstance(abstract, dict) else None
+        if want is None:
+            item[key] = args[key] = placeholders(value)
+        elif isinstance(value, dict) and isinstance(want, dict):
+            item[key], args[key] = _partial_item(value, want)
+        else:
+            item[key], args[key] = want, construct_restore_args(want)
+    return item, args
+
+
+def _wanted(tree: Any, abstract: Any) -> Any:
+    """`tree` cut to the dict keys `abstract` has, at any depth."""
+    if not isinstance(tree, dict) or not isinstance(abstract, dict):
+        return tree
+    return {k: _wanted(v, abstract[k]) for k, v in tree.items() if k in abstract}

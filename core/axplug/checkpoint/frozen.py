@@ -64,10 +64,13 @@ def restore_params(checkpointer: Any, step: int, target: dict, _depth: int = 0) 
         _, state, _ = checkpointer.restore(step, target={"params": target}, partial=True)
         return state["params"]
     present, missing = split_saved(target, checkpointer.saved_tree(step).get("params"))
-    _, state, _ = checkpointer.restore(step, target={"params": present}, partial=True)
+    params = {}
+    if present:
+        _, state, _ = checkpointer.restore(step, target={"params": present}, partial=True)
+        params = state["params"]
     if not missing:
-        return state["params"]
-    return joined(state["params"], _source_params(checkpointer, step, source, missing, _depth))
+        return params
+    return joined(params, _source_params(checkpointer, step, source, missing, _depth))
 
 
 def _source_params(checkpointer: Any, step: int, source: dict, missing: dict, depth: int) -> dict:

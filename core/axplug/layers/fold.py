@@ -12,7 +12,6 @@ import copy
 from typing import Any
 
 from axplug.config import ConfigBase
-from axplug.config import visit as visit_configs
 
 __all__ = ["fold_layers", "folded_config", "folds"]
 
@@ -29,26 +28,29 @@ def fold_layers(model_cfg: ConfigBase, params: dict) -> tuple[ConfigBase, dict]:
     model = model_cfg.clone(name=model_cfg.name or "model").instantiate(parent=None)
 
     def visit(module: Any, tree: Any) -> Any:
-        if folds(module):
-            return type(module).fold_parameters(module.config, tree)
         children = module.children
-        return {k: visit(children[k], v) if k in children else v for k, v in tree.items()}
+        tree = {k: visit(children[k], v) if k in children else v for k, v in tree.items()}
+        return type(module).fold_parameters(module.config, tree) if folds(module) else tree
 
     return folded_config(model_cfg), visit(model, params)
 
 
 def folded_config(model_cfg: ConfigBase) -> ConfigBase:
-    """A copy of the model config with every layer that folds as it is once folded."""
-    out = copy.deepcopy(model_cfg)
+    """A copy of the model config with every layer that folds as it is once folded (its
+    sub-configs first)."""
+    return _fold(copy.deepcopy(model_cfg))
 
-    def fold(path: str, value: Any) -> None:
-        if not isinstance(value, ConfigBase) or not folds(getattr(value, "klass", None) or object):
-            return
-        folded = value.klass.folded_config(value)
-        if folded is not value:
-            for name, field in folded.items():
-                setattr(value, name, field)
 
-    fold("", out)
-    visit_configs(out, fold)
-    return out
+def _fold(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fold(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fold(v) for k, v in value.items()}
+    if not isinstance(value, ConfigBase):
+        return value
+    for name, field in list(value.items()):
+        folded = _fold(field)
+        if folded is not field:
+            setattr(value, name, folded)
+    klass = getattr(value, "klass", None)
+    return klass.folded_config(value) if isinstance(klass, type) and folds(klass) else value
