@@ -33,8 +33,10 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     def say(n):
         return " ".join(rng.choice(words[3:-2], size=n))
 
-    chats = [{"messages": [{"role": "user", "content": say(5)},
-                           {"role": "assistant", "content": say(6)}]} for _ in range(40)]  # fmt: skip
+    def chat():
+        return [{"role": "user", "content": say(5)}, {"role": "assistant", "content": say(6)}]
+
+    chats = [{"messages": chat()} for _ in range(40)]
     prefs = [{"prompt": say(4), "chosen": say(3), "rejected": say(3)} for _ in range(40)]
     for name, rows in (("chats.jsonl", chats), ("prefs.jsonl", prefs)):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

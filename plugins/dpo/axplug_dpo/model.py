@@ -38,7 +38,8 @@ class DPOCausalLM(CausalLM):
     def folded_config(cls, cfg: Config) -> CausalLM.Config:
         """The plain CausalLM of the same parameters (what `export-hf` writes)."""
         plain = CausalLM.default_config()
-        return plain.set(**{k: v for k, v in cfg.items() if k != "klass" and k in plain.keys()})
+        fields = set(plain.keys()) - {"klass"}
+        return plain.set(**{k: v for k, v in cfg.items() if k in fields})
 
     @classmethod
     def fold_parameters(cls, cfg: Config, params: dict) -> dict:
