@@ -58,3 +58,11 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     adapter = json.loads((tmp_path / "adapters" / "sft" / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and adapter["lora_alpha"] == 16
     assert (tmp_path / "hf" / "chat" / "model.safetensors").is_file()
+    # `serve` renders chats with the template the run's data was prepared with.
+    from axplug_chat import trained_template
+
+    from axplug.inference import load_checkpoint
+
+    found = trained_template(load_checkpoint("runs/dpo"))
+    assert found == "data/prefs/chat_template.jinja"
+    assert (tmp_path / found).read_text() == TEMPLATE

@@ -3,6 +3,7 @@
 
 from axplug_chat.encoder import TRAIN_ON, ChatEncoder, conversation, rendered_segments
 from axplug_chat.template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from axplug_chat.trained import trained_template
 
 __all__ = [
     "ChatTemplate",
@@ -11,4 +12,5 @@ __all__ = [
     "TRAIN_ON",
     "conversation",
     "rendered_segments",
+    "trained_template",
 ]

@@ -34,8 +34,9 @@ POST /detokenize, GET /tokenizer_info, GET /v1/models, GET /health, GET /metrics
 to change it). At most --num-slots requests decode at once
 (continuous batching) and --max-queue more wait; beyond that a request gets 429. Generation
 stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
-EOS. Chat prompts use the tokenizer's chat template (tokenizer_config.json), else
---chat-template, else "role: content" lines ending in "assistant:".
+EOS. Chat prompts use --chat-template, else the template the run's chat data was prepared
+with (axplug-chat records it in the data directory), else the tokenizer's
+(tokenizer_config.json), else "role: content" lines ending in "assistant:".
 """
 
 
@@ -241,6 +242,8 @@ def _device_split(prefill: int) -> list[list]:
 
 def build(args: argparse.Namespace):
     """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
+    from axplug_chat import trained_template
+
     from axplug.inference import (
         Engine,
         Request,
@@ -289,7 +292,10 @@ def build(args: argparse.Namespace):
     settings = ServerSettings(
         model_name=name,
         tokenizer=tokenizer,
-        chat_template=_chat_template(ChatTemplate, tokenizer, args.chat_template),
+        # The template the run's chat data was rendered with, unless one is given.
+        chat_template=_chat_template(
+            ChatTemplate, tokenizer, args.chat_template or trained_template(loaded)
+        ),
         stop_tokens=tuple(stop),
         step=loaded.step,
         api_keys=_api_keys(args),
