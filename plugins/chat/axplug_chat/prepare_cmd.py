@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["add_parser", "run", "prepare_records"]
+__all__ = ["add_parser", "run", "add_record_arguments", "prepare_records"]
 
 EPILOG = """\
 examples:
@@ -35,20 +35,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="JSONL files, in order")
-    parser.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer file or dir")
-    parser.add_argument("--output", required=True, metavar="DIR", help="the data directory")
-    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file")
+    add_record_arguments(parser)
     parser.add_argument(
         "--train-on",
         choices=("assistant", "last", "all"),
         default="assistant",
         help="the tokens the loss counts (default: every assistant reply)",
     )
-    parser.add_argument("--docs-per-shard", type=int, default=10_000, help="records per shard")
-    parser.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
     parser.set_defaults(run=run)
     return parser
+
+
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a command that prepares JSONL records with a chat template."""
+    parser.add_argument("files", nargs="+", metavar="FILE", help="JSONL files, in order")
+    parser.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer file or dir")
+    parser.add_argument("--output", required=True, metavar="DIR", help="the data directory")
+    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file")
+    parser.add_argument("--docs-per-shard", type=int, default=10_000, help="records per shard")
+    parser.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
 
 
 def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_000,
@@ -58,6 +63,11 @@ def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_
     import os
 
     from axplug.config import UsageError
+
+    for flag, value in (("--workers", workers), ("--docs-per-shard", docs_per_shard)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+
     from axplug.input import prepare_data
     from axplug.tokenizer import load_tokenizer
     from axplug_chat.template import ChatTemplate
@@ -73,12 +83,8 @@ def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.config import UsageError
     from axplug_chat.encoder import ChatEncoder
 
-    for flag, value in (("--workers", args.workers), ("--docs-per-shard", args.docs_per_shard)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
     meta = prepare_records(
         args.files,
         tokenizer=args.tokenizer,

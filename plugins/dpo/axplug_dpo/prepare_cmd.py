@@ -31,13 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="JSONL files, in order")
-    parser.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer file or dir")
-    parser.add_argument("--output", required=True, metavar="DIR", help="the data directory")
-    parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file")
+    from axplug_chat.prepare_cmd import add_record_arguments
+
+    add_record_arguments(parser)
     parser.add_argument("--plain", action="store_true", help="no chat template: prompt + reply")
-    parser.add_argument("--docs-per-shard", type=int, default=10_000, help="pairs per shard")
-    parser.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
     parser.set_defaults(run=run)
     return parser
 
@@ -50,9 +47,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plain and args.chat_template:
         raise UsageError("--plain and --chat-template: give one")
-    for flag, value in (("--workers", args.workers), ("--docs-per-shard", args.docs_per_shard)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
     meta = prepare_records(
         args.files,
         tokenizer=args.tokenizer,
