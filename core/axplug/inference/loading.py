@@ -102,17 +102,14 @@ def load_checkpoint(
         abstract_params = jax.eval_shape(
             model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
-        # Parameters only: the optimizer state (2x the parameters with Adam) is never read.
-        target = {
-            "params": jax.tree.map(
-                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                abstract_params,
-                shardings,
-            ),
-            "step": jax.ShapeDtypeStruct((), "int32", sharding=_replicated(mesh)),
-        }
-        # A fine-tune that froze its base stores what it trained; the rest from its base.
-        params = restore_params(checkpointer, step, target["params"])
+        target = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract_params,
+            shardings,
+        )
+        # Parameters only: the optimizer state (2x the parameters with Adam) is never read. A
+        # fine-tune that froze its base stores what it trained, the rest read from its base.
+        params = restore_params(checkpointer, step, target)
     return LoadedModel(
         model=model,
         params=params,
@@ -158,12 +155,6 @@ def source_stop_tokens(lineage: list[tuple[str, dict]]) -> tuple[int, ...]:
                     ids.append(token)
         return tuple(ids)
     return ()
-
-
-def _replicated(mesh):
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return NamedSharding(mesh, PartitionSpec())
 
 
 def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = None):
