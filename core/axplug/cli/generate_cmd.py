@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         load_checkpoint,
     )
 
-    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier,
+                             merge_adapters=args.merge_adapters)  # fmt: skip
     tokenizer = None
     if args.prompt is not None or args.tokenizer is not None:
         tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)

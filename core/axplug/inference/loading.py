@@ -60,6 +60,7 @@ def load_checkpoint(
     step: int | None = None,
     modifiers: Sequence[str] = (),
     devices: list | None = None,
+    merge_adapters: bool = False,
 ) -> LoadedModel:
     """Restores the model of the run at `path` (a run directory or its checkpoints directory).
 
@@ -67,6 +68,8 @@ def load_checkpoint(
     when it was written; `modifiers` (specs such as `paged_kv_cache:page_size=32`) may change
     how it runs but not its parameters. Parameters are laid out by the run's mesh rules over
     `devices` (default: the first device only, which suits decoding small models).
+    `merge_adapters` folds the layers that fold (`axplug.layers.fold_layers`: LoRA adapters
+    into their weights), so decoding runs no adapter matmuls.
     """
     from axplug.config import from_dict
     from axplug.mesh import parameter_shardings
@@ -110,6 +113,12 @@ def load_checkpoint(
         # Parameters only: the optimizer state (2x the parameters with Adam) is never read. A
         # fine-tune that froze its base stores what it trained, the rest read from its base.
         params = restore_params(checkpointer, step, target)
+    if merge_adapters:
+        from axplug.layers import fold_layers
+
+        model_cfg, params = fold_layers(cfg.model, params)
+        cfg = cfg.clone(model=model_cfg)
+        model = model_cfg.instantiate(parent=None, _path="model")
     return LoadedModel(
         model=model,
         params=params,

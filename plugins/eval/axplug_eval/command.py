@@ -113,7 +113,8 @@ def _engine_model(args: argparse.Namespace):
     from axplug.inference import Engine, find_tokenizer, load_checkpoint
     from axplug_eval.lm import EngineLM
 
-    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier)
+    loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier,
+                             merge_adapters=args.merge_adapters)  # fmt: skip
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     trained = getattr(loaded.config.input, "seq_len", None)
     max_len = args.max_len or (trained if isinstance(trained, int) and trained > 1 else 2048)

@@ -297,3 +297,24 @@ def test_qlora_adapters_train_over_a_quantized_frozen_base(tmp_path):
     assert np.abs(q(after)["adapter"]["lora_b"]).max() > 0
     # The quantized matmul is in the step: an int8 x int8 dot.
     assert "xi8>" in trainer.lower_step().as_text()
+
+
+def test_decoding_merged_equals_unmerged(tmp_path, lora_run, capsys):
+    from axplug.inference import load_checkpoint
+
+    _, _, run = lora_run
+    ids = np.random.default_rng(3).integers(0, 96, (2, 9))
+    unmerged, _ = _axplug_logits(run, ids)
+    merged = load_checkpoint(run, merge_adapters=True)
+    assert not find_configs(merged.config.model, LoRAAdapter)
+    assert "adapter" not in json.dumps(jax.tree.map(lambda x: 0, merged.params))
+    out, _ = functional(merged.model, prng_key=None, state=merged.params, method="predict",
+                        inputs=(jnp.asarray(ids),), is_training=False)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out), unmerged, rtol=1e-5, atol=1e-5)
+    greedy = []
+    for extra in ([], ["--merge-adapters"]):
+        argv = ["generate", "--checkpoint", run, "--prompt-ids", "5,6,7", "--temperature", "0",
+                "--max-new-tokens", "6", "--json", *extra]  # fmt: skip
+        assert main(argv) == 0
+        greedy.append(json.loads(capsys.readouterr().out)["output_ids"])
+    assert greedy[0] == greedy[1] and len(greedy[0]) >= 1

@@ -263,7 +263,7 @@ def build(args: argparse.Namespace):
         modifiers.insert(0, "paged_kv_cache:page_size=16")
     devices = _device_split(args.prefill_devices)
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
-                             devices=devices[-1])  # fmt: skip
+                             devices=devices[-1], merge_adapters=args.merge_adapters)  # fmt: skip
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
 
@@ -281,8 +281,10 @@ def build(args: argparse.Namespace):
 
     engine = engine_on(loaded)
     if len(devices) == 2:  # a second copy of the parameters on the prefill devices
-        prefill = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
-                                  devices=devices[0])  # fmt: skip
+        prefill = load_checkpoint(
+            args.checkpoint, step=args.step, modifiers=modifiers, devices=devices[0],
+            merge_adapters=args.merge_adapters,
+        )  # fmt: skip
         engine = DisaggregatedEngine(engine_on(prefill), engine, decode_mesh=loaded.mesh)
     if args.warmup:
         _warm_up(engine, Request, SamplingParams)
