@@ -189,3 +189,29 @@ def test_errors_name_the_fix(tmp_path, toy, capsys):
 
     with pytest.raises(ConfigError, match="modifier dpo: loss 'kto'; choose from"):
         make_modifier("dpo:kto")(None)
+
+
+# --- the layer conformance kit (SimPO: no reference log-probabilities needed) ----------------
+
+from axplug.testing import LayerConformance  # noqa: E402
+
+
+class TestDPOCausalLMConformance(LayerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        from axplug.testing import tiny_trainer_config
+
+        decoder = tiny_trainer_config("/tmp/unused", preset="llama-tiny").model.decoder
+        return DPOCausalLM.default_config().set(decoder=decoder, loss="simpo")
+
+    @pytest.fixture
+    def inputs(self):
+        ids = jax.random.randint(jax.random.PRNGKey(1), (4, 8), 0, 200)
+        labels = jnp.where(jnp.arange(8) < 3, -1, jnp.roll(ids, -1, axis=1))  # a prompt of 3
+        return (ids, labels)
+
+    @pytest.fixture
+    def llama_modifier(self):
+        from axplug.modifiers import make_modifier
+
+        return make_modifier("dpo:simpo")
