@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from axplug.checkpoint import FROZEN_KEY, prune, restore_params
+from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune, restore_params
 
 __all__ = ["FRESH_OPT_STATE", "has_fresh_opt_state", "fresh_opt_state", "restore_train_state"]
 
@@ -34,6 +34,12 @@ def restore_train_state(trainer: Any, step: int) -> tuple[int, dict, dict]:
     abstract = trainer.abstract_state
     metadata = checkpointer.metadata(step)
     if metadata.get(FROZEN_KEY) is not None:  # the trained parameters; the frozen from the base
+        if trainer.stored_mask is None:
+            raise CheckpointError(
+                f"step {step} in {checkpointer.directory} stores only the parameters its run "
+                "trained (learner.trainable), but this config trains every parameter; resume "
+                "with the config it was trained with (config.txt beside it)"
+            )
         params = restore_params(checkpointer, step, abstract["params"])
         present = prune(trainer.stored_mask, abstract["params"])
         target = {**abstract, "params": present}
