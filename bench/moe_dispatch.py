@@ -1,6 +1,6 @@
 """MoE dispatch variants against the dense-einsum (GShard one-hot) form and the dense model.
 
-    python bench/moe_dispatch.py [--experts 8] [--top-k 2] [--capacity-factor 1.25]
+    python bench/moe_dispatch.py [--experts 8] [--top-k 2] [--hidden H] [--capacity-factor 1.25]
                                  [--rounds 3] [--steps-per-round 2] [--dropless] [--no-ragged]
                                  [--quick]
 
@@ -15,7 +15,8 @@ load from other processes hits every side alike; ratios are from this one run.
 
 Columns: step time (median of rounds), that time over the einsum side's and over the dense
 side's, XLA's executed FLOPs (`compile().cost_analysis()`, layers unrolled so nothing is
-counted once per scan) and their ratio to the model FLOPs: 6 x tokens x active matmul
+counted once per scan; for `balanced`, plus the overflow tiles the first step ran beyond
+the one loop body XLA counts) and their ratio to the model FLOPs: 6 x tokens x active matmul
 parameters (top_k of num_experts experts, router, attention, LM head; no embedding lookup)
 + 12 x layers x batch x seq^2 x dim for attention scores, forward and backward.
 """
@@ -39,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=None, help="per expert (the dense width)")
     p.add_argument("--capacity-factor", type=float, default=1.25)
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (3)")
     p.add_argument("--steps-per-round", type=int, default=None, help="steps per side (2)")
@@ -96,6 +98,34 @@ def model_flops(trainer: Any) -> float:
     return 6.0 * b * s * active + sum(12.0 * b * s * s * d for d in attention_dims)
 
 
+def overflow_flops(trainer: Any, tiles_per_layer: float) -> float:
+    """FLOPs of the `balanced` overflow tiles that XLA's cost analysis leaves out: it counts
+    the loop body once (forward and backward) whatever the trip count, so add the other
+    tiles that ran (or take the one counted back when none ran)."""
+    from axplug_moe import BalancedDispatch, MoEFeedForward
+
+    total = 0.0
+
+    def walk(module):
+        nonlocal total
+        if isinstance(module, MoEFeedForward) and isinstance(
+            module.dispatch, BalancedDispatch
+        ):
+            cfg = module._config
+            matmuls = 3 if cfg.gated else 2
+            icfg = trainer._config.input
+            choices = icfg.batch_size * icfg.seq_len * cfg.router.top_k
+            tile = module.dispatch.tile(choices, cfg.num_experts)
+            per_tile = 2.0 * tile * cfg.input_dim * cfg.hidden_dim
+            # forward: the FFN's matmuls; backward: two per matmul (no recompute).
+            total += (tiles_per_layer - 1.0) * per_tile * matmuls * 3
+        for child in module.children.values():
+            walk(child)
+
+    walk(trainer.model)
+    return total
+
+
 class Side:
     def __init__(self, name: str, modifiers: list[str], workdir: str):
         self.name = name
@@ -111,6 +141,7 @@ class Side:
         self._step = compiled
         self.times: list[float] = []
         self.first_loss = None
+        self.overflow_tiles = 0.0
 
     def params_from(self, other: Side) -> None:
         """Start from `other`'s parameters (same tree: only the dispatch differs)."""
@@ -123,6 +154,8 @@ class Side:
             self.state, metrics = self._step(self.state, self.batch)
             if self.first_loss is None:
                 self.first_loss = float(metrics["loss"])
+                self.overflow_tiles = float(metrics.get("moe/overflow_tiles", 0.0))
+                self.executed += overflow_flops(self.trainer, self.overflow_tiles)
         jax.block_until_ready(self.state)
         self.times.append((time.perf_counter() - t) / steps)
 
@@ -130,7 +163,7 @@ class Side:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     e, k, f = args.experts, args.top_k, args.capacity_factor
-    moe = f"moe:num_experts={e},top_k={k}"
+    moe = f"moe:num_experts={e},top_k={k}" + (f",hidden_dim={args.hidden}" if args.hidden else "")
     capped = f"{moe},capacity_factor={f}"
     dropless = f"{moe},capacity_factor=None"
     # (name, modifier, drop-free); sides of one kind must agree on the first-step loss.
@@ -138,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     variants.append(("gather", f"{capped},dispatch=gather", False))
     if not args.no_ragged:
         variants.append(("ragged", f"{capped},dispatch=ragged", False))
-    variants.append(("sorted-dropfree", f"{dropless},dispatch=sorted", True))
+    variants.append(("balanced-dropfree", f"{dropless},dispatch=balanced", True))
     if args.dropless:
         variants.append(("einsum-dropfree", f"{dropless},dispatch=einsum", True))
         variants.append(("gather-dropfree", f"{dropless},dispatch=gather", True))
@@ -185,8 +218,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{s.model / 1e9:12.1f} {s.executed / s.model:10.2f} {s.compile_s:9.1f}"
         )
     print(f"total {time.perf_counter() - start:.0f} s")
-    for name in ("gather", "sorted-dropfree"):
-        print(f"moe-{name}/dense step-time ratio: {med[name] / med['dense']:.3f}")
+    dense = sides[0]
+    for s in sides[1:]:
+        step = med[s.name] / med["dense"]
+        flops = s.model / dense.model
+        spread = [t / med["dense"] for t in (min(s.times), max(s.times))]
+        print(
+            f"{s.name}: step/dense {step:.3f} [{spread[0]:.3f}-{spread[1]:.3f}] for "
+            f"{flops:.3f}x the model FLOPs: {step / flops:.3f}x the dense time per model FLOP"
+            + (f"; overflow tiles per layer {s.overflow_tiles:.1f}" if s.overflow_tiles else "")
+        )
     return 0
 
 

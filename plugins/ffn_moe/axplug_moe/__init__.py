@@ -12,7 +12,7 @@ from axplug_moe.dispatch import (
     Experts,
     GatherDispatch,
     RaggedDispatch,
-    SortedDispatch,
+    BalancedDispatch,
 )
 from axplug_moe.group import DenseFirstStack, MoELayerGroup, RepeatedDenseFirstStack
 from axplug_moe.layer import MoEFeedForward
@@ -42,7 +42,7 @@ __all__ = [
     "MoEModifier",
     "RaggedDispatch",
     "Routing",
-    "SortedDispatch",
+    "BalancedDispatch",
     "TopKRouter",
     "expert_capacity",
     "group_limited_top_k",

@@ -8,17 +8,18 @@ over the choices the router kept; they differ only in how the work is laid out:
   Expert parallel (all-to-all).
 - `gather`: tokens gathered into [expert, group, slot] buffers by slot index, outputs
   gathered back per choice. Executes capacity x the model's expert FLOPs. Expert parallel.
-- `sorted`: choices sorted by expert into fixed-size tiles, one batched matmul against
-  per-tile weight copies. Executes about the model's expert FLOPs, drop-free or not; small
-  models only (weight copies); no expert-parallel layout.
+- `balanced`: drop-free; choices sorted by expert, an even share per expert run as one
+  batched matmul, the busier experts' overflow in tiles that read the weights in place.
+  Executes about the model's expert FLOPs with no weight copies; no expert-parallel layout.
 - `ragged`: choices sorted by expert, `jax.lax.ragged_dot`. The model's FLOPs on GPU/TPU;
   XLA:CPU lowers it to a dense dot over every expert. No expert-parallel layout.
-- `auto`: drop-free: `ragged` on GPU/TPU, `sorted` elsewhere; with a capacity: `gather`.
+- `auto`: drop-free: `ragged` on GPU/TPU, `balanced` elsewhere; with a capacity: `gather`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from axplug.config import ConfigError, config_class
 from axplug.layers import BaseLayer
 from axplug.sharding import constrain
+from axplug_moe.overflow import overflow_ffn, overflow_tiles
 from axplug_moe.router import Routing
 
 __all__ = [
@@ -35,7 +37,7 @@ __all__ = [
     "EinsumDispatch",
     "GatherDispatch",
     "RaggedDispatch",
-    "SortedDispatch",
+    "BalancedDispatch",
     "AutoDispatch",
     "DISPATCHERS",
 ]
@@ -178,70 +180,102 @@ class RaggedDispatch(Dispatch):
         return _combine(y[inverse].reshape(g, s, k, d), routing)
 
 
-class SortedDispatch(Dispatch):
-    """Choices sorted by expert into tiles of `tile_size` rows, each tile one expert's, run as
-    one batched matmul against per-tile copies of the expert weights (a grouped GEMM that
-    every backend runs). Executes (choices + experts x tile) / choices x the model's expert
-    FLOPs with or without drops: the drop-free dispatch for CPU. The per-tile weight copies
-    make it a small-model dispatch, and its sort is global (no expert-parallel layout)."""
+class BalancedDispatch(Dispatch):
+    """Drop-free on any backend: choices sorted by expert; each expert's first
+    `buffer_factor` x choices / experts run as one batched matmul over an [expert, slot]
+    buffer (an even share each), the rest (the overflow of the busier experts) in tiles of
+    `tile_size` rows by `overflow_ffn`, which reads the weights in place. Summaries:
+    `moe/overflow_fraction` (of the choices) and `moe/overflow_tiles` (tiles run).
+
+    Executes the model's expert FLOPs plus the empty slots of experts with fewer choices
+    than slots and the padding of each expert's last overflow tile. Memory: the buffer
+    holds at most the choices once; no expert's weights are copied. XLA's cost analysis
+    counts the overflow loop's body once, whatever number of tiles ran. On CPU the tiles run
+    at about half the buffer's FLOP rate (XLA:CPU runs a loop body's dots on one thread).
+    The sort is global: no expert-parallel layout.
+    """
 
     @config_class
     class Config(Dispatch.Config):
-        tile_size: int = 128
+        # Buffer slots per expert: buffer_factor x choices / experts. Lower wastes fewer
+        # empty slots when routing is skewed and sends more rows to the (slower) tiles.
+        buffer_factor: float = 0.5
+        # Rows per overflow tile; None: the largest power of two up to 128 with experts x
+        # tile <= choices / 16 (the partial tiles then pad ~3% of the choices).
+        tile_size: int | None = None
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
-        if cfg.tile_size < 1:
-            raise ConfigError(f"{self.path}.tile_size: {cfg.tile_size} must be >= 1")
+        if cfg.tile_size is not None and cfg.tile_size < 1:
+            raise ConfigError(f"{self.path}.tile_size: {cfg.tile_size} must be >= 1 (or None)")
+        if not cfg.buffer_factor > 0:
+            raise ConfigError(f"{self.path}.buffer_factor: {cfg.buffer_factor} must be > 0")
+
+    def tile(self, choices: int, experts: int) -> int:
+        """Rows per overflow tile: `tile_size`, or the largest power of two <= 128 with
+        experts x tile <= choices / 16; never more than the choices."""
+        tile = self._config.tile_size
+        if tile is None:
+            tile = 128
+            while tile > 1 and experts * tile * 16 > choices:
+                tile //= 2
+        return min(tile, choices)
 
     def forward(self, x, routing, experts):
+        cfg = self._config
         g, s, d = x.shape
         e = experts.num_experts
         k = routing.expert_index.shape[-1]
-        m = g * s * k
-        # Tiles no taller than an even share of the choices, so few choices (decoding) do
-        # not pad every expert to a full tile.
-        b = max(1, min(self._config.tile_size, -(-m // e)))
-        num_tiles = -(-m // b) + e  # sum_e ceil(n_e / b) <= m / b + e
+        n, m = g * s, g * s * k
+        slots = max(1, min(m, math.ceil(cfg.buffer_factor * m / e)))
+        tile = self.tile(m, e)
+        # Choices by expert, in choice order within an expert; dropped ones sort last.
         expert = jnp.where(routing.kept, routing.expert_index, e).reshape(m)
-        order = jnp.argsort(expert, stable=True)
-        sorted_expert = expert[order]
-        counts = jnp.bincount(expert, length=e + 1)[:e]
-        tile_end = jnp.cumsum((counts + b - 1) // b)
-        tile_begin = tile_end - (counts + b - 1) // b
-        row_begin = jnp.cumsum(counts) - counts
-        # Padded row of each sorted choice; dropped ones (expert e) go to a spare row.
-        ex = jnp.minimum(sorted_expert, e - 1)
-        rank = jnp.arange(m) - row_begin[ex]
-        padded = jnp.where(sorted_expert < e, tile_begin[ex] * b + rank, num_tiles * b)
-        # Which token fills each padded row (g * s: the zero row).
-        token = jnp.full((num_tiles * b + 1,), g * s, jnp.int32)
-        token = token.at[padded].set((order // k).astype(jnp.int32))[: num_tiles * b]
-        rows = jnp.concatenate([x.reshape(g * s, d), jnp.zeros((1, d), x.dtype)])[token]
-        tile_expert = jnp.searchsorted(tile_end, jnp.arange(num_tiles), side="right")
-        out = experts.tiles(rows.reshape(num_tiles, b, d), jnp.minimum(tile_expert, e - 1))
-        out = jnp.concatenate([out.reshape(num_tiles * b, d), jnp.zeros((1, d), x.dtype)])
-        y = out[padded]  # sorted order
-        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(m, dtype=order.dtype))
-        return _combine(y[inverse].reshape(g, s, k, d), routing)
+        sorted_expert, order = jax.lax.sort(
+            (expert, jnp.arange(m, dtype=jnp.int32)), num_keys=1, is_stable=True
+        )
+        bounds = jnp.searchsorted(sorted_expert, jnp.arange(e + 1, dtype=jnp.int32))
+        begin, count = bounds[:-1], bounds[1:] - bounds[:-1]
+        token = jnp.concatenate([order // k, jnp.full((tile,), n, jnp.int32)])
+        rows = jnp.concatenate([x.reshape(n, d), jnp.zeros((1, d), x.dtype)])
+        # The buffer: slot p of expert e holds its p-th choice (token n: an empty slot).
+        rank = jnp.arange(slots, dtype=jnp.int32)
+        filled = rank < count[:, None]
+        slot_token = jnp.where(filled, token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
+        buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
+        weights = (experts.wi_up, experts.wo, experts.wi_gate)
+        overflow = overflow_ffn(rows, weights, token, begin, count, slots, tile, experts.activation)
+        # Each choice reads its buffer slot, or its overflow row, or (dropped) the zero row.
+        position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
+        ex = jnp.minimum(expert, e - 1)
+        choice_rank = position - begin[ex]
+        source = jnp.where(choice_rank < slots, ex * slots + choice_rank, e * slots + position)
+        source = jnp.where(expert < e, source, e * slots + m)
+        table = jnp.concatenate(
+            [buffered.reshape(e * slots, d), overflow[:m], jnp.zeros((1, d), x.dtype)]
+        )
+        spilled = jnp.sum(jnp.maximum(count - slots, 0))
+        self.add_summary("moe/overflow_fraction", spilled.astype(jnp.float32) / m)
+        self.add_summary("moe/overflow_tiles", overflow_tiles(count, slots, tile)[1][-1])
+        return _combine(table[source].reshape(g, s, k, d), routing)
 
 
 class AutoDispatch(Dispatch):
-    """When no choice can be dropped (capacity >= group size): `ragged` on GPU/TPU, `sorted`
+    """When no choice can be dropped (capacity >= group size): `ragged` on GPU/TPU, `balanced`
     elsewhere; with a capacity: `gather`. Chosen at trace time (measured on CPU only)."""
 
     def __init__(self, cfg: Dispatch.Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         self._add_child("gather", GatherDispatch.default_config())
         self._add_child("ragged", RaggedDispatch.default_config())
-        self._add_child("sorted", SortedDispatch.default_config())
+        self._add_child("balanced", BalancedDispatch.default_config())
 
     @staticmethod
     def choose(backend: str, capacity: int, group_size: int) -> str:
         """The dispatch `auto` runs for this backend and (static) capacity."""
         if capacity < group_size:
             return "gather"
-        return "ragged" if backend in ("gpu", "tpu") else "sorted"
+        return "ragged" if backend in ("gpu", "tpu") else "balanced"
 
     def forward(self, x, routing, experts):
         name = self.choose(jax.default_backend(), routing.capacity, x.shape[1])
@@ -254,5 +288,5 @@ DISPATCHERS: dict[str, type[Dispatch]] = {
     "einsum": EinsumDispatch,
     "gather": GatherDispatch,
     "ragged": RaggedDispatch,
-    "sorted": SortedDispatch,
+    "balanced": BalancedDispatch,
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from axplug.interop import config_json_preset
 from axplug.presets import Preset, resolve_preset
 
-__all__ = ["moe_tiny", "mixtral_tiny", "qwen3_30b_a3b", "deepseek_v3_671b"]
+__all__ = ["moe_tiny", "moe_fine_tiny", "mixtral_tiny", "qwen3_30b_a3b", "deepseek_v3_671b"]
 
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"
 llama_tiny = resolve_preset("llama-tiny")  # the core preset these build on
@@ -16,6 +16,14 @@ moe_tiny = Preset(
     "llama-tiny with 8 experts, top-2 (capacity 1.25) in every layer; trains on CPU",
     llama_tiny.build,
     (*llama_tiny.modifiers, "moe:num_experts=8,top_k=2"),
+    {**llama_tiny.providers, "moe": _MOE},
+)
+moe_fine_tiny = Preset(
+    "moe-fine-tiny",
+    "llama-tiny with fine-grained experts: 64 of width 176, top-8 drop-free (moe-tiny's "
+    "active FLOPs); trains on CPU",
+    llama_tiny.build,
+    (*llama_tiny.modifiers, "moe:num_experts=64,top_k=8,hidden_dim=176,capacity_factor=None"),
     {**llama_tiny.providers, "moe": _MOE},
 )
 mixtral_tiny = Preset(

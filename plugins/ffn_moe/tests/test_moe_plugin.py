@@ -532,7 +532,7 @@ def test_bfloat16_compute_runs_on_cpu_and_stays_close(dispatch):
 
 def test_auto_dispatch_choice():
     assert AutoDispatch.choose("cpu", 80, 256) == "gather"
-    assert AutoDispatch.choose("cpu", 256, 256) == "sorted"
+    assert AutoDispatch.choose("cpu", 256, 256) == "balanced"
     assert AutoDispatch.choose("gpu", 80, 256) == "gather"
     assert AutoDispatch.choose("gpu", 256, 256) == "ragged"
     assert AutoDispatch.choose("tpu", 256, 256) == "ragged"
