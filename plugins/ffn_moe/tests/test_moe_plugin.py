@@ -86,9 +86,10 @@ EXPECTED = {
     ("layers", "moe_einsum_dispatch"),
     ("layers", "moe_gather_dispatch"),
     ("layers", "moe_ragged_dispatch"),
-    ("layers", "moe_sorted_dispatch"),
+    ("layers", "moe_balanced_dispatch"),
     ("modifiers", "moe"),
     ("presets", "moe-tiny"),
+    ("presets", "moe-fine-tiny"),
     ("presets", "mixtral-tiny"),
     ("presets", "qwen3-30b-a3b"),
     ("presets", "deepseek-v3-671b"),
@@ -702,7 +703,7 @@ def test_modifier_errors():
         make_modifier("moe")(FeedForward.default_config())
 
 
-@pytest.mark.parametrize("name", ["moe-tiny", "mixtral-tiny"])
+@pytest.mark.parametrize("name", ["moe-tiny", "moe-fine-tiny", "mixtral-tiny"])
 def test_plugin_presets_build_and_trace(name):
     cfg = preset_config(name)
     assert find_configs(cfg, MoEFeedForward)
