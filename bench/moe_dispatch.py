@@ -108,9 +108,7 @@ def overflow_flops(trainer: Any, tiles_per_layer: float) -> float:
 
     def walk(module):
         nonlocal total
-        if isinstance(module, MoEFeedForward) and isinstance(
-            module.dispatch, BalancedDispatch
-        ):
+        if isinstance(module, MoEFeedForward) and isinstance(module.dispatch, BalancedDispatch):
             cfg = module._config
             matmuls = 3 if cfg.gated else 2
             icfg = trainer._config.input

@@ -157,8 +157,8 @@ class PoisonInput:
         return batch
 
 
-def poisoned_trainer(tmp_path, bad_steps, **kw):
-    cfg = tiny_config(tmp_path, **kw)
+def poisoned_trainer(tmp_path, bad_steps, extra=(), **kw):
+    cfg = tiny_config(tmp_path, *extra, **kw)
     decoder = cfg.model.decoder
     cfg.model = Poisoned.default_config().set(decoder=decoder)
     trainer = with_jsonl(cfg).instantiate()
@@ -175,6 +175,32 @@ def test_nonfinite_step_is_skipped_and_reported(tmp_path, caplog):
     jax.tree.map(np.testing.assert_array_equal, after["params"], initial["params"])
     jax.tree.map(np.testing.assert_array_equal, after["opt_state"], initial["opt_state"])
     assert int(after["step"]) == 1  # the data moves on past the bad batch
+
+
+@pytest.mark.parametrize("guard", ["cond", "select"])
+def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path, guard):
+    # Steps 0 and 2 are good, step 1 is poisoned: the select guard (accelerators' default)
+    # must leave exactly what the branch leaves, bit for bit.
+    def run(name):
+        trainer = poisoned_trainer(
+            tmp_path / name, bad_steps=[1], steps=3, extra=(f"nonfinite_guard={name!r}",)
+        )
+        trainer.run()
+        return jax.device_get(trainer.state)
+
+    want, got = run("cond"), run(guard)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_the_guard_is_chosen_per_platform_and_checked():
+    from axplug.config import ConfigError
+    from axplug.trainer.step import guard_for
+
+    assert guard_for("cpu") == "cond"
+    assert guard_for("gpu") == guard_for("tpu") == "select"
+    assert guard_for("gpu", "cond") == "cond" and guard_for("cpu", "select") == "select"
+    with pytest.raises(ConfigError, match="nonfinite_guard: must be one of"):
+        tiny_config("unused", "nonfinite_guard='maybe'").instantiate()
 
 
 def test_consecutive_nonfinite_steps_stop_the_run_with_finite_checkpoints(tmp_path):

@@ -9,6 +9,7 @@ from axplug.checkpoint import Checkpointer
 from axplug.checkpoint.retention import check_retention
 from axplug.learner import Learner
 from axplug.trainer.saving import SAVE_ERROR_POLICIES
+from axplug.trainer.step import GUARDS
 
 __all__ = ["check_trainer_config", "CORRUPT_POLICIES"]
 
@@ -27,6 +28,10 @@ def check_trainer_config(cfg: Any) -> None:
         raise cfg.field_error(
             "on_corrupt_checkpoint",
             f"must be one of {CORRUPT_POLICIES}, got {cfg.on_corrupt_checkpoint!r}",
+        )
+    if cfg.nonfinite_guard not in ("auto", *GUARDS):
+        raise cfg.field_error(
+            "nonfinite_guard", f"must be one of {('auto', *GUARDS)}, got {cfg.nonfinite_guard!r}"
         )
     for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
         if getattr(cfg, name) < 1:

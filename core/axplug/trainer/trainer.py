@@ -44,7 +44,7 @@ from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.saving import save_and_stop, save_checkpoint
-from axplug.trainer.step import build_eval_step, build_train_step
+from axplug.trainer.step import build_eval_step, build_train_step, guard_for
 from axplug.trainer.summaries import (
     attempt_recorder,
     build_writer,
@@ -90,6 +90,10 @@ class Trainer(Configurable):
         seed: int = 0
         # Consecutive steps with a non-finite loss or gradient before the run stops.
         max_nonfinite_steps: int = 3
+        # How a non-finite step is left unapplied: "cond" (a branch), "select" (an
+        # elementwise select fused into the update), or "auto": cond on CPU, select on
+        # accelerators (where a branch copies the state). Same results either way.
+        nonfinite_guard: str = "auto"
         # Peak FLOP/s of one device for the logged MFU; None: the detected accelerator's device
         # spec (from the hardware plugins' mesh rules), and no MFU where there is none (CPU).
         peak_flops_per_device: float | None = None
@@ -195,6 +199,7 @@ class Trainer(Configurable):
             grad_accumulation_steps=self.learner.grad_accumulation_steps,
             learning_rate=self.schedule,
             trainable=cfg.learner.trainable,
+            guard=guard_for(self.mesh.devices.flat[0].platform, cfg.nonfinite_guard),
         )
         self._train_step = jax.jit(
             scoped(step, self.mesh, rules),

@@ -49,7 +49,12 @@ def overflow_rows(x, w, top_k, slots):
 
 # (buffer_factor, tile_size): most rows in partial 3-row tiles; one-row tiles; a buffer
 # wider than any expert's load (no overflow); the automatic tile.
-EDGES = {"tiles_of_3": (0.1, 3), "tiles_of_1": (0.5, 1), "no_overflow": (4.0, 2), "auto": (0.5, None)}
+EDGES = {
+    "tiles_of_3": (0.1, 3),
+    "tiles_of_1": (0.5, 1),
+    "no_overflow": (4.0, 2),
+    "auto": (0.5, None),
+}
 
 
 @pytest.mark.parametrize("edge", list(EDGES))
@@ -137,9 +142,7 @@ class TokenLoopDispatch(Dispatch):
             return jnp.einsum("kh,khd,k->d", h, experts.wo[index], gates.astype(v.dtype))
 
         rows = (x.reshape(g * s, d), routing.expert_index.reshape(g * s, k))
-        return jax.lax.map(one, (*rows, routing.combine_weights.reshape(g * s, k))).reshape(
-            g, s, d
-        )
+        return jax.lax.map(one, (*rows, routing.combine_weights.reshape(g * s, k))).reshape(g, s, d)
 
 
 PRESETS = {
