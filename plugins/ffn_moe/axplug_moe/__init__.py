@@ -7,12 +7,12 @@ the entry points in pyproject.toml.
 from axplug_moe.dispatch import (
     DISPATCHERS,
     AutoDispatch,
+    BalancedDispatch,
     Dispatch,
     EinsumDispatch,
     Experts,
     GatherDispatch,
     RaggedDispatch,
-    BalancedDispatch,
 )
 from axplug_moe.group import DenseFirstStack, MoELayerGroup, RepeatedDenseFirstStack
 from axplug_moe.layer import MoEFeedForward

@@ -16,6 +16,10 @@ import pytest
 pytest.importorskip("axplug_moe")
 
 from axplug_moe import BalancedDispatch, Dispatch, MoEFeedForward  # noqa: E402
+
+from axplug.config import find_configs  # noqa: E402
+from axplug.context import functional  # noqa: E402
+from axplug.testing import tiny_trainer_config  # noqa: E402
 from test_moe_plugin import (  # noqa: E402
     F32_LOOSE,
     PROBE,
@@ -27,10 +31,6 @@ from test_moe_plugin import (  # noqa: E402
     run,
     skewed_case,
 )
-
-from axplug.config import find_configs  # noqa: E402
-from axplug.context import functional  # noqa: E402
-from axplug.testing import tiny_trainer_config  # noqa: E402
 
 
 def balanced(buffer_factor, tile_size, **kwargs):
