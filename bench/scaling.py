@@ -37,6 +37,16 @@ LAYOUTS = {
         "llama-tiny",
         ["moe:num_experts=8,top_k=2", "mesh:fsdp=-1,expert=4", "scan_layers:remat_policy=full"],
     ),
+    # Experts grow with the devices ({n}: the device count): 2 per device over expert=n/2,
+    # tokens moved by the explicit all-to-all dispatch.
+    "moe+alltoall": (
+        "llama-tiny",
+        [
+            "moe:num_experts={n},top_k=2,dispatch=alltoall",
+            "mesh:fsdp=2,expert={half}",
+            "scan_layers:remat_policy=full",
+        ],
+    ),
 }
 # Strong scaling along the sequence: one sequence of SEQ_LEN tokens.
 SEQ_LAYOUT = ("llama-tiny", ["scan_layers:remat_policy=full"])
@@ -61,9 +71,10 @@ def measure(preset: str, modifiers: list[str], devices: int, overrides: list[str
 
 
 def weak_scaling(name: str, counts: list[int]) -> list[dict]:
-    preset, modifiers = LAYOUTS[name]
+    preset, layout = LAYOUTS[name]
     rows = []
     for n in counts:
+        modifiers = [m.format(n=n, half=n // 2) for m in layout]
         # One sequence per batch shard: batch axes are every mesh axis but model.
         model = 2 if "model=2" in " ".join(modifiers) else 1
         rows.append(measure(preset, modifiers, n, [f"input.batch_size={n // model}"]))

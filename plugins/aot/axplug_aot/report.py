@@ -172,8 +172,10 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     """How many of each collective op a compiled (partitioned) HLO module holds."""
     counts = {}
     for op in _COLLECTIVES:
-        # An async collective is a `-start`/`-done` pair: count its start only.
-        n = len(re.findall(rf"= [^=]*? {op}(?:-start)?\(", hlo_text))
+        # An async collective is a `-start`/`-done` pair: count its start only. The result
+        # shape before the op can hold `/*index=5*/` comments (tuples of 6+), so match the
+        # op's own name: instruction names are followed by ` =`, metadata uses `_`.
+        n = len(re.findall(rf" {op}(?:-start)?\(", hlo_text))
         if n:
             counts[op] = n
     return counts

@@ -283,3 +283,18 @@ def test_real_tpu_topology_compile_with_libtpu(capsys):
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["compiled_devices"] == 16
     assert report["notes"][0] == "compiled for TPU topology v5e:4x4 x1 (libtpu, compile-only)"
+
+
+def test_collectives_are_counted_whatever_their_result_shape():
+    # XLA prints a tuple of 6+ results with `/*index=5*/` comments before the op's name;
+    # async pairs count once; metadata (`all_to_all`) and instruction names never count.
+    hlo = "\n".join(
+        [
+            "  %a = (f32[2]{0}, f32[2]{0}, f32[2]{0}, f32[2]{0}, f32[2]{0}, /*index=5*/f32[2]{0})"
+            " all-to-all(%p0, %p1, %p2, %p3, %p4, %p5), replica_groups={{0,1}}",
+            '  %all-gather.1 = f32[4]{0} all-gather-start(%x), metadata={op_name="all_gather"}',
+            "  %d = f32[4]{0} all-gather-done(%all-gather.1)",
+            '  %r = f32[] all-reduce(%y), to_apply=%sum, metadata={op_name="jit/all_to_all"}',
+        ]
+    )
+    assert aot.count_collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "all-to-all": 1}

@@ -4,9 +4,8 @@ Importing this package registers nothing by side effect: the core finds its comp
 the entry points in pyproject.toml.
 """
 
+from axplug_moe.alltoall import AllToAllDispatch
 from axplug_moe.dispatch import (
-    DISPATCHERS,
-    AutoDispatch,
     BalancedDispatch,
     Dispatch,
     EinsumDispatch,
@@ -14,6 +13,7 @@ from axplug_moe.dispatch import (
     GatherDispatch,
     RaggedDispatch,
 )
+from axplug_moe.dispatchers import DISPATCHERS, AutoDispatch
 from axplug_moe.group import DenseFirstStack, MoELayerGroup, RepeatedDenseFirstStack
 from axplug_moe.layer import MoEFeedForward
 from axplug_moe.modifiers import MoEModifier
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DISPATCHERS",
+    "AllToAllDispatch",
     "AutoDispatch",
     "DeepSeekRouter",
     "DenseFirstStack",

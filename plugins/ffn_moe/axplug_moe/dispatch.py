@@ -13,7 +13,9 @@ over the choices the router kept; they differ only in how the work is laid out:
   Executes about the model's expert FLOPs with no weight copies; no expert-parallel layout.
 - `ragged`: choices sorted by expert, `jax.lax.ragged_dot`. The model's FLOPs on GPU/TPU;
   XLA:CPU lowers it to a dense dot over every expert. No expert-parallel layout.
-- `auto`: drop-free: `ragged` on GPU/TPU, `balanced` elsewhere; with a capacity: `gather`.
+- `alltoall` (axplug_moe.alltoall): expert parallel by explicit all-to-all in a shard_map.
+- `auto` (axplug_moe.dispatchers): drop-free: `alltoall` over an expert mesh axis, else
+  `ragged` on GPU/TPU, `balanced` elsewhere; with a capacity: `gather`.
 """
 
 from __future__ import annotations
@@ -38,8 +40,7 @@ __all__ = [
     "GatherDispatch",
     "RaggedDispatch",
     "BalancedDispatch",
-    "AutoDispatch",
-    "DISPATCHERS",
+    "balanced_rows",
 ]
 
 # Logical axes of the expert buffers: experts over the `expert` mesh axis, groups over the
@@ -222,71 +223,56 @@ class BalancedDispatch(Dispatch):
         return min(tile, choices)
 
     def forward(self, x, routing, experts):
-        cfg = self._config
         g, s, d = x.shape
-        e = experts.num_experts
         k = routing.expert_index.shape[-1]
-        n, m = g * s, g * s * k
-        slots = max(1, min(m, math.ceil(cfg.buffer_factor * m / e)))
+        m = g * s * k
+        expert = jnp.where(routing.kept, routing.expert_index, experts.num_experts).reshape(m)
+        token = jnp.arange(m, dtype=jnp.int32) // k
+        y = self.rows(x.reshape(g * s, d), expert, token, experts)
+        return _combine(y.reshape(g, s, k, d), routing)
+
+    def rows(self, x, expert, token, experts) -> jax.Array:
+        """[m, dim]: choice c's expert `expert[c]` (num_experts: none, zeros) run on row
+        `token[c]` of x [tokens, dim]; records the overflow summaries."""
+        m, e = expert.shape[0], experts.num_experts
+        slots = max(1, min(m, math.ceil(self._config.buffer_factor * m / e)))
         tile = self.tile(m, e)
-        # Choices by expert, in choice order within an expert; dropped ones sort last.
-        expert = jnp.where(routing.kept, routing.expert_index, e).reshape(m)
-        sorted_expert, order = jax.lax.sort(
-            (expert, jnp.arange(m, dtype=jnp.int32)), num_keys=1, is_stable=True
-        )
-        bounds = jnp.searchsorted(sorted_expert, jnp.arange(e + 1, dtype=jnp.int32))
-        begin, count = bounds[:-1], bounds[1:] - bounds[:-1]
-        token = jnp.concatenate([order // k, jnp.full((tile,), n, jnp.int32)])
-        rows = jnp.concatenate([x.reshape(n, d), jnp.zeros((1, d), x.dtype)])
-        # The buffer: slot p of expert e holds its p-th choice (token n: an empty slot).
-        rank = jnp.arange(slots, dtype=jnp.int32)
-        filled = rank < count[:, None]
-        slot_token = jnp.where(filled, token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
-        buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
-        weights = (experts.wi_up, experts.wo, experts.wi_gate)
-        overflow = overflow_ffn(rows, weights, token, begin, count, slots, tile, experts.activation)
-        # Each choice reads its buffer slot, or its overflow row, or (dropped) the zero row.
-        position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
-        ex = jnp.minimum(expert, e - 1)
-        choice_rank = position - begin[ex]
-        source = jnp.where(choice_rank < slots, ex * slots + choice_rank, e * slots + position)
-        source = jnp.where(expert < e, source, e * slots + m)
-        table = jnp.concatenate(
-            [buffered.reshape(e * slots, d), overflow[:m], jnp.zeros((1, d), x.dtype)]
-        )
+        y, count = balanced_rows(x, expert, token, experts, slots, tile)
         spilled = jnp.sum(jnp.maximum(count - slots, 0))
         self.add_summary("moe/overflow_fraction", spilled.astype(jnp.float32) / m)
         self.add_summary("moe/overflow_tiles", overflow_tiles(count, slots, tile)[1][-1])
-        return _combine(table[source].reshape(g, s, k, d), routing)
+        return y
 
 
-class AutoDispatch(Dispatch):
-    """When no choice can be dropped (capacity >= group size): `ragged` on GPU/TPU, `balanced`
-    elsewhere; with a capacity: `gather`. Chosen at trace time (measured on CPU only)."""
-
-    def __init__(self, cfg: Dispatch.Config, *, parent=None):
-        super().__init__(cfg, parent=parent)
-        self._add_child("gather", GatherDispatch.default_config())
-        self._add_child("ragged", RaggedDispatch.default_config())
-        self._add_child("balanced", BalancedDispatch.default_config())
-
-    @staticmethod
-    def choose(backend: str, capacity: int, group_size: int) -> str:
-        """The dispatch `auto` runs for this backend and (static) capacity."""
-        if capacity < group_size:
-            return "gather"
-        return "ragged" if backend in ("gpu", "tpu") else "balanced"
-
-    def forward(self, x, routing, experts):
-        name = self.choose(jax.default_backend(), routing.capacity, x.shape[1])
-        return getattr(self, name)(x, routing, experts)
-
-
-# The `dispatch` option of the `moe` modifier.
-DISPATCHERS: dict[str, type[Dispatch]] = {
-    "auto": AutoDispatch,
-    "einsum": EinsumDispatch,
-    "gather": GatherDispatch,
-    "ragged": RaggedDispatch,
-    "balanced": BalancedDispatch,
-}
+def balanced_rows(x, expert, token, experts: Experts, slots: int, tile: int):
+    """(y [m, dim], choices per expert [e]) of `BalancedDispatch.rows`, without summaries
+    (it runs inside shard_maps too)."""
+    n, d = x.shape
+    m, e = expert.shape[0], experts.num_experts
+    # Choices by expert, in choice order within an expert; `none` (e) sorts last.
+    sorted_expert, order = jax.lax.sort(
+        (expert, jnp.arange(m, dtype=jnp.int32)), num_keys=1, is_stable=True
+    )
+    bounds = jnp.searchsorted(sorted_expert, jnp.arange(e + 1, dtype=jnp.int32))
+    begin, count = bounds[:-1], bounds[1:] - bounds[:-1]
+    sorted_token = jnp.concatenate([token[order], jnp.full((tile,), n, jnp.int32)])
+    rows = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)])
+    # The buffer: slot p of expert e holds its p-th choice (row n: an empty slot).
+    rank = jnp.arange(slots, dtype=jnp.int32)
+    filled = rank < count[:, None]
+    slot_token = jnp.where(filled, sorted_token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
+    buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
+    weights = (experts.wi_up, experts.wo, experts.wi_gate)
+    overflow = overflow_ffn(
+        rows, weights, sorted_token, begin, count, slots, tile, experts.activation
+    )
+    # Each choice reads its buffer slot, or its overflow row, or (none) the zero row.
+    position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
+    ex = jnp.minimum(expert, e - 1)
+    choice_rank = position - begin[ex]
+    source = jnp.where(choice_rank < slots, ex * slots + choice_rank, e * slots + position)
+    source = jnp.where(expert < e, source, e * slots + m)
+    table = jnp.concatenate(
+        [buffered.reshape(e * slots, d), overflow[:m], jnp.zeros((1, d), x.dtype)]
+    )
+    return table[source], count

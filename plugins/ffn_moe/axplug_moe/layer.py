@@ -6,7 +6,8 @@ import jax
 
 from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.layers import BaseLayer, FeedForward, Linear, ParameterSpec, get_activation
-from axplug_moe.dispatch import AutoDispatch, Experts
+from axplug_moe.dispatch import Experts
+from axplug_moe.dispatchers import AutoDispatch
 from axplug_moe.router import TopKRouter
 
 __all__ = ["MoEFeedForward"]

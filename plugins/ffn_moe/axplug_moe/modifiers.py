@@ -17,7 +17,7 @@ from axplug.config import (
     visit,
 )
 from axplug.layers import FeedForward, RepeatedTransformer, StackedTransformer
-from axplug_moe.dispatch import DISPATCHERS
+from axplug_moe.dispatchers import DISPATCHERS
 from axplug_moe.group import MoELayerGroup
 from axplug_moe.layer import MoEFeedForward
 

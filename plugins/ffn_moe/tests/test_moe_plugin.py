@@ -87,6 +87,7 @@ EXPECTED = {
     ("layers", "moe_gather_dispatch"),
     ("layers", "moe_ragged_dispatch"),
     ("layers", "moe_balanced_dispatch"),
+    ("layers", "moe_alltoall_dispatch"),
     ("modifiers", "moe"),
     ("presets", "moe-tiny"),
     ("presets", "moe-fine-tiny"),
@@ -537,6 +538,9 @@ def test_auto_dispatch_choice():
     assert AutoDispatch.choose("gpu", 80, 256) == "gather"
     assert AutoDispatch.choose("gpu", 256, 256) == "ragged"
     assert AutoDispatch.choose("tpu", 256, 256) == "ragged"
+    assert AutoDispatch.choose("cpu", 256, 256, expert_shards=2) == "alltoall"
+    assert AutoDispatch.choose("gpu", 256, 256, expert_shards=4) == "alltoall"
+    assert AutoDispatch.choose("cpu", 80, 256, expert_shards=2) == "gather"
 
 
 def test_layer_config_errors_name_the_field():

@@ -1,0 +1,148 @@
+"""Expert parallelism by explicit all-to-all: each device sends its tokens' choices to the
+devices that own their experts, runs its own experts on what it receives, and sends the
+outputs back, inside one `shard_map`.
+
+Static shapes: every device sends at most `capacity` rows to each expert shard (the
+router's capacity factor x its choices / shards; all its choices when drop-free), so with
+a capacity the buffers, the all-to-alls and the expert work per device stay the same size
+as experts and devices grow together. What arrives runs drop-free on the device's experts
+(`balanced_rows`). A choice past a destination's capacity is dropped (its gate is zero)
+and counted in `moe/dropped_fraction`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from axplug.config import ConfigError, config_class
+from axplug.sharding import current_scope
+from axplug_moe.dispatch import BalancedDispatch, Dispatch, Experts, balanced_rows
+
+__all__ = ["AllToAllDispatch"]
+
+
+def _names(spec_entry) -> tuple[str, ...]:
+    if spec_entry is None:
+        return ()
+    return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+
+
+class AllToAllDispatch(Dispatch):
+    """Tokens travel to their experts' devices by `jax.lax.all_to_all` over the mesh axes
+    that split `expert` (and back), in a shard_map; without such an axis, `local` runs every
+    expert in place. Summaries: `moe/dropped_fraction` (past a destination's capacity) and
+    `moe/device_load` (the share of the choices each expert shard received)."""
+
+    @config_class
+    class Config(Dispatch.Config):
+        # Rows a device sends each expert shard: capacity_factor x its choices / shards;
+        # None: the router's capacity factor (None there: all its choices, drop-free).
+        capacity_factor: float | None = None
+        local: Dispatch.Config = BalancedDispatch.default_config()
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if not issubclass(cfg.local.klass, BalancedDispatch):
+            raise cfg.field_error("local", "must be a BalancedDispatch config")
+        self._add_child("local", cfg.local)
+
+    def forward(self, x, routing, experts):
+        scope = current_scope()
+        e = experts.num_experts
+        axes = () if scope is None else _names(scope.spec(("expert",), (e,))[0])
+        if not axes:
+            return self.local(x, routing, experts)
+        shards = math.prod(scope.mesh.shape[a] for a in axes)
+        batch = _names(scope.spec(("batch",), (x.shape[0],))[0])
+        if not set(axes) <= set(batch):
+            raise ConfigError(
+                f"{self.path}: the all-to-all needs the batch split over the expert mesh "
+                f"axes {axes} (it is split over {batch or 'none'}); add them to the `batch` "
+                "rule of mesh.axis_rules"
+            )
+        g, s, _ = x.shape
+        k = routing.expert_index.shape[-1]
+        choices = g * s * k // math.prod(scope.mesh.shape[a] for a in batch)  # per device
+        factor = self._config.capacity_factor
+        if factor is None:
+            router = getattr(self.parent, "router", None)
+            factor = None if router is None else router.config.capacity_factor
+        capacity = choices if factor is None else min(choices, math.ceil(factor * choices / shards))
+        received = shards * capacity  # rows a device's experts run on
+        slots = max(1, math.ceil(self.local.config.buffer_factor * received * shards / e))
+        plan = _Plan(axes, shards, capacity, slots, self.local.tile(received, e // shards))
+
+        def per_device(x, index, kept, gates, w_up, w_out, w_gate):
+            mine = Experts(w_up, w_out, experts.activation, w_gate)
+            y, sent, per_shard = _exchange(x, index, kept, mine, plan)
+            gates = jnp.where(sent, gates, 0.0).astype(y.dtype)
+            return jnp.einsum("gskd,gsk->gsd", y.reshape(*index.shape, -1), gates), sent, per_shard
+
+        rows = PartitionSpec(batch)
+        weight = PartitionSpec(axes)
+        gate = experts.wi_gate
+        y, sent, per_shard = jax.shard_map(
+            per_device,
+            mesh=scope.mesh,
+            in_specs=(rows, rows, rows, rows, weight, weight, None if gate is None else weight),
+            out_specs=(rows, rows, rows),
+            check_vma=False,
+        )(
+            x,
+            routing.expert_index,
+            routing.kept,
+            routing.combine_weights,
+            experts.wi_up,
+            experts.wo,
+            gate,
+        )
+        kept = jnp.maximum(jnp.sum(routing.kept), 1).astype(jnp.float32)
+        self.add_summary("moe/dropped_fraction", 1.0 - jnp.sum(sent) / kept)
+        load = jnp.sum(per_shard, axis=0).astype(jnp.float32)
+        self.add_summary("moe/device_load", load / jnp.maximum(jnp.sum(load), 1.0))
+        return y
+
+
+class _Plan(NamedTuple):
+    axes: tuple[str, ...]  # the mesh axes that split the experts
+    shards: int  # devices along them
+    capacity: int  # rows a device sends each shard
+    slots: int  # the receiving side's balanced buffer per local expert
+    tile: int  # its overflow tile
+
+
+def _exchange(x, index, kept, experts: Experts, plan: _Plan):
+    """One device: (y [choices, dim], sent [g, s, k], choices sent per shard [1, shards])."""
+    g, s, k = index.shape
+    d = x.shape[-1]
+    n, m = g * s, g * s * k
+    shards, capacity = plan.shards, plan.capacity
+    per_shard = experts.num_experts  # this device's experts
+    expert = index.reshape(m)
+    dest = jnp.where(kept.reshape(m), expert // per_shard, shards)
+    # Position of each choice among this device's choices for the same destination.
+    onehot = jax.nn.one_hot(dest, shards, dtype=jnp.int32)
+    position = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)
+    sent = (dest < shards) & (position < capacity)
+    slot = jnp.where(sent, dest * capacity + position, shards * capacity)
+    # What each send slot holds: a token row and its local expert (per_shard: nothing).
+    token = jnp.full((shards * capacity + 1,), n, jnp.int32)
+    token = token.at[slot].set(jnp.arange(m, dtype=jnp.int32) // k)[:-1]
+    local = jnp.full((shards * capacity + 1,), per_shard, jnp.int32)
+    local = local.at[slot].set(expert % per_shard)[:-1]
+    rows = jnp.concatenate([x.reshape(n, d), jnp.zeros((1, d), x.dtype)])[token]
+
+    def exchange(a):
+        return jax.lax.all_to_all(a, plan.axes, 0, 0, tiled=True)
+
+    arrived, arrived_expert = exchange(rows), exchange(local)
+    ids = jnp.arange(shards * capacity, dtype=jnp.int32)
+    out, _ = balanced_rows(arrived, arrived_expert, ids, experts, plan.slots, plan.tile)
+    back = jnp.concatenate([exchange(out), jnp.zeros((1, d), x.dtype)])
+    per_dest = jnp.sum(onehot * sent[:, None], axis=0).reshape(1, shards)
+    return back[slot], sent.reshape(g, s, k), per_dest

@@ -1,0 +1,96 @@
+"""Expert parallelism by explicit all-to-all (`dispatch=alltoall`) on 8 fake CPU devices:
+drop-free it trains exactly like one device; tokens move only by all-to-all (every other
+collective that moves data gathers or reduces parameters); a per-destination capacity drops
+and says so.
+
+Tolerances: losses rtol 1e-5 (the same math reduced in another order), parameters rtol 1e-3
+/ atol 5e-4 after Adam steps (as in test_moe_plugin.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("axplug_moe")
+
+from axplug.modifiers import make_modifier  # noqa: E402
+from test_moe_plugin import metrics, tiny_llama, with_jsonl  # noqa: E402
+
+STEPS = 3
+ONE, MESH = (1, 1, 1, 1, 1), (2, 2, 2, 1, 1)  # (data, fsdp, expert, seq, model)
+
+
+def trainer(run_dir, mesh, capacity="None"):
+    cfg = tiny_llama(run_dir, STEPS, mesh)
+    moe = f"moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor={capacity},dispatch=alltoall"
+    cfg = with_jsonl(make_modifier(moe)(cfg))
+    devices = jax.devices()[: int(np.prod(mesh))]
+    return cfg.instantiate(devices=devices)
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one")
+    t = trainer(run_dir, ONE)
+    t.run()
+    return metrics(run_dir), jax.device_get(t.state["params"])
+
+
+OPS = "all-to-all|all-gather|all-reduce|reduce-scatter"
+
+
+def moving_collectives(hlo: str) -> list[tuple[str, str]]:
+    """(op, result shape) of the collectives whose groups hold more than one device."""
+    out = []
+    for line in hlo.splitlines():
+        found = re.search(rf"= (.*?) ({OPS})(?:-start)?\(", line)
+        groups = re.search(r"replica_groups=\{(.*?)\}(?:,|$)", line)
+        if found and not (groups and re.fullmatch(r"(\{\d+\},?)+", groups.group(1) + "}")):
+            out.append((found.group(2), found.group(1)))
+    return out
+
+
+def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
+    assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
+    t = trainer(tmp_path, MESH)
+    t.run()
+    rows, want_params = one_device
+    got = metrics(tmp_path)
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in rows], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=5e-4),
+        jax.device_get(t.state["params"]),
+        want_params,
+    )
+    assert all(r["moe/dropped_fraction"] == 0.0 for r in got)
+    assert got[-1]["moe/device_load"] == pytest.approx(0.5)  # two shards: mean 1/2
+
+    hlo = t._train_step.lower(t.state, t.put_batch(t.input.batch(0))).compile().as_text()
+    moving = moving_collectives(hlo)
+    assert any(op == "all-to-all" for op, _ in moving), moving
+    # Everything else gathers parameters: shapes of a parameter, its experts cut to the
+    # device's 4, or its FSDP shard; never a token-shaped array.
+    params = jax.tree.leaves(t.state["params"])
+    allowed = set()
+    for p in params:
+        shape = list(p.shape)
+        allowed.add(tuple(shape))
+        if len(shape) == 3:
+            allowed.add((4, *shape[1:]))
+    gathered = [s for op, s in moving if op == "all-gather"]
+    for shape in gathered:
+        dims = tuple(int(d) for d in re.findall(r"\[(.*?)\]", shape)[0].split(",") if d)
+        assert dims in allowed, (shape, sorted(allowed))
+
+
+def test_a_capacity_per_destination_drops_and_reports_it(tmp_path):
+    t = trainer(tmp_path, MESH, capacity="0.5")
+    t.run()
+    got = metrics(tmp_path)
+    assert all(np.isfinite(r["loss"]) for r in got)
+    # The router's per-sequence capacity 0.5 drops, and so does the send capacity.
+    assert all(0.0 < r["moe/dropped_fraction"] < 1.0 for r in got)
