@@ -47,6 +47,16 @@ LAYOUTS = {
             "scan_layers:remat_policy=full",
         ],
     ),
+    # The same drop-free: each device may send all its choices to one shard, so its send
+    # and receive buffers grow with the expert shards (ragged all-to-all would not).
+    "moe+alltoall-dropfree": (
+        "llama-tiny",
+        [
+            "moe:num_experts={n},top_k=2,capacity_factor=None,dispatch=alltoall",
+            "mesh:fsdp=2,expert={half}",
+            "scan_layers:remat_policy=full",
+        ],
+    ),
 }
 # Strong scaling along the sequence: one sequence of SEQ_LEN tokens.
 SEQ_LAYOUT = ("llama-tiny", ["scan_layers:remat_policy=full"])

@@ -5,7 +5,9 @@ outputs back, inside one `shard_map`.
 Static shapes: every device sends at most `capacity` rows to each expert shard (the
 router's capacity factor x its choices / shards; all its choices when drop-free), so with
 a capacity the buffers, the all-to-alls and the expert work per device stay the same size
-as experts and devices grow together. What arrives runs drop-free on the device's experts
+as experts and devices grow together. Drop-free, the send and receive buffers grow with the
+expert shards (a ragged all-to-all, which XLA:CPU lacks, would not); the expert work does
+not, since only rows that arrived run past the balanced buffer. What arrives runs drop-free on the device's experts
 (`balanced_rows`). A choice past a destination's capacity is dropped (its gate is zero)
 and counted in `moe/dropped_fraction`.
 """
@@ -73,9 +75,11 @@ class AllToAllDispatch(Dispatch):
             router = getattr(self.parent, "router", None)
             factor = None if router is None else router.config.capacity_factor
         capacity = choices if factor is None else min(choices, math.ceil(factor * choices / shards))
-        received = shards * capacity  # rows a device's experts run on
-        slots = max(1, math.ceil(self.local.config.buffer_factor * received * shards / e))
-        plan = _Plan(axes, shards, capacity, slots, self.local.tile(received, e // shards))
+        # Balanced routing brings each device as many choices as it sends (`choices`), so
+        # the buffer takes its share of those; the rest of the (static) receive buffer
+        # runs as overflow tiles only where choices arrived.
+        slots = max(1, math.ceil(self.local.config.buffer_factor * choices * shards / e))
+        plan = _Plan(axes, shards, capacity, slots, self.local.tile(choices, e // shards))
 
         def per_device(x, index, kept, gates, w_up, w_out, w_gate):
             mine = Experts(w_up, w_out, experts.activation, w_gate)
