@@ -4,10 +4,10 @@
                                  [--rounds 3] [--steps-per-round 2] [--dropless] [--no-ragged]
                                  [--quick]
 
-Every side is the `llama-tiny` preset through the real Trainer on one device: `dense`
-(no modifier); `moe:num_experts=E,top_k=K,capacity_factor=F,dispatch=X` for X in einsum
-(the dense-einsum GShard form, the baseline), gather and ragged; and the drop-free
-`capacity_factor=None,dispatch=sorted` (`--dropless` adds drop-free einsum and gather, which
+Every side is the `llama-tiny` preset through the real Trainer on one device: `dense` (no
+modifier); `moe:num_experts=E,top_k=K,capacity_factor=F,dispatch=X` for X in einsum (the
+dense-einsum GShard form, the baseline), gather and ragged; and the drop-free
+`capacity_factor=None,dispatch=balanced` (`--dropless` adds drop-free einsum and gather, which
 execute num_experts / top_k x the expert FLOPs). All MoE sides start from the same
 parameters, and sides with the same capacity must agree on the first-step loss (1e-4
 relative), or the script exits 1 before timing. Steps are timed in alternating rounds so
@@ -15,10 +15,10 @@ load from other processes hits every side alike; ratios are from this one run.
 
 Columns: step time (median of rounds), that time over the einsum side's and over the dense
 side's, XLA's executed FLOPs (`compile().cost_analysis()`, layers unrolled so nothing is
-counted once per scan; for `balanced`, plus the overflow tiles the first step ran beyond
-the one loop body XLA counts) and their ratio to the model FLOPs: 6 x tokens x active matmul
-parameters (top_k of num_experts experts, router, attention, LM head; no embedding lookup)
-+ 12 x layers x batch x seq^2 x dim for attention scores, forward and backward.
+counted once per scan; for `balanced`, the overflow rows the first step's loops ran in place
+of the one loop body XLA counts) and their ratio to the model FLOPs: 6 x tokens x active
+matmul parameters (top_k of num_experts experts, router, attention, LM head; no embedding
+lookup) + 12 x layers x batch x seq^2 x dim for attention scores, forward and backward.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def model_flops(trainer: Any) -> float:
     return 6.0 * b * s * active + sum(12.0 * b * s * s * d for d in attention_dims)
 
 
-def overflow_flops(trainer: Any, tiles_per_layer: float) -> float:
-    """FLOPs of the `balanced` overflow tiles that XLA's cost analysis leaves out: it counts
-    the loop body once (forward and backward) whatever the trip count, so add the other
-    tiles that ran (or take the one counted back when none ran)."""
+def overflow_flops(trainer: Any, loop_rows: float) -> float:
+    """FLOPs of the `balanced` overflow loops that XLA's cost analysis leaves out: it counts
+    each loop body once (forward and backward) whatever the trip count, so count the rows
+    the loops ran (`moe/overflow_rows`, per layer) instead of one body each."""
     from axplug_moe import BalancedDispatch, MoEFeedForward
 
     total = 0.0
@@ -110,13 +110,14 @@ def overflow_flops(trainer: Any, tiles_per_layer: float) -> float:
         nonlocal total
         if isinstance(module, MoEFeedForward) and isinstance(module.dispatch, BalancedDispatch):
             cfg = module._config
-            matmuls = 3 if cfg.gated else 2
             icfg = trainer._config.input
             choices = icfg.batch_size * icfg.seq_len * cfg.router.top_k
-            tile = module.dispatch.tile(choices, cfg.num_experts)
-            per_tile = 2.0 * tile * cfg.input_dim * cfg.hidden_dim
+            chunk, tile = module.dispatch.tiles(choices, cfg.num_experts)
+            counted = tile + (chunk if chunk > tile else 0)  # one body per loop
+            matmuls = 3 if cfg.gated else 2
             # forward: the FFN's matmuls; backward: two per matmul (no recompute).
-            total += (tiles_per_layer - 1.0) * per_tile * matmuls * 3
+            per_row = 2.0 * cfg.input_dim * cfg.hidden_dim * matmuls * 3
+            total += (loop_rows - counted) * per_row
         for child in module.children.values():
             walk(child)
 
@@ -139,7 +140,7 @@ class Side:
         self._step = compiled
         self.times: list[float] = []
         self.first_loss = None
-        self.overflow_tiles = 0.0
+        self.overflow_rows = 0.0
 
     def params_from(self, other: Side) -> None:
         """Start from `other`'s parameters (same tree: only the dispatch differs)."""
@@ -152,8 +153,8 @@ class Side:
             self.state, metrics = self._step(self.state, self.batch)
             if self.first_loss is None:
                 self.first_loss = float(metrics["loss"])
-                self.overflow_tiles = float(metrics.get("moe/overflow_tiles", 0.0))
-                self.executed += overflow_flops(self.trainer, self.overflow_tiles)
+                self.overflow_rows = float(metrics.get("moe/overflow_rows", 0.0))
+                self.executed += overflow_flops(self.trainer, self.overflow_rows)
         jax.block_until_ready(self.state)
         self.times.append((time.perf_counter() - t) / steps)
 
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{s.name}: step/dense {step:.3f} [{spread[0]:.3f}-{spread[1]:.3f}] for "
             f"{flops:.3f}x the model FLOPs: {step / flops:.3f}x the dense time per model FLOP"
-            + (f"; overflow tiles per layer {s.overflow_tiles:.1f}" if s.overflow_tiles else "")
+            + (f"; overflow rows per layer {s.overflow_rows:.0f}" if s.overflow_rows else "")
         )
     return 0
 

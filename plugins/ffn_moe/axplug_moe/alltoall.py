@@ -2,14 +2,14 @@
 devices that own their experts, runs its own experts on what it receives, and sends the
 outputs back, inside one `shard_map`.
 
-Static shapes: every device sends at most `capacity` rows to each expert shard (the
-router's capacity factor x its choices / shards; all its choices when drop-free), so with
-a capacity the buffers, the all-to-alls and the expert work per device stay the same size
-as experts and devices grow together. Drop-free, the send and receive buffers grow with the
-expert shards (a ragged all-to-all, which XLA:CPU lacks, would not); the expert work does
-not, since only rows that arrived run past the balanced buffer. What arrives runs drop-free on the device's experts
-(`balanced_rows`). A choice past a destination's capacity is dropped (its gate is zero)
-and counted in `moe/dropped_fraction`.
+Static shapes: every device sends at most `capacity` rows to each expert shard (the router's
+capacity factor x its choices / shards; all its choices when drop-free), so with a capacity
+the buffers, the all-to-alls and the expert work per device stay the same size as experts
+and devices grow together. Drop-free, the send and receive buffers grow with the expert
+shards (a ragged all-to-all, which XLA:CPU lacks, would not); the expert work does not,
+since only rows that arrived run past the balanced buffer. What arrives runs drop-free on
+the device's experts (`balanced_rows`). A choice past a destination's capacity is dropped
+(its gate is zero) and counted in `moe/dropped_fraction`.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class AllToAllDispatch(Dispatch):
         # the buffer takes its share of those; the rest of the (static) receive buffer
         # runs as overflow tiles only where choices arrived.
         slots = max(1, math.ceil(self.local.config.buffer_factor * choices * shards / e))
-        plan = _Plan(axes, shards, capacity, slots, self.local.tile(choices, e // shards))
+        plan = _Plan(axes, shards, capacity, slots, self.local.tiles(choices, e // shards))
 
         def per_device(x, index, kept, gates, w_up, w_out, w_gate):
             mine = Experts(w_up, w_out, experts.activation, w_gate)
@@ -117,7 +117,7 @@ class _Plan(NamedTuple):
     shards: int  # devices along them
     capacity: int  # rows a device sends each shard
     slots: int  # the receiving side's balanced buffer per local expert
-    tile: int  # its overflow tile
+    tiles: tuple[int, int]  # its overflow chunk and tile
 
 
 def _exchange(x, index, kept, experts: Experts, plan: _Plan):
@@ -146,7 +146,7 @@ def _exchange(x, index, kept, experts: Experts, plan: _Plan):
 
     arrived, arrived_expert = exchange(rows), exchange(local)
     ids = jnp.arange(shards * capacity, dtype=jnp.int32)
-    out, _ = balanced_rows(arrived, arrived_expert, ids, experts, plan.slots, plan.tile)
+    out, _, _ = balanced_rows(arrived, arrived_expert, ids, experts, plan.slots, plan.tiles)
     back = jnp.concatenate([exchange(out), jnp.zeros((1, d), x.dtype)])
     per_dest = jnp.sum(onehot * sent[:, None], axis=0).reshape(1, shards)
     return back[slot], sent.reshape(g, s, k), per_dest

@@ -33,6 +33,8 @@ from axplug.sharding import constrain
 from axplug_moe.overflow import overflow_ffn, overflow_tiles
 from axplug_moe.router import Routing
 
+_CHUNK = 128  # rows of the overflow's whole chunks (balanced)
+
 __all__ = [
     "Experts",
     "Dispatch",
@@ -184,25 +186,27 @@ class RaggedDispatch(Dispatch):
 class BalancedDispatch(Dispatch):
     """Drop-free on any backend: choices sorted by expert; each expert's first
     `buffer_factor` x choices / experts run as one batched matmul over an [expert, slot]
-    buffer (an even share each), the rest (the overflow of the busier experts) in tiles of
-    `tile_size` rows by `overflow_ffn`, which reads the weights in place. Summaries:
-    `moe/overflow_fraction` (of the choices) and `moe/overflow_tiles` (tiles run).
+    buffer (an even share each); the rest (the overflow of the busier experts) runs in
+    loops that read the weights in place (`overflow_ffn`): each expert's whole 128-row
+    chunks, then what is left in tiles of `tile_size` rows. Summaries:
+    `moe/overflow_fraction` (of the choices) and `moe/overflow_rows` (rows the loops ran,
+    padding included).
 
     Executes the model's expert FLOPs plus the empty slots of experts with fewer choices
-    than slots and the padding of each expert's last overflow tile. Memory: the buffer
-    holds at most the choices once; no expert's weights are copied. XLA's cost analysis
-    counts the overflow loop's body once, whatever number of tiles ran. On CPU the tiles run
-    at about half the buffer's FLOP rate (XLA:CPU runs a loop body's dots on one thread).
-    The sort is global: no expert-parallel layout.
+    than slots and the padding of each expert's last tile. Memory: the buffer holds at most
+    the choices once; no expert's weights are copied. XLA's cost analysis counts each loop's
+    body once, whatever number of tiles ran. The loops run slower per FLOP than the buffer
+    on CPU (small dots in a while body), which is the trade `buffer_factor` sets. The sort
+    is global: no expert-parallel layout (`alltoall` adds one).
     """
 
     @config_class
     class Config(Dispatch.Config):
         # Buffer slots per expert: buffer_factor x choices / experts. Lower wastes fewer
-        # empty slots when routing is skewed and sends more rows to the (slower) tiles.
-        buffer_factor: float = 0.5
+        # empty slots when routing is skewed and sends more rows to the (slower) loops.
+        buffer_factor: float = 0.25
         # Rows per overflow tile; None: the largest power of two up to 128 with experts x
-        # tile <= choices / 16 (the partial tiles then pad ~3% of the choices).
+        # tile <= choices / 32 (the last tile of each expert then pads ~1.5% of the choices).
         tile_size: int | None = None
 
     def __init__(self, cfg: Config, *, parent=None):
@@ -212,15 +216,17 @@ class BalancedDispatch(Dispatch):
         if not cfg.buffer_factor > 0:
             raise ConfigError(f"{self.path}.buffer_factor: {cfg.buffer_factor} must be > 0")
 
-    def tile(self, choices: int, experts: int) -> int:
-        """Rows per overflow tile: `tile_size`, or the largest power of two <= 128 with
-        experts x tile <= choices / 16; never more than the choices."""
+    def tiles(self, choices: int, experts: int) -> tuple[int, int]:
+        """(chunk, tile) rows of the overflow loops. tile: `tile_size`, or the largest power
+        of two <= 128 with experts x tile <= choices / 32; chunk: 128 where that is more (an
+        expert's whole chunks run first, the rest in tiles), else the tile."""
         tile = self._config.tile_size
         if tile is None:
             tile = 128
-            while tile > 1 and experts * tile * 16 > choices:
+            while tile > 1 and experts * tile * 32 > choices:
                 tile //= 2
-        return min(tile, choices)
+        tile = min(tile, choices)
+        return max(tile, min(_CHUNK, choices)), tile
 
     def forward(self, x, routing, experts):
         g, s, d = x.shape
@@ -236,43 +242,52 @@ class BalancedDispatch(Dispatch):
         `token[c]` of x [tokens, dim]; records the overflow summaries."""
         m, e = expert.shape[0], experts.num_experts
         slots = max(1, min(m, math.ceil(self._config.buffer_factor * m / e)))
-        tile = self.tile(m, e)
-        y, count = balanced_rows(x, expert, token, experts, slots, tile)
+        y, count, loop_rows = balanced_rows(x, expert, token, experts, slots, self.tiles(m, e))
         spilled = jnp.sum(jnp.maximum(count - slots, 0))
         self.add_summary("moe/overflow_fraction", spilled.astype(jnp.float32) / m)
-        self.add_summary("moe/overflow_tiles", overflow_tiles(count, slots, tile)[1][-1])
+        self.add_summary("moe/overflow_rows", loop_rows)
         return y
 
 
-def balanced_rows(x, expert, token, experts: Experts, slots: int, tile: int):
-    """(y [m, dim], choices per expert [e]) of `BalancedDispatch.rows`, without summaries
-    (it runs inside shard_maps too)."""
+def balanced_rows(x, expert, token, experts: Experts, slots: int, tiles: tuple[int, int]):
+    """(y [m, dim], choices per expert [e], rows the overflow loops ran) of
+    `BalancedDispatch.rows`, without summaries (it runs inside shard_maps too)."""
     n, d = x.shape
     m, e = expert.shape[0], experts.num_experts
+    chunk, tile = tiles
     # Choices by expert, in choice order within an expert; `none` (e) sorts last.
     sorted_expert, order = jax.lax.sort(
         (expert, jnp.arange(m, dtype=jnp.int32)), num_keys=1, is_stable=True
     )
     bounds = jnp.searchsorted(sorted_expert, jnp.arange(e + 1, dtype=jnp.int32))
     begin, count = bounds[:-1], bounds[1:] - bounds[:-1]
-    sorted_token = jnp.concatenate([token[order], jnp.full((tile,), n, jnp.int32)])
+    sorted_token = jnp.concatenate([token[order], jnp.full((chunk,), n, jnp.int32)])
     rows = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)])
     # The buffer: slot p of expert e holds its p-th choice (row n: an empty slot).
     rank = jnp.arange(slots, dtype=jnp.int32)
     filled = rank < count[:, None]
     slot_token = jnp.where(filled, sorted_token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
     buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
+    # The overflow: each expert's whole chunks, then the rest in (smaller) tiles.
     weights = (experts.wi_up, experts.wo, experts.wi_gate)
+    over = jnp.maximum(count, slots)
+    first = jnp.full_like(count, slots)
+    split = first + (over - first) // chunk * chunk if chunk > tile else first
     overflow = overflow_ffn(
-        rows, weights, sorted_token, begin, count, slots, tile, experts.activation
-    )
+        rows, weights, sorted_token, begin, split, over, tile, experts.activation
+    )[:m]
+    loop_rows = overflow_tiles(split, over, tile)[1][-1] * tile
+    if chunk > tile:
+        chunks = overflow_ffn(
+            rows, weights, sorted_token, begin, first, split, chunk, experts.activation
+        )
+        overflow = overflow + chunks[:m]
+        loop_rows = loop_rows + overflow_tiles(first, split, chunk)[1][-1] * chunk
     # Each choice reads its buffer slot, or its overflow row, or (none) the zero row.
     position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
     ex = jnp.minimum(expert, e - 1)
     choice_rank = position - begin[ex]
     source = jnp.where(choice_rank < slots, ex * slots + choice_rank, e * slots + position)
     source = jnp.where(expert < e, source, e * slots + m)
-    table = jnp.concatenate(
-        [buffered.reshape(e * slots, d), overflow[:m], jnp.zeros((1, d), x.dtype)]
-    )
-    return table[source], count
+    table = jnp.concatenate([buffered.reshape(e * slots, d), overflow, jnp.zeros((1, d), x.dtype)])
+    return table[source], count, loop_rows

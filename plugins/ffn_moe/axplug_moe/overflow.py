@@ -1,12 +1,12 @@
 """Expert FFNs over the rows past each expert's buffer, a tile of rows at a time.
 
 Rows are choices sorted by expert. Expert e owns sorted positions [begin[e], begin[e] +
-count[e]); the first `skip` of them ran elsewhere (the balanced buffer), the rest run here in
-tiles of `tile` rows, one expert's weights per tile. The loop runs only the tiles there are
-(a dynamic trip count), reads each expert's weights in place (no per-tile copies) and, in the
-backward pass, adds each tile's weight gradient into its expert's slice in place. The
-forward keeps the hidden pre-activations, so the backward runs the model's two matmuls per
-weight and no recompute.
+count[e]); its rows [first[e], last[e]) of those run here in tiles of `tile` rows, one
+expert's weights per tile (the balanced buffer ran the rows before `first`). The loop runs
+only the tiles there are (a dynamic trip count), reads each expert's weights in place (no
+per-tile copies) and, in the backward pass, adds each tile's weight gradient into its
+expert's slice in place. The forward keeps the hidden pre-activations, so the backward runs
+the model's two matmuls per weight and no recompute.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ __all__ = ["overflow_ffn", "overflow_tiles"]
 Weights = tuple[jax.Array, jax.Array, jax.Array | None]  # wi_up, wo, wi_gate
 
 
-def overflow_tiles(count: jax.Array, skip: int, tile: int) -> tuple[jax.Array, jax.Array]:
-    """(tiles per expert [e], cumulative end [e]) of the rows past `skip` per expert."""
-    per_expert = (jnp.maximum(count - skip, 0) + tile - 1) // tile
+def overflow_tiles(first: jax.Array, last: jax.Array, tile: int) -> tuple[jax.Array, jax.Array]:
+    """(tiles per expert [e], cumulative end [e]) of each expert's rows [first, last)."""
+    per_expert = (jnp.maximum(last - first, 0) + tile - 1) // tile
     return per_expert, jnp.cumsum(per_expert)
 
 
 class _Tiles:
     """Where tile t's rows are, for a fixed routing."""
 
-    def __init__(self, token, begin, count, skip, tile, num_tokens):
-        self.token, self.begin, self.count = token, begin, count
-        self.skip, self.tile, self.num_tokens = skip, tile, num_tokens
-        self.per_expert, self.end = overflow_tiles(count, skip, tile)
+    def __init__(self, token, begin, first, last, tile, num_tokens):
+        self.token, self.begin, self.first, self.last = token, begin, first, last
+        self.tile, self.num_tokens = tile, num_tokens
+        self.per_expert, self.end = overflow_tiles(first, last, tile)
 
     @property
     def num_tiles(self) -> jax.Array:
@@ -43,9 +43,9 @@ class _Tiles:
     def __call__(self, t):
         """(expert, first sorted position, valid rows [tile], their tokens [tile])."""
         expert = jnp.minimum(jnp.searchsorted(self.end, t, side="right"), self.end.shape[0] - 1)
-        offset = self.skip + (t - self.end[expert] + self.per_expert[expert]) * self.tile
+        offset = self.first[expert] + (t - self.end[expert] + self.per_expert[expert]) * self.tile
         start = self.begin[expert] + offset
-        valid = offset + jnp.arange(self.tile) < self.count[expert]
+        valid = offset + jnp.arange(self.tile) < self.last[expert]
         token = jax.lax.dynamic_slice_in_dim(self.token, start, self.tile)
         return expert, start, valid, jnp.where(valid, token, self.num_tokens)
 
@@ -61,9 +61,8 @@ def _write(a, value, start, valid):
 
 
 def _forward(x, weights: Weights, tiles: _Tiles, activation):
-    m = tiles.token.shape[0] - tiles.tile
     w_up, w_out, w_gate = weights
-    rows_total = m + tiles.tile
+    rows_total = tiles.token.shape[0]  # sorted positions, padded by at least a tile
 
     def body(t, carry):
         out, up, gate = carry
@@ -90,36 +89,37 @@ def _forward(x, weights: Weights, tiles: _Tiles, activation):
     return jax.lax.fori_loop(0, tiles.num_tiles, body, carry)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def overflow_ffn(
     x: jax.Array,
     weights: Weights,
     token: jax.Array,
     begin: jax.Array,
-    count: jax.Array,
-    skip: int,
+    first: jax.Array,
+    last: jax.Array,
     tile: int,
     activation: Callable[[jax.Array], jax.Array],
 ) -> jax.Array:
-    """[m + tile, dim]: at each overflow sorted position, its expert's FFN of its token.
+    """[m + pad, dim]: at each sorted position in its expert's [first, last), the expert's
+    FFN of its token; zeros elsewhere.
 
-    x: [tokens + 1, dim], the last row zeros; token: [m + tile] token of each sorted
-    position (padded with `tokens`); begin, count: [e] each expert's sorted rows. Rows that
-    are not overflow are zeros.
+    x: [tokens + 1, dim], the last row zeros; token: [m + pad] token of each sorted
+    position, padded (pad >= tile) with `tokens`; begin [e]: each expert's first sorted
+    position; first, last [e]: the range of its rows (offsets from begin) to run.
     """
-    tiles = _Tiles(token, begin, count, skip, tile, x.shape[0] - 1)
+    tiles = _Tiles(token, begin, first, last, tile, x.shape[0] - 1)
     return _forward(x, weights, tiles, activation)[0]
 
 
-def _overflow_fwd(x, weights, token, begin, count, skip, tile, activation):
-    tiles = _Tiles(token, begin, count, skip, tile, x.shape[0] - 1)
+def _overflow_fwd(x, weights, token, begin, first, last, tile, activation):
+    tiles = _Tiles(token, begin, first, last, tile, x.shape[0] - 1)
     out, up, gate = _forward(x, weights, tiles, activation)
-    return out, (x, weights, token, begin, count, up, gate)
+    return out, (x, weights, token, begin, first, last, up, gate)
 
 
-def _overflow_bwd(skip, tile, activation, residuals, g):
-    x, weights, token, begin, count, up, gate = residuals
-    tiles = _Tiles(token, begin, count, skip, tile, x.shape[0] - 1)
+def _overflow_bwd(tile, activation, residuals, g):
+    x, weights, token, begin, first, last, up, gate = residuals
+    tiles = _Tiles(token, begin, first, last, tile, x.shape[0] - 1)
     w_up, w_out, w_gate = weights
 
     def body(t, carry):
@@ -156,7 +156,7 @@ def _overflow_bwd(skip, tile, activation, residuals, g):
         None if w_gate is None else jnp.zeros_like(w_gate),
     )
     dx, d_up, d_out, d_gate = jax.lax.fori_loop(0, tiles.num_tiles, body, zeros)
-    return dx, (d_up, d_out, d_gate), None, None, None
+    return dx, (d_up, d_out, d_gate), None, None, None, None
 
 
 overflow_ffn.defvjp(_overflow_fwd, _overflow_bwd)

@@ -53,7 +53,7 @@ EDGES = {
     "tiles_of_3": (0.1, 3),
     "tiles_of_1": (0.5, 1),
     "no_overflow": (4.0, 2),
-    "auto": (0.5, None),
+    "auto": (0.25, None),
 }
 
 
@@ -76,10 +76,49 @@ def test_buffer_and_overflow_tiles_match_the_reference(edge, gated):
     spilled = overflow_rows(x, w, 2, slots)
     summaries = collection.summaries["dispatch"]
     assert_close(summaries["moe/overflow_fraction"], spilled / m)
+    loop_rows = int(summaries["moe/overflow_rows"])
     if edge == "no_overflow":
-        assert spilled == 0 and int(summaries["moe/overflow_tiles"]) == 0
-    else:
-        assert spilled > 0 and int(summaries["moe/overflow_tiles"]) > 0
+        assert spilled == 0 and loop_rows == 0
+    else:  # every overflow row ran, padded by less than a tile per expert
+        tile = (
+            tile_size
+            or BalancedDispatch.default_config()
+            .instantiate(parent=None)
+            .tiles(m, w["router"].shape[1])[1]
+        )
+        assert spilled > 0 and spilled <= loop_rows < spilled + 2 * 128 * w["router"].shape[1]
+        assert loop_rows % tile == 0
+
+
+def test_whole_chunks_then_tiles_match_the_reference():
+    # 512 choices, expert 0 everyone's favourite: it overflows by more than a 128-row chunk,
+    # so both loops run (chunks, then the rest in 4-row tiles), forward and backward.
+    from test_moe_plugin import D, E, normal
+
+    favourite = normal(1, (D,))
+    x = normal(21, (4, 64, D)) + 0.5 * favourite
+    _, w = skewed_case()
+    y, collection = run(balanced(0.1, 4), layer_params(w), x)
+    want, _ = ref_moe(x, w, top_k=2, capacity_factor=None)
+    assert_close(y, want)
+    slots = int(np.ceil(0.1 * 512 / E))
+    spilled = overflow_rows(x, w, 2, slots)
+    assert spilled > 128 + slots
+    assert int(collection.summaries["dispatch"]["moe/overflow_rows"]) >= spilled
+    model = balanced(0.1, 4).instantiate(parent=None)
+    probe = jnp.asarray(normal(22, x.shape))
+
+    def loss(params, x):
+        out, _ = functional(model, prng_key=None, state=params, inputs=(x,), is_training=True)
+        return jnp.sum(out * probe)
+
+    def ref_loss(params, x):
+        return jnp.sum(jnp_reference(params, x, top_k=2, capacity_factor=None) * probe)
+
+    args = (layer_params(w), jnp.asarray(x))
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
+    want = jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(*args)
+    jax.tree.map(lambda a, b: assert_close(a, b, F32_LOOSE), got, want)
 
 
 @pytest.mark.parametrize("edge", ["tiles_of_3", "no_overflow"])
@@ -111,14 +150,14 @@ def test_dispatch_config_errors_name_the_field():
         balanced(0.0, None).instantiate(parent=None)
 
 
-def test_automatic_tile_keeps_the_padding_small():
-    tile = BalancedDispatch.default_config().instantiate(parent=None).tile
-    assert tile(4096, 8) == 32  # 8 x 32 x 16 = 4096
-    assert tile(16384, 64) == 16
-    assert tile(1 << 20, 8) == 128  # never above 128
-    assert tile(64, 64) == 1
-    fixed = BalancedDispatch.default_config().set(tile_size=8).instantiate(parent=None).tile
-    assert fixed(4096, 8) == 8 and fixed(3, 1) == 3  # never more rows than choices
+def test_automatic_tiles_keep_the_padding_small():
+    tiles = BalancedDispatch.default_config().instantiate(parent=None).tiles
+    assert tiles(4096, 8) == (128, 16)  # 8 x 16 x 32 = 4096; whole chunks of 128 first
+    assert tiles(16384, 64) == (128, 8)
+    assert tiles(1 << 20, 8) == (128, 128)  # never above 128: one loop
+    assert tiles(64, 64) == (64, 1)
+    fixed = BalancedDispatch.default_config().set(tile_size=8).instantiate(parent=None).tiles
+    assert fixed(4096, 8) == (128, 8) and fixed(3, 1) == (3, 3)  # never more than the choices
 
 
 # ----------------------------------------------------------- whole presets, per token
