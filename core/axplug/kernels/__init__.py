@@ -1,4 +1,5 @@
-"""Attention kernels: the reference, XLA and blockwise kernels, paged kernels, and dispatch.
+"""Kernels and their dispatch: attention (reference, XLA, blockwise), paged attention, and
+grouped matmuls.
 
 Hardware plugins implement the protocol (`AttentionKernel`, `Unsupported`, `check_shapes`)
 against `axplug.api` alone and wrap their opaque calls with `shard_over_batch`; dispatch asks
@@ -17,6 +18,13 @@ from axplug.kernels.dispatch import (
     registered_kernels,
     select_kernel,
 )
+from axplug.kernels.grouped import (
+    GroupedMatmulKernel,
+    XlaGroupedMatmul,
+    grouped_matmul,
+    grouped_matmul_reference,
+    select_grouped_matmul,
+)
 from axplug.kernels.paged import (
     XlaPagedKernel,
     check_paged_shapes,
@@ -31,6 +39,11 @@ __all__ = [
     "FALLBACK",
     "AttentionKernel",
     "BlockwiseKernel",
+    "GroupedMatmulKernel",
+    "XlaGroupedMatmul",
+    "grouped_matmul",
+    "grouped_matmul_reference",
+    "select_grouped_matmul",
     "KernelChoice",
     "ReferenceKernel",
     "Unsupported",

@@ -37,19 +37,26 @@ def _instance(obj: Any) -> Any:
 
 
 def registered_kernels(
-    names: list[str] | None = None, *, paged: bool = False
+    names: list[str] | None = None, *, paged: bool = False, grouped: bool = False
 ) -> list[tuple[str, Any]]:
     """(name, kernel) of every loadable `axplug.kernels` entry by priority, or of `names` in
-    that order: the dense attention kernels, or with `paged` the paged-attention ones
-    (`paged = True`, see `axplug.kernels.paged`). A kernel whose import fails is skipped
-    (the registry records it and `axplug list` shows it as broken)."""
+    that order: the dense attention kernels, with `paged` the paged-attention ones
+    (`paged = True`, see `axplug.kernels.paged`), with `grouped` the grouped matmuls
+    (`grouped_matmul = True`, see `axplug.kernels.grouped`). A kernel whose import fails is
+    skipped (the registry records it and `axplug list` shows it as broken)."""
     kernels = []
     for name in registry.names("kernels") if names is None else names:
         try:
             kernel = _instance(registry.load("kernels", name))
         except registry.PluginLoadError:
             continue
-        if bool(getattr(kernel, "paged", False)) == paged:
+        if (
+            bool(getattr(kernel, "paged", False)),
+            bool(getattr(kernel, "grouped_matmul", False)),
+        ) == (
+            paged,
+            grouped,
+        ):
             kernels.append((name, kernel))
     if names is None:
         kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))

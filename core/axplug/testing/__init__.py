@@ -12,7 +12,8 @@ class TestMyFeedForward(LayerConformance):
 ```
 
 The other kinds: `KernelConformance` (override `kernel`), `PagedKernelConformance` (`kernel`,
-a paged-attention kernel), `MeshRuleConformance` (`rule`,
+a paged-attention kernel), `GroupedMatmulConformance` (`kernel`, a grouped matmul),
+`MeshRuleConformance` (`rule`,
 `selectors`) and `StorageConformance` (`storage`). Capabilities are declared, not skipped: a
 class attribute `capabilities` names what the component supports, and checks for capabilities
 it lacks report as skipped with the reason.
@@ -24,6 +25,7 @@ compare what it received with the run's own metrics.jsonl (`expected_writer_scal
 `metrics_as_tags`, `scalars_match`).
 """
 
+from axplug.testing._grouped_kernel import GroupedMatmulConformance, group_size_cases
 from axplug.testing._hf import HFCheck, check_against_transformers, tiny_transformers_model
 from axplug.testing._kernel import (
     KERNEL_CAPABILITIES,
@@ -53,6 +55,7 @@ __all__ = [
     "STORAGE_CAPABILITIES",
     "LayerConformance",
     "KernelConformance",
+    "GroupedMatmulConformance",
     "MeshRuleConformance",
     "PagedKernelConformance",
     "StorageConformance",
@@ -63,6 +66,7 @@ __all__ = [
     "paged_reference",
     "reference_kernel",
     "sum_of_squares",
+    "group_size_cases",
     "expected_writer_scalars",
     "metrics_as_tags",
     "scalars_match",

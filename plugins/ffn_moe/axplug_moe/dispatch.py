@@ -11,8 +11,10 @@ over the choices the router kept; they differ only in how the work is laid out:
 - `balanced`: drop-free; choices sorted by expert, an even share per expert run as one
   batched matmul, the busier experts' overflow in tiles that read the weights in place.
   Executes about the model's expert FLOPs with no weight copies; no expert-parallel layout.
-- `ragged`: choices sorted by expert, `jax.lax.ragged_dot`. The model's FLOPs on GPU/TPU;
-  XLA:CPU lowers it to a dense dot over every expert. No expert-parallel layout.
+- `ragged`: choices sorted by expert, a grouped matmul (`axplug.kernels.grouped_matmul`: a
+  hardware plugin's kernel, e.g. megablox on TPU, else `jax.lax.ragged_dot`). The model's
+  FLOPs on GPU/TPU; XLA:CPU lowers it to a dense dot over every expert. No expert-parallel
+  layout.
 - `alltoall` (axplug_moe.alltoall): expert parallel by explicit all-to-all in a shard_map.
 - `auto` (axplug_moe.dispatchers): drop-free: `alltoall` over an expert mesh axis, else
   `ragged` on GPU/TPU, `balanced` elsewhere; with a capacity: `gather`.
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.config import ConfigError, config_class
+from axplug.kernels import grouped_matmul
 from axplug.layers import BaseLayer
 from axplug.sharding import constrain
 from axplug_moe.overflow import overflow_ffn, overflow_tiles
@@ -88,13 +91,14 @@ class Experts:
         return jnp.einsum("tbh,thd->tbd", h, self.wo[tile_expert])
 
     def ragged(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        """[rows, dim] sorted by expert, group_sizes[e] rows each -> [rows, dim]."""
-        h = jax.lax.ragged_dot(x, self.wi_up, group_sizes)
+        """[rows, dim] sorted by expert, group_sizes[e] rows each -> [rows, dim], by the
+        dispatched grouped matmul kernel (`axplug.kernels.grouped_matmul`)."""
+        h = grouped_matmul(x, self.wi_up, group_sizes)
         if self.wi_gate is not None:
-            h = self.activation(jax.lax.ragged_dot(x, self.wi_gate, group_sizes)) * h
+            h = self.activation(grouped_matmul(x, self.wi_gate, group_sizes)) * h
         else:
             h = self.activation(h)
-        return jax.lax.ragged_dot(h, self.wo, group_sizes)
+        return grouped_matmul(h, self.wo, group_sizes)
 
 
 class Dispatch(BaseLayer):
