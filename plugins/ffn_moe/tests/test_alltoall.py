@@ -24,10 +24,21 @@ STEPS = 3
 ONE, MESH = (1, 1, 1, 1, 1), (2, 2, 2, 1, 1)  # (data, fsdp, expert, seq, model)
 
 
-def trainer(run_dir, mesh, capacity="None"):
+def trainer(run_dir, mesh, capacity="None", routing="softmax"):
     cfg = tiny_llama(run_dir, STEPS, mesh)
     moe = f"moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor={capacity},dispatch=alltoall"
     cfg = with_jsonl(make_modifier(moe)(cfg))
+    if routing == "deepseek":  # sigmoid scores, bias-corrected group-limited top-k, scaling
+        from axplug_moe import DeepSeekRouter, MoEFeedForward
+
+        from axplug.config import find_configs
+
+        for _, layer in find_configs(cfg, MoEFeedForward):
+            layer.num_shared_experts = 1
+            layer.router = DeepSeekRouter.default_config().set(
+                top_k=2, num_groups=4, top_groups=2, scaling_factor=2.5,
+                capacity_factor=None, bias_update_rate=1e-3,
+            )  # fmt: skip
     devices = jax.devices()[: int(np.prod(mesh))]
     return cfg.instantiate(devices=devices)
 
@@ -38,6 +49,28 @@ def one_device(tmp_path_factory):
     t = trainer(run_dir, ONE)
     t.run()
     return metrics(run_dir), jax.device_get(t.state["params"])
+
+
+def test_deepseek_routing_and_a_shared_expert_take_the_same_path(tmp_path):
+    # Every routing variant reaches the experts through the same dispatch: DeepSeek-V3's
+    # (bias state updated each step) with a shared expert, on 8 devices as on one.
+    one = trainer(tmp_path / "one", ONE, routing="deepseek")
+    one.run()
+    many = trainer(tmp_path / "many", MESH, routing="deepseek")
+    many.run()
+    want, got = metrics(tmp_path / "one"), metrics(tmp_path / "many")
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-5)
+    bias = [
+        jax.device_get(
+            t.state["params"]["decoder"]["transformer"]["layer0"]["feed_forward"]["router"][
+                "e_score_correction_bias"
+            ]
+        )
+        for t in (one, many)
+    ]
+    np.testing.assert_allclose(bias[1], bias[0], atol=1e-6)
+    assert np.abs(bias[0]).max() > 0  # the balancing state moved
+    assert all(r["moe/dropped_fraction"] == 0.0 for r in got)
 
 
 OPS = "all-to-all|all-gather|all-reduce|reduce-scatter"
