@@ -51,6 +51,7 @@ def one_device(tmp_path_factory):
     return metrics(run_dir), jax.device_get(t.state["params"])
 
 
+@pytest.mark.slow  # ~18 s: two more 3-step runs
 def test_deepseek_routing_and_a_shared_expert_take_the_same_path(tmp_path):
     # Every routing variant reaches the experts through the same dispatch: DeepSeek-V3's
     # (bias state updated each step) with a shared expert, on 8 devices as on one.
