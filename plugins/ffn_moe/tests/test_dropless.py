@@ -105,35 +105,26 @@ def test_whole_chunks_then_tiles_match_the_reference():
     spilled = overflow_rows(x, w, 2, slots)
     assert spilled > 128 + slots
     assert int(collection.summaries["dispatch"]["moe/overflow_rows"]) >= spilled
-    model = balanced(0.1, 4).instantiate(parent=None)
-    probe = jnp.asarray(normal(22, x.shape))
-
-    def loss(params, x):
-        out, _ = functional(model, prng_key=None, state=params, inputs=(x,), is_training=True)
-        return jnp.sum(out * probe)
-
-    def ref_loss(params, x):
-        return jnp.sum(jnp_reference(params, x, top_k=2, capacity_factor=None) * probe)
-
-    args = (layer_params(w), jnp.asarray(x))
-    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
-    want = jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(*args)
-    jax.tree.map(lambda a, b: assert_close(a, b, F32_LOOSE), got, want)
+    assert_gradients_match(balanced(0.1, 4), x, w, jnp.asarray(normal(22, x.shape)))
 
 
 @pytest.mark.parametrize("edge", ["tiles_of_3", "no_overflow"])
 def test_gradients_through_the_overflow_match_a_dense_reference(edge):
     x, w = skewed_case()
-    cfg = balanced(*EDGES[edge])
-    cfg.router.set(load_balance_coefficient=0.0, z_loss_coefficient=0.0)
+    assert_gradients_match(balanced(*EDGES[edge]), x, w, PROBE)
+
+
+def assert_gradients_match(cfg, x, w, probe):
+    """Gradients of sum(layer(x) * probe) in the weights and x: the layer `cfg` against the
+    plain-jnp dense reference, drop-free top-2."""
     model = cfg.instantiate(parent=None)
 
     def loss(params, x):
         y, _ = functional(model, prng_key=None, state=params, inputs=(x,), is_training=True)
-        return jnp.sum(y * PROBE)
+        return jnp.sum(y * probe)
 
     def ref_loss(params, x):
-        return jnp.sum(jnp_reference(params, x, top_k=2, capacity_factor=None) * PROBE)
+        return jnp.sum(jnp_reference(params, x, top_k=2, capacity_factor=None) * probe)
 
     args = (layer_params(w), jnp.asarray(x))
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
