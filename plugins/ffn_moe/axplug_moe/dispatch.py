@@ -189,10 +189,10 @@ class RaggedDispatch(Dispatch):
 
 class BalancedDispatch(Dispatch):
     """Drop-free on any backend: choices sorted by expert; each expert's first
-    `buffer_factor` x choices / experts run as one batched matmul over an [expert, slot]
-    buffer (an even share each); the rest (the overflow of the busier experts) runs in
-    loops that read the weights in place (`overflow_ffn`): each expert's whole 128-row
-    chunks, then what is left in tiles of `tile_size` rows. Summaries:
+    `buffer_factor` x choices / experts (a quarter of an even share by default) run as one
+    batched matmul over an [expert, slot] buffer; the rest runs in loops that read the
+    weights in place (`overflow_ffn`): each expert's whole 128-row chunks, then what is left
+    in tiles of `tile_size` rows. Summaries:
     `moe/overflow_fraction` (of the choices) and `moe/overflow_rows` (rows the loops ran,
     padding included).
 
