@@ -175,6 +175,8 @@ class DisaggregatedEngine:
         finished = self.decode.pop_finished()
         with self._lock:
             self._finished += finished
+            if finished:  # decode rows freed: the prefill side may admit again
+                self._lock.notify_all()
         return events
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
@@ -206,6 +208,7 @@ class DisaggregatedEngine:
         if self.decode.cancel(request_id):
             with self._lock:
                 self._finished += self.decode.pop_finished()
+                self._lock.notify_all()
             return True
         return False
 
@@ -224,7 +227,9 @@ class DisaggregatedEngine:
             while True:
                 with self._lock:
                     while not self._closed and not self._room() and not self.prefill.has_work:
-                        self._lock.wait()
+                        # Timed: room also opens when decode rows finish or are cancelled,
+                        # which notify; the timeout bounds any wake-up that is missed.
+                        self._lock.wait(0.1)
                     if self._closed:
                         return
                 self._prefill_step()

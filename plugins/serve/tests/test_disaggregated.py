@@ -124,3 +124,32 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cach
     if cache == "paged":
         allocator = disaggregated.decode.allocator
         assert allocator.num_free == allocator.num_pages
+
+
+def test_a_threaded_prefill_side_wakes_when_decode_rows_finish(rope_model):
+    # Decode has one slot and four requests wait: the prefill thread sleeps until a decode
+    # row finishes. It used to sleep on an untimed wait that nothing notified when rows
+    # finished, and the run hung; now it must end, in order, with every request's tokens.
+    import threading
+
+    model, params = rope_model
+    greedy = SamplingParams(max_new_tokens=4, temperature=0)
+    both = DisaggregatedEngine(
+        Engine(model, params, num_slots=1, max_len=16),
+        Engine(model, params, num_slots=1, max_len=16),
+        threaded=True,
+    )
+    prompts = {name: random_ids(60 + i, 3).tolist() for i, name in enumerate("abcd")}
+    for name, prompt in prompts.items():
+        both.submit(Request(prompt, greedy, id=name))
+    done: dict = {}
+    runner = threading.Thread(
+        target=lambda: done.update({c.id: c for c in both.run()}), daemon=True
+    )
+    runner.start()
+    runner.join(120)
+    hung = runner.is_alive()
+    both.close()
+    assert not hung, "the disaggregated run did not finish within 120 s"
+    for name in "abcd":
+        assert done[name].output_ids == alone(model, params, prompts[name], greedy), name
