@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,14 +48,15 @@ class ShardingScope:
         """The PartitionSpec of an array whose dims carry `logical_axes`."""
         return logical_to_partition_spec(tuple(logical_axes), self.rules, self.mesh, shape)
 
-    def axis_size(self, logical_axis: str) -> int:
-        """How many ways the rules split `logical_axis` on this mesh."""
-        spec = self.spec((logical_axis,))[0]
-        names = () if spec is None else (spec,) if isinstance(spec, str) else spec
-        size = 1
-        for name in names:
-            size *= self.mesh.shape[name]
-        return size
+    def mesh_axes(self, logical_axis: str, size: int | None = None) -> tuple[str, ...]:
+        """The mesh axes the rules split `logical_axis` over (a dim of `size`, when given,
+        keeps only the axes that divide it)."""
+        spec = self.spec((logical_axis,), None if size is None else (size,))[0]
+        return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+    def axis_size(self, logical_axis: str, size: int | None = None) -> int:
+        """How many ways the rules split `logical_axis` (of `size`) on this mesh."""
+        return math.prod(self.mesh.shape[name] for name in self.mesh_axes(logical_axis, size))
 
 
 _OFF = object()  # `sharding_scope(None)`: no constraints, and no jax.set_mesh fallback either

@@ -50,13 +50,11 @@ def registered_kernels(
             kernel = _instance(registry.load("kernels", name))
         except registry.PluginLoadError:
             continue
-        if (
+        family = (
             bool(getattr(kernel, "paged", False)),
             bool(getattr(kernel, "grouped_matmul", False)),
-        ) == (
-            paged,
-            grouped,
-        ):
+        )
+        if family == (paged, grouped):
             kernels.append((name, kernel))
     if names is None:
         kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))

@@ -2,8 +2,8 @@
 devices that own their experts, runs its own experts on what it receives, and sends the
 outputs back, inside one `shard_map`.
 
-Static shapes: every device sends at most `capacity` rows to each expert shard (the router's
-capacity factor x its choices / shards; all its choices when drop-free), so with a capacity
+Static shapes: every device sends at most `capacity` rows to each expert shard (what the
+router's capacity lets it keep for them; all its choices when drop-free), so with a capacity
 the buffers, the all-to-alls and the expert work per device stay the same size as experts
 and devices grow together. Drop-free, the send and receive buffers grow with the expert
 shards (a ragged all-to-all, which XLA:CPU lacks, would not); the expert work does not,
@@ -28,12 +28,6 @@ from axplug_moe.dispatch import BalancedDispatch, Dispatch, Experts, balanced_ro
 __all__ = ["AllToAllDispatch"]
 
 
-def _names(spec_entry) -> tuple[str, ...]:
-    if spec_entry is None:
-        return ()
-    return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
-
-
 class AllToAllDispatch(Dispatch):
     """Tokens travel to their experts' devices by `jax.lax.all_to_all` over the mesh axes
     that split `expert` (and back), in a shard_map; without such an axis, `local` runs every
@@ -43,7 +37,9 @@ class AllToAllDispatch(Dispatch):
     @config_class
     class Config(Dispatch.Config):
         # Rows a device sends each expert shard: capacity_factor x its choices / shards;
-        # None: the router's capacity factor (None there: all its choices, drop-free).
+        # None: as many as the router keeps at most for the shard's experts (its capacity
+        # per sequence x sequences x experts; all the choices when it is drop-free), so
+        # nothing more is dropped.
         capacity_factor: float | None = None
         local: Dispatch.Config = BalancedDispatch.default_config()
 
@@ -56,11 +52,11 @@ class AllToAllDispatch(Dispatch):
     def forward(self, x, routing, experts):
         scope = current_scope()
         e = experts.num_experts
-        axes = () if scope is None else _names(scope.spec(("expert",), (e,))[0])
+        axes = () if scope is None else scope.mesh_axes("expert", e)
         if not axes:
             return self.local(x, routing, experts)
-        shards = math.prod(scope.mesh.shape[a] for a in axes)
-        batch = _names(scope.spec(("batch",), (x.shape[0],))[0])
+        shards = scope.axis_size("expert", e)
+        batch = scope.mesh_axes("batch", x.shape[0])
         if not set(axes) <= set(batch):
             raise ConfigError(
                 f"{self.path}: the all-to-all needs the batch split over the expert mesh "
@@ -69,12 +65,13 @@ class AllToAllDispatch(Dispatch):
             )
         g, s, _ = x.shape
         k = routing.expert_index.shape[-1]
-        choices = g * s * k // math.prod(scope.mesh.shape[a] for a in batch)  # per device
+        groups = g // scope.axis_size("batch", g)  # per device
+        choices = groups * s * k
         factor = self._config.capacity_factor
-        if factor is None:
-            router = getattr(self.parent, "router", None)
-            factor = None if router is None else router.config.capacity_factor
-        capacity = choices if factor is None else min(choices, math.ceil(factor * choices / shards))
+        if factor is None:  # what the router can keep for one shard's experts: no more drops
+            capacity = min(choices, groups * routing.capacity * (e // shards))
+        else:
+            capacity = min(choices, math.ceil(factor * choices / shards))
         # Balanced routing brings each device as many choices as it sends (`choices`), so
         # the buffer takes its share of those; the rest of the (static) receive buffer
         # runs as overflow tiles only where choices arrived.

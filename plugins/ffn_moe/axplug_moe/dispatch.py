@@ -272,21 +272,17 @@ def balanced_rows(x, expert, token, experts: Experts, slots: int, tiles: tuple[i
     filled = rank < count[:, None]
     slot_token = jnp.where(filled, sorted_token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
     buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
-    # The overflow: each expert's whole chunks, then the rest in (smaller) tiles.
+    # The overflow: each expert's whole chunks, then the rest in (smaller) tiles; each loop
+    # writes only its rows, so their outputs add.
     weights = (experts.wi_up, experts.wo, experts.wi_gate)
-    over = jnp.maximum(count, slots)
-    first = jnp.full_like(count, slots)
-    split = first + (over - first) // chunk * chunk if chunk > tile else first
-    overflow = overflow_ffn(
-        rows, weights, sorted_token, begin, split, over, tile, experts.activation
-    )[:m]
-    loop_rows = overflow_tiles(split, over, tile)[1][-1] * tile
-    if chunk > tile:
-        chunks = overflow_ffn(
-            rows, weights, sorted_token, begin, first, split, chunk, experts.activation
-        )
-        overflow = overflow + chunks[:m]
-        loop_rows = loop_rows + overflow_tiles(first, split, chunk)[1][-1] * chunk
+    first, last = jnp.full_like(count, slots), jnp.maximum(count, slots)
+    split = first + (last - first) // chunk * chunk
+    loops = [(first, split, chunk), (split, last, tile)] if chunk > tile else [(first, last, tile)]
+    overflow, loop_rows = jnp.zeros((m, d), x.dtype), 0
+    for lo, hi, rows_per in loops:
+        out = overflow_ffn(rows, weights, sorted_token, begin, lo, hi, rows_per, experts.activation)
+        overflow = overflow + out[:m]
+        loop_rows = loop_rows + overflow_tiles(lo, hi, rows_per)[1][-1] * rows_per
     # Each choice reads its buffer slot, or its overflow row, or (none) the zero row.
     position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
     ex = jnp.minimum(expert, e - 1)

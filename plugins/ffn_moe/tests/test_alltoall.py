@@ -24,16 +24,18 @@ STEPS = 3
 ONE, MESH = (1, 1, 1, 1, 1), (2, 2, 2, 1, 1)  # (data, fsdp, expert, seq, model)
 
 
-def trainer(run_dir, mesh, capacity="None", routing="softmax"):
+def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
+    """Drop-free routing through `alltoall`; `send_capacity`: its own capacity factor."""
+    from axplug_moe import DeepSeekRouter, MoEFeedForward
+
+    from axplug.config import find_configs
+
     cfg = tiny_llama(run_dir, STEPS, mesh)
-    moe = f"moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor={capacity},dispatch=alltoall"
+    moe = "moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor=None,dispatch=alltoall"
     cfg = with_jsonl(make_modifier(moe)(cfg))
-    if routing == "deepseek":  # sigmoid scores, bias-corrected group-limited top-k, scaling
-        from axplug_moe import DeepSeekRouter, MoEFeedForward
-
-        from axplug.config import find_configs
-
-        for _, layer in find_configs(cfg, MoEFeedForward):
+    for _, layer in find_configs(cfg, MoEFeedForward):
+        layer.dispatch.capacity_factor = send_capacity
+        if routing == "deepseek":  # sigmoid scores, bias-corrected group-limited top-k
             layer.num_shared_experts = 1
             layer.router = DeepSeekRouter.default_config().set(
                 top_k=2, num_groups=4, top_groups=2, scaling_factor=2.5,
@@ -122,9 +124,10 @@ def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
 
 
 def test_a_capacity_per_destination_drops_and_reports_it(tmp_path):
-    t = trainer(tmp_path, MESH, capacity="0.5")
+    t = trainer(tmp_path, MESH, send_capacity=0.5)
     t.run()
     got = metrics(tmp_path)
     assert all(np.isfinite(r["loss"]) for r in got)
-    # The router's per-sequence capacity 0.5 drops, and so does the send capacity.
-    assert all(0.0 < r["moe/dropped_fraction"] < 1.0 for r in got)
+    # The router drops nothing; the send capacity (half an even share per shard) does, and
+    # `moe/dropped_fraction` is the mean of the router's 0 and the dispatch's share.
+    assert all(0.0 < r["moe/dropped_fraction"] < 0.5 for r in got)

@@ -53,6 +53,14 @@ def alone(model, params, prompt, sampling, max_len=16):
     return completion.output_ids
 
 
+def submit_four(engine, sampling, *, seed) -> dict[str, list[int]]:
+    """Submits four 3-token prompts as requests "a" to "d"; returns the prompts by id."""
+    prompts = {name: random_ids(seed + i, 3).tolist() for i, name in enumerate("abcd")}
+    for name, prompt in prompts.items():
+        engine.submit(Request(prompt, sampling, id=name))
+    return prompts
+
+
 def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model):
     model, params = rope_model
     greedy = SamplingParams(max_new_tokens=5, temperature=0)
@@ -60,9 +68,7 @@ def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model)
         Engine(model, params, num_slots=1, max_len=16),
         Engine(model, params, num_slots=2, max_len=16),
     )
-    prompts = {name: random_ids(40 + i, 3).tolist() for i, name in enumerate("abcd")}
-    for name, prompt in prompts.items():
-        both.submit(Request(prompt, greedy, id=name))
+    prompts = submit_four(both, greedy, seed=40)
     assert both.cancel("d") and not both.cancel("nobody")  # still waiting: dropped at once
     done = {c.id: c for c in both.run()}
     both.close()
@@ -139,9 +145,7 @@ def test_a_threaded_prefill_side_wakes_when_decode_rows_finish(rope_model):
         Engine(model, params, num_slots=1, max_len=16),
         threaded=True,
     )
-    prompts = {name: random_ids(60 + i, 3).tolist() for i, name in enumerate("abcd")}
-    for name, prompt in prompts.items():
-        both.submit(Request(prompt, greedy, id=name))
+    prompts = submit_four(both, greedy, seed=60)
     done: dict = {}
     runner = threading.Thread(
         target=lambda: done.update({c.id: c for c in both.run()}), daemon=True
