@@ -1,5 +1,5 @@
 """The Orbax pieces of a `Checkpointer`: its async checkpointer, a failed save's cleanup, and
-the placeholders of a partial restore."""
+the item, placeholders and cut of a partial restore."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_utils import construct_restore_args
 
 from axplug.checkpoint import layout
 from axplug.checkpoint.storage import Storage
 
-__all__ = ["new_orbax", "remove_failed_save", "placeholders"]
+__all__ = ["new_orbax", "remove_failed_save", "placeholders", "partial_item", "wanted"]
 
 # How many times (0.05 s apart) a failed save's temporary directory is looked for and deleted.
 _CLEANUP_POLLS = 60
@@ -68,3 +69,25 @@ def remove_failed_save(storage: Storage, directory: str, step: int) -> None:
 def placeholders(tree: Any) -> Any:
     """`tree` with every leaf Orbax's placeholder: a subtree a partial restore skips."""
     return jax.tree.map(lambda _: ocp.PLACEHOLDER, tree)
+
+
+def partial_item(saved: Any, abstract: Any) -> tuple[Any, Any]:
+    """(item, restore args) of a partial restore: `saved`'s tree with `abstract`'s leaves
+    where it wants them and Orbax's placeholder elsewhere, at any depth of dicts."""
+    item, args = {}, {}
+    for key, value in saved.items():
+        want = abstract.get(key) if isinstance(abstract, dict) else None
+        if want is None:
+            item[key] = args[key] = placeholders(value)
+        elif isinstance(value, dict) and isinstance(want, dict):
+            item[key], args[key] = partial_item(value, want)
+        else:
+            item[key], args[key] = want, construct_restore_args(want)
+    return item, args
+
+
+def wanted(tree: Any, abstract: Any) -> Any:
+    """`tree` cut to the dict keys `abstract` has, at any depth."""
+    if not isinstance(tree, dict) or not isinstance(abstract, dict):
+        return tree
+    return {k: wanted(v, abstract[k]) for k, v in tree.items() if k in abstract}

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_utils import construct_restore_args
 
 from axplug.checkpoint import inventory, layout
-from axplug.checkpoint._orbax import new_orbax, placeholders, remove_failed_save
+from axplug.checkpoint._orbax import new_orbax, partial_item, remove_failed_save, wanted
 from axplug.checkpoint._quiet import drop_orbax_error_logs, quiet_after_failed_save
 from axplug.checkpoint._slow_save import SLOW_SAVE_WARNING_S, warn_if_slow
 from axplug.checkpoint._tree import abstract_target, first_non_finite
@@ -243,10 +243,16 @@ class Checkpointer(Configurable):
         step = self._resolve_step(step)
         abstract = abstract_target(target)
         saved = self._saved_tree(step)
-        self._check_target(step, saved, abstract, partial=partial)
+        if shown := layout_mismatch(wanted(saved, abstract) if partial else saved, abstract):
+            # Not corruption: a config that builds another model or optimizer.
+            raise CheckpointError(
+                f"step {step} in {self.directory} holds a different state than this config "
+                f"builds ({shown}); resume with the config it was trained with (config.txt "
+                "beside it), or train into another --output-dir"
+            )
         treedef = jax.tree.structure(abstract)
         if partial:  # the saved tree, with Orbax's placeholder where nothing is wanted
-            item, restore_args = _partial_item(saved, abstract)
+            item, restore_args = partial_item(saved, abstract)
         else:
             item, restore_args = abstract, construct_restore_args(abstract)
         state_args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
@@ -260,7 +266,7 @@ class Checkpointer(Configurable):
             restored = self._orbax.restore(self.storage.path(self._step_url(step)), args=args)
             state = restored[layout.STATE_ITEM]
             if partial:
-                state = _wanted(state, abstract)
+                state = wanted(state, abstract)
             state = jax.tree.unflatten(treedef, treedef.flatten_up_to(state))
         except Exception as exc:
             raise CheckpointCorruptError(
@@ -315,19 +321,6 @@ class Checkpointer(Configurable):
                 f"step {step} in {self.directory}: its array metadata cannot be read: "
                 f"{first_line(exc)}"
             ) from exc
-
-    def _check_target(self, step: int, saved: Any, abstract: Any, *, partial: bool) -> None:
-        """CheckpointError (not corruption) when `abstract` differs from what `step` holds
-        (`saved`, its array metadata tree): a config that builds another model or optimizer
-        (with `partial`, only in what `abstract` holds)."""
-        if partial:
-            saved = _wanted(saved, abstract)
-        if (shown := layout_mismatch(saved, abstract)) is not None:
-            raise CheckpointError(
-                f"step {step} in {self.directory} holds a different state than this config "
-                f"builds ({shown}); resume with the config it was trained with (config.txt "
-                "beside it), or train into another --output-dir"
-            )
 
     def saved_checksums(self, step: int) -> dict[str, str] | None:
         """The leaf checksums written with `step`; None for a step saved before checksums."""
@@ -399,25 +392,3 @@ class Checkpointer(Configurable):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _partial_item(saved: Any, abstract: Any) -> tuple[Any, Any]:
-    """(item, restore args) of a partial restore: `saved`'s tree with `abstract`'s leaves
-    where it wants them and Orbax's placeholder elsewhere, at any depth of dicts."""
-    item, args = {}, {}
-    for key, value in saved.items():
-        want = abstract.get(key) if isinstance(abstract, dict) else None
-        if want is None:
-            item[key] = args[key] = placeholders(value)
-        elif isinstance(value, dict) and isinstance(want, dict):
-            item[key], args[key] = _partial_item(value, want)
-        else:
-            item[key], args[key] = want, construct_restore_args(want)
-    return item, args
-
-
-def _wanted(tree: Any, abstract: Any) -> Any:
-    """`tree` cut to the dict keys `abstract` has, at any depth."""
-    if not isinstance(tree, dict) or not isinstance(abstract, dict):
-        return tree
-    return {k: _wanted(v, abstract[k]) for k, v in tree.items() if k in abstract}

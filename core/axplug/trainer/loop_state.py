@@ -80,6 +80,12 @@ class StepTimer:
         peak = per_device * mesh.devices.size if per_device else None
         return cls(tokens_per_step(trainer_cfg.input), flops, peak)
 
+    def mfu(self, seconds: float) -> float | None:
+        """Model FLOPs utilization of one step that took `seconds`; None without a peak."""
+        if self.flops_per_step and self.peak_flops and seconds > 0:
+            return self.flops_per_step / (seconds * self.peak_flops)
+        return None
+
     def tick(self, step: int) -> dict[str, float]:
         now = time.perf_counter()
         out: dict[str, float] = {}
@@ -90,7 +96,7 @@ class StepTimer:
                 out["tokens_per_sec"] = self.tokens_per_step / seconds
             if self.flops_per_step:
                 out["model_flops_per_sec"] = self.flops_per_step / seconds
-                if self.peak_flops:
-                    out["mfu"] = out["model_flops_per_sec"] / self.peak_flops
+            if (mfu := self.mfu(seconds)) is not None:
+                out["mfu"] = mfu
         self._last = (step, now)
         return out

@@ -16,7 +16,14 @@ import jax
 from axplug.api import ParameterSpec
 from axplug.config import ConfigError
 
-__all__ = ["parameter_paths", "update_kinds", "optimizer_mask", "pick", "merge"]
+__all__ = [
+    "parameter_paths",
+    "update_kinds",
+    "optimizer_mask",
+    "frozen_masks",
+    "pick",
+    "merge",
+]
 
 
 def _is_spec(x: Any) -> bool:
@@ -62,6 +69,17 @@ def optimizer_mask(kinds: Any) -> Any | None:
     if "frozen" not in jax.tree.leaves(kinds):
         return None
     return jax.tree.map(lambda kind: kind == "optimizer", kinds)
+
+
+def frozen_masks(kinds: Any) -> tuple[Any | None, Any | None, Any | None]:
+    """(optimizer mask, frozen mask, stored mask) of a run's update kinds: what the
+    optimizer sees, what is frozen, and what a fine-tune's checkpoints store (the rest);
+    all None without frozen parameters."""
+    optimizer = optimizer_mask(kinds)
+    if optimizer is None:
+        return None, None, None
+    frozen = jax.tree.map(lambda kind: kind == "frozen", kinds)
+    return optimizer, frozen, jax.tree.map(lambda f: not f, frozen)
 
 
 def pick(mask: Any | None, tree: Any) -> Any:

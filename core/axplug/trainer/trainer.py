@@ -13,13 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug import registry
 from axplug.checkpoint import Checkpointer
-from axplug.config import (
-    REQUIRED,
-    Configurable,
-    InstantiableConfig,
-    Required,
-    config_class,
-)
+from axplug.config import REQUIRED, Configurable, InstantiableConfig, Required, config_class
 from axplug.input import ByteTextInput
 from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
@@ -45,13 +39,8 @@ from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.saving import save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step, guard_for
-from axplug.trainer.summaries import (
-    attempt_recorder,
-    build_writer,
-    goodput_report,
-    summary_dir,
-)
-from axplug.trainer.trainable import optimizer_mask, pick, update_kinds
+from axplug.trainer.summaries import attempt_recorder, build_writer, goodput_report, summary_dir
+from axplug.trainer.trainable import frozen_masks, pick, update_kinds
 
 __all__ = ["Trainer", "summary_dir"]
 
@@ -171,13 +160,7 @@ class Trainer(Configurable):
         # Frozen parameters (learner.trainable) are left out of the optimizer and its state;
         # a fine-tune's checkpoints leave them out too (`frozen_source` names their run).
         kinds = update_kinds(self.param_specs, cfg.learner.trainable)
-        self.optimizer_mask = optimizer_mask(kinds)
-        self.frozen_mask = None if self.optimizer_mask is None else jax.tree.map(
-            lambda kind: kind == "frozen", kinds
-        )  # fmt: skip
-        self.stored_mask = None if self.frozen_mask is None else jax.tree.map(
-            lambda frozen: not frozen, self.frozen_mask
-        )  # fmt: skip
+        self.optimizer_mask, self.frozen_mask, self.stored_mask = frozen_masks(kinds)
         self.frozen_source: dict | None = None
         self.tx = self.learner.transform(pick(self.optimizer_mask, self.param_specs), cfg.max_steps)
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -385,10 +368,7 @@ class Trainer(Configurable):
         # Host time between step completions, leaving out checkpoints and evaluations.
         busy = self._busy_seconds()
         seconds = busy - self._busy_mark
-        mfu = None
-        if timer.flops_per_step and timer.peak_flops and seconds > 0:
-            mfu = timer.flops_per_step / (seconds * timer.peak_flops)
-        self.watchdog.step_completed(step, seconds, mfu)
+        self.watchdog.step_completed(step, seconds, timer.mfu(seconds))
         self._busy_mark = busy
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
