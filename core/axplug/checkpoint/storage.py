@@ -17,7 +17,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from axplug.checkpoint.errors import StorageNotFoundError
-from axplug.files import write_text
+from axplug.files import atomic_file, write_text
 
 if TYPE_CHECKING:
     from etils import epath
@@ -74,6 +74,28 @@ class Storage(abc.ABC):
         """(total bytes, newest mtime in epoch seconds) of the tree at `url`; None when unknown."""
         return None, None
 
+    # Data directories (plugin API 1.9): token shards read by range, written by upload.
+
+    def size(self, url: str) -> int:
+        """The byte size of the file at `url` (FileNotFoundError when missing)."""
+        raise self._missing("size")
+
+    def read_bytes(self, url: str, start: int = 0, length: int | None = None) -> bytes:
+        """Bytes `[start, start + length)` of the file at `url` (to its end when None): one
+        range request on an object store (FileNotFoundError when missing)."""
+        raise self._missing("read_bytes")
+
+    def put_file(self, local_path: str | os.PathLike, url: str) -> None:
+        """Uploads the local file to `url` whole: a reader sees all of it or nothing."""
+        raise self._missing("put_file")
+
+    def _missing(self, method: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"storage backend {type(self).__qualname__} has no {method}() (plugin API 1.9), "
+            "so token data cannot be read or written through it; upgrade the plugin that "
+            "provides it"
+        )
+
 
 class LocalStorage(Storage):
     """The local filesystem: plain paths and `file://` URLs."""
@@ -112,6 +134,22 @@ class LocalStorage(Storage):
         # Under a temporary name, then renamed: a reader (or a killed writer) never leaves a
         # half-written file at `url`.
         write_text(self._local(url), text)
+
+    def size(self, url: str) -> int:
+        return os.path.getsize(self._local(url))
+
+    def read_bytes(self, url: str, start: int = 0, length: int | None = None) -> bytes:
+        with open(self._local(url), "rb") as f:
+            f.seek(start)
+            return f.read(-1 if length is None else length)
+
+    def put_file(self, local_path: str | os.PathLike, url: str) -> None:
+        target = self._local(url)
+        if os.path.abspath(local_path) == target:
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with atomic_file(target) as f, open(local_path, "rb") as src:
+            shutil.copyfileobj(src, f)
 
     def stat(self, url: str) -> tuple[int | None, float | None]:
         local = self._local(url)

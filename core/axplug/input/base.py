@@ -54,6 +54,22 @@ class Input(Configurable, abc.ABC):
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
         """Yields `(step, batch)` for step, step + 1, ... (endless unless the source ends)."""
 
+    def state_at(self, step: int) -> dict | None:
+        """The JSON state from which this process's batches continue at `step` (the batches
+        of earlier steps consumed); None: batches are a function of the step (the default).
+
+        The trainer saves it with every checkpoint and hands it to `restore_state` on resume.
+        """
+        return None
+
+    def restore_state(self, step: int, state: dict) -> None:
+        """Continues, at the next `iter_from(step)`, from `state_at(step)` of the saved run."""
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Scalars about the data served before `step` (e.g. tokens per source), logged with
+        the step's metrics; {} by default."""
+        return {}
+
 
 class StepInput(Input):
     """Batches that are a pure function of `(seed, step)`: a resumed run sees the same data.

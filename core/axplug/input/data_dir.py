@@ -17,6 +17,7 @@ Every refusal is a `ConfigFileError` naming the file and what to do.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -27,6 +28,7 @@ import numpy as np
 
 from axplug.config import ConfigFileError
 from axplug.files import atomic_file
+from axplug.input.remote import RemoteArray, RemotePath, data_path
 
 __all__ = [
     "FORMAT",
@@ -61,9 +63,17 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_meta(directory: str | os.PathLike) -> dict:
-    """The `meta.json` of a prepared data directory, its fields checked."""
-    path = pathlib.Path(directory) / "meta.json"
+def file_size(path) -> int:
+    """The byte size of a local or remote file."""
+    return path.size() if isinstance(path, RemotePath) else path.stat().st_size
+
+
+def read_meta(
+    directory: str | os.PathLike | RemotePath, storage_options: dict | None = None
+) -> dict:
+    """The `meta.json` of a prepared data directory (a path or a storage URL), checked."""
+    root = directory if isinstance(directory, RemotePath) else data_path(directory, storage_options)
+    path = root / "meta.json"
     if not path.is_file():
         raise ConfigFileError(
             f"{str(directory)!r} is not a prepared data directory (no meta.json); make one with "
@@ -99,13 +109,13 @@ def read_meta(directory: str | os.PathLike) -> dict:
     return meta
 
 
-def open_shard(root: pathlib.Path, meta: dict, record: dict) -> Shard:
+def open_shard(root: pathlib.Path | RemotePath, meta: dict, record: dict) -> Shard:
     """A shard, its size, docs.npy and recorded largest id checked (no token is read)."""
     path = root / f"{record['name']}.bin"
     dtype = np.dtype(meta["dtype"])
     if not path.is_file():
         raise ConfigFileError(f"{path}: missing (meta.json lists it): {_AGAIN}")
-    size = path.stat().st_size
+    size = file_size(path)
     if size % dtype.itemsize:
         raise ConfigFileError(
             f"{path}: {size} bytes, not a whole number of {dtype.name} tokens "
@@ -122,7 +132,7 @@ def open_shard(root: pathlib.Path, meta: dict, record: dict) -> Shard:
             f"{docs_path}: missing (the document offsets of {path.name}): {_AGAIN}"
         )
     try:
-        docs = np.load(docs_path, allow_pickle=False)
+        docs = np.load(io.BytesIO(docs_path.read_bytes()), allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise ConfigFileError(f"{docs_path}: not a readable .npy file ({e}): {_AGAIN}") from None
     if docs.ndim != 1 or docs.dtype.kind not in "iu" or len(docs) < 1:
@@ -148,24 +158,31 @@ def open_shard(root: pathlib.Path, meta: dict, record: dict) -> Shard:
             f"{meta['vocab_size']} (meta.json's vocab_size): the shard was prepared with another "
             f"tokenizer; rerun prepare-data"
         )
-    # An empty file cannot be memory mapped.
-    tokens = np.memmap(path, dtype=dtype, mode="r") if n else np.zeros(0, dtype)
+    tokens = file_array(path, dtype, n)
     for at in sorted({0, n - 1}) if n else ():  # two pages: a shard overwritten whole shows
         if tokens[at] >= meta["vocab_size"]:
             raise ConfigFileError(out_of_vocab(path, int(tokens[at]), at, meta["vocab_size"]))
     mask = None
     if meta.get("loss_mask"):
         mask_path = root / f"{record['name']}.mask.bin"
-        if not mask_path.is_file() or mask_path.stat().st_size != n:
+        if not mask_path.is_file() or file_size(mask_path) != n:
             raise ConfigFileError(
                 f"{mask_path}: missing or not one byte per token of {path.name} (meta.json "
                 f"says the data has loss masks): {_AGAIN}"
             )
-        mask = np.memmap(mask_path, dtype=np.uint8, mode="r") if n else np.zeros(0, np.uint8)
+        mask = file_array(mask_path, np.uint8, n)
     return Shard(path, tokens, docs, mask)
 
 
-def out_of_vocab(path: pathlib.Path, token: int, at: int, vocab_size: int) -> str:
+def file_array(path, dtype, n: int):
+    """The file's `n` elements: memory mapped, or read by range from a storage backend."""
+    if isinstance(path, RemotePath):
+        return RemoteArray(path, dtype, n)
+    # An empty file cannot be memory mapped.
+    return np.memmap(path, dtype=dtype, mode="r") if n else np.zeros(0, dtype)
+
+
+def out_of_vocab(path, token: int, at: int, vocab_size: int) -> str:
     """The refusal of a token id outside the vocabulary, which a gather would clamp silently."""
     return (
         f"{path}: token id {token} at token {at} is outside the vocabulary of {vocab_size} "
@@ -174,19 +191,23 @@ def out_of_vocab(path: pathlib.Path, token: int, at: int, vocab_size: int) -> st
     )
 
 
-def open_shards(directory: str | os.PathLike, meta: dict | None = None) -> list[Shard]:
+def open_shards(
+    directory: str | os.PathLike | RemotePath, meta: dict | None = None,
+    storage_options: dict | None = None,
+) -> list[Shard]:  # fmt: skip
     """Every shard of a data directory, checked as far as it can be without reading tokens."""
-    root = pathlib.Path(directory)
+    root = directory if isinstance(directory, RemotePath) else data_path(directory, storage_options)
     meta = read_meta(root) if meta is None else meta
     return [open_shard(root, meta, record) for record in meta["shards"]]
 
 
-def verify(directory: str | os.PathLike, vocab_size: int | None = None) -> dict:
+def verify(directory: str | os.PathLike, vocab_size: int | None = None,
+           storage_options: dict | None = None) -> dict:  # fmt: skip
     """Reads every token of a data directory; returns a summary, or raises naming the file.
 
     Beyond `open_shards`: each shard's largest id equals the one meta.json records, and every
     id is below `vocab_size` (meta.json's, and the given one: a model's)."""
-    root = pathlib.Path(directory)
+    root = data_path(directory, storage_options)
     meta = read_meta(root)
     shards = open_shards(root, meta)
     bounds = [(meta["vocab_size"], "meta.json's vocab_size")]

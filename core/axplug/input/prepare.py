@@ -30,11 +30,11 @@ from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageE
 from axplug.files import errors_naming, write_text
 from axplug.input.data_dir import FORMAT, open_shard, write_shard
 from axplug.input.sources import TEXT_UNITS, chunks, read_documents
+from axplug.input.tasks import TaskOutput, check_task, data_meta, finish_task
 from axplug.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["prepare_data", "read_documents", "TEXT_UNITS", "DocumentEncoder"]
 
-SHARD_FIELDS = ("name", "tokens", "documents", "max_token_id")  # a shard's record in meta.json
 _worker: dict = {}
 
 
@@ -137,11 +137,22 @@ def prepare_data(
     append_eos: bool = True,
     on_shard: Callable[[dict], None] | None = None,
     encoder: DocumentEncoder | None = None,
-) -> dict:
-    """Tokenizes `sources` into the data directory `output`; returns its meta.json content.
+    num_tasks: int = 1,
+    task_index: int = 0,
+    staging: str | os.PathLike | None = None,
+    storage_options: dict | None = None,
+) -> dict | None:
+    """Tokenizes `sources` into the data directory `output`; returns its meta.json content
+    (None: a task of several whose others are not all done yet).
 
     `on_shard(record)` is called as each shard is done (the CLI's progress bar). With an
-    `encoder`, each record of `encoder.field` becomes its documents and loss masks."""
+    `encoder`, each record of `encoder.field` becomes its documents and loss masks.
+
+    `num_tasks` > 1 makes this task `task_index` of that many (`axplug.input.tasks`): it
+    tokenizes every `num_tasks`-th chunk and records them; the task that finds all others'
+    records writes meta.json. An `output` URL (`s3://...`) is prepared in `staging` (a local
+    directory; default under ~/.cache/axplug/prepare) and each shard uploaded as it is done,
+    meta.json last."""
     if encoder is not None:
         field = encoder.field
     if docs_per_shard < 1:
@@ -152,16 +163,18 @@ def prepare_data(
         raise ConfigValueError(f"text unit {text_unit!r}: one of {TEXT_UNITS}")
     if not sources:
         raise ConfigError("prepare-data: no input files given")
+    check_task(num_tasks, task_index)
     for source in sources:
         read_documents(source, field=field, text_unit=text_unit)  # exists, readable kind
-    out = pathlib.Path(output)
+    target = TaskOutput.open(output, staging, storage_options)
+    out = target.local
     _check_output(out)
     tok = load_tokenizer(tokenizer)  # a file its library cannot read: one error naming it
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers,
-                        append_eos, on_shard, encoder)  # fmt: skip
+        return _prepare(sources, tok, target, field, text_unit, docs_per_shard, workers,
+                        append_eos, on_shard, encoder, (num_tasks, task_index))  # fmt: skip
     except ConfigError:
         # A source unreadable midway: once it is fixed it no longer matches progress.json.
         if created:
@@ -169,10 +182,12 @@ def prepare_data(
         raise
 
 
-def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, append_eos, on_shard,
-             encoder):  # fmt: skip
+def _prepare(sources, tok, target, field, text_unit, docs_per_shard, workers, append_eos, on_shard,
+             encoder, task):  # fmt: skip
     import multiprocessing
 
+    out = target.local
+    num_tasks, task_index = task
     eos = tok.eos_id if append_eos and encoder is None else None
     settings = _settings(sources, tok, field, text_unit, docs_per_shard, eos)
     if encoder is not None:
@@ -189,13 +204,19 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
     records: list[dict] = []
 
     def finished(record: dict) -> None:
+        target.publish_shard(record["name"])
         records.append(record)
         if on_shard is not None:
             on_shard(record)
 
+    total = [0]  # chunks of all tasks
+
     def jobs() -> Iterator[tuple[int, list[str]]]:
-        """Chunks still to tokenize; finished shards (from a killed run) are counted."""
+        """This task's chunks still to tokenize; finished shards (of a killed run) count."""
         for index, texts in enumerate(chunks(sources, field, text_unit, docs_per_shard)):
+            total[0] = index + 1
+            if index % num_tasks != task_index:
+                continue
             name = f"shard_{index:05d}"
             documents = len(texts) if encoder is None else None  # an encoder's may differ
             if name in done and (shard := _finished_shard(out, name, documents, dtype, tok)):
@@ -220,25 +241,28 @@ def _prepare(sources, tok, out, field, text_unit, docs_per_shard, workers, appen
     if tok.source:
         with errors_naming(out / tok.file_name):
             saved = tok.save(out).name
+        target.publish(saved)
     else:
         saved = "bytes"
-    meta = {
+    base = {
         "format": FORMAT,
         "dtype": dtype,
         "vocab_size": tok.vocab_size,
         "tokenizer": saved,
         "eos_id": tok.eos_id,
         "bos_id": tok.bos_id,
-        "num_tokens": sum(r["tokens"] for r in records),
-        "num_documents": sum(r["documents"] for r in records),
-        "shards": [{k: r[k] for k in SHARD_FIELDS} for r in records],
         "settings": settings,
     }
     if encoder is not None:
         for file_name, text in encoder.files().items():
             write_text(out / file_name, text)
-        meta.update(encoder.meta(), loss_mask=True)
-    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
+            target.publish(file_name)
+        base.update(encoder.meta(), loss_mask=True)
+    if num_tasks > 1:
+        return finish_task(target, base, records, total[0], num_tasks, task_index)
+    meta = data_meta(base, records)
+    target.write_text("meta.json", json.dumps(meta, indent=1) + "\n")
+    target.done()
     return meta
 
 

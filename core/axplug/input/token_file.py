@@ -6,13 +6,24 @@ from __future__ import annotations
 import functools
 import pathlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
 from axplug.input.base import Batch, StepInput, check_split, field_error
-from axplug.input.data_dir import FORMAT, open_shards, out_of_vocab, read_meta, write_shard
+from axplug.input.data_dir import (
+    FORMAT,
+    file_array,
+    file_size,
+    open_shards,
+    out_of_vocab,
+    read_meta,
+    write_shard,
+)
 from axplug.input.document_rows import plan_rows, row_batch
+from axplug.input.prefetch import prefetched
+from axplug.input.remote import data_path
 
 __all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
 
@@ -23,12 +34,18 @@ def _token_values(shard, name: str) -> np.ndarray:
     """The float32 per-token values NAME of a shard (`shard_NNNNN.NAME.bin`), size checked."""
     path = shard.path.with_name(f"{shard.path.stem}.{name}.bin")
     n = len(shard.tokens)
-    if not path.is_file() or path.stat().st_size != 4 * n:
+    if not path.is_file() or file_size(path) != 4 * n:
         raise ConfigFileError(
             f"{path}: missing or not a float32 per token of {shard.path.name} (meta.json lists "
             f"token values {name!r}): write them again with the command that made them"
         )
-    return np.memmap(path, dtype=np.float32, mode="r") if n else np.zeros(0, np.float32)
+    return file_array(path, np.float32, n)
+
+
+def _root(cfg):
+    """The data directory of a config: a local path (`~` expanded) or a `RemotePath`."""
+    path = cfg.path if "://" in cfg.path else str(pathlib.Path(cfg.path).expanduser())
+    return data_path(path, cfg.storage_options)
 
 
 class TokenFileInput(StepInput):
@@ -49,6 +66,10 @@ class TokenFileInput(StepInput):
     every row once. `group` rows stay together in the shuffle (2: preference pairs). A data
     directory with loss masks (a chat's assistant turns) ignores the targets they mask.
 
+    `path` may be a storage URL (`s3://bucket/data`, `gs://...`; the backend of its scheme,
+    built with `storage_options` over the environment's settings, as checkpoints are): rows are
+    read by range requests, `prefetch` batches ahead in threads, so a step does not wait.
+
     Per-token values a data directory lists in meta.json's `token_values` (files
     `shard_NNNNN.NAME.bin`, float32; e.g. reference log-probabilities written by a plugin)
     are served under NAME aligned with the targets, 0 where a target does not count.
@@ -62,18 +83,22 @@ class TokenFileInput(StepInput):
         packing: bool = False
         rows: str = "stream"  # or "documents"
         group: int = 1  # consecutive rows shuffled as one (rows="documents")
+        storage_options: dict[str, Any] = {}  # a URL path's backend options (endpoint, ...)
+        prefetch: int = 2  # batches read ahead in threads (0: in the step's own thread)
 
     @classmethod
     def vocab_size_of(cls, cfg: Config) -> int | None:
         """The data's tokenizer vocabulary, read from its meta.json (None: path unset)."""
         if cfg.path is REQUIRED:
             return None
-        return int(read_meta(pathlib.Path(cfg.path).expanduser())["vocab_size"])
+        return int(read_meta(_root(cfg))["vocab_size"])
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         check_split(cfg)
-        root = pathlib.Path(cfg.path).expanduser()
+        if cfg.prefetch < 0:
+            raise field_error(cfg, "prefetch", f"{cfg.prefetch}: must be >= 0")
+        root = _root(cfg)
         self.meta = read_meta(root)
         self.vocab_size = int(self.meta["vocab_size"])
         if cfg.rows not in ("stream", "documents"):
@@ -166,10 +191,11 @@ class TokenFileInput(StepInput):
         raise ConfigFileError(out_of_vocab(self._paths[shard], token, local, self.vocab_size))
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        if self._epoch is None or self._epoch[0] != epoch:
+        cached = self._epoch  # one read: prefetching threads may replace it meanwhile
+        if cached is None or cached[0] != epoch:
             rng = np.random.default_rng([self._config.seed, 0x7F4A, epoch])
-            self._epoch = (epoch, rng.permutation(self.num_windows))
-        return self._epoch[1]
+            cached = self._epoch = (epoch, rng.permutation(self.num_windows))
+        return cached[1]
 
     def window_start(self, sample: int) -> int:
         """Global token offset of the `sample`-th window served (across epochs)."""
@@ -226,9 +252,7 @@ class TokenFileInput(StepInput):
         return {k: v if k in self._values else v.astype(np.int32) for k, v in batch.items()}
 
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
-        while True:
-            yield step, self.batch(step)
-            step += 1
+        return prefetched(self.batch, step, self._config.prefetch)
 
     def _windows(self, rng, rows):
         """Unused: `batch` indexes epoch permutations instead of drawing random windows."""

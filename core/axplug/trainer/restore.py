@@ -92,7 +92,7 @@ def _persistent_or_init(trainer: Any) -> dict:
         log.info("restoring step %d", step)
         try:
             with trainer.goodput.phase("restore"):
-                step, state, _ = restore_train_state(trainer, step)
+                step, state, trainer.restored_metadata = restore_train_state(trainer, step)
         except CheckpointCorruptError as exc:
             if trainer.config.on_corrupt_checkpoint == "stop":
                 raise

@@ -9,6 +9,7 @@ from typing import Any
 from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune
 from axplug.config import strip_userinfo_tree, to_dict
 from axplug.runtime import Preempted
+from axplug.trainer.input_state import INPUT_STATE_KEY, gather_input_state
 
 __all__ = ["SAVE_ERROR_POLICIES", "save_checkpoint", "save_and_stop"]
 
@@ -27,6 +28,8 @@ def save_checkpoint(trainer: Any, state: dict, step: int) -> None:
     try:
         config = strip_userinfo_tree(to_dict(trainer.config))  # no credentials in metadata
         metadata = {"step": step, "config": config}
+        if (states := gather_input_state(trainer, step)) is not None:
+            metadata[INPUT_STATE_KEY] = states
         if trainer.frozen_source is not None:  # the base's weights stay in the base run
             state = {**state, "params": prune(trainer.stored_mask, state["params"])}
             metadata[FROZEN_KEY] = trainer.frozen_source

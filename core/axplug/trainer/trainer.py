@@ -34,6 +34,7 @@ from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
 from axplug.trainer.config_checks import check_trainer_config
 from axplug.trainer.evaluation import build_evaluation, evaluate_all
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
+from axplug.trainer.input_state import restore_input_state
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.restore import restore_or_init
@@ -162,6 +163,7 @@ class Trainer(Configurable):
         kinds = update_kinds(self.param_specs, cfg.learner.trainable)
         self.optimizer_mask, self.frozen_mask, self.stored_mask = frozen_masks(kinds)
         self.frozen_source: dict | None = None
+        self.restored_metadata: dict | None = None  # of the persistent step resumed from
         self.tx = self.learner.transform(pick(self.optimizer_mask, self.param_specs), cfg.max_steps)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         abstract_params = jax.eval_shape(
@@ -266,6 +268,7 @@ class Trainer(Configurable):
             raise
         self.watchdog.phase("waiting for the first batch")
         start = int(jax.device_get(state["step"]))
+        restore_input_state(self, start, self.restored_metadata)
         with contextlib.ExitStack() as writers:  # closed on every way out, after the goodput
             for writer in self.writers:
                 writers.enter_context(writer)
@@ -373,6 +376,7 @@ class Trainer(Configurable):
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
         values.update(timer.tick(step))
+        values.update(self.input.metrics(step))
         cfg = self._config
         if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
             self._write(step, values)

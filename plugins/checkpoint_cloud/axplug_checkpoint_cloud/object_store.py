@@ -170,6 +170,22 @@ class ObjectStorage(Storage):
         times = [t for t in (_mtime(info) for info in found.values()) if t is not None]
         return sum(int(info.get("size") or 0) for info in found.values()), max(times, default=None)
 
+    def size(self, url: str) -> int:
+        with self._errors(url):
+            return int(self.fs.size(self._key(url)))
+
+    def read_bytes(self, url: str, start: int = 0, length: int | None = None) -> bytes:
+        end = None if length is None else start + length
+        if length == 0:
+            return b""
+        with self._errors(url):
+            return self.fs.cat_file(self._key(url), start=start, end=end)
+
+    def put_file(self, local_path, url: str) -> None:
+        # One PUT (or a multipart upload completed at the end): the object appears whole.
+        with self._errors(url, missing=_NO_BUCKET):
+            self.fs.put_file(str(local_path), self._key(url))
+
     def check(self, url: str) -> None:
         bucket, _ = self.split(url)
         with self._errors(url, missing=_NO_BUCKET):
