@@ -7,6 +7,12 @@ BPE `tokenizer.json` trained here (vocab 4096, no download), once per `--workers
 prints tokens/s. Then times `TokenFileInput.batch` (packed and not, llama-tiny's batch of 8 x
 256) against llama-tiny's compiled train step on the same machine and prints the ratio
 step time / batch time (the input must be >= 20x faster than the step consumes it).
+
+`--store` instead trains llama-tiny (`--train-steps` steps, `--rounds` rounds, interleaved) from
+the same byte-level data directory on local disk and in an S3 bucket served by moto on
+127.0.0.1 (needs axplug-checkpoint-cloud with its test extras), and prints each side's input
+wait (the trainer's `data_wait` phase) as a fraction of its step time, with the range over
+rounds; the bucket's rows come by range requests, `prefetch` batches ahead.
 """
 
 from __future__ import annotations
@@ -41,7 +47,13 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=8)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--store", action="store_true", help="local disk vs an S3 bucket")
+    parser.add_argument("--train-steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.store:
+        store(args.train_steps, args.rounds)
+        return
 
     from axplug.input import bundled_corpus_path
     from axplug.input.prepare import prepare_data
@@ -120,6 +132,65 @@ def step_time(steps: int) -> float:
         times.append(time.perf_counter() - start)
     trainer.checkpointer.close()
     return statistics.median(times)
+
+
+def store(steps: int, rounds: int) -> None:
+    """llama-tiny trained from local disk and from an S3 bucket: input wait / step time."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "plugins/checkpoint_cloud/tests"))
+    from object_stores import create_s3_bucket, moto_server
+
+    from axplug.input import bundled_corpus_path
+    from axplug.input.prepare import prepare_data
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        server = moto_server().start(root)
+        try:
+            os.environ.update(AWS_ENDPOINT_URL=server.url, AWS_ACCESS_KEY_ID="bench",
+                              AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")  # fmt: skip
+            create_s3_bucket(server.url, "bench")
+            sides = {"local": str(root / "data"), "s3": "s3://bench/data"}
+            for output in sides.values():
+                prepare_data([bundled_corpus_path()], tokenizer="bytes", output=output,
+                             text_unit="paragraph", docs_per_shard=500, workers=1,
+                             staging=root / "staging")  # fmt: skip
+            fractions: dict[str, list[float]] = {side: [] for side in sides}
+            step_ms: dict[str, list[float]] = {side: [] for side in sides}
+            for r in range(rounds):
+                for side, path in sides.items():
+                    wait, busy = _train_from(path, root / f"run-{side}-{r}", steps)
+                    fractions[side].append(wait / busy)
+                    step_ms[side].append(1e3 * busy / steps)
+            for side in sides:
+                f, ms = fractions[side], step_ms[side]
+                print(
+                    f"{side:>5}: input wait / step time {statistics.median(f):.2%} "
+                    f"[{min(f):.2%}-{max(f):.2%}] over {rounds} rounds of {steps} steps "
+                    f"(step {statistics.median(ms):.0f} ms [{min(ms):.0f}-{max(ms):.0f}])"
+                )
+        finally:
+            server.stop()
+
+
+def _train_from(path: str, output: pathlib.Path, steps: int) -> tuple[float, float]:
+    """(input wait seconds, step seconds) of a llama-tiny run of `steps` on `path`."""
+    from axplug.input.token_file import TokenFileInput
+    from axplug.presets import preset_config
+
+    cfg = preset_config(
+        "llama-tiny",
+        overrides=[f"output_dir={str(output)!r}", "compilation_cache_dir=None",
+                   "summary_writers=[]", f"max_steps={steps}", f"checkpoint_every={steps}"],
+    )  # fmt: skip
+    cfg.input = TokenFileInput.default_config().set(path=path, seq_len=cfg.input.seq_len,
+                                                    batch_size=cfg.input.batch_size)  # fmt: skip
+    trainer = cfg.instantiate()
+    trainer.run()
+    seconds = trainer.goodput.seconds
+    return seconds["data_wait"], seconds["step"]
 
 
 if __name__ == "__main__":

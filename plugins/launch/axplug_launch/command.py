@@ -1,5 +1,6 @@
 """`axplug launch`: job templates (`--print slurm|k8s|tpu-vm`), a local job with standby hosts
-(`--local`), and the agent every host runs around `axplug train` (`--agent`).
+(`--local`), the agent every host runs around `axplug train` (`--agent`), and array jobs that
+split `axplug prepare-data` into independent tasks (`--print slurm-array|k8s-indexed`).
 
 axplug schedules nothing on a cluster: the templates are starting points for Slurm,
 Kubernetes and Cloud TPU VMs, filled in for one preset and mesh rule. Every host runs the same
@@ -14,17 +15,30 @@ import sys
 from typing import Any
 
 from axplug_launch.agent import DEFAULT_MAX_RESTARTS
-from axplug_launch.plan import DEFAULT_GRACE_S, plan_job
-from axplug_launch.render_k8s import render_k8s
-from axplug_launch.render_slurm import render_slurm
+from axplug_launch.plan import (
+    ARRAY_TARGETS,
+    DEFAULT_ARRAY_NAME,
+    DEFAULT_CPUS_PER_TASK,
+    DEFAULT_GRACE_S,
+    plan_array,
+    plan_job,
+)
+from axplug_launch.render_k8s import render_k8s, render_k8s_indexed
+from axplug_launch.render_slurm import render_slurm, render_slurm_array
 from axplug_launch.render_tpu_vm import render_tpu_vm
 
 __all__ = ["add_parser", "run", "render", "TARGETS"]
 
-TARGETS = ("slurm", "k8s", "tpu-vm")
+TARGETS = ("slurm", "k8s", "tpu-vm", *ARRAY_TARGETS)
 DEFAULT_PORT = 1234
 LOCAL_MAX_RESTARTS = 10  # a local job's swaps and in-place restarts together
-_RENDERERS = {"slurm": render_slurm, "k8s": render_k8s, "tpu-vm": render_tpu_vm}
+_RENDERERS = {
+    "slurm": render_slurm,
+    "k8s": render_k8s,
+    "tpu-vm": render_tpu_vm,
+    "slurm-array": render_slurm_array,
+    "k8s-indexed": render_k8s_indexed,
+}
 
 EPILOG = """\
 examples:
@@ -35,23 +49,37 @@ examples:
   axplug launch --local --num-processes 2 --spares 1 --devices-per-host 4 -- \\
       axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/swap
   axplug launch --agent -- axplug train --preset llama-tiny --output-dir runs/tiny
+  axplug launch --print slurm-array --tasks 64 --max-parallel 16 prepare-data \\
+      /shared/raw/*.jsonl --tokenizer tokenizer.json --output /shared/data/web > prep.sbatch
+  axplug launch --print k8s-indexed --tasks 64 --max-parallel 16 --image ghcr.io/me/axplug:1 \\
+      prepare-data /data/raw/part-{00..63}.jsonl --tokenizer /data/tokenizer.json \\
+      --output s3://bucket/data/web > prep.yaml
 
 The host count is the mesh rule selector's device count (gpu-h100-8x4: 32) divided by the
 chips per host of the rule's device spec; --hosts and --devices-per-host override both.
-Every template runs the agent (restarts in place on exit 75) and sets
+Every training template runs the agent (restarts in place on exit 75) and sets
 watchdog.exit_on_hang=True; a rerun resumes from the last checkpoint in --output-dir, which
 every host must share.
+
+slurm-array and k8s-indexed run `axplug prepare-data` (everything after the word
+prepare-data, passed on as given) in --tasks N independent tasks: task i adds --num-tasks N
+--task-index i ($SLURM_ARRAY_TASK_ID, $(JOB_COMPLETION_INDEX)) and --workers C unless given,
+and tokenizes its slice of the sources into the shared --output; the last task to finish
+writes meta.json. Sources and tokenizer are paths every task sees (in a pod: a volume you
+mount). A failed task retries alone and resumes; `axplug prepare-data --merge
+--output OUT` writes meta.json by hand (the sbatch script shows the dependent merge job).
 """
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "launch",
-        help="print a Slurm, Kubernetes or Cloud TPU VM template, run a local job with standby "
-        "hosts, or run the restart agent",
+        help="print a Slurm, Kubernetes or Cloud TPU VM template (training, or prepare-data in "
+        "array tasks), run a local job with standby hosts, or run the restart agent",
         description="Print a job template running the same `axplug train` command on every "
         "host of a cluster (--print), run that arrangement on this machine with standby "
         "hosts (--local), or run the agent that restarts a trainer in place (--agent). "
+        "--print slurm-array|k8s-indexed splits `axplug prepare-data` into array tasks. "
         "axplug is not a scheduler: the template is for the one you have.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -90,14 +118,38 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"{LOCAL_MAX_RESTARTS})",
     )
     group = parser.add_argument_group("--print")
-    group.add_argument("--name", help="job name (default: axplug-PRESET)")
+    group.add_argument(
+        "--name",
+        "--job-name",
+        dest="name",
+        help=f"job name (default: axplug-PRESET; arrays: {DEFAULT_ARRAY_NAME})",
+    )
     group.add_argument("--output-dir", help="run directory shared by all hosts (a URL or path)")
-    group.add_argument("--image", default="REGISTRY/axplug:latest", help="container (k8s)")
+    group.add_argument(
+        "--image", default="REGISTRY/axplug:latest", help="container (k8s, k8s-indexed)"
+    )
     group.add_argument("--port", type=int, default=DEFAULT_PORT, help="coordinator port")
     group.add_argument(
         "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help="repeatable"
     )
     group.add_argument("--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE")
+    group = parser.add_argument_group(
+        "--print slurm-array|k8s-indexed (then: prepare-data ARGS...)"
+    )
+    group.add_argument("--tasks", type=int, metavar="N", help="array tasks (indices 0..N-1)")
+    group.add_argument(
+        "--max-parallel",
+        type=int,
+        metavar="K",
+        help="tasks running at once (Slurm: --array=0-(N-1)%%K; k8s: parallelism; default: all)",
+    )
+    group.add_argument(
+        "--cpus-per-task",
+        type=int,
+        metavar="C",
+        help=f"CPUs of each task, prepare-data's --workers unless given "
+        f"(default: {DEFAULT_CPUS_PER_TASK})",
+    )
     group = parser.add_argument_group("--local")
     group.add_argument(
         "--scratch-dir",
@@ -129,7 +181,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seconds a standby host's low-priority job gets to yield it (default: 30)",
     )
     parser.add_argument(
-        "command", nargs=argparse.REMAINDER, help="after --: the command (--agent, --local)"
+        "command",
+        nargs=argparse.REMAINDER,
+        help="after --: the command (--agent, --local); prepare-data and its arguments "
+        "(--print slurm-array|k8s-indexed)",
     )
     parser.set_defaults(run=run)
     return parser
@@ -191,5 +246,17 @@ def run(args: argparse.Namespace) -> int:
         return run_agent(_command(args), max_restarts=budget)
     if args.local:
         return _run_local(args)
+    if args.target in ARRAY_TARGETS:
+        sys.stdout.write(render(plan_array(args)))
+        return 0
+    from axplug.config import UsageError
+
+    for flag, value in (
+        ("--tasks", args.tasks),
+        ("--max-parallel", args.max_parallel),
+        ("--cpus-per-task", args.cpus_per_task),
+    ):
+        if value is not None:
+            raise UsageError(f"{flag} is for --print slurm-array|k8s-indexed, not {args.target}")
     sys.stdout.write(render(plan_job(args)))
     return 0

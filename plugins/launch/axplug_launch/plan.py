@@ -9,9 +9,24 @@ import shlex
 
 from axplug_launch.agent import DEFAULT_MAX_RESTARTS, RESTART_EXIT_CODE
 
-__all__ = ["JobPlan", "plan_job", "title", "shell_command", "yaml_string", "RESTART_EXIT_CODE"]
+__all__ = [
+    "JobPlan",
+    "plan_job",
+    "ArrayPlan",
+    "plan_array",
+    "ARRAY_TARGETS",
+    "title",
+    "shell_command",
+    "yaml_string",
+    "RESTART_EXIT_CODE",
+]
 
 DEFAULT_GRACE_S = 120  # a SIGTERMed trainer's time to finish its step and save it
+ARRAY_TARGETS = ("slurm-array", "k8s-indexed")  # `prepare-data` in N independent tasks
+DEFAULT_CPUS_PER_TASK = 16
+DEFAULT_ARRAY_NAME = "axplug-prepare-data"
+# prepare-data flags the array job sets itself, one per task.
+_TASK_FLAGS = ("--num-tasks", "--task-index")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +123,96 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
         spare_command=tuple(shlex.split(args.spare_command or "")),
         max_restarts=DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayPlan:
+    """`axplug prepare-data` split over `tasks` independent tasks of one array job."""
+
+    target: str
+    name: str
+    tasks: int
+    max_parallel: int | None  # tasks running at once (None: as many as the cluster allows)
+    cpus_per_task: int
+    image: str
+    output: str  # prepare-data's --output: shared by every task, and what --merge finalizes
+    prepare_args: tuple[str, ...]  # `axplug prepare-data ...`, without the per-task flags
+
+    @property
+    def merge_args(self) -> tuple[str, ...]:
+        """The fallback that writes meta.json when no task did."""
+        return ("axplug", "prepare-data", "--merge", "--output", self.output)
+
+
+def plan_array(args: argparse.Namespace) -> ArrayPlan:
+    """Checks `--tasks` and the prepare-data words after them; UsageError names the fix."""
+    from axplug.config import UsageError
+
+    target = f"launch --print {args.target}"
+    words = list(args.command)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    if words[:1] == ["axplug"]:
+        words = words[1:]
+    if words[:1] != ["prepare-data"]:
+        given = f"got {shlex.join(words[:2])!r}" if words else "got nothing"
+        raise UsageError(
+            f"{target}: end with the command to split, e.g. `--tasks 8 prepare-data SOURCES "
+            f"--tokenizer T --output OUT` ({given})"
+        )
+    if args.tasks is None or args.tasks < 1:
+        hint = " (launch's flags go before prepare-data)" if "--tasks" in words else ""
+        got = "" if args.tasks is None else f", got {args.tasks}"
+        raise UsageError(f"{target} needs --tasks N (>= 1){hint}{got}")
+    for flag, value in (
+        ("--max-parallel", args.max_parallel),
+        ("--cpus-per-task", args.cpus_per_task),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{target}: {flag} must be >= 1, got {value}")
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in _TASK_FLAGS:
+            raise UsageError(
+                f"{target}: drop {flag} from the prepare-data arguments; every task gets "
+                f"--num-tasks {args.tasks} and its own --task-index"
+            )
+        if flag == "--merge":
+            raise UsageError(
+                f"{target}: drop --merge; the tasks write meta.json themselves (by hand, "
+                "run `axplug prepare-data --merge --output OUT` on its own)"
+            )
+    output = _flag_value(words, "--output")
+    if output is None:
+        raise UsageError(f"{target}: prepare-data needs --output DIR (a shared path or URL)")
+    workers = _flag_value(words, "--workers")
+    cpus = args.cpus_per_task
+    if cpus is None:  # the --workers given, or the default
+        cpus = int(workers) if workers and workers.isdigit() else DEFAULT_CPUS_PER_TASK
+    prepare = ["axplug", *words]
+    if workers is None:
+        prepare += ["--workers", str(cpus)]  # one tokenizing process per CPU of the task
+    return ArrayPlan(
+        target=args.target,
+        name=args.name or DEFAULT_ARRAY_NAME,
+        tasks=args.tasks,
+        max_parallel=args.max_parallel,
+        cpus_per_task=cpus,
+        image=args.image,
+        output=output,
+        prepare_args=tuple(prepare),
+    )
+
+
+def _flag_value(words: list[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in `words`, or None."""
+    value = None
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(flag + "="):
+            value = word[len(flag) + 1 :]
+    return value
 
 
 def title(plan: JobPlan) -> str:

@@ -1,11 +1,12 @@
 """`axplug launch --print k8s`: an Indexed Job with standby capacity, priorities and a
-failure policy that restarts on exit 75 and on disruption without counting a failure."""
+failure policy that restarts on exit 75 and on disruption without counting a failure;
+`--print k8s-indexed`: `axplug prepare-data` as an Indexed Job, one slice of the sources a pod."""
 
 from __future__ import annotations
 
-from axplug_launch.plan import RESTART_EXIT_CODE, JobPlan, title, yaml_string
+from axplug_launch.plan import RESTART_EXIT_CODE, ArrayPlan, JobPlan, title, yaml_string
 
-__all__ = ["render_k8s"]
+__all__ = ["render_k8s", "render_k8s_indexed"]
 
 # Kubernetes resource names of one accelerator, by DeviceSpec platform.
 _RESOURCES = {
@@ -13,6 +14,8 @@ _RESOURCES = {
     "tpu": "google.com/tpu",
     "neuron": "aws.amazon.com/neuron",
 }
+OBJECT_STORE_SECRET = "axplug-object-store"  # optional: its keys become the pods' environment
+BACKOFF_LIMIT_PER_INDEX = 3
 TRAIN_PRIORITY = 1000000
 STANDBY_PRIORITY = -10  # below every default (0) pod: the first to go
 
@@ -147,3 +150,74 @@ spec:
           ports:
             - containerPort: {plan.port}{_limits(plan, "          ")}
 {standby}"""
+
+
+def _verbatim(arg: str) -> str:
+    """`arg` as a YAML string Kubernetes passes on unchanged: `$$` is its escape for `$`."""
+    return yaml_string(arg.replace("$", "$$"))
+
+
+def render_k8s_indexed(plan: ArrayPlan) -> str:
+    """An Indexed Job: pod i runs `axplug prepare-data --task-index i`; an index retries alone."""
+    parallelism = min(plan.max_parallel or plan.tasks, plan.tasks)
+    indent = "            "
+    command = "\n".join(f"{indent}- {_verbatim(a)}" for a in plan.prepare_args)
+    tasks, cpus = plan.tasks, plan.cpus_per_task
+    return f"""# axplug: prepare-data in {tasks} pods, {parallelism} at a time, {cpus} CPUs each
+# Pod i (completion index i) tokenizes the i-th slice of the sources into the output every pod
+# shares; the last to finish writes meta.json. Sources, tokenizer and output must be reachable
+# from every pod: object-store URLs, or a shared volume you mount (volumes, volumeMounts).
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {plan.name}
+spec:
+  completionMode: Indexed
+  completions: {plan.tasks}
+  parallelism: {parallelism}
+  # A failed index is retried alone (up to {BACKOFF_LIMIT_PER_INDEX} times; Kubernetes 1.29+)
+  # while the others run on, and resumes: prepare-data skips the shards it finished. Exit 2
+  # (bad flags or arguments, which a retry repeats) fails the Job; disruptions (preemption,
+  # node drain) count no failure.
+  backoffLimitPerIndex: {BACKOFF_LIMIT_PER_INDEX}
+  podFailurePolicy:
+    rules:
+      - action: FailJob
+        onExitCodes:
+          containerName: prepare-data
+          operator: In
+          values: [2]
+      - action: Ignore
+        onPodConditions:
+          - type: DisruptionTarget
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: prepare-data
+          image: {yaml_string(plan.image)}
+          command:
+{command}
+            - "--num-tasks"
+            - {yaml_string(str(plan.tasks))}
+            - "--task-index"
+            - "$(JOB_COMPLETION_INDEX)"
+          env:
+            # The Job controller sets it too; declared here, $(JOB_COMPLETION_INDEX) above
+            # expands to it.
+            - name: JOB_COMPLETION_INDEX
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
+          # Object-store settings (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+          # AWS_SECRET_ACCESS_KEY, ...) from this Secret, when it exists:
+          #   kubectl create secret generic {OBJECT_STORE_SECRET} \\
+          #       --from-literal=AWS_ENDPOINT_URL=https://... --from-literal=AWS_REGION=...
+          envFrom:
+            - secretRef:
+                name: {OBJECT_STORE_SECRET}
+                optional: true
+          resources:
+            requests:
+              cpu: {yaml_string(str(plan.cpus_per_task))}
+"""

@@ -1,12 +1,15 @@
-"""`axplug launch --print slurm`: an sbatch script with spare nodes, requeue and the agent."""
+"""`axplug launch --print slurm`: an sbatch script with spare nodes, requeue and the agent;
+`--print slurm-array`: `axplug prepare-data` as a job array, one slice of the sources a task."""
 
 from __future__ import annotations
 
 import shlex
 
-from axplug_launch.plan import RESTART_EXIT_CODE, JobPlan, shell_command, title
+from axplug_launch.plan import RESTART_EXIT_CODE, ArrayPlan, JobPlan, shell_command, title
 
-__all__ = ["render_slurm"]
+__all__ = ["render_slurm", "render_slurm_array"]
+
+SLURM_MAX_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize: indices 0..1000
 
 
 def render_slurm(plan: JobPlan) -> str:
@@ -63,4 +66,46 @@ for attempt in $(seq "$MAX_ATTEMPTS"); do
   echo "axplug: attempt $attempt ended with $code; restarting on the healthy nodes" >&2
 done
 exit "$code"
+"""
+
+
+def render_slurm_array(plan: ArrayPlan) -> str:
+    """The sbatch script: task i of the array runs `axplug prepare-data --task-index i`."""
+    throttle = f"%{plan.max_parallel}" if plan.max_parallel else ""
+    at_once = f", at most {plan.max_parallel} at a time" if plan.max_parallel else ""
+    big = (
+        f"# {plan.tasks} tasks: more than Slurm's default MaxArraySize ({SLURM_MAX_ARRAY_SIZE}) "
+        "allows; see `scontrol show config | grep MaxArraySize`.\n"
+        if plan.tasks > SLURM_MAX_ARRAY_SIZE
+        else ""
+    )
+    command = shell_command((*plan.prepare_args, "--num-tasks", str(plan.tasks)), "    ")
+    merge = shlex.quote(shlex.join(plan.merge_args))
+    return f"""#!/bin/bash
+# axplug: prepare-data in {plan.tasks} array tasks{at_once}, {plan.cpus_per_task} CPUs each
+# Task i tokenizes the i-th slice of the sources into the output every task shares (a shared
+# filesystem or an object-store URL); the last task to finish writes meta.json.
+#SBATCH --job-name={plan.name}
+#SBATCH --array=0-{plan.tasks - 1}{throttle}
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task={plan.cpus_per_task}
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={plan.name}-%A_%a.log
+{big}# Add --partition, --account, --time or --mem lines for your cluster.
+
+# --requeue: a task preempted or on a failed node runs again, as does one resubmitted by hand
+# (sbatch --array=3 THIS_SCRIPT); prepare-data skips the shards it finished, so it resumes.
+# Object stores: a task sees the environment sbatch was called in (AWS_ENDPOINT_URL,
+# AWS_REGION, credentials, ...); export them here to pin them.
+set -euo pipefail
+: "${{SLURM_ARRAY_TASK_ID:?submit this script with sbatch: the array sets it}}"
+exec {command} \\
+    --task-index "$SLURM_ARRAY_TASK_ID"
+
+# Fallback: if no task wrote meta.json (say a task was rerun by hand after the others ended),
+# write it once every task has succeeded:
+#   JOBID=$(sbatch --parsable THIS_SCRIPT)
+#   sbatch --dependency=afterok:$JOBID --job-name={plan.name}-merge \\
+#       --output={plan.name}-merge-%j.log --wrap={merge}
 """

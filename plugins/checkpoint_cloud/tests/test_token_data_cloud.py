@@ -1,0 +1,94 @@
+"""Token data in S3 and GCS (moto and fake-gcs-server on 127.0.0.1): `prepare-data --output URL`
+writes the local dataset's bytes, and training from the bucket equals training from disk."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.checkpoint import storage_for
+from axplug.cli import main
+from axplug.input import TokenFileInput, bundled_corpus_path
+from axplug.testing import tiny_trainer_config
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket_url(request, monkeypatch):
+    """A fresh bucket's URL, the environment pointing the backend at its server."""
+    if request.param == "s3":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("moto").url)
+        return f"s3://{request.getfixturevalue('s3_bucket')}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", request.getfixturevalue("gcs_server").url)
+    return f"gs://{request.getfixturevalue('gcs_bucket')}"
+
+
+def _prepare(output, staging):
+    return main(["prepare-data", str(bundled_corpus_path()), "--tokenizer", "bytes",
+                 "--text-unit", "paragraph", "--docs-per-shard", "400", "--workers", "1",
+                 "--output", str(output), "--staging", str(staging)])  # fmt: skip
+
+
+@pytest.fixture
+def datasets(bucket_url, tmp_path):
+    """(local directory, URL) of the same prepared data."""
+    local, url = tmp_path / "local", f"{bucket_url}/data/corpus"
+    assert _prepare(local, tmp_path / "unused") == 0
+    assert _prepare(url, tmp_path / "staging") == 0
+    assert not (tmp_path / "staging").exists()  # uploaded, then removed
+    return local, url
+
+
+def test_prepare_data_into_a_bucket_writes_the_local_files(datasets):
+    local, url = datasets
+    storage = storage_for(url)
+    meta = json.loads(storage.read_text(f"{url}/meta.json"))
+    assert len(meta["shards"]) > 2
+    assert storage.read_text(f"{url}/meta.json") == (local / "meta.json").read_text()
+    for shard in meta["shards"]:
+        for suffix in (".bin", ".docs.npy"):
+            name = shard["name"] + suffix
+            assert storage.read_bytes(f"{url}/{name}") == (local / name).read_bytes(), name
+
+
+def _batches(path, **extra):
+    cfg = TokenFileInput.default_config().set(path=str(path), seq_len=64, batch_size=4, seed=1,
+                                              **extra)  # fmt: skip
+    data = cfg.instantiate()
+    return [b for _, (_, b) in zip(range(6), data.iter_from(3), strict=False)]
+
+
+@pytest.mark.parametrize("extra", [{"packing": True}, {"rows": "documents", "prefetch": 0}])
+def test_batches_from_the_bucket_equal_the_local_ones(datasets, extra):
+    local, url = datasets
+    for a, b in zip(_batches(local, **extra), _batches(url, **extra), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def _train(tmp_path, name, data):
+    cfg = tiny_trainer_config(tmp_path / name, f"input.path={str(data)!r}", max_steps=4,
+                              preset="gpt-tiny")  # fmt: skip
+    cfg.input = TokenFileInput.default_config().set(path=str(data), seq_len=32, batch_size=8)
+    trainer = cfg.instantiate()
+    trainer.run()
+    return jax.device_get(trainer.state["params"]), trainer
+
+
+def test_training_from_the_bucket_equals_training_from_disk(datasets, tmp_path):
+    local, url = datasets
+    from_disk, _ = _train(tmp_path, "disk", local)
+    from_bucket, trainer = _train(tmp_path, "bucket", url)
+    flat_a, flat_b = jax.tree.leaves(from_disk), jax.tree.leaves(from_bucket)
+    assert len(flat_a) == len(flat_b) > 4
+    for a, b in zip(flat_a, flat_b, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert trainer.goodput.seconds["data_wait"] < trainer.goodput.seconds["step"]
+
+
+def test_a_missing_bucket_dataset_is_one_error_naming_it(bucket_url):
+    cfg = TokenFileInput.default_config().set(path=f"{bucket_url}/no/such/data")
+    with pytest.raises(Exception, match="is not a prepared data directory") as info:
+        cfg.instantiate()
+    assert f"{bucket_url}/no/such/data" in str(info.value)
