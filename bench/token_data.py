@@ -140,10 +140,9 @@ def store(steps: int, rounds: int) -> None:
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "plugins/checkpoint_cloud/tests"))
-    from object_stores import create_s3_bucket, moto_server
-
     from axplug.input import bundled_corpus_path
     from axplug.input.prepare import prepare_data
+    from object_stores import create_s3_bucket, moto_server
 
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
