@@ -207,9 +207,14 @@ class TokenFileInput(StepInput):
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         cfg = self._config
         first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
+        return self.rows(range(first, first + self.local_batch_size))
+
+    def rows(self, samples) -> Batch:
+        """Rows `samples` (indices into the served sequence, across epochs) as one batch."""
+        cfg = self._config
         if self._rows is not None:
-            return self._document_batch(first)
-        starts = [self.window_start(first + r) for r in range(self.local_batch_size)]
+            return self._document_batch(samples)
+        starts = [self.window_start(r) for r in samples]
         windows = np.stack([self._read(s, cfg.seq_len + 1) for s in starts])
         self._check_ids(windows, starts)
         batch = {
@@ -232,12 +237,12 @@ class TokenFileInput(StepInput):
             batch[name] = np.where(batch["target_labels"] >= 0, got, 0.0).astype(np.float32)
         return batch
 
-    def _document_batch(self, first: int) -> Batch:
-        """Rows `first..` of the served sequence, in whole groups of `group` rows."""
+    def _document_batch(self, samples) -> Batch:
+        """Rows `samples` of the served sequence (whole groups of `group` rows per batch)."""
         cfg = self._config
         group = cfg.group
         rows = []
-        for r in range(first, first + self.local_batch_size):
+        for r in samples:
             epoch, index = divmod(r // group, self.num_windows)
             rows.append(self._rows[int(self._permutation(epoch)[index]) * group + r % group])
         values = {name: functools.partial(self._read, arrays=arrays, dtype=np.float32)
