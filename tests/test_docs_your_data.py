@@ -18,7 +18,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     hf_bpe(tmp_path / "tok")
     shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
-    steps = shell_commands("your-data.md")
+    steps = shell_commands("your-data.md", before="## Data at scale")
     assert [argv[:2] for argv in steps] == [
         ["axplug", "prepare-data"],
         ["axplug", "data"],

@@ -1,0 +1,48 @@
+"""docs/your-data.md's "Data at scale", followed as written against moto on 127.0.0.1."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from axplug.cli import main
+from object_stores import create_s3_bucket
+
+_TESTS = str(Path(__file__).resolve().parents[3] / "tests")
+
+
+def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
+    pytest.importorskip("tokenizers")
+    monkeypatch.syspath_prepend(_TESTS)
+    from doc_pages import shell_commands
+    from tokenizer_files import hf_bpe
+
+    from axplug.input import bundled_corpus_path
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+    create_s3_bucket(moto.url, "my-bucket")
+    shutil.copyfile(bundled_corpus_path(), tmp_path / "corpus.txt")
+    hf_bpe(tmp_path / "tok")
+    shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
+    monkeypatch.chdir(tmp_path)
+    steps = shell_commands("your-data.md", "## Data at scale")
+    assert [argv[:2] for argv in steps] == [
+        ["axplug", "prepare-data"],
+        ["axplug", "data"],
+        ["axplug", "train"],
+        ["axplug", "prepare-data"],
+        ["axplug", "prepare-data"],
+        ["axplug", "launch"],
+        ["axplug", "train"],
+    ]
+    for argv in steps:
+        assert main(argv[1:]) == 0, argv
+    out = capsys.readouterr().out
+    assert "wrote s3://my-bucket/data/corpus:" in out
+    assert "s3://my-bucket/data/corpus: ok, 4 shard(s), 3,595 documents" in out
+    assert "#SBATCH --array=0-63%16" in out and '--task-index "$SLURM_ARRAY_TASK_ID"' in out
+    assert (tmp_path / "data" / "split" / "meta.json").exists()  # the second task merged
+    rows = [json.loads(line) for line in (tmp_path / "runs/mix/metrics.jsonl").open()]
+    last = [r for r in rows if "data/tokens/split" in r][-1]
+    assert last["step"] == 4 and last["data/share/split"] > last["data/share/bucket"]
