@@ -15,10 +15,9 @@ _TESTS = str(Path(__file__).resolve().parents[3] / "tests")
 def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     pytest.importorskip("tokenizers")
     monkeypatch.syspath_prepend(_TESTS)
+    from axplug.input import bundled_corpus_path
     from doc_pages import shell_commands
     from tokenizer_files import hf_bpe
-
-    from axplug.input import bundled_corpus_path
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
     create_s3_bucket(moto.url, "my-bucket")
