@@ -170,6 +170,7 @@ def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = Non
     """The tokenizer of a run's text: `explicit`, the run directory's (an import copies its
     model's), the one of the data it trained on, or bytes for a 256-token model."""
     from axplug.config import REQUIRED, UsageError
+    from axplug.input.remote import is_url, local_tokenizer
     from axplug.tokenizer import has_tokenizer, load_tokenizer
 
     if explicit is not None:
@@ -177,6 +178,10 @@ def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = Non
     if has_tokenizer(run_dir):  # an import's copy of its model's tokenizer
         return load_tokenizer(run_dir)
     data = getattr(loaded.config.input, "path", None)
+    if data in (None, REQUIRED):  # a mixture's sources share one tokenizer
+        data = next(iter(getattr(loaded.config.input, "sources", None) or []), None)
+    if data is not None and is_url(str(data)):
+        return load_tokenizer(local_tokenizer(str(data)))
     if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
         return load_tokenizer(data)
     if loaded.vocab_size == 256:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RemotePath", "RemoteArray", "data_path", "is_url"]
+__all__ = ["RemotePath", "RemoteArray", "data_path", "is_url", "local_tokenizer"]
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -121,3 +121,26 @@ class RemoteArray:
     def __array__(self, dtype=None, copy=None):
         out = self._read(0, self._length)
         return out if dtype is None else out.astype(dtype)
+
+
+def local_tokenizer(url: str, storage_options: dict | None = None) -> str:
+    """A data directory URL's tokenizer, copied into the local cache: its path ("bytes" for
+    byte data), for the tokenizer libraries, which read local files."""
+    import hashlib
+    import json
+
+    from axplug.files import atomic_file
+
+    root = data_path(url, storage_options)
+    meta = json.loads((root / "meta.json").read_text())
+    name = meta.get("tokenizer")
+    if name == "bytes" or not isinstance(name, str):
+        return "bytes"
+    data = (root / name).read_bytes()
+    cache = pathlib.Path(os.environ.get("AXPLUG_CACHE", "~/.cache/axplug")).expanduser()
+    local = cache / "tokenizers" / hashlib.sha256(data).hexdigest()[:16] / name
+    if not local.is_file():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(local) as f:
+            f.write(data)
+    return str(local)

@@ -25,11 +25,13 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     hf_bpe(tmp_path / "tok")
     shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AXPLUG_CACHE", str(tmp_path / "cache"))
     steps = shell_commands("your-data.md", "## Data at scale")
     assert [argv[:2] for argv in steps] == [
         ["axplug", "prepare-data"],
         ["axplug", "data"],
         ["axplug", "train"],
+        ["axplug", "generate"],
         ["axplug", "prepare-data"],
         ["axplug", "prepare-data"],
         ["axplug", "launch"],
@@ -39,6 +41,8 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
         assert main(argv[1:]) == 0, argv
     out = capsys.readouterr().out
     assert "wrote s3://my-bucket/data/corpus:" in out
+    assert "HAMLET." in out.split("done: step 4")[1]  # decoded by the bucket's tokenizer
+    assert list((tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json"))
     assert "s3://my-bucket/data/corpus: ok, 4 shard(s), 3,595 documents" in out
     assert "#SBATCH --array=0-63%16" in out and '--task-index "$SLURM_ARRAY_TASK_ID"' in out
     assert (tmp_path / "data" / "split" / "meta.json").exists()  # the second task merged
