@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
 from axplug.files import errors_naming, write_text
 from axplug.input.data_dir import FORMAT, open_shard, write_shard
-from axplug.input.sources import TEXT_UNITS, chunks, read_documents
+from axplug.input.sources import TEXT_UNITS, chunks, read_documents, source_kind
 from axplug.input.tasks import TaskOutput, check_task, data_meta, finish_task
 from axplug.tokenizer import Tokenizer, load_tokenizer
 
@@ -96,7 +96,9 @@ def _settings(sources, tokenizer: Tokenizer, field, text_unit, docs_per_shard, e
     digest = hashlib.sha256(tokenizer.source.read_bytes() if tokenizer.source else b"bytes")
     return {
         "sources": [
-            {"path": str(pathlib.Path(s).resolve()), "size": _size(pathlib.Path(s))}
+            {"path": str(s), "size": None}  # a data source's NAME:SPEC, as given
+            if source_kind(s)
+            else {"path": str(pathlib.Path(s).resolve()), "size": _size(pathlib.Path(s))}
             for s in sources
         ],
         "tokenizer_sha256": digest.hexdigest(),

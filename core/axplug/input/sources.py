@@ -1,19 +1,29 @@
-"""The documents of `prepare-data`'s sources: text, JSONL, Parquet or a saved Hugging Face
-dataset, read in order; a record or line that cannot be read is named by file and line."""
+"""The documents of `prepare-data`'s sources: text, JSONL or Parquet files, read in order (a
+record or line that cannot be read is named by file and line), or `NAME:SPEC`, read by the
+`axplug.data_sources` entry NAME (a directory: a dataset saved by Hugging Face `datasets`,
+read by the `hf-disk` entry of axplug-hf-datasets)."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import re
 from collections.abc import Iterator
 
+from axplug import registry
 from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
 
-__all__ = ["read_documents", "chunks", "TEXT_UNITS", "RECORD"]
+__all__ = ["read_documents", "chunks", "source_kind", "TEXT_UNITS", "RECORD", "DATA_SOURCES"]
 
 TEXT_UNITS = ("file", "paragraph", "line")
 RECORD = "*"  # the field that means a JSONL line's whole object (a chat, a preference pair)
+DATA_SOURCES = "data_sources"  # the registry kind: `documents(spec, *, field) -> Iterator`
+_NAME = re.compile(r"[a-z][a-z0-9_-]+")  # one letter is a drive (`c:\data`)
+# Source kinds of first-party plugins, by the distribution to install; `hf-disk` also reads a
+# directory source (a dataset saved by `datasets.Dataset.save_to_disk`).
+_KNOWN = {"hf": "axplug-hf-datasets", "hf-disk": "axplug-hf-datasets"}
+_DIRECTORY = "hf-disk"
 
 
 def _text_documents(path: pathlib.Path, unit: str) -> Iterator[str]:
@@ -59,17 +69,6 @@ def _parquet_documents(path: pathlib.Path, field: str) -> Iterator[str]:
         yield from (str(v) for v in batch.column(0).to_pylist() if v is not None)
 
 
-def _dataset_documents(path: pathlib.Path, field: str) -> Iterator[str]:
-    import datasets
-
-    dataset = datasets.load_from_disk(str(path))
-    if isinstance(dataset, datasets.DatasetDict):
-        dataset = dataset["train"] if "train" in dataset else next(iter(dataset.values()))
-    if field not in dataset.column_names:
-        raise ConfigError(f"{path}: no column {field!r}; columns: {dataset.column_names}")
-    yield from (str(v) for v in dataset[field])
-
-
 def _require(module: str, path: pathlib.Path, what: str) -> None:
     """Refuses now (before anything is written) a source whose reader is not installed."""
     try:
@@ -78,18 +77,55 @@ def _require(module: str, path: pathlib.Path, what: str) -> None:
         raise ConfigDependencyError(f"{path}: {what}: pip install {module}") from None
 
 
+def source_kind(source: str | os.PathLike) -> tuple[str, str] | None:
+    """(NAME, SPEC) of a source `NAME:SPEC` that the data source NAME reads, None for a path.
+
+    NAME is lower case (`[a-z][a-z0-9_-]+`) and registered in `axplug.data_sources` or one of
+    the first-party names; a path that exists, a drive (`C:\\...`) and a URL (`s3://...`) stay
+    paths."""
+    name, sep, spec = str(source).partition(":")
+    if not sep or not _NAME.fullmatch(name) or spec.startswith("//") or os.path.exists(source):
+        return None
+    if name in _KNOWN or any(c.name == name for c in registry.discover(DATA_SOURCES)):
+        return name, spec
+    return None
+
+
+def _plugin_documents(name: str, spec: str, field: str, what: str) -> Iterator:
+    """The documents of the data source `name`: it checks `spec` now and reads lazily."""
+    try:
+        documents = registry.load(DATA_SOURCES, name)
+    except registry.ComponentUnavailableError as e:
+        raise ConfigDependencyError(f"prepare-data: {what}: {e}") from None
+    except registry.ComponentNotFoundError:
+        raise ConfigDependencyError(
+            f"prepare-data: {what}: no {name!r} data source is installed: "
+            f"pip install {_KNOWN.get(name, 'the package that provides it')}"
+        ) from None
+    except (registry.ComponentConflictError, registry.PluginLoadError) as e:
+        raise ConfigDependencyError(f"prepare-data: {what}: {e}") from None
+    return documents(spec, field=field)
+
+
 def read_documents(path: str | os.PathLike, *, field: str = "text", text_unit: str = "file"):
-    """The documents of one source, by its kind: a directory saved by `datasets`, `.jsonl`,
-    `.parquet`, or text (`text_unit`: one document per file, paragraph or line). The kind and
-    its reader are checked at the call; the file is read as the documents are."""
+    """The documents of one source, by its kind: `NAME:SPEC` for a registered data source (a
+    directory: one saved by `datasets`, read by the `hf-disk` one), `.jsonl`, `.parquet`, or
+    text (`text_unit`: one document per file, paragraph or line). The kind and its reader are
+    checked at the call; the file is read as the documents are."""
+    source = str(path)
+    if kind := source_kind(source):
+        return _plugin_documents(*kind, field, repr(source))
     path = pathlib.Path(path)
-    if field == RECORD and (path.is_dir() or path.suffix not in (".jsonl", ".json")):
-        raise ConfigFileError(f"{path}: whole records are read from JSONL files (.jsonl)")
     if path.is_dir():
-        _require("datasets", path, "a saved Hugging Face dataset needs `datasets`")
-        return _dataset_documents(path, field)
+        what = f"{source!r} (a directory: a dataset saved by Hugging Face `datasets`)"
+        return _plugin_documents(_DIRECTORY, source, field, what)
+    if field == RECORD and path.suffix not in (".jsonl", ".json"):
+        raise ConfigFileError(f"{path}: whole records are read from JSONL files (.jsonl)")
     if not path.is_file():
-        raise ConfigFileError(f"prepare-data: {str(path)!r} does not exist")
+        name, sep, rest = source.partition(":")
+        named = sep and _NAME.fullmatch(name) and not rest.startswith("//")
+        hint = " (nor a data source NAME:SPEC)" if named else ""
+        raise ConfigFileError(f"prepare-data: {source!r} does not exist{hint}")
     if path.suffix in (".jsonl", ".json"):
         return _jsonl_documents(path, field)
     if path.suffix == ".parquet":

@@ -38,6 +38,7 @@ KINDS = (
     "architectures",
     "commands",
     "hooks",
+    "data_sources",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

@@ -87,6 +87,15 @@ def _mesh_rule(obj: Any) -> str | None:
     return None
 
 
+def _data_source(obj: Any) -> str | None:
+    if isinstance(obj, type) or not callable(obj):
+        return (
+            "it must be a function documents(spec: str, *, field: str) returning an iterator "
+            f"of documents (str, or dict for the field '*'), not {_what(obj)}"
+        )
+    return None
+
+
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "layers": _subclass_of("axplug.layers.base:BaseLayer"),
     "modifiers": _subclass_of("axplug.config.tree:ConfigModifier"),
@@ -100,6 +109,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
         "HFArchitecture", "architecture", "model_type", "base_config", "tensors", where="hf"
     ),
     "commands": _command,
+    "data_sources": _data_source,
     # hooks: pluggy validates each implementation against the hookspecs when registering.
 }
 
