@@ -47,7 +47,8 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     assert "s3://my-bucket/data/corpus: ok, 4 shard(s), 3,595 documents" in out
     assert "#SBATCH --array=0-63%16" in out and '--task-index "$SLURM_ARRAY_TASK_ID"' in out
     lines = json.loads((tmp_path / "data" / "lines" / "meta.json").read_text())
-    assert lines["num_documents"] == sum(1 for x in open("corpus.txt") if x.strip())
+    text = (tmp_path / "corpus.txt").read_text()
+    assert lines["num_documents"] == sum(1 for x in text.splitlines() if x.strip())
     assert (tmp_path / "data" / "split" / "meta.json").exists()  # the second task merged
     rows = [json.loads(line) for line in (tmp_path / "runs/mix/metrics.jsonl").open()]
     last = [r for r in rows if "data/tokens/split" in r][-1]
