@@ -9,7 +9,15 @@ import numpy as np
 
 from axplug.config import Configurable, ConfigValueError, config_class
 
-__all__ = ["Batch", "Input", "StepInput", "data_vocab_size", "check_split", "eval_split_of"]
+__all__ = [
+    "Batch",
+    "Input",
+    "StepInput",
+    "data_vocab_size",
+    "check_split",
+    "check_step",
+    "eval_split_of",
+]
 
 Batch = dict[str, np.ndarray]
 
@@ -17,6 +25,12 @@ Batch = dict[str, np.ndarray]
 def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
     """A ConfigValueError (a ValueError) whose message starts with the dotted path of `name`."""
     return cfg.field_error(name, problem, ConfigValueError)
+
+
+def check_step(step: object) -> None:
+    """Refuses a step that is not an int >= 0 (a batch is asked for by code, not config)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
 
 
 def check_split(cfg: Configurable.Config) -> None:
@@ -118,8 +132,7 @@ class StepInput(Input):
 
     def batch(self, step: int) -> Batch:
         """This process's rows of the global batch at `step`: int32 [local_batch, seq_len]."""
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         cfg = self._config
         # One generator per (seed, step) draws the whole global batch; each process keeps its
         # rows, so sharding never changes what a row contains.

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from axplug.config import ConfigFileError, config_class
-from axplug.input.base import Batch, StepInput, check_split, field_error
+from axplug.input.base import Batch, StepInput, check_split, check_step, field_error
 from axplug.input.prefetch import prefetched
 from axplug.input.token_file import TokenFileInput
 
@@ -128,8 +128,7 @@ class MixtureInput(StepInput):
         return source, block * int(self.quota[source]) + int(rank[at])
 
     def batch(self, step: int) -> Batch:
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         cfg = self._config
         first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
         picks = [self.sample_of(r) for r in range(first, first + self.local_batch_size)]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
-from axplug.input.base import Batch, StepInput, check_split, field_error
+from axplug.input.base import Batch, StepInput, check_split, check_step, field_error
 from axplug.input.data_dir import (
     FORMAT,
     file_array,
@@ -203,8 +203,7 @@ class TokenFileInput(StepInput):
         return self._lo + int(self._permutation(epoch)[index]) * self._config.seq_len
 
     def batch(self, step: int) -> Batch:
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         cfg = self._config
         first = int(step) * cfg.batch_size + cfg.process_index * self.local_batch_size
         return self.rows(range(first, first + self.local_batch_size))
