@@ -25,6 +25,7 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     hf_bpe(tmp_path / "tok")
     shutil.copyfile(tmp_path / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
+    _array_record_documents(tmp_path / "tok", tmp_path / "data" / "docs.array_record")
     monkeypatch.setenv("AXPLUG_CACHE", str(tmp_path / "cache"))
     steps = shell_commands("your-data.md", "## Data at scale")
     assert [argv[:2] for argv in steps] == [
@@ -32,6 +33,7 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
         ["axplug", "data"],
         ["axplug", "train"],
         ["axplug", "generate"],
+        ["axplug", "train"],
         ["axplug", "prepare-data"],
         ["axplug", "prepare-data"],
         ["axplug", "prepare-data"],
@@ -46,6 +48,9 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     assert list((tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json"))
     assert "s3://my-bucket/data/corpus: ok, 4 shard(s), 3,595 documents" in out
     assert "#SBATCH --array=0-63%16" in out and '--task-index "$SLURM_ARRAY_TASK_ID"' in out
+    grain = json.loads((tmp_path / "runs/grain/checkpoints/step_00000004/metadata/metadata")
+                       .read_text())  # fmt: skip
+    assert grain["input_state"][0]["format"] == "axplug-grain-1"
     lines = json.loads((tmp_path / "data" / "lines" / "meta.json").read_text())
     text = (tmp_path / "corpus.txt").read_text()
     assert lines["num_documents"] == sum(1 for x in text.splitlines() if x.strip())
@@ -53,3 +58,16 @@ def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     rows = [json.loads(line) for line in (tmp_path / "runs/mix/metrics.jsonl").open()]
     last = [r for r in rows if "data/tokens/split" in r][-1]
     assert last["step"] == 4 and last["data/share/split"] > last["data/share/bucket"]
+
+
+def _array_record_documents(tokenizer, path):
+    """The corpus's paragraphs, tokenized with EOS, as an ArrayRecord file for `grain`."""
+    from axplug_grain import write_array_record
+
+    from axplug.input import bundled_corpus_path
+    from axplug.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    paragraphs = [p for p in bundled_corpus_path().read_text().split("\n\n") if p.strip()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_array_record(path, [[*tok.encode(p), tok.eos_id] for p in paragraphs[:600]])
