@@ -131,7 +131,8 @@ def test_train_logs_per_source_tokens_and_resumes_exactly(tmp_path, sources):
             "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
             "--set", "compilation_cache_dir=None", "--set", "log_every=1",
             "--checkpoint-every", "2"]  # fmt: skip
-    assert main([*base, "--output-dir", str(tmp_path / "whole"), "--max-steps", "4"]) == 0
+    assert main([*base, "--output-dir", str(tmp_path / "whole"), "--max-steps", "4",
+                 "--set", "eval_every=2"]) == 0  # fmt: skip
     assert main([*base, "--output-dir", str(tmp_path / "cut"), "--max-steps", "2"]) == 0
     assert main([*base, "--output-dir", str(tmp_path / "cut"), "--max-steps", "4"]) == 0
 
@@ -142,3 +143,5 @@ def test_train_logs_per_source_tokens_and_resumes_exactly(tmp_path, sources):
     whole, cut = rows("whole"), rows("cut")
     assert [whole[s]["loss"] for s in (3, 4)] == [cut[s]["loss"] for s in (3, 4)]
     assert whole[4]["data/tokens/web"] + whole[4]["data/tokens/code"] == 4 * 8 * 16
+    evals = (tmp_path / "whole" / "metrics.jsonl").read_text()
+    assert '"eval_loss"' in evals  # the sources' held-out documents
