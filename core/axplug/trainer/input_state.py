@@ -34,7 +34,8 @@ def _allgather_json(value: Any) -> list:
 
 def gather_input_state(trainer: Any, step: int) -> list | None:
     """Every process's `input.state_at(step)`; None when the input keeps no state."""
-    states = _allgather_json(trainer.input.state_at(step))
+    state_at = getattr(trainer.input, "state_at", None)  # a duck-typed input may lack it
+    states = _allgather_json(None if state_at is None else state_at(step))
     return None if all(s is None for s in states) else states
 
 
@@ -42,7 +43,8 @@ def restore_input_state(trainer: Any, step: int, metadata: dict | None) -> None:
     """Hands this process's saved input state of `step` to the input, when there is one."""
     states = (metadata or {}).get(INPUT_STATE_KEY)
     if states is None:
-        if step > 0 and trainer.input.state_at(step) is not None:
+        state_at = getattr(trainer.input, "state_at", None)
+        if step > 0 and state_at is not None and state_at(step) is not None:
             log.warning(
                 "step %d was saved without the input's state (a local-tier or older "
                 "checkpoint): the input restarts its stream at step %d its own way",

@@ -376,7 +376,8 @@ class Trainer(Configurable):
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
         values.update(timer.tick(step))
-        values.update(self.input.metrics(step))
+        if (data_metrics := getattr(self.input, "metrics", None)) is not None:
+            values.update(data_metrics(step))  # an Input's; a duck-typed input may lack it
         cfg = self._config
         if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
             self._write(step, values)
