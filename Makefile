@@ -18,9 +18,19 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 venv: $(STAMP)
 
 DEMO_DIR ?= runs/demo
+# What `make demo` uses: the core and the plugin of llama-tiny's RoPE, without test extras
+# (`make test` adds every plugin and the test tools to the same venv).
+DEMO_PLUGINS := plugins/attention
+DEMO_STAMP := $(VENV)/.demo-installed
 
-demo: $(STAMP)
-	$(BIN)/axplug list
+$(DEMO_STAMP): pyproject.toml $(DEMO_PLUGINS:%=%/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e . $(foreach d,$(DEMO_PLUGINS),-e './$(d)')
+	touch $@
+
+demo: $(DEMO_STAMP)
+	$(BIN)/axplug list --by-dist
 	$(BIN)/axplug train --preset llama-tiny --output-dir $(DEMO_DIR) --checkpoint-every 100
 	$(BIN)/axplug generate --checkpoint $(DEMO_DIR) --prompt "HAMLET." --max-new-tokens 300 \
 		--temperature 0.8 --top-p 0.95

@@ -7,7 +7,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["build_config", "source_label", "with_input", "check_vocab", "run_config", "config_file"]
+__all__ = [
+    "build_config",
+    "base_config",
+    "source_label",
+    "with_input",
+    "check_vocab",
+    "run_config",
+    "config_file",
+    "read_config_file",
+    "ConfigOverlay",
+]
 
 
 def build_config(args: argparse.Namespace):
@@ -16,7 +26,6 @@ def build_config(args: argparse.Namespace):
     from axplug.config import ConfigError, apply_overrides
     from axplug.mesh_rules import select_mesh_rule
     from axplug.modifiers import make_modifier
-    from axplug.presets import preset_config
 
     overrides = [] if args.output_dir is None else [f"output_dir={args.output_dir!r}"]
     for flag, field in (
@@ -28,15 +37,10 @@ def build_config(args: argparse.Namespace):
             overrides.append(f"{field}={getattr(args, flag)}")
     if (args.step is not None or args.resume_optimizer) and args.from_run is None:
         raise ConfigError("--step and --resume-optimizer go with --from RUN_DIR")
-    if args.from_run is not None:
-        cfg = apply_overrides(run_config(args.from_run, args.step), overrides)
-        cfg = cfg.clone(
-            init_from=args.from_run, init_step=args.step, init_optimizer=args.resume_optimizer
-        )
-    elif args.config is not None:
-        cfg = apply_overrides(config_file(args.config, trusted=args.trust_config), overrides)
-    else:
-        cfg = preset_config(args.preset, overrides=overrides)
+    cfg, overlay = base_config(args)
+    if overlay is not None:
+        cfg = overlay.apply(cfg, trusted=args.trust_config)
+    cfg = apply_overrides(cfg, overrides)  # the command line's flags win over the file
     if args.mesh_rule != "none":
         name, rule = select_mesh_rule(args.mesh_rule)
         cfg = rule.modifier()(cfg)
@@ -63,13 +67,50 @@ def build_config(args: argparse.Namespace):
     return cfg
 
 
+def base_config(args: argparse.Namespace):
+    """(the config the run starts from, the `--config` overlay or None): a preset (`--preset`,
+    or an overlay's `preset:`), a run's (`--from`), or a whole config file (`--config`)."""
+    from axplug.config import ConfigError, UsageError, from_dict
+    from axplug.presets import preset_config
+
+    overlay = None
+    if args.config is not None:
+        data = read_config_file(args.config)
+        if not is_overlay(data):  # a whole tree (a run's config.json, or to_dict form)
+            if args.preset is not None or args.from_run is not None:
+                raise UsageError(
+                    f"--config {args.config}: a whole config (it names the root 'klass') "
+                    "replaces the preset; give it alone, or make the file a partial tree of "
+                    "the fields to change"
+                )
+            return from_dict(data, trusted=args.trust_config), None
+        overlay = ConfigOverlay(args.config, data)
+    if args.from_run is not None:
+        if overlay is not None and overlay.preset is not None:
+            raise UsageError(f"--config {args.config}: 'preset' and --from name two bases")
+        cfg = run_config(args.from_run, args.step)
+        return cfg.clone(init_from=args.from_run, init_step=args.step,
+                         init_optimizer=args.resume_optimizer), overlay  # fmt: skip
+    preset = args.preset or (overlay.preset if overlay is not None else None)
+    if preset is None and args.config is None:
+        raise UsageError("give the config to train: --preset NAME, --from RUN_DIR or --config FILE")
+    if preset is None:
+        raise ConfigError(
+            f"--config {args.config}: a partial config needs a base: --preset NAME, --from "
+            "RUN_DIR, or a 'preset: NAME' key in the file"
+        )
+    return preset_config(preset), overlay
+
+
 def source_label(args: argparse.Namespace) -> str:
     """How the command line named the base config, for messages and provenance."""
     if args.from_run is not None:
-        return f"--from {args.from_run}"
-    if args.config is not None:
+        base = f"--from {args.from_run}"
+    elif args.preset is not None:
+        base = f"--preset {args.preset}"
+    else:
         return f"--config {args.config}"
-    return f"--preset {args.preset}"
+    return base if args.config is None else f"{base} --config {args.config}"
 
 
 def run_config(run_dir: str, step: int | None):
@@ -88,31 +129,95 @@ def run_config(run_dir: str, step: int | None):
     return from_dict(metadata["config"])
 
 
-def config_file(path: str, *, trusted: bool):
-    """A Trainer config from a JSON (or YAML) file of `to_dict` form, or a run's config.json."""
+def read_config_file(path: str) -> dict:
+    """The mapping in a YAML, TOML or JSON config file (a run's config.json: its config)."""
     import json
     import pathlib
+    import tomllib
 
-    from axplug.config import ConfigError, ConfigFileError, from_dict
+    from axplug.config import ConfigError, ConfigFileError
 
     file = pathlib.Path(path)
     if not file.is_file():
         raise ConfigFileError(f"--config: {path!r} does not exist")
     text = file.read_text(encoding="utf-8")
-    if file.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(f"--config {path}: YAML needs PyYAML: pip install pyyaml") from None
-        data = yaml.safe_load(text)
-    else:
-        try:
+    try:
+        if file.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(
+                    f"--config {path}: YAML needs PyYAML: pip install pyyaml"
+                ) from None
+            data = yaml.safe_load(text)
+        elif file.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--config {path}: not JSON ({e})") from None
-    if isinstance(data, dict) and "config" in data and "provenance" in data:
+    except ConfigError:
+        raise
+    except Exception as e:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError
+        kind = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML"}.get(file.suffix, "JSON")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigFileError(f"--config {path}: not {kind} ({first})") from None
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"--config {path}: a {type(data).__name__}, not a mapping of fields")
+    if "config" in data and "provenance" in data:
         data = data["config"]  # a run's config.json
-    return from_dict(data, trusted=trusted)
+    return data
+
+
+def config_file(path: str, *, trusted: bool):
+    """A Trainer config from a whole-tree file (a run's config.json, or `to_dict` form)."""
+    from axplug.config import from_dict
+
+    return from_dict(read_config_file(path), trusted=trusted)
+
+
+def is_overlay(data: dict) -> bool:
+    """Whether a config file's mapping is a partial tree (no root `klass`)."""
+    return "klass" not in data
+
+
+class ConfigOverlay:
+    """A `--config` file of the fields to change: `preset` (the base, unless --preset or
+    --from name one), `modifiers` (specs, applied in order), `input` (an `--input` spec or a
+    mapping of the input's fields), and any other fields, nested or dotted."""
+
+    KEYS = ("preset", "modifiers", "input")
+
+    def __init__(self, path: str, data: dict):
+        from axplug.config import ConfigError
+
+        self.path, self.data = path, dict(data)
+        self.preset = self.data.pop("preset", None)
+        self.modifiers = self.data.pop("modifiers", [])
+        if isinstance(self.modifiers, str):
+            self.modifiers = [self.modifiers]
+        if self.preset is not None and not isinstance(self.preset, str):
+            raise ConfigError(f"--config {path}: preset: {self.preset!r}, expected a name")
+        if not isinstance(self.modifiers, list) or not all(
+            isinstance(m, str) for m in self.modifiers
+        ):
+            raise ConfigError(
+                f"--config {path}: modifiers: {self.modifiers!r}, expected a list of specs "
+                "such as ['rope:theta=500000']"
+            )
+        self.input = self.data.pop("input", None) if isinstance(data.get("input"), str) else None
+
+    def apply(self, cfg, *, trusted: bool):
+        """`cfg` with the file's modifiers, input and fields; errors name the file."""
+        from axplug.config import ConfigError, apply_overlay
+        from axplug.modifiers import make_modifier
+
+        try:
+            for spec in self.modifiers:
+                cfg = make_modifier(spec)(cfg)
+            if self.input is not None:
+                cfg = with_input(cfg, self.input)
+            return apply_overlay(cfg, self.data, trusted=trusted)
+        except ConfigError as e:
+            raise type(e)(f"--config {self.path}: {e}") from None
 
 
 # What a run's shape is made of: kept from the preset's input unless the --input spec sets it.

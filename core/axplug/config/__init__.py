@@ -17,6 +17,7 @@ from axplug.config.base import (
     config_class,
     visit,
 )
+from axplug.config.overlay import apply_overlay
 from axplug.config.overrides import apply_overrides, parse_value
 from axplug.config.redact import has_userinfo, strip_userinfo, strip_userinfo_tree
 from axplug.config.serialize import UntrustedCodeError, from_dict, resolve_class, to_dict
@@ -54,6 +55,7 @@ __all__ = [
     "from_dict",
     "resolve_class",
     "apply_overrides",
+    "apply_overlay",
     "parse_value",
     "has_userinfo",
     "strip_userinfo",

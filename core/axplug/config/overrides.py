@@ -12,7 +12,7 @@ import attrs
 from axplug.config.base import ConfigBase, ConfigError, UnknownFieldError, _field_types, _suggest
 from axplug.config.serialize import _allows, decode
 
-__all__ = ["parse_value", "apply_overrides"]
+__all__ = ["parse_value", "apply_overrides", "set_field"]
 
 _WORDS = {"true": True, "false": False, "none": None, "null": None}
 
@@ -53,21 +53,30 @@ def apply_overrides(cfg: _Config, overrides: Iterable[str]) -> _Config:
         path, sep, text = spec.partition("=")
         if not sep or not path.strip():
             raise ConfigError(f"override {spec!r}: expected PATH=VALUE, e.g. model.num_layers=8")
-        parts = path.strip().split(".")
-        node = _navigate(cfg, parts[:-1], spec)
-        name = parts[-1]
-        fields = list(attrs.fields_dict(type(node)))
-        if name not in fields:
-            raise UnknownFieldError(f"{path.strip()}: unknown field{_suggest(name, fields)}")
-        tp = _field_types(type(node)).get(name, Any)
-        value = parse_value(text)
+        set_field(cfg, path.strip(), text, spec=spec)
+    return cfg
+
+
+def set_field(cfg: ConfigBase, path: str, value: Any, *, spec: str | None = None,
+              trusted: bool = True) -> None:  # fmt: skip
+    """Sets the field at dotted `path` of `cfg` in place, checked like `--set`: a str value
+    is parsed as `--set`'s text is (a literal, else the string), others are taken as they are
+    (a dict with `klass` becomes a config)."""
+    parts = path.split(".")
+    node = _navigate(cfg, parts[:-1], spec or path)
+    name = parts[-1]
+    fields = list(attrs.fields_dict(type(node)))
+    if name not in fields:
+        raise UnknownFieldError(f"{path}: unknown field{_suggest(name, fields)}")
+    tp = _field_types(type(node)).get(name, Any)
+    if isinstance(value, str):
+        text, value = value, parse_value(value)
         if not isinstance(value, str) and _allows(tp, str) and not _allows(tp, type(value)):
             value = text  # e.g. `name=123` for a str field stays a string
-        value = decode(value, tp, path.strip(), trusted=True)
-        if name == "klass":
-            _check_klass_swap(node, value, path.strip())
-        setattr(node, name, value)
-    return cfg
+    value = decode(value, tp, path, trusted=trusted)
+    if name == "klass":
+        _check_klass_swap(node, value, path)
+    setattr(node, name, value)
 
 
 def _check_klass_swap(node: ConfigBase, klass: Any, path: str) -> None:

@@ -49,7 +49,9 @@ from axplug_serve.schema import (
 from axplug_serve.text import ChatTemplate
 from axplug_serve.worker import EngineWorker
 
-__all__ = ["ServerSettings", "create_app"]
+__all__ = ["ServerSettings", "create_app", "TEMPLATE_HEADER"]
+
+TEMPLATE_HEADER = "x-axplug-chat-template"  # on chat completions: the template's origin
 
 log = logging.getLogger("axplug.serve")
 
@@ -144,8 +146,12 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
     @app.post(
         "/v1/chat/completions", responses=responses(400, 404, 429, 503, ok=ChatCompletionResponse)
     )
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await api.chat_completions(body, request)
+    async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response):
+        result = await api.chat_completions(body, request)
+        # Which template rendered the messages: the run's, a --chat-template file, or ChatML.
+        target = result if isinstance(result, Response) else response
+        target.headers[TEMPLATE_HEADER] = settings.chat_template.origin
+        return result
 
     @app.post("/tokenize", responses=responses(400, 404, ok=TokenizeResponse))
     async def tokenize(body: TokenizeRequest):

@@ -102,8 +102,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-len",
         type=int,
         metavar="TOKENS",
-        help="prompt + completion tokens per request (default: the trained sequence length, "
-        "else 2048)",
+        help="prompt + completion tokens per request (default: the longest sequence the "
+        "model was trained on, over the runs it was fine-tuned from, else 2048)",
     )
     parser.add_argument(
         "--max-queue", type=int, default=64, metavar="N", help="requests waiting for a slot (64)"
@@ -186,11 +186,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def trained_len(loaded) -> int | None:
+    """The longest sequence the model was trained on: over the run and every run it was
+    initialized from (a fine-tune's shorter rows do not shorten the model), capped by a
+    learned position table's size."""
+    lengths = [getattr(loaded.config.input, "seq_len", None)]
+    for _, metadata in loaded.lineage:
+        lengths.append(((metadata.get("config") or {}).get("input") or {}).get("seq_len"))
+    lengths = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 1]
+    longest = max(lengths, default=None)
+    table = getattr(getattr(loaded.config.model, "decoder", None), "max_positions", None)
+    if isinstance(table, int) and table > 1:
+        longest = table if longest is None else min(longest, table)
+    return longest
+
+
 def _max_len(loaded, explicit: int | None) -> int:
     from axplug.config import UsageError
 
-    trained = getattr(loaded.config.input, "seq_len", None)
-    trained = trained if isinstance(trained, int) and trained > 1 else None
+    trained = trained_len(loaded)
     if explicit is None:
         return trained or 2048
     if explicit < 2:

@@ -191,6 +191,18 @@ def test_streamed_chat_equals_the_whole_reply(server, client, reference):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_chat_responses_name_the_template_they_rendered(server, client):
+    origin = client.models.list().data[0].model_extra["chat_template"]
+    assert origin
+    messages = [{"role": "user", "content": "Who is there?"}]
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=messages, max_tokens=2, temperature=0, stream=stream
+        )
+        assert raw.headers["x-axplug-chat-template"] == origin
+        raw.parse()
+
+
 def test_a_stop_string_ends_the_text_before_it(server, client):
     full = client.completions.create(model="tiny", prompt="To be", max_tokens=40, temperature=0)
     text = full.choices[0].text
