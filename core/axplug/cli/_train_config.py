@@ -133,6 +133,7 @@ def read_config_file(path: str) -> dict:
     """The mapping in a YAML, TOML or JSON config file (a run's config.json: its config)."""
     import json
     import pathlib
+
     import tomllib
 
     from axplug.config import ConfigError, ConfigFileError
