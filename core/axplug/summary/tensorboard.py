@@ -13,6 +13,23 @@ from axplug.summary.base import SummaryWriter, group_tag, to_scalars
 __all__ = ["TensorBoardWriter"]
 
 
+def _import_tensorboardx():
+    """tensorboardX, imported without torch: its writer imports torch (2.2 s here) only to
+    recognize torch tensors, and this writer hands it floats and numpy arrays. Imported on
+    use, so `axplug.summary` stays cheap to import."""
+    import sys
+
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # an ImportError for tensorboardX's `try: import torch`
+    try:
+        import tensorboardX
+    finally:
+        if hide and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]  # a later `import torch` works as usual
+    return tensorboardX
+
+
 class TensorBoardWriter(SummaryWriter):
     """One scalar summary per name and step, tagged by group (`train/loss`, `eval/loss`,
     `goodput/...`, `moe/...`), and histograms of array summaries.
@@ -32,7 +49,7 @@ class TensorBoardWriter(SummaryWriter):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
-        import tensorboardX  # imported here: `axplug.summary` stays cheap to import
+        tensorboardX = _import_tensorboardx()
 
         # A NaN loss is logged as NaN on purpose; tensorboardX would warn on the root logger.
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from axplug.checkpoint import CheckpointCorruptError
 from axplug.inference.loading import checkpoint_directory
@@ -58,6 +59,22 @@ def _init_from(trainer: Any, fresh: dict) -> dict:
     return state
 
 
+def _from_source(trainer: Any) -> dict:
+    """The state of a fine-tune whose parameters all come from `init_from`: restored onto
+    this run's layout with no random initialization first (which cost a compile of every
+    initializer), and the source's optimizer state or a fresh one."""
+    cfg = trainer.config
+    step, params, opt_state = restore_weights(
+        cfg.init_from, cfg.init_step, abstract_state=trainer.abstract_state,
+        optimizer=cfg.init_optimizer,
+    )  # fmt: skip
+    log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+    if opt_state is None:  # not asked for, or the source holds none (an import)
+        opt_state = fresh_opt_state(trainer, params)
+    zero = jax.device_put(jnp.zeros((), jnp.int32), trainer.state_shardings["step"])
+    return {"params": params, "opt_state": opt_state, "step": zero}
+
+
 def restore_or_init(trainer: Any) -> dict:
     """The newest step either tier holds complete (on every process), else a fresh state.
 
@@ -80,6 +97,9 @@ def _persistent_or_init(trainer: Any) -> dict:
     reaches it again) and the step before is tried.
     """
     steps = trainer.checkpointer.all_steps()
+    if not steps and trainer.config.init_from is not None and trainer.optimizer_mask is None:
+        with trainer.goodput.phase("restore"):  # every parameter comes from the source
+            return _from_source(trainer)
     if not steps:
         log.info("initializing parameters and optimizer state")
         with trainer.goodput.phase("init"):
