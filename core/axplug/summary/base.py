@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from axplug.api.kinds import RunInfo
 from axplug.config import REQUIRED, Configurable, config_class
 
-__all__ = ["SummaryWriter", "CompositeWriter", "to_scalars", "group_tag"]
+__all__ = ["SummaryWriter", "CompositeWriter", "to_scalars", "group_tag", "is_eval_name"]
 
 
 def to_scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
@@ -24,6 +24,12 @@ def to_scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
                 f"summary {name!r}: expected a scalar, got {type(value).__name__} ({value!r:.80})"
             ) from e
     return out
+
+
+def is_eval_name(name: str) -> bool:
+    """Whether a metric comes from an evaluation: `eval_loss`, `eval_<x>`, or an evaluator's
+    `eval/<task>/<metric>`."""
+    return name.startswith(("eval_", "eval/"))
 
 
 def group_tag(name: str) -> str:
