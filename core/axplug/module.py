@@ -35,6 +35,13 @@ def child_context(module: Module) -> InvocationContext | None:
     ctx = current_context()
     if ctx is None or ctx.module is module:
         return ctx
+    for name in _chain(module, ctx):
+        ctx = ctx.add_child(name)
+    return ctx
+
+
+def _chain(module: Module, ctx: InvocationContext) -> list[str]:
+    """The names from `ctx`'s module (exclusive) down to `module` (inclusive)."""
     chain = []
     node: Module | None = module
     while node is not None and node is not ctx.module:
@@ -45,9 +52,7 @@ def child_context(module: Module) -> InvocationContext | None:
             f"{module.path} was called from {ctx.module.path}, which is not one of its "
             "ancestors; call it from its parent or through functional()"
         )
-    for name in reversed(chain):
-        ctx = ctx.add_child(name)
-    return ctx
+    return chain[::-1]
 
 
 def _wrap(method: Callable) -> Callable:
@@ -56,7 +61,13 @@ def _wrap(method: Callable) -> Callable:
         ctx = current_context()
         if ctx is None or ctx.module is self:
             return method(self, *args, **kwargs)
-        with set_current_context(child_context(self)):
+        names = _chain(self, ctx)
+        for name in names:
+            ctx = ctx.add_child(name)
+        # The child's path (relative to the caller) names the ops it traces: HLO op metadata
+        # and profiler traces read `.../decoder/transformer/layer0/attention/dot_general`.
+        # A named scope is only a name: no ops, no effect on numerics or compiled code.
+        with set_current_context(ctx), jax.named_scope("/".join(names)):
             return method(self, *args, **kwargs)
 
     in_child_context.__runs_in_child_context__ = True

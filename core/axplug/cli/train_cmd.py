@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from axplug.cli._train_config import build_config, source_label
+from axplug.cli._train_config import base_config, build_config, source_label
 from axplug.config import UsageError
 
 __all__ = ["add_parser", "run", "build_config"]
@@ -28,6 +28,9 @@ examples:
   axplug train --from runs/imported --input token_file:path=data/mine --output-dir runs/ft
       fine-tune an `axplug import-hf` run (docs/fine-tuning.md)
   axplug train --config runs/mine/config.json --output-dir runs/again
+  axplug train --preset llama-tiny --config exp.yaml --output-dir runs/exp
+      an experiment file of the fields to change (docs/configs.md); --print-config --diff
+      shows what it changes
   axplug train --preset my_recipes:small --output-dir runs/mine    your own recipe function
   axplug train --preset recipes/small.py:small --output-dir runs/mine      ... from a file
   axplug train --preset llama-tiny --output-dir runs/tiny --writer wandb:project=tiny
@@ -68,7 +71,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--preset",
         help="preset name (see `axplug list --kind presets`), or your recipe as "
@@ -82,8 +85,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fine-tune: the config and weights of a run (or `axplug import-hf` output); "
         "--set/--modifier/--input still apply; a new --output-dir",
     )
-    source.add_argument(
-        "--config", metavar="FILE", help="a config file (config.json of a run, or to_dict JSON)"
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a YAML, TOML or JSON file: the fields to change over --preset/--from (or its own "
+        "'preset: NAME'), with 'modifiers' and 'input' keys; or a whole config (a run's "
+        "config.json) on its own",
     )
     parser.add_argument("--step", type=int, help="with --from: that step (default: the latest)")
     parser.add_argument(
@@ -158,6 +165,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
     parser.add_argument("--seed", type=int, help="seed of initialization, data and dropout")
+    # `--profile S` is `--set profile_steps=S`, in its place among the --set overrides.
+    parser.add_argument(
+        "--profile",
+        action="append",
+        dest="overrides",
+        type=lambda steps: f"profile_steps={steps!r}",
+        metavar="A:B|N",
+        help="write a jax.profiler trace of steps A to B-1 (as numbered in metrics.jsonl; "
+        "N: step N alone) to OUTPUT_DIR/profile, for `tensorboard --logdir OUTPUT_DIR/profile` "
+        "(pip install xprof) or ui.perfetto.dev; the first step compiles: start at 2 or later",
+    )
     group = parser.add_argument_group("multi-process (one process per host, all the same command)")
     group.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0")
     group.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
@@ -183,8 +201,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print the effective config and exit without training (refusing what the "
         "run would refuse: an unknown optimizer, a bad writer setting)",
     )
+    parser.add_argument(
+        "--diff",
+        action="store_true",
+        help="with --print-config: only the fields that differ from the preset (or --from run)",
+    )
     parser.set_defaults(run=run)
     return parser
+
+
+def config_diff(base, cfg) -> str:
+    """`path: base value -> value` for each leaf field `cfg` changed, added or removed."""
+
+    def leaves(c):
+        return dict(line.split(": ", 1) for line in c.debug_string().splitlines())
+
+    old, new = leaves(base), leaves(cfg)
+    lines = []
+    for path in sorted(old.keys() | new.keys()):
+        if old.get(path) != new.get(path):
+            lines.append(f"{path}: {old.get(path, '(absent)')} -> {new.get(path, '(absent)')}")
+    return "\n".join(lines) if lines else "(no field differs from the base config)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,9 +231,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.print_config:
         # Before anything touches a device: the mesh rule is chosen from all processes' devices.
         start_processes(args)
+    if args.diff and not args.print_config:
+        raise UsageError("--diff goes with --print-config")
     cfg = build_config(args)
     if args.print_config:
-        print(cfg.debug_string())
+        print(config_diff(base_config(args)[0], cfg) if args.diff else cfg.debug_string())
         return 0
     from axplug.cli._logging import configure_logging
     from axplug.runtime import format_goodput

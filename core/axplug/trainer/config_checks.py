@@ -8,6 +8,7 @@ from typing import Any
 from axplug.checkpoint import Checkpointer
 from axplug.checkpoint.retention import check_retention
 from axplug.learner import Learner
+from axplug.trainer.profiling import check_profile_steps
 from axplug.trainer.saving import SAVE_ERROR_POLICIES
 from axplug.trainer.step import GUARDS
 
@@ -38,6 +39,7 @@ def check_trainer_config(cfg: Any) -> None:
             raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")
     if cfg.eval_every is not None and cfg.eval_every < 1:
         raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
+    check_profile_steps(cfg)
     if isinstance(cfg.learner, Learner.Config):
         Learner.check_config(cfg.learner)
     if isinstance(cfg.checkpointer, Checkpointer.Config):

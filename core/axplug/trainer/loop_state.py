@@ -86,11 +86,14 @@ class StepTimer:
             return self.flops_per_step / (seconds * self.peak_flops)
         return None
 
-    def tick(self, step: int) -> dict[str, float]:
+    def tick(self, step: int, busy: float | None = None) -> dict[str, float]:
+        """Rates of the steps since the last tick: over `busy` seconds when given (the
+        loop's time without evaluations and checkpoints), else the wall time between ticks."""
         now = time.perf_counter()
         out: dict[str, float] = {}
         if self._last is not None and step > self._last[0]:
-            seconds = (now - self._last[1]) / (step - self._last[0])
+            elapsed = now - self._last[1] if busy is None else busy
+            seconds = elapsed / (step - self._last[0])
             out = {"step_time": seconds}
             if self.tokens_per_step:
                 out["tokens_per_sec"] = self.tokens_per_step / seconds

@@ -37,6 +37,7 @@ from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.input_state import restore_input_state
 from axplug.trainer.layout import check_input_split, state_layout
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
+from axplug.trainer.profiling import StepProfiler
 from axplug.trainer.restore import restore_or_init
 from axplug.trainer.saving import save_and_stop, save_checkpoint
 from axplug.trainer.step import build_eval_step, build_train_step, guard_for
@@ -101,6 +102,9 @@ class Trainer(Configurable):
         init_from: str | None = None
         init_step: int | None = None
         init_optimizer: bool = False
+        # A jax.profiler trace of steps "A:B" (A to B-1, as numbered in metrics.jsonl) or
+        # "N" into output_dir/profile (`axplug train --profile`); see axplug.trainer.profiling.
+        profile_steps: int | str | None = None
 
     @classmethod
     def check_config(cls, cfg: Config) -> None:
@@ -299,12 +303,15 @@ class Trainer(Configurable):
         last: dict = {"step": start}
         pending: tuple[int, Any] | None = None
         agreement = StopAgreement(self.mesh)
+        profiler = StepProfiler.for_run(cfg, start)
         try:
             batches = self.input.iter_from(start)
             if self._signals.requested is not None and jax.process_count() == 1:
                 self.state = state
                 raise Preempted(start, self._signals.requested, saved=False)
             for step in range(start, cfg.max_steps):
+                if profiler is not None:
+                    profiler.before_step(step + 1, state)
                 with self.goodput.phase("data_wait"):
                     batch = self.put_batch(next(batches)[1])
                 if step == start:
@@ -312,6 +319,8 @@ class Trainer(Configurable):
                     self._compile(state, batch)
                 with self.goodput.phase("step"):
                     state, metrics = self._train_step(state, batch)
+                    if profiler is not None:  # at the window's end: waits, stops the trace
+                        profiler.after_step(step + 1, (state, metrics))
                 if pending is not None:  # read the previous step's metrics while this one runs
                     last = self._on_step_end(*pending, guard, timer)
                 pending = (step + 1, metrics)
@@ -338,6 +347,8 @@ class Trainer(Configurable):
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
+            if profiler is not None:
+                profiler.close()  # a run that ends or raises inside the window
             self.watchdog.stop()
             with self.goodput.phase("checkpoint"):
                 self.checkpointer.wait_until_finished()
@@ -375,7 +386,7 @@ class Trainer(Configurable):
         self._busy_mark = busy
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
-        values.update(timer.tick(step))
+        values.update(timer.tick(step, seconds))  # an eval's or a save's time left out
         if (data_metrics := getattr(self.input, "metrics", None)) is not None:
             values.update(data_metrics(step))  # an Input's; a duck-typed input may lack it
         cfg = self._config

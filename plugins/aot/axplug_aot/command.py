@@ -20,6 +20,7 @@ examples:
   axplug aot --preset llama-tiny --mesh-rule cpu --json
   axplug aot --preset gpt-tiny --mesh-rule gpu-h100-8 --modifier mesh:fsdp=4,data=-1
   axplug aot --preset llama2-70b --mesh-rule gpu-h100-8      would it fit on one H100 host?
+  axplug aot --preset gpt-tiny --mesh-rule cpu --dump hlo/     and write its HLO to hlo/
 
 The step is lowered and compiled from abstract shapes; nothing is allocated or run. A TPU rule
 compiles for the real TPU topology (jax.experimental.topologies) where libtpu is installed.
@@ -31,6 +32,8 @@ a mesh larger than --max-devices is compiled with its `data` axis and the global
 by the same factor: data replicas are identical, so per-device memory is unchanged, and FLOPs
 are scaled back.
 Exit status 3 when the step would not fit in the device's HBM.
+--dump DIR writes the compiled step's HLO (before and after XLA's optimizations) and its
+memory and cost analysis there, e.g. to read which layer's ops a fusion holds.
 """
 
 
@@ -66,6 +69,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--step-time", type=float, help="seconds per step: report its MFU")
     parser.add_argument("--hbm-gib", type=float, help="override the device's HBM (GiB)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--dump",
+        metavar="DIR",
+        help="also write the step's StableHLO before XLA's optimizations "
+        "(train_step.before_optimizations.mlir), the optimized HLO "
+        "(train_step.after_optimizations.hlo.txt) and the memory and cost analysis "
+        "(train_step.analysis.json) to DIR; ops carry their module path (decoder/.../attention)",
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -127,6 +138,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     for flag, value in (("--step-time", args.step_time), ("--hbm-gib", args.hbm_gib)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.dump is not None:
+        argv += ["--dump", args.dump]
     return argv + (["--json"] if args.json else [])
 
 
@@ -175,6 +188,7 @@ def _report(args, cfg, name, spec, count, devices, devices_note) -> int:
         step_time_s=args.step_time,
         devices=devices,
         devices_note=devices_note,
+        dump_dir=args.dump,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -22,6 +22,7 @@ __all__ = [
     "check_batch",
     "compile_report",
     "count_collectives",
+    "dump_step",
     "GIB",
 ]
 
@@ -192,6 +193,45 @@ def _xla_flops(compiled) -> float | None:
     return float(flops) if flops is not None else None
 
 
+DUMP_FILES = {
+    "before": "train_step.before_optimizations.mlir",
+    "after": "train_step.after_optimizations.hlo.txt",
+    "analysis": "train_step.analysis.json",
+}
+
+
+def dump_step(lowered, compiled, directory: str, memory: dict[str, int]) -> dict[str, str]:
+    """Writes a lowered and compiled step to `directory`: the StableHLO before XLA's passes
+    (with locations: each op's module path, e.g. `decoder/transformer/layer0/attention/...`),
+    the optimized HLO (per device, after SPMD partitioning; `metadata={op_name=...}` names the
+    module path) and the memory (per device, bytes) and cost analysis as JSON. Returns the
+    paths written, by kind."""
+    import json
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    paths = {kind: os.path.join(directory, name) for kind, name in DUMP_FILES.items()}
+    with open(paths["before"], "w", encoding="utf-8") as f:
+        f.write(lowered.as_text(debug_info=True))
+    with open(paths["after"], "w", encoding="utf-8") as f:
+        f.write(compiled.as_text())
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        cost = None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    analysis = {
+        "memory_per_device_bytes": memory,
+        "cost_analysis": {
+            k: float(v) for k, v in (cost or {}).items() if isinstance(v, int | float)
+        },
+    }
+    with open(paths["analysis"], "w", encoding="utf-8") as f:
+        json.dump(analysis, f, indent=2, sort_keys=True)
+    return paths
+
+
 def compile_report(
     cfg,
     *,
@@ -205,11 +245,13 @@ def compile_report(
     step_time_s: float | None = None,
     devices: list | None = None,
     devices_note: str | None = None,
+    dump_dir: str | None = None,
 ) -> AotReport:
     """Lower and compile `cfg`'s train step for a `num_devices` mesh, from abstract shapes
     only: nothing is allocated or run. `devices`: compile-only devices of the target
     (`axplug_aot.topology.compile_only_devices`), else the local (fake CPU) devices;
-    `devices_note`: why there are none, for the report."""
+    `devices_note`: why there are none, for the report; `dump_dir`: where to write the
+    step's HLO and analysis too (`dump_step`)."""
     import time
 
     import jax
@@ -251,7 +293,8 @@ def compile_report(
     token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
     abstract_batch = {"input_ids": token, "target_labels": token}
     start = time.perf_counter()
-    compiled = trainer.lower_step(abstract_batch).compile()
+    lowered = trainer.lower_step(abstract_batch)
+    compiled = lowered.compile()
     compile_s = time.perf_counter() - start
 
     mem = compiled.memory_analysis()
@@ -312,6 +355,9 @@ def compile_report(
         pipeline=_pipeline_summary(trainer.model),
     )
     report.notes.extend(plan_notes)
+    if dump_dir is not None:
+        dump_step(lowered, compiled, dump_dir, memory)
+        report.notes.append(f"HLO and analysis of the compiled step written to {dump_dir}")
     if report.scanned_layers:
         report.notes.append("XLA's FLOPs count a scanned layer once: MFU uses the analytic count")
     offloads = any(policy.startswith("offload") for policy in _remat_policies(cfg))

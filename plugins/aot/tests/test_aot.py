@@ -298,3 +298,32 @@ def test_collectives_are_counted_whatever_their_result_shape():
         ]
     )
     assert aot.count_collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "all-to-all": 1}
+
+
+def test_dump_writes_the_steps_hlo_and_analysis(tmp_path, capsys):
+    dump = tmp_path / "hlo"
+    code = _run("--preset", "gpt-tiny", "--mesh-rule", "cpu", "--json", "--dump", str(dump), *SMALL)
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert f"HLO and analysis of the compiled step written to {dump}" in report["notes"]
+    hlo = (dump / "train_step.after_optimizations.hlo.txt").read_text()
+    assert "ENTRY" in hlo and "HloModule jit_step" in hlo
+    # Named scopes: the optimized ops' metadata names the module they came from.
+    assert 'op_name="jit(step)/jvp(decoder)/transformer/layer0/attention/' in hlo
+    mlir = (dump / "train_step.before_optimizations.mlir").read_text()
+    assert "func.func public @main" in mlir and "stablehlo.dot_general" in mlir
+    assert "ENTRY" not in mlir and "transformer/layer0/feed_forward" in mlir
+    analysis = json.loads((dump / "train_step.analysis.json").read_text())
+    assert analysis["memory_per_device_bytes"] == report["memory"]
+    assert analysis["cost_analysis"]["flops"] * 8 == pytest.approx(report["flops_per_step_xla"])
+
+
+def test_dump_is_passed_on_when_the_command_reruns_itself():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    aot_cmd.add_parser(parser.add_subparsers())
+    base = ["aot", "--preset", "gpt-tiny", "--mesh-rule", "cpu"]
+    argv = aot_cmd._argv(parser.parse_args([*base, "--dump", "d"]))
+    assert argv[argv.index("--dump") + 1] == "d"
+    assert "--dump" not in aot_cmd._argv(parser.parse_args(base))
