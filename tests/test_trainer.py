@@ -333,8 +333,8 @@ def test_learner_schedule_and_weight_decay_mask():
         # With zero gradients only weight decay moves a parameter: the masked one stays put.
         np.testing.assert_array_equal(updates["norm"], 0.0)
         assert np.all(np.abs(updates["w"]) > 0), optimizer
-    with pytest.raises(Exception, match="learner.optimizer: unknown 'lion'"):
-        Learner.default_config().set(optimizer="lion").instantiate()
+    with pytest.raises(Exception, match="learner.optimizer: unknown 'lionx'"):
+        Learner.default_config().set(optimizer="lionx").instantiate()
 
 
 def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):

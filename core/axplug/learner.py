@@ -1,4 +1,8 @@
-"""The learner: an optax optimizer, schedule, clipping and weight-decay mask chosen by config."""
+"""The learner: an optax optimizer, schedule, clipping and weight-decay mask chosen by config.
+
+The optimizer and the schedule are components (`axplug.optimizers`, `axplug.schedules`; see
+axplug.optim): `learner.optimizer` and `learner.schedule` name one each, `NAME[:key=value,...]`.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,16 @@ import optax
 
 from axplug.api import ParameterSpec
 from axplug.config import ConfigError, Configurable, config_class
+from axplug.optim import CORE_OPTIMIZERS, CORE_SCHEDULES, build_optimizer, build_schedule
 
 __all__ = ["Learner", "OPTIMIZERS", "SCHEDULES", "clip_by_global_norm"]
 
-OPTIMIZERS = ("adamw", "adafactor", "sgd")
-SCHEDULES = ("constant", "cosine", "linear")
+# The core's own names; plugins add more (`axplug list --kind optimizers`, `--kind schedules`).
+OPTIMIZERS = CORE_OPTIMIZERS
+SCHEDULES = CORE_SCHEDULES
+# The run length `check_config` builds the schedule for when it is not given one: long, so
+# that a check of the steps (`cosine_restarts:cycles=N`) refuses nothing a real run takes.
+_CHECK_STEPS = 1_000_000
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
@@ -46,8 +55,11 @@ class Learner(Configurable):
 
     @config_class
     class Config(Configurable.Config):
+        # `NAME[:key=value,...]` of an `axplug.optimizers` entry: `lion`, `sgd:nesterov=True`.
         optimizer: str = "adamw"
         learning_rate: float = 3e-4
+        # `NAME[:key=value,...]` of an `axplug.schedules` entry (after warmup):
+        # `wsd:decay_fraction=0.1,shape=sqrt`.
         schedule: str = "cosine"
         warmup_steps: int = 0
         # Steps over which the schedule decays; None: the trainer's max_steps.
@@ -67,14 +79,13 @@ class Learner(Configurable):
         trainable: str | None = None
 
     @classmethod
-    def check_config(cls, cfg: Config) -> None:
-        """Raises the ConfigError naming a field whose value is not one this learner takes."""
-        for field, value, choices in (
-            ("optimizer", cfg.optimizer, OPTIMIZERS),
-            ("schedule", cfg.schedule, SCHEDULES),
-        ):
-            if value not in choices:
-                raise ConfigError(f"learner.{field}: unknown {value!r}; choose from {choices}")
+    def check_config(cls, cfg: Config, total_steps: int | None = None) -> None:
+        """Raises the ConfigError naming a field whose value is not one this learner takes.
+
+        The optimizer and schedule specs are resolved, their options checked against the
+        factories' signatures, and both built once (for `total_steps`, when known)."""
+        build_schedule(cfg, cfg.learning_rate, _decay_steps(cfg, total_steps or _CHECK_STEPS))
+        build_optimizer(cfg, optax.constant_schedule(cfg.learning_rate), None)
         if cfg.grad_accumulation_steps < 1:
             raise ConfigError("learner.grad_accumulation_steps: must be >= 1")
         if cfg.trainable is not None:
@@ -97,14 +108,7 @@ class Learner(Configurable):
         """Learning rate as a function of the step: linear warmup, then the configured decay."""
         cfg = self._config
         peak = cfg.learning_rate
-        decay_steps = max((cfg.decay_steps or total_steps) - cfg.warmup_steps, 1)
-        end = peak * cfg.end_learning_rate_fraction
-        if cfg.schedule == "constant":
-            after = optax.constant_schedule(peak)
-        elif cfg.schedule == "cosine":
-            after = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0)
-        else:
-            after = optax.linear_schedule(peak, end, decay_steps)
+        after = build_schedule(cfg, peak, _decay_steps(cfg, total_steps))
         if cfg.warmup_steps == 0:
             return after
         warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
@@ -114,25 +118,19 @@ class Learner(Configurable):
         """The optax chain for parameters described by the ParameterSpec tree `specs`."""
         cfg = self._config
         lr = self.schedule(total_steps)
-        # Parameters whose spec says weight_decay_scale == 0 (norms, biases) are not decayed.
+        # Parameters whose spec says weight_decay_scale == 0 (norms, biases) are not decayed:
+        # the optimizer factory applies learner.weight_decay under this mask (axplug.optim).
         mask = jax.tree.map(
             lambda s: s.weight_decay_scale > 0,
             specs,
             is_leaf=lambda s: isinstance(s, ParameterSpec),
         )
-        if cfg.optimizer == "adamw":
-            opt = optax.adamw(
-                lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask
-            )
-        elif cfg.optimizer == "adafactor":
-            opt = optax.adafactor(
-                lr, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=mask
-            )
-        else:
-            opt = optax.chain(
-                optax.add_decayed_weights(cfg.weight_decay, mask),
-                optax.sgd(lr, momentum=cfg.momentum or None),
-            )
+        opt = build_optimizer(cfg, lr, mask)
         if cfg.max_grad_norm is None:
             return opt
         return optax.chain(clip_by_global_norm(cfg.max_grad_norm), opt)
+
+
+def _decay_steps(cfg: Learner.Config, total_steps: int) -> int:
+    """The steps the after-warmup schedule runs: `decay_steps` (or the run's) less warmup."""
+    return max((cfg.decay_steps or total_steps) - cfg.warmup_steps, 1)

@@ -68,6 +68,7 @@ PUBLIC_MODULES = (
     "axplug.checkpoint",
     "axplug.files",
     "axplug.input",
+    "axplug.optim",
     "axplug.tokenizer",
     "axplug.presets",
     "axplug.modifiers",

@@ -39,6 +39,8 @@ KINDS = (
     "commands",
     "hooks",
     "data_sources",
+    "optimizers",
+    "schedules",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

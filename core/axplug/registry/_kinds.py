@@ -96,6 +96,24 @@ def _data_source(obj: Any) -> str | None:
     return None
 
 
+def _factory(signature: str, returns: str, positional: int):
+    """A function (not a class) taking at least `positional` positional arguments."""
+
+    def check(obj: Any) -> str | None:
+        if isinstance(obj, type) or not callable(obj):
+            return f"it must be a function {signature} returning {returns}, not {_what(obj)}"
+        code = getattr(obj, "__code__", None)  # a plain function: count its parameters
+        has_varargs = code is not None and code.co_flags & 0x04  # CO_VARARGS
+        if code is not None and not has_varargs and code.co_argcount < positional:
+            return (
+                f"{obj.__module__}.{obj.__qualname__} takes {code.co_argcount} positional "
+                f"arguments; it must be {signature}"
+            )
+        return None
+
+    return check
+
+
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "layers": _subclass_of("axplug.layers.base:BaseLayer"),
     "modifiers": _subclass_of("axplug.config.tree:ConfigModifier"),
@@ -110,6 +128,12 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     ),
     "commands": _command,
     "data_sources": _data_source,
+    "optimizers": _factory(
+        "make(learning_rate, cfg, *, weight_decay_mask=None, **options)",
+        "an optax.GradientTransformation",
+        2,
+    ),
+    "schedules": _factory("make(peak, steps, cfg, **options)", "an optax.Schedule", 3),
     # hooks: pluggy validates each implementation against the hookspecs when registering.
 }
 

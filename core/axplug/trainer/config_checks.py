@@ -41,7 +41,7 @@ def check_trainer_config(cfg: Any) -> None:
         raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
     check_profile_steps(cfg)
     if isinstance(cfg.learner, Learner.Config):
-        Learner.check_config(cfg.learner)
+        Learner.check_config(cfg.learner, cfg.max_steps)
     if isinstance(cfg.checkpointer, Checkpointer.Config):
         check_retention(cfg.checkpointer)
     # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.

@@ -27,13 +27,22 @@ def state_layout(
     mesh = jax.tree.leaves(param_shardings)[0].mesh
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(tx.init, pick(optimizer_mask, abstract_params))
-    # Optimizer moments are laid out like the parameters they track.
+
+    def like_param(state, sharding, param):
+        if isinstance(state, optax.MaskedNode):  # the other part of a partitioned optimizer
+            return state
+        # Moments shaped like their parameter share its layout; factored ones (adafactor's
+        # row and column statistics) are replicated.
+        return sharding if state.shape == param.shape else replicated
+
     opt_shardings = optax.tree_map_params(
         tx,
-        lambda _, sharding: sharding,
+        like_param,
         abstract_opt,
         pick(optimizer_mask, param_shardings),
+        pick(optimizer_mask, abstract_params),
         transform_non_params=lambda _: replicated,
+        is_leaf=lambda v: isinstance(v, optax.MaskedNode),
     )
     shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": replicated}
     abstract = {
