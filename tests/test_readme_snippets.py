@@ -26,3 +26,17 @@ def test_a_model_is_a_config_runs_as_printed(tmp_path):
     assert "decoder.transformer.layer.feed_forward.hidden_dim: 128" in lines
     loss = float(lines[-1])
     assert math.isfinite(loss) and 0 < loss < 2 * math.log(256)
+
+
+def test_the_aot_planning_line_runs_on_cpu(capsys):
+    """The README's `axplug aot` line for a TPU slice compiles on fake CPU devices."""
+    import shlex
+
+    from axplug.cli import main
+
+    text = README.read_text().replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.startswith("axplug aot --preset llama2-7b"))
+    argv = shlex.split(line.split("#")[0])
+    assert main(argv[1:]) == 0
+    out = capsys.readouterr().out
+    assert "llama2-7b on tpu-v5e" in out and "256 devices" in out and "fits" in out
