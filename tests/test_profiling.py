@@ -126,7 +126,8 @@ def _tiny_step(tmp_path, named_scope=None):
                 jax, "named_scope", named_scope
             )
         lowered = Trainer(tiny_trainer_config(tmp_path)).lower_step()
-    return lowered, lowered.compile().as_text()
+        compiled = lowered.compile()
+    return lowered, compiled.as_text()
 
 
 def _instructions(hlo: str) -> list[str]:

@@ -20,6 +20,10 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # The op names (each module's named scope) and source locations are part of the key: an
+    # entry of the same program traced under other names would otherwise answer, and a
+    # profile or an HLO dump would show that compile's names.
+    jax.config.update("jax_compilation_cache_include_metadata_in_key", True)
 
 
 @contextlib.contextmanager

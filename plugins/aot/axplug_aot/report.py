@@ -7,6 +7,7 @@ model (`axplug.trainer.model_flops_per_step`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -200,6 +201,19 @@ DUMP_FILES = {
 }
 
 
+@contextlib.contextmanager
+def _no_persistent_cache():
+    """Compiles inside skip JAX's persistent compilation cache (read and write)."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+
+
 def dump_step(lowered, compiled, directory: str, memory: dict[str, int]) -> dict[str, str]:
     """Writes a lowered and compiled step to `directory`: the StableHLO before XLA's passes
     (with locations: each op's module path, e.g. `decoder/transformer/layer0/attention/...`),
@@ -294,7 +308,11 @@ def compile_report(
     abstract_batch = {"input_ids": token, "target_labels": token}
     start = time.perf_counter()
     lowered = trainer.lower_step(abstract_batch)
-    compiled = lowered.compile()
+    if dump_dir is None:
+        compiled = lowered.compile()
+    else:  # the persistent cache's key leaves out op metadata: an entry may hold another
+        with _no_persistent_cache():  # compile's names, and the dump must show this one's
+            compiled = lowered.compile()
     compile_s = time.perf_counter() - start
 
     mem = compiled.memory_analysis()
