@@ -148,18 +148,17 @@ class ProgressBar(SummaryWriter):
         logged = step % self._every == 0 or step == self._config.max_steps or evaluated
         line = None
         if logged or (first and not self.terminal):
-            line = format_progress_line(
-                step,
-                self._config.max_steps,
-                loss=loss,
-                tokens_per_sec=tokens_per_sec,
-                eta_seconds=eta,
-                evals=self._evals,
-                eval_step=self._eval_step,
-                eval_details=evaluated,
-            )
+            line = self._line(step, loss, tokens_per_sec, eta, details=evaluated)
         self._train = (step, loss, tokens_per_sec, eta, line is not None)
         self._show(step, loss, tokens_per_sec, line)
+
+    def _line(self, step, loss, tokens_per_sec, eta, *, details: bool, eval_only=False) -> str:
+        """The progress line of `step` with the evaluations seen so far."""
+        return format_progress_line(
+            step, self._config.max_steps, loss=loss, tokens_per_sec=tokens_per_sec,
+            eta_seconds=eta, evals=self._evals, eval_step=self._eval_step,
+            eval_details=details, eval_only=eval_only,
+        )  # fmt: skip
 
     def _write_eval(self, step: int) -> None:
         """An evaluation's scalars: shown on its step's line, or on a line of their own when
@@ -168,17 +167,7 @@ class ProgressBar(SummaryWriter):
         if self._train is None or self._train[0] != step:
             return  # the step's own write follows and shows them
         _, loss, tokens_per_sec, eta, shown = self._train
-        line = format_progress_line(
-            step,
-            self._config.max_steps,
-            loss=loss,
-            tokens_per_sec=tokens_per_sec,
-            eta_seconds=eta,
-            evals=self._evals,
-            eval_step=self._eval_step,
-            eval_details=True,
-            eval_only=shown,
-        )
+        line = self._line(step, loss, tokens_per_sec, eta, details=True, eval_only=shown)
         self._train = (step, loss, tokens_per_sec, eta, True)
         self._show(step, loss, tokens_per_sec, line)
 
