@@ -88,6 +88,11 @@ class StepProfiler:
         self._step_annotation: Any = None  # the running step's, for XProf's step view
 
     @classmethod
+    def idle(cls) -> StepProfiler:
+        """A profiler with no window: its calls do nothing."""
+        return cls(1, 0, "")
+
+    @classmethod
     def for_run(cls, cfg: Any, start: int) -> StepProfiler | None:
         """The profiler of a run resuming at `start` (steps done), or None: no
         `profile_steps`, or a window that ended before `start` (a resumed run, logged)."""

@@ -303,15 +303,14 @@ class Trainer(Configurable):
         last: dict = {"step": start}
         pending: tuple[int, Any] | None = None
         agreement = StopAgreement(self.mesh)
-        profiler = StepProfiler.for_run(cfg, start)
+        profiler = StepProfiler.for_run(cfg, start) or StepProfiler.idle()
         try:
             batches = self.input.iter_from(start)
             if self._signals.requested is not None and jax.process_count() == 1:
                 self.state = state
                 raise Preempted(start, self._signals.requested, saved=False)
             for step in range(start, cfg.max_steps):
-                if profiler is not None:
-                    profiler.before_step(step + 1, state)
+                profiler.before_step(step + 1, state)
                 with self.goodput.phase("data_wait"):
                     batch = self.put_batch(next(batches)[1])
                 if step == start:
@@ -319,8 +318,8 @@ class Trainer(Configurable):
                     self._compile(state, batch)
                 with self.goodput.phase("step"):
                     state, metrics = self._train_step(state, batch)
-                    if profiler is not None:  # at the window's end: waits, stops the trace
-                        profiler.after_step(step + 1, (state, metrics))
+                    # at the window's end: waits, stops the trace
+                    profiler.after_step(step + 1, (state, metrics))
                 if pending is not None:  # read the previous step's metrics while this one runs
                     last = self._on_step_end(*pending, guard, timer)
                 pending = (step + 1, metrics)
@@ -347,8 +346,7 @@ class Trainer(Configurable):
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
-            if profiler is not None:
-                profiler.close()  # a run that ends or raises inside the window
+            profiler.close()  # a run that ends or raises inside the window
             self.watchdog.stop()
             with self.goodput.phase("checkpoint"):
                 self.checkpointer.wait_until_finished()
