@@ -1,9 +1,12 @@
 """Test setup for every test directory (tests/ and plugins/*/tests/): 8 fake CPU devices for
-mesh tests, set before jax is imported, and per-test / per-module cleanup of global state."""
+mesh tests, set before jax is imported, and per-test cleanup of the CLI's logging. The fixtures
+and the session's compilation cache come from axplug's pytest plugin (axplug.testing)."""
 
 import os
 
 import pytest
+
+pytest_plugins = ["pytester"]  # tests of the harness run sessions of their own
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -25,16 +28,3 @@ def _axplug_logging_reset():
             logger.removeHandler(handler)
     logger.propagate = True
     logger.setLevel(logging.NOTSET)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """Drop jax's compiled programs and traces after each test module: one process runs the
-    whole suite, and their memory would otherwise grow module after module."""
-    yield
-    import gc
-    import sys
-
-    if "jax" in sys.modules:
-        sys.modules["jax"].clear_caches()
-    gc.collect()

@@ -34,7 +34,7 @@ from axplug.inference.requests import (
     TokenEvent,
 )
 from axplug.inference.rows import RowSettings
-from axplug.inference.steps import extend_rows, read_cache_row, write_cache_row
+from axplug.inference.steps import bind_extend_rows, read_cache_row, write_cache_row
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope
@@ -83,6 +83,7 @@ class Engine:
         self.max_logprobs = max_logprobs
         self.model, self.params = model, params
         self._scope = make_scope(mesh, axis_rules)
+        self._extend_rows = bind_extend_rows(self.model, self._scope)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
         with assigning_pages():  # the allocator below gives rows their pages
@@ -329,10 +330,10 @@ class Engine:
         # devices faster than a jnp.asarray each.
         rows = self._rows
         penalties = rows.penalty_inputs(self._slots, positions)
-        tokens, scores, self._cache, kept = extend_rows(
+        tokens, scores, self._cache, kept = self._extend_rows(
             # Only a steady decode step (width 1, no row starting) skips the length reset:
             # one program per prefill width, two for decoding.
-            self.model, self._scope, width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
+            width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
             self.params, self._cache, ids, positions, reset, self._table, last, targets,
             rows.keys, counts, penalties, *rows.sampling,
         )  # fmt: skip

@@ -13,10 +13,17 @@ from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
 from axplug.layers.kv_cache import read_row, release_rows, set_block_tables, write_row
 from axplug.sharding import sharding_scope
 
-__all__ = ["extend_rows", "read_cache_row", "write_cache_row"]
+__all__ = ["bind_extend_rows", "read_cache_row", "write_cache_row"]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=6)
+def bind_extend_rows(model, scope):
+    """`extend_rows` jitted for one engine's `model` and sharding `scope` (closed over, not
+    static arguments: a jit cache keyed by them would keep every engine's model alive)."""
+    return jax.jit(
+        functools.partial(extend_rows, model, scope), static_argnums=(0, 1, 2), donate_argnums=4
+    )
+
+
 def extend_rows(
     model, scope, resetting, logprobs, prompt_logprobs, params, cache, ids, positions, reset,
     table, last, targets, keys, counts, penalties, *sampling,

@@ -25,25 +25,41 @@ compare what it received with the run's own metrics.jsonl (`expected_writer_scal
 `metrics_as_tags`, `scalars_match`).
 """
 
-from axplug.testing._grouped_kernel import GroupedMatmulConformance, group_size_cases
-from axplug.testing._hf import HFCheck, check_against_transformers, tiny_transformers_model
-from axplug.testing._kernel import (
-    KERNEL_CAPABILITIES,
-    KernelConformance,
-    abstract_call,
-    reference_kernel,
-)
-from axplug.testing._layer import LAYER_CAPABILITIES, LayerConformance
-from axplug.testing._mesh_rule import MESH_RULE_CAPABILITIES, MeshRuleConformance
-from axplug.testing._paged_kernel import (
-    PagedKernelConformance,
-    make_paged_problem,
-    paged_reference,
-)
-from axplug.testing._storage import STORAGE_CAPABILITIES, StorageConformance
-from axplug.testing._trainer import tiny_train_args, tiny_trainer_config
-from axplug.testing._util import TraceCounter, assert_finite, sum_of_squares
-from axplug.testing._writer import expected_writer_scalars, metrics_as_tags, scalars_match
+import importlib
+
+# Imported on first use: pytest loads `axplug.testing.pytest_plugin` in every session, and a
+# test that needs none of the kits pays for none of them (nor for jax).
+_WHERE = {
+    "GroupedMatmulConformance": "axplug.testing._grouped_kernel",
+    "group_size_cases": "axplug.testing._grouped_kernel",
+    "HFCheck": "axplug.testing._hf",
+    "check_against_transformers": "axplug.testing._hf",
+    "tiny_transformers_model": "axplug.testing._hf",
+    "KERNEL_CAPABILITIES": "axplug.testing._kernel",
+    "KernelConformance": "axplug.testing._kernel",
+    "abstract_call": "axplug.testing._kernel",
+    "reference_kernel": "axplug.testing._kernel",
+    "LAYER_CAPABILITIES": "axplug.testing._layer",
+    "LayerConformance": "axplug.testing._layer",
+    "MESH_RULE_CAPABILITIES": "axplug.testing._mesh_rule",
+    "MeshRuleConformance": "axplug.testing._mesh_rule",
+    "PagedKernelConformance": "axplug.testing._paged_kernel",
+    "make_paged_problem": "axplug.testing._paged_kernel",
+    "paged_reference": "axplug.testing._paged_kernel",
+    "STORAGE_CAPABILITIES": "axplug.testing._storage",
+    "StorageConformance": "axplug.testing._storage",
+    "tiny_train_args": "axplug.testing._trainer",
+    "tiny_trainer_config": "axplug.testing._trainer",
+    "TraceCounter": "axplug.testing._util",
+    "assert_finite": "axplug.testing._util",
+    "sum_of_squares": "axplug.testing._util",
+    "expected_writer_scalars": "axplug.testing._writer",
+    "metrics_as_tags": "axplug.testing._writer",
+    "scalars_match": "axplug.testing._writer",
+    "CliResult": "axplug.testing._cli",
+    "run_cli": "axplug.testing._cli",
+    "FakeSite": "axplug.testing._fake_site",
+}
 
 __all__ = [
     "HFCheck",
@@ -72,4 +88,13 @@ __all__ = [
     "scalars_match",
     "tiny_train_args",
     "tiny_trainer_config",
+    "CliResult",
+    "run_cli",
+    "FakeSite",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'axplug.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -1,7 +1,7 @@
 """Training: the Trainer, its pure step, the aux-loss rule, hook running and the FLOP model."""
 
 from axplug.trainer.aux_losses import AuxLossRule
-from axplug.trainer.compilation import enable_compilation_cache
+from axplug.trainer.compilation import compilation_cache
 from axplug.trainer.flops import active_parameters, analytic_flops, model_flops_per_step
 from axplug.trainer.hooks import HookRunner
 from axplug.trainer.loop_state import NonFiniteError
@@ -15,7 +15,7 @@ __all__ = [
     "Trainer",
     "build_eval_step",
     "build_train_step",
-    "enable_compilation_cache",
+    "compilation_cache",
     "summary_dir",
     "active_parameters",
     "analytic_flops",

@@ -1,5 +1,6 @@
-"""Compiling the train step: the persistent XLA cache, and compiling ahead of the first call
-with the time it took and whether the cache answered."""
+"""Compiling the train step: the persistent XLA cache (in a scope that restores the process's
+settings), and compiling ahead of the first call with the time it took and whether the cache
+answered."""
 
 from __future__ import annotations
 
@@ -10,20 +11,45 @@ from typing import Any
 
 import jax
 
-__all__ = ["enable_compilation_cache", "compile_ahead"]
+__all__ = ["cache_settings", "compilation_cache", "compile_ahead"]
 
 
-def enable_compilation_cache(directory: str) -> None:
-    """Persist compiled XLA programs in `directory` so a rerun skips compilation."""
-    path = os.path.expanduser(directory)
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    # The op names (each module's named scope) and source locations are part of the key: an
-    # entry of the same program traced under other names would otherwise answer, and a
-    # profile or an HLO dump would show that compile's names.
-    jax.config.update("jax_compilation_cache_include_metadata_in_key", True)
+def cache_settings(directory: str) -> dict[str, Any]:
+    """The jax settings that persist every compiled program in `directory`."""
+    return {
+        "jax_compilation_cache_dir": os.path.expanduser(directory),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+        # The op names (each module's named scope) and source locations are part of the key:
+        # an entry of the same program traced under other names would otherwise answer, and a
+        # profile or an HLO dump would show that compile's names.
+        "jax_compilation_cache_include_metadata_in_key": True,
+    }
+
+
+@contextlib.contextmanager
+def compilation_cache(directory: str | None):
+    """Persists compiled programs in `directory` inside the block, then restores the process's
+    own settings; None leaves them as they are (jax's defaults, or the environment's)."""
+    wanted = cache_settings(directory) if directory else {}
+    before = {name: getattr(jax.config, name) for name in wanted}
+    if before == wanted:
+        yield
+        return
+    from jax.experimental.compilation_cache import compilation_cache as cache
+
+    os.makedirs(wanted["jax_compilation_cache_dir"], exist_ok=True)
+    try:
+        _apply(wanted, cache)
+        yield
+    finally:
+        _apply(before, cache)
+
+
+def _apply(settings: dict[str, Any], cache: Any) -> None:
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    cache.reset_cache()  # jax opens its cache once per process: reopen it where it now points
 
 
 @contextlib.contextmanager

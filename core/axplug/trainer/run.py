@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 from axplug.checkpoint import scheme_of, storage_for
+from axplug.trainer.compilation import compilation_cache
 
 __all__ = ["train", "write_config", "model_changes", "versions"]
 
@@ -94,15 +95,21 @@ def train(
     """Trains the Trainer config `cfg` to its max_steps; returns the last step's metrics.
 
     Resuming a run whose checkpoint holds another model config is an error unless
-    `allow_config_change`; `provenance` (the command line, ...) goes into config.json."""
+    `allow_config_change`; `provenance` (the command line, ...) goes into config.json.
+    Compiled programs persist in `cfg.compilation_cache_dir` while it runs."""
+    check = getattr(getattr(cfg, "klass", None), "check_config", None)
+    if check is not None:
+        check(cfg)  # a bad setting is refused before the lease creates OUTPUT_DIR
+    with compilation_cache(cfg.compilation_cache_dir):
+        return _train(cfg, hooks, provenance, allow_config_change)
+
+
+def _train(cfg: Any, hooks: tuple, provenance: dict | None, allow_config_change: bool) -> dict:
     import jax
 
     from axplug.runtime import RunDirLock, StoreLease
     from axplug.trainer.summaries import summary_dir
 
-    check = getattr(getattr(cfg, "klass", None), "check_config", None)
-    if check is not None:
-        check(cfg)  # a bad setting is refused before the lease creates OUTPUT_DIR
     if jax.process_index() != 0:  # process 0 holds the lease and writes the shared files
         return _build(cfg, hooks).run()
     # The lease before anything is written (summary files open when the trainer is built):

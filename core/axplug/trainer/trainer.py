@@ -30,7 +30,7 @@ from axplug.runtime import (
 from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
-from axplug.trainer.compilation import compile_ahead, enable_compilation_cache
+from axplug.trainer.compilation import compile_ahead
 from axplug.trainer.config_checks import check_trainer_config
 from axplug.trainer.evaluation import build_evaluation, evaluate_all
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
@@ -88,7 +88,8 @@ class Trainer(Configurable):
         # Peak FLOP/s of one device for the logged MFU; None: the detected accelerator's device
         # spec (from the hardware plugins' mesh rules), and no MFU where there is none (CPU).
         peak_flops_per_device: float | None = None
-        # None disables the persistent compilation cache.
+        # Where `train()` (and `axplug train`) persist compiled programs while they run; None:
+        # the process's own jax settings (building a Trainer never changes them).
         compilation_cache_dir: str | None = "~/.cache/axplug/xla"
         # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
         # again at the next checkpoint step (a failed last save of the run always raises).
@@ -119,8 +120,6 @@ class Trainer(Configurable):
         type(self).check_config(cfg)
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
         self.attempt = None  # process 0's goodput record of this attempt, made by run()
-        if cfg.compilation_cache_dir:
-            enable_compilation_cache(cfg.compilation_cache_dir)
         self.mesh_builder = cfg.mesh.instantiate()
         self.mesh = self.mesh_builder.build(devices)
         self.model = cfg.model.instantiate(parent=None, _path="model")

@@ -1,0 +1,268 @@
+"""axplug's pytest plugin, loaded wherever axplug is installed (entry point `pytest11`).
+
+- One persistent compilation cache per session, under pytest's basetemp and inherited by child
+  processes (`JAX_COMPILATION_CACHE_DIR`): a program the session has compiled compiles again
+  only in a test that asks for `cold_compiles`.
+- Each test's backend compiles (persistent-cache misses) and child processes, the top ten of
+  each printed at the end; `--compile-budget FILE` fails a session whose compiles grow more
+  than 10% over FILE's count (`--write-compile-budget` writes it).
+- Fixtures: `axplug_cli` (the `axplug` command in-process), `plugin_site` (fake plugin
+  distributions), `cold_compiles`, and runs trained once per session (`gpt_tiny_run`,
+  `llama_tiny_run`: a fresh copy of the run directory per test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from axplug.testing._cli import CliResult, run_cli
+from axplug.testing._fake_site import FakeSite
+
+# Every program cached; op metadata left out of the key (jax's default), since it holds the
+# caller's stack: the same train step traced from two tests would be two entries.
+_CACHE_SETTINGS = {
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+    "jax_compilation_cache_include_metadata_in_key": False,
+}
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_COUNTS = "axplug_costs"  # the user property that carries a test's counts to the controller
+_MARGIN = 1.10
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("axplug", "axplug test costs")
+    group.addoption(
+        "--compile-budget",
+        metavar="FILE",
+        help="fail when the session's backend compiles exceed FILE's count by more than 10%%",
+    )
+    group.addoption(
+        "--write-compile-budget",
+        action="store_true",
+        help="write this session's backend compiles to --compile-budget's FILE",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Costs(config), "axplug-costs")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a worker shares its controller's cache (inherited environment)
+    cache = config._tmp_path_factory.getbasetemp() / "xla-cache"  # type: ignore[attr-defined]
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+    os.environ.update({name.upper(): str(v).lower() for name, v in _CACHE_SETTINGS.items()})
+    if "jax" in sys.modules:  # imported before this plugin: its settings read the environment
+        _use_session_cache(str(cache))
+
+
+def _use_session_cache(directory: str) -> None:
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    for name, value in {"jax_compilation_cache_dir": directory, **_CACHE_SETTINGS}.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+class _Costs:
+    """Counts each test's backend compiles and child processes; reports and budgets them."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.compiles = 0
+        self.hits = 0
+        self.children = 0
+        self.listening = False
+        self.per_test: dict[str, tuple[int, int]] = {}
+        self.verdict: str | None = None
+        sys.addaudithook(self._audit)
+
+    def _audit(self, event: str, _args: tuple) -> None:
+        if event in ("subprocess.Popen", "os.posix_spawn", "os.fork"):
+            self.children += 1
+
+    def _listen(self) -> None:
+        import jax
+
+        def duration(event: str, _secs: float, **_: object) -> None:
+            self.compiles += event == _BACKEND_COMPILE
+
+        def event(name: str, **_: object) -> None:
+            self.hits += name == _CACHE_HIT
+
+        jax.monitoring.register_event_duration_secs_listener(duration)
+        jax.monitoring.register_event_listener(event)
+        self.listening = True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        if not self.listening:
+            self._listen()
+        self.compiles = self.hits = self.children = 0
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if call.when == "teardown":  # the test's counts are final once its teardown ran
+            report.user_properties.append((_COUNTS, (self.compiles - self.hits, self.children)))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == _COUNTS and report.when == "teardown":
+                self.per_test[report.nodeid] = tuple(value)
+
+    def totals(self) -> tuple[int, int]:
+        return tuple(sum(c[i] for c in self.per_test.values()) for i in (0, 1))  # type: ignore[return-value]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if os.environ.get("PYTEST_XDIST_WORKER") or not self.per_test:
+            return
+        self.verdict, over = self._check_budget(self.totals()[0])
+        if over and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if os.environ.get("PYTEST_XDIST_WORKER") or not self.per_test:
+            return
+        compiles, children = self.totals()
+        write = terminalreporter.write_line
+        terminalreporter.section("axplug test costs")
+        tests = len(self.per_test)
+        write(f"{compiles} backend compiles and {children} child processes in {tests} tests")
+        for index, what in ((0, "backend compiles"), (1, "child processes")):
+            top = Counter({k: v[index] for k, v in self.per_test.items() if v[index]})
+            write(f"most {what}:")
+            for nodeid, count in top.most_common(10):
+                write(f"  {count:4d}  {nodeid}")
+        if self.verdict:
+            write(self.verdict)
+
+    def _check_budget(self, compiles: int) -> tuple[str | None, bool]:
+        """(what to print, whether the session is over its budget)."""
+        option = self.config.getoption("compile_budget")
+        if not option:
+            return None, False
+        path = Path(option)
+        if self.config.getoption("write_compile_budget"):
+            path.write_text(json.dumps({"backend_compiles": compiles}, indent=2) + "\n")
+            return f"compile budget: wrote {compiles} backend compiles to {path}", False
+        try:
+            budget = int(json.loads(path.read_text())["backend_compiles"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"error: compile budget {path} is unreadable ({exc}): write it with " \
+                "--write-compile-budget", True
+        limit = int(budget * _MARGIN)
+        if compiles > limit:
+            return (
+                f"error: {compiles} backend compiles, over the budget of {budget} + 10% ({limit}) "
+                f"in {path}: a test compiles a program the session already compiled (see the "
+                "list above); share it, or if the compiles are intended, rerun with "
+                "--write-compile-budget"
+            ), True
+        return f"compile budget: {compiles} backend compiles of {budget} (+10%: {limit}) in {path}", False
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def axplug_cli():
+    """Runs `axplug ARGS...` in this process through the real `main`: `axplug_cli("list")` ->
+    CliResult(exit_code, stdout, stderr)."""
+    return run_cli
+
+
+@pytest.fixture
+def cold_compiles():
+    """Turns the persistent compilation cache off for the test: its programs compile cold."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch):
+    """A `FakeSite` of fake plugin distributions, first on sys.path (subprocesses: `site.env()`).
+
+    AXPLUG_DISABLE_PLUGINS / AXPLUG_LOAD_PLUGINS are cleared and the registry cache is reset
+    before and after, so each test discovers exactly the core plus what it installs.
+    """
+    import importlib_metadata
+
+    from axplug import registry
+
+    site = FakeSite(tmp_path / "site-packages")
+    monkeypatch.syspath_prepend(str(site.path))
+    # Only the core and the fake distributions are discovered, whatever else is installed.
+    monkeypatch.setattr(importlib_metadata, "distributions", site.distributions)
+    monkeypatch.delenv("AXPLUG_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("AXPLUG_LOAD_PLUGINS", raising=False)
+    # `axplug list`'s description cache: per test, so a fake module's docstring is read fresh.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    registry.reset()
+    yield site
+    registry.reset()
+    site.forget_modules()
+
+
+def _trained(tmp_path_factory, name: str, preset: str) -> Path:
+    from axplug.testing._trainer import tiny_trainer_config
+    from axplug.trainer.run import train
+    from axplug.trainer.summaries import JsonlWriter
+
+    out = tmp_path_factory.mktemp(name)
+    cfg = tiny_trainer_config(
+        out,
+        "checkpoint_every=2",
+        "input.seq_len=64",
+        preset=preset,
+        summary_writers=[JsonlWriter.default_config()],
+    )
+    train(cfg)
+    return out
+
+
+@pytest.fixture(scope="session")
+def _gpt_tiny_trained(tmp_path_factory) -> Path:
+    return _trained(tmp_path_factory, "gpt-tiny-run", "gpt-tiny")
+
+
+@pytest.fixture(scope="session")
+def _llama_tiny_trained(tmp_path_factory) -> Path:
+    return _trained(tmp_path_factory, "llama-tiny-run", "llama-tiny")
+
+
+def _copy(source: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(source, tmp_path / source.name))
+
+
+@pytest.fixture
+def gpt_tiny_run(_gpt_tiny_trained, tmp_path) -> Path:
+    """A copy of gpt-tiny trained once per session (2 steps of 8 x 64 tokens, checkpointed at
+    step 2, metrics.jsonl): the test may change it."""
+    return _copy(_gpt_tiny_trained, tmp_path)
+
+
+@pytest.fixture
+def llama_tiny_run(_llama_tiny_trained, tmp_path) -> Path:
+    """A copy of llama-tiny trained once per session, as `gpt_tiny_run`."""
+    return _copy(_llama_tiny_trained, tmp_path)
+
+
+__all__ = ["CliResult", "FakeSite"]
