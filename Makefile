@@ -7,7 +7,7 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 TEST_EXTRA = $(if $(shell grep -s '^test = ' $(d)/pyproject.toml),[test])
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-all lint format clean
+.PHONY: venv demo test test-all test-slow golden compile-budget lint format clean
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,11 +35,26 @@ demo: $(DEMO_STAMP)
 	$(BIN)/axplug generate --checkpoint $(DEMO_DIR) --prompt "HAMLET." --max-new-tokens 300 \
 		--temperature 0.8 --top-p 0.95
 
+# The default suite; it prints the 25 slowest tests and the tests that compile or spawn most,
+# and fails when its backend compiles grow more than 10% over tests/compile_budget.json.
+COMPILE_BUDGET := tests/compile_budget.json
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25 --compile-budget=$(COMPILE_BUDGET)
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -m "slow or not slow"
+	$(BIN)/python -m pytest -m "slow or not slow" --durations=25
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow --durations=10
+
+# After an intended change of numerics: rewrite tests/golden/*.json (then commit them).
+golden: $(STAMP)
+	AXPLUG_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_golden_losses.py
+
+# After intended new compiles (a new program, not a program compiled again): rewrite the budget.
+compile-budget: $(STAMP)
+	$(BIN)/python -m pytest -q --compile-budget=$(COMPILE_BUDGET) --write-compile-budget
 
 # Type-checked: the packages plugins build on (the settings are pyproject.toml's [tool.mypy]).
 TYPED := core/axplug/config core/axplug/registry $(wildcard core/axplug/api)

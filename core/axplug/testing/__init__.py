@@ -19,7 +19,8 @@ class attribute `capabilities` names what the component supports, and checks for
 it lacks report as skipped with the reason.
 
 `tiny_trainer_config(tmp_path, "log_every=1", preset="llama-tiny", max_steps=4)` is the
-trainer config a test runs: a preset shrunk to train in seconds, no compilation cache;
+trainer config a test runs: a preset shrunk to train in seconds; `train_steps(trainer, n)`
+calls its built train step without a run;
 `tiny_train_args(...)` is the same run as `axplug train` arguments. A summary writer's tests
 compare what it received with the run's own metrics.jsonl (`expected_writer_scalars`,
 `metrics_as_tags`, `scalars_match`).
@@ -50,6 +51,7 @@ _WHERE = {
     "StorageConformance": "axplug.testing._storage",
     "tiny_train_args": "axplug.testing._trainer",
     "tiny_trainer_config": "axplug.testing._trainer",
+    "train_steps": "axplug.testing._trainer",
     "TraceCounter": "axplug.testing._util",
     "assert_finite": "axplug.testing._util",
     "sum_of_squares": "axplug.testing._util",
@@ -88,6 +90,7 @@ __all__ = [
     "scalars_match",
     "tiny_train_args",
     "tiny_trainer_config",
+    "train_steps",
     "CliResult",
     "run_cli",
     "FakeSite",

@@ -10,10 +10,11 @@ if TYPE_CHECKING:
     from axplug.config import ConfigBase
     from axplug.trainer import Trainer
 
-__all__ = ["tiny_trainer_config", "tiny_train_args"]
+__all__ = ["tiny_trainer_config", "tiny_train_args", "train_steps"]
 
-# Applied before a test's own overrides, which may change any of them. No persistent compile
-# cache: a test writes only under its output directory, never to ~/.cache/axplug/xla.
+# Applied before a test's own overrides, which may change any of them. No compilation cache of
+# the run's own: the process's settings apply (under pytest, the session's cache; see
+# axplug.testing.pytest_plugin), never ~/.cache/axplug/xla.
 _TINY = (
     "compilation_cache_dir=None",
     "model.decoder.dim=32",
@@ -31,8 +32,8 @@ def tiny_trainer_config(
     max_steps: int = 2,
     summary_writers: Sequence[ConfigBase] = (),
 ) -> Trainer.Config:
-    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens), no
-    compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
+    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens), the
+    process's compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
 
     `summary_writers` replaces the trainer's writers (none by default: nothing to read back
     costs nothing), e.g. `[JsonlWriter.default_config()]` for a test that reads the metrics.
@@ -61,3 +62,17 @@ def tiny_train_args(
     for spec in (*_TINY, *overrides):
         args += ["--set", spec]
     return args
+
+
+def train_steps(trainer: Trainer, steps: int, state: dict | None = None) -> tuple[dict, list]:
+    """`steps` calls of the trainer's built train step from `state` (default: a fresh one) on
+    its input's first batches, without a run (no checkpoint, writer or hook): (the state, each
+    step's metrics, read back). What a test of the step's behaviour needs."""
+    import jax
+
+    state = trainer.init_state() if state is None else state
+    metrics, batches = [], trainer.input.iter_from(0)
+    for _ in range(steps):
+        state, out = trainer._train_step(state, trainer.put_batch(next(batches)[1]))
+        metrics.append(jax.device_get(out))
+    return state, metrics

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -206,15 +207,18 @@ def test_unreachable_server_fails_fast_before_training():
 
 
 @pytest.mark.slow  # config.txt is written with the default retry budget: ~20 s of retries
-def test_axplug_train_against_a_dead_server_fails_before_training(monkeypatch):
-    from axplug.cli.main import main
-
+def test_axplug_train_against_a_dead_server_fails_before_training(monkeypatch, axplug_cli):
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    argv = ["train", "--preset", "gpt-tiny", "--output-dir", "s3://dead-bucket/run",
-            "--set", "checkpointer.storage_options={'max_retries': 0, 'timeout_s': 2}"]  # fmt: skip
-    with pytest.raises(ConnectionError, match=rf"bucket 'dead-bucket' at {url}.*cannot reach"):
-        main(argv)
+    result = axplug_cli(
+        "train", "--preset", "gpt-tiny", "--output-dir", "s3://dead-bucket/run",
+        "--set", "checkpointer.storage_options={'max_retries': 0, 'timeout_s': 2}",
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert re.search(rf"bucket 'dead-bucket' at {url}.*cannot reach", line), result.stderr
+    assert "step" not in result.stdout  # it failed before training
 
 
 def test_wrong_credentials_are_a_clear_error_naming_the_bucket(tmp_path, monkeypatch):

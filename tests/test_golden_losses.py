@@ -1,0 +1,61 @@
+"""Golden losses: a tiny model's per-step losses and final parameter checksum on each layout,
+compared bit for bit with the committed tests/golden/LAYOUT.json. A change that moves numerics
+fails here; when it is intended, regenerate with `make golden` and commit the files.
+
+Files record the jax version they were made with: under another version the values are
+compared to 1e-5 relative instead (XLA's CPU code generation may change between releases)."""
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.testing import tiny_trainer_config, train_steps
+
+GOLDEN = Path(__file__).parent / "golden"
+STEPS = 4
+# layout -> (preset, modifiers, devices): every parallelism the trainer composes.
+LAYOUTS = {
+    "one_device": ("gpt-tiny", (), 1),
+    "fsdp": ("gpt-tiny", ("mesh:fsdp=8",), 8),
+    "fsdp_tp": ("llama-tiny", ("mesh:fsdp=4,model=2",), 8),
+    "moe_ep": ("gpt-tiny", ("moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4"), 8),
+    "pipeline": ("llama-tiny", ("scan_layers", "pipeline:stages=2,microbatches=4", "mesh:pipeline=2,fsdp=4"), 8),
+    "scanned": ("llama-tiny", ("scan_layers", "mesh:fsdp=8"), 8),
+}
+
+
+def _record(layout: str, tmp_path: Path) -> dict:
+    preset, modifiers, devices = LAYOUTS[layout]
+    cfg = tiny_trainer_config(tmp_path, preset=preset, modifiers=modifiers, max_steps=STEPS)
+    trainer = cfg.instantiate(devices=jax.devices()[:devices])
+    state, metrics = train_steps(trainer, STEPS)
+    leaves = jax.tree_util.tree_leaves(jax.device_get(state["params"]))
+    checksum = sum(float(np.sum(np.asarray(leaf, np.float64) ** 2)) for leaf in leaves)
+    return {
+        "jax": jax.__version__,
+        "layout": {"preset": preset, "modifiers": list(modifiers), "devices": devices},
+        "losses": [float(m["loss"]) for m in metrics],
+        "param_sum_of_squares": checksum,
+    }
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_losses_and_parameters_match_the_golden_file(layout, tmp_path):
+    got = _record(layout, tmp_path)
+    path = GOLDEN / f"{layout}.json"
+    if os.environ.get("AXPLUG_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(json.dumps(got, indent=2) + "\n")
+    want = json.loads(path.read_text())
+    assert got["layout"] == want["layout"], f"{path} is of another layout: run `make golden`"
+    assert np.isfinite(got["losses"]).all()
+    if want["jax"] == jax.__version__:
+        assert got["losses"] == want["losses"], f"losses moved from {path}"
+        assert got["param_sum_of_squares"] == want["param_sum_of_squares"]
+    else:
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+        np.testing.assert_allclose(got["param_sum_of_squares"], want["param_sum_of_squares"], rtol=1e-5)
