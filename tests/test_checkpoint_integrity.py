@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from axplug.checkpoint import CheckpointCorruptError, host_checksums, tree_checksums
-from axplug.testing import tiny_train_args, tiny_trainer_config
+from axplug.testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 
 def config(out, steps=4, *extra):
@@ -210,7 +210,7 @@ def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_p
     import sys
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = xla_flags(1)
     proc = subprocess.run(
         [sys.executable, "-c", DISK_FULL, *tiny_train_args(tmp_path / "run", *RUN, max_steps=4)],
         env=env,

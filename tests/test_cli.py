@@ -448,7 +448,8 @@ def test_train_logs_reach_stderr_and_quiet_silences_them(tmp_path, capsys):
 
 
 def test_metrics_prints_the_last_records_and_plots_them(tmp_path, capsys):
-    from axplug.cli.metrics_cmd import series
+    from axplug_metrics.command import series
+
     from axplug.summary import JsonlWriter
 
     writer = JsonlWriter.default_config().set(dir=str(tmp_path)).instantiate()
@@ -480,8 +481,8 @@ def png_size(path) -> tuple[int, int]:
 def test_metrics_png_is_an_image_of_the_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     import matplotlib.image
+    from axplug_metrics.command import PNG_ROW_HEIGHT, PNG_WIDTH
 
-    from axplug.cli.metrics_cmd import PNG_ROW_HEIGHT, PNG_WIDTH
     from axplug.summary import JsonlWriter
 
     with JsonlWriter.default_config().set(dir=str(tmp_path)).instantiate() as writer:

@@ -25,7 +25,7 @@ from axplug.runtime import (
     shard_input_config,
 )
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
+from axplug.testing import tiny_train_args, xla_flags
 
 # --- where the settings come from ------------------------------------------------------------
 
@@ -142,7 +142,7 @@ def _start(output_dir, cache_dir, devices, *extra, log=None):
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": xla_flags(devices),
     }
     for var in (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID):
         env.pop(var, None)

@@ -2,8 +2,9 @@
 compared bit for bit with the committed tests/golden/LAYOUT.json. A change that moves numerics
 fails here; when it is intended, regenerate with `make golden` and commit the files.
 
-Files record the jax version they were made with: under another version the values are
-compared to 1e-5 relative instead (XLA's CPU code generation may change between releases)."""
+Files record the jax version and XLA flags they were made with (the test session's: `make
+golden` runs under them); under others the values are compared to 1e-5 relative instead (XLA's
+CPU code generation differs between releases and optimization levels)."""
 
 import json
 import os
@@ -23,9 +24,21 @@ LAYOUTS = {
     "fsdp": ("gpt-tiny", ("mesh:fsdp=8",), 8),
     "fsdp_tp": ("llama-tiny", ("mesh:fsdp=4,model=2",), 8),
     "moe_ep": ("gpt-tiny", ("moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4"), 8),
-    "pipeline": ("llama-tiny", ("scan_layers", "pipeline:stages=2,microbatches=4", "mesh:pipeline=2,fsdp=4"), 8),
+    "pipeline": (
+        "llama-tiny",
+        ("scan_layers", "pipeline:stages=2,microbatches=4", "mesh:pipeline=2,fsdp=4"),
+        8,
+    ),
     "scanned": ("llama-tiny", ("scan_layers", "mesh:fsdp=8"), 8),
 }
+
+
+def _compiler() -> dict:
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return {
+        "jax": jax.__version__,
+        "xla_flags": sorted(f for f in flags if "device_count" not in f),
+    }
 
 
 def _record(layout: str, tmp_path: Path) -> dict:
@@ -36,7 +49,7 @@ def _record(layout: str, tmp_path: Path) -> dict:
     leaves = jax.tree_util.tree_leaves(jax.device_get(state["params"]))
     checksum = sum(float(np.sum(np.asarray(leaf, np.float64) ** 2)) for leaf in leaves)
     return {
-        "jax": jax.__version__,
+        **_compiler(),
         "layout": {"preset": preset, "modifiers": list(modifiers), "devices": devices},
         "losses": [float(m["loss"]) for m in metrics],
         "param_sum_of_squares": checksum,
@@ -53,9 +66,11 @@ def test_losses_and_parameters_match_the_golden_file(layout, tmp_path):
     want = json.loads(path.read_text())
     assert got["layout"] == want["layout"], f"{path} is of another layout: run `make golden`"
     assert np.isfinite(got["losses"]).all()
-    if want["jax"] == jax.__version__:
+    if {k: want.get(k) for k in _compiler()} == _compiler():
         assert got["losses"] == want["losses"], f"losses moved from {path}"
         assert got["param_sum_of_squares"] == want["param_sum_of_squares"]
     else:
         np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
-        np.testing.assert_allclose(got["param_sum_of_squares"], want["param_sum_of_squares"], rtol=1e-5)
+        np.testing.assert_allclose(
+            got["param_sum_of_squares"], want["param_sum_of_squares"], rtol=1e-5
+        )

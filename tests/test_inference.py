@@ -749,14 +749,9 @@ def test_page_allocator_allocates_and_releases():
 # --------------------------------------------------------------- checkpoints and the CLI
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    from axplug.testing import tiny_trainer_config
-    from axplug.trainer.run import train
-
-    out = str(tmp_path_factory.mktemp("run"))
-    train(tiny_trainer_config(out, "checkpoint_every=2"))
-    return out
+@pytest.fixture
+def trained_run(gpt_tiny_run):
+    return str(gpt_tiny_run)
 
 
 def test_load_checkpoint_and_generate_cli(trained_run, capsys):

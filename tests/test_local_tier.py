@@ -18,7 +18,7 @@ from axplug.cli.main import build_parser, main
 from axplug.cli.train_cmd import build_config
 from axplug.config import ConfigError
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, tiny_trainer_config
+from axplug.testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 STEPS = 12  # persistent every 6 (steps 6 and 12), local every 2 (2, 4, 8, 10; keep 2)
 KILL_AT = 12  # during the persistent save of 12: the newest complete steps are 6 and local 10
@@ -36,7 +36,7 @@ def _args(output_dir, local_dir, cache_dir, *extra):
 
 def _env(devices):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(var, None)
     return env

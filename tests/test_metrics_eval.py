@@ -5,9 +5,7 @@ import io
 import json
 
 import pytest
-
-from axplug.cli import main
-from axplug.cli.metrics_cmd import (
+from axplug_metrics.command import (
     LOSS_LABEL,
     PNG_ROW_HEIGHT,
     PNG_WIDTH,
@@ -16,6 +14,8 @@ from axplug.cli.metrics_cmd import (
     table,
     terminal_plot,
 )
+
+from axplug.cli import main
 from axplug.summary import ProgressBar, read_jsonl
 from axplug.summary.progress import format_progress_line
 from axplug.testing import tiny_train_args
@@ -174,7 +174,7 @@ def test_terminal_plot_marks_few_points_and_names_both_series():
 
 def test_png_overlays_eval_points_on_the_training_line(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from axplug.cli.metrics_cmd import build_figure
+    from axplug_metrics.command import build_figure
 
     records = eval_run_records()
     figure = build_figure("demo", panels(records, ["loss", "eval_loss", "grad_norm"]))

@@ -18,7 +18,7 @@ from axplug.cli.main import build_parser
 from axplug.cli.train_cmd import build_config
 from axplug.runtime import RESTART_EXIT_CODE, PeerMonitor
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
+from axplug.testing import tiny_train_args, xla_flags
 
 STEPS = 40
 
@@ -210,7 +210,7 @@ def test_a_bad_peer_timeout_is_one_error_line(capsys, tmp_path):
 
 def _pair(output_dir, cache_dir, port, steps):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+           "XLA_FLAGS": xla_flags(2)}  # fmt: skip
     flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--peer-timeout", "10"]
     args = [*_args(output_dir, cache_dir, max_steps=steps), "--modifier", "mesh:fsdp=-1", *flags]
     return [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
+from axplug.testing import tiny_train_args, xla_flags
 
 HALF, STEPS = 6, 12
 
@@ -27,7 +27,7 @@ def _command(output_dir, cache_dir, max_steps):
 
 def _run(output_dir, cache_dir, max_steps, devices, processes=1):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}  # fmt: skip
+           "XLA_FLAGS": xla_flags(devices)}  # fmt: skip
     command = _command(output_dir, cache_dir, max_steps)
     if processes > 1:
         with socket.socket() as s:

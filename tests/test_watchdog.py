@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from axplug.runtime import HANG_EXIT_CODE, Watchdog, thread_stacks
+from axplug.testing import xla_flags
 
 
 def watchdog(**fields):
@@ -175,7 +176,7 @@ print("NOT REACHED", flush=True)
 def test_injected_hang_dumps_stacks_calls_the_hook_and_exits_75(tmp_path):
     script = tmp_path / "hung_run.py"
     script.write_text(textwrap.dedent(HUNG_RUN))
-    env_flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    env_flags = {"XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
     start = time.time()
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "run")],
@@ -227,7 +228,7 @@ def test_a_first_batch_that_never_comes_exits_75(tmp_path):
     (tmp_path / "stalled_start.py").write_text(textwrap.dedent(STALLED_START))
     (tmp_path / "never_batches.py").write_text(textwrap.dedent(NEVER_BATCHES))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = xla_flags(1)
     start = time.time()
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "stalled_start.py"), str(tmp_path / "run")],

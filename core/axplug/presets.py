@@ -34,7 +34,7 @@ class Preset:
     config_json: Mapping[str, Any] | None = None
 
 
-_ATTENTION, _MOE = "axplug-attention", "axplug-moe"
+_ATTENTION = "axplug-attention"
 
 
 def _lm(
@@ -119,29 +119,7 @@ llama2_7b = Preset(
     ("rope",),
     {"rope": _ATTENTION},
 )
-llama2_70b = Preset(
-    "llama2-70b",
-    "LLaMA 2 70B shapes (GQA, 8 kv heads)",
-    _full(32000, 8192, 80, 64, 28672),
-    ("rope", "gqa:num_kv_heads=8"),
-    {"rope": _ATTENTION, "gqa": _ATTENTION},
-)
-llama3_8b = Preset(
-    "llama3-8b",
-    "LLaMA 3 8B shapes (GQA, rope theta 500k, 128k vocab)",
-    _full(128256, 4096, 32, 32, 14336, seq_len=8192),
-    ("rope:theta=500000.0", "gqa:num_kv_heads=8"),
-    {"rope": _ATTENTION, "gqa": _ATTENTION},
-)
-mixtral_8x7b = Preset(
-    "mixtral-8x7b",
-    "Mixtral 8x7B shapes (8 experts, top-2, GQA)",
-    _full(32000, 4096, 32, 32, 14336),
-    ("rope:theta=1000000.0", "gqa:num_kv_heads=8", "moe:num_experts=8,top_k=2"),
-    {"rope": _ATTENTION, "gqa": _ATTENTION, "moe": _MOE},
-)
-
-PRESETS = (gpt_tiny, llama_tiny, llama2_7b, llama2_70b, llama3_8b, mixtral_8x7b)
+PRESETS = (gpt_tiny, llama_tiny, llama2_7b)
 
 
 def resolve_preset(name: str) -> Preset:

@@ -24,7 +24,6 @@ COMMANDS = (
     "axplug.cli.list_cmd",
     "axplug.cli.info_cmd",
     "axplug.cli.train_cmd",
-    "axplug.cli.metrics_cmd",
     "axplug.cli.checkpoints_cmd",
     "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",

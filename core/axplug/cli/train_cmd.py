@@ -41,7 +41,7 @@ examples:
 
 The effective config is written to OUTPUT_DIR/config.txt before training; metrics go to
 OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/ (and to each --writer), checkpoints to
-OUTPUT_DIR/checkpoints/; `axplug metrics OUTPUT_DIR` plots them in the terminal.
+OUTPUT_DIR/checkpoints/; `axplug metrics OUTPUT_DIR` (axplug-metrics) plots them.
 A run pointed at an output dir with checkpoints resumes from the latest complete one.
 At the end the run prints its goodput: wall time split into compile, data wait, step,
 checkpoint, restore and other (also appended to OUTPUT_DIR/goodput.jsonl).

@@ -22,7 +22,7 @@ def run_cli(*argv: str) -> CliResult:
     processes, or to show what a fresh interpreter imports."""
     from axplug.cli import main
 
-    out, err = _stream(), _stream()
+    out, err = io.StringIO(), io.StringIO()
     logger = logging.getLogger("axplug")
     saved = (list(logger.handlers), logger.level, logger.propagate)
     try:
@@ -33,13 +33,4 @@ def run_cli(*argv: str) -> CliResult:
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
         logger.handlers[:], logger.level, logger.propagate = saved
-    return CliResult(code, _text(out), _text(err))
-
-
-def _stream() -> io.TextIOWrapper:
-    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-
-
-def _text(stream: io.TextIOWrapper) -> str:
-    stream.flush()
-    return stream.buffer.getvalue().decode("utf-8")  # type: ignore[attr-defined]
+    return CliResult(code, out.getvalue(), err.getvalue())

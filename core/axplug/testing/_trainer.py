@@ -33,7 +33,8 @@ def tiny_trainer_config(
     summary_writers: Sequence[ConfigBase] = (),
 ) -> Trainer.Config:
     """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens), the
-    process's compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
+    process's compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as
+    `--set`).
 
     `summary_writers` replaces the trainer's writers (none by default: nothing to read back
     costs nothing), e.g. `[JsonlWriter.default_config()]` for a test that reads the metrics.

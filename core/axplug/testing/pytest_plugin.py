@@ -35,20 +35,15 @@ _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _COUNTS = "axplug_costs"  # the user property that carries a test's counts to the controller
 _MARGIN = 1.10
+_REWRITE = "rerun with --write-compile-budget (make compile-budget)"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("axplug", "axplug test costs")
-    group.addoption(
-        "--compile-budget",
-        metavar="FILE",
-        help="fail when the session's backend compiles exceed FILE's count by more than 10%%",
-    )
-    group.addoption(
-        "--write-compile-budget",
-        action="store_true",
-        help="write this session's backend compiles to --compile-budget's FILE",
-    )
+    help = "fail when the session's backend compiles exceed FILE's count by more than 10%%"
+    group.addoption("--compile-budget", metavar="FILE", help=help)
+    help = "write this session's backend compiles to --compile-budget's FILE"
+    group.addoption("--write-compile-budget", action="store_true", help=help)
 
 
 @pytest.hookimpl(trylast=True)
@@ -64,53 +59,48 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = config._tmp_path_factory.getbasetemp() / "xla-cache"  # type: ignore[attr-defined]
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     os.environ.update({name.upper(): str(v).lower() for name, v in _CACHE_SETTINGS.items()})
-    if "jax" in sys.modules:  # imported before this plugin: its settings read the environment
-        _use_session_cache(str(cache))
+    if "jax" in sys.modules:  # imported before this plugin read the environment: tell it
+        from jax.experimental.compilation_cache import compilation_cache
+
+        for name, value in {"jax_compilation_cache_dir": str(cache), **_CACHE_SETTINGS}.items():
+            sys.modules["jax"].config.update(name, value)
+        compilation_cache.reset_cache()
 
 
-def _use_session_cache(directory: str) -> None:
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    for name, value in {"jax_compilation_cache_dir": directory, **_CACHE_SETTINGS}.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+def xla_flags(devices: int) -> str:
+    """This session's XLA_FLAGS with `devices` fake CPU devices: for a child process that must
+    compile as this one does (the same flags give the same numerics)."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
 class _Costs:
     """Counts each test's backend compiles and child processes; reports and budgets them."""
 
     def __init__(self, config: pytest.Config):
-        self.config = config
-        self.compiles = 0
-        self.hits = 0
-        self.children = 0
-        self.listening = False
+        self.config, self.listening, self.verdict = config, False, None
+        self.compiles = self.hits = self.children = 0
         self.per_test: dict[str, tuple[int, int]] = {}
-        self.verdict: str | None = None
         sys.addaudithook(self._audit)
 
     def _audit(self, event: str, _args: tuple) -> None:
         if event in ("subprocess.Popen", "os.posix_spawn", "os.fork"):
             self.children += 1
 
-    def _listen(self) -> None:
-        import jax
+    def _compiled(self, event: str, _secs: float, **_: object) -> None:
+        self.compiles += event == _BACKEND_COMPILE  # a cache hit is one too: counted apart
 
-        def duration(event: str, _secs: float, **_: object) -> None:
-            self.compiles += event == _BACKEND_COMPILE
-
-        def event(name: str, **_: object) -> None:
-            self.hits += name == _CACHE_HIT
-
-        jax.monitoring.register_event_duration_secs_listener(duration)
-        jax.monitoring.register_event_listener(event)
-        self.listening = True
+    def _hit(self, event: str, **_: object) -> None:
+        self.hits += event == _CACHE_HIT
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
-        if not self.listening:
-            self._listen()
+        if not self.listening:  # jax is imported by the tests, not by this plugin
+            import jax
+
+            jax.monitoring.register_event_duration_secs_listener(self._compiled)
+            jax.monitoring.register_event_listener(self._hit)
+            self.listening = True
         self.compiles = self.hits = self.children = 0
         return (yield)
 
@@ -122,9 +112,9 @@ class _Costs:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        for name, value in report.user_properties:
-            if name == _COUNTS and report.when == "teardown":
-                self.per_test[report.nodeid] = tuple(value)
+        for name, counts in report.user_properties:
+            if name == _COUNTS:
+                self.per_test[report.nodeid] = tuple(counts)
 
     def totals(self) -> tuple[int, int]:
         return tuple(sum(c[i] for c in self.per_test.values()) for i in (0, 1))  # type: ignore[return-value]
@@ -140,10 +130,9 @@ class _Costs:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if os.environ.get("PYTEST_XDIST_WORKER") or not self.per_test:
             return
-        compiles, children = self.totals()
+        (compiles, children), tests = self.totals(), len(self.per_test)
         write = terminalreporter.write_line
         terminalreporter.section("axplug test costs")
-        tests = len(self.per_test)
         write(f"{compiles} backend compiles and {children} child processes in {tests} tests")
         for index, what in ((0, "backend compiles"), (1, "child processes")):
             top = Counter({k: v[index] for k, v in self.per_test.items() if v[index]})
@@ -155,27 +144,24 @@ class _Costs:
 
     def _check_budget(self, compiles: int) -> tuple[str | None, bool]:
         """(what to print, whether the session is over its budget)."""
-        option = self.config.getoption("compile_budget")
-        if not option:
+        path = self.config.getoption("compile_budget")
+        if not path:
             return None, False
-        path = Path(option)
         if self.config.getoption("write_compile_budget"):
-            path.write_text(json.dumps({"backend_compiles": compiles}, indent=2) + "\n")
+            Path(path).write_text(json.dumps({"backend_compiles": compiles}) + "\n")
             return f"compile budget: wrote {compiles} backend compiles to {path}", False
         try:
-            budget = int(json.loads(path.read_text())["backend_compiles"])
+            budget = int(json.loads(Path(path).read_text())["backend_compiles"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            return f"error: compile budget {path} is unreadable ({exc}): write it with " \
-                "--write-compile-budget", True
+            return f"error: compile budget {path} is unreadable ({exc}): {_REWRITE}", True
         limit = int(budget * _MARGIN)
         if compiles > limit:
             return (
                 f"error: {compiles} backend compiles, over the budget of {budget} + 10% ({limit}) "
-                f"in {path}: a test compiles a program the session already compiled (see the "
-                "list above); share it, or if the compiles are intended, rerun with "
-                "--write-compile-budget"
+                f"in {path}: a test compiles a program again (see the list above); share it, or "
+                f"if the compiles are intended, {_REWRITE}"
             ), True
-        return f"compile budget: {compiles} backend compiles of {budget} (+10%: {limit}) in {path}", False
+        return f"compile budget: {compiles} backend compiles of {budget} (+10%: {limit})", False
 
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -230,44 +216,41 @@ def _trained(tmp_path_factory, name: str, preset: str) -> Path:
     from axplug.trainer.summaries import JsonlWriter
 
     out = tmp_path_factory.mktemp(name)
-    cfg = tiny_trainer_config(
-        out,
-        "checkpoint_every=2",
-        "input.seq_len=64",
-        preset=preset,
-        summary_writers=[JsonlWriter.default_config()],
-    )
-    train(cfg)
+    writers = [JsonlWriter.default_config()]
+    train(tiny_trainer_config(out, "input.seq_len=64", preset=preset, summary_writers=writers))
     return out
 
 
 @pytest.fixture(scope="session")
-def _gpt_tiny_trained(tmp_path_factory) -> Path:
+def gpt_tiny_trained(tmp_path_factory) -> Path:
+    """gpt-tiny trained once per session (2 steps of 8 x 64 tokens, checkpointed at step 2,
+    metrics.jsonl). Shared: read it, or copy it first (`gpt_tiny_run` is a copy per test)."""
     return _trained(tmp_path_factory, "gpt-tiny-run", "gpt-tiny")
 
 
 @pytest.fixture(scope="session")
-def _llama_tiny_trained(tmp_path_factory) -> Path:
+def llama_tiny_trained(tmp_path_factory) -> Path:
+    """llama-tiny trained once per session, as `gpt_tiny_trained`."""
     return _trained(tmp_path_factory, "llama-tiny-run", "llama-tiny")
 
 
-def _copy(source: Path, tmp_path: Path) -> Path:
+def copy_run(source: Path, parent: Path) -> Path:
+    """A copy of the run directory `source` under `parent`, for a test (or module) to change."""
     import shutil
 
-    return Path(shutil.copytree(source, tmp_path / source.name))
+    return Path(shutil.copytree(source, parent / source.name))
 
 
 @pytest.fixture
-def gpt_tiny_run(_gpt_tiny_trained, tmp_path) -> Path:
-    """A copy of gpt-tiny trained once per session (2 steps of 8 x 64 tokens, checkpointed at
-    step 2, metrics.jsonl): the test may change it."""
-    return _copy(_gpt_tiny_trained, tmp_path)
+def gpt_tiny_run(gpt_tiny_trained, tmp_path) -> Path:
+    """A copy of `gpt_tiny_trained` that the test may change."""
+    return copy_run(gpt_tiny_trained, tmp_path)
 
 
 @pytest.fixture
-def llama_tiny_run(_llama_tiny_trained, tmp_path) -> Path:
-    """A copy of llama-tiny trained once per session, as `gpt_tiny_run`."""
-    return _copy(_llama_tiny_trained, tmp_path)
+def llama_tiny_run(llama_tiny_trained, tmp_path) -> Path:
+    """A copy of `llama_tiny_trained` that the test may change."""
+    return copy_run(llama_tiny_trained, tmp_path)
 
 
-__all__ = ["CliResult", "FakeSite"]
+__all__ = ["CliResult", "FakeSite", "copy_run", "xla_flags"]

@@ -11,27 +11,24 @@ from typing import Any
 
 import jax
 
-__all__ = ["cache_settings", "compilation_cache", "compile_ahead"]
-
-
-def cache_settings(directory: str) -> dict[str, Any]:
-    """The jax settings that persist every compiled program in `directory`."""
-    return {
-        "jax_compilation_cache_dir": os.path.expanduser(directory),
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-        # The op names (each module's named scope) and source locations are part of the key:
-        # an entry of the same program traced under other names would otherwise answer, and a
-        # profile or an HLO dump would show that compile's names.
-        "jax_compilation_cache_include_metadata_in_key": True,
-    }
+__all__ = ["compilation_cache", "compile_ahead"]
 
 
 @contextlib.contextmanager
 def compilation_cache(directory: str | None):
     """Persists compiled programs in `directory` inside the block, then restores the process's
     own settings; None leaves them as they are (jax's defaults, or the environment's)."""
-    wanted = cache_settings(directory) if directory else {}
+    wanted = {}
+    if directory:
+        wanted = {
+            "jax_compilation_cache_dir": os.path.expanduser(directory),
+            "jax_persistent_cache_min_compile_time_secs": 0.0,
+            "jax_persistent_cache_min_entry_size_bytes": 0,
+            # Op names (each module's named scope) and source locations in the key: an entry of
+            # the same program traced under other names would otherwise answer, and a profile or
+            # an HLO dump would show that compile's names.
+            "jax_compilation_cache_include_metadata_in_key": True,
+        }
     before = {name: getattr(jax.config, name) for name in wanted}
     if before == wanted:
         yield

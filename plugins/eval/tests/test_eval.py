@@ -52,13 +52,10 @@ def _offline(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    from axplug.testing import tiny_trainer_config
-    from axplug.trainer.run import train
+def run_dir(tmp_path_factory, llama_tiny_trained):
+    from axplug.testing.pytest_plugin import copy_run
 
-    out = str(tmp_path_factory.mktemp("evaluated") / "tiny")
-    train(tiny_trainer_config(out, "max_steps=4", "input.seq_len=64", preset="llama-tiny"))
-    return out
+    return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("evaluated")))
 
 
 @pytest.fixture(scope="module")

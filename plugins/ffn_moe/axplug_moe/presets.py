@@ -1,12 +1,22 @@
 """MoE presets: tiny trainable ones, and the full-size shapes of published MoE models for
-planning, built from their config.json (the `mixtral-8x7b` shapes are a core preset)."""
+planning (`mixtral-8x7b`: the LLaMA recipe at its sizes; the others built from their
+config.json)."""
 
 from __future__ import annotations
+
+from axplug_attention.presets import sized_llama
 
 from axplug.interop import config_json_preset
 from axplug.presets import Preset, resolve_preset
 
-__all__ = ["moe_tiny", "moe_fine_tiny", "mixtral_tiny", "qwen3_30b_a3b", "deepseek_v3_671b"]
+__all__ = [
+    "moe_tiny",
+    "moe_fine_tiny",
+    "mixtral_tiny",
+    "mixtral_8x7b",
+    "qwen3_30b_a3b",
+    "deepseek_v3_671b",
+]
 
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"
 llama_tiny = resolve_preset("llama-tiny")  # the core preset these build on
@@ -25,6 +35,13 @@ moe_fine_tiny = Preset(
     llama_tiny.build,
     (*llama_tiny.modifiers, "moe:num_experts=64,top_k=8,hidden_dim=176,capacity_factor=None"),
     {**llama_tiny.providers, "moe": _MOE},
+)
+mixtral_8x7b = Preset(
+    "mixtral-8x7b",
+    "Mixtral 8x7B shapes (8 experts, top-2, GQA)",
+    sized_llama(32000, 4096, 32, 32, 14336),
+    ("rope:theta=1000000.0", "gqa:num_kv_heads=8", "moe:num_experts=8,top_k=2"),
+    {"rope": _ATTENTION, "gqa": _ATTENTION, "moe": _MOE},
 )
 mixtral_tiny = Preset(
     "mixtral-tiny",

@@ -38,13 +38,10 @@ _LOGS: dict[str, object] = {}  # server URL -> its log file
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    from axplug.testing import tiny_trainer_config
-    from axplug.trainer.run import train
+def run_dir(tmp_path_factory, llama_tiny_trained):
+    from axplug.testing.pytest_plugin import copy_run
 
-    out = str(tmp_path_factory.mktemp("served") / "tiny")
-    train(tiny_trainer_config(out, "checkpoint_every=2", "input.seq_len=64", preset="llama-tiny"))
-    return out
+    return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("served")))
 
 
 def _free_port() -> int:

@@ -30,7 +30,7 @@ examples:
   axplug metrics runs/demo --plot loss,mfu --last 10
   axplug metrics s3://bucket/run                  a bucket run's local summaries mirror
   axplug metrics runs/demo --png curves.png       the same plots as an image (matplotlib:
-                                                  pip install 'axplug[plots]')
+                                                  pip install 'axplug-metrics[png]')
 
 The records are OUTPUT_DIR/metrics.jsonl (for s3:// and gs:// runs, its local mirror under
 ~/.cache/axplug/runs); the training and eval records of a step are one row of the table. The
@@ -307,7 +307,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_png(args.png, run_name, drawn)
         except ImportError:
-            print("error: --png needs matplotlib: pip install 'axplug[plots]'", file=sys.stderr)
+            print(
+                "error: --png needs matplotlib: pip install 'axplug-metrics[png]'", file=sys.stderr
+            )
             return 2
         print(f"\nwrote {args.png}")
     return 0
