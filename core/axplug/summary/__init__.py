@@ -4,6 +4,7 @@ more under the `axplug.summary_writers` entry-point group (`--writer NAME`)."""
 from axplug.summary.base import (
     CompositeWriter,
     SummaryWriter,
+    format_scalar,
     group_tag,
     is_eval_name,
     to_scalars,
@@ -22,4 +23,5 @@ __all__ = [
     "to_scalars",
     "group_tag",
     "is_eval_name",
+    "format_scalar",
 ]

@@ -34,7 +34,6 @@ _CACHE_SETTINGS = {
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _COUNTS = "axplug_costs"  # the user property that carries a test's counts to the controller
-_MARGIN = 1.10
 _REWRITE = "rerun with --write-compile-budget (make compile-budget)"
 
 
@@ -154,7 +153,7 @@ class _Costs:
             budget = int(json.loads(Path(path).read_text())["backend_compiles"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"error: compile budget {path} is unreadable ({exc}): {_REWRITE}", True
-        limit = int(budget * _MARGIN)
+        limit = int(budget * 1.1)  # the 10% a budget allows
         if compiles > limit:
             return (
                 f"error: {compiles} backend compiles, over the budget of {budget} + 10% ({limit}) "
@@ -210,47 +209,47 @@ def plugin_site(tmp_path, monkeypatch):
     site.forget_modules()
 
 
-def _trained(tmp_path_factory, name: str, preset: str) -> Path:
+def _trained(tmp_path_factory, name: str, preset: str, *overrides: str) -> Path:
+    from axplug.summary import JsonlWriter
     from axplug.testing._trainer import tiny_trainer_config
     from axplug.trainer.run import train
-    from axplug.trainer.summaries import JsonlWriter
 
     out = tmp_path_factory.mktemp(name)
     writers = [JsonlWriter.default_config()]
-    train(tiny_trainer_config(out, "input.seq_len=64", preset=preset, summary_writers=writers))
+    train(tiny_trainer_config(out, *overrides, preset=preset, summary_writers=writers))
     return out
 
 
 @pytest.fixture(scope="session")
 def gpt_tiny_trained(tmp_path_factory) -> Path:
-    """gpt-tiny trained once per session (2 steps of 8 x 64 tokens, checkpointed at step 2,
+    """gpt-tiny trained once per session (2 steps of 8 x 32 tokens, checkpointed at step 2,
     metrics.jsonl). Shared: read it, or copy it first (`gpt_tiny_run` is a copy per test)."""
     return _trained(tmp_path_factory, "gpt-tiny-run", "gpt-tiny")
 
 
 @pytest.fixture(scope="session")
 def llama_tiny_trained(tmp_path_factory) -> Path:
-    """llama-tiny trained once per session, as `gpt_tiny_trained`."""
-    return _trained(tmp_path_factory, "llama-tiny-run", "llama-tiny")
+    """llama-tiny trained once per session, as `gpt_tiny_trained` but on 64-token rows."""
+    return _trained(tmp_path_factory, "llama-tiny-run", "llama-tiny", "input.seq_len=64")
 
 
-def copy_run(source: Path, parent: Path) -> Path:
-    """A copy of the run directory `source` under `parent`, for a test (or module) to change."""
+def copy_run(source: Path, destination: Path) -> Path:
+    """A copy of the run directory `source` at `destination`, for a test (or module) to change."""
     import shutil
 
-    return Path(shutil.copytree(source, parent / source.name))
+    return Path(shutil.copytree(source, destination))
 
 
 @pytest.fixture
 def gpt_tiny_run(gpt_tiny_trained, tmp_path) -> Path:
     """A copy of `gpt_tiny_trained` that the test may change."""
-    return copy_run(gpt_tiny_trained, tmp_path)
+    return copy_run(gpt_tiny_trained, tmp_path / "gpt-tiny")
 
 
 @pytest.fixture
 def llama_tiny_run(llama_tiny_trained, tmp_path) -> Path:
     """A copy of `llama_tiny_trained` that the test may change."""
-    return copy_run(llama_tiny_trained, tmp_path)
+    return copy_run(llama_tiny_trained, tmp_path / "llama-tiny")
 
 
 __all__ = ["CliResult", "FakeSite", "copy_run", "xla_flags"]

@@ -111,6 +111,8 @@ EXPECTED = {
     ("modifiers", "gqa"),
     ("modifiers", "sliding_window"),
     ("modifiers", "alibi"),
+    ("presets", "llama2-70b"),
+    ("presets", "llama3-8b"),
 }
 
 

@@ -90,6 +90,7 @@ EXPECTED = {
     ("layers", "moe_alltoall_dispatch"),
     ("modifiers", "moe"),
     ("presets", "moe-tiny"),
+    ("presets", "mixtral-8x7b"),
     ("presets", "moe-fine-tiny"),
     ("presets", "mixtral-tiny"),
     ("presets", "qwen3-30b-a3b"),
@@ -109,13 +110,21 @@ def test_list_json_shows_this_distribution_components(capsys):
 
 
 def test_core_alone_fails_with_the_install_hint(tmp_path):
-    # Hide this distribution's metadata, as if only the core (and attention) were installed.
+    # Hide this distribution's metadata, as if only the core (and attention) were installed; a
+    # third party's preset that names this plugin's `moe` modifier gets the install hint.
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        "from axplug.presets import Preset, resolve_preset\n"
+        "def mixtral():\n"
+        "    return Preset('mixtral-8x7b', 'Mixtral shapes', resolve_preset('llama2-7b').build,\n"
+        f"                  ('moe:num_experts=8,top_k=2',), {{'moe': {DIST!r}}})\n"
+    )
     script = (
         "import importlib_metadata as m\n"
         "everything = m.distributions\n"
         f"m.distributions = lambda **kw: [d for d in everything(**kw) if d.name != {DIST!r}]\n"
         "from axplug.cli import main\n"
-        "raise SystemExit(main(['train', '--preset', 'mixtral-8x7b', '--print-config',\n"
+        f"raise SystemExit(main(['train', '--preset', '{recipe}:mixtral', '--print-config',\n"
         f"                       '--output-dir', {str(tmp_path)!r}]))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AXPLUG_")}

@@ -107,7 +107,7 @@ def merge_steps(records: list[dict]) -> list[dict]:
 
 
 def _is_eval(name: str) -> bool:
-    from axplug.summary.base import is_eval_name
+    from axplug.summary import is_eval_name
 
     return is_eval_name(name)
 
@@ -119,7 +119,7 @@ def _is_loss(name: str) -> bool:
 
 def _cell(value: Any) -> str:
     if isinstance(value, int | float):
-        from axplug.summary.base import format_scalar
+        from axplug.summary import format_scalar
 
         return format_scalar(float(value))
     return "-" if value is None else str(value)
@@ -270,7 +270,7 @@ def run_name_of(run_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.summary import read_jsonl
-    from axplug.trainer.summaries import summary_dir
+    from axplug.trainer import summary_dir
 
     for flag in ("last", "width", "height"):
         if getattr(args, flag) < 1:
