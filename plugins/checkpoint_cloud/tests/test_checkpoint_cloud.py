@@ -206,7 +206,6 @@ def test_unreachable_server_fails_fast_before_training():
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.slow  # config.txt is written with the default retry budget: ~20 s of retries
 def test_axplug_train_against_a_dead_server_fails_before_training(monkeypatch, axplug_cli):
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", url)
