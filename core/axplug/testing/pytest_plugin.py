@@ -7,8 +7,8 @@
   each printed at the end; `--compile-budget FILE` fails a session whose compiles grow more
   than 10% over FILE's count (`--write-compile-budget` writes it).
 - Fixtures: `axplug_cli` (the `axplug` command in-process), `plugin_site` (fake plugin
-  distributions), `cold_compiles`, and runs trained once per session (`gpt_tiny_run`,
-  `llama_tiny_run`: a fresh copy of the run directory per test).
+  distributions), `cold_compiles`, and runs trained once per session (`gpt_tiny_trained`,
+  `llama_tiny_trained`; `gpt_tiny_run`, `llama_tiny_run`: a copy per test).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _CACHE_SETTINGS = {
     "jax_compilation_cache_include_metadata_in_key": False,
 }
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_CACHE_HIT = "/jax/compilation_cache/cache_retrieval_time_sec"  # recorded once per hit
 _COUNTS = "axplug_costs"  # the user property that carries a test's counts to the controller
 _REWRITE = "rerun with --write-compile-budget (make compile-budget)"
 
@@ -78,6 +78,8 @@ class _Costs:
 
     def __init__(self, config: pytest.Config):
         self.config, self.listening, self.verdict = config, False, None
+        # xdist workers send their counts to the controller, which reports them once.
+        self.reports = not os.environ.get("PYTEST_XDIST_WORKER")
         self.compiles = self.hits = self.children = 0
         self.per_test: dict[str, tuple[int, int]] = {}
         sys.addaudithook(self._audit)
@@ -88,8 +90,6 @@ class _Costs:
 
     def _compiled(self, event: str, _secs: float, **_: object) -> None:
         self.compiles += event == _BACKEND_COMPILE  # a cache hit is one too: counted apart
-
-    def _hit(self, event: str, **_: object) -> None:
         self.hits += event == _CACHE_HIT
 
     @pytest.hookimpl(wrapper=True)
@@ -98,7 +98,6 @@ class _Costs:
             import jax
 
             jax.monitoring.register_event_duration_secs_listener(self._compiled)
-            jax.monitoring.register_event_listener(self._hit)
             self.listening = True
         self.compiles = self.hits = self.children = 0
         return (yield)
@@ -120,14 +119,14 @@ class _Costs:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if os.environ.get("PYTEST_XDIST_WORKER") or not self.per_test:
+        if not (self.reports and self.per_test):
             return
         self.verdict, over = self._check_budget(self.totals()[0])
         if over and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if os.environ.get("PYTEST_XDIST_WORKER") or not self.per_test:
+        if not (self.reports and self.per_test):
             return
         (compiles, children), tests = self.totals(), len(self.per_test)
         write = terminalreporter.write_line

@@ -53,7 +53,7 @@ def _offline(monkeypatch):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, llama_tiny_trained):
-    from axplug.testing.pytest_plugin import copy_run
+    from axplug.testing import copy_run
 
     return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("evaluated") / "tiny"))
 

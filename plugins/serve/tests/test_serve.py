@@ -39,7 +39,7 @@ _LOGS: dict[str, object] = {}  # server URL -> its log file
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, llama_tiny_trained):
-    from axplug.testing.pytest_plugin import copy_run
+    from axplug.testing import copy_run
 
     return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("served") / "tiny"))
 
