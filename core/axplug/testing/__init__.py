@@ -43,7 +43,7 @@ _MODULES = {
     "_writer": "expected_writer_scalars metrics_as_tags scalars_match",
     "_cli": "CliResult run_cli",
     "_fake_site": "FakeSite",
-    "pytest_plugin": "copy_run xla_flags",
+    "pytest_plugin": "copy_run production_compiler_options xla_flags",
 }
 _WHERE = {
     name: f"axplug.testing.{module}" for module, names in _MODULES.items() for name in names.split()

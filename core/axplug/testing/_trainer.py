@@ -65,15 +65,21 @@ def tiny_train_args(
     return args
 
 
-def train_steps(trainer: Trainer, steps: int, state: dict | None = None) -> tuple[dict, list]:
+def train_steps(
+    trainer: Trainer, steps: int, state: dict | None = None, compiler_options: dict | None = None
+) -> tuple[dict, list]:
     """`steps` calls of the trainer's built train step from `state` (default: a fresh one) on
     its input's first batches, without a run (no checkpoint, writer or hook): (the state, each
-    step's metrics, read back). What a test of the step's behaviour needs."""
+    step's metrics, read back). What a test of the step's behaviour needs; `compiler_options`
+    compiles the step with them (e.g. `production_compiler_options()`)."""
     import jax
 
     state = trainer.init_state() if state is None else state
-    metrics, batches = [], trainer.input.iter_from(0)
+    metrics, batches, step = [], trainer.input.iter_from(0), trainer._train_step
     for _ in range(steps):
-        state, out = trainer._train_step(state, trainer.put_batch(next(batches)[1]))
+        batch = trainer.put_batch(next(batches)[1])
+        if compiler_options is not None and step is trainer._train_step:
+            step = step.lower(state, batch).compile(compiler_options)
+        state, out = step(state, batch)
         metrics.append(jax.device_get(out))
     return state, metrics

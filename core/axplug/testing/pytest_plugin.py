@@ -50,11 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Costs(config), "axplug-costs")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return  # a worker shares its controller's cache (inherited environment)
-    # Tests run tiny programs once or twice: LLVM's optimizations cost more compile time than
-    # they save (-O0 compiles a test module's programs ~1.5x faster). An explicit level stays.
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+    fast = [f"--{name}={v}" for name, (v, _) in _fast_compile_flags().items() if name not in flags]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *fast]).strip()
     cache = config._tmp_path_factory.getbasetemp() / "xla-cache"  # type: ignore[attr-defined]
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     os.environ.update({name.upper(): str(v).lower() for name, v in _CACHE_SETTINGS.items()})
@@ -64,6 +62,30 @@ def pytest_configure(config: pytest.Config) -> None:
         for name, value in {"jax_compilation_cache_dir": str(cache), **_CACHE_SETTINGS}.items():
             sys.modules["jax"].config.update(name, value)
         compilation_cache.reset_cache()
+
+
+def _fast_compile_flags() -> dict[str, tuple[str, object]]:
+    """{XLA flag: (the session's value, XLA's default)} for flags that compile tests' tiny
+    programs faster.
+
+    Tests run each program once or twice, so optimizing it costs more than it saves: LLVM at
+    -O0 compiled a test module's programs ~1.4x faster, and XLA's CPU loop emitters instead of
+    its fusion emitters the whole suite another 1.27x. XLA aborts on a flag it does not know, so
+    the emitter flag goes only to the jaxlib versions it was measured with.
+    """
+    from importlib.metadata import version
+
+    flags: dict[str, tuple[str, object]] = {"xla_backend_optimization_level": ("0", 3)}
+    if tuple(int(part) for part in version("jaxlib").split(".")[:2]) < (0, 11):
+        flags["xla_cpu_use_fusion_emitters"] = ("false", True)
+    return flags
+
+
+def production_compiler_options() -> dict[str, object]:
+    """`compiler_options` for `jax.jit` (or `.compile`) that undo the session's fast-compile
+    flags: for a test whose claim is about the compiler users run, e.g. two different programs
+    that must agree bit for bit."""
+    return {name: default for name, (_, default) in _fast_compile_flags().items()}
 
 
 def xla_flags(devices: int) -> str:
@@ -251,4 +273,4 @@ def llama_tiny_run(llama_tiny_trained, tmp_path) -> Path:
     return copy_run(llama_tiny_trained, tmp_path / "llama-tiny")
 
 
-__all__ = ["CliResult", "FakeSite", "copy_run", "xla_flags"]
+__all__ = ["CliResult", "FakeSite", "copy_run", "production_compiler_options", "xla_flags"]

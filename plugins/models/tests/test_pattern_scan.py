@@ -22,6 +22,7 @@ from axplug_models.pattern_scan import RepeatedPatternTransformer, scan_period
 from axplug.config import ConfigError, from_dict, to_dict
 from axplug.interop.hf_walk import differences
 from axplug.modifiers import make_modifier
+from axplug.testing import production_compiler_options
 from test_pattern import (
     GEMMA3_LIKE,
     LOOSE,
@@ -80,16 +81,22 @@ def test_scanned_forward_and_gradients_equal_the_unrolled_stacks(policy):
     assert shapes(mapped) == shapes(own)
     x, pos = normal(1, (2, 9, 32)), positions(2, 9)
 
-    def forward(m):  # both compiled: eager float32 differs from compiled by ~5e-6 here
-        return jax.jit(lambda p, x, pos: call(m, p, {"x": x, "positions": pos}))
+    # Both compiled (eager float32 differs from compiled by ~5e-6 here), as users compile them:
+    # the session's fast-compile flags order the gradient's sums differently (1.5e-5).
+    options = dict(compiler_options=production_compiler_options())
+
+    def forward(m, **options):
+        return jax.jit(lambda p, x, pos: call(m, p, {"x": x, "positions": pos}), **options)
 
     np.testing.assert_allclose(
-        forward(model)(mapped, x, pos), forward(unrolled)(params, x, pos), **SAME
+        forward(model, **options)(mapped, x, pos),
+        forward(unrolled, **options)(params, x, pos),
+        **SAME,
     )
 
     def grads(m, p):
         loss = lambda p, x, pos: jnp.sum(jnp.sin(forward(m)(p, x, pos)))  # noqa: E731
-        return jax.jit(jax.grad(loss))(p, x, pos)
+        return jax.jit(jax.grad(loss), **options)(p, x, pos)
 
     want = to_scanned(grads(unrolled, params), 8, 3)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **SAME), grads(model, mapped), want)
