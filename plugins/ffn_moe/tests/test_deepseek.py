@@ -542,8 +542,9 @@ def test_deepseek_v3_matches_transformers(family, tmp_path):
 def assert_paged_batching_matches(check):
     """Continuous batching through paged latent caches (2 slots for 3 prompts of different
     lengths: rows reused) gives transformers' greedy tokens for every prompt."""
+    from axplug_models.testing import PROMPT, _hf_greedy
+
     from axplug.inference import SamplingParams, generate, load_checkpoint
-    from axplug.testing._hf import PROMPT, _hf_greedy
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).train(False)
     prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]

@@ -135,11 +135,11 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
 
     import numpy as np
     import torch
+    from axplug_models.testing import PROMPT, _axplug_logits
     from transformers import AutoModelForCausalLM
 
     from axplug.cli import main
     from axplug.inference import load_checkpoint
-    from axplug.testing._hf import PROMPT, _axplug_logits
 
     check = check_against_transformers(FAMILIES["llama"](), tmp_path / "base", steps=1)
     tuned, out = str(tmp_path / "tuned"), str(tmp_path / "out")

@@ -4,8 +4,8 @@
 (every 1-d weight perturbed, so a dropped bias or a norm convention shows), saves it, runs
 `axplug import-hf` (with `modifiers`, e.g. `scan_layers`), compares the last-position logits
 and 16 greedy tokens, runs `axplug export-hf` and reloads the export with
-`AutoModelForCausalLM`. torch and transformers are imported only here (a test dependency,
-never the core's).
+`AutoModelForCausalLM`. It lives in axplug-models, not the core, for its test dependency
+(torch and transformers, this distribution's `test` extra); `axplug.testing` serves its names.
 """
 
 from __future__ import annotations
