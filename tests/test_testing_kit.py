@@ -1,7 +1,5 @@
 """The conformance kit `axplug.testing`: adopted for core components, and catching broken ones."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -358,18 +356,3 @@ def _without_norms(cfg):
     from axplug.layers import LayerNorm, RMSNorm
 
     return replace_config(cfg, target=RMSNorm, new_cfg=LayerNorm.default_config())
-
-
-def test_the_family_kit_is_served_from_axplug_models_and_named_when_missing(monkeypatch):
-    import axplug_models.testing
-
-    import axplug.testing
-
-    assert (
-        axplug.testing.check_against_transformers
-        is axplug_models.testing.check_against_transformers
-    )
-    monkeypatch.delitem(sys.modules, "axplug_models.testing")
-    monkeypatch.setitem(sys.modules, "axplug_models", None)  # as if axplug-models were absent
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'axplug-models\[test\]'"):
-        _ = axplug.testing.HFCheck

@@ -1,7 +1,7 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
 from axplug.api import EMPTY_POSITION, AttentionMask, Initializer, ParameterSpec, linear_bias
-from axplug.context import OutputCollection
+from axplug.context import OutputCollection, functional
 from axplug.layers.attention import (
     Attention,
     DotProductKernel,
@@ -60,6 +60,7 @@ __all__ = [
     "IdentityPositionTransform",
     "LayerNorm",
     "OutputCollection",
+    "functional",
     "Linear",
     "PagedKVCache",
     "ParameterSpec",

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from axplug.api import Initializer, ParameterSpec
 from axplug.config import InstantiableConfig, config_class
-from axplug.layers.initialize import initialize_tree
+from axplug.context import name_hash
 from axplug.module import Module
 
 __all__ = ["ParameterSpec", "BaseLayer", "Initializer"]
@@ -68,9 +68,19 @@ class BaseLayer(Module):
         return specs
 
     def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
-        """Parameters for the whole subtree; each key is folded from the names on its path
-        (drawn in batches: see `axplug.layers.initialize`)."""
-        return initialize_tree(self, prng_key, BaseLayer.initialize_parameters_recursively)
+        """Parameters for the whole subtree; each key is folded from the parameter's name."""
+        params: dict[str, Any] = {}
+        for name, spec in self._create_layer_parameter_specs().items():
+            key = jax.random.fold_in(prng_key, name_hash(name))
+            params[name] = spec.initializer(key, spec.shape, spec.dtype)
+        for name, child in self._children.items():
+            if hasattr(child, "initialize_parameters_recursively"):
+                child_params = child.initialize_parameters_recursively(
+                    jax.random.fold_in(prng_key, name_hash(name))
+                )
+                if child_params:
+                    params[name] = child_params
+        return params
 
     def cast(self, x: jax.Array) -> jax.Array:
         """`x` in this layer's compute dtype: what a layer's output should be (a norm that

@@ -47,22 +47,10 @@ _MODULES = {
 _WHERE = {
     name: f"axplug.testing.{module}" for module, names in _MODULES.items() for name in names.split()
 }
-# The model-family kit needs torch and transformers: it lives in axplug-models.
-_FAMILY_KIT = ("HFCheck", "check_against_transformers", "tiny_transformers_model")
-_WHERE.update(dict.fromkeys(_FAMILY_KIT, "axplug_models.testing"))
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'axplug.testing' has no attribute {name!r}")
-    try:
-        module = importlib.import_module(_WHERE[name])
-    except ModuleNotFoundError as e:
-        if name not in _FAMILY_KIT or not (e.name or "").startswith("axplug_models"):
-            raise
-        raise ModuleNotFoundError(
-            f"axplug.testing.{name} is the model-family kit of axplug-models: "
-            "pip install 'axplug-models[test]'"
-        ) from e
-    return getattr(module, name)
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -477,7 +477,7 @@ def test_dense_first_stack_checks_its_layer_count():
 # ------------------------------------------------------------------ against transformers
 
 transformers = pytest.importorskip("transformers")
-from axplug.testing import check_against_transformers  # noqa: E402
+from axplug_models.testing import check_against_transformers  # noqa: E402
 
 TOL = 1e-5
 SHAPES = dict(

@@ -1,4 +1,4 @@
-"""The MoE families against transformers itself (axplug.testing.check_against_transformers):
+"""The MoE families against transformers itself (axplug_models.testing.check_against_transformers):
 a tiny random model (1-d weights perturbed), `import-hf`, last-position logits within 1e-5,
 16 greedy tokens equal, `export-hf` reloaded by AutoModelForCausalLM as the same class with
 the same logits. Then what config.json cannot express is refused by name."""
@@ -9,8 +9,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
+from axplug_models.testing import check_against_transformers  # noqa: E402
+
 from axplug.interop.hf_config import HFImportError  # noqa: E402
-from axplug.testing import check_against_transformers  # noqa: E402
 
 TOL = 1e-5
 SHAPES = dict(

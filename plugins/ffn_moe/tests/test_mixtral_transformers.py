@@ -5,7 +5,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from axplug.testing import check_against_transformers  # noqa: E402
+from axplug_models.testing import check_against_transformers  # noqa: E402
 
 
 def test_mixtral_matches_transformers(tmp_path):

@@ -152,7 +152,7 @@ def test_modifier_errors_name_the_option():
 @pytest.fixture
 def lora_run(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    from axplug.testing import tiny_transformers_model
+    from axplug_models.testing import tiny_transformers_model
 
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -94,7 +94,7 @@ def _hf_greedy(model: Any, prompt: tuple[int, ...], steps: int) -> list[int]:
 def _axplug_logits(loaded: Any, ids: np.ndarray) -> np.ndarray:
     import jax
 
-    from axplug.context import functional
+    from axplug.layers import functional
 
     @jax.jit
     def logits(params, ids):
@@ -107,11 +107,11 @@ def _axplug_logits(loaded: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def _cli(*args: str) -> None:
-    from axplug.cli import main
+    from axplug.testing import run_cli
 
-    rc = main(list(args))
-    if rc != 0:
-        raise AssertionError(f"axplug {' '.join(args)} exited {rc}")
+    result = run_cli(*args)
+    if result.exit_code != 0:
+        raise AssertionError(f"axplug {' '.join(args)} exited {result.exit_code}: {result.stderr}")
 
 
 def check_against_transformers(

@@ -6,7 +6,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from axplug.testing import check_against_transformers  # noqa: E402
+from axplug_models.testing import check_against_transformers  # noqa: E402
 
 TOL = 1e-5
 SHAPES = dict(

@@ -302,8 +302,9 @@ def _gemma3(layer_types: list[str]):
     ids=["period2_tail1", "period3_tail2"],
 )
 def test_gemma3_imported_scanned_matches_transformers_and_exports(layer_types, period, tmp_path):
+    from axplug_models.testing import check_against_transformers
+
     from axplug.inference import load_checkpoint
-    from axplug.testing import check_against_transformers
     from test_families import TOL
 
     modifiers = ["scan_layers:remat_policy=full"]
@@ -322,7 +323,8 @@ def test_gemma3_imported_scanned_matches_transformers_and_exports(layer_types, p
 def test_gemma2_imported_scanned_matches_transformers(tmp_path):
     """Gemma 2's layer_types derived from its period (2): five layers, two steps and one."""
     transformers = pytest.importorskip("transformers")
-    from axplug.testing import check_against_transformers
+    from axplug_models.testing import check_against_transformers
+
     from test_families import FAMILIES, TOL
 
     base = FAMILIES["gemma2"]()
@@ -335,8 +337,9 @@ def test_gemma2_imported_scanned_matches_transformers(tmp_path):
 
 def test_a_bad_period_on_import_is_one_error_line(tmp_path, capsys):
     pytest.importorskip("transformers")
+    from axplug_models.testing import tiny_transformers_model
+
     from axplug.cli import main
-    from axplug.testing import tiny_transformers_model
 
     tiny_transformers_model(_gemma3([S, S, F])).save_pretrained(tmp_path / "hf")
     capsys.readouterr()  # transformers' progress bars
