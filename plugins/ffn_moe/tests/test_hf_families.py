@@ -66,7 +66,7 @@ def test_family_matches_transformers(family, tmp_path):
 
 
 def _saved(tmp_path, cfg):
-    from axplug.testing import tiny_transformers_model
+    from axplug_models.testing import tiny_transformers_model
 
     directory = str(tmp_path / "hf")
     tiny_transformers_model(cfg).save_pretrained(directory)
