@@ -69,7 +69,8 @@ def start_local(tmp, run, cache_dir, *flags, spares=None):
     assert train[:2] == ["axplug", "train"], train
     argv = [*AXPLUG, "launch", "--local", *launcher, *flags, "--",
             *AXPLUG, *train[1:], *tiny_sets(cache_dir)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != "XLA_FLAGS"}
+    # The session's XLA flags stay (the launcher sets each process's device count itself).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     log = open(tmp / f"{run}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log, proc.scratch = tmp / f"{run}.log", tmp / ".axplug-hosts"
