@@ -4,6 +4,7 @@ Engine) or against any OpenAI-compatible server (`--base-url`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -137,12 +138,20 @@ def _engine_model(args: argparse.Namespace):
     return model, loaded.step
 
 
+@functools.lru_cache(maxsize=8)
+def task_index(include_path: tuple[str, ...]) -> Any:
+    """lm-eval's TaskManager for `include_path`, built once per process: it indexes lm-eval's
+    thousands of task files (4-6 s), which an eval every N steps of a run would pay each time."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_path) or None)
+
+
 def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, Any]:
     """lm-eval's `simple_evaluate` of `model` (an LM, or "local-completions" for a server)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=args.include_path or None)
+    manager = task_index(tuple(args.include_path))
     unknown = [t for t in args.tasks if t not in manager.all_tasks]
     if unknown:
         from axplug.config import UsageError

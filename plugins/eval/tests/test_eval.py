@@ -262,10 +262,19 @@ def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
     assert "Traceback" not in err
 
 
-def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys):
+def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys, monkeypatch):
     """`--modifier eval_tasks:...` logs eval/TASK/METRIC every `every` steps; the last equals
-    `axplug eval` of the final checkpoint."""
+    `axplug eval` of the final checkpoint. lm-eval's task files are indexed once."""
+    import lm_eval.tasks
+    from axplug_eval.command import task_index
+
     from axplug.testing import tiny_train_args
+
+    built, original = [], lm_eval.tasks.TaskManager
+    monkeypatch.setattr(
+        lm_eval.tasks, "TaskManager", lambda **kw: built.append(kw) or original(**kw)
+    )
+    task_index.cache_clear()
 
     run = tmp_path / "run"
     modifier = f"eval_tasks:tasks=tiny_mc+tiny_gen,include_path={tasks},limit=3,every=2"
@@ -281,6 +290,7 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys)
                  "--max-gen-toks", "32", "--output", str(out)]) == 0  # fmt: skip
     final = json.loads(out.read_text())["metrics"]
     assert {k: records[-1][k] for k in final} == pytest.approx(final)
+    assert built == [{"include_path": [str(tasks)]}]  # three evaluations, one index
     capsys.readouterr()
     bad = tiny_train_args(run, preset="llama-tiny", modifiers=["eval_tasks:limit=3"])
     assert main([*bad, "--print-config"]) == 2
