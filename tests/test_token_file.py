@@ -110,11 +110,16 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
     model = cfg.instantiate(parent=None)
     params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
 
-    def total(inputs):  # summed token losses and the token count
+    @jax.jit  # one program per shape, not one per op and shape
+    def forward(inputs):
         (loss, aux), _ = functional(
             model, prng_key=None, state=params, inputs=inputs, is_training=False
         )
-        return float(loss) * float(aux["num_tokens"]), float(aux["num_tokens"])
+        return loss, aux["num_tokens"]
+
+    def total(inputs):  # summed token losses and the token count
+        loss, count = forward(inputs)
+        return float(loss) * float(count), float(count)
 
     for row in range(batch["input_ids"].shape[0]):
         packed = total({k: jnp.asarray(v[row : row + 1]) for k, v in batch.items()})
