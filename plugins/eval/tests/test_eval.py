@@ -3,6 +3,7 @@ pass and against lm-eval's own `local-completions` model talking to `axplug serv
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -102,10 +103,17 @@ def _args(include, **extra):
 
 def _forward_logprobs(loaded, ids: list[int]) -> np.ndarray:
     """log-softmax of one plain forward pass: row t scores ids[t + 1]."""
-    logits, _ = functional(loaded.model, prng_key=None, state=loaded.params,
-                           inputs=(jnp.asarray([ids], jnp.int32),), is_training=False,
-                           method="predict")  # fmt: skip
-    return np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1))
+    return np.asarray(_jit_forward(loaded.model)(loaded.params, jnp.asarray([ids], jnp.int32)))
+
+
+@functools.cache
+def _jit_forward(model):  # compiled once per length, not once per op and length
+    def forward(params, ids):
+        logits, _ = functional(model, prng_key=None, state=params, inputs=(ids,),
+                               is_training=False, method="predict")  # fmt: skip
+        return jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+
+    return jax.jit(forward)
 
 
 def test_loglikelihoods_equal_a_plain_forward_pass(engine_lm):
