@@ -119,7 +119,8 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
         from axplug.trainer.step import _loss_fn, step_key
 
         fn = _loss_fn(trainer.model, rule)
-        return jax.grad(lambda p: fn(p, batch, step_key(0, state["step"]))[0])(state["params"])
+        loss = lambda p: fn(p, batch, step_key(0, state["step"]))[0]  # noqa: E731
+        return jax.jit(jax.grad(loss))(state["params"])  # one program, not one per op
 
     g_on, g_off = grads(trainer.aux_loss), grads(rule_off)
     path = ("layer", "feed_forward", "wo") if scan else ("layer0", "feed_forward", "wo")
