@@ -96,9 +96,11 @@ def _trainer(tmp_path, data, packing, batch_size=2):
 def _token_losses(trainer, params, batch):
     """(sum of per-token cross entropy over counted targets, their number), by hand."""
     keys = ("input_ids", "positions", "segment_ids")
-    logits, _ = functional(trainer.model, prng_key=None, state=params, method="predict",
-                           inputs={k: jnp.asarray(batch[k]) for k in keys if k in batch},
-                           is_training=False)  # fmt: skip
+    predict = jax.jit(  # one program per shape, not one per op
+        lambda params, inputs: functional(trainer.model, prng_key=None, state=params,
+                                          method="predict", inputs=inputs, is_training=False)[0]
+    )  # fmt: skip
+    logits = predict(params, {k: jnp.asarray(batch[k]) for k in keys if k in batch})
     logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1), np.float64)
     labels = batch["target_labels"]
     counted = labels >= 0

@@ -160,13 +160,15 @@ def test_mla_packed_segments_do_not_attend_across():
     layer = mla_layer(q_lora_rank=12)
     params = random_params(layer, 200)
     x = jnp.asarray(normal(2, (1, 8, 32)))
-    call = lambda x, pos, seg: functional(  # noqa: E731
-        layer,
-        prng_key=None,
-        state=params,
-        is_training=False,
-        inputs={"x": x, "positions": pos, "segment_ids": seg},
-    )[0]
+    call = jax.jit(  # one program per shape, not one per op
+        lambda x, pos, seg: functional(
+            layer,
+            prng_key=None,
+            state=params,
+            is_training=False,
+            inputs={"x": x, "positions": pos, "segment_ids": seg},
+        )[0]
+    )
     positions = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 4]], jnp.int32)
     packed = call(x, positions, jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 2]], jnp.int32))
     alone = call(x[:, 3:], positions[:, 3:], None)
@@ -181,13 +183,15 @@ def test_mla_decode_through_the_latent_cache_equals_forward(cache):
     b, s, max_len = 2, 10, 16
     x = jnp.asarray(normal(3, (b, s, 32)))
     positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-    want, _ = functional(
-        layer,
-        prng_key=None,
-        state=params,
-        is_training=False,
-        inputs={"x": x, "positions": positions},
-    )
+    want, _ = jax.jit(  # one program, not one per op
+        lambda x, positions: functional(
+            layer,
+            prng_key=None,
+            state=params,
+            is_training=False,
+            inputs={"x": x, "positions": positions},
+        )
+    )(x, positions)
     state = layer.init_cache_state(b, max_len)
     # The compressed cache: one head of the latent (key) and of the rope key (value).
     assert state["key"].shape[0] == state["value"].shape[0] == 1

@@ -86,11 +86,7 @@ def test_merged_logits_equal_the_unmerged_model(tmp_path):
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
 
     def logits(cfg, p):
-        model = cfg.clone(name="model").instantiate(parent=None)
-        out, _ = functional(
-            model, prng_key=None, state=p, inputs=(ids,), method="predict", is_training=False
-        )
-        return np.asarray(out)
+        return predict(cfg.clone(name="model").instantiate(parent=None), p, ids)
 
     merged_cfg, merged = fold_layers(trainer.config.model, params)
     assert not find_configs(merged_cfg, LoRAAdapter)
@@ -176,11 +172,15 @@ def _axplug_logits(run, ids):
     from axplug.inference.loading import load_checkpoint
 
     loaded = load_checkpoint(run)
-    out, _ = functional(
-        loaded.model, prng_key=None, state=loaded.params, inputs=(jnp.asarray(ids),),
-        method="predict", is_training=False,
-    )  # fmt: skip
-    return np.asarray(out), loaded
+    return predict(loaded.model, loaded.params, ids), loaded
+
+
+def predict(model, params, ids) -> np.ndarray:
+    """`model`'s logits of `ids`, compiled as one program (not one per op)."""
+    fn = lambda p, i: functional(  # noqa: E731
+        model, prng_key=None, state=p, inputs=(i,), method="predict", is_training=False
+    )[0]
+    return np.asarray(jax.jit(fn)(params, jnp.asarray(ids, jnp.int32)))
 
 
 def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path, lora_run):
@@ -308,9 +308,8 @@ def test_decoding_merged_equals_unmerged(tmp_path, lora_run, capsys):
     merged = load_checkpoint(run, merge_adapters=True)
     assert not find_configs(merged.config.model, LoRAAdapter)
     assert "adapter" not in json.dumps(jax.tree.map(lambda x: 0, merged.params))
-    out, _ = functional(merged.model, prng_key=None, state=merged.params, method="predict",
-                        inputs=(jnp.asarray(ids),), is_training=False)  # fmt: skip
-    np.testing.assert_allclose(np.asarray(out), unmerged, rtol=1e-5, atol=1e-5)
+    out = predict(merged.model, merged.params, ids)
+    np.testing.assert_allclose(out, unmerged, rtol=1e-5, atol=1e-5)
     greedy = []
     for extra in ([], ["--merge-adapters"]):
         argv = ["generate", "--checkpoint", run, "--prompt-ids", "5,6,7", "--temperature", "0",
