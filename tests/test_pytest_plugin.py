@@ -7,9 +7,11 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from axplug.testing import run_cli, tiny_trainer_config
+from axplug.testing import production_compiler_options, run_cli, tiny_trainer_config
 
 _CACHE_SETTINGS = (
     "jax_compilation_cache_dir",
@@ -31,6 +33,17 @@ def test_the_session_compiles_into_its_own_cache_under_basetemp(tmp_path_factory
     basetemp = Path(tmp_path_factory.getbasetemp()).resolve()
     assert {basetemp, basetemp.parent} & set(Path(directory).resolve().parents)
     assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+
+
+def test_the_session_compiles_fast_and_production_options_undo_exactly_that():
+    flags = os.environ["XLA_FLAGS"].split()
+    assert "--xla_backend_optimization_level=0" in flags
+    undo = production_compiler_options()
+    assert undo["xla_backend_optimization_level"] == 3  # XLA's default
+    assert all(any(f.startswith(f"--{name}=") for f in flags) for name in undo), (undo, flags)
+    # XLA takes them per program (an unknown name would raise here).
+    f = jax.jit(lambda x: jnp.tanh(x) * 2.0, compiler_options=undo)
+    np.testing.assert_allclose(f(jnp.ones(3)), 2 * np.tanh(1.0), rtol=1e-6)
 
 
 def test_building_a_trainer_leaves_the_compilation_cache_settings_as_they_were(tmp_path):
