@@ -93,19 +93,22 @@ def _trainer(tmp_path, data, packing, batch_size=2):
     return types.SimpleNamespace(model=model, input=data_cfg.instantiate())
 
 
-def _token_losses(trainer, params, batch):
-    """(sum of per-token cross entropy over counted targets, their number), by hand."""
-    keys = ("input_ids", "positions", "segment_ids")
+def _token_losses(trainer, params, batches):
+    """(sum of per-token cross entropy over counted targets, their number) of each batch, by
+    hand."""
     predict = jax.jit(  # one program per shape, not one per op
         lambda params, inputs: functional(trainer.model, prng_key=None, state=params,
                                           method="predict", inputs=inputs, is_training=False)[0]
     )  # fmt: skip
-    logits = predict(params, {k: jnp.asarray(batch[k]) for k in keys if k in batch})
-    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1), np.float64)
-    labels = batch["target_labels"]
-    counted = labels >= 0
-    picked = np.take_along_axis(logp, np.maximum(labels, 0)[..., None], -1)[..., 0]
-    return float(-(picked * counted).sum()), int(counted.sum())
+    keys, out = ("input_ids", "positions", "segment_ids"), []
+    for batch in batches:
+        logits = predict(params, {k: jnp.asarray(batch[k]) for k in keys if k in batch})
+        logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
+        labels = batch["target_labels"]
+        counted = labels >= 0
+        picked = np.take_along_axis(logp, np.maximum(labels, 0)[..., None], -1)[..., 0]
+        out.append((float(-(picked * counted).sum()), int(counted.sum())))
+    return out
 
 
 def test_the_loss_is_the_mean_over_assistant_tokens_and_packing_keeps_it(tmp_path, chat_data):
@@ -123,14 +126,14 @@ def test_the_loss_is_the_mean_over_assistant_tokens_and_packing_keeps_it(tmp_pat
         assert counted == "".join(s for s, trained in segments if trained)
     (loss, _), _ = functional(plain.model, prng_key=None, state=params, is_training=False,
                               inputs={k: jnp.asarray(v) for k, v in batch.items()})  # fmt: skip
-    total, count = _token_losses(plain, params, batch)
+    ((total, count),) = _token_losses(plain, params, [batch])
     assert abs(float(loss) - total / count) < 1e-5
     # Every training conversation once: the same loss, packed or not.
     sums = []
     one_row = [_trainer(tmp_path, chat_data, packing, batch_size=1) for packing in (False, True)]
     for trainer in one_row:
         seen = [trainer.input.batch(s) for s in range(trainer.input.num_windows)]
-        per = [_token_losses(trainer, params, b) for b in seen]
+        per = _token_losses(trainer, params, seen)
         sums.append((sum(t for t, _ in per), sum(c for _, c in per)))
     assert one_row[1].input.num_windows < one_row[0].input.num_windows / 2  # packed rows
     assert sums[0][1] == sums[1][1]

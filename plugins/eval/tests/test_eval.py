@@ -3,7 +3,6 @@ pass and against lm-eval's own `local-completions` model talking to `axplug serv
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -101,31 +100,29 @@ def _args(include, **extra):
     return types.SimpleNamespace(**{**defaults, **extra})
 
 
-def _forward_logprobs(loaded, ids: list[int]) -> np.ndarray:
-    """log-softmax of one plain forward pass: row t scores ids[t + 1]."""
-    return np.asarray(_jit_forward(loaded.model)(loaded.params, jnp.asarray([ids], jnp.int32)))
+def _forward_logprobs(loaded):
+    """ids -> log-softmax of one plain forward pass (row t scores ids[t + 1]), compiled once
+    per length rather than once per op and length."""
 
-
-@functools.cache
-def _jit_forward(model):  # compiled once per length, not once per op and length
+    @jax.jit
     def forward(params, ids):
-        logits, _ = functional(model, prng_key=None, state=params, inputs=(ids,),
+        logits, _ = functional(loaded.model, prng_key=None, state=params, inputs=(ids,),
                                is_training=False, method="predict")  # fmt: skip
         return jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
 
-    return jax.jit(forward)
+    return lambda ids: np.asarray(forward(loaded.params, jnp.asarray([ids], jnp.int32)))
 
 
 def test_loglikelihoods_equal_a_plain_forward_pass(engine_lm):
     loaded, lm = engine_lm
-    tokenizer = lm.tokenizer
+    tokenizer, forward_logprobs = lm.tokenizer, _forward_logprobs(loaded)
     pairs = [("HAMLET. To be, or", " not to be"), ("KING.", " My lord"), ("x" * 80, " tail")]
     requests = [types.SimpleNamespace(args=pair) for pair in pairs]
     got = lm.loglikelihood(requests)
     for (context, continuation), (logprob, greedy) in zip(pairs, got, strict=True):
         ids = tokenizer.encode(context + continuation)[-MAX_LEN:]  # left-truncated as lm-eval
         start = len(ids) - len(tokenizer.encode(continuation))
-        table = _forward_logprobs(loaded, ids)
+        table = forward_logprobs(ids)
         want = [table[t - 1, ids[t]] for t in range(start, len(ids))]
         assert logprob == pytest.approx(sum(want), abs=1e-4)
         assert greedy == all(table[t - 1].argmax() == ids[t] for t in range(start, len(ids)))
@@ -141,7 +138,7 @@ def test_loglikelihoods_equal_a_plain_forward_pass(engine_lm):
     total = 0.0
     for context, continuation in windows:
         window = (context + continuation)[-MAX_LEN:]
-        table = _forward_logprobs(loaded, window)
+        table = forward_logprobs(window)
         total += sum(table[t - 1, window[t]] for t in range(len(window) - len(continuation),
                                                              len(window)))  # fmt: skip
     assert rolling == pytest.approx(total, abs=1e-3)
