@@ -5,7 +5,7 @@
 `axplug import-hf` (with `modifiers`, e.g. `scan_layers`), compares the last-position logits
 and 16 greedy tokens, runs `axplug export-hf` and reloads the export with
 `AutoModelForCausalLM`. It lives in axplug-models, not the core, for its test dependency
-(torch and transformers, this distribution's `test` extra); `axplug.testing` serves its names.
+(torch and transformers, this distribution's `test` extra).
 """
 
 from __future__ import annotations
