@@ -84,7 +84,8 @@ def test_config_file_and_recipe_presets(tmp_path, monkeypatch, capsys):
     args = tiny_train_args(run, "input.seq_len=16", max_steps=1)
     assert main([*args, "--mesh-rule", "none", "-q"]) == 0
     again = build_config(build_parser().parse_args(
-        ["train", "--config", str(run / "config.json"), "--output-dir", str(run)]))  # fmt: skip
+        ["train", "--config", str(run / "config.json"), "--output-dir", str(run),
+         "--mesh-rule", "none"]))  # fmt: skip
     from axplug.config import to_dict
 
     saved = json.loads((run / "config.json").read_text())["config"]

@@ -11,7 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug.testing import production_compiler_options, run_cli, tiny_trainer_config
+from axplug.testing import (
+    production_compiler_options,
+    run_cli,
+    tiny_train_args,
+    tiny_trainer_config,
+)
 
 _CACHE_SETTINGS = (
     "jax_compilation_cache_dir",
@@ -68,11 +73,7 @@ def test_a_tiny_run_writes_nothing_under_the_home_cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     train(tiny_trainer_config(tmp_path / "run"))
-    code, _, err = run_cli(
-        "train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path / "cli"), "--max-steps", "1",
-        "--set", "compilation_cache_dir=None", "--set", "model.decoder.dim=32",
-        "--set", "input.seq_len=32",
-    )  # fmt: skip
+    code, _, err = run_cli(*tiny_train_args(tmp_path / "cli"))  # the same programs: cached
     assert code == 0, err
     assert not (tmp_path / "home" / ".cache" / "axplug").exists()
 

@@ -140,8 +140,16 @@ class MeshBuilder(Configurable):
         return tuple(shape)
 
     def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
-        """A Mesh over `devices` (default all), laid out by `_device_array` for the topology."""
+        """A Mesh over `devices` (default all), laid out by `_device_array` for the topology.
+
+        A shape without -1 that needs fewer of one process's devices takes the first ones
+        (as `mesh.mesh_shape=(1, 1, 1, 1, 1)` for a one-device run on an 8-device host)."""
         devices = list(jax.devices() if devices is None else devices)
+        needed = math.prod(self._config.mesh_shape)
+        if 0 < needed < len(devices) and len({d.process_index for d in devices}) == 1:
+            log.info("mesh.mesh_shape %s: the first %d of %d devices", self._config.mesh_shape,
+                     needed, len(devices))  # fmt: skip
+            devices = devices[:needed]
         shape = self.resolved_shape(len(devices))
         names = tuple(self._config.axis_names)
         return Mesh(_device_array(devices, shape, names), names)

@@ -22,6 +22,16 @@ _TINY = (
     "input.seq_len=32",
     "input.batch_size=8",
 )
+# One device unless the test lays out a mesh itself: a tiny step over 8 fake CPU devices
+# compiles and runs about twice as long, and saves slices of every array.
+_ONE_DEVICE = "mesh.mesh_shape=(1, 1, 1, 1, 1)"
+
+
+def _tiny(overrides: Sequence[str], modifiers: Sequence[str]) -> tuple[str, ...]:
+    meshed = any(o.lstrip().startswith("mesh.") for o in overrides) or any(
+        m.startswith("mesh:") for m in modifiers
+    )
+    return _TINY if meshed else (*_TINY, _ONE_DEVICE)
 
 
 def tiny_trainer_config(
@@ -32,9 +42,9 @@ def tiny_trainer_config(
     max_steps: int = 2,
     summary_writers: Sequence[ConfigBase] = (),
 ) -> Trainer.Config:
-    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens), the
-    process's compilation cache, writing to `output_dir`; then `overrides` (`path=value`, as
-    `--set`).
+    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens, one
+    device unless `overrides` or `modifiers` set the mesh), the process's compilation cache,
+    writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
 
     `summary_writers` replaces the trainer's writers (none by default: nothing to read back
     costs nothing), e.g. `[JsonlWriter.default_config()]` for a test that reads the metrics.
@@ -42,7 +52,8 @@ def tiny_trainer_config(
     from axplug.config import apply_overrides
     from axplug.presets import preset_config
 
-    tiny = [f"output_dir={os.fspath(output_dir)!r}", f"max_steps={max_steps}", *_TINY]
+    tiny = [f"output_dir={os.fspath(output_dir)!r}", f"max_steps={max_steps}"]
+    tiny += _tiny(overrides, modifiers)
     cfg = preset_config(preset, modifiers=modifiers, overrides=tiny)
     return apply_overrides(cfg.clone(summary_writers=list(summary_writers)), overrides)
 
@@ -60,7 +71,7 @@ def tiny_train_args(
     args += ["--max-steps", str(max_steps)]
     for spec in modifiers:
         args += ["--modifier", spec]
-    for spec in (*_TINY, *overrides):
+    for spec in (*_tiny(overrides, modifiers), *overrides):
         args += ["--set", spec]
     return args
 

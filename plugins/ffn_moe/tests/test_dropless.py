@@ -19,7 +19,7 @@ from axplug_moe import BalancedDispatch, Dispatch, MoEFeedForward  # noqa: E402
 
 from axplug.config import find_configs  # noqa: E402
 from axplug.context import functional  # noqa: E402
-from axplug.testing import tiny_trainer_config  # noqa: E402
+from axplug.testing import tiny_trainer_config, train_steps  # noqa: E402
 from test_moe_plugin import (  # noqa: E402
     F32_LOOSE,
     PROBE,
@@ -181,14 +181,11 @@ PRESETS = {
 }
 
 
-def train_losses(cfg, steps=3):
+def train_losses(cfg, state=None, steps=3):
+    """(the first state, each step's metrics) of `steps` steps from `state` (default: fresh)."""
     trainer = cfg.instantiate(devices=jax.devices()[:1])
-    state = trainer.init_state()
-    out = []
-    for i in range(steps):
-        state, metrics = trainer._train_step(state, trainer.put_batch(trainer.input.batch(i)))
-        out.append(jax.device_get(metrics))
-    return out
+    state = trainer.init_state() if state is None else state
+    return state, train_steps(trainer, steps, jax.tree.map(jnp.copy, state))[1]  # donated
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -200,7 +197,8 @@ def test_presets_train_drop_free_like_a_per_token_loop(tmp_path, name):
     reference = cfg.clone()
     for _, layer in find_configs(reference, MoEFeedForward):
         layer.dispatch = TokenLoopDispatch.default_config()
-    got, want = train_losses(cfg), train_losses(reference)
+    first, got = train_losses(cfg)
+    _, want = train_losses(reference, first)  # the same parameters: one init compiled
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
         # No choice dropped, and the balanced dispatch really used both of its paths.

@@ -2,6 +2,7 @@
 and PEFT, sharded runs against one device."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -51,11 +52,17 @@ def _train(trainer, steps):
     return first, state
 
 
-def test_only_the_adapters_train_and_hold_optimizer_state(tmp_path):
-    trainer = _trainer(tmp_path, "lora", "learner.learning_rate=0.01")
+@pytest.fixture(scope="module")
+def lora_steps(tmp_path_factory):
+    """(trainer, its first parameters, the state after 3 steps) of llama-tiny with LoRA."""
+    trainer = _trainer(tmp_path_factory.mktemp("lora"), "lora", "learner.learning_rate=0.05")
+    return trainer, *_train(trainer, 3)
+
+
+def test_only_the_adapters_train_and_hold_optimizer_state(lora_steps):
+    trainer, first, state = lora_steps
     adapted = find_configs(trainer.config.model, LoRAAdapter)
     assert len(adapted) == 3  # in qkv's, output's and the feed-forward's Linear configs
-    first, state = _train(trainer, 3)
     paths = jax.tree.leaves(parameter_paths(first))
     before, after = jax.tree.leaves(first), jax.tree.leaves(jax.device_get(state["params"]))
     trained = 0
@@ -79,9 +86,8 @@ def test_only_the_adapters_train_and_hold_optimizer_state(tmp_path):
     assert trainer.config.learner.trainable == TRAINABLE
 
 
-def test_merged_logits_equal_the_unmerged_model(tmp_path):
-    trainer = _trainer(tmp_path, "lora", "learner.learning_rate=0.05")
-    _, state = _train(trainer, 3)
+def test_merged_logits_equal_the_unmerged_model(lora_steps):
+    trainer, _, state = lora_steps
     params = jax.device_get(state["params"])
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
 
@@ -145,10 +151,14 @@ def test_modifier_errors_name_the_option():
 # --- import, LoRA fine-tune, merged and PEFT exports, against transformers and PEFT ---------
 
 
-@pytest.fixture
-def lora_run(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """(transformers model, its import, a 4-step LoRA run over the import): built once per
+    module; tests only read them (one moves the import away and puts it back)."""
     transformers = pytest.importorskip("transformers")
     from axplug_models.testing import tiny_transformers_model
+
+    tmp_path = tmp_path_factory.mktemp("lora_run")
 
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -164,7 +174,6 @@ def lora_run(tmp_path, capsys):
             "--set", "learner.learning_rate=0.05", "--set", "learner.warmup_steps=0",
             "--set", "learner.schedule='constant'", "--max-steps", "4", *SMALL]  # fmt: skip
     assert main(argv) == 0
-    capsys.readouterr()
     return hf, imported, run
 
 
@@ -277,10 +286,14 @@ def test_a_missing_base_is_named(tmp_path, lora_run, capsys):
 
     _, imported, run = lora_run
     shutil.move(imported, str(tmp_path / "moved"))
-    assert main(["export-hf", run, "--output", str(tmp_path / "out")]) != 0
-    err = capsys.readouterr().err
-    assert "stores only its trained parameters" in err and "imported/checkpoints" in err
-    assert not (tmp_path / "imported").exists()  # nothing recreated where the base was
+    try:
+        capsys.readouterr()
+        assert main(["export-hf", run, "--output", str(tmp_path / "out")]) != 0
+        err = capsys.readouterr().err
+        assert "stores only its trained parameters" in err and "imported/checkpoints" in err
+        assert not os.path.exists(imported)  # nothing recreated where the base was
+    finally:
+        shutil.move(str(tmp_path / "moved"), imported)
 
 
 def test_qlora_adapters_train_over_a_quantized_frozen_base(tmp_path):
