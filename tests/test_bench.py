@@ -179,7 +179,6 @@ def test_axplug_list_does_not_import_jax():
     assert not startup.imports_jax(startup.COMMANDS["axplug list"])
 
 
-@pytest.mark.slow  # ~40 s: two full steps compiled for their cost analysis
 def test_axplug_step_reads_the_bytes_a_plain_jax_step_reads():
     """The compiled steps on one device: the module system, context and the non-finite guard
     add no memory traffic beyond the guard's branch (a few scalars), and no FLOPs."""

@@ -45,7 +45,6 @@ class TestGemmaAttentionConformance(LayerConformance):
         return Attention
 
 
-@pytest.mark.slow  # the same kit as above; OLMo 2's numerics are checked against transformers
 class TestProjectionQKNormAttentionConformance(LayerConformance):
     """OLMo 2's q/k norms over the whole projections (before the split into heads)."""
 
@@ -62,7 +61,6 @@ class TestProjectionQKNormAttentionConformance(LayerConformance):
         return Attention
 
 
-@pytest.mark.slow  # ~35 s; post norms are checked against transformers in Gemma 2 / OLMo 2
 class TestSandwichNormLayerConformance(LayerConformance):
     """A transformer layer with pre and post norms around both branches (Gemma 2 / 3)."""
 

@@ -62,20 +62,14 @@ def test_import_fine_tune_export_import_is_exact(tmp_path, capsys):
     assert all(jax.tree.leaves(moved)), "fine-tuning changed every parameter"
 
 
-def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(tmp_path, capsys):
-    from test_finetune import SMALL
-
-    run = str(tmp_path / "llama")
-    assert main(["train", "--preset", "llama-tiny", "--output-dir", run, "--max-steps", "1",
-                 "--set", "model.decoder.transformer.num_layers=1", *SMALL]) == 0  # fmt: skip
-    assert main(["export-hf", run, "--output", str(tmp_path / "out")]) == 0
+def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(
+    tmp_path, capsys, llama_tiny_trained, gpt_tiny_trained
+):
+    assert main(["export-hf", str(llama_tiny_trained), "--output", str(tmp_path / "out")]) == 0
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert saved["num_hidden_layers"] == 1 and saved["vocab_size"] == 256
-    gpt = str(tmp_path / "gpt")
-    assert main(["train", "--preset", "gpt-tiny", "--output-dir", gpt, "--max-steps", "1",
-                 *SMALL]) == 0  # fmt: skip
+    assert saved["num_hidden_layers"] == 4 and saved["vocab_size"] == 256  # llama-tiny's
     capsys.readouterr()
-    assert main(["export-hf", gpt, "--output", str(tmp_path / "g")]) == 2
+    assert main(["export-hf", str(gpt_tiny_trained), "--output", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert "cannot export this model:" in err and "as LlamaForCausalLM: " in err
     assert "layer_norm_eps" in err  # a LayerNorm: no LLaMA-layout family reads its field

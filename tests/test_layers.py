@@ -665,7 +665,7 @@ def test_stacked_equals_repeated(remat_policy):
     assert_close(out_stk, expected, F32_LOOSE)
 
 
-@pytest.mark.parametrize("remat_policy", ["full", pytest.param("none", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("remat_policy", ["full", "none"])
 def test_stacked_and_repeated_gradients_equal(remat_policy):
     rep, stk, rep_params, stk_params = stack_pair(remat_policy=remat_policy)
     x = normal(1, (B, S, D))
@@ -685,7 +685,6 @@ def test_stacked_and_repeated_gradients_equal(remat_policy):
     assert_close(gx_rep, gx_stk, F32_LOOSE)
 
 
-@pytest.mark.slow
 def test_repeated_dropout_training_changes_outputs():
     cfg = layer_cfg(dropout_rate=0.5)
     rep = build(RepeatedTransformer, input_dim=D, num_layers=2, layer=cfg)
@@ -1113,7 +1112,6 @@ def test_adding_a_layer_keeps_existing_params():
     assert not np.allclose(w(t3, 2), w(t3, 1))
 
 
-@pytest.mark.slow
 def test_adding_a_repeated_layer_keeps_existing_slices():
     p2 = init(lm_cfg(num_layers=2, repeated=True).instantiate(parent=None), randomize_norms=False)
     p3 = init(lm_cfg(num_layers=3, repeated=True).instantiate(parent=None), randomize_norms=False)

@@ -569,7 +569,6 @@ def assert_paged_batching_matches(check):
 from axplug.testing import LayerConformance  # noqa: E402
 
 
-@pytest.mark.slow  # ~1-2 min; TestMoEFeedForwardConformance runs the kit on MoE by default
 class TestDeepSeekMoEConformance(LayerConformance):
     """The kit on DeepSeek-V3's MoE layer: group-limited sigmoid routing with its correction
     bias (state, not trained by gradient), routed scaling and a shared expert, swapped for
