@@ -482,8 +482,13 @@ REQUESTS = [  # (arrival step, prompt length, sampling)
 ]
 
 
-def alone(model, params, prompt, sampling, max_len=16):
-    engine = Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
+def solo(model, params, max_len=16):
+    """An engine of one row: the requests it runs, one after another, are each decoded alone
+    (one engine for all of them: its programs are traced once)."""
+    return Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
+
+
+def alone(engine, prompt, sampling):
     engine.submit(Request(prompt, sampling))
     (completion,) = engine.run()
     return completion.output_ids
@@ -533,8 +538,9 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_mode
     if engine.allocator is not None:
         assert engine.allocator.num_free == engine.allocator.num_pages  # all pages came back
         assert (engine.preemptions > 0) == ("num_pages=10" in cache[0])
+    one = solo(model, params)
     for i, (_, _, sampling) in enumerate(REQUESTS):
-        want = alone(model, params, prompts[i], sampling)
+        want = alone(one, prompts[i], sampling)
         assert finished[i].output_ids == want, i
         assert len(want) == sampling.max_new_tokens
 
@@ -685,8 +691,9 @@ def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(ro
     # 12 prompt tokens in chunks of 4: three steps, each also decoding "short".
     assert per_step == [["short"], ["short"], ["short", "long"]]
     done = {c.id: c.output_ids for c in engine.run()}
-    assert done["long"] == alone(model, params, long, greedy, max_len=24)
-    assert done["short"] == alone(model, params, short, greedy, max_len=24)
+    one = solo(model, params, max_len=24)
+    assert done["long"] == alone(one, long, greedy)
+    assert done["short"] == alone(one, short, greedy)
     with pytest.raises(ValueError, match="prefill_chunk=0 must be >= 1"):
         Engine(model, params, prefill_chunk=0)
 
@@ -724,7 +731,7 @@ def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model):
     done = {c.id: c for c in [*engine.pop_finished(), *engine.run()]}
     assert (done["a"].finish_reason, len(done["a"].output_ids)) == ("cancelled", 2)
     assert (done["c"].finish_reason, done["c"].output_ids) == ("cancelled", [])
-    assert done["b"].output_ids == alone(paged, params, prompts["b"], greedy)
+    assert done["b"].output_ids == alone(solo(paged, params), prompts["b"], greedy)
     assert engine.allocator.num_free == engine.allocator.num_pages
 
 

@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         "writers": args.writer,
         "overrides": args.overrides,
     }
-    from axplug.runtime import Preempted, StopSignals, stop_peer_monitor
+    from axplug.runtime import Preempted, StopSignals, await_lost_peer, stop_peer_monitor
 
     try:
         with StopSignals():
@@ -262,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
+    except Exception as exc:
+        await_lost_peer(exc)  # a lost peer is named (exit 75), not a collective's error
+        raise
     finally:
         stop_peer_monitor()
     loss = f", loss {metrics['loss']:.4f}" if "loss" in metrics else ""

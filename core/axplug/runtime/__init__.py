@@ -16,6 +16,7 @@ from axplug.runtime.host_batch import process_rows, put_process_batch, shard_inp
 from axplug.runtime.peers import (
     DEFAULT_PEER_TIMEOUT_S,
     PeerMonitor,
+    await_lost_peer,
     service_heartbeat_timeout,
     set_last_saved,
     start_peer_monitor,
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
     "PeerMonitor",
     "Preempted",
+    "await_lost_peer",
     "StopAgreement",
     "StopSignals",
     "service_heartbeat_timeout",

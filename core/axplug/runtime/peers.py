@@ -30,6 +30,7 @@ from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 __all__ = [
     "DEFAULT_PEER_TIMEOUT_S",
     "PeerMonitor",
+    "await_lost_peer",
     "service_heartbeat_timeout",
     "start_peer_monitor",
     "stop_peer_monitor",
@@ -164,6 +165,21 @@ def set_last_saved(last_saved: Callable[[], int | None]) -> None:
     """What the lost-peer line reports as the newest complete checkpoint."""
     if _monitor is not None:
         _monitor.last_saved = last_saved
+
+
+def await_lost_peer(exc: BaseException) -> None:
+    """Before a device error `exc` of a multi-process run is reported: waits up to the peer
+    timeout for the monitor to name a lost peer (it then ends the process, exit 75).
+
+    A collective with a dead peer fails at once (gloo: connection reset), before its
+    heartbeats go stale; reported as such, the process would then hang in jax's shutdown
+    barrier until the coordination service aborts it (SIGABRT)."""
+    import jax
+
+    monitor = _monitor
+    thread = None if monitor is None else monitor._thread
+    if thread is not None and isinstance(exc, jax.errors.JaxRuntimeError):
+        thread.join(timeout=monitor.timeout_s + monitor.interval_s)
 
 
 def stop_peer_monitor() -> None:

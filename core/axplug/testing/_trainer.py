@@ -22,16 +22,10 @@ _TINY = (
     "input.seq_len=32",
     "input.batch_size=8",
 )
-# One device unless the test lays out a mesh itself: a tiny step over 8 fake CPU devices
-# compiles and runs about twice as long, and saves slices of every array.
-_ONE_DEVICE = "mesh.mesh_shape=(1, 1, 1, 1, 1)"
-
-
-def _tiny(overrides: Sequence[str], modifiers: Sequence[str]) -> tuple[str, ...]:
-    meshed = any(o.lstrip().startswith("mesh.") for o in overrides) or any(
-        m.startswith("mesh:") for m in modifiers
-    )
-    return _TINY if meshed else (*_TINY, _ONE_DEVICE)
+# One device: a tiny step over 8 fake CPU devices compiles and runs about twice as long, and
+# saves slices of every array. A modifier, applied before the test's own: a later `mesh:...`
+# modifier or `mesh.*` override lays out the test's mesh instead.
+_ONE_DEVICE = "mesh"
 
 
 def tiny_trainer_config(
@@ -42,9 +36,10 @@ def tiny_trainer_config(
     max_steps: int = 2,
     summary_writers: Sequence[ConfigBase] = (),
 ) -> Trainer.Config:
-    """`preset` with `modifiers`, shrunk (dim 32, feed-forward 64, 8 rows of 32 tokens, one
-    device unless `overrides` or `modifiers` set the mesh), the process's compilation cache,
-    writing to `output_dir`; then `overrides` (`path=value`, as `--set`).
+    """`preset` on one device (the `mesh` modifier, before `modifiers`: a `mesh:...` of theirs
+    or a `mesh.*` override lays out another mesh), shrunk (dim 32, feed-forward 64, 8 rows of
+    32 tokens), the process's compilation cache, writing to `output_dir`; then `overrides`
+    (`path=value`, as `--set`).
 
     `summary_writers` replaces the trainer's writers (none by default: nothing to read back
     costs nothing), e.g. `[JsonlWriter.default_config()]` for a test that reads the metrics.
@@ -52,9 +47,8 @@ def tiny_trainer_config(
     from axplug.config import apply_overrides
     from axplug.presets import preset_config
 
-    tiny = [f"output_dir={os.fspath(output_dir)!r}", f"max_steps={max_steps}"]
-    tiny += _tiny(overrides, modifiers)
-    cfg = preset_config(preset, modifiers=modifiers, overrides=tiny)
+    tiny = [f"output_dir={os.fspath(output_dir)!r}", f"max_steps={max_steps}", *_TINY]
+    cfg = preset_config(preset, modifiers=[_ONE_DEVICE, *modifiers], overrides=tiny)
     return apply_overrides(cfg.clone(summary_writers=list(summary_writers)), overrides)
 
 
@@ -69,9 +63,9 @@ def tiny_train_args(
     `python -m axplug.cli`); the command's own summary writers stay (`metrics.jsonl`, ...)."""
     args = ["train", "--preset", preset, "--output-dir", os.fspath(output_dir)]
     args += ["--max-steps", str(max_steps)]
-    for spec in modifiers:
+    for spec in (_ONE_DEVICE, *modifiers):
         args += ["--modifier", spec]
-    for spec in (*_tiny(overrides, modifiers), *overrides):
+    for spec in (*_TINY, *overrides):
         args += ["--set", spec]
     return args
 

@@ -73,8 +73,11 @@ def _pairs(n, seed=0):
     return out
 
 
-@pytest.fixture
-def toy(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """(a 2-step llama-tiny run, preference data scored by it): built once per module, read
+    by the tests (one that edits the data edits a copy)."""
+    tmp_path = tmp_path_factory.mktemp("toy")
     base = str(tmp_path / "base")
     assert main(tiny_train_args(base, preset="llama-tiny", max_steps=2)) == 0
     source = tmp_path / "pairs.jsonl"
@@ -83,17 +86,26 @@ def toy(tmp_path, capsys):
     assert main(["prepare-preferences", str(source), "--tokenizer", "bytes", "--plain",
                  "--output", data, "--workers", "1"]) == 0  # fmt: skip
     assert main(["dpo-reference", "--checkpoint", base, data]) == 0
-    capsys.readouterr()
     return base, data
+
+
+def _policy_logps(model, params, batch) -> np.ndarray:
+    """Each row's sequence log-probability of its labels under `model`: one compiled program
+    (op by op, every op would compile for each shape)."""
+
+    @jax.jit
+    def logps(params, ids, labels):
+        logits, _ = functional(model, prng_key=None, state=params, method="predict",
+                               inputs={"input_ids": ids}, is_training=False)  # fmt: skip
+        return sequence_logps(logits, labels)[0]
+
+    ids, labels = (jnp.asarray(batch[k]) for k in ("input_ids", "target_labels"))
+    return np.asarray(logps(params, ids, labels))
 
 
 def _accuracy(model, params, batch):
     """The fraction of pairs whose chosen response gains more over the reference."""
-    logits, _ = functional(model, prng_key=None, state=params, method="predict",
-                           inputs={"input_ids": jnp.asarray(batch["input_ids"])},
-                           is_training=False)  # fmt: skip
-    policy, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
-    gain = np.asarray(policy) - batch["reference_logps"].sum(-1)
+    gain = _policy_logps(model, params, batch) - batch["reference_logps"].sum(-1)
     return float(np.mean(gain[0::2] > gain[1::2]))
 
 
@@ -104,11 +116,8 @@ def test_reference_logps_are_the_base_models(toy):
     inp = PreferenceInput.default_config().set(path=data, seq_len=32, batch_size=8).instantiate()
     batch = inp.batch(0)
     loaded = load_checkpoint(base)
-    logits, _ = functional(loaded.model, prng_key=None, state=loaded.params, method="predict",
-                           inputs={"input_ids": jnp.asarray(batch["input_ids"])},
-                           is_training=False)  # fmt: skip
-    want, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
-    np.testing.assert_allclose(batch["reference_logps"].sum(-1), np.asarray(want), atol=1e-4)
+    want = _policy_logps(loaded.model, loaded.params, batch)
+    np.testing.assert_allclose(batch["reference_logps"].sum(-1), want, atol=1e-4)
     # Rows alternate the chosen and rejected replies of one prompt.
     ids = batch["input_ids"]
     assert all(bytes(ids[i][:5].astype(np.uint8)) == bytes(ids[i + 1][:5].astype(np.uint8))
@@ -161,21 +170,21 @@ def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
     trainer = build_config(build_parser().parse_args(argv)).instantiate()
     state = trainer.restore_or_init()
     batch = trainer.input.batch(0)
-    logits, _ = functional(trainer.model, prng_key=None, state=state["params"],
-                           method="predict", is_training=False,
-                           inputs={"input_ids": jnp.asarray(batch["input_ids"])})  # fmt: skip
-    policy, _ = sequence_logps(logits, jnp.asarray(batch["target_labels"]))
-    np.testing.assert_allclose(np.asarray(policy), batch["reference_logps"].sum(-1), atol=1e-4)
+    policy = _policy_logps(trainer.model, state["params"], batch)
+    np.testing.assert_allclose(policy, batch["reference_logps"].sum(-1), atol=1e-4)
     # The first step's loss is log 2: policy and reference agree on every pair.
-    (loss, _), _ = functional(trainer.model, prng_key=None, state=state["params"],
-                              is_training=False,
-                              inputs={k: jnp.asarray(v) for k, v in batch.items()})  # fmt: skip
+    loss_of = jax.jit(lambda p, inputs: functional(trainer.model, prng_key=None, state=p,
+                                                   is_training=False, inputs=inputs)[0][0])
+    loss = loss_of(state["params"], {k: jnp.asarray(v) for k, v in batch.items()})
     np.testing.assert_allclose(float(loss), np.log(2), atol=1e-4)
     trainer.checkpointer.close()
 
 
 def test_errors_name_the_fix(tmp_path, toy, capsys):
-    base, data = toy
+    import shutil
+
+    base, shared = toy
+    data = str(shutil.copytree(shared, tmp_path / "prefs"))
     meta_path = pathlib.Path(data) / "meta.json"
     meta = json.loads(meta_path.read_text())
     del meta["token_values"]

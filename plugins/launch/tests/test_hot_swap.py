@@ -46,9 +46,7 @@ def docs_commands():
 def tiny_sets(cache_dir):
     """The tiny model and a shared compilation cache, as `--set` flags after the docs' own."""
     cache = f"compilation_cache_dir={str(cache_dir)!r}"
-    # The docs' command lays out its own mesh (mesh:fsdp=-1): the kit's one device stays out.
-    args = tiny_train_args("unused", *TINY, cache, preset="llama-tiny", max_steps=STEPS,
-                           modifiers=["mesh:fsdp=-1"])  # fmt: skip
+    args = tiny_train_args("unused", *TINY, cache, preset="llama-tiny", max_steps=STEPS)
     return ["--max-steps", str(STEPS), "--checkpoint-every", "2", *args[args.index("--set") :]]
 
 

@@ -135,7 +135,8 @@ def check_against_transformers(
     ids = np.asarray([prompt])
     want = _hf_logits(reference, ids)[0, -1]
     flags = [arg for spec in modifiers for arg in ("--modifier", spec)]
-    _cli("import-hf", hf_dir, "--output", run_dir, *flags)
+    # On one device: a tiny import laid out over a test session's 8 fake devices costs twice.
+    _cli("import-hf", hf_dir, "--output", run_dir, "--set", "mesh.mesh_shape=(1,1,1,1,1)", *flags)
     loaded = load_checkpoint(run_dir)
     got = _axplug_logits(loaded, ids)[0, -1]
     (completion,) = generate(

@@ -46,11 +46,16 @@ def random_ids(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
 
 
-def alone(model, params, prompt, sampling, max_len=16):
-    engine = Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
+def alone(engine, prompt, sampling):
+    """`prompt` decoded alone by `engine`, an engine of one row (`solo`)."""
     engine.submit(Request(prompt, sampling))
     (completion,) = engine.run()
     return completion.output_ids
+
+
+def solo(model, params, max_len=16):
+    """An engine of one row, reused for each request: its programs are traced once."""
+    return Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
 
 
 def submit_four(engine, sampling, *, seed) -> dict[str, list[int]]:
@@ -73,20 +78,28 @@ def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model)
     done = {c.id: c for c in both.run()}
     both.close()
     assert done["d"].finish_reason == "cancelled" and done["d"].output_ids == []
+    one = solo(model, params)
     for name in "abc":
-        assert done[name].output_ids == alone(model, params, prompts[name], greedy), name
+        assert done[name].output_ids == alone(one, prompts[name], greedy), name
     assert both.transfers == 3 and not both.has_work
+
+
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory):
+    """A run of one step on 8 devices (fsdp=4, model=2), read by the tests below."""
+    tmp_path = tmp_path_factory.mktemp("mesh_run")
+    small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"]).instantiate().run()
+    return tmp_path
 
 
 @pytest.mark.parametrize(
     ("cache", "split"),
     [("contiguous", "one device each"), ("paged", "fsdp=2,model=2 each")],
 )
-def test_disaggregated_prefill_and_decode_give_the_unified_tokens(tmp_path, cache, split):
+def test_disaggregated_prefill_and_decode_give_the_unified_tokens(mesh_run, cache, split):
     """Prompts prefilled on one device set, rows moved to another and decoded there: the
     tokens of one engine doing both (greedy and sampled), caches on the decode devices."""
-    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
-    cfg.instantiate().run()
+    tmp_path = mesh_run
     modifiers = ["paged_kv_cache:page_size=4,num_pages=24"] if cache == "paged" else []
     devices = jax.devices()
     if split == "one device each":
@@ -155,5 +168,6 @@ def test_a_threaded_prefill_side_wakes_when_decode_rows_finish(rope_model):
     hung = runner.is_alive()
     both.close()
     assert not hung, "the disaggregated run did not finish within 120 s"
+    one = solo(model, params)
     for name in "abcd":
-        assert done[name].output_ids == alone(model, params, prompts[name], greedy), name
+        assert done[name].output_ids == alone(one, prompts[name], greedy), name
