@@ -95,7 +95,6 @@ def test_three_sides_same_loss_as_an_independent_reference():
     assert not ok and "MISMATCH" in text
 
 
-@pytest.mark.slow  # ~35 s: both sides of bench/moe_dispatch.py compiled
 def test_moe_sides_agree_and_include_aux_losses():
     cfg, sides, _, batches = _sides("moe-tiny", flax=False)
     spec = plain_llama.spec_from_config(cfg)
@@ -117,7 +116,6 @@ def test_unsupported_features_are_named():
         plain_llama.spec_from_config(scanned)
 
 
-@pytest.mark.slow
 def test_bfloat16_compute_agrees_loosely():
     cfg = step_time.shape_config("llama-tiny", (*TINY, "model.compute_dtype='bfloat16'"))
     sides = step_time.make_sides(cfg, flax=False)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from axplug.summary import read_jsonl
 from axplug.testing import tiny_train_args
 
@@ -36,6 +38,7 @@ def section_commands():
     return block.strip().splitlines()
 
 
+@pytest.mark.slow  # signals to child runs; test_preemption.py's default cases save on one
 def test_the_preemption_commands_run_as_documented(tmp_path):
     lines = section_commands()
     assert lines[0].startswith("timeout --preserve-status --signal=TERM 60 axplug train ")

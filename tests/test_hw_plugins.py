@@ -214,7 +214,6 @@ def test_pallas_gpu_wrapper_matches_reference_in_interpreter():
         assert jnp.allclose(kernel(q, k, v, mask, scale=0.1), want, atol=2e-5)
 
 
-@pytest.mark.slow
 def test_splash_wrapper_matches_reference_in_interpreter():
     q, k, v, pos, seg = _qkv(4, 2)  # GQA
     kernel = axplug_tpu.SplashAttentionKernel()

@@ -80,8 +80,8 @@ def reference(tmp_path_factory):
 
 
 # SIGTERM at a seeded random step; Ctrl-C right at a checkpoint step (its asynchronous save
-# still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt. SIGTERM's
-# save and rerun also run by default in test_docs_preemption.py, so its case here is slow.
+# still writing); SIGKILL, which saves nothing, for the goodput of a lost attempt. Ctrl-C's
+# case runs by default: a signal's save and bit-identical rerun; the others are slow.
 TERMINATED = pytest.param("SIGTERM", "random", marks=pytest.mark.slow)
 KILLED = pytest.param("SIGKILL", "random", marks=pytest.mark.slow)
 

@@ -59,8 +59,8 @@ def cache_entries(cache_dir):
 
 
 # Packed token files resume through the same loop as bytes, and their batches are a function
-# of the step (`TokenFileInput.batch(step)`, test_token_file.py): the second kill is slow.
-@pytest.fixture(params=["bytes", pytest.param("packed_token_files", marks=pytest.mark.slow)])
+# of the step (`TokenFileInput.batch(step)`, test_token_file.py).
+@pytest.fixture(params=["bytes", "packed_token_files"])
 def extra(request, tmp_path):
     """The run's input: the preset's bytes, or packed token shards from `prepare-data`."""
     if request.param == "bytes":
@@ -76,6 +76,7 @@ def extra(request, tmp_path):
     return ("--input", f"token_file:path={str(data)!r},packing=True")
 
 
+@pytest.mark.slow  # child processes killed mid-run; a signal's save runs by default
 def test_sigkill_and_resume_is_bit_identical(tmp_path, extra):
     cache = tmp_path / "xla-cache"
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"

@@ -59,7 +59,8 @@ def eight_devices(tmp_path_factory):
     return [r["loss"] for r in read_jsonl(root / "full" / "metrics.jsonl")], root / "half", cache
 
 
-@pytest.mark.parametrize("devices, processes", [(4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # child processes on other meshes; test_trainer resumes onto another mesh
+@pytest.mark.parametrize("devices, processes", [(4, 1), (2, 2)])
 def test_an_eight_device_checkpoint_resumes_elsewhere_with_the_same_losses(
     tmp_path, eight_devices, devices, processes
 ):

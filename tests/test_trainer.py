@@ -25,7 +25,7 @@ def tiny_config(tmp_path, *extra, steps=6):
     )
 
 
-TWO = "mesh.mesh_shape=(-1, 1, 1, 1, 1)"  # the devices a test passes, not the kit's one
+ALL = "mesh.mesh_shape=(-1, 1, 1, 1, 1)"  # every device (or those a test passes), not one
 
 
 def losses(trainer_run_dir):
@@ -382,7 +382,7 @@ def test_batch_that_does_not_split_over_the_batch_axes_names_the_field(tmp_path)
     from axplug.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^input.batch_size: 4 rows .* 8 devices .*'data'"):
-        tiny_config(tmp_path, "input.batch_size=4", "mesh.mesh_shape=(-1, 1, 1, 1, 1)").instantiate()
+        tiny_config(tmp_path, "input.batch_size=4", ALL).instantiate()
     tiny_config(tmp_path, "input.batch_size=4", "mesh.mesh_shape=(4, 1, 1, 1, 1)").instantiate(
         devices=jax.devices()[:4]
     )
@@ -426,7 +426,7 @@ def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
     from axplug.trainer import model_flops_per_step
 
     peak = 1e9  # a fake device spec's FLOP/s: CPUs have none
-    cfg = with_jsonl(tiny_config(tmp_path, f"peak_flops_per_device={peak}", TWO, steps=4))
+    cfg = with_jsonl(tiny_config(tmp_path, f"peak_flops_per_device={peak}", ALL, steps=4))
     trainer = cfg.instantiate(devices=jax.devices()[:2])
     trainer.run()
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "mfu" in r]
@@ -463,7 +463,7 @@ def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path
         "watchdog.utilization_window=2",
     ]
     monitor = Monitor()
-    trainer = tiny_config(tmp_path, *settings, TWO, steps=4).instantiate(
+    trainer = tiny_config(tmp_path, *settings, ALL, steps=4).instantiate(
         devices=jax.devices()[:2], hooks=(monitor,)
     )
     trainer.run()

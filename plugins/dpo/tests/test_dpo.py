@@ -173,8 +173,11 @@ def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
     policy = _policy_logps(trainer.model, state["params"], batch)
     np.testing.assert_allclose(policy, batch["reference_logps"].sum(-1), atol=1e-4)
     # The first step's loss is log 2: policy and reference agree on every pair.
-    loss_of = jax.jit(lambda p, inputs: functional(trainer.model, prng_key=None, state=p,
-                                                   is_training=False, inputs=inputs)[0][0])
+    loss_of = jax.jit(
+        lambda p, inputs: functional(
+            trainer.model, prng_key=None, state=p, is_training=False, inputs=inputs
+        )[0][0]
+    )
     loss = loss_of(state["params"], {k: jnp.asarray(v) for k, v in batch.items()})
     np.testing.assert_allclose(float(loss), np.log(2), atol=1e-4)
     trainer.checkpointer.close()

@@ -252,6 +252,7 @@ def test_axplug_train_resumed_from_a_checkpoint_equals_an_uninterrupted_run(
         assert resumed[step] == whole[step]
 
 
+@pytest.mark.slow  # Grain's worker processes; in-process resumes are tested above
 def test_worker_processes_resume_from_their_state(tmp_path):
     records = write_array_record(tmp_path / "docs.array_record", documents(30))
     whole = take(grain_input(records, worker_count=2), 0, 8)

@@ -131,6 +131,7 @@ def reference(tmp_path_factory, cache_dir):
     return proc.output_dir
 
 
+@pytest.mark.slow  # five trainer processes, one killed
 def test_killed_trainer_is_swapped_for_a_standby_and_the_run_ends_bit_exact(
     tmp_path, cache_dir, reference
 ):
@@ -172,7 +173,7 @@ def test_elastic_job_shrinks_to_one_process_and_keeps_the_losses(tmp_path, cache
     np.testing.assert_allclose(losses(proc.output_dir), losses(reference), rtol=1e-5)
 
 
-@pytest.mark.slow  # 33 s: a third two-process job; the swap itself runs by default above
+@pytest.mark.slow  # 33 s: a third two-process job
 def test_no_standby_left_stops_with_the_restart_code(tmp_path, cache_dir):
     proc = start_local(tmp_path, "swap", cache_dir, spares=0)
     kill_process_mid_run(proc)
