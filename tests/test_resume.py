@@ -139,8 +139,8 @@ def test_ten_kills_at_seeded_random_times_resume_bit_identically(tmp_path):
         proc.wait()
         kills += 1
     assert kills >= 8, f"only {kills} kills landed before the run finished"
-    if not records(killed) or records(killed)[-1]["step"] != STEPS:
-        finish(start(killed, cache))
+    # Then one run to the end: a kill after the last step's record may have cut its save.
+    finish(start(killed, cache))
     ref, res = records(reference), records(killed)
     assert [r["step"] for r in res] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in res] == [r["loss"] for r in ref]
