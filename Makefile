@@ -40,7 +40,7 @@ demo: $(DEMO_STAMP)
 # Workers: pytest-xdist processes (2 cores: 2 measured 1.6x one; `TEST_WORKERS=0` runs in this
 # process). Tests are handed out one at a time (worksteal): the long ones don't queue up.
 COMPILE_BUDGET := tests/compile_budget.json
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist worksteal)
 
 test: $(STAMP)

@@ -2,12 +2,14 @@
 compared bit for bit with the committed tests/golden/LAYOUT.json. A change that moves numerics
 fails here; when it is intended, regenerate with `make golden` and commit the files.
 
-Files record the jax version and XLA flags they were made with (the test session's: `make
-golden` runs under them); under others the values are compared to 1e-5 relative instead (XLA's
-CPU code generation differs between releases and optimization levels)."""
+Files record the jax version, XLA flags (the test session's: `make golden` runs under them) and
+the CPU's instruction sets they were made with; under others the values are compared to 1e-5
+relative instead (XLA's CPU code generation differs between releases, optimization levels and
+instruction sets)."""
 
 import json
 import os
+import platform
 from pathlib import Path
 
 import jax
@@ -33,11 +35,27 @@ LAYOUTS = {
 }
 
 
+# Instruction sets that change XLA's CPU code (and so the low bits): the same jax and flags on
+# an AVX-512 host moved losses by one ulp from an AVX2 host's.
+_CODEGEN_FEATURES = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                     "avx512_fp16", "avx_vnni", "amx_tile", "asimd", "sve"}  # fmt: skip
+
+
+def _cpu_features() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return sorted(_CODEGEN_FEATURES & set(flags.split(":")[-1].split()))
+
+
 def _compiler() -> dict:
     flags = os.environ.get("XLA_FLAGS", "").split()
     return {
         "jax": jax.__version__,
         "xla_flags": sorted(f for f in flags if "device_count" not in f),
+        "cpu": [platform.machine(), *_cpu_features()],
     }
 
 
