@@ -83,8 +83,8 @@ def test_a_bad_overlay_is_one_error_naming_the_file_and_path(tmp_path, capsys, t
 def test_a_whole_config_with_a_preset_is_refused(tmp_path, capsys):
     assert main(["train", "--preset", "gpt-tiny", "--print-config"]) == 0
     capsys.readouterr()
-    main(["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path / "r"),
-          "--max-steps", "1", "--set", "model.decoder.dim=32"])  # fmt: skip
+    main(["train", "--preset", "gpt-tiny", "--modifier", "mesh", "--output-dir",
+          str(tmp_path / "r"), "--max-steps", "1", "--set", "model.decoder.dim=32"])  # fmt: skip
     whole = tmp_path / "r" / "config.json"
     assert main(["train", "--preset", "gpt-tiny", "--config", str(whole), "--print-config"]) == 2
     assert "replaces the preset" in capsys.readouterr().err

@@ -115,11 +115,11 @@ def test_a_moe_that_mixtral_cannot_express_is_refused_by_name(tmp_path, capsys):
     import pytest
 
     pytest.importorskip("axplug_moe")
-    from test_finetune import SMALL
+    from axplug.testing import tiny_train_args
 
     run = str(tmp_path / "moe")
-    assert main(["train", "--preset", "moe-tiny", "--output-dir", run, "--max-steps", "1",
-                 "--set", "model.decoder.transformer.num_layers=1", *SMALL]) == 0  # fmt: skip
+    assert main(tiny_train_args(run, "model.decoder.transformer.num_layers=1", "input.seq_len=16",
+                                preset="moe-tiny", max_steps=1)) == 0  # fmt: skip
     capsys.readouterr()
     assert main(["export-hf", run, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

@@ -126,7 +126,8 @@ def test_sources_of_different_tokenizers_are_refused(tmp_path, sources):
 def test_train_logs_per_source_tokens_and_resumes_exactly(tmp_path, sources):
     """Through the CLI: metrics per source; a 2-step run resumed to 4 equals a 4-step run."""
     spec = f"mixture:sources={list(sources)!r},weights=[0.7,0.3],names=['web','code']"
-    base = ["train", "--preset", "gpt-tiny", "--input", spec, "--set", "input.seq_len=16",
+    base = ["train", "--preset", "gpt-tiny", "--modifier", "mesh", "--input", spec,
+            "--set", "input.seq_len=16",
             "--set", "input.batch_size=8", "--set", "model.decoder.dim=32",
             "--set", "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
             "--set", "compilation_cache_dir=None", "--set", "log_every=1",

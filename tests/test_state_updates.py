@@ -7,28 +7,7 @@ import numpy as np
 
 from axplug.config import replace_config
 from axplug.layers import ParameterSpec, RMSNorm
-from axplug.presets import preset_config
-
-
-def tiny(tmp_path, *modifiers, steps=3, extra=()):
-    from axplug.summary import JsonlWriter
-
-    cfg = preset_config(
-        "llama-tiny",
-        modifiers=list(modifiers),
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            f"max_steps={steps}",
-            "compilation_cache_dir=None",
-            "checkpoint_every=3",
-            "log_every=1",
-            "input.seq_len=64",
-            "input.batch_size=8",
-            "mesh.mesh_shape=(1, 1, 1, 1, 1)",
-            *extra,
-        ],
-    )
-    return cfg.clone(summary_writers=[JsonlWriter.default_config()])
+from axplug.testing import tiny_trainer_config, train_steps
 
 
 class CountingNorm(RMSNorm):
@@ -53,11 +32,11 @@ class CountingNorm(RMSNorm):
 
 
 def test_state_updates_replace_non_trainable_parameters(tmp_path):
-    cfg = tiny(tmp_path, steps=3, extra=["learner.weight_decay=0.5", "learner.learning_rate=0.1"])
+    cfg = tiny_trainer_config(tmp_path, "learner.weight_decay=0.5", "learner.learning_rate=0.1",
+                              preset="llama-tiny", max_steps=3)  # fmt: skip
     cfg = replace_config(cfg, target=RMSNorm, new_cfg=CountingNorm.default_config())
-    trainer = cfg.instantiate(devices=jax.devices()[:1])
-    trainer.run()
-    norm = trainer.state["params"]["decoder"]["output_norm"]
+    state, _ = train_steps(cfg.instantiate(), 3)
+    norm = state["params"]["decoder"]["output_norm"]
     assert float(norm["calls"]) == 3.0  # one update per step, no decay, no optimizer step
     np.testing.assert_array_equal(norm["untouched"], np.ones(2))
     assert float(norm["scale"].mean()) != 1.0  # the trained parameter did move

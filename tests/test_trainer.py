@@ -49,27 +49,32 @@ def test_gpt_tiny_learns_and_checkpoints(tmp_path):
     assert int(trainer.state["step"]) == 12
 
 
+@pytest.fixture(scope="module")
+def one_device_steps(tmp_path_factory):
+    """(losses, parameters) of 3 gpt-tiny steps on one device: the meshes' reference."""
+    one = tiny_config(tmp_path_factory.mktemp("one"), "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
+    state, metrics = train_steps(one.instantiate(devices=jax.devices()[:1]), 3)
+    return [m["loss"] for m in metrics], jax.device_get(state["params"])
+
+
 @pytest.mark.parametrize(
     "mesh_shape",
     [(8, 1, 1, 1, 1), (1, 8, 1, 1, 1), (2, 1, 1, 1, 4)],
     ids=["data", "fsdp", "data+model"],
 )
-def test_mesh_runs_match_one_device(tmp_path, mesh_shape):
-    one = tiny_config(tmp_path / "one", "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
-    one_trainer = with_jsonl(one).instantiate(devices=jax.devices()[:1])
-    one_trainer.run()
-    many = tiny_config(tmp_path / "many", f"mesh.mesh_shape={mesh_shape}", steps=3)
-    many_trainer = with_jsonl(many).instantiate()
-    assert many_trainer.mesh.devices.size == 8
-    many_trainer.run()
-    np.testing.assert_allclose(losses(tmp_path / "many"), losses(tmp_path / "one"), rtol=2e-5)
+def test_mesh_steps_match_one_device(tmp_path, mesh_shape, one_device_steps):
+    want_losses, want_params = one_device_steps
+    many = tiny_config(tmp_path, f"mesh.mesh_shape={mesh_shape}", steps=3).instantiate()
+    assert many.mesh.devices.size == 8
+    state, metrics = train_steps(many, 3)
+    np.testing.assert_allclose([m["loss"] for m in metrics], want_losses, rtol=2e-5)
     # Parameters really are laid out over the mesh.
-    emb = many_trainer.state["params"]["decoder"]["embedding"]["weight"]
+    emb = state["params"]["decoder"]["embedding"]["weight"]
     assert len(emb.sharding.device_set) == 8
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-        jax.device_get(many_trainer.state["params"]),
-        jax.device_get(one_trainer.state["params"]),
+        jax.device_get(state["params"]),
+        want_params,
     )
 
 
@@ -422,7 +427,7 @@ def test_eval_runs_on_the_held_out_split(tmp_path):
     assert all(0 < r["eval_loss"] < 10 for r in evals)
 
 
-def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
+def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path, gpt_tiny_trained):
     from axplug.trainer import model_flops_per_step
 
     peak = 1e9  # a fake device spec's FLOP/s: CPUs have none
@@ -435,10 +440,9 @@ def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path):
     for r in rows:
         assert r["model_flops_per_sec"] == pytest.approx(flops / r["step_time"])
         assert r["mfu"] == pytest.approx(r["model_flops_per_sec"] / (2 * peak))
-    # Without a device spec (CPU) there is no MFU to log.
-    plain = with_jsonl(tiny_config(tmp_path / "plain", steps=3)).instantiate()
-    plain.run()
-    assert not any("mfu" in r for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl"))
+    # Without a device spec (CPU) there is no MFU to log: the session's shared run.
+    plain = read_jsonl(gpt_tiny_trained / "metrics.jsonl")
+    assert plain and not any("mfu" in r for r in plain)
 
 
 def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path):
