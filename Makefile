@@ -37,8 +37,9 @@ demo: $(DEMO_STAMP)
 
 # The default suite; it prints the 25 slowest tests and the tests that compile or spawn most,
 # and fails when its backend compiles grow more than 10% over tests/compile_budget.json.
-# Workers: pytest-xdist processes (2 cores: 2 measured 1.6x one; `TEST_WORKERS=0` runs in this
-# process). Tests are handed out one at a time (worksteal): the long ones don't queue up.
+# Workers: pytest-xdist processes (2 cores: 2 measured 1.6x one, 3 kept both cores busy while
+# the others wait on children; `TEST_WORKERS=0` runs in this process). Tests are handed out one
+# at a time (worksteal): the long ones don't queue up.
 COMPILE_BUDGET := tests/compile_budget.json
 TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist worksteal)

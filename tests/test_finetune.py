@@ -16,7 +16,8 @@ from test_hf_import import hf_weights, llama_config, write_hf
 # A fine-tune's model is its checkpoint's, so not `tiny_train_args`: only what keeps it small
 # (one device among them).
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
-         "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh", "-q"]  # fmt: skip
+         "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh",
+         "-q"]  # fmt: skip
 
 
 @pytest.fixture

@@ -266,8 +266,8 @@ class LayerConformance:
 
     def test_trains_in_llama_tiny(self, layer_config, llama_modifier, tmp_path):
         require(self, "swappable_in_llama", LAYER_CAPABILITIES)
-        from axplug import hookimpl, registry
-        from axplug.testing._trainer import tiny_trainer_config
+        from axplug import registry
+        from axplug.testing._trainer import tiny_trainer_config, train_steps
 
         try:
             registry.entry("modifiers", "rope")
@@ -275,7 +275,6 @@ class LayerConformance:
             pytest.skip("llama-tiny needs the 'rope' modifier: pip install axplug-attention")
         cfg = tiny_trainer_config(
             tmp_path,
-            f"checkpoint_every={self.train_steps}",
             "learner.warmup_steps=0",
             "model.decoder.transformer.num_layers=2",
             "model.decoder.transformer.layer.attention.num_heads=4",
@@ -293,13 +292,8 @@ class LayerConformance:
                 f"{type(self).__name__}: llama_modifier left no {layer_config.klass.__name__} "
                 "in llama-tiny; it must put this layer into the config tree"
             )
-        losses: list[float] = []
-
-        class Record:
-            @hookimpl
-            def on_step_end(self, trainer, step, metrics):
-                losses.append(metrics["loss"])
-
-        cfg.instantiate(devices=jax.devices()[:1], hooks=(Record(),)).run()
+        # The built train step, as a run calls it (no checkpoint or writer: not the layer's).
+        _, metrics = train_steps(cfg.instantiate(devices=jax.devices()[:1]), self.train_steps)
+        losses = [float(m["loss"]) for m in metrics]
         assert len(losses) == self.train_steps, losses
         assert all(math.isfinite(v) for v in losses), f"non-finite training loss: {losses}"

@@ -16,8 +16,10 @@ from axplug.context import functional
 from axplug.inference import load_checkpoint
 from axplug.testing import tiny_train_args
 
+# One device (the `mesh` modifier), small rows.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=32",
-         "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+         "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh",
+         "-q"]  # fmt: skip
 
 
 def _log_sigmoid(x):

@@ -18,8 +18,10 @@ from axplug.testing import LayerConformance, tiny_trainer_config
 from axplug.trainer import Trainer
 from axplug.trainer.trainable import parameter_paths
 
+# One device (the `mesh` modifier), small rows.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
-         "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+         "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh",
+         "-q"]  # fmt: skip
 
 
 class TestLoRAAdapterConformance(LayerConformance):

@@ -150,7 +150,8 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
     args = ["train", "--from", check.run_dir, "--output-dir", tuned, "--max-steps", "2",
             "--modifier", rope, "--input", "synthetic:vocab_size=96",
             "--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
-            "--set", "input.batch_size=8", "--mesh-rule", "none", "-q"]  # fmt: skip
+            "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh",
+            "-q"]  # fmt: skip
     assert main(args) == 0
     assert main(["export-hf", tuned, "--output", out]) == 0
     raw = json.loads((tmp_path / "out" / "config.json").read_text())
