@@ -40,6 +40,35 @@ def fake_install(root: Path, site: Path) -> dict:
     return env
 
 
+@pytest.fixture
+def install(plugin_site, monkeypatch, request):
+    """`pip install -e ROOT` in this process: ROOT's dist-info in the fake site (which hides
+    every other plugin), ROOT on sys.path; its modules are unimported afterwards."""
+
+    def installed(root: Path) -> None:
+        project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+        groups = dict(project["entry-points"])
+        (api,) = groups.pop("axplug.plugin_api")
+        plugin_site.add(project["name"], groups, version=project["version"], api=api)
+        monkeypatch.syspath_prepend(str(root))
+        packages = {p.parent.name for p in root.glob("*/__init__.py")}
+        packages |= {p.stem for p in root.glob("*.py")}
+        request.addfinalizer(lambda: [sys.modules.pop(m) for m in list(sys.modules)
+                                      if m.partition(".")[0] in packages])  # fmt: skip
+
+    return installed
+
+
+def listed(axplug_cli, distribution: str) -> dict[tuple[str, str], str]:
+    """{(kind, name): status} of `distribution`'s components in `axplug list --json --check`."""
+    import json
+
+    result = axplug_cli("list", "--json", "--check")
+    assert result.exit_code == 0, result.stderr
+    return {(c["kind"], c["name"]): c["status"] for c in json.loads(result.stdout)
+            if c["distribution"] == distribution}  # fmt: skip
+
+
 def run(cmd, cwd, env=None, timeout=300):
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -114,14 +143,12 @@ def test_generated_package_is_complete_and_lints_clean(tmp_path, kind):
     run([RUFF, "format", "--check", "--no-cache", "."], cwd=root)
 
 
-def _installed_and_tested(tmp_path, kind):
+def _installed_and_tested(tmp_path, kind, install, axplug_cli):
     root = generate(f"axplug-demo-{kind}", kind, tmp_path / "src")[0].parent
+    install(root)
+    assert list(listed(axplug_cli, root.name).values()) == ["ok"]
+    # Its tests in an interpreter of their own, as its developer runs them.
     env = fake_install(root, tmp_path / "site")
-    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
-    import json
-
-    mine = [c for c in json.loads(listed) if c["distribution"] == root.name]
-    assert [c["status"] for c in mine] == ["ok"], mine
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert " passed" in out and "failed" not in out, out
 
@@ -130,14 +157,14 @@ FAST_KINDS = ("layer", "mesh-rule", "command")  # the rest train a model each: `
 
 
 @pytest.mark.parametrize("kind", FAST_KINDS)
-def test_generated_plugin_passes_its_conformance_tests(tmp_path, kind):
-    _installed_and_tested(tmp_path, kind)
+def test_generated_plugin_passes_its_conformance_tests(tmp_path, kind, install, axplug_cli):
+    _installed_and_tested(tmp_path, kind, install, axplug_cli)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [k for k in KINDS if k not in FAST_KINDS])
-def test_generated_plugin_passes_its_tests(tmp_path, kind):
-    _installed_and_tested(tmp_path, kind)
+def test_generated_plugin_passes_its_tests(tmp_path, kind, install, axplug_cli):
+    _installed_and_tested(tmp_path, kind, install, axplug_cli)
 
 
 @pytest.mark.slow  # the layer kind installs and passes above; this adds a chosen name
@@ -239,43 +266,36 @@ def write_tutorial(files: dict[str, str], where: Path) -> Path:
     return where / "axplug-sqrelu"
 
 
-def test_tutorial_first_step_is_a_listed_layer(tmp_path):
-    import json
-
+def test_tutorial_first_step_is_a_listed_layer(tmp_path, install, axplug_cli):
     files = tutorial_files(until_heading="3. Grow it")
     assert set(files) == {"axplug-sqrelu/axplug_sqrelu.py", "axplug-sqrelu/pyproject.toml"}
     code = files["axplug-sqrelu/axplug_sqrelu.py"].splitlines()
     body = [line for line in code if line.strip() and not line.lstrip().startswith(('"""', "#"))]
     assert len(body) <= 22, "the first layer stays about ten lines of code"
-    root = write_tutorial(files, tmp_path / "src")
-    env = fake_install(root, tmp_path / "site")
-    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
-    mine = [(c["kind"], c["name"], c["status"]) for c in json.loads(listed)
-            if c["distribution"] == "axplug-sqrelu"]  # fmt: skip
-    assert mine == [("layers", "sqrelu_feed_forward", "ok")]
-    info = run([sys.executable, "-m", "axplug.cli", "info", "sqrelu_feed_forward"], tmp_path, env)
-    assert "axplug-sqrelu" in info and "hidden_dim" in info, info
+    install(write_tutorial(files, tmp_path / "src"))
+    assert listed(axplug_cli, "axplug-sqrelu") == {("layers", "sqrelu_feed_forward"): "ok"}
+    info = axplug_cli("info", "sqrelu_feed_forward")
+    assert info.exit_code == 0 and "axplug-sqrelu" in info.stdout, info
+    assert "hidden_dim" in info.stdout
 
 
-def test_tutorial_plugin_passes_the_kit_and_trains_through_its_modifier(tmp_path):
-    import json
-
+def test_tutorial_plugin_passes_the_kit_and_trains_through_its_modifier(
+    tmp_path, install, axplug_cli
+):
     root = write_tutorial(tutorial_files(), tmp_path / "src")
-    env = fake_install(root, tmp_path / "site")
-    listed = run([sys.executable, "-m", "axplug.cli", "list", "--json", "--check"], tmp_path, env)
-    mine = {(c["kind"], c["name"]): c["status"] for c in json.loads(listed)
-            if c["distribution"] == "axplug-sqrelu"}  # fmt: skip
-    assert mine == {
+    install(root)
+    assert listed(axplug_cli, "axplug-sqrelu") == {
         ("layers", "sqrelu_feed_forward"): "ok",
         ("modifiers", "sqrelu"): "ok",
         ("modifiers", "scalenorm"): "ok",
     }
+    # The tutorial's train command, shortened.
+    printed = axplug_cli(*tiny_train_args(tmp_path / "run", modifiers=["sqrelu"]), "--print-config")
+    assert printed.exit_code == 0 and "axplug_sqrelu:SqReluFeedForward" in printed.stdout, printed
+    # Its tests in an interpreter of their own, as its developer runs them.
+    env = fake_install(root, tmp_path / "site")
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], root, env)
     assert "16 passed" in out and "skipped" not in out, out
-    # The tutorial's train command, shortened.
-    train = tiny_train_args(tmp_path / "run", modifiers=["sqrelu"])
-    cmd = [sys.executable, "-m", "axplug.cli", *train, "--print-config"]
-    assert "axplug_sqrelu:SqReluFeedForward" in run(cmd, tmp_path, env)
 
 
 def test_plugin_reference_covers_every_group_and_hook():

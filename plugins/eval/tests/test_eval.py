@@ -269,9 +269,11 @@ def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
 
 def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys, monkeypatch):
     """`--modifier eval_tasks:...` logs eval/TASK/METRIC every `every` steps; the last equals
-    `axplug eval` of the final checkpoint. lm-eval's task files are indexed once."""
+    `axplug eval` of the final checkpoint. The include path's task files are indexed once (not
+    lm-eval's built-in ones), and the environment report is collected once."""
+    import lm_eval.loggers.utils
     import lm_eval.tasks
-    from axplug_eval.command import task_index
+    from axplug_eval.command import _environment_report, task_index
 
     from axplug.testing import tiny_train_args
 
@@ -279,7 +281,12 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
     monkeypatch.setattr(
         lm_eval.tasks, "TaskManager", lambda **kw: built.append(kw) or original(**kw)
     )
+    reports, report = [], lm_eval.loggers.utils.add_env_info
+    monkeypatch.setattr(
+        lm_eval.loggers.utils, "add_env_info", lambda into: reports.append(1) or report(into)
+    )
     task_index.cache_clear()
+    _environment_report.cache_clear()
 
     run = tmp_path / "run"
     modifier = f"eval_tasks:tasks=tiny_mc+tiny_gen,include_path={tasks},limit=3,every=2"
@@ -295,7 +302,9 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
                  "--max-gen-toks", "32", "--output", str(out)]) == 0  # fmt: skip
     final = json.loads(out.read_text())["metrics"]
     assert {k: records[-1][k] for k in final} == pytest.approx(final)
-    assert built == [{"include_path": [str(tasks)]}]  # three evaluations, one index
+    # Three evaluations, one index of the include path alone, one environment report.
+    assert built == [{"include_path": [str(tasks)], "include_defaults": False}]
+    assert reports == [1] and "pretty_env_info" in _environment_report()
     capsys.readouterr()
     bad = tiny_train_args(run, preset="llama-tiny", modifiers=["eval_tasks:limit=3"])
     assert main([*bad, "--print-config"]) == 2
