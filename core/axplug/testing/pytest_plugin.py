@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -250,13 +251,25 @@ def plugin_site(tmp_path, monkeypatch):
 
 
 def _trained(tmp_path_factory, name: str, preset: str, *overrides: str) -> Path:
+    """The run `name`, trained by the first xdist worker that asks (under a lock in the
+    controller's basetemp) and read by the others: one run per session, not per worker."""
+    import fcntl
+
     from axplug.summary import JsonlWriter
     from axplug.testing._trainer import tiny_trainer_config
     from axplug.trainer.run import train
 
-    out = tmp_path_factory.mktemp(name)
-    writers = [JsonlWriter.default_config()]
-    train(tiny_trainer_config(out, *overrides, preset=preset, summary_writers=writers))
+    root = Path(tmp_path_factory.getbasetemp())
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the controller's basetemp, shared by its workers
+    out, done = root / f"trained-{name}", root / f"trained-{name}.done"
+    with open(root / f"trained-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # a worker that failed half way left no marker: train again
+            shutil.rmtree(out, ignore_errors=True)
+            writers = [JsonlWriter.default_config()]
+            train(tiny_trainer_config(out, *overrides, preset=preset, summary_writers=writers))
+            done.touch()
     return out
 
 
@@ -275,8 +288,6 @@ def llama_tiny_trained(tmp_path_factory) -> Path:
 
 def copy_run(source: Path, destination: Path) -> Path:
     """A copy of the run directory `source` at `destination`, for a test (or module) to change."""
-    import shutil
-
     return Path(shutil.copytree(source, destination))
 
 

@@ -158,17 +158,6 @@ def _index_for(include_path: tuple[str, ...], tasks: list[str]) -> Any:
     return task_index(include_path)
 
 
-@functools.cache
-def _environment_report() -> dict[str, Any]:
-    """What lm-eval's `add_env_info` records, collected once per process: it runs torch's
-    environment report (`pip list`, `nvidia-smi`, compilers: 12 child processes, 0.3-1.6 s)."""
-    from lm_eval.loggers.utils import add_env_info
-
-    report: dict[str, Any] = {}
-    add_env_info(report)
-    return report
-
-
 def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, Any]:
     """lm-eval's `simple_evaluate` of `model` (an LM, or "local-completions" for a server)."""
     from unittest import mock
@@ -198,10 +187,10 @@ def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, A
             os.environ["OPENAI_API_KEY"] = key
     seeds = {"random_seed": args.seed, "numpy_random_seed": args.seed,
              "torch_random_seed": args.seed, "fewshot_random_seed": args.seed}  # fmt: skip
-    cached_report = mock.patch.object(
-        lm_eval.evaluator, "add_env_info", lambda results: results.update(_environment_report())
-    )
-    with cached_report:
+    # lm-eval's environment report (torch's: `pip list`, `nvidia-smi`, compilers; 12 child
+    # processes, 0.3-6 CPU-s) is not part of what axplug writes: an eval every N steps of a run
+    # would pay it each time.
+    with mock.patch.object(lm_eval.evaluator, "add_env_info", lambda results: None):
         return lm_eval.simple_evaluate(
             model=model, model_args=model_args, tasks=args.tasks, task_manager=manager,
             num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,

@@ -210,6 +210,7 @@ def test_in_process_scores_equal_lm_evals_own_client_against_axplug_serve(engine
     assert mine["tiny_gen"] == theirs["tiny_gen"]
     assert len(mine["tiny_gen"]) == len(GEN) and any(r[0][0] for r in mine["tiny_gen"])
     assert np.isfinite(local["results"]["tiny_ppl"]["word_perplexity,none"])
+    assert "pretty_env_info" not in local  # lm-eval's environment report: not collected
     for task in ("tiny_mc", "tiny_gen"):
         for metric, value in local["results"][task].items():
             if "stderr" not in metric and metric not in ("alias", "name"):
@@ -270,10 +271,9 @@ def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
 def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys, monkeypatch):
     """`--modifier eval_tasks:...` logs eval/TASK/METRIC every `every` steps; the last equals
     `axplug eval` of the final checkpoint. The include path's task files are indexed once (not
-    lm-eval's built-in ones), and the environment report is collected once."""
-    import lm_eval.loggers.utils
+    lm-eval's built-in ones)."""
     import lm_eval.tasks
-    from axplug_eval.command import _environment_report, task_index
+    from axplug_eval.command import task_index
 
     from axplug.testing import tiny_train_args
 
@@ -281,12 +281,7 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
     monkeypatch.setattr(
         lm_eval.tasks, "TaskManager", lambda **kw: built.append(kw) or original(**kw)
     )
-    reports, report = [], lm_eval.loggers.utils.add_env_info
-    monkeypatch.setattr(
-        lm_eval.loggers.utils, "add_env_info", lambda into: reports.append(1) or report(into)
-    )
     task_index.cache_clear()
-    _environment_report.cache_clear()
 
     run = tmp_path / "run"
     modifier = f"eval_tasks:tasks=tiny_mc+tiny_gen,include_path={tasks},limit=3,every=2"
@@ -302,9 +297,8 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
                  "--max-gen-toks", "32", "--output", str(out)]) == 0  # fmt: skip
     final = json.loads(out.read_text())["metrics"]
     assert {k: records[-1][k] for k in final} == pytest.approx(final)
-    # Three evaluations, one index of the include path alone, one environment report.
+    # Three evaluations, one index of the include path alone.
     assert built == [{"include_path": [str(tasks)], "include_defaults": False}]
-    assert reports == [1] and "pretty_env_info" in _environment_report()
     capsys.readouterr()
     bad = tiny_train_args(run, preset="llama-tiny", modifiers=["eval_tasks:limit=3"])
     assert main([*bad, "--print-config"]) == 2
