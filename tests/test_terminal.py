@@ -1,44 +1,62 @@
 """`axplug train` on a real pseudo-terminal, read as an operator sees it."""
 
+import contextlib
+import logging
 import os
 import pty
 import re
-import subprocess
-import sys
+import threading
 
+from axplug.cli import main
 from axplug.testing import tiny_train_args
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def run_in_pty(*args: str, timeout: float = 300) -> str:
-    """The terminal output of `axplug ARGS` (stdout and stderr on one pty), escapes removed."""
+def run_in_pty(monkeypatch, *args: str) -> str:
+    """The terminal output of `axplug ARGS` run in this process with stdout and stderr on one
+    pseudo-terminal, escapes removed."""
+    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("LINES", "50")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
     master, slave = pty.openpty()
-    env = {**os.environ, "COLUMNS": "160", "LINES": "50", "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "axplug.cli", *args],
-        stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-    )  # fmt: skip
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=timeout) == 0, b"".join(chunks).decode(errors="replace")
-    return ANSI.sub("", b"".join(chunks).decode(errors="replace"))
+    chunks: list[bytes] = []
+
+    def read_screen():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read_screen, daemon=True)
+    reader.start()
+    logger = logging.getLogger("axplug")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        with (
+            open(slave, "w", encoding="utf-8", buffering=1) as terminal,
+            contextlib.redirect_stdout(terminal),
+            contextlib.redirect_stderr(terminal),
+        ):
+            code = main(list(args))
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
+        reader.join(30)
+        os.close(master)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert code == 0, screen
+    return ANSI.sub("", screen)
 
 
-def test_train_on_a_terminal_shows_status_then_a_bar_moving_every_step(tmp_path):
+def test_train_on_a_terminal_shows_status_then_a_bar_moving_every_step(tmp_path, monkeypatch):
     def train(max_steps):
         args = tiny_train_args(tmp_path, "log_every=3", max_steps=max_steps)
-        return run_in_pty(*args, "--mesh-rule", "none", "--checkpoint-every", "3")
+        return run_in_pty(monkeypatch, *args, "--mesh-rule", "none", "--checkpoint-every", "3")
 
     screen = train(6)
     bar = [(m.start(), int(m.group(1))) for m in re.finditer(r"step\s+(\d+)/6\s+\S*━", screen)]

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import types
-import urllib.request
 
 import jax
 import jax.numpy as jnp
@@ -149,39 +143,16 @@ def test_generation_cuts_at_the_first_stop_string():
     assert cut_at_stops("abc", ["", "z"]) == "abc"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(run_dir, tmp_path_factory):
-    """`axplug serve` of the same checkpoint, with an API key, stopped by its PID."""
-    port = _free_port()
+    """`axplug serve` of the same checkpoint, with an API key, on a thread of this process."""
+    from axplug_serve.testing import serve_in_thread
+
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [sys.executable, "-m", "axplug.cli", "serve", "--checkpoint", run_dir, "--port",
-           str(port), "--num-slots", "2", "--max-queue", "2", "--max-len", str(MAX_LEN),
-           "--api-key", KEY, "--log-level", "warning", "--no-warmup"]  # fmt: skip
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
-            time.sleep(0.5)
+    options = ["--checkpoint", run_dir, "--num-slots", "2", "--max-queue", "2", "--max-len",
+               str(MAX_LEN), "--api-key", KEY, "--log-level", "warning", "--no-warmup"]  # fmt: skip
+    with serve_in_thread(options, log) as base:
         yield base
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(60)
 
 
 def _samples(results: dict) -> dict:

@@ -64,26 +64,11 @@ def _get(url: str, body: dict | bytes | None = None, key: str | None = KEY, meth
         return e.code, e.read().decode(), e.headers
 
 
-def _serve_argv(run_dir: str, port: int, *extra: str) -> list[str]:
+def _serve_argv(run_dir: str, *extra: str) -> list[str]:
     """`axplug serve` with 2 slots, 2 queued, API key KEY."""
-    return ["serve", "--checkpoint", run_dir, "--port", str(port), "--num-slots", "2",
-            "--max-queue", "2", "--max-len", str(MAX_LEN), "--log-level", "warning",
-            "--api-key", KEY, "--max-body-bytes", str(MAX_BODY), *extra]  # fmt: skip
-
-
-def _wait_started(base: str, started, log, paged: bool = True) -> None:
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            if _get(base + "/health", key=None)[0] == 200:
-                break
-        except OSError:
-            pass
-        if not started() or time.monotonic() > deadline:
-            raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
-        time.sleep(0.2)
-    # The engine's gauges are there before any request (2 rows x 256 / 16 pages).
-    assert _metric(base, "axplug_serve_kv_pages_free") == (32 if paged else -1)
+    return ["serve", "--checkpoint", run_dir, "--num-slots", "2", "--max-queue", "2",
+            "--max-len", str(MAX_LEN), "--log-level", "warning", "--api-key", KEY,
+            "--max-body-bytes", str(MAX_BODY), *extra]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -91,12 +76,23 @@ def _serve(run_dir, tmp_path_factory, *extra):
     """`axplug serve` in its own process, stopped by its PID: it exits 0 on SIGTERM."""
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    cmd = [sys.executable, "-m", "axplug.cli", *_serve_argv(run_dir, port, *extra)]
+    cmd = [sys.executable, "-m", "axplug.cli", *_serve_argv(run_dir, *extra), "--port", str(port)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_started(base, lambda: proc.poll() is None, log, "--kv-cache" not in extra)
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if _get(base + "/health", key=None)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
+            time.sleep(0.5)
+        paged = "--kv-cache" not in extra
+        assert _metric(base, "axplug_serve_kv_pages_free") == (32 if paged else -1)
         yield base
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -113,40 +109,14 @@ def _serve(run_dir, tmp_path_factory, *extra):
 def server(run_dir, tmp_path_factory):
     """The app `axplug serve` builds, on a uvicorn thread of this process (no interpreter of
     its own to start: `_serve` runs the command itself), its log in a file."""
-    import argparse
-    import logging
-    import threading
+    from axplug_serve.testing import serve_in_thread
 
-    import uvicorn
-    from axplug_serve import command
-
-    parser = argparse.ArgumentParser()
-    command.add_parser(parser.add_subparsers())
-    port = _free_port()
-    app, _, _ = command.build(parser.parse_args(_serve_argv(run_dir, port)))
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    handler = logging.FileHandler(log)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(name) for name in ("axplug.serve", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    uvicorn_server = uvicorn.Server(config)
-    thread = threading.Thread(target=uvicorn_server.run, name="axplug-serve", daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_started(base, thread.is_alive, log)
+    with serve_in_thread(_serve_argv(run_dir)[1:], log) as base:
+        # The engine's gauges are there before any request (2 rows x 256 / 16 pages).
+        assert _metric(base, "axplug_serve_kv_pages_free") == 32
         _LOGS[base] = log
         yield base
-    finally:
-        uvicorn_server.should_exit = True
-        thread.join(60)
-        for logger in loggers:
-            logger.removeHandler(handler)
-        handler.close()
-    assert not thread.is_alive(), "the server did not stop"
-    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.fixture(scope="module")
