@@ -50,8 +50,7 @@ def serve_in_thread(options: list[str], log: Path) -> Iterator[str]:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
             time.sleep(0.05)
-        with urllib.request.urlopen(base + "/health", timeout=30) as response:
-            assert response.status == 200
+        urllib.request.urlopen(base + "/health", timeout=30).close()  # raises unless 2xx
         yield base
     finally:
         server.should_exit = True
