@@ -16,11 +16,13 @@ functions. MFU is against an f32 matmul peak measured in the same run. The last 
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import dataclasses
 import gc
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -74,6 +76,7 @@ def shape_config(
 
     shape = SHAPES.get(name, Shape(name))
     out_dir = tempfile.mkdtemp(prefix="axplug-bench-")
+    atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
     return preset_config(
         shape.preset,
         modifiers=modifiers,
