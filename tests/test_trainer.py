@@ -369,6 +369,18 @@ def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
     np.testing.assert_allclose(layer["feed_forward"]["wo"]["weight"], -0.1 * 0.5 * w, rtol=1e-5)
 
 
+def test_init_state_draws_what_the_keys_folded_in_the_program_draw(tmp_path):
+    # The Trainer derives the keys op by op before its init program; a seed still means the
+    # parameters that one program of `initialize_parameters_recursively` draws, bit for bit.
+    trainer = tiny_trainer_config(tmp_path, "seed=7", preset="llama-tiny").instantiate()
+    want = jax.jit(trainer.model.initialize_parameters_recursively)(jax.random.PRNGKey(7))
+    got = trainer.init_state()["params"]
+    assert len(jax.tree.leaves(got)) > 10
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(got), jax.device_get(want))
+    keys = trainer.model.parameter_keys(jax.random.PRNGKey(7))
+    assert jax.tree.structure(keys) == jax.tree.structure(got)
+
+
 def test_trainer_is_config_built_and_errors_name_paths(tmp_path):
     cfg = Trainer.default_config()
     from axplug.config import RequiredFieldError

@@ -26,6 +26,8 @@ _UNWRAPPED = frozenset(
         "config",
         "create_parameter_specs_recursively",
         "initialize_parameters_recursively",
+        "parameter_keys",
+        "initialize_parameters",
     }
 )
 

@@ -69,17 +69,31 @@ class BaseLayer(Module):
 
     def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
         """Parameters for the whole subtree; each key is folded from the parameter's name."""
-        params: dict[str, Any] = {}
-        for name, spec in self._create_layer_parameter_specs().items():
-            key = jax.random.fold_in(prng_key, name_hash(name))
-            params[name] = spec.initializer(key, spec.shape, spec.dtype)
+        return self.initialize_parameters(self.parameter_keys(prng_key))
+
+    def parameter_keys(self, prng_key: jax.Array) -> dict[str, Any]:
+        """The PRNG key of each parameter of the subtree: `prng_key` folded with the names on
+        the way down (keys of a child without parameters dropped)."""
+        keys: dict[str, Any] = {
+            name: jax.random.fold_in(prng_key, name_hash(name))
+            for name in self._create_layer_parameter_specs()
+        }
         for name, child in self._children.items():
-            if hasattr(child, "initialize_parameters_recursively"):
-                child_params = child.initialize_parameters_recursively(
-                    jax.random.fold_in(prng_key, name_hash(name))
-                )
-                if child_params:
-                    params[name] = child_params
+            if hasattr(child, "parameter_keys"):
+                child_keys = child.parameter_keys(jax.random.fold_in(prng_key, name_hash(name)))
+                if child_keys:
+                    keys[name] = child_keys
+        return keys
+
+    def initialize_parameters(self, keys: dict[str, Any]) -> dict[str, Any]:
+        """Parameters for the whole subtree from its `parameter_keys`."""
+        params: dict[str, Any] = {
+            name: spec.initializer(keys[name], spec.shape, spec.dtype)
+            for name, spec in self._create_layer_parameter_specs().items()
+        }
+        for name, child in self._children.items():
+            if name in keys and hasattr(child, "initialize_parameters"):
+                params[name] = child.initialize_parameters(keys[name])
         return params
 
     def cast(self, x: jax.Array) -> jax.Array:

@@ -165,10 +165,13 @@ class RepeatedTransformer(BaseLayer):
             "layer": jax.tree.map(stacked, specs, is_leaf=lambda s: isinstance(s, ParameterSpec))
         }
 
-    def initialize_parameters_recursively(self, prng_key: jax.Array) -> dict[str, Any]:
+    def parameter_keys(self, prng_key: jax.Array) -> dict[str, Any]:
         key = jax.random.fold_in(prng_key, name_hash("layer"))
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(self._config.num_layers))
-        return {"layer": jax.vmap(self.layer.initialize_parameters_recursively)(keys)}
+        return {"layer": jax.vmap(self.layer.parameter_keys)(keys)}
+
+    def initialize_parameters(self, keys: dict[str, Any]) -> dict[str, Any]:
+        return {"layer": jax.vmap(self.layer.initialize_parameters)(keys["layer"])}
 
     def forward(self, x: jax.Array, **kwargs: Any) -> jax.Array:
         ctx = self._context()
