@@ -331,11 +331,9 @@ class Engine:
         rows = self._rows
         penalties = rows.penalty_inputs(self._slots, positions)
         tokens, scores, self._cache, kept = self._extend_rows(
-            # Only a steady decode step (width 1, no row starting) skips the length reset:
-            # one program per prefill width, two for decoding.
-            width > 1 or bool(reset.any()), logprobs, prompt_logprobs,
-            self.params, self._cache, ids, positions, reset, self._table, last, targets,
-            rows.keys, counts, penalties, *rows.sampling,
+            # One program per prefill width and one for decoding (per log-probability width).
+            logprobs, prompt_logprobs, self.params, self._cache, ids, positions, reset,
+            self._table, last, targets, rows.keys, counts, penalties, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
         tokens = np.asarray(tokens)

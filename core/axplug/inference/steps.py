@@ -20,17 +20,18 @@ def bind_extend_rows(model, scope):
     """`extend_rows` jitted for one engine's `model` and sharding `scope` (closed over, not
     static arguments: a jit cache keyed by them would keep every engine's model alive)."""
     return jax.jit(
-        functools.partial(extend_rows, model, scope), static_argnums=(0, 1, 2), donate_argnums=4
+        functools.partial(extend_rows, model, scope), static_argnums=(0, 1), donate_argnums=3
     )
 
 
 def extend_rows(
-    model, scope, resetting, logprobs, prompt_logprobs, params, cache, ids, positions, reset,
+    model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, reset,
     table, last, targets, keys, counts, penalties, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
-    Static: `resetting` (some row starts from empty, so lengths are reset first), and the
+    Rows where `reset` is True start from empty (their lengths are set to 0 first: a select
+    on a [layers, rows] array, cheaper than a second decode program). Static: the
     log-probabilities to return, each None (none) or the number of top tokens N:
     `logprobs` of each row's sampled token, `prompt_logprobs` of every fed position's next
     token (`targets` [rows, width]; this needs every position's logits, not the last's only).
@@ -42,9 +43,7 @@ def extend_rows(
     Returns (tokens, scores, cache, penalty counts or None); scores holds `token` and `prompt`
     (logprob, rank, top ids, top logprobs), as asked.
     """
-    if resetting:
-        cache = release_rows(cache, reset)
-    cache = set_block_tables(cache, table)
+    cache = set_block_tables(release_rows(cache, reset), table)
     inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
     width = ids.shape[1]
     all_positions = prompt_logprobs is not None
