@@ -68,6 +68,32 @@ def test_train_uses_its_cache_only_while_it_runs(tmp_path):
     assert any((tmp_path / "xla").iterdir())  # the run's programs went to its own cache
 
 
+def test_commands_as_documented_use_the_sessions_caches(tmp_path, monkeypatch):
+    # A run with the Trainer's default cache directory, as the docs' commands run: under the
+    # session's JAX_COMPILATION_CACHE_DIR it keeps the session's settings (and its programs);
+    # without one it compiles into $AXPLUG_CACHE/xla, which the session points under basetemp.
+    from axplug.paths import cache_path
+
+    basetemp = Path(os.environ["JAX_COMPILATION_CACHE_DIR"]).parent
+    assert Path(os.environ["AXPLUG_CACHE"]).parent == basetemp
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AXPLUG_CACHE", str(tmp_path / "cache"))
+    assert cache_path("~/.cache/axplug/xla") == str(tmp_path / "cache" / "xla")
+    assert cache_path("~/.cache/axplugins") == str(tmp_path / "home" / ".cache" / "axplugins")
+    args = tiny_train_args(tmp_path / "run")
+    at = args.index("compilation_cache_dir=None")
+    del args[at - 1 : at + 1]  # its --set too: the Trainer's default directory
+    before = _settings()
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    assert _settings() == before and not (tmp_path / "cache" / "xla").exists()
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    code, _, err = run_cli(*[a.replace("/run", "/run2") for a in args])
+    assert code == 0, err
+    assert _settings() == before and any((tmp_path / "cache" / "xla").iterdir())
+    assert not (tmp_path / "home").exists()
+
+
 def test_a_tiny_run_writes_nothing_under_the_home_cache(tmp_path, monkeypatch):
     from axplug.trainer.run import train
 

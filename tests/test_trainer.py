@@ -405,12 +405,17 @@ def test_batch_that_does_not_split_over_the_batch_axes_names_the_field(tmp_path)
     )
 
 
-def test_summaries_of_a_bucket_run_go_to_a_local_mirror(tmp_path):
+def test_summaries_of_a_bucket_run_go_to_a_local_mirror(tmp_path, monkeypatch):
     from axplug.trainer import summary_dir
 
     assert summary_dir(str(tmp_path)) == str(tmp_path)
+    monkeypatch.delenv("AXPLUG_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     mirror = summary_dir("s3://bucket/runs/a/")
-    assert mirror.endswith("/.cache/axplug/runs/s3/bucket/runs/a") and "://" not in mirror
+    assert mirror == str(tmp_path / "home/.cache/axplug/runs/s3/bucket/runs/a")
+    monkeypatch.setenv("AXPLUG_CACHE", str(tmp_path / "cache"))  # the session's, in tests
+    assert summary_dir("s3://bucket/runs/a/") == str(tmp_path / "cache/runs/s3/bucket/runs/a")
 
 
 def test_resume_onto_a_different_mesh(tmp_path):

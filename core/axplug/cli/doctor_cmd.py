@@ -8,6 +8,8 @@ import platform
 import sys
 from typing import Any
 
+from axplug.paths import CACHE, cache_path
+
 __all__ = ["add_parser", "run", "collect", "PROBLEM_STATUSES"]
 
 # Statuses that make `axplug doctor` exit 1; `conflict` and `disabled` are reported only, but a
@@ -96,7 +98,8 @@ def environment() -> dict[str, Any]:
         info["device_error"] = None
     except Exception as exc:  # no backend at all is exactly what doctor must report
         info.update(backend=None, devices=[], device_error=f"{type(exc).__name__}: {exc}")
-    cache = os.path.expanduser("~/.cache/axplug/xla")  # the Trainer's default
+    # Where a run's programs go by default (`compilation_cache`): the environment's, else axplug's.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_path(f"{CACHE}/xla")
     info["env"] = {
         k: os.environ.get(k)
         for k in ("XLA_FLAGS", "JAX_PLATFORMS", "AXPLUG_DISABLE_PLUGINS", "AXPLUG_LOAD_PLUGINS")

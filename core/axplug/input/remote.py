@@ -137,8 +137,13 @@ def local_tokenizer(url: str, storage_options: dict | None = None) -> str:
     if name == "bytes" or not isinstance(name, str):
         return "bytes"
     data = (root / name).read_bytes()
-    cache = pathlib.Path(os.environ.get("AXPLUG_CACHE", "~/.cache/axplug")).expanduser()
-    local = cache / "tokenizers" / hashlib.sha256(data).hexdigest()[:16] / name
+    from axplug.paths import CACHE, cache_path
+
+    local = (
+        pathlib.Path(cache_path(f"{CACHE}/tokenizers"))
+        / hashlib.sha256(data).hexdigest()[:16]
+        / name
+    )
     if not local.is_file():
         local.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(local) as f:

@@ -20,13 +20,18 @@ import shutil
 
 from axplug.config import ConfigError, UsageError
 from axplug.input.remote import RemotePath, data_path, is_url
+from axplug.paths import CACHE, cache_path
 
 __all__ = ["TaskOutput", "check_task", "data_meta", "finish_task", "merge_tasks", "TASKS_DIR"]
 
 TASKS_DIR = "tasks"
 SHARD_FIELDS = ("name", "tokens", "documents", "max_token_id")  # a shard's record in meta.json
 _SHARD_SUFFIXES = (".bin", ".docs.npy", ".mask.bin")
-_STAGING = pathlib.Path(os.environ.get("AXPLUG_PREPARE_STAGING", "~/.cache/axplug/prepare"))
+
+
+def _staging_root() -> str:
+    """Where a bucket output's shards are made before upload (`$AXPLUG_PREPARE_STAGING`)."""
+    return os.environ.get("AXPLUG_PREPARE_STAGING") or cache_path(f"{CACHE}/prepare")
 
 
 def check_task(num_tasks: int, task_index: int) -> None:
@@ -58,7 +63,7 @@ class TaskOutput:
         remote.storage.check(remote.url)  # the server, bucket and credentials, before work
         if staging is None:
             digest = hashlib.sha256(remote.url.encode()).hexdigest()[:16]
-            staging = _STAGING.expanduser() / digest
+            staging = pathlib.Path(_staging_root()) / digest
         return cls(pathlib.Path(staging), remote)
 
     @property

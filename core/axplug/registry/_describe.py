@@ -8,6 +8,7 @@ import os
 import re
 
 from axplug.files import write_text
+from axplug.paths import CACHE, cache_path
 from axplug.registry._component import Component
 
 __all__ = ["describe", "first_sentence"]
@@ -105,11 +106,10 @@ def _call_description(call) -> str | None:
 
 class _Cache:
     """{"format": _CACHE_FORMAT, "files": {path: [size, mtime_ns, {qualname: sentence}]}} in
-    ~/.cache/axplug (or $XDG_CACHE_HOME/axplug)."""
+    axplug's cache (`axplug.paths`)."""
 
     def __init__(self):
-        root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        self.path = os.path.join(root, "axplug", _CACHE_FILE)
+        self.path = cache_path(f"{CACHE}/{_CACHE_FILE}")
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)

@@ -3,6 +3,7 @@
 - One persistent compilation cache per session, under pytest's basetemp and inherited by child
   processes (`JAX_COMPILATION_CACHE_DIR`): a program the session has compiled compiles again
   only in a test that asks for `cold_compiles`. XLA compiles without LLVM optimizations.
+  axplug's own caches (`AXPLUG_CACHE`) are the session's too, never `~/.cache/axplug`.
 - Each test's backend compiles (persistent-cache misses) and child processes, the top ten of
   each printed at the end; `--compile-budget FILE` fails a session whose compiles grow more
   than 10% over FILE's count (`--write-compile-budget` writes it).
@@ -55,8 +56,12 @@ def pytest_configure(config: pytest.Config) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     fast = [f"--{name}={v}" for name, (v, _) in _fast_compile_flags().items() if name not in flags]
     os.environ["XLA_FLAGS"] = " ".join([flags, *fast]).strip()
-    cache = config._tmp_path_factory.getbasetemp() / "xla-cache"  # type: ignore[attr-defined]
+    basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    cache = basetemp / "xla-cache"
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+    # axplug's own caches (a run's `~/.cache/axplug/xla`, mirrors, tokenizers) too: a command
+    # run as documented never reads or writes the user's.
+    os.environ["AXPLUG_CACHE"] = str(basetemp / "axplug-cache")
     os.environ.update({name.upper(): str(v).lower() for name, v in _CACHE_SETTINGS.items()})
     if "jax" in sys.modules:  # imported before this plugin read the environment: tell it
         from jax.experimental.compilation_cache import compilation_cache

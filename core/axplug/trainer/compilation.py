@@ -11,17 +11,25 @@ from typing import Any
 
 import jax
 
-__all__ = ["compilation_cache", "compile_ahead"]
+from axplug.paths import cache_path
+
+__all__ = ["DEFAULT_CACHE_DIR", "compilation_cache", "compile_ahead"]
+
+DEFAULT_CACHE_DIR = "~/.cache/axplug/xla"  # the Trainer's; $AXPLUG_CACHE/xla when that is set
 
 
 @contextlib.contextmanager
 def compilation_cache(directory: str | None):
     """Persists compiled programs in `directory` inside the block, then restores the process's
-    own settings; None leaves them as they are (jax's defaults, or the environment's)."""
+    own settings; None leaves them as they are (jax's defaults, or the environment's), and so
+    does the default directory when the environment names jax's (`JAX_COMPILATION_CACHE_DIR`:
+    a test session's, a cluster's shared cache)."""
+    if directory == DEFAULT_CACHE_DIR and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        directory = None
     wanted = {}
     if directory:
         wanted = {
-            "jax_compilation_cache_dir": os.path.expanduser(directory),
+            "jax_compilation_cache_dir": cache_path(directory),
             "jax_persistent_cache_min_compile_time_secs": 0.0,
             "jax_persistent_cache_min_entry_size_bytes": 0,
             # Op names (each module's named scope) and source locations in the key: an entry of

@@ -12,6 +12,7 @@ import jax
 from axplug.api.kinds import RunInfo
 from axplug.checkpoint import scheme_of, storage_for
 from axplug.config import InstantiableConfig
+from axplug.paths import CACHE, cache_path
 from axplug.runtime import format_goodput
 from axplug.summary.base import SummaryWriter
 from axplug.trainer.attempts import AttemptRecorder
@@ -29,7 +30,7 @@ def summary_dir(output_dir: str) -> str:
     if scheme == "file":
         return output_dir
     rest = output_dir.split("://", 1)[1].strip("/")
-    local = os.path.join(os.path.expanduser("~/.cache/axplug/runs"), scheme, rest)
+    local = os.path.join(cache_path(f"{CACHE}/runs"), scheme, rest)
     log.info("summaries of %s are written locally to %s", output_dir, local)
     return local
 

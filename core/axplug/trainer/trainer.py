@@ -30,7 +30,7 @@ from axplug.runtime import (
 from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.aux_losses import AuxLossRule
-from axplug.trainer.compilation import compile_ahead
+from axplug.trainer.compilation import DEFAULT_CACHE_DIR, compile_ahead
 from axplug.trainer.config_checks import check_trainer_config
 from axplug.trainer.evaluation import build_evaluation, evaluate_all
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
@@ -89,8 +89,9 @@ class Trainer(Configurable):
         # spec (from the hardware plugins' mesh rules), and no MFU where there is none (CPU).
         peak_flops_per_device: float | None = None
         # Where `train()` (and `axplug train`) persist compiled programs while they run; None:
-        # the process's own jax settings (building a Trainer never changes them).
-        compilation_cache_dir: str | None = "~/.cache/axplug/xla"
+        # the process's own jax settings (building a Trainer never changes them), as for the
+        # default when JAX_COMPILATION_CACHE_DIR is set.
+        compilation_cache_dir: str | None = DEFAULT_CACHE_DIR
         # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
         # again at the next checkpoint step (a failed last save of the run always raises).
         on_save_error: str = "stop"

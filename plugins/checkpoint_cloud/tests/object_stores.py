@@ -35,7 +35,9 @@ __all__ = [
 
 S3RVER_VERSION = "3.7.1"
 S3RVER_KEY = "S3RVER"  # s3rver's fixed access key id and secret
-_S3RVER_HOME = Path(os.environ.get("AXPLUG_S3RVER_HOME", "~/.cache/axplug/s3rver")).expanduser()
+_S3RVER_HOME = Path(
+    os.environ.get("AXPLUG_S3RVER_HOME", "~/.cache/axplug-tests/s3rver")
+).expanduser()
 
 
 def free_port() -> int:
