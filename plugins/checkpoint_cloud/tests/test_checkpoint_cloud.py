@@ -463,6 +463,8 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
     home = tmp_path / "home"  # summaries of a bucket run go to ~/.cache/axplug/runs/...
     env = {**os.environ, "HOME": str(home)}
+    env.pop("AXPLUG_CACHE")  # the session's: here the run's own home cache is the point
+    env.pop("XDG_CACHE_HOME", None)
     cache = f"compilation_cache_dir={str(tmp_path / 'xla')!r}"
 
     def train(output_dir, max_steps):
