@@ -80,15 +80,19 @@ def test_commands_as_documented_use_the_sessions_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("AXPLUG_CACHE", str(tmp_path / "cache"))
     assert cache_path("~/.cache/axplug/xla") == str(tmp_path / "cache" / "xla")
     assert cache_path("~/.cache/axplugins") == str(tmp_path / "home" / ".cache" / "axplugins")
-    args = tiny_train_args(tmp_path / "run")
-    at = args.index("compilation_cache_dir=None")
-    del args[at - 1 : at + 1]  # its --set too: the Trainer's default directory
+
+    def default_cache_args(run_dir):
+        args = tiny_train_args(run_dir)
+        at = args.index("compilation_cache_dir=None")
+        del args[at - 1 : at + 1]  # its --set too: the Trainer's default directory
+        return args
+
     before = _settings()
-    code, _, err = run_cli(*args)
+    code, _, err = run_cli(*default_cache_args(tmp_path / "run"))
     assert code == 0, err
     assert _settings() == before and not (tmp_path / "cache" / "xla").exists()
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
-    code, _, err = run_cli(*[a.replace("/run", "/run2") for a in args])
+    code, _, err = run_cli(*default_cache_args(tmp_path / "run2"))
     assert code == 0, err
     assert _settings() == before and any((tmp_path / "cache" / "xla").iterdir())
     assert not (tmp_path / "home").exists()

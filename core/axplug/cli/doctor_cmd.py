@@ -8,8 +8,6 @@ import platform
 import sys
 from typing import Any
 
-from axplug.paths import CACHE, cache_path
-
 __all__ = ["add_parser", "run", "collect", "PROBLEM_STATUSES"]
 
 # Statuses that make `axplug doctor` exit 1; `conflict` and `disabled` are reported only, but a
@@ -98,8 +96,10 @@ def environment() -> dict[str, Any]:
         info["device_error"] = None
     except Exception as exc:  # no backend at all is exactly what doctor must report
         info.update(backend=None, devices=[], device_error=f"{type(exc).__name__}: {exc}")
-    # Where a run's programs go by default (`compilation_cache`): the environment's, else axplug's.
-    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_path(f"{CACHE}/xla")
+    from axplug.trainer.compilation import DEFAULT_CACHE_DIR, cache_dir_for
+
+    # Where a run's programs go by default: axplug's directory, or the environment's.
+    cache = cache_dir_for(DEFAULT_CACHE_DIR) or os.environ["JAX_COMPILATION_CACHE_DIR"]
     info["env"] = {
         k: os.environ.get(k)
         for k in ("XLA_FLAGS", "JAX_PLATFORMS", "AXPLUG_DISABLE_PLUGINS", "AXPLUG_LOAD_PLUGINS")

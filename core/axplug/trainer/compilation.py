@@ -11,25 +11,34 @@ from typing import Any
 
 import jax
 
-from axplug.paths import cache_path
+from axplug.paths import CACHE, cache_path
 
-__all__ = ["DEFAULT_CACHE_DIR", "compilation_cache", "compile_ahead"]
+__all__ = ["DEFAULT_CACHE_DIR", "cache_dir_for", "compilation_cache", "compile_ahead"]
 
-DEFAULT_CACHE_DIR = "~/.cache/axplug/xla"  # the Trainer's; $AXPLUG_CACHE/xla when that is set
+DEFAULT_CACHE_DIR = f"{CACHE}/xla"  # the Trainer's; $AXPLUG_CACHE/xla when that is set
+
+
+def cache_dir_for(directory: str | None) -> str | None:
+    """Where `compilation_cache(directory)` persists programs; None: the process's own settings
+    (for None, and for the default directory when the environment names jax's cache with
+    `JAX_COMPILATION_CACHE_DIR`: a test session's, a cluster's shared cache)."""
+    if not directory or (
+        directory == DEFAULT_CACHE_DIR and os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    ):
+        return None
+    return cache_path(directory)
 
 
 @contextlib.contextmanager
 def compilation_cache(directory: str | None):
-    """Persists compiled programs in `directory` inside the block, then restores the process's
-    own settings; None leaves them as they are (jax's defaults, or the environment's), and so
-    does the default directory when the environment names jax's (`JAX_COMPILATION_CACHE_DIR`:
-    a test session's, a cluster's shared cache)."""
-    if directory == DEFAULT_CACHE_DIR and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        directory = None
+    """Persists compiled programs in `cache_dir_for(directory)` inside the block, then restores
+    the process's own settings; None leaves them as they are (jax's defaults, or the
+    environment's)."""
+    directory = cache_dir_for(directory)
     wanted = {}
     if directory:
         wanted = {
-            "jax_compilation_cache_dir": cache_path(directory),
+            "jax_compilation_cache_dir": directory,
             "jax_persistent_cache_min_compile_time_secs": 0.0,
             "jax_persistent_cache_min_entry_size_bytes": 0,
             # Op names (each module's named scope) and source locations in the key: an entry of
