@@ -181,6 +181,9 @@ def test_tensorboard_resume_purges_the_replayed_steps(tmp_path):
     first.close()
     time.sleep(1.1)  # event file names carry the second they were opened in
     resumed = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
+    # No file before the first write: one opened here would outlive the purged one whenever
+    # the clock's second turned before `truncate`.
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
     resumed.truncate(3)  # resumed from the step-2 checkpoint: 3, 4, 5 are logged again
     resumed.write(3, {"loss": 30.0})
     resumed.truncate(4)  # after a write: no effect (the file has begun)

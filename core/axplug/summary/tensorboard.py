@@ -58,30 +58,34 @@ class TensorBoardWriter(SummaryWriter):
         self._open = lambda purge_step: tensorboardX.SummaryWriter(
             logdir=str(self.logdir), flush_secs=cfg.flush_secs, purge_step=purge_step
         )
-        self._writer = self._open(cfg.purge_step)
-        self._written = False  # nothing yet: a purge can still open the file
+        # The event file opens on the first write, so a purge can still start it (an empty file
+        # opened here would stay beside the purged one when the clock's second turns between).
+        self._purge_step, self._writer = cfg.purge_step, None
 
     def truncate(self, step: int) -> None:
         """Hides events at or after `step` from earlier runs (a purge where the file starts)."""
-        if step <= 1 or self._written:
-            return
-        self._writer.close()
-        self._writer = self._open(step)
+        if step > 1 and self._writer is None:
+            self._purge_step = step
+
+    def _file(self):
+        if self._writer is None:
+            self._writer = self._open(self._purge_step)
+        return self._writer
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
-        self._written = True
         for name, value in to_scalars(scalars).items():
-            self._writer.add_scalar(group_tag(name), value, global_step=int(step))
+            self._file().add_scalar(group_tag(name), value, global_step=int(step))
 
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
         import numpy as np
 
-        self._written = True
         for name, value in arrays.items():
-            self._writer.add_histogram(group_tag(name), np.asarray(value), global_step=int(step))
+            self._file().add_histogram(group_tag(name), np.asarray(value), global_step=int(step))
 
     def flush(self) -> None:
-        self._writer.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
