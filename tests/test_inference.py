@@ -735,6 +735,27 @@ def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model):
     assert engine.allocator.num_free == engine.allocator.num_pages
 
 
+def test_engines_over_one_model_share_their_programs_and_free_the_model(monkeypatch):
+    import gc
+    import weakref
+
+    from axplug.inference import steps
+
+    traced, extend_rows = [], steps.extend_rows
+    monkeypatch.setattr(steps, "extend_rows", lambda *args: traced.append(1) or extend_rows(*args))
+    model, params = build(lm_cfg(), seed=1)
+    outputs = []
+    for _ in range(2):  # an engine made again, as for each round of rollouts
+        engine = Engine(model, params, num_slots=2, max_len=16)
+        engine.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0)))
+        outputs.append(engine.run()[0].output_ids)
+    assert outputs[0] == outputs[1] and len(traced) == 2  # a prefill and a decode, traced once
+    freed = weakref.ref(model)
+    del model, params, engine
+    gc.collect()
+    assert freed() is None  # the shared programs do not keep a dead engine's model alive
+
+
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1, 2**32 - 1])
 def test_request_keys_are_jax_prng_keys(seed):
     from axplug.inference.requests import seed_key

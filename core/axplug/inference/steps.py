@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +17,23 @@ from axplug.sharding import sharding_scope
 __all__ = ["bind_extend_rows", "read_cache_row", "write_cache_row"]
 
 
+# {model: {scope: jitted extend_rows}}: engines over one model and scope share their programs
+# (an engine made again, e.g. for each round of rollouts, traces and compiles nothing new). The
+# model is held weakly, by the keys and by the jitted calls, so a dead engine's model is freed.
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def bind_extend_rows(model, scope):
-    """`extend_rows` jitted for one engine's `model` and sharding `scope` (closed over, not
-    static arguments: a jit cache keyed by them would keep every engine's model alive)."""
-    return jax.jit(
-        functools.partial(extend_rows, model, scope), static_argnums=(0, 1), donate_argnums=3
-    )
+    """`extend_rows` jitted for `model` and sharding `scope`, shared by the engines over them."""
+    per_scope = _BOUND.setdefault(model, {})
+    if scope not in per_scope:
+        call = functools.partial(_extend_rows_of, weakref.ref(model), scope)
+        per_scope[scope] = jax.jit(call, static_argnums=(0, 1), donate_argnums=3)
+    return per_scope[scope]
+
+
+def _extend_rows_of(model_ref, scope, *args):
+    return extend_rows(model_ref(), scope, *args)
 
 
 def extend_rows(
