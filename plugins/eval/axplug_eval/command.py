@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from axplug.api import add_checkpoint_arguments
@@ -155,7 +156,33 @@ def _index_for(include_path: tuple[str, ...], tasks: list[str]) -> Any:
         own = task_index(include_path, defaults=False)
         if all(task in own.all_subtasks for task in tasks):
             return own
+    unknown = _mentioned_nowhere(tuple(tasks), include_path)
+    if unknown:
+        _unknown_task(unknown[0])
     return task_index(include_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _mentioned_nowhere(tasks: tuple[str, ...], include_path: tuple[str, ...]) -> list[str]:
+    """The names in `tasks` that no task file (lm-eval's or `include_path`'s) mentions: unknown
+    for certain, found from the files' bytes (0.6 s) before the index parses them (6-12 s)."""
+    import lm_eval.tasks
+
+    left = {task: task.encode() for task in tasks}
+    for root in (Path(lm_eval.tasks.__file__).parent, *map(Path, include_path)):
+        for path in root.rglob("*.yaml"):
+            data = path.read_bytes()
+            left = {task: name for task, name in left.items() if name not in data}
+            if not left:
+                return []
+    return list(left)
+
+
+def _unknown_task(task: str) -> None:
+    from axplug.config import UsageError
+
+    raise UsageError(f"--tasks: no task named {task!r} in lm-eval's registry or "
+                     "--include-path; `lm-eval ls tasks` lists them")  # fmt: skip
 
 
 def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, Any]:
@@ -168,10 +195,7 @@ def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, A
     manager = _index_for(tuple(args.include_path), list(args.tasks))
     unknown = [t for t in args.tasks if t not in manager.all_tasks]
     if unknown:
-        from axplug.config import UsageError
-
-        raise UsageError(f"--tasks: no task named {unknown[0]!r} in lm-eval's registry or "
-                         "--include-path; `lm-eval ls tasks` lists them")  # fmt: skip
+        _unknown_task(unknown[0])
     model_args = None
     if isinstance(model, str):
         model_args = {

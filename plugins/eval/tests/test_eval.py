@@ -19,6 +19,7 @@ from axplug_eval.command import evaluate  # noqa: E402
 from axplug_eval.lm import EngineLM, cut_at_stops  # noqa: E402
 
 from axplug.cli.main import main  # noqa: E402
+from axplug.config import UsageError  # noqa: E402
 from axplug.context import functional  # noqa: E402
 from axplug.inference import Engine, find_tokenizer, load_checkpoint  # noqa: E402
 from axplug.summary import read_jsonl  # noqa: E402
@@ -237,6 +238,22 @@ def test_eval_errors_are_one_line(run_dir, argv, message, capsys):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_a_task_name_no_task_file_mentions_is_refused_without_lm_evals_index(tasks, monkeypatch):
+    """The built-in index parses ~14,000 task files (6-12 s); a name that no file mentions is
+    unknown for certain, and one that a file mentions only in passing goes on to the index."""
+    from axplug_eval import command
+
+    index = lambda *args, **kwargs: pytest.fail("lm-eval's task index was built")  # noqa: E731
+    monkeypatch.setattr(command, "task_index", index)
+    assert command._mentioned_nowhere(("no_such_task", "tiny_mc"), (str(tasks),)) == [
+        "no_such_task"
+    ]
+    # Mentioned in tiny_mc's file (a field, not a task): lm-eval's index decides.
+    assert command._mentioned_nowhere(("test_split",), (str(tasks),)) == []
+    with pytest.raises(UsageError, match="no task named 'no_such_task'"):
+        command._index_for((), ["no_such_task"])
 
 
 def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys, monkeypatch):
