@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -65,6 +66,7 @@ STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable
 FAILURES = ("api", "conflict", "group", "missing", "import", "hang", "hooks", "kind")
 
 
+@functools.lru_cache(maxsize=1024)  # every discover() normalizes each component's name
 def normalize(distribution: str) -> str:
     """A distribution name compared the way pip does (PEP 503): `Axplug_MoE` -> `axplug-moe`."""
     return re.sub(r"[-_.]+", "-", distribution).lower()

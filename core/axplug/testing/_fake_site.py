@@ -10,6 +10,8 @@ from pathlib import Path
 
 import importlib_metadata
 
+from axplug.registry._component import normalize
+
 __all__ = ["FakeSite"]
 
 # Subprocesses started with `FakeSite.env()` import this first (the site is on PYTHONPATH).
@@ -82,11 +84,13 @@ class FakeSite:
 
     def keep_installed(self, *names: str) -> None:
         """Let these real installed distributions stay visible (in this process)."""
-        self.kept.update(n.lower() for n in names)
+        self.kept.update(map(normalize, names))
 
     def _visible(self, dist) -> bool:
         path = Path(str(getattr(dist, "_path", "")))
-        if self.path in path.parents or (dist.name or "").lower() in self.kept:
+        # The name its directory gives, where it has one: `dist.name` parses its METADATA.
+        name = normalize(getattr(dist, "_normalized_name", None) or dist.name or "")
+        if self.path in path.parents or name in self.kept:
             return True
         return "axplug." not in (dist.read_text("entry_points.txt") or "")
 
