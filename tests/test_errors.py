@@ -132,7 +132,6 @@ ALLOWED = {
     # `hf_write`: what config.json cannot express, by contract; export-hf names the config path.
     "core/axplug/layers/attention.py": 2,
     "core/axplug/layers/feed_forward.py": 1,
-    "core/axplug/layers/norm.py": 1,
     "plugins/attention/axplug_attention/rope_hf.py": 2,  # write_rope, for hf_write
     "plugins/ffn_moe/axplug_moe/layer.py": 2,
     "plugins/ffn_moe/axplug_moe/router.py": 2,

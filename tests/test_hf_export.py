@@ -165,3 +165,16 @@ def test_the_kernel_slot_is_free_but_its_scale_is_not():
     attention.kernel.scale = 0.3
     with pytest.raises(HFExportError, match=r"attention\.kernel\.scale: 0\.3 \(the architecture "):
         hf_config_for(cfg, {"architectures": ["LlamaForCausalLM"]})
+
+
+def test_a_bias_free_layer_norm_exports_its_eps_and_no_bias_tensor():
+    """Cohere's LayerNorms have no bias: the core's LayerNorm exports that option too."""
+    from axplug.api import HFTensor
+    from axplug.interop import norm_tensors
+    from axplug.layers import LayerNorm
+
+    cfg = LayerNorm.default_config().set(input_dim=8, eps=1e-6, bias=False)
+    assert LayerNorm.hf_write(cfg) == {"layer_norm_eps": 1e-6}
+    assert norm_tensors("decoder.output_norm", "model.norm", cfg) == {
+        "decoder.output_norm.scale": HFTensor("model.norm.weight")
+    }

@@ -797,6 +797,17 @@ def test_load_checkpoint_and_generate_cli(trained_run, capsys):
     assert capsys.readouterr().out == "To be" + bytes(want).decode("utf-8", "replace") + "\n"
 
 
+def test_a_loaded_runs_logits_are_its_forward_pass_and_lead_to_its_greedy_token(trained_run):
+    loaded = load_checkpoint(trained_run)
+    ids = random_ids(9, (2, 7))
+    got = loaded.logits(ids)
+    assert got.shape == (2, 7, loaded.vocab_size) and got.dtype == np.float32
+    np.testing.assert_allclose(got, forward_logits(loaded.model, loaded.params, ids), **LOOSE)
+    greedy = SamplingParams(max_new_tokens=1, temperature=0)
+    (first,) = generate(loaded.model, loaded.params, [ids[1].tolist()], greedy)
+    assert first.output_ids == [int(np.argmax(got[1, -1]))]
+
+
 def test_load_checkpoint_reads_parameters_only(trained_run, monkeypatch):
     """The optimizer state (2x the parameters with Adam) is not asked of Orbax at all, and
     the parameters equal a full restore's."""

@@ -35,10 +35,32 @@ class LoadedModel:
     axis_rules: tuple = ()
     # (run directory, checkpoint metadata) of this run, then of each run it was tuned from.
     lineage: list = dataclasses.field(default_factory=list)
+    _logits: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
         return self.config.model.decoder.vocab_size
+
+    def logits(self, ids: Any) -> Any:
+        """float32 logits [batch, seq, vocab] of token `ids` [batch, seq]: one forward pass,
+        compiled once per loaded model, laid out by its mesh."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        from axplug.context import functional
+        from axplug.mesh import DEFAULT_AXIS_RULES
+        from axplug.sharding import scoped
+
+        if self._logits is None:
+
+            def predict(params, ids):
+                out, _ = functional(self.model, prng_key=None, state=params, inputs=(ids,),
+                                    is_training=False, method="predict")  # fmt: skip
+                return out.astype(jnp.float32)
+
+            rules = self.axis_rules or DEFAULT_AXIS_RULES
+            self._logits = jax.jit(scoped(predict, self.mesh, rules))
+        return np.asarray(self._logits(self.params, jnp.asarray(ids, jnp.int32)))
 
     @property
     def stop_tokens(self) -> tuple[int, ...]:

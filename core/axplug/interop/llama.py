@@ -123,18 +123,21 @@ def llama_layer_tensors(i: int, layer: Any, param: str, hf: str) -> dict[str, HF
 def decoder_tensors(
     model: Any, layer_tensors: LayerTensors = llama_layer_tensors, *, prefix: str = "model"
 ) -> dict[str, HFTensor]:
-    """Embedding, every layer (`layer_tensors(i, layer config, param path, HF prefix)`), the
-    final norm and the head (absent when tied), in the LLaMA layout."""
+    """Embedding, every layer (`layer_tensors(i, layer config, param path, HF prefix)`; the
+    path from the stack's `hf_layer_path(cfg, i)` where it has one), the final norm and the
+    head (absent when tied), in the LLaMA layout."""
     decoder = model.decoder
     out = {"decoder.embedding.weight": HFTensor(f"{prefix}.embed_tokens.weight")}
     out.update(norm_tensors("decoder.output_norm", f"{prefix}.norm", decoder.output_norm))
     if not decoder.tie_word_embeddings:
         out.update(linear_tensors("decoder.lm_head", "lm_head", decoder.lm_head))
     stack = decoder.transformer
+    # Where layer i's parameters sit below the stack (a scanned patterned stack's step and
+    # slot); `layer{i}` also names a scanned stack's slice i.
+    place = getattr(stack.klass, "hf_layer_path", lambda _cfg, i: f"layer{i}")
     for i in range(stack.num_layers):
-        out.update(
-            layer_tensors(i, stack.layer, f"decoder.transformer.layer{i}", f"{prefix}.layers.{i}")
-        )
+        param = f"decoder.transformer.{place(stack, i)}"
+        out.update(layer_tensors(i, stack.layer, param, f"{prefix}.layers.{i}"))
     return out
 
 

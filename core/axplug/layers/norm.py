@@ -75,8 +75,8 @@ class LayerNorm(BaseLayer):
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
-        if not cfg.bias:
-            raise ValueError("a LayerNorm without bias (Hugging Face's have one)")
+        # With or without bias: whether a family's norms have one is the family's layout
+        # (Cohere's have none), and its tensor rules export the bias only where there is one.
         return {"layer_norm_eps": cfg.eps}
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:

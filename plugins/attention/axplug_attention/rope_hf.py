@@ -167,9 +167,10 @@ def write_rope(cfg: Any) -> dict[str, Any]:
             "original_max_position_embeddings": cfg.original_max_position,
         }
         params = {**scaling, "rope_theta": cfg.theta}
-    if cfg.rotary_fraction != 1.0:
-        params["partial_rotary_factor"] = cfg.rotary_fraction
-    out = {"rope_theta": cfg.theta, "rope_scaling": scaling, "rope_parameters": params}
-    if cfg.rotary_fraction != 1.0:
-        out["partial_rotary_factor"] = cfg.rotary_fraction
-    return out
+    # Written when whole too: a family whose Hugging Face default is a part (StableLM's 0.25)
+    # would read an absent factor as that part.
+    params["partial_rotary_factor"] = cfg.rotary_fraction
+    return {
+        "rope_theta": cfg.theta, "rope_scaling": scaling, "rope_parameters": params,
+        "partial_rotary_factor": cfg.rotary_fraction,
+    }  # fmt: skip

@@ -338,9 +338,23 @@ def test_rope_reads_and_writes_linear_scaling(raw):
     assert (cfg.theta, cfg.linear_scaling_factor, cfg.scaling_factor) == (1e6, 8.0, None)
     written = RotaryPositionTransform.hf_write(cfg)
     assert written["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
-    assert written["rope_parameters"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    assert written["rope_parameters"] == {
+        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6, "partial_rotary_factor": 1.0
+    }  # fmt: skip
     with pytest.raises(ValueError, match="more than one of Llama 3, linear and YaRN"):
         RotaryPositionTransform.hf_write(cfg.clone(scaling_factor=8.0))
+
+
+def test_rope_writes_a_whole_rotary_fraction_for_families_whose_default_is_a_part():
+    written = RotaryPositionTransform.hf_write(RotaryPositionTransform.default_config())
+    assert written["partial_rotary_factor"] == 1.0
+    assert written["rope_parameters"]["partial_rotary_factor"] == 1.0
+    for form in ({"rope_parameters": written["rope_parameters"]}, written):
+        # Read back by a family whose Hugging Face default is a quarter (StableLM's).
+        fields = HFFields(form, defaults={"partial_rotary_factor": 0.25})
+        again = RotaryPositionTransform.default_config()
+        RotaryPositionTransform.hf_read(again, fields)
+        assert again.rotary_fraction == 1.0
 
 
 def test_rope_refuses_a_rope_parameters_keyed_by_layer_type_that_no_parent_read():

@@ -125,11 +125,8 @@ class DeepseekV3:
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         stack = model.decoder.transformer
-        place = getattr(stack.klass, "hf_layer_path", lambda _cfg, i: f"layer{i}")
 
-        def layer(i: int, cfg: Any, _param: str, hf: str) -> dict[str, HFTensor]:
-            # Unrolled `layer{i}`; scanned, `dense{i}` or slice j of the scan (`layer{j}.layer`).
-            param = f"decoder.transformer.{place(stack, i)}"
+        def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
             cfg = stack.dense_layer if i < stack.num_dense_layers else stack.layer
             ffn = cfg.feed_forward
             moe = hasattr(ffn, "router")

@@ -183,7 +183,7 @@ def _axplug_logits(run, ids):
     from axplug.inference.loading import load_checkpoint
 
     loaded = load_checkpoint(run)
-    return predict(loaded.model, loaded.params, ids), loaded
+    return loaded.logits(ids), loaded
 
 
 def predict(model, params, ids) -> np.ndarray:

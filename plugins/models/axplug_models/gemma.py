@@ -86,12 +86,7 @@ def _gemma2_like(fields: HFFields, architecture: str, *, qk_norm: bool) -> Any:
 def _gemma2_tensors(model: Any) -> dict[str, HFTensor]:
     from axplug.interop import attention_tensors, mlp_tensors, norm_tensors
 
-    stack = model.decoder.transformer
-    place = getattr(stack.klass, "hf_layer_path", lambda _cfg, i: f"layer{i}")
-
-    def layer(i: int, cfg: Any, _param: str, hf: str) -> dict[str, HFTensor]:
-        # Unrolled `layer{i}`; scanned, step r's slice (`layer{r}.layer.layer{k}`) or the tail.
-        param = f"decoder.transformer.{place(stack, i)}"
+    def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
         attention, attn = cfg.attention, f"{hf}.self_attn"
         out = {
             **norm_tensors(f"{param}.attention_norm", f"{hf}.input_layernorm", cfg.norm),

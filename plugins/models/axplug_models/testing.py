@@ -1,11 +1,11 @@
 """The model-family kit: a family's import, decode and export against `transformers` itself.
 
 `check_against_transformers(config, tmp_path)` builds a tiny random model with transformers
-(every 1-d weight perturbed, so a dropped bias or a norm convention shows), saves it, runs
-`axplug import-hf` (with `modifiers`, e.g. `scan_layers`), compares the last-position logits
-and 16 greedy tokens, runs `axplug export-hf` and reloads the export with
-`AutoModelForCausalLM`. It lives in axplug-models, not the core, for its test dependency
-(torch and transformers, this distribution's `test` extra).
+(every 1-d or constant weight perturbed, so a dropped bias, a norm convention or two norms
+swapped show), saves it, runs `axplug import-hf` (with `modifiers`, e.g. `scan_layers`),
+compares the last-position logits and 16 greedy tokens, runs `axplug export-hf` and reloads
+the export with `AutoModelForCausalLM`. It lives in axplug-models, not the core, for its test
+dependency (torch and transformers, this distribution's `test` extra).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class HFCheck:
 
 
 def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -> Any:
-    """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d weight perturbed:
-    the parameters and the buffers the checkpoint stores (DeepSeek's router bias)."""
+    """`AutoModelForCausalLM.from_config(config)` in float32 with every 1-d or constant weight
+    perturbed: the parameters and the buffers the checkpoint stores (DeepSeek's router bias)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -63,9 +63,15 @@ def tiny_transformers_model(config: Any, *, seed: int = 0, scale: float = 0.1) -
     stored_buffers = [b for name, b in model.named_buffers() if name in saved]
     with torch.no_grad():
         for param in [*model.parameters(), *stored_buffers]:
-            if param.ndim == 1 and param.is_floating_point():
+            if param.is_floating_point() and (param.ndim == 1 or _constant(param)):
                 param.add_(torch.randn_like(param) * scale)
     return model
+
+
+def _constant(param: Any) -> bool:
+    """Whether every entry is the same: a norm's weight of any rank (Cohere's per-head q/k
+    norms are [heads, head_dim] ones), which would hide two norms swapped."""
+    return bool((param == param.reshape(-1)[0]).all())
 
 
 def _hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
@@ -89,21 +95,6 @@ def _hf_greedy(model: Any, prompt: tuple[int, ...], steps: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
-
-
-def _axplug_logits(loaded: Any, ids: np.ndarray) -> np.ndarray:
-    import jax
-
-    from axplug.layers import functional
-
-    @jax.jit
-    def logits(params, ids):
-        return functional(
-            loaded.model, prng_key=None, state=params, inputs=(ids,), is_training=False,
-            method="predict",
-        )[0]  # fmt: skip
-
-    return np.asarray(logits(loaded.params, ids), np.float32)
 
 
 def _cli(*args: str) -> None:
@@ -138,7 +129,7 @@ def check_against_transformers(
     # On one device: a tiny import laid out over a test session's 8 fake devices costs twice.
     _cli("import-hf", hf_dir, "--output", run_dir, "--set", "mesh.mesh_shape=(1,1,1,1,1)", *flags)
     loaded = load_checkpoint(run_dir)
-    got = _axplug_logits(loaded, ids)[0, -1]
+    got = loaded.logits(ids)[0, -1]
     (completion,) = generate(
         loaded.model,
         loaded.params,

@@ -135,7 +135,7 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
 
     import numpy as np
     import torch
-    from axplug_models.testing import PROMPT, _axplug_logits
+    from axplug_models.testing import PROMPT
     from transformers import AutoModelForCausalLM
 
     from axplug.cli import main
@@ -158,8 +158,35 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
     assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 50000.0
     assert raw["rope_parameters"]["rope_type"] == raw["rope_scaling"]["rope_type"] == "llama3"
     ids = np.asarray([PROMPT])
-    want = _axplug_logits(load_checkpoint(tuned), ids)[0, -1]
+    want = load_checkpoint(tuned).logits(ids)[0, -1]
     model = AutoModelForCausalLM.from_pretrained(out).train(False)
     with torch.no_grad():
         got = model(torch.as_tensor(ids)).logits[0, -1].numpy()
     assert np.max(np.abs(got - want)) < TOL
+
+
+def test_the_kit_perturbs_norms_of_any_rank_so_swapped_per_head_norms_show():
+    """Cohere's q/k norms are [heads, head_dim] ones: left at ones, a family that swapped
+    them would match transformers exactly."""
+    import torch
+    from axplug_models.testing import tiny_transformers_model
+
+    cfg = transformers.CohereConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4, use_qk_norm=True,
+    )  # fmt: skip
+
+    def swap_changes_logits_by(model) -> float:
+        attention = model.model.layers[0].self_attn
+        q, k = attention.q_norm.weight, attention.k_norm.weight
+        assert q.ndim == 2
+        ids = torch.arange(8)[None]
+        with torch.no_grad():
+            logits = model(ids).logits
+            q_data = q.detach().clone()
+            q.copy_(k)
+            k.copy_(q_data)
+            return float((model(ids).logits - logits).abs().max())
+
+    assert swap_changes_logits_by(transformers.AutoModelForCausalLM.from_config(cfg)) == 0.0
+    assert swap_changes_logits_by(tiny_transformers_model(cfg)) > TOL  # the kit's tolerance

@@ -461,9 +461,11 @@ def test_gemma3_export_writes_what_transformers_reads_back():
     assert problems == []
     assert written["layer_types"] == hf.layer_types
     assert written["sliding_window"] == 4 and written["rope_local_base_freq"] == 10000.0
-    assert written["rope_parameters"] == hf.rope_parameters
+    # The rotary fraction written even when whole (a family's default may be a part).
+    whole = {kind: {**p, "partial_rotary_factor": 1.0} for kind, p in hf.rope_parameters.items()}
+    assert written["rope_parameters"] == whole
     again = transformers.Gemma3TextConfig(**written)
-    assert again.layer_types == hf.layer_types and again.rope_parameters == hf.rope_parameters
+    assert again.layer_types == hf.layer_types and again.rope_parameters == whole
     # ...and it reads back to the same model.
     assert to_dict(from_raw(written)) == to_dict(model)
 
@@ -476,7 +478,9 @@ def test_gemma2_export_writes_one_rope_and_reads_back():
     assert problems == []
     assert written["layer_types"] == hf.layer_types and written["sliding_window"] == 4
     assert "rope_local_base_freq" not in written
-    assert written["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    assert written["rope_parameters"] == {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0
+    }  # fmt: skip
     assert to_dict(from_raw(written)) == to_dict(model)
 
 

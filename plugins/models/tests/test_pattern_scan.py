@@ -367,3 +367,28 @@ def test_aot_plans_the_gemma3_27b_preset_scanned(capsys):
     assert out, err
     report = json.loads(out)
     assert report["scanned_layers"] is True and report["params"] == 27_009_346_304
+
+
+def _paths(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {p for key, value in tree.items() for p in _paths(value, f"{prefix}{key}.")}
+    return {prefix[:-1]}
+
+
+def test_decoder_tensors_places_each_layer_of_a_scanned_patterned_stack():
+    """A family in the LLaMA layout (`decoder_tensors`) scanned: each layer's tensors go to
+    its scan step's slot (`layer{r}.layer.layer{k}`, a slice of the stacked arrays) or the
+    tail, and together they fill every parameter."""
+    import re
+
+    from axplug.interop import decoder_tensors
+
+    cfg = lm("scan_layers")
+    assert cfg.decoder.transformer.klass is RepeatedPatternTransformer
+    specs = _paths(cfg.instantiate(parent=None).create_parameter_specs_recursively())
+    rules = decoder_tensors(cfg)
+    # A scanned stack's `layer{r}.rest` is slice r of `layer.rest` (as the import reads it).
+    placed = {re.sub(r"^decoder\.transformer\.layer\d+\.", "decoder.transformer.layer.", p)
+              for p in rules}  # fmt: skip
+    assert placed == specs
+    assert "decoder.transformer.tail.layer1.attention.qkv.q.weight" in rules
