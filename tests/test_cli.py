@@ -1,6 +1,7 @@
 """`axplug list` and `axplug info`, in-process and as a real command in a subprocess."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,6 +158,23 @@ def test_list_table_shows_every_status_and_never_fails(plugin_site, capsys, monk
     lines = {line.split("│")[4].strip(): line for line in table.splitlines() if "│ fake" in line}
     assert "conflict" in lines["rope"] and "fake-old" in lines["splash"]
     assert "unchecked" in lines["flash"]
+
+
+def test_list_by_dist_fits_the_terminal_and_keeps_names_whole(plugin_site, capsys, monkeypatch):
+    """`make demo` prints it first: 240 columns once, its columns now wrap to the width."""
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    kinds = ("layers", "modifiers", "kernels", "presets", "commands", "inputs", "hooks")
+    plugin_site.add(
+        "fake-many-kinds-of-components", {f"axplug.{k}": {f"{k}_x": "m:D"} for k in kinds}
+    )
+    assert main(["list", "--by-dist"]) == 0
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out).splitlines()  # styles
+    assert max(map(len, lines)) <= 100
+    rows = [line for line in lines if line.startswith("│ fake-many-kinds-of-components")]
+    assert len(rows) == 1  # the name whole, on its row; the counts wrapped below it
+    table = "".join(line.split("│")[3] for line in lines if line.startswith("│"))
+    assert all(f"1 {kind}" in " ".join(table.split()) for kind in kinds)
 
 
 KERNEL = '''

@@ -219,6 +219,9 @@ def _print_plain(header: tuple, rows: list[tuple], components: list[Component]) 
     print(_caption(components))
 
 
+_NAMES = ("DISTRIBUTION", "VERSION", "KIND", "NAME")
+
+
 def _print_table(header: tuple, rows: list[tuple], components: list[Component]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -226,11 +229,13 @@ def _print_table(header: tuple, rows: list[tuple], components: list[Component]) 
 
     table = Table(caption=_caption(components))
     for i, column in enumerate(header):
-        # The description (or summary) takes what is left and wraps; names never wrap.
-        last = i == len(header) - 1
-        table.add_column(
-            column.lower(), overflow="fold", no_wrap=not last, ratio=1 if last else None
-        )
+        # Names keep their width and never wrap; the other columns wrap to fit the terminal,
+        # sharing its width by their longest cells.
+        widest = max(len(row[i]) for row in rows)
+        if column in _NAMES:
+            table.add_column(column.lower(), no_wrap=True, min_width=widest)
+        else:
+            table.add_column(column.lower(), overflow="fold", ratio=max(1, min(widest, 80)))
     status_column = header.index("STATUS")
     styles = {} if len(rows) != len(components) else {i: c.status for i, c in enumerate(components)}
     for i, row in enumerate(rows):
