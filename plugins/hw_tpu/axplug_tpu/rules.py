@@ -1,8 +1,10 @@
 """Mesh rules for TPU slices: FSDP over the chips of a slice (ICI), data parallel across slices
 (DCN), scanned layers with remat, bf16 compute and Splash attention via `flash_attention`.
-TPU v5e (16 GiB of HBM, int8 at twice the bf16 rate) also trains with int8 matmuls
-(`quantize:int8`) and offloads the layer inputs to host memory (`remat_policy=offload`);
-`--modifier quantize:none` or `--modifier scan_layers:remat_policy=full` undo either.
+TPU v5e (16 GiB of HBM) also offloads the layer inputs to host memory
+(`remat_policy=offload`; `--modifier scan_layers:remat_policy=full` undoes it). A rule
+chooses layouts, memory and kernels, never numerics: the same command trains the same
+arithmetic on every chip. int8 matmuls (v5e runs them at twice the bf16 rate) are the
+explicit `--modifier quantize:int8` of axplug-quantize (docs/scaling.md).
 
 Selectors: `tpu-v5e-256` (one slice of 256), `tpu-v5e-256x4` (4 slices of 256), `tpu-v5p-512`,
 `tpu-v5p-1024`, and what `detect_selector()` gives on a TPU VM: `tpu-<device kind>-<chips per
@@ -44,7 +46,6 @@ def _rule(name: str, spec, pattern: str, mesh: str, remat: str, where: str, extr
 
 
 _SLICE = "FSDP over every chip of one slice"
-_INT8 = ("quantize:int8",)  # v5e: int8 matmuls; with `offload` remat
 _MULTI = "FSDP within 256-chip slices, data parallel across slices"
 _MULTI_512 = "FSDP over 512 chips within slices of 512 or more, data parallel across slices"
 
@@ -73,8 +74,7 @@ RULES = {
         _slices(_V5E, "256"),
         "mesh:fsdp=256,data=-1",
         "offload",
-        _MULTI + ", int8, offload",
-        _INT8,
+        _MULTI + ", offload",
     ),
     "tpu-v5e-slice": _rule(
         "tpu-v5e-slice",
@@ -82,8 +82,7 @@ RULES = {
         _one_slice("tpu-v5e"),
         "mesh:fsdp=-1",
         "offload",
-        _SLICE + ", int8, offload",
-        _INT8,
+        _SLICE + ", offload",
     ),
     "tpu-v5e-detected": _rule(
         "tpu-v5e-detected",
@@ -91,8 +90,7 @@ RULES = {
         _one_slice("tpu-tpu-(v5-lite|v5e)"),
         "mesh:fsdp=-1",
         "offload",
-        _SLICE + ", int8, offload",
-        _INT8,
+        _SLICE + ", offload",
     ),
     "tpu-v5p-512xn": _rule(
         "tpu-v5p-512xn",
