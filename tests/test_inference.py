@@ -813,8 +813,7 @@ def test_load_checkpoint_reads_parameters_only(trained_run, monkeypatch):
     the parameters equal a full restore's."""
     import orbax.checkpoint as ocp
 
-    from axplug.checkpoint import Checkpointer
-    from axplug.inference.loading import checkpoint_directory
+    from axplug.checkpoint import Checkpointer, checkpoint_directory
 
     asked = []
     real = ocp.args.PyTreeRestore
@@ -850,8 +849,7 @@ def _full_state(loaded):
 
 
 def test_a_partial_restore_still_checks_what_it_reads(trained_run):
-    from axplug.checkpoint import Checkpointer, CheckpointError
-    from axplug.inference.loading import checkpoint_directory
+    from axplug.checkpoint import Checkpointer, CheckpointError, checkpoint_directory
 
     loaded = load_checkpoint(trained_run)
     wrong = jax.tree.map(lambda a: jax.ShapeDtypeStruct((*a.shape, 2), a.dtype), loaded.params)

@@ -276,3 +276,9 @@ def test_no_lazy_package_name_is_shadowed_by_its_submodule():
             importlib.import_module(f"{package}.{module.stem}")
         shadowed = [n for n in pkg.__all__ if isinstance(getattr(pkg, n), types.ModuleType)]
         assert not shadowed, f"{package}: {shadowed} resolve to modules"
+
+
+def test_the_trainer_does_not_import_the_decode_package():
+    """A run directory's checkpoints are found by `axplug.checkpoint`, which the trainer,
+    the CLI's config building and loading for inference all use."""
+    assert "axplug.inference" not in _core_graph()["axplug.trainer"]

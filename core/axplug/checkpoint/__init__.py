@@ -9,7 +9,13 @@ from axplug.checkpoint.errors import (
     StorageNotFoundError,
 )
 from axplug.checkpoint.frozen import FROZEN_KEY, prune, restore_params
-from axplug.checkpoint.inventory import StepInfo, delete_step, list_steps, resolve_checkpoint_dir
+from axplug.checkpoint.inventory import (
+    StepInfo,
+    checkpoint_directory,
+    delete_step,
+    list_steps,
+    resolve_checkpoint_dir,
+)
 from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
 from axplug.checkpoint.local_tier import LocalTier
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
@@ -38,4 +44,5 @@ __all__ = [
     "list_steps",
     "delete_step",
     "resolve_checkpoint_dir",
+    "checkpoint_directory",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from axplug.checkpoint import layout
-from axplug.checkpoint.storage import Storage
+from axplug.checkpoint.storage import Storage, storage_for
 
 __all__ = ["StepInfo", "list_steps", "delete_step", "resolve_checkpoint_dir"]
 
@@ -63,6 +63,13 @@ def delete_step(storage: Storage, directory: str, step: int) -> bool:
     storage.delete(storage.join(url, layout.COMMIT_MARKER))
     storage.delete(url)
     return True
+
+
+def checkpoint_directory(path: str) -> str:
+    """The checkpoints directory of a run: `path/checkpoints` when it exists, else `path`."""
+    storage = storage_for(path)
+    nested = storage.join(path, "checkpoints")
+    return nested if storage.exists(nested) else path
 
 
 def resolve_checkpoint_dir(storage: Storage, url: str) -> str:

@@ -115,9 +115,8 @@ def source_label(args: argparse.Namespace) -> str:
 
 def run_config(run_dir: str, step: int | None):
     """The trainer config saved with a run's checkpoint (its latest, or `step`)."""
-    from axplug.checkpoint import Checkpointer
+    from axplug.checkpoint import Checkpointer, checkpoint_directory
     from axplug.config import from_dict
-    from axplug.inference.loading import checkpoint_directory
 
     directory = checkpoint_directory(run_dir)
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:

@@ -4,7 +4,6 @@ from axplug.inference.engine import Engine
 from axplug.inference.generation import generate, run_to_completion
 from axplug.inference.loading import (
     LoadedModel,
-    checkpoint_directory,
     find_tokenizer,
     load_checkpoint,
 )
@@ -23,7 +22,6 @@ __all__ = [
     "RequestState",
     "SamplingParams",
     "TokenEvent",
-    "checkpoint_directory",
     "find_tokenizer",
     "generate",
     "load_checkpoint",

@@ -9,13 +9,12 @@ from typing import Any
 
 import jax
 
-from axplug.checkpoint import Checkpointer, restore_params, storage_for
+from axplug.checkpoint import Checkpointer, checkpoint_directory, restore_params
 from axplug.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
     "LoadedModel",
     "load_checkpoint",
-    "checkpoint_directory",
     "find_tokenizer",
     "run_lineage",
     "source_stop_tokens",
@@ -67,13 +66,6 @@ class LoadedModel:
         """End-of-sequence ids of the Hugging Face model it descends from (`eos_token_id` of
         its config and generation config), through the runs it was fine-tuned from."""
         return source_stop_tokens(self.lineage)
-
-
-def checkpoint_directory(path: str) -> str:
-    """The checkpoints directory of a run: `path/checkpoints` when it exists, else `path`."""
-    storage = storage_for(path)
-    nested = storage.join(path, "checkpoints")
-    return nested if storage.exists(nested) else path
 
 
 def load_checkpoint(

@@ -64,9 +64,8 @@ def restore_weights(
     added to a base model): they are left out of the returned params, for the caller to
     initialize. Any other parameter the source lacks is the usual error naming it.
     """
-    from axplug.checkpoint import Checkpointer, restore_params
+    from axplug.checkpoint import Checkpointer, checkpoint_directory, restore_params
     from axplug.checkpoint.errors import CheckpointNotFoundError
-    from axplug.inference.loading import checkpoint_directory
     from axplug.trainer.fresh_optimizer import has_fresh_opt_state
 
     directory = checkpoint_directory(path)

@@ -12,8 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.checkpoint import CheckpointCorruptError
-from axplug.inference.loading import checkpoint_directory
+from axplug.checkpoint import CheckpointCorruptError, checkpoint_directory
 from axplug.trainer.fresh_optimizer import fresh_opt_state, restore_train_state
 from axplug.trainer.init_from import restore_weights
 from axplug.trainer.local_restore import discard_newer_local, restore_newer_local
