@@ -165,3 +165,44 @@ def test_config_errors_are_one_family():
     for cls in (UsageError, ConfigValueError, ConfigFileError, ConfigDependencyError):
         assert issubclass(cls, ConfigError)
     assert issubclass(RequiredFieldError, ConfigError)
+
+
+def _error_classes():
+    """(module, class name) of every class named `...Error` in the core and the plugins."""
+    for top in ("core/axplug", "plugins"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if {"tests", "build"} & set(path.relative_to(ROOT / top).parts[:2]):
+                continue
+            parts = path.relative_to(ROOT / top).with_suffix("").parts
+            parts = ("axplug", *parts) if top == "core/axplug" else parts[1:]
+            module = ".".join(p for p in parts if p != "__init__")
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                    yield module, node.name
+
+
+def test_every_error_axplug_raises_is_one_family_with_its_exit_code():
+    """One root (`axplug.api.AxplugError`, the plugins' too): the CLI's boundary reads each
+    error's exit code from it instead of listing classes."""
+    import importlib
+
+    from axplug.api import AxplugError
+    from axplug.checkpoint import CheckpointNotFoundError, StorageNotFoundError
+    from axplug.cli.main import _exit_code
+    from axplug.registry import ComponentNotFoundError, PluginLoadError
+
+    classes = list(_error_classes())
+    assert len(classes) > 25
+    for module, name in classes:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError as exc:  # an optional plugin's module (its dependency absent)
+            pytest.skip(f"{module}: {exc}")
+        assert issubclass(cls, AxplugError), f"{module}.{name}"
+    assert _exit_code(UsageError("--x: bad")) == 2
+    assert _exit_code(ComponentNotFoundError("no layer 'x'")) == 2
+    assert _exit_code(StorageNotFoundError("no storage for gs://")) == 2
+    assert _exit_code(CheckpointNotFoundError("no checkpoint in d")) == 1
+    assert _exit_code(PluginLoadError("import failed", None)) == 1
+    assert _exit_code(OSError("disk full")) == 1
+    assert _exit_code(KeyError("a bug")) is None

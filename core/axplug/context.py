@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
+from axplug.api.errors import AxplugError
+
 if TYPE_CHECKING:
     from axplug.module import Module
 
@@ -27,8 +29,10 @@ __all__ = [
 ]
 
 
-class ContextError(RuntimeError):
+class ContextError(AxplugError, RuntimeError):
     """A module method used outside the invocation context it needs."""
+
+    exit_code = None  # a programming error: its traceback says where
 
 
 class OutputCollection(NamedTuple):

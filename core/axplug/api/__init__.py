@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
     from axplug.api.commands import add_checkpoint_arguments
     from axplug.api.device import DeviceSpec, with_device_spec
+    from axplug.api.errors import AxplugError
     from axplug.api.hf import HFArchitecture, HFFields, HFTensor
     from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
     from axplug.api.kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 _HOMES = {
     **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "attention"),
     "add_checkpoint_arguments": "commands",
+    "AxplugError": "errors",
     **dict.fromkeys(("DeviceSpec", "with_device_spec"), "device"),
     **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "kernel"),
     **dict.fromkeys(
@@ -84,6 +86,7 @@ __all__ = [
     "PARAMETER_UPDATES",
     "AttentionKernel",
     "AttentionKernelLike",
+    "AxplugError",
     "CommandModule",
     "HFArchitecture",
     "HFFields",

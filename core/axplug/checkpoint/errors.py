@@ -8,7 +8,10 @@ __all__ = [
 ]
 
 
-class CheckpointError(Exception):
+from axplug.api.errors import AxplugError
+
+
+class CheckpointError(AxplugError):
     """Base class of checkpoint errors; the message names the directory or step."""
 
 
@@ -22,3 +25,5 @@ class CheckpointCorruptError(CheckpointError):
 
 class StorageNotFoundError(CheckpointError, LookupError):
     """No storage backend is installed for a URL scheme."""
+
+    exit_code = 2

@@ -127,27 +127,13 @@ def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
 
 
 def _exit_code(exc: BaseException) -> int | None:
-    """2 for a user's mistake, 1 for a failed run, None for a bug (shown with its traceback).
+    """The `AxplugError`'s own code (2: a mistake in what was asked, 1: a failed run), 1 for
+    an I/O error, None for anything else: a bug, shown with its traceback."""
+    from axplug.api.errors import AxplugError
 
-    A user's mistake: a bad setting or option (`ConfigError`, whose message names it) or a
-    name the registry does not know (`ComponentNotFoundError`, `ComponentConflictError`, a
-    storage scheme no backend serves). A failed run: a checkpoint that cannot be read or
-    written, a diverged loss, a plugin that cannot be imported, an I/O error.
-    """
-    from axplug.config import ConfigError
-    from axplug.registry import ComponentConflictError, ComponentNotFoundError, PluginLoadError
-
-    # The light classes first: a refusal before anything imported jax stays jax-free.
-    if isinstance(exc, ConfigError | ComponentNotFoundError | ComponentConflictError):
-        return 2
-    from axplug.checkpoint import CheckpointError, StorageNotFoundError
-    from axplug.trainer.loop_state import NonFiniteError
-
-    if isinstance(exc, StorageNotFoundError):
-        return 2
-    if isinstance(exc, CheckpointError | NonFiniteError | PluginLoadError | OSError):
-        return 1
-    return None
+    if isinstance(exc, AxplugError):
+        return exc.exit_code
+    return 1 if isinstance(exc, OSError) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, Union
 
 import attrs
 
+from axplug.api.errors import AxplugError
+
 __all__ = [
     "REQUIRED",
     "Required",
@@ -56,8 +58,10 @@ _T = TypeVar("_T")
 Required = Union[_T, RequiredFieldValue]  # noqa: UP007 (subscriptable alias: Required[int])
 
 
-class ConfigError(Exception):
+class ConfigError(AxplugError):
     """Base class of config errors; the message starts with the dotted path."""
+
+    exit_code = 2  # a mistake in what was asked
 
 
 class UnknownFieldError(ConfigError, AttributeError):

@@ -6,10 +6,12 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
+from axplug.api.errors import AxplugError
+
 __all__ = ["OutOfPagesError", "PageAllocator", "cache_paging"]
 
 
-class OutOfPagesError(RuntimeError):
+class OutOfPagesError(AxplugError, RuntimeError):
     """The page pool cannot hold a request."""
 
 

@@ -6,6 +6,8 @@ import functools
 import re
 from typing import NamedTuple
 
+from axplug.api.errors import AxplugError
+
 __all__ = [
     "GROUP_PREFIX",
     "API_GROUP",
@@ -121,19 +123,23 @@ class Component(NamedTuple):
         return f"{self.kind} {self.name!r} from {self.distribution} {self.version} ({self.value})"
 
 
-class ComponentNotFoundError(LookupError):
+class ComponentNotFoundError(AxplugError, LookupError):
     """No component of that kind has that name."""
+
+    exit_code = 2
 
 
 class ComponentUnavailableError(ComponentNotFoundError):
     """The component exists but is disabled or incompatible, so it is never imported."""
 
 
-class ComponentConflictError(LookupError):
+class ComponentConflictError(AxplugError, LookupError):
     """Several distributions provide the name; qualify it as `distribution:name`."""
 
+    exit_code = 2
 
-class PluginLoadError(ImportError):
+
+class PluginLoadError(AxplugError, ImportError):
     """Importing a component failed; the failure is recorded and shown by `axplug list`."""
 
     def __init__(self, message: str, component: Component):

@@ -6,12 +6,14 @@ import logging
 import time
 from typing import Any
 
+from axplug.api.errors import AxplugError
+
 __all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer", "tokens_per_step"]
 
 log = logging.getLogger("axplug.trainer")
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(AxplugError, RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 

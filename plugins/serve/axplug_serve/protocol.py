@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from axplug.api import AxplugError
 from axplug.inference import SamplingParams
 
 __all__ = [
@@ -273,7 +274,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-class APIError(Exception):
+class APIError(AxplugError):
     """A request the server refuses, as an HTTP status and an OpenAI-shaped error."""
 
     def __init__(self, status: int, message: str, kind: str, param=None, code=None):

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from axplug.api import AxplugError
 from axplug.inference import Completion, Engine, Request, TokenEvent
 
 __all__ = ["EngineWorker", "QueueFullError", "Sink"]
@@ -19,7 +20,7 @@ log = logging.getLogger("axplug.serve")
 Sink = Callable[[TokenEvent | Completion | BaseException], None]
 
 
-class QueueFullError(RuntimeError):
+class QueueFullError(AxplugError, RuntimeError):
     """Every cache row is busy and the waiting queue is full."""
 
 
