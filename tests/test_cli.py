@@ -1,5 +1,6 @@
 """`axplug list` and `axplug info`, in-process and as a real command in a subprocess."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -515,3 +516,20 @@ def test_metrics_png_is_an_image_of_the_plots(tmp_path, capsys):
     assert 0.001 < dark < 0.3  # axes, labels and curves drawn; not blank, not filled
     assert main(["metrics", str(tmp_path), "--plot", "none", "--png", str(png)]) == 1
     assert "nothing to plot" in capsys.readouterr().err
+
+
+def test_commands_that_build_a_config_share_one_modifier_and_set_block():
+    import importlib
+
+    from axplug.api import add_config_arguments
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args(["--modifier", "rope", "--set", "a=1", "--modifier", "mesh"])
+    assert (args.modifier, args.overrides) == (["rope", "mesh"], ["a=1"])
+    for name in ("axplug.cli.train_cmd", "axplug.cli.import_hf_cmd", "axplug_aot.command",
+                 "axplug_launch.command"):  # fmt: skip
+        sub = importlib.import_module(name).add_parser(argparse.ArgumentParser().add_subparsers())
+        flags = {a.option_strings[0]: (a.dest, a.metavar) for a in sub._actions if a.option_strings}
+        assert flags["--modifier"] == ("modifier", "NAME[:k=v,...]"), name
+        assert flags["--set"] == ("overrides", "PATH=VALUE"), name

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
-    from axplug.api.commands import add_checkpoint_arguments
+    from axplug.api.commands import add_checkpoint_arguments, add_config_arguments
     from axplug.api.device import DeviceSpec, with_device_spec
     from axplug.api.errors import AxplugError
     from axplug.api.hf import HFArchitecture, HFFields, HFTensor
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # `add_checkpoint_arguments` without importing jax: `axplug --help` imports every core command.
 _HOMES = {
     **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "attention"),
-    "add_checkpoint_arguments": "commands",
+    **dict.fromkeys(("add_checkpoint_arguments", "add_config_arguments"), "commands"),
     "AxplugError": "errors",
     **dict.fromkeys(("DeviceSpec", "with_device_spec"), "device"),
     **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "kernel"),
@@ -100,6 +100,7 @@ __all__ = [
     "ParameterSpec",
     "Unsupported",
     "add_checkpoint_arguments",
+    "add_config_arguments",
     "check_shapes",
     "hookimpl",
     "linear_bias",

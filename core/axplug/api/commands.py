@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_checkpoint_arguments"]
+__all__ = ["add_checkpoint_arguments", "add_config_arguments"]
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -17,15 +17,36 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, required: bool 
         metavar="PATH",
         help="tokenizer file or directory, or `bytes` (default: the run's own)",
     )
-    parser.add_argument(
-        "--modifier",
-        action="append",
-        default=[],
-        metavar="NAME[:k=v,...]",
-        help="apply to the loaded config, e.g. paged_kv_cache (repeatable)",
+    add_config_arguments(
+        parser,
+        modifier_help="apply to the loaded config, e.g. paged_kv_cache (repeatable)",
+        overrides=False,
     )
     parser.add_argument(
         "--merge-adapters",
         action="store_true",
         help="fold adapters (LoRA) into their weights before running: no adapter matmuls",
     )
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    modifier_help: str = "apply a registered modifier; repeatable",
+    overrides: bool = True,
+) -> None:
+    """--modifier NAME[:k=v,...] (into `args.modifier`) and, with `overrides`, --set
+    PATH=VALUE (into `args.overrides`), each repeatable: the config edits of every command that
+    builds a config, applied in that order."""
+    parser.add_argument(
+        "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help=modifier_help
+    )
+    if overrides:
+        parser.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            dest="overrides",
+            metavar="PATH=VALUE",
+            help="override one config field; repeatable",
+        )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api.commands import add_config_arguments
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -44,20 +46,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("directory", metavar="DIR", help="the Hugging Face checkpoint directory")
     parser.add_argument("--output", required=True, help="the axplug run directory to write")
-    parser.add_argument(
-        "--modifier",
-        action="append",
-        default=[],
-        metavar="NAME[:k=v,...]",
-        help="apply a registered modifier after the import's own; repeatable",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        dest="overrides",
-        metavar="PATH=VALUE",
-        help="override one config field; repeatable",
+    add_config_arguments(
+        parser, modifier_help="apply a registered modifier after the import's own; repeatable"
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the config and exit, writing nothing"

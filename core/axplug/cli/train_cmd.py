@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from axplug.api.commands import add_config_arguments
 from axplug.cli._train_config import base_config, build_config, source_label
 from axplug.config import UsageError
 
@@ -103,21 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="with --config: allow code outside axplug and its installed plugins",
     )
-    parser.add_argument(
-        "--modifier",
-        action="append",
-        default=[],
-        metavar="NAME[:k=v,...]",
-        help="apply a registered modifier; repeatable",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        dest="overrides",
-        metavar="PATH=VALUE",
-        help="override one config field; repeatable",
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--input",
         metavar="NAME[:k=v,...]",

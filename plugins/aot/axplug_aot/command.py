@@ -10,6 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
+from axplug.api import add_config_arguments
+
 __all__ = ["add_parser", "run", "build_config", "format_report", "EXIT_OOM"]
 
 EXIT_OOM = 3
@@ -53,12 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME|SELECTOR",
         help="a mesh rule name (cpu, gpu-h100-8x32) or a selector it matches",
     )
-    parser.add_argument(
-        "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help="repeatable"
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE"
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--max-devices",
         type=int,

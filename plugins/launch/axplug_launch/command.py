@@ -14,6 +14,7 @@ import argparse
 import sys
 from typing import Any
 
+from axplug.api import add_config_arguments
 from axplug_launch.agent import DEFAULT_MAX_RESTARTS
 from axplug_launch.plan import (
     ARRAY_TARGETS,
@@ -129,10 +130,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--image", default="REGISTRY/axplug:latest", help="container (k8s, k8s-indexed)"
     )
     group.add_argument("--port", type=int, default=DEFAULT_PORT, help="coordinator port")
-    group.add_argument(
-        "--modifier", action="append", default=[], metavar="NAME[:k=v,...]", help="repeatable"
-    )
-    group.add_argument("--set", action="append", default=[], dest="overrides", metavar="PATH=VALUE")
+    add_config_arguments(group)
     group = parser.add_argument_group(
         "--print slurm-array|k8s-indexed (then: prepare-data ARGS...)"
     )
