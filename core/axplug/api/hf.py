@@ -17,7 +17,7 @@ Standard library only: config.json is read and checked before jax is imported.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 __all__ = ["HFArchitecture", "HFFields", "HFTensor", "METADATA_FIELDS", "MISSING"]
@@ -76,13 +76,6 @@ class HFFields:
     def name(self, field: str) -> str:
         """The family's name of `field`."""
         return self._aliases.get(field, field)
-
-    def has(self, field: str) -> bool:
-        """Whether config.json (or the family's defaults) sets `field` to something not null."""
-        name = self.name(field)
-        if name in self.implied:
-            return self.implied[name] is not None
-        return self.raw.get(name, self._defaults.get(name)) is not None
 
     def get(self, field: str, default: Any = MISSING) -> Any:
         """The field's value (null counts as absent); absent and no default: a problem."""
@@ -185,11 +178,3 @@ class HFArchitecture(Protocol):
     # Optional: `config_fields(model) -> dict`, the config.json fields the family itself reads
     # in `base_config` (options only its Hugging Face code has, e.g. Gemma 2's soft-caps),
     # written by an export; the rebuild check then proves they round-trip.
-
-
-def iter_tensor_names(rules: Iterable[HFTensor]) -> list[str]:
-    """Every checkpoint tensor name the rules read, each once, in order."""
-    seen: dict[str, None] = {}
-    for rule in rules:
-        seen.update(dict.fromkeys(rule.names()))
-    return list(seen)

@@ -100,8 +100,3 @@ class BaseLayer(Module):
         """`x` in this layer's compute dtype: what a layer's output should be (a norm that
         computes in float32 returns `self.cast(y)`)."""
         return x.astype(self._compute_dtype)
-
-
-def spec_shapes(specs: Any) -> Any:
-    """The tree of shapes of a ParameterSpec tree."""
-    return jax.tree.map(lambda s: s.shape, specs, is_leaf=_is_spec)
