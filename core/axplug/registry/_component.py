@@ -74,6 +74,12 @@ def normalize(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
+def distribution_key(dist) -> str:
+    """An installed distribution's normalized name, from its directory where it has one
+    (what importlib_metadata dedupes by): `dist.name` parses its METADATA."""
+    return normalize(getattr(dist, "_normalized_name", None) or dist.name or "")
+
+
 def claims_first_party(distribution: str, api_entries: list[str]) -> bool:
     """Whether `distribution` is first-party: its metadata declares FIRST_PARTY_ENTRY *and*
     its name is the core's or in the `axplug-` namespace.

@@ -15,6 +15,7 @@ from axplug.registry._component import (
     SUPPORTED_PLUGIN_API,
     Component,
     claims_first_party,
+    distribution_key,
     normalize,
 )
 
@@ -65,9 +66,7 @@ def _read_metadata():
 
     seen: set[str] = set()
     for dist in importlib_metadata.distributions():
-        # `_normalized_name` comes from the path, without parsing metadata; it is what
-        # importlib_metadata itself dedupes by.
-        key = getattr(dist, "_normalized_name", None) or normalize(dist.name or "")
+        key = distribution_key(dist)
         # The first distribution of a name on sys.path shadows later ones, as for imports.
         if key in seen:
             continue

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import importlib_metadata
 
-from axplug.registry._component import normalize
+from axplug.registry._component import distribution_key, normalize
 
 __all__ = ["FakeSite"]
 
@@ -88,9 +88,7 @@ class FakeSite:
 
     def _visible(self, dist) -> bool:
         path = Path(str(getattr(dist, "_path", "")))
-        # The name its directory gives, where it has one: `dist.name` parses its METADATA.
-        name = normalize(getattr(dist, "_normalized_name", None) or dist.name or "")
-        if self.path in path.parents or name in self.kept:
+        if self.path in path.parents or distribution_key(dist) in self.kept:
             return True
         return "axplug." not in (dist.read_text("entry_points.txt") or "")
 

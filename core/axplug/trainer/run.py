@@ -42,21 +42,17 @@ def versions() -> dict[str, str]:
     """Versions of jax, the libraries a run depends on, and every axplug distribution."""
     import importlib_metadata
 
+    from axplug.registry._component import distribution_key
+
     out = {}
     for dist in importlib_metadata.distributions():
-        # The name its directory gives, where it has one: parsing every installed
-        # distribution's METADATA took 70-130 ms of each run's start.
-        known = getattr(dist, "_normalized_name", None)
-        if known is not None and not known.startswith("axplug") and known not in _LIBRARIES:
-            continue
-        metadata = dist.metadata
-        name = (metadata["Name"] or "").lower()
-        if name.startswith("axplug") or name.replace("-", "_") in _LIBRARIES:
-            out[name] = metadata["Version"]
+        # Chosen by directory name: parsing every installed distribution's METADATA took
+        # 70-130 ms of each run's start.
+        key = distribution_key(dist)
+        if key.startswith("axplug") or key in ("jax", "jaxlib", "optax", "orbax-checkpoint"):
+            metadata = dist.metadata
+            out[(metadata["Name"] or key).lower()] = metadata["Version"]
     return dict(sorted(out.items()))
-
-
-_LIBRARIES = ("jax", "jaxlib", "optax", "orbax_checkpoint")
 
 
 def model_changes(saved: dict, current: dict, prefix: str = "model") -> list[str]:
