@@ -265,6 +265,60 @@ def test_the_core_never_names_a_plugin_class_or_a_plugin_layers_hf_field():
     assert not offenders, "\n".join(offenders)
 
 
+def _plugin_components() -> dict[str, str]:
+    """{component name: its distribution} of every first-party plugin's entry points."""
+    import tomllib
+
+    found = {}
+    for path in (ROOT / "plugins").glob("*/pyproject.toml"):
+        project = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
+        for group, entries in project.get("entry-points", {}).items():
+            if group.startswith("axplug.") and group != "axplug.plugin_api":
+                found.update(dict.fromkeys(entries, project["name"]))
+    return found
+
+
+# Calls whose first string argument names a registered component (or a `name:key=value` spec).
+_LOOKUPS = ("load", "entry", "make_modifier", "resolve_preset", "preset_config", "layer_class")
+
+
+def test_the_core_looks_up_no_plugin_component_and_its_presets_need_none(monkeypatch):
+    """No plugin preset, modifier or layer is spelled in a core lookup (LLaMA's RoPE and GQA,
+    llama-tiny and the LLaMA family are axplug-attention's), and the core's presets build
+    with every plugin disabled."""
+    components = _plugin_components()
+    assert components["rope"] == components["llama-tiny"] == "axplug-attention"
+    offenders = []
+    # The conformance kit trains a layer inside llama-tiny where it is installed (else skips).
+    for path in sorted(set(CORE.rglob("*.py")) - set((CORE / "testing").rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            for arg in node.args[:2] if name in _LOOKUPS else ():
+                spec = arg.value if isinstance(arg, ast.Constant) else None
+                if isinstance(spec, str) and spec.partition(":")[0] in components:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {spec}")
+    assert not offenders, "\n".join(offenders)
+
+    import tomllib
+
+    from axplug import registry
+    from axplug.presets import preset_config
+
+    core = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    presets = core["entry-points"]["axplug.presets"]
+    assert presets and not set(presets) & set(components)
+    monkeypatch.setenv("AXPLUG_LOAD_PLUGINS", "")
+    registry.reset()
+    try:
+        for name in presets:
+            preset_config(name, overrides=["output_dir='unused'"])
+    finally:
+        monkeypatch.delenv("AXPLUG_LOAD_PLUGINS")
+        registry.reset()
+
+
 def test_no_lazy_package_name_is_shadowed_by_its_submodule():
     """A package that reads its names on first use must not have a submodule named like one:
     importing the submodule would set the package attribute to the module."""

@@ -17,7 +17,14 @@ from axplug.layers import (
 )
 from axplug.trainer import Trainer
 
-__all__ = ["Preset", "resolve_preset", "preset_config", "PRESETS"]
+__all__ = [
+    "Preset",
+    "resolve_preset",
+    "preset_config",
+    "causal_lm_config",
+    "trainer_config",
+    "gpt_tiny",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +41,7 @@ class Preset:
     config_json: Mapping[str, Any] | None = None
 
 
-_ATTENTION = "axplug-attention"
-
-
-def _lm(
+def causal_lm_config(
     *,
     vocab,
     dim,
@@ -50,6 +54,8 @@ def _lm(
     norm=None,
     tie=False,
 ) -> CausalLM.Config:
+    """A decoder-only LM of core layers: RMSNorm (or `norm`), a gated `activation` MLP (or
+    not), a scanned stack (rematerialized) or an unrolled one; what a preset builds on."""
     cfg = CausalLM.default_config()
     decoder = cfg.decoder.set(vocab_size=vocab, dim=dim, tie_word_embeddings=tie)
     stack = RepeatedTransformer if scan else StackedTransformer
@@ -67,7 +73,9 @@ def _lm(
     return cfg
 
 
-def _trainer(model, *, seq_len, batch_size, lr, steps, warmup) -> Trainer.Config:
+def trainer_config(model, *, seq_len, batch_size, lr, steps, warmup) -> Trainer.Config:
+    """A trainer of `model` on `batch_size` x `seq_len` tokens, cosine learning rate with
+    linear warmup."""
     cfg = Trainer.default_config().set(model=model, max_steps=steps, output_dir="runs/default")
     cfg.input.set(seq_len=seq_len, batch_size=batch_size)
     cfg.learner.set(learning_rate=lr, warmup_steps=warmup, schedule="cosine")
@@ -75,7 +83,7 @@ def _trainer(model, *, seq_len, batch_size, lr, steps, warmup) -> Trainer.Config
 
 
 def _gpt_tiny() -> Trainer.Config:
-    model = _lm(
+    model = causal_lm_config(
         vocab=256,
         dim=128,
         layers=2,
@@ -85,41 +93,12 @@ def _gpt_tiny() -> Trainer.Config:
         activation="gelu",
         norm=LayerNorm.default_config(),
     )
-    return _trainer(model, seq_len=128, batch_size=8, lr=3e-3, steps=100, warmup=10)
-
-
-def _llama_tiny() -> Trainer.Config:
-    model = _lm(vocab=256, dim=256, layers=4, heads=8, hidden=704)
-    return _trainer(model, seq_len=256, batch_size=8, lr=2e-3, steps=300, warmup=20)
-
-
-def _full(vocab, dim, layers, heads, hidden, seq_len=4096) -> Callable[[], Trainer.Config]:
-    def build() -> Trainer.Config:
-        model = _lm(vocab=vocab, dim=dim, layers=layers, heads=heads, hidden=hidden, scan=True)
-        model.compute_dtype = "bfloat16"
-        return _trainer(model, seq_len=seq_len, batch_size=256, lr=3e-4, steps=100_000, warmup=2000)
-
-    return build
+    return trainer_config(model, seq_len=128, batch_size=8, lr=3e-3, steps=100, warmup=10)
 
 
 gpt_tiny = Preset(
     "gpt-tiny", "2-layer GPT on bytes, core layers only (trains in seconds)", _gpt_tiny
 )
-llama_tiny = Preset(
-    "llama-tiny",
-    "4-layer LLaMA recipe on bytes (RMSNorm, SwiGLU, RoPE); trains on CPU in minutes",
-    _llama_tiny,
-    ("rope",),
-    {"rope": _ATTENTION},
-)
-llama2_7b = Preset(
-    "llama2-7b",
-    "LLaMA 2 7B shapes, for planning and AOT checks",
-    _full(32000, 4096, 32, 32, 11008),
-    ("rope",),
-    {"rope": _ATTENTION},
-)
-PRESETS = (gpt_tiny, llama_tiny, llama2_7b)
 
 
 def resolve_preset(name: str) -> Preset:

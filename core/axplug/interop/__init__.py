@@ -1,5 +1,5 @@
 """Hugging Face checkpoints in and out, through the installed architectures
-(`axplug.architectures` entries; LLaMA is the core's own, docs/model-families.md).
+(`axplug.architectures` entries, all from plugins; docs/model-families.md).
 
 Names are read on first use (PEP 562): `axplug import-hf` reads and checks config.json through
 `axplug.interop.hf_config` before anything imports jax. No module is named like a function it
@@ -21,12 +21,9 @@ if TYPE_CHECKING:
     from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
     from axplug.interop.hf_walk import differences, read_fields, write_fields
     from axplug.interop.llama import (
-        Llama,
         attention_tensors,
         decoder_tensors,
-        layer_class,
         linear_tensors,
-        llama_base,
         mlp_tensors,
         norm_tensors,
     )
@@ -51,12 +48,9 @@ _HOMES = {
     ),
     **dict.fromkeys(
         (
-            "Llama",
             "attention_tensors",
             "decoder_tensors",
-            "layer_class",
             "linear_tensors",
-            "llama_base",
             "mlp_tensors",
             "norm_tensors",
         ),
@@ -94,10 +88,7 @@ __all__ = [
     "ImportResult",
     "import_hf",
     "IMPORT_STEP",
-    # What a model-family plugin builds on (docs/model-families.md).
-    "Llama",
-    "llama_base",
-    "layer_class",
+    # The LLaMA tensor layout a model-family plugin builds on (docs/model-families.md).
     "decoder_tensors",
     "linear_tensors",
     "norm_tensors",

@@ -26,6 +26,7 @@ KIND = "architectures"
 # Hugging Face architectures a first-party distribution registers: the hint when none
 # installed does (the core imports none of them).
 KNOWN_PROVIDERS = {
+    "LlamaForCausalLM": "axplug-attention",
     **dict.fromkeys(
         (
             "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",

@@ -1,5 +1,5 @@
-"""The LLaMA family, registered like any plugin's (`axplug.architectures`: LlamaForCausalLM),
-and the LLaMA-layout helpers other families build on (`llama_base`, `decoder_tensors`).
+"""The LLaMA tensor layout Hugging Face families share (`decoder_tensors` and its parts); the
+families themselves, LLaMA's too, are plugins (`axplug.architectures`).
 
 LLaMA-layout checkpoints name tensors `model.embed_tokens`, `model.layers.{i}.self_attn.
 {q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`,
@@ -9,16 +9,12 @@ LLaMA-layout checkpoints name tensors `model.embed_tokens`, `model.layers.{i}.se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from axplug.api.hf import HFFields, HFTensor
-from axplug.interop.hf_config import HFImportError
+from axplug.api.hf import HFTensor
 
 __all__ = [
-    "Llama",
-    "llama_base",
-    "layer_class",
     "decoder_tensors",
     "linear_tensors",
     "norm_tensors",
@@ -27,49 +23,6 @@ __all__ = [
 ]
 
 LayerTensors = Callable[[int, Any, str, str], dict[str, HFTensor]]
-
-
-def layer_class(name: str, architecture: str, provider: str) -> Any:
-    """The registered layer `name`, or an error naming the distribution that provides it."""
-    from axplug import registry
-
-    try:
-        return registry.load("layers", name)
-    except (LookupError, registry.PluginLoadError) as exc:
-        raise HFImportError(
-            f"importing a {architecture} needs layer {name!r} from {provider} "
-            f"(pip install {provider}): {exc}"
-        ) from None
-
-
-def llama_base(
-    fields: HFFields, architecture: str, *, preset: Any = None, modifiers: Sequence[str] = ()
-) -> Any:
-    """A LLaMA-layout trainer config (a stock preset's recipe, unrolled stack, RoPE, GQA where
-    config.json has fewer k/v heads) for the layers' `hf_read` to fill; then `modifiers`."""
-    from axplug.config import replace_config
-    from axplug.layers import RepeatedTransformer, StackedTransformer
-    from axplug.modifiers import make_modifier
-    from axplug.presets import llama2_7b
-
-    cfg = (preset or llama2_7b).build()
-    cfg = replace_config(
-        cfg,
-        target=RepeatedTransformer,
-        new_cfg=StackedTransformer.default_config(),
-        carry=["layer", "num_layers"],
-        missing_ok=True,
-    )
-    attention = cfg.model.decoder.transformer.layer.attention
-    attention.position = layer_class("rope", architecture, "axplug-attention").default_config()
-    heads = fields.raw.get(fields.name("num_attention_heads"))
-    kv_heads = fields.raw.get(fields.name("num_key_value_heads"))
-    if kv_heads is not None and kv_heads != heads:
-        gqa = layer_class("gqa_qkv_linear", architecture, "axplug-attention").default_config()
-        attention.qkv = gqa.set(linear=attention.qkv.linear)
-    for spec in modifiers:
-        cfg = make_modifier(spec)(cfg)
-    return cfg
 
 
 def linear_tensors(param: str, hf: str, linear: Any) -> dict[str, HFTensor]:
@@ -139,19 +92,3 @@ def decoder_tensors(
         param = f"decoder.transformer.{place(stack, i)}"
         out.update(layer_tensors(i, stack.layer, param, f"{prefix}.layers.{i}"))
     return out
-
-
-class Llama:
-    """LlamaForCausalLM: RMSNorm, SwiGLU, RoPE with or without Llama 3 scaling, GQA, tied or not."""
-
-    architecture = "LlamaForCausalLM"
-    model_type = "llama"
-    defaults: Mapping[str, Any] = {"rms_norm_eps": 1e-6}
-    aliases: Mapping[str, str] = {"qkv_bias": "attention_bias"}  # one flag for all four
-
-    def base_config(self, fields: HFFields) -> Any:
-        fields.expect("pretraining_tp", 1, why="a split of the projections for training only")
-        return llama_base(fields, self.architecture)
-
-    def tensors(self, model: Any) -> dict[str, HFTensor]:
-        return decoder_tensors(model)

@@ -270,9 +270,9 @@ class LayerConformance:
         from axplug.testing._trainer import tiny_trainer_config, train_steps
 
         try:
-            registry.entry("modifiers", "rope")
+            registry.entry("presets", "llama-tiny")
         except LookupError:
-            pytest.skip("llama-tiny needs the 'rope' modifier: pip install axplug-attention")
+            pytest.skip("no plugin installed registers the llama-tiny preset")
         cfg = tiny_trainer_config(
             tmp_path,
             "learner.warmup_steps=0",

@@ -77,7 +77,7 @@ class MeshRuleConformance:
 
     @pytest.fixture
     def presets(self) -> Sequence[str]:
-        # llama-tiny needs axplug-attention's `rope`; a core-only environment checks gpt-tiny.
+        # llama-tiny is a plugin's; a core-only environment checks gpt-tiny.
         return [name for name in ("gpt-tiny", "llama-tiny") if _preset_usable(name)]
 
     # -- helpers ---------------------------------------------------------------------------

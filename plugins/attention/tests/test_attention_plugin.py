@@ -111,8 +111,11 @@ EXPECTED = {
     ("modifiers", "gqa"),
     ("modifiers", "sliding_window"),
     ("modifiers", "alibi"),
+    ("presets", "llama-tiny"),
+    ("presets", "llama2-7b"),
     ("presets", "llama2-70b"),
     ("presets", "llama3-8b"),
+    ("architectures", "LlamaForCausalLM"),
 }
 
 
@@ -132,14 +135,14 @@ def test_list_check_imports_every_component(capsys):
     assert {r["status"] for r in rows} == {"ok"}
 
 
-def test_core_alone_fails_with_the_install_hint(tmp_path):
+def test_core_alone_names_the_missing_preset_and_lists_its_own(tmp_path):
     # Hide this distribution's metadata, as if only the core were installed.
     script = (
         "import importlib_metadata as m\n"
         "everything = m.distributions\n"
         f"m.distributions = lambda **kw: [d for d in everything(**kw) if d.name != {DIST!r}]\n"
         "from axplug.cli import main\n"
-        "raise SystemExit(main(['train', '--preset', 'llama-tiny', '--modifier', 'rope',\n"
+        "raise SystemExit(main(['train', '--preset', 'llama-tiny',\n"
         f"                       '--output-dir', {str(tmp_path)!r}]))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AXPLUG_")}
@@ -147,7 +150,9 @@ def test_core_alone_fails_with_the_install_hint(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
-    assert "preset llama-tiny needs modifier 'rope': pip install axplug-attention" in proc.stderr
+    # llama-tiny is this plugin's; the core's own preset is still there.
+    assert proc.stderr.startswith("error: no presets component named 'llama-tiny'"), proc.stderr
+    assert "gpt-tiny" in proc.stderr and "llama2-7b" not in proc.stderr
 
 
 def test_kernel_names_are_the_cores_re_exported():

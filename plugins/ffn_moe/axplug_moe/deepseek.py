@@ -9,14 +9,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import llama_base
+from axplug_attention.mla import MultiHeadLatentAttention
+
 from axplug.api import HFFields, HFTensor
-from axplug.interop import (
-    decoder_tensors,
-    layer_class,
-    llama_base,
-    mlp_tensors,
-    norm_tensors,
-)
+from axplug.interop import decoder_tensors, mlp_tensors, norm_tensors
 
 __all__ = ["DeepseekV3", "mla_tensors", "deepseek_moe_tensors"]
 
@@ -109,11 +106,12 @@ class DeepseekV3:
             fields.problem(f"num_nextn_predict_layers={mtp!r} (expected an integer >= 0)")
         if fields.raw.get("n_shared_experts") == 0:
             fields.problem("n_shared_experts=0 (transformers builds a zero-width shared MLP)")
-        cfg = llama_base(fields, self.architecture)
+        cfg = llama_base(fields)
         stack = cfg.model.decoder.transformer
         layer = stack.layer
-        mla = layer_class("mla", self.architecture, "axplug-attention").default_config()
-        layer.attention = mla.set(position=layer.attention.position)
+        layer.attention = MultiHeadLatentAttention.default_config().set(
+            position=layer.attention.position
+        )
         dense = copy.deepcopy(layer)
         layer.feed_forward = MoEFeedForward.default_config().set(
             router=DeepSeekRouter.default_config()

@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import llama_base
+
 from axplug.api import HFFields, HFTensor
 from axplug.interop import (
     attention_tensors,
     decoder_tensors,
     linear_tensors,
-    llama_base,
     mlp_tensors,
     norm_tensors,
 )
@@ -73,7 +74,6 @@ class Mixtral:
         experts = fields.raw.get("num_local_experts", self.defaults["num_local_experts"])
         return llama_base(
             fields,
-            self.architecture,
             preset=resolve_preset("mixtral-8x7b"),
             modifiers=[f"moe:num_experts={experts}"],
         )
@@ -191,7 +191,7 @@ class Qwen2Moe:
         step = _sparse_step(fields)
         experts = fields.raw.get("num_experts", self.defaults["num_experts"])
         experts = experts if isinstance(experts, int) and experts > 0 else 1
-        cfg = llama_base(fields, self.architecture)
+        cfg = llama_base(fields)
         stack = cfg.model.decoder.transformer
         if self.qk_norm:  # before the MoE layers are made, so dense and MoE layers have it
             stack.layer.attention.set(qk_norm=RMSNorm.default_config(), qk_norm_over="head_dim")

@@ -4,10 +4,10 @@ config.json)."""
 
 from __future__ import annotations
 
-from axplug_attention.presets import sized_llama
+from axplug_attention.presets import llama_tiny, sized_llama
 
 from axplug.interop import config_json_preset
-from axplug.presets import Preset, resolve_preset
+from axplug.presets import Preset
 
 __all__ = [
     "moe_tiny",
@@ -19,7 +19,6 @@ __all__ = [
 ]
 
 _ATTENTION, _MOE = "axplug-attention", "axplug-moe"
-llama_tiny = resolve_preset("llama-tiny")  # the core preset these build on
 
 moe_tiny = Preset(
     "moe-tiny",

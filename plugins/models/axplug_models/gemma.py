@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import llama_base
+
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors, llama_base
+from axplug.interop import decoder_tensors
 
 __all__ = ["Gemma", "gemma_base"]
 
 
-def gemma_base(fields: HFFields, architecture: str) -> Any:
+def gemma_base(fields: HFFields) -> Any:
     """The LLaMA layout with Gemma's norms, embedding scale and GeGLU."""
     from axplug.config import visit
     from axplug.layers import RMSNorm
@@ -20,7 +22,7 @@ def gemma_base(fields: HFFields, architecture: str) -> Any:
     if fields.raw.get("hidden_activation") is not None:  # older checkpoints: it wins, as in HF
         fields.raw["hidden_act"] = fields.get("hidden_activation")
     fields.expect("use_bidirectional_attention", None, False, why="a causal LM's is causal")
-    cfg = llama_base(fields, architecture)
+    cfg = llama_base(fields)
     cfg.model.decoder.embedding_scale = float(fields.raw.get("hidden_size", 0)) ** 0.5
 
     def offset(_path: str, value: Any) -> None:
@@ -46,7 +48,7 @@ class Gemma:
     implied: Mapping[str, Any] = {"mlp_bias": False}
 
     def base_config(self, fields: HFFields) -> Any:
-        return gemma_base(fields, self.architecture)
+        return gemma_base(fields)
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         return decoder_tensors(model)
@@ -66,12 +68,12 @@ def _patterned(cfg: Any) -> Any:
     )
 
 
-def _gemma2_like(fields: HFFields, architecture: str, *, qk_norm: bool) -> Any:
+def _gemma2_like(fields: HFFields, *, qk_norm: bool) -> Any:
     """Gemma 2 / 3: Gemma with a norm before and after each branch, a query scale of
     query_pre_attn_scalar ** -0.5, optional soft-caps, and sliding/full layers."""
     from axplug.layers import RMSNorm
 
-    cfg = gemma_base(fields, architecture)
+    cfg = gemma_base(fields)
     layer = cfg.model.decoder.transformer.layer
     if qk_norm:
         layer.attention.qk_norm = RMSNorm.default_config().set(scale_offset=1.0)
@@ -133,7 +135,7 @@ class Gemma2(Gemma):
     defaults: Mapping[str, Any] = {**Gemma.defaults, "sliding_window_pattern": 2}
 
     def base_config(self, fields: HFFields) -> Any:
-        return _gemma2_like(fields, self.architecture, qk_norm=False)
+        return _gemma2_like(fields, qk_norm=False)
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         return _gemma2_tensors(model)
@@ -151,4 +153,4 @@ class Gemma3(Gemma2):
     defaults: Mapping[str, Any] = {**Gemma.defaults, "sliding_window_pattern": 6}
 
     def base_config(self, fields: HFFields) -> Any:
-        return _gemma2_like(fields, self.architecture, qk_norm=True)
+        return _gemma2_like(fields, qk_norm=True)

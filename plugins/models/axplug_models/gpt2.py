@@ -56,7 +56,8 @@ class GPT2:
     }  # fmt: skip
 
     def base_config(self, fields: HFFields) -> Any:
-        from axplug.interop import llama_base
+        from axplug_attention.llama import llama_base
+
         from axplug.layers import Embedding, IdentityPositionTransform, LayerNorm
 
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"):
@@ -73,7 +74,7 @@ class GPT2:
             fields.expect(name, False)
         if fields.raw.get("n_inner") is None:  # 4 * n_embd, as GPT-2 computes it
             fields.raw["n_inner"] = 4 * int(fields.raw.get("n_embd", 768))
-        cfg = llama_base(fields, self.architecture)
+        cfg = llama_base(fields)
         decoder = cfg.model.decoder
         decoder.position_embedding = Embedding.default_config()
         decoder.max_positions = fields.positive_int("n_positions")

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import Llama, llama_base
+
 from axplug.api import HFFields
-from axplug.interop import Llama, llama_base
 
 __all__ = ["Mistral", "Qwen2"]
 
@@ -22,7 +23,7 @@ class Mistral(Llama):
     implied: Mapping[str, Any] = {"attention_bias": False, "qkv_bias": False, "mlp_bias": False}
 
     def base_config(self, fields: HFFields) -> Any:
-        return llama_base(fields, self.architecture)
+        return llama_base(fields)
 
 
 class Qwen2(Mistral):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import llama_base
+
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors, linear_tensors, llama_base, norm_tensors
+from axplug.interop import decoder_tensors, linear_tensors, norm_tensors
 
 __all__ = ["Phi3"]
 
@@ -29,7 +31,7 @@ class Phi3:
         for dropout in ("resid_pdrop", "embd_pdrop"):
             fields.expect(dropout, 0.0, 0, why="dropout is not imported")
         fields.get("original_max_position_embeddings", None)  # read by longrope only
-        return llama_base(fields, self.architecture)
+        return llama_base(fields)
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:

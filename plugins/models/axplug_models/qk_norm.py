@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from axplug_attention.llama import llama_base
+
 from axplug.api import HFFields, HFTensor
 from axplug.interop import (
     attention_tensors,
     decoder_tensors,
-    llama_base,
     mlp_tensors,
     norm_tensors,
 )
@@ -44,7 +45,7 @@ class Qwen3:
     implied: Mapping[str, Any] = {"mlp_bias": False}
 
     def base_config(self, fields: HFFields) -> Any:
-        return _qk_norms(llama_base(fields, self.architecture), "head_dim")
+        return _qk_norms(llama_base(fields), "head_dim")
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
@@ -73,7 +74,7 @@ class Olmo2:
     implied: Mapping[str, Any] = {"mlp_bias": False}
 
     def base_config(self, fields: HFFields) -> Any:
-        cfg = _qk_norms(llama_base(fields, self.architecture), "projection")
+        cfg = _qk_norms(llama_base(fields), "projection")
         cfg.model.decoder.transformer.layer.set(pre_norm=False, post_norm=True)
         return cfg
 

@@ -324,9 +324,9 @@ def test_linear_rope_scaling_equals_transformers():
 
 def hf_model(fields: HFFields):
     """A LLaMA-layout model config with the patterned stack, read from `fields`."""
-    from axplug.interop.llama import llama_base
+    from axplug_attention.llama import llama_base
 
-    cfg = llama_base(fields, "Gemma3ForCausalLM")
+    cfg = llama_base(fields)
     cfg = replace_config(
         cfg,
         target=StackedTransformer,
@@ -557,11 +557,11 @@ def test_export_refuses_what_config_json_cannot_express(kinds, expected):
 
 def test_without_a_patterned_stack_per_layer_fields_are_still_refused():
     transformers = pytest.importorskip("transformers")
-    from axplug.interop.llama import llama_base
+    from axplug_attention.llama import llama_base
 
     raw = transformers.Gemma3TextConfig(**GEMMA3_LEGACY).to_dict()
     fields = HFFields({k: v for k, v in raw.items() if k in OURS - {"rope_local_base_freq"}})
-    cfg = llama_base(fields, "LlamaForCausalLM")
+    cfg = llama_base(fields)
     read_fields(cfg.model, fields)
     problems = " | ".join(fields.problems)
     assert "layer_types mixes" in problems and "rope_parameters is keyed by layer type" in problems
