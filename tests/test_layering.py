@@ -153,6 +153,23 @@ def test_plugins_import_only_the_public_api():
     assert not problems, "\n".join(problems)
 
 
+def test_plugins_and_their_tests_take_the_floors_names_from_the_floor():
+    """A name `axplug.api` exports has one door for plugins: `ParameterSpec` comes from
+    `axplug.api`, never from `axplug.layers` where it also lives."""
+    import axplug.api
+
+    floor = set(axplug.api.__all__)
+    assert {"ParameterSpec", "Unsupported", "AttentionMask"} <= floor
+    problems = []
+    for path in sorted((ROOT / "plugins").glob("*/**/*.py")):
+        for target, names, line in _imports(path, "plugin"):
+            if target.startswith("axplug.") and target != "axplug.api":
+                for name in sorted(set(names) & floor):
+                    where = f"{path.relative_to(ROOT)}:{line}"
+                    problems.append(f"{where}: {name} from {target}, not axplug.api")
+    assert not problems, "\n".join(problems)
+
+
 def test_every_public_module_lists_what_it_exports():
     for module in PUBLIC_MODULES:
         names = _public_names(module)

@@ -4,6 +4,7 @@ Re-exported so `axplug_attention.kernels.ReferenceKernel` and friends keep worki
 existing code and saved configs.
 """
 
-from axplug.kernels import AttentionKernel, ReferenceKernel, Unsupported, XlaKernel, check_shapes
+from axplug.api import AttentionKernel, Unsupported, check_shapes
+from axplug.kernels import ReferenceKernel, XlaKernel
 
 __all__ = ["AttentionKernel", "Unsupported", "ReferenceKernel", "XlaKernel", "check_shapes"]

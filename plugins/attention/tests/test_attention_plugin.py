@@ -620,8 +620,8 @@ def test_alibi_keeps_the_bias_kernels_selectable():
     pytest.importorskip("axplug_tpu")
     from axplug_attention.alibi import alibi_slopes
 
+    from axplug.api import AttentionMask
     from axplug.kernels import select_kernel
-    from axplug.layers import AttentionMask
 
     q = jax.ShapeDtypeStruct((1, 512, 8, 128), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((1, 512), jnp.int32)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import jax
 
+from axplug.api import ParameterSpec
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, FeedForward, Linear, ParameterSpec, get_activation
+from axplug.layers import BaseLayer, FeedForward, Linear, get_activation
 from axplug_moe.dispatch import Experts
 from axplug_moe.dispatchers import AutoDispatch
 from axplug_moe.router import TopKRouter

@@ -14,13 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from axplug.kernels import (
-    AttentionKernel,
-    Unsupported,
-    check_sequence_sharding,
-    check_shapes,
-    shard_over_batch,
-)
+from axplug.api import AttentionKernel, Unsupported, check_shapes
+from axplug.kernels import check_sequence_sharding, shard_over_batch
 
 __all__ = ["CudnnFlashKernel", "PallasGpuFlashKernel", "GPU_BACKENDS"]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from axplug.kernels import Unsupported, check_paged_shapes
+from axplug.api import Unsupported
+from axplug.kernels import check_paged_shapes
 from axplug.sharding import current_scope
 
 __all__ = ["PallasGpuPagedKernel"]

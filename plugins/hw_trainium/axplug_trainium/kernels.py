@@ -22,13 +22,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from axplug.kernels import (
-    AttentionKernel,
-    Unsupported,
-    check_sequence_sharding,
-    check_shapes,
-    shard_over_batch,
-)
+from axplug.api import AttentionKernel, Unsupported, check_shapes
+from axplug.kernels import check_sequence_sharding, shard_over_batch
 
 __all__ = ["NkiFlashKernel", "NkiKernels", "NEURON_BACKENDS", "NKI"]
 

@@ -13,8 +13,8 @@ import pytest
 axplug_trainium = pytest.importorskip("axplug_trainium")
 
 from axplug import registry  # noqa: E402
+from axplug.api import AttentionMask  # noqa: E402
 from axplug.kernels import ReferenceKernel, select_kernel  # noqa: E402
-from axplug.layers import AttentionMask  # noqa: E402
 from axplug.sharding import sharding_scope  # noqa: E402
 from axplug.testing import abstract_call  # noqa: E402
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from axplug.api import ParameterSpec
 from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, ParameterSpec
+from axplug.layers import BaseLayer
 
 __all__ = ["LoRAAdapter"]
 

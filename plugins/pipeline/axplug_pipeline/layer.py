@@ -9,11 +9,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from axplug.api import ParameterSpec
 from axplug.config import ConfigError, config_class
 from axplug.layers import (
     RESIDUAL_AXES,
     OutputCollection,
-    ParameterSpec,
     RepeatedTransformer,
     merge_collections,
     scan_layer,
