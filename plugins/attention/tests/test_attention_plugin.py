@@ -37,7 +37,6 @@ from axplug_attention import (  # noqa: E402
 from axplug.api import HFFields  # noqa: E402
 from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError, to_dict  # noqa: E402
-from axplug.context import functional  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
     CausalLM,
@@ -47,6 +46,7 @@ from axplug.layers import (  # noqa: E402
     QKVLinear,
     RepeatedTransformer,
     RMSNorm,
+    functional,  # noqa: E402
 )
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402

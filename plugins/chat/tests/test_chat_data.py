@@ -10,7 +10,7 @@ import pytest
 from axplug_chat import ChatTemplate, rendered_segments
 
 from axplug.cli import main
-from axplug.context import functional
+from axplug.layers import functional
 from axplug.testing import tiny_trainer_config
 from axplug.tokenizer import load_tokenizer
 

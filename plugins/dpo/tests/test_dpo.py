@@ -12,8 +12,8 @@ from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_l
 
 from axplug.cli import main
 from axplug.config import ConfigError
-from axplug.context import functional
 from axplug.inference import load_checkpoint
+from axplug.layers import functional
 from axplug.testing import tiny_train_args
 
 # One device (the `mesh` modifier), small rows.

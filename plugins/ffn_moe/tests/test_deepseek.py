@@ -31,9 +31,12 @@ from axplug_moe import DeepSeekRouter, DenseFirstStack, MoEFeedForward  # noqa: 
 
 from axplug.api import EMPTY_POSITION, ParameterSpec  # noqa: E402
 from axplug.config import ConfigError  # noqa: E402
-from axplug.context import functional  # noqa: E402
 from axplug.interop import HFImportError, hf_trainer_config, parse_hf_config  # noqa: E402
-from axplug.layers import FeedForward, PagedKVCache  # noqa: E402
+from axplug.layers import (  # noqa: E402
+    FeedForward,
+    PagedKVCache,
+    functional,  # noqa: E402
+)
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 

@@ -46,12 +46,12 @@ from axplug_moe import (  # noqa: E402
 
 from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError, find_configs  # noqa: E402
-from axplug.context import functional  # noqa: E402
 from axplug.layers import (  # noqa: E402
     FeedForward,
     RepeatedTransformer,
     StackedTransformer,
     TransformerLayer,
+    functional,  # noqa: E402
 )
 from axplug.modifiers import make_modifier  # noqa: E402
 from axplug.presets import preset_config  # noqa: E402

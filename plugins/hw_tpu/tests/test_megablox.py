@@ -75,7 +75,7 @@ def test_the_moe_ragged_dispatch_runs_on_it(monkeypatch):
     from axplug_moe import MoEFeedForward, RaggedDispatch
 
     import axplug.kernels.grouped as grouped
-    from axplug.context import functional
+    from axplug.layers import functional
 
     cfg = MoEFeedForward.default_config().set(
         input_dim=128, hidden_dim=128, num_experts=4, dispatch=RaggedDispatch.default_config()

@@ -12,8 +12,7 @@ from axplug_lora import TRAINABLE, LoRAAdapter
 
 from axplug.cli import main
 from axplug.config import ConfigError, find_configs
-from axplug.context import functional
-from axplug.layers import fold_layers
+from axplug.layers import fold_layers, functional
 from axplug.testing import LayerConformance, tiny_trainer_config
 from axplug.trainer import Trainer
 from axplug.trainer.trainable import parameter_paths

@@ -22,9 +22,8 @@ from axplug_models.pattern import PatternedTransformer, apply_layer_overrides
 
 from axplug.api import EMPTY_POSITION, HFFields
 from axplug.config import ConfigError, from_dict, replace_config, to_dict
-from axplug.context import functional
 from axplug.interop.hf_walk import read_fields, write_fields
-from axplug.layers import CausalLM, StackedTransformer, TransformerLayer
+from axplug.layers import CausalLM, StackedTransformer, TransformerLayer, functional
 from axplug.modifiers import make_modifier
 
 F32 = dict(rtol=1e-5, atol=1e-5)

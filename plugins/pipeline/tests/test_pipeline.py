@@ -7,8 +7,7 @@ import pytest
 from axplug_pipeline import bubble_fraction
 
 from axplug.config import ConfigError, replace_config
-from axplug.context import functional
-from axplug.layers import FeedForward
+from axplug.layers import FeedForward, functional
 from axplug.summary import read_jsonl
 from axplug.testing import tiny_trainer_config
 
