@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from axplug.api import ParameterSpec
 from axplug.config import REQUIRED, Required, config_class
 from axplug.context import (
     ContextError,
@@ -13,7 +14,7 @@ from axplug.context import (
     current_context,
     functional,
 )
-from axplug.layers import BaseLayer, ParameterSpec
+from axplug.layers import BaseLayer
 
 
 class Scale(BaseLayer):

@@ -14,9 +14,8 @@ axplug_tpu = pytest.importorskip("axplug_tpu")
 axplug_trainium = pytest.importorskip("axplug_trainium")
 
 from axplug import registry  # noqa: E402
-from axplug.api import DeviceSpec  # noqa: E402
+from axplug.api import AttentionMask, DeviceSpec  # noqa: E402
 from axplug.kernels import ReferenceKernel, kernel_choices, select_kernel  # noqa: E402
-from axplug.layers import AttentionMask  # noqa: E402
 from axplug.mesh_rules import device_spec_of, select_mesh_rule  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402
 from axplug.testing import abstract_call  # noqa: E402

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from axplug.api import AttentionMask
 from axplug.context import functional
 from axplug.kernels import (
     ReferenceKernel,
@@ -35,7 +36,7 @@ from axplug.kernels import (
     select_kernel,
     shard_over_batch,
 )
-from axplug.layers import AttentionMask, FlashAttention
+from axplug.layers import FlashAttention
 from axplug.mesh import DEFAULT_AXIS_RULES, MESH_AXES, logical_to_partition_spec
 from axplug.sharding import sharding_scope
 

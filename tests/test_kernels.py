@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 
 from axplug import registry
+from axplug.api import AttentionMask, Unsupported
 from axplug.config import ConfigError
 from axplug.context import functional
 from axplug.kernels import (
-    Unsupported,
     XlaKernel,
     describe_kernels,
     kernel_choices,
     registered_kernels,
     select_kernel,
 )
-from axplug.layers import AttentionMask, DotProductKernel, FlashAttention
+from axplug.layers import DotProductKernel, FlashAttention
 from axplug.testing import KernelConformance
 
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -285,7 +285,7 @@ def test_every_kernel_declares_a_priority_and_a_support_check():
 
 FAKE_KERNELS = """
 import jax.numpy as jnp
-from axplug.kernels import AttentionKernel, Unsupported
+from axplug.api import AttentionKernel, Unsupported
 
 
 class NeedsGpu(AttentionKernel):
@@ -396,7 +396,7 @@ def test_a_softcap_goes_only_to_kernels_that_declare_it(fake_kernels):
         kernel = dict(registered_kernels([c.name]))[c.name]
         assert not c.supported or getattr(kernel, "supports_logit_softcap", False), c.name
     # ... and AttentionKernel's own check answers Unsupported for one (a direct caller).
-    from axplug.kernels import AttentionKernel
+    from axplug.api import AttentionKernel
 
     answer = AttentionKernel().is_supported(q, k, v, capped, "cpu")
     assert not answer and "logit soft-capping" in answer.reason

@@ -217,6 +217,16 @@ def test_every_public_module_lists_what_it_exports():
         assert not missing, f"{module}.__all__ names missing attributes: {missing}"
 
 
+def test_every_public_name_has_one_door():
+    """A name is exported (`__all__`) by one public module: the floor's from `axplug.api`."""
+    doors: dict[str, list[str]] = {}
+    for module in PUBLIC_MODULES:
+        for name in _public_names(module):
+            doors.setdefault(name, []).append(module)
+    several = {name: where for name, where in doors.items() if len(where) > 1}
+    assert not several, several
+
+
 def test_old_import_paths_warn_and_resolve_to_the_new_homes():
     import axplug.aot
     import axplug.api

@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from axplug.api import AttentionMask, ParameterSpec
 from axplug.config import ConfigError
 from axplug.context import ContextError, functional
 from axplug.layers import (
     Attention,
-    AttentionMask,
     CausalLM,
     Decoder,
     DotProductKernel,
@@ -36,7 +36,6 @@ from axplug.layers import (
     FeedForward,
     LayerNorm,
     Linear,
-    ParameterSpec,
     QKVLinear,
     RepeatedTransformer,
     RMSNorm,
@@ -819,7 +818,7 @@ def test_decoder_position_embedding():
     assert_close(logits, want, F32_LOOSE)
     # Padding (EMPTY_POSITION) reads row 0; a real position past the table is NaN, not a
     # silently repeated row.
-    from axplug.layers import EMPTY_POSITION
+    from axplug.api import EMPTY_POSITION
 
     pad = jnp.array([[0, EMPTY_POSITION, S + 1]] * B)
     x = run(m, params, (ids[:, :3], pad), method="_embed")

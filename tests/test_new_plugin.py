@@ -340,8 +340,8 @@ def _signature(method) -> str:
 def test_slot_contracts_and_attention_mask_are_documented_as_coded():
     import dataclasses
 
+    from axplug.api import AttentionMask
     from axplug.layers import (
-        AttentionMask,
         ContiguousKVCache,
         DotProductKernel,
         FeedForward,

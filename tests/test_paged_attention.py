@@ -75,7 +75,7 @@ def test_paged_dispatch_picks_by_backend_and_says_why_not():
     # Dense dispatch never offers a paged kernel, and paged dispatch no dense one.
     q = jax.ShapeDtypeStruct((1, 8, 4, 16), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
-    from axplug.layers import AttentionMask
+    from axplug.api import AttentionMask
 
     pos = jax.ShapeDtypeStruct((1, 8), jnp.int32)
     dense = {c.name for c in kernel_choices(q, kv, kv, AttentionMask(pos, pos), backend="cpu")}

@@ -5,8 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from axplug.api import ParameterSpec
 from axplug.config import replace_config
-from axplug.layers import ParameterSpec, RMSNorm
+from axplug.layers import RMSNorm
 from axplug.testing import tiny_trainer_config, train_steps
 
 

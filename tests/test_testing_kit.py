@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from axplug.api import ParameterSpec
 from axplug.config import config_class
-from axplug.layers import DotProductKernel, FeedForward, ParameterSpec
+from axplug.layers import DotProductKernel, FeedForward
 from axplug.layers.base import BaseLayer
 from axplug.testing import (
     KernelConformance,

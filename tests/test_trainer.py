@@ -318,7 +318,7 @@ def test_learner_schedule_and_weight_decay_mask():
     linear = Learner.default_config().set(learning_rate=2.0, schedule="linear").instantiate()
     np.testing.assert_allclose(linear.schedule(100)(50), 2.0 - 0.5 * (2.0 - 0.2), rtol=1e-5)
 
-    from axplug.layers import ParameterSpec
+    from axplug.api import ParameterSpec
 
     ones = jax.nn.initializers.ones
     specs = {

@@ -4,7 +4,7 @@ __version__ = "0.1.6"
 # Major.minor of the plugin API (docs/plugin-reference.md); loading checks the major only.
 PLUGIN_API_VERSION = "1.11"
 
-__all__ = ["__version__", "PLUGIN_API_VERSION", "hookimpl"]
+__all__ = ["__version__", "PLUGIN_API_VERSION"]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,6 @@ every `axplug.kernels` entry, by priority, whether it supports a call and falls 
 reference kernel.
 """
 
-from axplug.api import AttentionKernel, Unsupported, check_shapes
 from axplug.api.moved import moved_names
 from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
 from axplug.kernels.dispatch import (
@@ -37,7 +36,6 @@ from axplug.kernels.xla import XlaKernel
 
 __all__ = [
     "FALLBACK",
-    "AttentionKernel",
     "BlockwiseKernel",
     "GroupedMatmulKernel",
     "XlaGroupedMatmul",
@@ -46,7 +44,6 @@ __all__ = [
     "select_grouped_matmul",
     "KernelChoice",
     "ReferenceKernel",
-    "Unsupported",
     "XlaKernel",
     "XlaPagedKernel",
     "check_paged_shapes",
@@ -55,7 +52,6 @@ __all__ = [
     "attention_specs",
     "blockwise_attention",
     "check_sequence_sharding",
-    "check_shapes",
     "describe_kernels",
     "kernel_choices",
     "reference_attention",

@@ -1,6 +1,5 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
-from axplug.api import EMPTY_POSITION, AttentionMask, Initializer, ParameterSpec, linear_bias
 from axplug.context import OutputCollection, functional
 from axplug.layers.attention import (
     Attention,
@@ -40,16 +39,12 @@ __all__ = [
     "ACTIVATIONS",
     "HF_ACTIVATIONS",
     "hf_activation",
-    "EMPTY_POSITION",
-    "Initializer",
-    "linear_bias",
     "REMAT_POLICIES",
     "RESIDUAL_AXES",
     "Attention",
     "BlockwiseAttention",
     "FlashAttention",
     "FlashAttentionModifier",
-    "AttentionMask",
     "BaseLayer",
     "CausalLM",
     "ContiguousKVCache",
@@ -63,7 +58,6 @@ __all__ = [
     "functional",
     "Linear",
     "PagedKVCache",
-    "ParameterSpec",
     "QKVLinear",
     "RMSNorm",
     "RepeatedTransformer",

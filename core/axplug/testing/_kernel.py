@@ -130,7 +130,7 @@ class KernelConformance(NumericsFixtures):
 
     `kernel` returns an object with `__call__(query, key, value, mask, *, scale)` (and
     optionally `is_supported(query, key, value, mask, backend)`), the protocol of
-    `axplug.kernels.AttentionKernel`. Optional fixtures: `reference` (default
+    `axplug.api.AttentionKernel`. Optional fixtures: `reference` (default
     `reference_kernel()`), `tolerance`, `dtype`. Declare in `capabilities` which mask features
     and layouts the kernel supports (default `DEFAULT_CAPABILITIES`, the plugin API 1.0 set;
     add "linear_bias" with `supports_linear_bias = True` on the kernel, "logit_softcap" with

@@ -152,7 +152,7 @@ class LayerConformance:
         self.build(again)  # the round-tripped config still builds
 
     def test_parameter_specs_match_initialized_shapes(self, layer_config):
-        from axplug.layers import ParameterSpec
+        from axplug.api import ParameterSpec
         from axplug.mesh import DEFAULT_AXIS_RULES
 
         layer = self.build(layer_config)

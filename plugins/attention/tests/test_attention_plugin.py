@@ -157,14 +157,16 @@ def test_core_alone_names_the_missing_preset_and_lists_its_own(tmp_path):
 
 def test_kernel_names_are_the_cores_re_exported():
     # Moved to axplug.kernels; old imports and saved configs (`module:Qualname`) still resolve.
+    import axplug.api as floor
     import axplug.kernels as core_kernels
     import axplug.layers as core_layers
     from axplug.config import resolve_class
 
-    for name in ("ReferenceKernel", "XlaKernel", "select_kernel", "Unsupported"):
+    for name in ("ReferenceKernel", "XlaKernel", "select_kernel"):
         assert getattr(axplug_attention, name) is getattr(core_kernels, name), name
+    assert axplug_attention.Unsupported is floor.Unsupported
     assert axplug_attention.FlashAttention is core_layers.FlashAttention
-    assert axplug_attention.kernels.check_shapes is core_kernels.check_shapes
+    assert axplug_attention.kernels.check_shapes is floor.check_shapes
     assert axplug_attention.modifiers.FlashAttentionModifier is core_layers.FlashAttentionModifier
     assert resolve_class("axplug_attention.dispatch:FlashAttention") is FlashAttention
     assert set(axplug_attention.__all__) <= set(dir(axplug_attention))
