@@ -345,7 +345,7 @@ def _plugin_components() -> dict[str, str]:
 
 
 # Calls whose first string argument names a registered component (or a `name:key=value` spec).
-_LOOKUPS = ("load", "entry", "make_modifier", "resolve_preset", "preset_config", "layer_class")
+_LOOKUPS = ("load", "entry", "make_modifier", "resolve_preset", "preset_config")
 
 
 def test_the_core_looks_up_no_plugin_component_and_its_presets_need_none(monkeypatch):
