@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from axplug.config import apply_overrides
 from axplug.presets import Preset, causal_lm_config, trainer_config
 
 __all__ = ["llama_tiny", "llama2_7b", "llama2_70b", "llama3_8b", "sized_llama"]
@@ -19,12 +18,6 @@ def _llama_tiny():
     return trainer_config(model, seq_len=256, batch_size=8, lr=2e-3, steps=300, warmup=20)
 
 
-def _llama2_7b():
-    model = causal_lm_config(vocab=32000, dim=4096, layers=32, heads=32, hidden=11008, scan=True)
-    model.compute_dtype = "bfloat16"
-    return trainer_config(model, seq_len=4096, batch_size=256, lr=3e-4, steps=100_000, warmup=2000)
-
-
 llama_tiny = Preset(
     "llama-tiny",
     "4-layer LLaMA recipe on bytes (RMSNorm, SwiGLU, RoPE); trains on CPU in minutes",
@@ -32,30 +25,31 @@ llama_tiny = Preset(
     ("rope",),
     _ROPE,
 )
-llama2_7b = Preset(
-    "llama2-7b", "LLaMA 2 7B shapes, for planning and AOT checks", _llama2_7b, ("rope",), _ROPE
-)
 
 
 def sized_llama(vocab, dim, layers, heads, hidden, seq_len=4096) -> Callable:
-    """A build function: llama2-7b's recipe (scanned, bfloat16 compute) at these shapes."""
+    """A build function: the LLaMA 2 recipe (scanned, bfloat16 compute, 256 rows) at these
+    shapes."""
 
     def build():
-        return apply_overrides(
-            _llama2_7b(),
-            [
-                f"model.decoder.vocab_size={vocab}",
-                f"model.decoder.dim={dim}",
-                f"model.decoder.transformer.num_layers={layers}",
-                f"model.decoder.transformer.layer.attention.num_heads={heads}",
-                f"model.decoder.transformer.layer.feed_forward.hidden_dim={hidden}",
-                f"input.seq_len={seq_len}",
-            ],
+        model = causal_lm_config(
+            vocab=vocab, dim=dim, layers=layers, heads=heads, hidden=hidden, scan=True
+        )
+        model.compute_dtype = "bfloat16"
+        return trainer_config(
+            model, seq_len=seq_len, batch_size=256, lr=3e-4, steps=100_000, warmup=2000
         )
 
     return build
 
 
+llama2_7b = Preset(
+    "llama2-7b",
+    "LLaMA 2 7B shapes, for planning and AOT checks",
+    sized_llama(32000, 4096, 32, 32, 11008),
+    ("rope",),
+    _ROPE,
+)
 llama2_70b = Preset(
     "llama2-70b",
     "LLaMA 2 70B shapes (GQA, 8 kv heads)",
