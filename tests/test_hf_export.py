@@ -67,7 +67,8 @@ def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(
 ):
     assert main(["export-hf", str(llama_tiny_trained), "--output", str(tmp_path / "out")]) == 0
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert saved["num_hidden_layers"] == 4 and saved["vocab_size"] == 256  # llama-tiny's
+    # llama-tiny's vocabulary, its layers as the tests' tiny runs shrink them
+    assert saved["num_hidden_layers"] == 2 and saved["vocab_size"] == 256
     capsys.readouterr()
     assert main(["export-hf", str(gpt_tiny_trained), "--output", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err

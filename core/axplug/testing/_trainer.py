@@ -12,12 +12,15 @@ if TYPE_CHECKING:
 
 __all__ = ["tiny_trainer_config", "tiny_train_args", "train_steps"]
 
-# Applied before a test's own overrides, which may change any of them. No compilation cache of
-# the run's own: the process's settings apply (under pytest, the session's cache; see
-# axplug.testing.pytest_plugin), never ~/.cache/axplug/xla.
+# Applied before a test's own overrides, which may change any of them. Two layers: a program's
+# trace, lowering and compile grow with its unrolled layers (llama-tiny's four cost the suite
+# 7% more CPU time). No compilation cache of the run's own: the process's settings apply
+# (under pytest, the session's cache; see axplug.testing.pytest_plugin), never
+# ~/.cache/axplug/xla.
 _TINY = (
     "compilation_cache_dir=None",
     "model.decoder.dim=32",
+    "model.decoder.transformer.num_layers=2",
     "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
     "input.seq_len=32",
     "input.batch_size=8",
@@ -37,8 +40,8 @@ def tiny_trainer_config(
     summary_writers: Sequence[ConfigBase] = (),
 ) -> Trainer.Config:
     """`preset` on one device (the `mesh` modifier, before `modifiers`: a `mesh:...` of theirs
-    or a `mesh.*` override lays out another mesh), shrunk (dim 32, feed-forward 64, 8 rows of
-    32 tokens), the process's compilation cache, writing to `output_dir`; then `overrides`
+    or a `mesh.*` override lays out another mesh), shrunk (2 layers, dim 32, feed-forward 64,
+    8 rows of 32 tokens), the process's compilation cache, writing to `output_dir`; then `overrides`
     (`path=value`, as `--set`).
 
     `summary_writers` replaces the trainer's writers (none by default: nothing to read back

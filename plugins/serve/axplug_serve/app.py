@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -267,13 +268,15 @@ class _API:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
             async def events(index: int, generation: Generation):
-                sent = echoed[index // body.n]
-                if sent:
-                    yield sse(chunk([choice(index, sent, [], None)]))
-                sent = len(sent)
+                echo = echoed[index // body.n]
+                if echo:
+                    yield sse(chunk([choice(index, echo, [], None)]))
+                # Offsets count each token's own text, as the whole response's do (a token
+                # that ends inside a character reads U+FFFD: one character more than the text).
+                offset = self._token_chars(generation.prompt) if echo else 0
                 async for delta, entries in generation.deltas():
-                    yield sse(chunk([choice(index, delta, entries, None, start=sent)]))
-                    sent += len(delta)
+                    yield sse(chunk([choice(index, delta, entries, None, start=offset)]))
+                    offset += self._token_chars(e.token for e in entries)
                 yield sse(chunk([choice(index, "", [], generation.finish_reason)]))
 
             async def usage_event():
@@ -390,3 +393,7 @@ class _API:
 
     def _echo(self, prompt: str | list[int], ids: list[int]) -> str:
         return prompt if isinstance(prompt, str) else self.settings.tokenizer.decode(ids)
+
+    def _token_chars(self, ids: Iterable[int]) -> int:
+        """The characters of `ids`' texts token by token: where logprobs' `text_offset` goes."""
+        return sum(len(self.texts.text(token)) for token in ids)
