@@ -68,8 +68,9 @@ golden: $(STAMP)
 compile-budget: $(STAMP)
 	$(PYTEST) -q $(XDIST) --compile-budget=$(COMPILE_BUDGET) --write-compile-budget
 
-# Type-checked: the packages plugins build on (the settings are pyproject.toml's [tool.mypy]).
-TYPED := core/axplug/config core/axplug/registry $(wildcard core/axplug/api)
+# Type-checked: the packages plugins build on, and the trainer (the settings are
+# pyproject.toml's [tool.mypy]).
+TYPED := core/axplug/config core/axplug/registry core/axplug/trainer $(wildcard core/axplug/api)
 
 lint: $(STAMP)
 	$(BIN)/ruff check conftest.py core plugins tests examples

@@ -254,7 +254,7 @@ def load_run(run_dir, devices=None):
         metadata = checkpointer.metadata(step)
     cfg = from_dict(metadata["config"]).clone(compilation_cache_dir=None, summary_writers=[])
     trainer = cfg.instantiate(devices=devices)
-    step, state, _ = restore_train_state(trainer, step)
+    step, state, _ = restore_train_state(trainer.checkpointer, trainer.layout, step)
     return trainer, step, state, metadata
 
 

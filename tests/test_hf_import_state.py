@@ -12,7 +12,7 @@ from axplug.checkpoint import Checkpointer
 from axplug.cli import main
 from axplug.interop import SafetensorsDir, hf_params
 from axplug.interop.hf_config import load_architecture
-from axplug.trainer.fresh_optimizer import fresh_opt_state, has_fresh_opt_state
+from axplug.trainer.fresh_optimizer import has_fresh_opt_state
 from test_finetune import SMALL, trainer_for
 from test_hf_import import hf_weights, llama_config, load_run, write_hf
 
@@ -77,7 +77,7 @@ def test_fine_tuning_with_the_imports_optimizer_takes_the_same_first_step(import
     state = trainer.restore_or_init()
     reference = reference_state(trainer, src)
     assert_same(state, reference)
-    assert_same(fresh_opt_state(trainer, reference["params"]), reference["opt_state"])
+    assert_same(trainer.layout.fresh_opt_state(reference["params"]), reference["opt_state"])
     batch = trainer.put_batch(trainer.input.batch(0))
     want, _ = trainer._train_step(reference, batch)
     got, _ = trainer._train_step(state, batch)

@@ -12,6 +12,7 @@ import pytest
 
 from axplug import hookimpl
 from axplug.config import config_class, find_configs
+from axplug.input import Input
 from axplug.layers import CausalLM, FeedForward
 from axplug.learner import Learner
 from axplug.summary import read_jsonl
@@ -146,7 +147,7 @@ class Poisoned(CausalLM):
         return super().forward(input_ids, target_labels, **kw)
 
 
-class PoisonInput:
+class PoisonInput(Input):
     """Wraps an input so the batches of `bad_steps` start with token 255."""
 
     def __init__(self, inner, bad_steps):
@@ -212,6 +213,15 @@ def test_the_guard_is_chosen_per_platform_and_checked():
     assert guard_for("gpu", "cond") == "cond" and guard_for("cpu", "select") == "select"
     with pytest.raises(ConfigError, match="nonfinite_guard: must be one of"):
         tiny_config("unused", "nonfinite_guard='maybe'").instantiate()
+
+
+def test_an_input_that_is_not_an_input_is_refused_by_its_path(tmp_path):
+    from axplug.config import ConfigError
+
+    cfg = tiny_config(tmp_path)
+    cfg.eval_input = Learner.default_config()  # a configurable, not an Input
+    with pytest.raises(ConfigError, match=r"eval_input: .*Learner.* is not a subclass of axplug"):
+        Trainer.check_config(cfg)
 
 
 def test_consecutive_nonfinite_steps_stop_the_run_with_finite_checkpoints(tmp_path):

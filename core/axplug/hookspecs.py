@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pluggy
+
+if TYPE_CHECKING:
+    from axplug.trainer import Trainer
 
 __all__ = [
     "PROJECT",
@@ -27,43 +30,43 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def on_train_start(trainer: Any) -> None:
+def on_train_start(trainer: Trainer) -> None:
     """Called once before the first step, after the state is initialized or restored."""
 
 
 @hookspec
-def on_step_end(trainer: Any, step: int, metrics: dict) -> None:
+def on_step_end(trainer: Trainer, step: int, metrics: dict) -> None:
     """Called after every train step with that step's metrics."""
 
 
 @hookspec
-def on_eval_end(trainer: Any, step: int, metrics: dict) -> None:
+def on_eval_end(trainer: Trainer, step: int, metrics: dict) -> None:
     """Called after an evaluation run with its metrics."""
 
 
 @hookspec
-def on_checkpoint_saved(trainer: Any, step: int, path: str) -> None:
+def on_checkpoint_saved(trainer: Trainer, step: int, path: str) -> None:
     """Called once the checkpoint of `step` is complete at `path`."""
 
 
 @hookspec
-def on_train_end(trainer: Any, metrics: dict) -> None:
+def on_train_end(trainer: Trainer, metrics: dict) -> None:
     """Called once after the last step with the final metrics."""
 
 
 @hookspec
-def on_hang(trainer: Any, step: int | None, seconds: float, report: str) -> None:
+def on_hang(trainer: Trainer, step: int | None, seconds: float, report: str) -> None:
     """Called from the watchdog thread when no step completed for `seconds` after `step`."""
 
 
 @hookspec
-def on_slow_step(trainer: Any, step: int, seconds: float, median: float) -> None:
+def on_slow_step(trainer: Trainer, step: int, seconds: float, median: float) -> None:
     """Called when `step` took `seconds`, more than watchdog.slow_step_factor x `median`."""
 
 
 @hookspec
 def on_low_utilization(
-    trainer: Any, step: int, metric: str, value: float, threshold: float
+    trainer: Trainer, step: int, metric: str, value: float, threshold: float
 ) -> None:
     """Called when `metric` ("mfu" or "device_busy", a percentage) over the watchdog's last
     utilization_window steps up to `step` was `value`, below the configured `threshold`."""

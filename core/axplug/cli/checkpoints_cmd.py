@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -95,6 +94,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def _verify(args: argparse.Namespace, directory: str) -> int:
+    from axplug.api.errors import AxplugError
     from axplug.checkpoint import CheckpointCorruptError, Checkpointer
 
     cfg = Checkpointer.default_config().set(
@@ -104,8 +104,7 @@ def _verify(args: argparse.Namespace, directory: str) -> int:
     with cfg.instantiate() as checkpointer:
         steps = checkpointer.all_steps() if args.step is None else [args.step]
         if not steps:
-            print(f"error: no complete checkpoint steps in {directory}", file=sys.stderr)
-            return 1
+            raise AxplugError(f"no complete checkpoint steps in {directory}")
         for step in steps:
             try:
                 leaves = checkpointer.verify(step)
@@ -151,6 +150,7 @@ def _rm(storage: Any, directory: str, step: int, *, force: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from axplug.api.errors import AxplugError
     from axplug.checkpoint import list_steps, resolve_checkpoint_dir, storage_for
 
     storage = storage_for(args.url, _options(args.storage_option))
@@ -161,8 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return _verify(args, directory)
     infos = list_steps(storage, directory, sizes=True)
     if not infos and not storage.exists(directory):
-        print(f"error: {args.url}: no such checkpoint directory", file=sys.stderr)
-        return 1
+        raise AxplugError(f"{args.url}: no such checkpoint directory")
     if args.json:
         for info in infos:
             print(json.dumps({"step": info.step, "complete": info.complete,

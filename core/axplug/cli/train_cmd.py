@@ -213,8 +213,7 @@ def config_diff(base, cfg) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.output_dir is None and not args.print_config:
-        print("error: --output-dir is required (only --print-config does without)", file=sys.stderr)
-        return 2
+        raise UsageError("--output-dir is required (only --print-config does without)")
     if not args.print_config:
         # Before anything touches a device: the mesh rule is chosen from all processes' devices.
         start_processes(args)

@@ -373,7 +373,7 @@ class Configurable:
         pass
 
     @classmethod
-    def default_config(cls) -> Config:
+    def default_config(cls) -> Any:  # the class's own Config, which no annotation can name
         cfg = cls.Config()
         cfg.klass = cls
         return cfg
@@ -383,6 +383,6 @@ class Configurable:
         self._config = cfg.clone()
 
     @property
-    def config(self) -> Config:
+    def config(self) -> Any:  # the class's own Config
         """A copy of the config this object was built from."""
         return copy.deepcopy(self._config)

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from axplug.api import EMPTY_POSITION
-from axplug.inference.paging import OutOfPagesError, PageAllocator, cache_paging
+from axplug.inference.paging import OutOfPagesError, PageAllocator, model_paging
 from axplug.inference.requests import (
     Completion,
     Logprob,
@@ -89,12 +89,12 @@ class Engine:
         with assigning_pages():  # the allocator below gives rows their pages
             # Ready before the first request, whose time to first token must not include it.
             self._cache = jax.block_until_ready(model.init_cache_state(num_slots, max_len))
-        paging = cache_paging(self._cache)
-        self.page_size = paging[1] if paging else None
-        self.allocator = PageAllocator(paging[0]) if paging else None
+        paging = model_paging(model, num_slots, max_len)
+        self.page_size = paging.page_size if paging else None
+        self.allocator = PageAllocator(paging.num_pages) if paging else None
         # Every entry starts as "no page" (the pool size, the paged cache's sentinel).
-        no_page = paging[0] if paging else 0
-        self._table = np.full((num_slots, paging[2] if paging else 1), no_page, np.int32)
+        no_page = paging.num_pages if paging else 0
+        self._table = np.full((num_slots, paging.pages_per_row if paging else 1), no_page, np.int32)
         self._slots: list[RequestState | None] = [None] * num_slots
         self._waiting: collections.deque[RequestState] = collections.deque()
         self._ids = itertools.count()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any
 
 from axplug.api.errors import AxplugError
+from axplug.layers.kv_cache import PagedKVCache, Paging
+from axplug.module import Module
 
-__all__ = ["OutOfPagesError", "PageAllocator", "cache_paging"]
+__all__ = ["OutOfPagesError", "PageAllocator", "model_paging"]
 
 
 class OutOfPagesError(AxplugError, RuntimeError):
@@ -39,20 +40,12 @@ class PageAllocator:
         self._free.extend(pages)
 
 
-def cache_paging(cache: Any) -> tuple[int, int, int] | None:
-    """(num_pages, page_size, pages_per_row) of the first paged cache in `cache`, else None."""
-    found = []
-
-    def visit(node):
-        if isinstance(node, dict):
-            if "block_table" in node:
-                found.append(node)
-                return
-            for value in node.values():
-                visit(value)
-
-    visit(cache)
-    if not found:
-        return None
-    num_pages, page_size = found[0]["positions"].shape[-2:]
-    return int(num_pages), int(page_size), int(found[0]["block_table"].shape[-1])
+def model_paging(model: Module, batch_size: int, max_len: int) -> Paging | None:
+    """The `Paging` of `model`'s paged KV caches (of `batch_size` rows of `max_len` tokens), as
+    the first `PagedKVCache` in it declares it; None without one."""
+    if isinstance(model, PagedKVCache):
+        return model.paging(batch_size, max_len)
+    for child in model.children.values():
+        if (paging := model_paging(child, batch_size, max_len)) is not None:
+            return paging
+    return None

@@ -96,6 +96,11 @@ class BaseLayer(Module):
                 params[name] = child.initialize_parameters(keys[name])
         return params
 
+    def active_parameter_fraction(self) -> float:
+        """The share of this layer's own weights one token runs through (MFU's FLOPs count):
+        all of them, unless the layer routes (e.g. MoE experts: top_k / num_experts)."""
+        return 1.0
+
     def cast(self, x: jax.Array) -> jax.Array:
         """`x` in this layer's compute dtype: what a layer's output should be (a norm that
         computes in float32 returns `self.cast(y)`)."""

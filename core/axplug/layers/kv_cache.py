@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ __all__ = [
     "assigning_pages",
     "ContiguousKVCache",
     "PagedKVCache",
+    "Paging",
     "release_rows",
     "set_block_tables",
     "read_row",
@@ -173,6 +175,15 @@ class ContiguousKVCache(BaseLayer):
         return new_state, PagedKV(new_state["key"], new_state["value"], table, new_state["length"])
 
 
+class Paging(NamedTuple):
+    """A paged cache's pool and block table: `num_pages` of `page_size` tokens, and the
+    `pages_per_row` a row of the block table names."""
+
+    num_pages: int
+    page_size: int
+    pages_per_row: int
+
+
 class PagedKVCache(BaseLayer):
     """Keys and values in a pool of fixed-size pages; a block table maps each row's logical
     pages to pool pages, so rows share one pool and hold only the pages they use.
@@ -199,16 +210,17 @@ class PagedKVCache(BaseLayer):
         if cfg.num_pages is not None and cfg.num_pages < 1:
             raise cfg.field_error("num_pages", f"must be at least 1, got {cfg.num_pages}")
 
-    def pages_per_row(self, max_len: int) -> int:
-        """Block-table width: pages a row needs to hold `max_len` tokens."""
-        return math.ceil(max_len / self._config.page_size)
+    def paging(self, batch_size: int, max_len: int) -> Paging:
+        """The pool and block table of a cache of `batch_size` rows of `max_len` tokens."""
+        per_row = math.ceil(max_len / self._config.page_size)
+        return Paging(self._config.num_pages or batch_size * per_row, self._config.page_size,
+                      per_row)  # fmt: skip
 
     def init_state(
         self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
     ) -> dict[str, jax.Array]:
         cfg = self._config
-        per_row = self.pages_per_row(max_len)
-        num_pages = cfg.num_pages or batch_size * per_row
+        num_pages, _, per_row = self.paging(batch_size, max_len)
         if num_pages < batch_size * per_row and not _ASSIGNING_PAGES.get():
             # Rows past the pool would have no pages, and their tokens would be dropped.
             raise ConfigValueError(

@@ -61,6 +61,8 @@ class SummaryWriter(Configurable, abc.ABC):
     """
 
     RUN_FIELDS: ClassVar[tuple[str, ...]] = RunInfo._fields
+    # True: written every step (a progress display), not every `log_every` steps.
+    every_step: ClassVar[bool] = False
 
     @classmethod
     def fill_run_fields(cls, cfg: Configurable.Config, run: RunInfo) -> Configurable.Config:

@@ -35,6 +35,8 @@ class AuxLossRule(Configurable):
         pattern: str = "*_loss"
         weights: dict[str, float] = {}
 
+    _config: Config
+
     def __call__(self, module_outputs: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
         cfg = self._config
         per_name: dict[str, jax.Array] = {}

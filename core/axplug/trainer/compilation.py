@@ -35,7 +35,7 @@ def compilation_cache(directory: str | None):
     the process's own settings; None leaves them as they are (jax's defaults, or the
     environment's)."""
     directory = cache_dir_for(directory)
-    wanted = {}
+    wanted: dict[str, Any] = {}
     if directory:
         wanted = {
             "jax_compilation_cache_dir": directory,

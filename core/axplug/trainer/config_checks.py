@@ -7,6 +7,7 @@ from typing import Any
 
 from axplug.checkpoint import Checkpointer
 from axplug.checkpoint.retention import check_retention
+from axplug.input import Input
 from axplug.learner import Learner
 from axplug.trainer.profiling import check_profile_steps
 from axplug.trainer.saving import SAVE_ERROR_POLICIES
@@ -40,6 +41,10 @@ def check_trainer_config(cfg: Any) -> None:
     if cfg.eval_every is not None and cfg.eval_every < 1:
         raise cfg.field_error("eval_every", f"must be >= 1 or None, got {cfg.eval_every}")
     check_profile_steps(cfg)
+    for field in ("input", "eval_input"):  # the trainer calls every method of Input
+        klass = getattr(cfg, field).klass if getattr(cfg, field) is not None else Input
+        if not (isinstance(klass, type) and issubclass(klass, Input)):
+            raise cfg.field_error(field, f"{klass!r} is not a subclass of axplug.input.Input")
     if isinstance(cfg.learner, Learner.Config):
         Learner.check_config(cfg.learner, cfg.max_steps)
     if isinstance(cfg.checkpointer, Checkpointer.Config):

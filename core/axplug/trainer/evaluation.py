@@ -8,7 +8,7 @@ from typing import Any
 from axplug.input import eval_split_of
 from axplug.runtime import shard_input_config
 
-__all__ = ["build_evaluation", "evaluate_all"]
+__all__ = ["build_evaluation"]
 
 
 def build_evaluation(cfg: Any, rows: Any) -> tuple[Any, list]:
@@ -25,11 +25,3 @@ def build_evaluation(cfg: Any, rows: Any) -> tuple[Any, list]:
             )
     eval_input = None if eval_cfg is None else shard_input_config(eval_cfg, rows).instantiate()
     return eval_input, evaluators
-
-
-def evaluate_all(trainer: Any, params: Any, step: int) -> dict[str, float]:
-    """The eval loss (with an eval input) and every evaluator's scalars at `step`."""
-    scalars = {"eval_loss": trainer.evaluate(params)} if trainer.eval_input is not None else {}
-    for evaluator in trainer.evaluators:
-        scalars.update(evaluator(trainer, params, step))
-    return scalars

@@ -7,12 +7,12 @@ import math
 import jax
 
 from axplug.api import ParameterSpec
-from axplug.layers import RepeatedTransformer
+from axplug.layers import BaseLayer, RepeatedTransformer
 
 __all__ = ["analytic_flops", "active_parameters", "model_flops_per_step"]
 
 
-def analytic_flops(num_params: int, *, layers: int, dim: int, seq: int, batch: int) -> float:
+def analytic_flops(num_params: float, *, layers: int, dim: int, seq: int, batch: int) -> float:
     """Training FLOPs per step: 6·params·tokens + 12·layers·dim·seq·tokens (PaLM, App. B;
     attention counted without the causal half, as MFU conventions do)."""
     tokens = batch * seq
@@ -20,9 +20,9 @@ def analytic_flops(num_params: int, *, layers: int, dim: int, seq: int, batch: i
 
 
 def active_parameters(model) -> float:
-    """Parameters one token runs through: all of them, except that a layer with
-    `active_parameter_fraction()` (e.g. MoE experts: top_k / num_experts) counts that share of
-    its own weights. Scanned stacks count their layer `num_layers` times."""
+    """Parameters one token runs through: all of them, except that a layer counts the share
+    of its own weights its `active_parameter_fraction()` gives (MoE experts: top_k / experts).
+    Scanned stacks count their layer `num_layers` times."""
 
     def count(specs) -> int:
         leaves = _leaves(specs, ParameterSpec)
@@ -32,10 +32,9 @@ def active_parameters(model) -> float:
 
     def visit(module, times: int) -> None:
         nonlocal inactive
-        fraction = getattr(module, "active_parameter_fraction", None)
-        if fraction is not None:
+        if isinstance(module, BaseLayer) and (fraction := module.active_parameter_fraction()) < 1:
             own = count(module._create_layer_parameter_specs())
-            inactive += (1.0 - fraction()) * own * times
+            inactive += (1.0 - fraction) * own * times
         if isinstance(module, RepeatedTransformer):
             times *= module.config.num_layers
         for child in module.children.values():

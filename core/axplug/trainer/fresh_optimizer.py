@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune, restore_params
+from axplug.trainer.layout import StateLayout
 
-__all__ = ["FRESH_OPT_STATE", "has_fresh_opt_state", "fresh_opt_state", "restore_train_state"]
+__all__ = ["FRESH_OPT_STATE", "has_fresh_opt_state", "restore_train_state"]
 
 # The metadata entry of a checkpoint saved as {"params", "step"}: its optimizer state is fresh.
 FRESH_OPT_STATE = {"opt_state": "fresh"}
@@ -21,34 +20,29 @@ def has_fresh_opt_state(metadata: dict) -> bool:
     return metadata.get("opt_state") == FRESH_OPT_STATE["opt_state"]
 
 
-def fresh_opt_state(trainer: Any, params: Any) -> Any:
-    """`trainer.init_opt_state(params)`, laid out as the trainer lays out its optimizer state."""
-    init = jax.jit(trainer.init_opt_state, out_shardings=trainer.state_shardings["opt_state"])
-    return init(params)
-
-
-def restore_train_state(trainer: Any, step: int) -> tuple[int, dict, dict]:
-    """`(step, state, metadata)` of `trainer.checkpointer`'s `step` as the trainer's state; a
-    step saved without optimizer state gets a fresh one (its params and step restored)."""
-    checkpointer = trainer.checkpointer
-    abstract = trainer.abstract_state
+def restore_train_state(
+    checkpointer: Any, layout: StateLayout, step: int
+) -> tuple[int, dict, dict]:
+    """`(step, state, metadata)` of `checkpointer`'s `step` as a train state of `layout`; a
+    step saved without optimizer state gets a fresh one (its params and step
+    restored), a fine-tune's step its frozen parameters from the base its metadata names."""
+    abstract = layout.abstract
     metadata = checkpointer.metadata(step)
     if metadata.get(FROZEN_KEY) is not None:  # the trained parameters; the frozen from the base
-        if trainer.stored_mask is None:
+        if layout.stored_mask is None:
             raise CheckpointError(
                 f"step {step} in {checkpointer.directory} stores only the parameters its run "
                 "trained (learner.trainable), but this config trains every parameter; resume "
                 "with the config it was trained with (config.txt beside it)"
             )
         params = restore_params(checkpointer, step, abstract["params"])
-        present = prune(trainer.stored_mask, abstract["params"])
+        present = prune(layout.stored_mask, abstract["params"])
         target = {**abstract, "params": present}
         step, state, metadata = checkpointer.restore(step, target=target)
-        trainer.frozen_source = metadata[FROZEN_KEY]
         return step, {**state, "params": params}, metadata
     if not has_fresh_opt_state(metadata):
         return checkpointer.restore(step, target=abstract)
     target = {"params": abstract["params"], "step": abstract["step"]}
     step, saved, metadata = checkpointer.restore(step, target=target, partial=True)
-    state = {**saved, "opt_state": fresh_opt_state(trainer, saved["params"])}
+    state = {**saved, "opt_state": layout.fresh_opt_state(saved["params"])}
     return step, state, metadata

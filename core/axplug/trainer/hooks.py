@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from axplug.trainer.trainer import Trainer
 
 __all__ = ["HookRunner", "hooked_watchdog"]
 
@@ -44,7 +47,7 @@ class HookRunner:
                 self.failures.append(message)
 
 
-def hooked_watchdog(watchdog_cfg: Any, trainer: Any) -> Any:
+def hooked_watchdog(watchdog_cfg: Any, trainer: Trainer) -> Any:
     """The run's watchdog, reporting hangs, slow steps and low utilization to the hooks and
     reading device busy time from them."""
     return watchdog_cfg.instantiate(

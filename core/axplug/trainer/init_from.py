@@ -17,7 +17,9 @@ def _present(abstract: Any, saved: Any, new_ok: Any, path: str = "") -> tuple[An
     (a tree of bools shaped like `abstract`) lets start fresh, those it does not)."""
     if not isinstance(abstract, dict):
         return abstract, [], []
-    kept, fresh, lacking = {}, [], []
+    kept: dict = {}
+    fresh: list[str] = []
+    lacking: list[str] = []
     for key, value in abstract.items():
         where = f"{path}.{key}" if path else str(key)
         if not isinstance(saved, dict) or key not in saved:

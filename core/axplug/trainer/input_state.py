@@ -32,19 +32,18 @@ def _allgather_json(value: Any) -> list:
     return [json.loads(bytes(row[:n])) for row, n in zip(rows, sizes, strict=True)]
 
 
-def gather_input_state(trainer: Any, step: int) -> list | None:
-    """Every process's `input.state_at(step)`; None when the input keeps no state."""
-    state_at = getattr(trainer.input, "state_at", None)  # a duck-typed input may lack it
-    states = _allgather_json(None if state_at is None else state_at(step))
+def gather_input_state(source: Any, step: int) -> list | None:
+    """Every process's `source.state_at(step)`; None when the input keeps no state."""
+    states = _allgather_json(source.state_at(step))
     return None if all(s is None for s in states) else states
 
 
-def restore_input_state(trainer: Any, step: int, metadata: dict | None) -> None:
-    """Hands this process's saved input state of `step` to the input, when there is one."""
+def restore_input_state(source: Any, step: int, metadata: dict | None, where: str) -> None:
+    """Hands this process's saved input state of `step` (of the checkpoints in `where`) to
+    `source` (the input), when there is one."""
     states = (metadata or {}).get(INPUT_STATE_KEY)
     if states is None:
-        state_at = getattr(trainer.input, "state_at", None)
-        if step > 0 and state_at is not None and state_at(step) is not None:
+        if step > 0 and source.state_at(step) is not None:
             log.warning(
                 "step %d was saved without the input's state (a local-tier or older "
                 "checkpoint): the input restarts its stream at step %d its own way",
@@ -54,10 +53,10 @@ def restore_input_state(trainer: Any, step: int, metadata: dict | None) -> None:
         return
     if len(states) != jax.process_count():
         raise CheckpointError(
-            f"step {step} of {trainer.checkpointer.directory} holds the input state of "
+            f"step {step} of {where} holds the input state of "
             f"{len(states)} process(es), this run has {jax.process_count()}: the input's "
             "stream cannot be split again; resume with the same number of processes"
         )
     mine = states[jax.process_index()]
     if mine is not None:
-        trainer.input.restore_state(step, mine)
+        source.restore_state(step, mine)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -13,14 +14,45 @@ from axplug.config import ConfigError
 from axplug.sharding import ShardingScope
 from axplug.trainer.trainable import pick
 
-__all__ = ["state_layout", "check_input_split"]
+__all__ = ["StateLayout", "check_input_split"]
 
 
-def state_layout(
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """A run's train state `{"params", "opt_state", "step"}`: its abstract arrays (each with its
+    sharding) and shardings, the optimizer sizing its state, and which parameters the optimizer
+    sees, which are frozen and which a checkpoint stores (each mask None: every parameter)."""
+
+    abstract: dict
+    shardings: dict
+    tx: optax.GradientTransformation
+    optimizer_mask: Any = None
+    frozen_mask: Any = None
+    stored_mask: Any = None
+
+    @classmethod
+    def build(
+        cls, tx: optax.GradientTransformation, abstract_params: Any, param_shardings: Any,
+        masks: tuple[Any, Any, Any] = (None, None, None),
+    ) -> StateLayout:  # fmt: skip
+        """The state of `tx` over the parameters: `masks` are `trainable.frozen_masks`'."""
+        shardings, abstract = _state_layout(tx, abstract_params, param_shardings, masks[0])
+        return cls(abstract, shardings, tx, *masks)
+
+    def init_opt_state(self, params: Any) -> Any:
+        """A fresh optimizer state for `params` (of the parameters the optimizer updates)."""
+        return self.tx.init(pick(self.optimizer_mask, params))
+
+    def fresh_opt_state(self, params: Any) -> Any:
+        """`init_opt_state(params)` laid out as the run lays out its optimizer state."""
+        return jax.jit(self.init_opt_state, out_shardings=self.shardings["opt_state"])(params)
+
+
+def _state_layout(
     tx: optax.GradientTransformation,
     abstract_params: Any,
     param_shardings: Any,
-    optimizer_mask: Any | None = None,
+    optimizer_mask: Any | None,
 ):
     """(shardings, abstract sharded state) of `{"params", "opt_state", "step"}`; the
     optimizer state covers the parameters `optimizer_mask` selects (None: all)."""
@@ -55,9 +87,13 @@ def state_layout(
     )
 
 
-def check_input_split(input_cfg: Any, scope: ShardingScope, grad_accumulation_steps: int) -> None:
+def check_input_split(
+    input_cfg: Any, scope: ShardingScope | None, grad_accumulation_steps: int
+) -> None:
     """A batch (and each accumulated microbatch) and a sequence that the mesh splits evenly:
-    a dim the mesh axes do not divide would be silently replicated instead."""
+    a dim the mesh axes do not divide would be silently replicated instead (no mesh: none)."""
+    if scope is None:
+        return
     batch = getattr(input_cfg, "batch_size", None)
     axes = scope.spec(("batch",))[0]
     names = axes if isinstance(axes, tuple) else (axes,) if axes else ()

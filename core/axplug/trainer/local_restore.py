@@ -53,16 +53,15 @@ def _gather(values: list[int]) -> list[list[int]]:
     return [[int(v) for v in row if v >= 0] for row in np.asarray(rows)]
 
 
-def restore_newer_local(trainer: Any) -> tuple[int, Any] | None:
-    """`(step, state)` from the local tier when it holds, on every process, a usable step
-    newer than the persistent tier's latest; else None (the reason logged)."""
-    checkpointer = trainer.checkpointer
+def restore_newer_local(checkpointer: Any, target: Any) -> tuple[int, Any] | None:
+    """`(step, state)` restored as `target` (abstract arrays) from `checkpointer`'s local tier
+    when it holds, on every process, a usable step newer than the persistent tier's latest;
+    else None (the reason logged)."""
     local = checkpointer.local
     if local is None:
         return None
     local.run_id = _shared_run_id(checkpointer)
     persistent = checkpointer.latest_step()
-    target = trainer.abstract_state
     mine = []
     for step in local.complete_steps():
         if persistent is not None and step <= persistent:
@@ -99,9 +98,9 @@ def restore_newer_local(trainer: Any) -> tuple[int, Any] | None:
     return step, state
 
 
-def discard_newer_local(trainer: Any, step: int) -> None:
+def discard_newer_local(checkpointer: Any, step: int) -> None:
     """Deletes this process's local steps after `step`: a history this run recomputes."""
-    local = trainer.checkpointer.local
+    local = checkpointer.local
     if local is None:
         return
     for newer in local.complete_steps():

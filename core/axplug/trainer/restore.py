@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from axplug.checkpoint import CheckpointCorruptError, checkpoint_directory
-from axplug.trainer.fresh_optimizer import fresh_opt_state, restore_train_state
+from axplug.checkpoint import FROZEN_KEY, CheckpointCorruptError, checkpoint_directory
+from axplug.runtime import GoodputRecorder
+from axplug.trainer.fresh_optimizer import restore_train_state
 from axplug.trainer.init_from import restore_weights
+from axplug.trainer.layout import StateLayout
 from axplug.trainer.local_restore import discard_newer_local, restore_newer_local
 
-__all__ = ["restore_or_init"]
+__all__ = ["Restorer"]
 
 log = logging.getLogger("axplug.trainer")
 
@@ -34,94 +37,115 @@ def _merged(fresh: Any, restored: Any) -> Any:
     return {k: _merged(v, restored[k]) if k in restored else v for k, v in fresh.items()}
 
 
-def _init_from(trainer: Any, fresh: dict) -> dict:
-    cfg = trainer.config
-    # Under learner.trainable, trained parameters the source lacks (adapters) start fresh.
-    new_ok = None if cfg.init_optimizer else trainer.optimizer_mask
-    step, params, opt_state = restore_weights(
-        cfg.init_from,
-        cfg.init_step,
-        abstract_state=trainer.abstract_state,
-        optimizer=cfg.init_optimizer,
-        new_ok=new_ok,
-    )
-    log.info("starting from the weights of step %d of %s", step, cfg.init_from)
-    if trainer.frozen_mask is not None:  # checkpoints store the trained parameters only
-        trainer.frozen_source = {"from": _absolute(checkpoint_directory(cfg.init_from)),
-                                 "step": step}  # fmt: skip
-    # step 0: the fine-tune's own count and schedule
-    state = {**fresh, "params": _merged(fresh["params"], params)}
-    if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold
-        state["opt_state"] = (
-            opt_state if opt_state is not None else fresh_opt_state(trainer, params)
+class Restorer:
+    """A run's starting state from its `checkpointer` (either tier), else from `init_state`
+    (fresh parameters) or the `init_from` run's weights, laid out as `layout`; `config` is the
+    trainer's (init_from, init_step, init_optimizer, on_corrupt_checkpoint).
+
+    After `restore_or_init`: `metadata` of the persistent step resumed from (else None), and
+    `frozen_source`, the base run a fine-tune's frozen parameters come from (else None), which
+    its saves record."""
+
+    def __init__(
+        self,
+        config: Any,
+        checkpointer: Any,
+        layout: StateLayout,
+        goodput: GoodputRecorder,
+        init_state: Callable[[], dict],
+    ):
+        self.config, self.checkpointer, self.layout = config, checkpointer, layout
+        self.goodput, self.init_state = goodput, init_state
+        self.metadata: dict | None = None
+        self.frozen_source: dict | None = None
+
+    def restore_or_init(self) -> dict:
+        """The newest step either tier holds complete (on every process), else a fresh state.
+
+        Local steps after the one restored are deleted: training recomputes them.
+        """
+        newer = None
+        if self.checkpointer.local is not None:
+            with self.goodput.phase("restore"):
+                newer = restore_newer_local(self.checkpointer, self.layout.abstract)
+        state = newer[1] if newer is not None else self._persistent_or_init()
+        discard_newer_local(self.checkpointer, int(jax.device_get(state["step"])))
+        return state
+
+    def _persistent_or_init(self) -> dict:
+        """The latest complete checkpoint that restores and verifies, else a fresh state.
+
+        A step that fails (a truncated or changed file, unreadable metadata) is reported; with
+        `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
+        reaches it again) and the step before is tried.
+        """
+        cfg, checkpointer, goodput = self.config, self.checkpointer, self.goodput
+        steps = checkpointer.all_steps()
+        if not steps and cfg.init_from is not None and self.layout.optimizer_mask is None:
+            with goodput.phase("restore"):  # every parameter comes from the source
+                return self._from_source()
+        if not steps:
+            log.info("initializing parameters and optimizer state")
+            with goodput.phase("init"):
+                state = self.init_state()
+            if cfg.init_from is not None:
+                with goodput.phase("restore"):
+                    state = self._init_from(state)
+            return state
+        for step in reversed(steps):
+            log.info("restoring step %d", step)
+            try:
+                with goodput.phase("restore"):
+                    step, state, metadata = restore_train_state(checkpointer, self.layout, step)
+            except CheckpointCorruptError as exc:
+                if cfg.on_corrupt_checkpoint == "stop":
+                    raise
+                log.warning("%s; marking it incomplete and trying the step before", exc)
+                checkpointer.uncommit(step)
+                continue
+            self.metadata, self.frozen_source = metadata, metadata.get(FROZEN_KEY)
+            log.info("resumed from step %d of %s", step, checkpointer.directory)
+            return state
+        raise CheckpointCorruptError(
+            f"no complete step of {checkpointer.directory} restores (tried "
+            f"{', '.join(map(str, reversed(steps)))}); they are marked incomplete. Move the "
+            "directory aside to start over, or restore a copy"
         )
-    return state
 
-
-def _from_source(trainer: Any) -> dict:
-    """The state of a fine-tune whose parameters all come from `init_from`: restored onto
-    this run's layout with no random initialization first (which cost a compile of every
-    initializer), and the source's optimizer state or a fresh one."""
-    cfg = trainer.config
-    step, params, opt_state = restore_weights(
-        cfg.init_from, cfg.init_step, abstract_state=trainer.abstract_state,
-        optimizer=cfg.init_optimizer,
-    )  # fmt: skip
-    log.info("starting from the weights of step %d of %s", step, cfg.init_from)
-    if opt_state is None:  # not asked for, or the source holds none (an import)
-        opt_state = fresh_opt_state(trainer, params)
-    zero = jax.device_put(jnp.zeros((), jnp.int32), trainer.state_shardings["step"])
-    return {"params": params, "opt_state": opt_state, "step": zero}
-
-
-def restore_or_init(trainer: Any) -> dict:
-    """The newest step either tier holds complete (on every process), else a fresh state.
-
-    Local steps after the one restored are deleted: training recomputes them.
-    """
-    newer = None
-    if trainer.checkpointer.local is not None:
-        with trainer.goodput.phase("restore"):
-            newer = restore_newer_local(trainer)
-    state = newer[1] if newer is not None else _persistent_or_init(trainer)
-    discard_newer_local(trainer, int(jax.device_get(state["step"])))
-    return state
-
-
-def _persistent_or_init(trainer: Any) -> dict:
-    """The latest complete checkpoint that restores and verifies, else a fresh state.
-
-    A step that fails (a truncated or changed file, unreadable metadata) is reported; with
-    `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
-    reaches it again) and the step before is tried.
-    """
-    steps = trainer.checkpointer.all_steps()
-    if not steps and trainer.config.init_from is not None and trainer.optimizer_mask is None:
-        with trainer.goodput.phase("restore"):  # every parameter comes from the source
-            return _from_source(trainer)
-    if not steps:
-        log.info("initializing parameters and optimizer state")
-        with trainer.goodput.phase("init"):
-            state = trainer.init_state()
-        if trainer.config.init_from is not None:
-            with trainer.goodput.phase("restore"):
-                state = _init_from(trainer, state)
+    def _init_from(self, fresh: dict) -> dict:
+        cfg, layout = self.config, self.layout
+        # Under learner.trainable, trained parameters the source lacks (adapters) start fresh.
+        new_ok = None if cfg.init_optimizer else layout.optimizer_mask
+        step, params, opt_state = restore_weights(
+            cfg.init_from,
+            cfg.init_step,
+            abstract_state=layout.abstract,
+            optimizer=cfg.init_optimizer,
+            new_ok=new_ok,
+        )
+        log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+        if layout.frozen_mask is not None:  # checkpoints store the trained parameters only
+            self.frozen_source = {"from": _absolute(checkpoint_directory(cfg.init_from)),
+                                  "step": step}  # fmt: skip
+        # step 0: the fine-tune's own count and schedule
+        state = {**fresh, "params": _merged(fresh["params"], params)}
+        if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold
+            state["opt_state"] = (
+                opt_state if opt_state is not None else layout.fresh_opt_state(params)
+            )
         return state
-    for step in reversed(steps):
-        log.info("restoring step %d", step)
-        try:
-            with trainer.goodput.phase("restore"):
-                step, state, trainer.restored_metadata = restore_train_state(trainer, step)
-        except CheckpointCorruptError as exc:
-            if trainer.config.on_corrupt_checkpoint == "stop":
-                raise
-            log.warning("%s; marking it incomplete and trying the step before", exc)
-            trainer.checkpointer.uncommit(step)
-            continue
-        log.info("resumed from step %d of %s", step, trainer.checkpointer.directory)
-        return state
-    raise CheckpointCorruptError(
-        f"no complete step of {trainer.checkpointer.directory} restores (tried "
-        f"{', '.join(map(str, reversed(steps)))}); they are marked incomplete. Move the "
-        "directory aside to start over, or restore a copy"
-    )
+
+    def _from_source(self) -> dict:
+        """The state of a fine-tune whose parameters all come from `init_from`: restored onto
+        this run's layout with no random initialization first (which cost a compile of every
+        initializer), and the source's optimizer state or a fresh one."""
+        cfg, layout = self.config, self.layout
+        step, params, opt_state = restore_weights(
+            cfg.init_from, cfg.init_step, abstract_state=layout.abstract,
+            optimizer=cfg.init_optimizer,
+        )  # fmt: skip
+        log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+        if opt_state is None:  # not asked for, or the source holds none (an import)
+            opt_state = layout.fresh_opt_state(params)
+        zero = jax.device_put(jnp.zeros((), jnp.int32), layout.shardings["step"])
+        return {"params": params, "opt_state": opt_state, "step": zero}

@@ -67,15 +67,15 @@ def model_changes(saved: dict, current: dict, prefix: str = "model") -> list[str
     return out
 
 
-def _check_same_model(trainer: Any, cfg: Any) -> None:
+def _check_same_model(checkpointer: Any, cfg: Any) -> None:
     """A resumed run whose model config differs from its checkpoint's is refused: the old
     weights would silently run in another model."""
     from axplug.config import ConfigError, to_dict
 
-    step = trainer.checkpointer.latest_step()
+    step = checkpointer.latest_step()
     if step is None:
         return
-    saved = trainer.checkpointer.metadata(step).get("config", {}).get("model")
+    saved = checkpointer.metadata(step).get("config", {}).get("model")
     if saved is None:
         return
     changes = model_changes(saved, to_dict(cfg.model))
@@ -128,7 +128,7 @@ def _train(cfg: Any, hooks: tuple, provenance: dict | None, allow_config_change:
             leases.enter_context(StoreLease(storage, cfg.output_dir.rstrip("/")))
         trainer = _build(cfg, hooks)  # bad configs and unreachable storage fail first
         if not allow_config_change:
-            _check_same_model(trainer, cfg)
+            _check_same_model(trainer.checkpointer, cfg)
         write_config(cfg, provenance)
         return trainer.run()
 

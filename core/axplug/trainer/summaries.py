@@ -11,9 +11,8 @@ import jax
 
 from axplug.api.kinds import RunInfo
 from axplug.checkpoint import scheme_of, storage_for
-from axplug.config import InstantiableConfig
 from axplug.paths import CACHE, cache_path
-from axplug.runtime import format_goodput
+from axplug.runtime import GoodputRecorder, format_goodput
 from axplug.summary.base import SummaryWriter
 from axplug.trainer.attempts import AttemptRecorder
 
@@ -35,7 +34,7 @@ def summary_dir(output_dir: str) -> str:
     return local
 
 
-def build_writer(cfg: InstantiableConfig, trainer_cfg: Any, tokens_per_step: int) -> Any:
+def build_writer(cfg: SummaryWriter.Config, trainer_cfg: Any, tokens_per_step: int) -> Any:
     """A summary writer with the fields it leaves to the trainer filled in: `dir` (the run's
     summary directory), `max_steps`, `every_n_steps` (log_every), `tokens_per_step`."""
     fields = cfg.keys()  # the summary directory is made (and logged) only for a writer with one
@@ -48,26 +47,31 @@ def build_writer(cfg: InstantiableConfig, trainer_cfg: Any, tokens_per_step: int
     return SummaryWriter.fill_run_fields(cfg, run).instantiate()
 
 
-def attempt_recorder(trainer: Any, start_step: int) -> AttemptRecorder | None:
-    """Process 0's record of this attempt at the run (None on the other processes)."""
+def attempt_recorder(cfg: Any, goodput: GoodputRecorder, start_step: int) -> AttemptRecorder | None:
+    """Process 0's record of this attempt at the run of trainer config `cfg` (None on the
+    other processes)."""
     if jax.process_index() != 0:
         return None
-    cfg = trainer.config
     storage = storage_for(cfg.output_dir, cfg.checkpointer.storage_options)
     url = storage.join(cfg.output_dir, "goodput.jsonl")
-    started = trainer.goodput.started_at
+    started = goodput.started_at
     return AttemptRecorder(storage, url, summary_dir(cfg.output_dir), start_step, started)
 
 
-def goodput_report(trainer: Any, end: str = "done") -> dict:
-    """The attempt's goodput and the job's totals over every attempt; process 0 logs them and
-    appends them to OUTPUT_DIR/goodput.jsonl (`axplug.trainer.attempts`). `end`: done,
-    preempted."""
-    report = trainer.goodput.report()
-    report["goodput/slow_steps"] = len(trainer.watchdog.slow_steps)
-    if trainer.attempt is not None:
-        step = int(jax.device_get(trainer.state["step"]))
-        fields = trainer.attempt.finish(step, end, report)
+def goodput_report(
+    goodput: GoodputRecorder,
+    slow_steps: int,
+    attempt: AttemptRecorder | None,
+    step: int,
+    end: str = "done",
+) -> dict:
+    """The attempt's goodput (ended at `step`) and the job's totals over every attempt; process
+    0 (with the `attempt`) logs them and appends them to OUTPUT_DIR/goodput.jsonl
+    (`axplug.trainer.attempts`). `end`: done, preempted."""
+    report = goodput.report()
+    report["goodput/slow_steps"] = slow_steps
+    if attempt is not None:
+        fields = attempt.finish(step, end, report)
         report.update({k: v for k, v in fields.items() if k not in ("end", "ended")})
         # DEBUG: `axplug train` prints the report itself, and returns it in the metrics.
         log.debug("%s", format_goodput(report))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -29,17 +29,18 @@ from axplug.runtime import (
 )
 from axplug.sharding import make_scope, scoped
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
+from axplug.trainer.attempts import AttemptRecorder
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import DEFAULT_CACHE_DIR, compile_ahead
 from axplug.trainer.config_checks import check_trainer_config
-from axplug.trainer.evaluation import build_evaluation, evaluate_all
+from axplug.trainer.evaluation import build_evaluation
 from axplug.trainer.hooks import HookRunner, hooked_watchdog
 from axplug.trainer.input_state import restore_input_state
-from axplug.trainer.layout import check_input_split, state_layout
+from axplug.trainer.layout import StateLayout, check_input_split
 from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.profiling import StepProfiler
-from axplug.trainer.restore import restore_or_init
-from axplug.trainer.saving import save_and_stop, save_checkpoint
+from axplug.trainer.restore import Restorer
+from axplug.trainer.saving import Saver
 from axplug.trainer.step import build_eval_step, build_train_step, guard_for
 from axplug.trainer.summaries import attempt_recorder, build_writer, goodput_report, summary_dir
 from axplug.trainer.trainable import frozen_masks, pick, update_kinds
@@ -108,6 +109,8 @@ class Trainer(Configurable):
         # "N" into output_dir/profile (`axplug train --profile`); see axplug.trainer.profiling.
         profile_steps: int | str | None = None
 
+    _config: Config
+
     @classmethod
     def check_config(cls, cfg: Config) -> None:
         """Raises the ConfigError a run would for `cfg` in what can be checked without
@@ -120,10 +123,11 @@ class Trainer(Configurable):
         super().__init__(cfg)
         type(self).check_config(cfg)
         self.goodput = GoodputRecorder()  # counts from here: building is `setup`
-        self.attempt = None  # process 0's goodput record of this attempt, made by run()
+        # Process 0's goodput record of this attempt, made by run().
+        self.attempt: AttemptRecorder | None = None
         self.mesh_builder = cfg.mesh.instantiate()
         self.mesh = self.mesh_builder.build(devices)
-        self.model = cfg.model.instantiate(parent=None, _path="model")
+        self.model = cast(InstantiableConfig, cfg.model).instantiate(parent=None, _path="model")
         self.learner = cfg.learner.instantiate()
         # With several processes, each produces only the rows its devices hold.
         rules = self.mesh_builder.axis_rules
@@ -132,7 +136,7 @@ class Trainer(Configurable):
         self.eval_input, self.evaluators = build_evaluation(cfg, rows)
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
-            checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
+            checkpointer_cfg.directory = f"{str(cfg.output_dir).rstrip('/')}/checkpoints"
         self.checkpointer = checkpointer_cfg.instantiate()
         self.aux_loss = cfg.aux_loss.instantiate()
         # Process 0 writes the summaries; the others would write the same values.
@@ -148,11 +152,14 @@ class Trainer(Configurable):
         # Process 0's lease on the run directory, held while training (train() also holds it
         # around writing config.txt): a second run into the directory is refused.
         self.run_lock = (
-            RunDirLock(summary_dir(cfg.output_dir)) if primary else contextlib.nullcontext()
+            RunDirLock(summary_dir(str(cfg.output_dir))) if primary else contextlib.nullcontext()
         )
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
         self.watchdog = hooked_watchdog(cfg.watchdog, self)
         self._build_step()
+        self.restorer = Restorer(cfg, self.checkpointer, self.layout, self.goodput, self.init_state)
+        self.saver = Saver(cfg, self.checkpointer, self.input, self.restorer, self.goodput,
+                           self._on_saved)  # fmt: skip
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -163,19 +170,15 @@ class Trainer(Configurable):
         param_shardings = parameter_shardings(self.param_specs, self.mesh, rules)
         self.schedule = self.learner.schedule(cfg.max_steps)
         # Frozen parameters (learner.trainable) are left out of the optimizer and its state;
-        # a fine-tune's checkpoints leave them out too (`frozen_source` names their run).
-        kinds = update_kinds(self.param_specs, cfg.learner.trainable)
-        self.optimizer_mask, self.frozen_mask, self.stored_mask = frozen_masks(kinds)
-        self.frozen_source: dict | None = None
-        self.restored_metadata: dict | None = None  # of the persistent step resumed from
-        self.tx = self.learner.transform(pick(self.optimizer_mask, self.param_specs), cfg.max_steps)
+        # a fine-tune's checkpoints leave them out too (`Restorer.frozen_source` names their run).
+        masks = frozen_masks(update_kinds(self.param_specs, cfg.learner.trainable))
+        self.tx = self.learner.transform(pick(masks[0], self.param_specs), cfg.max_steps)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         abstract_params = jax.eval_shape(
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
-        self.state_shardings, self.abstract_state = state_layout(
-            self.tx, abstract_params, param_shardings, self.optimizer_mask
-        )
+        self.layout = StateLayout.build(self.tx, abstract_params, param_shardings, masks)
+        self.state_shardings, self.abstract_state = self.layout.shardings, self.layout.abstract
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         scope = make_scope(self.mesh, rules)
         for input_cfg in (cfg.input, cfg.eval_input):
@@ -207,7 +210,7 @@ class Trainer(Configurable):
         ShapeDtypeStructs; default: `input.batch_size x input.seq_len` token ids): what
         `axplug aot` compiles without running, and tests inspect."""
         if batch is None:
-            cfg = self._config.input
+            cfg: Any = self._config.input
             token = jax.ShapeDtypeStruct(
                 (cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self.batch_sharding
             )
@@ -221,7 +224,7 @@ class Trainer(Configurable):
             params = self.model.initialize_parameters(keys)
             return {
                 "params": params,
-                "opt_state": self.init_opt_state(params),
+                "opt_state": self.layout.init_opt_state(params),
                 "step": jnp.zeros((), jnp.int32),
             }
 
@@ -231,20 +234,23 @@ class Trainer(Configurable):
         keys = jax.device_get(self.model.parameter_keys(jax.random.PRNGKey(self._config.seed)))
         return jax.jit(init, out_shardings=self.state_shardings)(keys)
 
-    def init_opt_state(self, params: Any) -> Any:
-        """A fresh optimizer state for `params` (of the parameters the optimizer updates)."""
-        return self.tx.init(pick(self.optimizer_mask, params))
-
     def restore_or_init(self) -> dict:
         """The latest complete checkpoint that restores and verifies, else a fresh state (or
         the `init_from` weights); see `axplug.trainer.restore`."""
-        return restore_or_init(self)
+        return self.restorer.restore_or_init()
 
     def put_batch(self, batch: dict) -> dict:
         """Global batch arrays from this process's rows."""
         return put_process_batch(batch, self.batch_sharding)
 
     # --- running -----------------------------------------------------------------------------
+
+    def evaluate_all(self, params: Any, step: int) -> dict[str, float]:
+        """The eval loss (with an eval input) and every evaluator's scalars at `step`."""
+        scalars = {"eval_loss": self.evaluate(params)} if self.eval_input is not None else {}
+        for evaluator in self.evaluators:
+            scalars.update(evaluator(self, params, step))
+        return scalars
 
     def evaluate(self, params: Any) -> float:
         batches = self.eval_input.iter_from(0)
@@ -275,7 +281,7 @@ class Trainer(Configurable):
             raise
         self.watchdog.phase("waiting for the first batch")
         start = int(jax.device_get(state["step"]))
-        restore_input_state(self, start, self.restored_metadata)
+        restore_input_state(self.input, start, self.restorer.metadata, self.checkpointer.directory)
         with contextlib.ExitStack() as writers:  # closed on every way out, after the goodput
             for writer in self.writers:
                 writers.enter_context(writer)
@@ -287,13 +293,13 @@ class Trainer(Configurable):
                 log.info(
                     "already at step %d of max_steps %d: nothing to train", start, cfg.max_steps
                 )
-            self.attempt = attempt_recorder(self, start)
+            self.attempt = attempt_recorder(cfg, self.goodput, start)
             try:
                 last = self._train_loop(state, start, guard, timer)
             except Preempted:
-                goodput_report(self, "preempted")
+                self._goodput_report("preempted")
                 raise
-            report = goodput_report(self)
+            report = self._goodput_report("done")
             for writer in self.writers:
                 writer.write_run_summary(int(last["step"]), report)
         last = {**last, **report}
@@ -331,21 +337,21 @@ class Trainer(Configurable):
                     last = self._on_step_end(*pending, guard, timer)
                     pending = None
                     with self.goodput.phase("checkpoint"):
-                        save_checkpoint(self, state, done)
+                        self.saver.save(state, done)
                 elif (local := self.checkpointer.local) is not None and local.due(done):
                     with self.goodput.phase("checkpoint"):
                         local.save(done, state)  # logs a failure; the persistent tier decides
                 evaluating = self.eval_input is not None or self.evaluators
                 if cfg.eval_every and evaluating and done % cfg.eval_every == 0:
                     with self.goodput.phase("eval"):
-                        scalars = evaluate_all(self, state["params"], done)
+                        scalars = self.evaluate_all(state["params"], done)
                     self._write(done, scalars)
                     self.hooks("on_eval_end", trainer=self, step=done, metrics=scalars)
                 if agreement.update(self._signals.requested is not None) and done < cfg.max_steps:
                     self.state = state
                     if pending is not None:
                         self._on_step_end(*pending, guard, timer)
-                    save_and_stop(self, state, done, self._signals.requested)
+                    self.saver.save_and_stop(state, done, self._signals.requested)
             if pending is not None:
                 last = self._on_step_end(*pending, guard, timer)
         finally:
@@ -365,6 +371,14 @@ class Trainer(Configurable):
         log.info("compiled the train step in %.1f s (%s)", seconds, cache)
         self.watchdog.start(int(jax.device_get(state["step"])))
         self._busy_mark = self._busy_seconds()
+
+    def _goodput_report(self, end: str) -> dict:
+        step = int(jax.device_get(self.state["step"]))
+        slow = len(self.watchdog.slow_steps)
+        return goodput_report(self.goodput, slow, self.attempt, step, end)
+
+    def _on_saved(self, step: int, path: str) -> None:
+        self.hooks("on_checkpoint_saved", trainer=self, step=step, path=path)
 
     def _busy_seconds(self) -> float:
         return self.goodput.total(("data_wait", "step", "other"))
@@ -388,8 +402,7 @@ class Trainer(Configurable):
         finite = bool(values.pop("finite"))
         guard.update(step, finite, values.get("loss"))
         values.update(timer.tick(step, seconds))  # an eval's or a save's time left out
-        if (data_metrics := getattr(self.input, "metrics", None)) is not None:
-            values.update(data_metrics(step))  # an Input's; a duck-typed input may lack it
+        values.update(self.input.metrics(step))
         cfg = self._config
         if step % cfg.log_every == 0 or step == cfg.max_steps or not finite:
             self._write(step, values)
@@ -404,5 +417,5 @@ class Trainer(Configurable):
 
     def _write(self, step: int, scalars: dict, *, every_step_only: bool = False) -> None:
         for writer in self.writers:
-            if not every_step_only or getattr(writer, "every_step", False):
+            if not every_step_only or writer.every_step:
                 writer.write(step, scalars)

@@ -269,6 +269,7 @@ def run_name_of(run_dir: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from axplug.api import AxplugError
     from axplug.summary import read_jsonl
     from axplug.trainer import summary_dir
 
@@ -279,8 +280,7 @@ def run(args: argparse.Namespace) -> int:
     path = f"{summary_dir(args.run_dir).rstrip('/')}/metrics.jsonl"
     records = read_jsonl(path)
     if not records:
-        print(f"error: no metrics records in {path} (is it a run dir?)", file=sys.stderr)
-        return 1
+        raise AxplugError(f"no metrics records in {path} (is it a run dir?)")
     for line in table(records, args.last):
         print(line)
     if args.plot is None:
@@ -302,8 +302,7 @@ def run(args: argparse.Namespace) -> int:
             print(terminal_plot(run_name, panel, args.width, args.height))
     if args.png:
         if not drawn:
-            print("error: --png: nothing to plot", file=sys.stderr)
-            return 1
+            raise AxplugError("--png: nothing to plot")
         try:
             write_png(args.png, run_name, drawn)
         except ImportError:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from axplug.api import add_checkpoint_arguments
+from axplug.api import AxplugError, add_checkpoint_arguments
 
 __all__ = ["add_parser", "run", "API_KEY_ENV"]
 
@@ -355,8 +355,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     if problem := _can_listen(args.host, args.port):
-        print(f"error: {problem}", file=sys.stderr)
-        return 1  # the machine's state, not the options: a runtime failure
+        raise AxplugError(problem)  # the machine's state, not the options: a runtime failure
     app, settings, engine = build(args)
     cache = args.kv_cache + (" cache" if args.kv_cache == "contiguous" else " KV cache")
     chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
@@ -381,6 +380,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind (taken since the check above)
-        print(f"error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
-        return 1
+        raise AxplugError(f"cannot listen on {args.host}:{args.port}") from None
     return 0 if server.started else 1
