@@ -175,9 +175,6 @@ def test_plugins_and_their_tests_take_the_floors_names_from_the_floor():
 # left in the list.
 _PLUGIN_TEST_DEBT = {
     "axplug.checkpoint.layout",
-    "axplug.cli",
-    "axplug.cli.main",
-    "axplug.cli.train_cmd",
     "axplug.inference.loading",
     "axplug.input.sources",
     "axplug.input.token_file",

@@ -40,7 +40,7 @@ _MODULES = {
     "_trainer": "tiny_train_args tiny_trainer_config train_steps",
     "_util": "TraceCounter assert_finite sum_of_squares",
     "_writer": "expected_writer_scalars metrics_as_tags scalars_match",
-    "_cli": "CliResult run_cli",
+    "_cli": "CliResult cli_main command_parser run_cli train_config",
     "_fake_site": "FakeSite",
     "pytest_plugin": "copy_run production_compiler_options xla_flags",
 }

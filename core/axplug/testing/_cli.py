@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import logging
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["CliResult", "run_cli"]
+__all__ = ["CliResult", "cli_main", "command_parser", "run_cli", "train_config"]
 
 
 class CliResult(NamedTuple):
@@ -34,3 +36,25 @@ def run_cli(*argv: str) -> CliResult:
     finally:
         logger.handlers[:], logger.level, logger.propagate = saved
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def cli_main(argv: Sequence[str]) -> int:
+    """`axplug ARGV...` through the real `main`, its output left to the caller (capsys)."""
+    from axplug.cli import main
+
+    return main(list(argv))
+
+
+def command_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The `axplug` command's own parser (with the plugin commands `argv` names): what a test
+    of a command line another command renders parses it with."""
+    from axplug.cli.main import build_parser
+
+    return build_parser(None if argv is None else list(argv))
+
+
+def train_config(argv: Sequence[str]) -> Any:
+    """The Trainer config `axplug train ARGV...` would run, built as the command builds it."""
+    from axplug.cli.train_cmd import build_config
+
+    return build_config(command_parser().parse_args(["train", *argv]))

@@ -13,8 +13,8 @@ from axplug_aot import plan as aot_plan
 from axplug_aot import report as aot
 
 from axplug import mesh_rules, trainer
-from axplug.cli import main
 from axplug.config import ConfigError
+from axplug.testing import cli_main as main
 
 KEY = jax.random.PRNGKey(0)
 

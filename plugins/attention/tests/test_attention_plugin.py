@@ -35,7 +35,6 @@ from axplug_attention import (  # noqa: E402
 )
 
 from axplug.api import HFFields  # noqa: E402
-from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError, to_dict  # noqa: E402
 from axplug.layers import (  # noqa: E402
     Attention,
@@ -51,6 +50,7 @@ from axplug.layers import (  # noqa: E402
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402
 from axplug.presets import preset_config  # noqa: E402
+from axplug.testing import cli_main as main  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_LOOSE = dict(rtol=1e-4, atol=1e-4)

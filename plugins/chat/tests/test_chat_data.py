@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from axplug_chat import ChatTemplate, rendered_segments
 
-from axplug.cli import main
 from axplug.layers import functional
+from axplug.testing import cli_main as main
 from axplug.testing import tiny_trainer_config
 from axplug.tokenizer import load_tokenizer
 

@@ -406,7 +406,7 @@ def test_trainer_resumes_from_s3_bit_identically(moto, s3_bucket, tmp_path, monk
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_checkpoints_ls_and_rm(backend, tmp_path, request, monkeypatch, capsys):
-    from axplug.cli.main import main
+    from axplug.testing import cli_main as main
 
     if backend == "local":
         run = str(tmp_path / "run")
@@ -456,8 +456,7 @@ def _axplug(*args, env, cwd):
 def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     s3rver, tmp_path, monkeypatch
 ):
-    from axplug.cli.main import build_parser
-    from axplug.cli.train_cmd import build_config
+    from axplug.testing import train_config
 
     create_s3_bucket(s3rver.url, "e2e-bucket")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
@@ -490,7 +489,7 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     logged = [r["step"] for r in read_jsonl(mirror / "metrics.jsonl") if "loss" in r]
     assert logged[-1] == 8 and (mirror / "tensorboard").is_dir()
 
-    trainer = build_config(build_parser().parse_args(args)).instantiate()
+    trainer = train_config(args[1:]).instantiate()
     states = []
     for directory in (f"{url}/checkpoints", f"{reference}/checkpoints"):
         with _checkpointer(directory, None) as ckpt:

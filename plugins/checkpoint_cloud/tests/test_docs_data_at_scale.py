@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from axplug.cli import main
+from axplug.testing import cli_main as main
 from object_stores import create_s3_bucket
 
 _TESTS = str(Path(__file__).resolve().parents[3] / "tests")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from axplug.checkpoint import storage_for
-from axplug.cli import main
 from axplug.input import TokenFileInput, bundled_corpus_path
+from axplug.testing import cli_main as main
 from axplug.testing import tiny_trainer_config
 
 

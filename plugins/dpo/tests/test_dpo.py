@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_logps
 
-from axplug.cli import main
 from axplug.config import ConfigError
 from axplug.inference import load_checkpoint
 from axplug.layers import functional
+from axplug.testing import cli_main as main
 from axplug.testing import tiny_train_args
 
 # One device (the `mesh` modifier), small rows.
@@ -162,14 +162,13 @@ def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy):
 
 
 def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
-    from axplug.cli.main import build_parser
-    from axplug.cli.train_cmd import build_config
+    from axplug.testing import train_config
 
     base, data = toy
     argv = ["train", "--from", base, "--output-dir", str(tmp_path / "lora"), "--input",
             f"preferences:path={data}", "--modifier", "lora:4", "--modifier", "dpo",
             *SMALL]  # fmt: skip
-    trainer = build_config(build_parser().parse_args(argv)).instantiate()
+    trainer = train_config(argv[1:]).instantiate()
     state = trainer.restore_or_init()
     batch = trainer.input.batch(0)
     policy = _policy_logps(trainer.model, state["params"], batch)

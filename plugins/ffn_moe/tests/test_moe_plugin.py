@@ -44,7 +44,6 @@ from axplug_moe import (  # noqa: E402
     expert_capacity,
 )
 
-from axplug.cli import main  # noqa: E402
 from axplug.config import ConfigError, find_configs  # noqa: E402
 from axplug.layers import (  # noqa: E402
     FeedForward,
@@ -55,6 +54,7 @@ from axplug.layers import (  # noqa: E402
 )
 from axplug.modifiers import make_modifier  # noqa: E402
 from axplug.presets import preset_config  # noqa: E402
+from axplug.testing import cli_main as main  # noqa: E402
 from axplug.testing import tiny_train_args, tiny_trainer_config  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)

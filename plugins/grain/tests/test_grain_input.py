@@ -220,8 +220,8 @@ def test_axplug_train_resumed_from_a_checkpoint_equals_an_uninterrupted_run(
     tmp_path, capsys, caplog
 ):
     from axplug.checkpoint import Checkpointer, delete_step
-    from axplug.cli import main
     from axplug.summary import read_jsonl
+    from axplug.testing import cli_main as main
     from axplug.testing import tiny_train_args
 
     records = write_array_record(tmp_path / "docs.array_record", documents(200))

@@ -11,10 +11,10 @@ from axplug_hf_datasets import parse_disk_spec, parse_hub_spec
 
 import axplug.input.sources as core_sources
 from axplug import registry
-from axplug.cli.main import main
 from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
 from axplug.input import open_shards, prepare_data
 from axplug.input.sources import chunks, read_documents, source_kind
+from axplug.testing import cli_main as main
 
 datasets = pytest.importorskip("datasets")
 

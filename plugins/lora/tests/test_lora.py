@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from axplug_lora import TRAINABLE, LoRAAdapter
 
-from axplug.cli import main
 from axplug.config import ConfigError, find_configs
 from axplug.layers import fold_layers, functional
 from axplug.testing import LayerConformance, tiny_trainer_config
+from axplug.testing import cli_main as main
 from axplug.trainer import Trainer
 from axplug.trainer.trainable import parameter_paths
 

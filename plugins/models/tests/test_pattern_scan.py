@@ -339,7 +339,7 @@ def test_a_bad_period_on_import_is_one_error_line(tmp_path, capsys):
     pytest.importorskip("transformers")
     from axplug_models.testing import tiny_transformers_model
 
-    from axplug.cli import main
+    from axplug.testing import cli_main as main
 
     tiny_transformers_model(_gemma3([S, S, F])).save_pretrained(tmp_path / "hf")
     capsys.readouterr()  # transformers' progress bars
@@ -358,7 +358,7 @@ def test_aot_plans_the_gemma3_27b_preset_scanned(capsys):
     pytest.importorskip("axplug_aot")
     import json
 
-    from axplug.cli import main
+    from axplug.testing import cli_main as main
 
     argv = ["aot", "--preset", "gemma3-27b", "--mesh-rule", "gpu-h100-8x2", "--max-devices", "8",
             "--set", "input.batch_size=16", "--set", "input.seq_len=256", "--json"]  # fmt: skip

@@ -21,7 +21,6 @@ openai = pytest.importorskip("openai")
 
 from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
 
-from axplug.cli.main import main  # noqa: E402
 from axplug.inference import (  # noqa: E402
     Engine,
     Request,
@@ -30,6 +29,7 @@ from axplug.inference import (  # noqa: E402
     generate,
     load_checkpoint,
 )
+from axplug.testing import cli_main as main  # noqa: E402
 
 MAX_LEN = 256
 KEY = "test-key"

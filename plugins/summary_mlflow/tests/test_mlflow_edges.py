@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from axplug.cli.main import main
+from axplug.testing import cli_main as main
 from axplug.testing import tiny_train_args, tiny_trainer_config
 
 pytest.importorskip("axplug_mlflow")

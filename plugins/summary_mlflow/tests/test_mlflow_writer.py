@@ -137,17 +137,13 @@ def test_mlflow_run_that_raises_ends_failed(tmp_path):
 
 
 def test_writer_flag_adds_a_registered_writer_and_names_bad_ones(tmp_path, capsys):
-    from axplug.cli.main import main
-    from axplug.cli.train_cmd import add_parser, build_config
+    from axplug.testing import cli_main as main
+    from axplug.testing import train_config
 
     pytest.importorskip("axplug_mlflow")
-    import argparse
-
-    parser = add_parser(argparse.ArgumentParser().add_subparsers())
-    args = parser.parse_args(
+    cfg = train_config(
         ["--preset", "gpt-tiny", "--mesh-rule", "none", "--writer", "mlflow:experiment='e1'"]
     )
-    cfg = build_config(args)
     added = cfg.summary_writers[-1]
     assert added.klass.__name__ == "MlflowWriter" and added.experiment == "e1"
     assert added.dir is REQUIRED  # the trainer fills in the run directory
