@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from axplug.api import EMPTY_POSITION
+from axplug.inference.feeds import step_feed
 from axplug.inference.paging import OutOfPagesError, PageAllocator, model_paging
 from axplug.inference.requests import (
     Completion,
@@ -40,10 +40,6 @@ from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope
 
 __all__ = ["Engine"]
-
-
-def _bucket(length: int, minimum: int, maximum: int) -> int:
-    return min(maximum, max(minimum, 1 << max(0, length - 1).bit_length()))
 
 
 class Engine:
@@ -299,41 +295,17 @@ class Engine:
         self.preemptions += 1
 
     def _call(self, feeds: dict[int, list[int]]) -> list[TokenEvent]:
-        longest = max(map(len, feeds.values()))
-        width = 1 if longest == 1 else _bucket(longest, self.min_prefill_len, self.max_len)
-        n = self.num_slots
-        ids = np.zeros((n, width), np.int32)
-        positions = np.full((n, width), EMPTY_POSITION, np.int32)
-        last = np.zeros((n,), np.int32)
-        reset = np.zeros((n,), bool)
-        counts = np.zeros((n,), np.int32)
-        targets = np.zeros((n, width), np.int32)
-        logprobs = prompt_logprobs = None  # static: None, 0, or max_logprobs top tokens
-        for s, feed in feeds.items():
-            active = self._slots[s]
-            k = len(feed)
-            ids[s, :k] = feed
-            positions[s, :k] = range(active.cached, active.cached + k)
-            last[s] = k - 1
-            reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
-            counts[s] = len(active.output)
-            sampling = active.request.sampling
-            if sampling.logprobs is not None:
-                logprobs = self._top_width(logprobs, sampling.logprobs)
-            if sampling.prompt_logprobs is not None and active.cached + 1 < len(
-                active.request.prompt
-            ):
-                prompt_logprobs = self._top_width(prompt_logprobs, sampling.prompt_logprobs)
-                following = active.context[active.cached + 1 : active.cached + k + 1]
-                targets[s, : len(following)] = following
+        fed = step_feed(self._slots, feeds, min_prefill_len=self.min_prefill_len,
+                        max_len=self.max_len, max_logprobs=self.max_logprobs)  # fmt: skip
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
         rows = self._rows
-        penalties = rows.penalty_inputs(self._slots, positions)
+        penalties = rows.penalty_inputs(self._slots, fed.positions)
         tokens, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
-            logprobs, prompt_logprobs, self.params, self._cache, ids, positions, reset,
-            self._table, last, targets, rows.keys, counts, penalties, *rows.sampling,
+            fed.logprobs, fed.prompt_logprobs, self.params, self._cache, fed.ids, fed.positions,
+            fed.reset, self._table, fed.last, fed.targets, rows.keys, fed.counts, penalties,
+            *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
         tokens = np.asarray(tokens)
@@ -353,11 +325,6 @@ class Engine:
                     logprob = Logprob.of(token, *[a[s] for a in scores["token"]], top_n)
                 events.append(self._record(s, token, now, logprob))
         return events
-
-    def _top_width(self, current: int | None, asked: int) -> int:
-        """The static top-token count of a step: 0, or `max_logprobs` once any row asks for
-        some (two programs at most, not one per count asked)."""
-        return max(current or 0, self.max_logprobs if asked else 0)
 
     def _occupy(self, slot: int, active: RequestState) -> None:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""

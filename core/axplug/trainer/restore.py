@@ -46,14 +46,8 @@ class Restorer:
     `frozen_source`, the base run a fine-tune's frozen parameters come from (else None), which
     its saves record."""
 
-    def __init__(
-        self,
-        config: Any,
-        checkpointer: Any,
-        layout: StateLayout,
-        goodput: GoodputRecorder,
-        init_state: Callable[[], dict],
-    ):
+    def __init__(self, config: Any, checkpointer: Any, layout: StateLayout,
+                 goodput: GoodputRecorder, init_state: Callable[[], dict]):  # fmt: skip
         self.config, self.checkpointer, self.layout = config, checkpointer, layout
         self.goodput, self.init_state = goodput, init_state
         self.metadata: dict | None = None

@@ -25,15 +25,8 @@ class Saver:
     (and its on_save_error, checkpoint_every), the `source` input's state, a fine-tune's trained
     parameters only (the `restorer` knows its base); `on_saved(step, path)` after each save."""
 
-    def __init__(
-        self,
-        config: Any,
-        checkpointer: Any,
-        source: Any,
-        restorer: Restorer,
-        goodput: GoodputRecorder,
-        on_saved: Callable[[int, str], None],
-    ):
+    def __init__(self, config: Any, checkpointer: Any, source: Any, restorer: Restorer,
+                 goodput: GoodputRecorder, on_saved: Callable[[int, str], None]):  # fmt: skip
         self.config, self.checkpointer, self.source = config, checkpointer, source
         self.restorer, self.goodput, self.on_saved = restorer, goodput, on_saved
 

@@ -9,10 +9,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug.config import ConfigValueError
 from axplug.context import functional
 from axplug.module import Module
+from axplug.sharding import scoped
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.trainable import merge, optimizer_mask, pick, update_kinds
 
@@ -21,6 +23,7 @@ __all__ = [
     "build_train_step",
     "build_eval_step",
     "guard_for",
+    "jit_steps",
     "model_inputs",
     "forward_arguments",
     "step_key",
@@ -292,3 +295,25 @@ def build_eval_step(model: Module) -> Callable[[Any, dict], jax.Array]:
         return loss
 
     return eval_step
+
+
+def jit_steps(
+    train_step: Callable, model: Module, mesh: Any, rules: Any, state_shardings: dict,
+    batch_sharding: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(train step, eval step) jitted over `mesh` under the logical-axis `rules`: the state
+    laid out by `state_shardings` (donated to the train step), the batch by `batch_sharding`,
+    metrics and the eval loss replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    train = jax.jit(
+        scoped(train_step, mesh, rules),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        scoped(build_eval_step(model), mesh, rules),
+        in_shardings=(state_shardings["params"], batch_sharding),
+        out_shardings=replicated,
+    )
+    return train, evaluate

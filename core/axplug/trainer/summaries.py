@@ -58,13 +58,8 @@ def attempt_recorder(cfg: Any, goodput: GoodputRecorder, start_step: int) -> Att
     return AttemptRecorder(storage, url, summary_dir(cfg.output_dir), start_step, started)
 
 
-def goodput_report(
-    goodput: GoodputRecorder,
-    slow_steps: int,
-    attempt: AttemptRecorder | None,
-    step: int,
-    end: str = "done",
-) -> dict:
+def goodput_report(goodput: GoodputRecorder, slow_steps: int, attempt: AttemptRecorder | None,
+                   step: int, end: str = "done") -> dict:  # fmt: skip
     """The attempt's goodput (ended at `step`) and the job's totals over every attempt; process
     0 (with the `attempt`) logs them and appends them to OUTPUT_DIR/goodput.jsonl
     (`axplug.trainer.attempts`). `end`: done, preempted."""

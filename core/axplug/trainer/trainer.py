@@ -9,7 +9,7 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from axplug import registry
 from axplug.checkpoint import Checkpointer
@@ -27,7 +27,7 @@ from axplug.runtime import (
     put_process_batch,
     shard_input_config,
 )
-from axplug.sharding import make_scope, scoped
+from axplug.sharding import make_scope
 from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
 from axplug.trainer.attempts import AttemptRecorder
 from axplug.trainer.aux_losses import AuxLossRule
@@ -41,7 +41,7 @@ from axplug.trainer.loop_state import NonFiniteGuard, StepTimer, tokens_per_step
 from axplug.trainer.profiling import StepProfiler
 from axplug.trainer.restore import Restorer
 from axplug.trainer.saving import Saver
-from axplug.trainer.step import build_eval_step, build_train_step, guard_for
+from axplug.trainer.step import build_train_step, guard_for, jit_steps
 from axplug.trainer.summaries import attempt_recorder, build_writer, goodput_report, summary_dir
 from axplug.trainer.trainable import frozen_masks, pick, update_kinds
 
@@ -158,8 +158,10 @@ class Trainer(Configurable):
         self.watchdog = hooked_watchdog(cfg.watchdog, self)
         self._build_step()
         self.restorer = Restorer(cfg, self.checkpointer, self.layout, self.goodput, self.init_state)
-        self.saver = Saver(cfg, self.checkpointer, self.input, self.restorer, self.goodput,
-                           self._on_saved)  # fmt: skip
+        saved = lambda step, path: self.hooks(
+            "on_checkpoint_saved", trainer=self, step=step, path=path
+        )
+        self.saver = Saver(cfg, self.checkpointer, self.input, self.restorer, self.goodput, saved)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -173,7 +175,6 @@ class Trainer(Configurable):
         # a fine-tune's checkpoints leave them out too (`Restorer.frozen_source` names their run).
         masks = frozen_masks(update_kinds(self.param_specs, cfg.learner.trainable))
         self.tx = self.learner.transform(pick(masks[0], self.param_specs), cfg.max_steps)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
         abstract_params = jax.eval_shape(
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
@@ -193,16 +194,8 @@ class Trainer(Configurable):
             trainable=cfg.learner.trainable,
             guard=guard_for(self.mesh.devices.flat[0].platform, cfg.nonfinite_guard),
         )
-        self._train_step = jax.jit(
-            scoped(step, self.mesh, rules),
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, replicated),
-            donate_argnums=0,
-        )
-        self._eval_step = jax.jit(
-            scoped(build_eval_step(self.model), self.mesh, rules),
-            in_shardings=(param_shardings, self.batch_sharding),
-            out_shardings=replicated,
+        self._train_step, self._eval_step = jit_steps(
+            step, self.model, self.mesh, rules, self.state_shardings, self.batch_sharding
         )
 
     def lower_step(self, batch: dict | None = None) -> jax.stages.Lowered:
@@ -219,20 +212,7 @@ class Trainer(Configurable):
 
     def init_state(self) -> dict:
         """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""
-
-        def init(keys):
-            params = self.model.initialize_parameters(keys)
-            return {
-                "params": params,
-                "opt_state": self.layout.init_opt_state(params),
-                "step": jnp.zeros((), jnp.int32),
-            }
-
-        # The keys op by op (one small program, reused), outside the program that draws the
-        # parameters: in it, each of their ~100 hashes compiled as its own loop (2.4 s of a
-        # llama-tiny init's compile, more than its train step's).
-        keys = jax.device_get(self.model.parameter_keys(jax.random.PRNGKey(self._config.seed)))
-        return jax.jit(init, out_shardings=self.state_shardings)(keys)
+        return self.layout.init_state(self.model, self._config.seed)
 
     def restore_or_init(self) -> dict:
         """The latest complete checkpoint that restores and verifies, else a fresh state (or
@@ -376,9 +356,6 @@ class Trainer(Configurable):
         step = int(jax.device_get(self.state["step"]))
         slow = len(self.watchdog.slow_steps)
         return goodput_report(self.goodput, slow, self.attempt, step, end)
-
-    def _on_saved(self, step: int, path: str) -> None:
-        self.hooks("on_checkpoint_saved", trainer=self, step=step, path=path)
 
     def _busy_seconds(self) -> float:
         return self.goodput.total(("data_wait", "step", "other"))

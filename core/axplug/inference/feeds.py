@@ -1,0 +1,66 @@
+"""What one engine step feeds its compiled call: each fed row's tokens and positions (one
+width for all rows, bucketed), and which log-probabilities the step returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from axplug.api import EMPTY_POSITION
+
+__all__ = ["StepFeed", "step_feed"]
+
+
+class StepFeed(NamedTuple):
+    ids: np.ndarray  # [rows, width]
+    positions: np.ndarray  # [rows, width], EMPTY_POSITION past a row's fed tokens
+    last: np.ndarray  # [rows]: each row's last fed token
+    reset: np.ndarray  # [rows]: rows that start from an empty cache
+    counts: np.ndarray  # [rows]: tokens each row has generated (its sampling key's step)
+    targets: np.ndarray  # [rows, width]: each fed position's next prompt token
+    logprobs: int | None  # static top-token counts: None, 0, or max_logprobs
+    prompt_logprobs: int | None
+
+
+def _bucket(length: int, minimum: int, maximum: int) -> int:
+    return min(maximum, max(minimum, 1 << max(0, length - 1).bit_length()))
+
+
+def step_feed(
+    slots: Sequence[Any], feeds: dict[int, list[int]], *, min_prefill_len: int, max_len: int,
+    max_logprobs: int,
+) -> StepFeed:  # fmt: skip
+    """The arrays of a step that feeds `feeds[slot]` to the requests in `slots`: width 1 when
+    every row decodes, else the longest feed's power-of-two bucket in [min_prefill_len,
+    max_len] (one program per width)."""
+    longest = max(map(len, feeds.values()))
+    width = 1 if longest == 1 else _bucket(longest, min_prefill_len, max_len)
+    n = len(slots)
+    ids = np.zeros((n, width), np.int32)
+    positions = np.full((n, width), EMPTY_POSITION, np.int32)
+    last = np.zeros((n,), np.int32)
+    reset = np.zeros((n,), bool)
+    counts = np.zeros((n,), np.int32)
+    targets = np.zeros((n, width), np.int32)
+    # Static top-token counts: 0, or max_logprobs once any row asks for some (two programs
+    # at most, not one per count asked).
+    logprobs = prompt_logprobs = None
+    for s, feed in feeds.items():
+        active = slots[s]
+        k = len(feed)
+        ids[s, :k] = feed
+        positions[s, :k] = range(active.cached, active.cached + k)
+        last[s] = k - 1
+        reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
+        counts[s] = len(active.output)
+        sampling = active.request.sampling
+        if sampling.logprobs is not None:
+            logprobs = max(logprobs or 0, max_logprobs if sampling.logprobs else 0)
+        if sampling.prompt_logprobs is not None and active.cached + 1 < len(active.request.prompt):
+            asked = max_logprobs if sampling.prompt_logprobs else 0
+            prompt_logprobs = max(prompt_logprobs or 0, asked)
+            following = active.context[active.cached + 1 : active.cached + k + 1]
+            targets[s, : len(following)] = following
+    return StepFeed(ids, positions, last, reset, counts, targets, logprobs, prompt_logprobs)
