@@ -82,3 +82,45 @@ def test_locked_error_is_a_config_error_for_the_cli_boundary():
     from axplug.config import ConfigError
 
     assert issubclass(RunDirLockedError, ConfigError)
+
+
+class _FlakyStore:
+    """An in-memory object store whose reads fail with ConnectionError while `down` is set."""
+
+    def __init__(self):
+        self.objects: dict[str, str] = {}
+        self.down = False
+
+    def join(self, *parts):
+        return "/".join(parts)
+
+    def read_text(self, url):
+        if self.down:
+            raise ConnectionError(f"cannot reach the server for {url}")
+        if url not in self.objects:
+            raise FileNotFoundError(url)
+        return self.objects[url]
+
+    def write_text(self, url, text):
+        self.objects[url] = text
+
+    def delete(self, url):
+        self.objects.pop(url, None)
+
+
+def test_a_store_lease_is_never_handed_over_while_the_store_does_not_answer(caplog):
+    import time
+
+    from axplug.runtime import StoreLease
+
+    store = _FlakyStore()
+    with StoreLease(store, "mem://run", ttl_s=0.4, settle_s=0.01) as holder:
+        store.down = True  # an outage longer than the ttl: neither side may take the lease
+        with pytest.raises(RunDirLockedError, match="cannot read the lease mem://run/"):
+            StoreLease(store, "mem://run", ttl_s=0.4, settle_s=0.01).acquire()
+        store.down = False
+        time.sleep(0.25)  # the holder's renewal survived the outage and renews again
+        with pytest.raises(RunDirLockedError, match="in use by another run"):
+            StoreLease(store, "mem://run", ttl_s=0.4, settle_s=0.01).acquire()
+        assert holder.token in store.objects["mem://run/.axplug-lease.json"]
+    assert "taken by another run" not in caplog.text and store.objects == {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -65,8 +66,6 @@ class RunDirLock:
             _held[self.path] = [fd, 1]
         if previous.get("pid"):
             # The kernel released a lease whose process died without releasing it.
-            import logging
-
             logging.getLogger("axplug.trainer").warning(
                 "taking over output_dir %s from a run that ended without releasing it (%s)",
                 self.directory,
@@ -113,15 +112,14 @@ class StoreLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> dict:
+    def _read(self) -> dict | None:
+        """The lease record; {} when there is none, None when the store cannot say."""
         try:
-            return (
-                json.loads(self.storage.read_text(self.url))
-                if self.storage.exists(self.url)
-                else {}
-            )
-        except (OSError, ValueError):
+            return json.loads(self.storage.read_text(self.url))
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError):  # a store that does not answer never hands the lease over
+            return None
 
     def _write(self) -> None:
         self.storage.write_text(
@@ -131,20 +129,27 @@ class StoreLease:
     def acquire(self) -> None:
         """Takes the lease, or raises RunDirLockedError naming the live run that holds it."""
         deadline = time.monotonic() + self.ttl_s
-        while (held := self._read()) and time.time() - held.get("renewed", 0) < self.ttl_s:
+        while (held := self._read()) != {} and (
+            held is None or time.time() - held.get("renewed", 0) < self.ttl_s
+        ):
             if time.monotonic() > deadline:
                 raise RunDirLockedError(
                     f"output_dir {self.directory} is in use by another run ({_describe(held)}), "
-                    f"which renewed its lease {time.time() - held['renewed']:.0f} s ago; stop "
-                    "that run, or train into another --output-dir"
+                    f"which renewed its lease within {self.ttl_s:.0f} s; stop that run, or "
+                    "train into another --output-dir"
+                    if held
+                    else f"cannot read the lease {self.url} of output_dir {self.directory}; "
+                    "check the store, or delete the lease object if no run trains there"
                 )
             time.sleep(min(self.ttl_s / 8, 5.0))
         self._write()
         time.sleep(self.settle_s)
-        if (held := self._read()).get("token") != self.token:
+        while (held := self._read()) is None and time.monotonic() < deadline + self.ttl_s:
+            time.sleep(self.settle_s)  # the store did not answer: ask again
+        if (held or {}).get("token") != self.token:
             raise RunDirLockedError(
                 f"output_dir {self.directory} was taken by another run starting at the same "
-                f"time ({_describe(held)}); train into another --output-dir"
+                f"time ({_describe(held or {})}); train into another --output-dir"
             )
         self._stop.clear()
         self._thread = threading.Thread(target=self._renew, name="axplug-lease", daemon=True)
@@ -152,17 +157,14 @@ class StoreLease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
+            if (held := self._read()) is None:
+                continue  # the store did not answer: try again at the next renewal
+            if held.get("token") != self.token:
+                msg = "the lease on %s was deleted or taken by another run; two may write there"
+                return logging.getLogger("axplug.trainer").error(msg, self.directory)
             try:
-                if self._read().get("token") != self.token:
-                    import logging
-
-                    logging.getLogger("axplug.trainer").error(
-                        "the lease on %s was taken by another run; two runs now write there",
-                        self.directory,
-                    )
-                    return
                 self._write()
-            except Exception:  # noqa: BLE001 - a store hiccup: try again at the next renewal
+            except OSError:
                 continue
 
     def release(self) -> None:
@@ -172,7 +174,7 @@ class StoreLease:
             self._thread.join()
             self._thread = None
             try:
-                if self._read().get("token") == self.token:
+                if (self._read() or {}).get("token") == self.token:
                     self.storage.delete(self.url)
             except Exception:  # noqa: BLE001 - an unreleased lease lapses after ttl_s
                 pass
