@@ -3,8 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from axplug.context import functional
-from axplug.layers import CausalLM
+from axplug.api.layers import CausalLM, functional
 
 
 def tiny_lm_config():

@@ -262,7 +262,7 @@ def test_check_imports_each_component_and_fails_on_broken(plugin_site, capsys):
 
 
 def test_check_rejects_hooks_the_core_does_not_define(plugin_site, capsys):
-    source = "from axplug import hookimpl\n\n@hookimpl\ndef on_epoch_end(trainer):\n    pass\n"
+    source = "from axplug.api import hookimpl\n\n@hookimpl\ndef on_epoch_end(trainer):\n    pass\n"
     plugin_site.add(
         "fake-hooks", {"axplug.hooks": {"h": "fake_hooks_mod"}}, modules={"fake_hooks_mod": source}
     )

@@ -38,7 +38,7 @@ class NeverPaged:
 """
 
 BAD_HOOKS = """
-from axplug import hookimpl
+from axplug.api import hookimpl
 
 @hookimpl
 def on_step_ended(trainer, step, metrics):

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from axplug.config import ConfigError
-from axplug.input.token_file import FORMAT, IGNORE_LABEL, TokenFileInput, write_shard
+from axplug.input.token_file import IGNORE_LABEL, TOKEN_DIR_FORMAT, TokenFileInput, write_shard
 
 
 def make_masked(path, documents, masks, vocab=50):
     path.mkdir(parents=True, exist_ok=True)
     shards = [write_shard(path, "shard_00000", documents, "uint16", masks)]
-    meta = {"format": FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards,
+    meta = {"format": TOKEN_DIR_FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards,
             "loss_mask": True}  # fmt: skip
     (path / "meta.json").write_text(json.dumps(meta))
     return path

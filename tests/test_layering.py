@@ -10,10 +10,17 @@ import re
 
 import pytest
 
-from axplug.api import PUBLIC_MODULES
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE = ROOT / "core" / "axplug"
+# The plugin API's faces: the public submodules of `axplug.api` (its `_*` rooms are the floor's).
+FACES = sorted(f"axplug.api.{p.stem}" for p in (CORE / "api").glob("[!_]*.py"))
+
+
+def _node(module: str) -> str:
+    """The package a module belongs to in the import graph: `axplug.<first part>`, except a
+    face of the plugin API, which is a node of its own above everything it re-exports."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if ".".join(parts[:3]) in FACES else ".".join(parts[:2])
 
 
 def _module_name(path: pathlib.Path, base: pathlib.Path) -> str:
@@ -53,12 +60,12 @@ def _core_graph() -> dict[str, dict[str, list[str]]]:
     graph: dict[str, dict[str, list[str]]] = {}
     for path in sorted(CORE.rglob("*.py")):
         module = _module_name(path, CORE.parent)
-        source = ".".join(module.split(".")[:2])
+        source = _node(module)
         graph.setdefault(source, {})
         for target, _, line in _imports(path, module):
             if target.split(".")[0] != "axplug":
                 continue
-            target = ".".join(target.split(".")[:2])
+            target = _node(target)
             if target != source:
                 where = f"{path.relative_to(ROOT)}:{line}"
                 graph[source].setdefault(target, []).append(where)
@@ -107,7 +114,7 @@ def test_the_cycle_check_finds_a_circle():
 
 def test_the_floor_imports_nothing_of_the_core():
     allowed = {"axplug.api", "axplug.hookspecs"}
-    for path in sorted((CORE / "api").rglob("*.py")):
+    for path in sorted((CORE / "api").glob("_*.py")):
         module = _module_name(path, CORE.parent)
         for target, _, line in _imports(path, module):
             if target.startswith("axplug"):
@@ -134,80 +141,63 @@ def _public_names(module: str) -> set[str]:
     return set(getattr(importlib.import_module(module), "__all__", ()))
 
 
-def test_plugins_import_only_the_public_api():
-    assert len(_plugin_sources()) > 20
+def _plugin_api_problems(paths: list[pathlib.Path], also: tuple[str, ...] = ()) -> list[str]:
+    """Imports in `paths` of the core beyond `axplug.api`, its faces and `also`, or of a
+    name that the module imported from does not export."""
+    allowed = ("axplug.api", *FACES, *also)
+    public = {module: _public_names(module) for module in allowed}
     problems = []
-    public = {module: _public_names(module) for module in PUBLIC_MODULES}
-    for path, dist in _plugin_sources():
-        module = _module_name(path, dist)
-        for target, names, line in _imports(path, module):
+    for path in paths:
+        for target, names, line in _imports(path, "plugin"):
             if target.split(".")[0] != "axplug":
                 continue
-            where = f"{path.relative_to(ROOT)}:{line}"
+            where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line}"
             if target not in public:
-                problems.append(f"{where}: imports {target}, not one of PUBLIC_MODULES")
+                problems.append(f"{where}: imports {target}, not axplug.api or one of its faces")
                 continue
-            hidden = [n for n in names if n != "*" and n not in public[target]]
+            faces = {n for n in names if target == "axplug.api" and f"axplug.api.{n}" in FACES}
+            hidden = [n for n in names if n != "*" and n not in public[target] | faces]
             if hidden:
                 problems.append(f"{where}: {target} does not export {', '.join(hidden)}")
+    return problems
+
+
+def test_plugins_import_only_the_plugin_api():
+    sources = [path for path, _dist in _plugin_sources()]
+    assert len(sources) > 20
+    kits = [path for path in sources if path.stem == "testing"]  # a plugin's test kit
+    problems = _plugin_api_problems([p for p in sources if p not in kits])
+    problems += _plugin_api_problems(kits, also=("axplug.testing",))
     assert not problems, "\n".join(problems)
 
 
-def test_plugins_and_their_tests_take_the_floors_names_from_the_floor():
-    """A name `axplug.api` exports has one door for plugins: `ParameterSpec` comes from
-    `axplug.api`, never from `axplug.layers` where it also lives."""
-    import axplug.api
-
-    floor = set(axplug.api.__all__)
-    assert {"ParameterSpec", "Unsupported", "AttentionMask"} <= floor
-    problems = []
-    for path in sorted((ROOT / "plugins").glob("*/**/*.py")):
-        for target, names, line in _imports(path, "plugin"):
-            if target.startswith("axplug.") and target != "axplug.api":
-                for name in sorted(set(names) & floor):
-                    where = f"{path.relative_to(ROOT)}:{line}"
-                    problems.append(f"{where}: {name} from {target}, not axplug.api")
+def test_plugin_tests_import_only_the_plugin_api_and_the_testing_kit():
+    tests = sorted((ROOT / "plugins").glob("*/tests/**/*.py"))
+    assert len(tests) > 20
+    problems = _plugin_api_problems(tests, also=("axplug.testing",))
     assert not problems, "\n".join(problems)
 
 
-# Non-public core modules plugin tests still import (issue: the plugin API as one package):
-# each entry is debt to pay by a public door; the test fails on a new one and on a paid one
-# left in the list.
-_PLUGIN_TEST_DEBT = {
-    "axplug.checkpoint.layout",
-    "axplug.inference.loading",
-    "axplug.input.sources",
-    "axplug.input.token_file",
-    "axplug.interop.hf_config",
-    "axplug.interop.hf_export",
-    "axplug.interop.hf_walk",
-    "axplug.kernels.grouped",
-    "axplug.mesh",
-    "axplug.registry._kinds",
-    "axplug.runtime",
-    "axplug.trainer.aux_losses",
-    "axplug.trainer.init_from",
-    "axplug.trainer.run",
-    "axplug.trainer.step",
-    "axplug.trainer.trainable",
-}
-
-
-def test_plugin_tests_import_no_new_private_core_module():
-    used = set()
-    for path in sorted((ROOT / "plugins").glob("*/tests/**/*.py")):
-        for target, _names, _line in _imports(path, "plugin_tests"):
-            public = target in PUBLIC_MODULES or target.startswith(("axplug.api", "axplug.testing"))
-            if target.split(".")[0] == "axplug" and not public:
-                used.add(target)
-    assert used <= _PLUGIN_TEST_DEBT, f"new private imports: {sorted(used - _PLUGIN_TEST_DEBT)}"
-    assert used >= _PLUGIN_TEST_DEBT, (
-        f"paid, drop from the list: {sorted(_PLUGIN_TEST_DEBT - used)}"
+def test_the_layering_check_refuses_a_core_module_and_an_unexported_name(tmp_path):
+    (tmp_path / "plugin.py").write_text(
+        "from axplug.layers import Linear\nfrom axplug.api.layers import _private\n"
+        "from axplug.api import layers, ParameterSpec\nfrom axplug.api.config import REQUIRED\n"
     )
+    problems = _plugin_api_problems([tmp_path / "plugin.py"])
+    assert len(problems) == 2, problems
+    assert "imports axplug.layers, not axplug.api" in problems[0]
+    assert "axplug.api.layers does not export _private" in problems[1]
 
 
-def test_every_public_module_lists_what_it_exports():
-    for module in PUBLIC_MODULES:
+def test_the_core_never_imports_a_face():
+    graph = _core_graph()
+    climbs = [(a, b) for a in graph for b in graph[a] if b in FACES and a not in FACES]
+    assert not climbs, climbs
+
+
+def test_every_face_lists_what_it_exports():
+    assert len(FACES) >= 10
+    for module in FACES:
         names = _public_names(module)
         assert names, f"{module} has no __all__"
         missing = [n for n in names if not hasattr(importlib.import_module(module), n)]
@@ -215,34 +205,13 @@ def test_every_public_module_lists_what_it_exports():
 
 
 def test_every_public_name_has_one_door():
-    """A name is exported (`__all__`) by one public module: the floor's from `axplug.api`."""
+    """A name is exported (`__all__`) once by the plugin API: by the floor or by one face."""
     doors: dict[str, list[str]] = {}
-    for module in PUBLIC_MODULES:
+    for module in ("axplug.api", *FACES):
         for name in _public_names(module):
             doors.setdefault(name, []).append(module)
     several = {name: where for name, where in doors.items() if len(where) > 1}
     assert not several, several
-
-
-def test_old_import_paths_warn_and_resolve_to_the_new_homes():
-    import axplug.aot
-    import axplug.api
-    import axplug.cli.arguments
-    import axplug.kernels
-    import axplug.layers
-    import axplug.mesh_rules
-
-    moved = [
-        (axplug.aot, "DeviceSpec", axplug.api.DeviceSpec),
-        (axplug.aot, "device_spec_of", axplug.mesh_rules.device_spec_of),
-        (axplug.kernels, "FlashAttention", axplug.layers.FlashAttention),
-        (axplug.cli.arguments, "add_checkpoint_arguments", axplug.api.add_checkpoint_arguments),
-    ]
-    for module, name, new in moved:
-        with pytest.warns(DeprecationWarning, match=f"{name} moved to"):
-            assert getattr(module, name) is new
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        axplug.kernels.nothing  # noqa: B018
 
 
 def test_the_core_never_names_a_plugin_package():
@@ -399,3 +368,16 @@ def test_the_trainer_does_not_import_the_decode_package():
     """A run directory's checkpoints are found by `axplug.checkpoint`, which the trainer,
     the CLI's config building and loading for inference all use."""
     assert "axplug.inference" not in _core_graph()["axplug.trainer"]
+
+
+def test_the_plugin_reference_lists_the_floor_and_every_face():
+    import axplug
+    import axplug.api
+
+    text = (ROOT / "docs" / "plugin-reference.md").read_text()
+    assert f"Today the core is at API **{axplug.PLUGIN_API_VERSION}**" in text
+    section = text[text.index("## What a plugin imports") : text.index("## How plugins are")]
+    missing = [name for name in axplug.api.__all__ if f"`{name}`" not in section]
+    faces = set(re.findall(r"`(axplug\.api\.[a-z_]+)`", section))
+    assert not missing, f"floor names the page does not list: {missing}"
+    assert faces == set(FACES), f"faces listed vs faces in the package: {faces ^ set(FACES)}"

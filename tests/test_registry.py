@@ -6,6 +6,7 @@ import pluggy
 import pytest
 
 import axplug
+import axplug.api
 from axplug import registry
 from axplug.config import resolve_class
 from axplug.registry import (
@@ -269,7 +270,7 @@ def test_resolve_class_finds_registered_components_across_kinds(plugin_site):
 
 
 HOOKS = """
-from axplug import hookimpl
+from axplug.api import hookimpl
 
 calls = []
 
@@ -278,14 +279,14 @@ def on_step_end(trainer, step, metrics):
     calls.append((step, metrics["loss"]))
 """
 TYPO_HOOKS = """
-from axplug import hookimpl
+from axplug.api import hookimpl
 
 @hookimpl
 def on_stp_end(trainer, step, metrics):
     pass
 """
 WRONG_ARGS_HOOKS = """
-from axplug import hookimpl
+from axplug.api import hookimpl
 
 @hookimpl
 def on_train_end(trainer, metrics, extra):
@@ -332,7 +333,7 @@ def test_plugin_manager_registers_caller_objects_and_validates_them(plugin_site)
         def __init__(self):
             self.saved = []
 
-        @axplug.hookimpl
+        @axplug.api.hookimpl
         def on_checkpoint_saved(self, trainer, step, path):
             self.saved.append((step, path))
 
@@ -342,7 +343,7 @@ def test_plugin_manager_registers_caller_objects_and_validates_them(plugin_site)
     assert recorder.saved == [(3, "/ckpt/3")]
 
     class Typo:
-        @axplug.hookimpl
+        @axplug.api.hookimpl
         def on_checkpoint_save(self, trainer, step, path):
             pass
 
@@ -577,7 +578,8 @@ def test_failures_record_their_kind(plugin_site):
 
 
 def test_the_declared_protocols_are_what_load_checks():
-    from axplug.api import hf, kinds
+    from axplug.api import _hf as hf
+    from axplug.api import _kinds as kinds
     from axplug.registry import _kinds
 
     class Full:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug.input.token_file import FORMAT, IGNORE_LABEL, TokenFileInput, write_shard
+from axplug.input.token_file import IGNORE_LABEL, TOKEN_DIR_FORMAT, TokenFileInput, write_shard
 from axplug.testing import tiny_train_args
 
 
@@ -18,7 +18,7 @@ def make_data(path, documents, *, shard_docs=3, vocab=50):
         write_shard(path, f"shard_{i:05d}", documents[s : s + shard_docs], "uint16")
         for i, s in enumerate(range(0, len(documents), shard_docs))
     ]
-    meta = {"format": FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards}
+    meta = {"format": TOKEN_DIR_FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards}
     (path / "meta.json").write_text(json.dumps(meta))
     return path
 

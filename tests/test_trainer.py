@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from axplug import hookimpl
+from axplug.api import hookimpl
 from axplug.config import config_class, find_configs
 from axplug.input import Input
 from axplug.layers import CausalLM, FeedForward
@@ -276,7 +276,7 @@ def test_hooks_are_called_and_a_raising_hook_does_not_kill_the_run(tmp_path):
 
 def test_hook_plugin_from_an_entry_point_is_called(tmp_path, plugin_site):
     source = (
-        "from axplug import hookimpl\n"
+        "from axplug.api import hookimpl\n"
         "CALLS = []\n"
         "@hookimpl\n"
         "def on_train_end(trainer, metrics):\n"

@@ -148,7 +148,7 @@ def test_bad_settings_name_the_field(field, value, message):
 
 HUNG_RUN = """
 import logging, sys, time
-from axplug import hookimpl
+from axplug.api import hookimpl
 from axplug.testing import tiny_trainer_config
 from axplug.trainer.run import train
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 
 if TYPE_CHECKING:
     from axplug.module import Module

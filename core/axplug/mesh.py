@@ -17,7 +17,6 @@ from axplug.config import ConfigError, Configurable, config_class
 
 __all__ = [
     "MESH_AXES",
-    "PIPELINE_AXIS",
     "DEFAULT_AXIS_RULES",
     "MeshBuilder",
     "logical_to_partition_spec",

@@ -1,45 +1,46 @@
-"""The plugin API floor: the types plugins implement or pass, importing nothing of the core.
+"""The plugin API: the one package a plugin imports from the core.
 
-Kernels, layers, mesh rules and commands meet here: the attention mask and paged-KV types a
-kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, the shared options of
-commands, and the declared type of each entry-point kind without a base class of its own
-(`kinds`: checked when the registry loads a component). Everything here depends on jax and
-the standard library only, so any room of the core may import it and no room needs another
-for a type (docs/plugin-reference.md).
+`axplug.api` itself is the floor: the types plugins implement or pass, importing nothing of
+the core. Kernels, layers, mesh rules and commands meet here: the attention mask and paged-KV
+types a kernel is given, the kernel protocol, `ParameterSpec`, `DeviceSpec`, the shared
+options of commands, and the declared type of each entry-point kind without a base class of
+its own (checked when the registry loads a component). Everything here depends on jax and the
+standard library only (its private rooms `axplug.api._*`), so any room of the core may import
+it and no room needs another for a type.
 
-Beyond the floor a plugin builds with the public faces in `PUBLIC_MODULES`, each by the names
-in its `__all__`: the config tools, the core layers to compose or subclass, the kernels to
-fall back to, the sharding scope, and the consumer faces (the inference engine, the testing
-kit). Nothing else of the core is API; `tests/test_layering.py` holds the first-party plugins
-to that.
+Above the floor, each public submodule is a face a plugin builds with, by the names in its
+`__all__`: `config`, `layers`, `kernels`, `sharding`, `interop`, `data`, `checkpoint`,
+`summary`, `registry` and `run` (the Trainer and the Engine). A name has one door. Nothing
+else of the core is API; `tests/test_layering.py` holds the first-party plugins and their
+tests to that (docs/plugin-reference.md).
 """
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from axplug.api.attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
-    from axplug.api.commands import add_checkpoint_arguments, add_config_arguments
-    from axplug.api.device import DeviceSpec, with_device_spec
-    from axplug.api.errors import AxplugError
-    from axplug.api.hf import HFArchitecture, HFFields, HFTensor
-    from axplug.api.kernel import AttentionKernel, Unsupported, check_shapes
-    from axplug.api.kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
-    from axplug.api.parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
+    from axplug.api._attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
+    from axplug.api._commands import add_checkpoint_arguments, add_config_arguments
+    from axplug.api._device import DeviceSpec, with_device_spec
+    from axplug.api._errors import AxplugError
+    from axplug.api._hf import HFArchitecture, HFFields, HFTensor
+    from axplug.api._kernel import AttentionKernel, Unsupported, check_shapes
+    from axplug.api._kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
+    from axplug.api._parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
     from axplug.hookspecs import hookimpl
 
 # Where each name lives. Read on first use (PEP 562), so that a command module can take
 # `add_checkpoint_arguments` without importing jax: `axplug --help` imports every core command.
 _HOMES = {
-    **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "attention"),
-    **dict.fromkeys(("add_checkpoint_arguments", "add_config_arguments"), "commands"),
-    "AxplugError": "errors",
-    **dict.fromkeys(("DeviceSpec", "with_device_spec"), "device"),
-    **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "kernel"),
+    **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "_attention"),
+    **dict.fromkeys(("add_checkpoint_arguments", "add_config_arguments"), "_commands"),
+    "AxplugError": "_errors",
+    **dict.fromkeys(("DeviceSpec", "with_device_spec"), "_device"),
+    **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "_kernel"),
     **dict.fromkeys(
-        ("AttentionKernelLike", "CommandModule", "MeshRuleFactory", "RunInfo"), "kinds"
+        ("AttentionKernelLike", "CommandModule", "MeshRuleFactory", "RunInfo"), "_kinds"
     ),
-    **dict.fromkeys(("HFArchitecture", "HFFields", "HFTensor"), "hf"),
-    **dict.fromkeys(("PARAMETER_UPDATES", "Initializer", "ParameterSpec"), "parameters"),
+    **dict.fromkeys(("HFArchitecture", "HFFields", "HFTensor"), "_hf"),
+    **dict.fromkeys(("PARAMETER_UPDATES", "Initializer", "ParameterSpec"), "_parameters"),
 }
 
 
@@ -57,31 +58,7 @@ def __getattr__(name: str):
     return value
 
 
-# The core modules a plugin may import, by the names in their `__all__`.
-PUBLIC_MODULES = (
-    "axplug",
-    "axplug.api",
-    "axplug.config",
-    "axplug.layers",
-    "axplug.kernels",
-    "axplug.sharding",
-    "axplug.mesh_rules",
-    "axplug.summary",
-    "axplug.checkpoint",
-    "axplug.files",
-    "axplug.input",
-    "axplug.optim",
-    "axplug.tokenizer",
-    "axplug.presets",
-    "axplug.modifiers",
-    "axplug.trainer",
-    "axplug.inference",
-    "axplug.interop",
-    "axplug.testing",
-)
-
 __all__ = [
-    "PUBLIC_MODULES",
     "EMPTY_POSITION",
     "PARAMETER_UPDATES",
     "AttentionKernel",

@@ -16,7 +16,14 @@ from axplug.checkpoint.inventory import (
     list_steps,
     resolve_checkpoint_dir,
 )
-from axplug.checkpoint.layout import COMMIT_MARKER, parse_step, step_dir_name, steps_to_keep
+from axplug.checkpoint.layout import (
+    CHECKSUMS_ITEM,
+    COMMIT_MARKER,
+    METADATA_FILE,
+    parse_step,
+    step_dir_name,
+    steps_to_keep,
+)
 from axplug.checkpoint.local_tier import LocalTier
 from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_for
 
@@ -37,6 +44,8 @@ __all__ = [
     "host_checksums",
     "StorageNotFoundError",
     "COMMIT_MARKER",
+    "CHECKSUMS_ITEM",
+    "METADATA_FILE",
     "step_dir_name",
     "parse_step",
     "steps_to_keep",

@@ -8,7 +8,7 @@ __all__ = [
 ]
 
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 
 
 class CheckpointError(AxplugError):

@@ -94,7 +94,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def _verify(args: argparse.Namespace, directory: str) -> int:
-    from axplug.api.errors import AxplugError
+    from axplug.api._errors import AxplugError
     from axplug.checkpoint import CheckpointCorruptError, Checkpointer
 
     cfg = Checkpointer.default_config().set(
@@ -150,7 +150,7 @@ def _rm(storage: Any, directory: str, step: int, *, force: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.api.errors import AxplugError
+    from axplug.api._errors import AxplugError
     from axplug.checkpoint import list_steps, resolve_checkpoint_dir, storage_for
 
     storage = storage_for(args.url, _options(args.storage_option))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from axplug.api.commands import add_config_arguments
+from axplug.api._commands import add_config_arguments
 
 __all__ = ["add_parser", "run"]
 

@@ -129,7 +129,7 @@ def _add_plugin_commands(subparsers: Any, invoked: str | None) -> None:
 def _exit_code(exc: BaseException) -> int | None:
     """The `AxplugError`'s own code (2: a mistake in what was asked, 1: a failed run), 1 for
     an I/O error, None for anything else: a bug, shown with its traceback."""
-    from axplug.api.errors import AxplugError
+    from axplug.api._errors import AxplugError
 
     if isinstance(exc, AxplugError):
         return exc.exit_code

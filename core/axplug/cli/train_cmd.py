@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from axplug.api.commands import add_config_arguments
+from axplug.api._commands import add_config_arguments
 from axplug.cli._train_config import base_config, build_config, source_label
 from axplug.config import UsageError
 

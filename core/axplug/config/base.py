@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, Union
 
 import attrs
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 
 __all__ = [
     "REQUIRED",
@@ -53,9 +53,12 @@ class RequiredFieldValue:
         return (RequiredFieldValue, ())
 
 
-REQUIRED = RequiredFieldValue()
+REQUIRED: Any = RequiredFieldValue()
 _T = TypeVar("_T")
-Required = Union[_T, RequiredFieldValue]  # noqa: UP007 (subscriptable alias: Required[int])
+if TYPE_CHECKING:  # a REQUIRED field is refused at instantiation: code that reads it sees an int
+    Required = typing.Annotated[_T, "required"]
+else:
+    Required = Union[_T, RequiredFieldValue]  # noqa: UP007 (subscriptable alias: Required[int])
 
 
 class ConfigError(AxplugError):
@@ -380,7 +383,7 @@ class Configurable:
 
     def __init__(self, cfg: Configurable.Config):
         # A copy that keeps the path of `cfg` in its tree, for errors about its fields.
-        self._config = cfg.clone()
+        self._config: Any = cfg.clone()  # the class's own Config
 
     @property
     def config(self) -> Any:  # the class's own Config

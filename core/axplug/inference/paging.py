@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 from axplug.layers.kv_cache import PagedKVCache, Paging
 from axplug.module import Module
 

@@ -7,9 +7,10 @@ iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 """
 
 from axplug.input.base import Batch, Input, StepInput, data_vocab_size, eval_split_of
-from axplug.input.data_dir import open_shards, read_meta
+from axplug.input.data_dir import TOKEN_DIR_FORMAT, open_shards, read_meta, write_shard
 from axplug.input.iterator import IteratorInput, resolve_function
 from axplug.input.prepare import DocumentEncoder, prepare_data
+from axplug.input.sources import read_documents, source_kind
 from axplug.input.synthetic import SyntheticInput
 from axplug.input.text import ByteTextInput, bundled_corpus_path
 from axplug.input.token_file import IGNORE_LABEL, TokenFileInput
@@ -31,4 +32,8 @@ __all__ = [
     "IGNORE_LABEL",
     "open_shards",
     "read_meta",
+    "read_documents",
+    "source_kind",
+    "write_shard",
+    "TOKEN_DIR_FORMAT",
 ]

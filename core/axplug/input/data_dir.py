@@ -31,7 +31,7 @@ from axplug.files import atomic_file
 from axplug.input.remote import RemoteArray, RemotePath, data_path
 
 __all__ = [
-    "FORMAT",
+    "TOKEN_DIR_FORMAT",
     "DTYPES",
     "Shard",
     "read_meta",
@@ -42,7 +42,7 @@ __all__ = [
     "write_shard",
 ]
 
-FORMAT = "axplug-tokens-1"
+TOKEN_DIR_FORMAT = "axplug-tokens-1"
 DTYPES = ("uint16", "uint32")
 _AGAIN = "copy it again or rerun prepare-data"
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a file name in the directory, no path
@@ -85,8 +85,10 @@ def read_meta(
         raise ConfigFileError(f"{path}: not JSON ({e}; an incomplete copy?): {_AGAIN}") from None
     if not isinstance(meta, dict):
         raise ConfigFileError(f"{path}: not a JSON object: {_AGAIN}")
-    if meta.get("format") != FORMAT:
-        raise ConfigFileError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("format") != TOKEN_DIR_FORMAT:
+        raise ConfigFileError(
+            f"{path}: format {meta.get('format')!r}, expected {TOKEN_DIR_FORMAT!r}"
+        )
     if meta.get("dtype") not in DTYPES:
         raise ConfigFileError(f"{path}: dtype {meta.get('dtype')!r}, expected one of {DTYPES}")
     vocab = meta.get("vocab_size")

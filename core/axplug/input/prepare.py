@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from axplug.config import ConfigError, ConfigFileError, ConfigValueError, UsageError
 from axplug.files import errors_naming, write_text
-from axplug.input.data_dir import FORMAT, open_shard, write_shard
+from axplug.input.data_dir import TOKEN_DIR_FORMAT, open_shard, write_shard
 from axplug.input.sources import TEXT_UNITS, chunks, read_documents, source_kind
 from axplug.input.tasks import TaskOutput, check_task, data_meta, finish_task
 from axplug.tokenizer import Tokenizer, load_tokenizer
@@ -247,7 +247,7 @@ def _prepare(sources, tok, target, field, text_unit, docs_per_shard, workers, ap
     else:
         saved = "bytes"
     base = {
-        "format": FORMAT,
+        "format": TOKEN_DIR_FORMAT,
         "dtype": dtype,
         "vocab_size": tok.vocab_size,
         "tokenizer": saved,

@@ -13,7 +13,7 @@ import numpy as np
 from axplug.config import REQUIRED, ConfigFileError, Required, config_class
 from axplug.input.base import Batch, StepInput, check_split, check_step, field_error
 from axplug.input.data_dir import (
-    FORMAT,
+    TOKEN_DIR_FORMAT,
     file_array,
     file_size,
     open_shards,
@@ -25,7 +25,7 @@ from axplug.input.document_rows import plan_rows, row_batch
 from axplug.input.prefetch import prefetched
 from axplug.input.remote import data_path
 
-__all__ = ["TokenFileInput", "read_meta", "write_shard", "FORMAT", "IGNORE_LABEL"]
+__all__ = ["TokenFileInput", "read_meta", "write_shard", "TOKEN_DIR_FORMAT", "IGNORE_LABEL"]
 
 IGNORE_LABEL = -1  # a target the loss skips (CausalLM ignores labels < 0)
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
         parse_hf_config,
         read_hf_config,
     )
-    from axplug.interop.hf_config import HFImportError, registered_architectures
-    from axplug.interop.hf_export import check_output, export_hf, hf_config_for
+    from axplug.interop.hf_config import HFImportError, load_architecture, registered_architectures
+    from axplug.interop.hf_export import HFExportError, check_output, export_hf, hf_config_for
     from axplug.interop.hf_import import IMPORT_STEP, ImportResult, import_hf
     from axplug.interop.hf_walk import differences, read_fields, write_fields
     from axplug.interop.llama import (
@@ -31,10 +31,12 @@ if TYPE_CHECKING:
     from axplug.interop.tensors import flatten, hf_params, hf_tensors
 
 _HOMES = {
-    **dict.fromkeys(("HFImportError", "registered_architectures"), "hf_config"),
+    **dict.fromkeys(
+        ("HFImportError", "load_architecture", "registered_architectures"), "hf_config"
+    ),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
     **dict.fromkeys(("hf_params", "hf_tensors", "flatten"), "tensors"),
-    **dict.fromkeys(("export_hf", "hf_config_for", "check_output"), "hf_export"),
+    **dict.fromkeys(("HFExportError", "export_hf", "hf_config_for", "check_output"), "hf_export"),
     **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
         (
@@ -72,6 +74,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "HFImportError",
+    "HFExportError",
+    "load_architecture",
     "HFSource",
     "registered_architectures",
     "parse_hf_config",

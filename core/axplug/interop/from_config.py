@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from axplug.api.hf import HFFields
+from axplug.api._hf import HFFields
 from axplug.interop.hf_config import (
     HFImportError,
     architecture_name,

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from axplug import registry
 from axplug.config import ConfigError
 
 __all__ = [
@@ -22,27 +23,6 @@ __all__ = [
 ]
 
 KIND = "architectures"
-
-# Hugging Face architectures a first-party distribution registers: the hint when none
-# installed does (the core imports none of them).
-KNOWN_PROVIDERS = {
-    "LlamaForCausalLM": "axplug-attention",
-    **dict.fromkeys(
-        (
-            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-            "DeepseekV3ForCausalLM",
-        ),
-        "axplug-moe",
-    ),
-    **dict.fromkeys(
-        (
-            "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
-            "GPT2LMHeadModel",
-        ),
-        "axplug-models",
-    ),
-}  # fmt: skip
 
 
 class HFImportError(ConfigError):
@@ -71,8 +51,6 @@ def read_config_json(directory: str) -> tuple[dict, str]:
 
 def registered_architectures() -> list[str]:
     """The installed architectures, from entry-point metadata (nothing is imported)."""
-    from axplug import registry
-
     return registry.names(KIND)
 
 
@@ -93,12 +71,12 @@ def architecture_name(raw: dict, source: str) -> str:
         raise HFImportError(f"{source}: architectures={archs!r} (expected one class name)")
     arch = archs[0]
     if arch not in installed:
-        provider = KNOWN_PROVIDERS.get(arch)
+        off = [c for c in registry.discover(KIND) if c.name == arch]
         hint = (
-            f"{arch} needs {provider}: pip install {provider}"
-            if provider
-            else f"no installed plugin registers {arch}; a plugin adds one under the "
-            "`axplug.architectures` entry-point group (docs/model-families.md)"
+            f"{arch} is in {off[0].distribution}, which is {off[0].status}: {off[0].reason}"
+            if off
+            else f"no installed plugin registers {arch}; install the plugin that does "
+            "(docs/model-families.md lists the first-party families) or write one"
         )
         raise HFImportError(
             f"{source}: architectures={archs!r} is not installed: {hint} "
@@ -113,7 +91,5 @@ def _model_type(arch: str) -> str | None:
 
 def load_architecture(name: str) -> Any:
     """The registered architecture `name` (its class built, or its instance)."""
-    from axplug import registry
-
     obj = registry.load(KIND, name)
     return obj() if isinstance(obj, type) else obj

@@ -1,7 +1,7 @@
 """The model config walked for Hugging Face fields: each layer reads and writes its own.
 
 A layer class with Hugging Face fields has `hf_read(cfg, fields)` and `hf_write(cfg) -> dict`
-(axplug.api.hf). `read_fields` calls every `hf_read` of a model config, parents first;
+(axplug.api._hf). `read_fields` calls every `hf_read` of a model config, parents first;
 `write_fields` merges every `hf_write`, except under a layer whose class sets
 `hf_writes_subtree = True`, whose own `hf_write` writes the fields of every layer config
 under it (a stack whose layers differ by kind writes them per kind). `differences` says what

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from axplug.api.hf import HFTensor
+from axplug.api._hf import HFTensor
 
 __all__ = [
     "decoder_tensors",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from axplug.api.hf import HFTensor
+from axplug.api._hf import HFTensor
 from axplug.interop.hf_config import HFImportError
 from axplug.interop.safetensors_dir import count_non_finite
 

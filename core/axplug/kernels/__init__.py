@@ -7,7 +7,6 @@ every `axplug.kernels` entry, by priority, whether it supports a call and falls 
 reference kernel.
 """
 
-from axplug.api.moved import moved_names
 from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
 from axplug.kernels.dispatch import (
     FALLBACK,
@@ -59,10 +58,3 @@ __all__ = [
     "select_kernel",
     "shard_over_batch",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    dict.fromkeys(
-        ("FlashAttention", "BlockwiseAttention", "FlashAttentionModifier"), "axplug.layers"
-    ),
-)

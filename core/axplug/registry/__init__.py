@@ -15,6 +15,7 @@ from axplug.registry._component import (
 from axplug.registry._describe import describe, first_sentence
 from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
 from axplug.registry._hooks import plugin_manager
+from axplug.registry._kinds import check_kind
 from axplug.registry._loading import (
     entry,
     load,
@@ -37,6 +38,7 @@ __all__ = [
     "ComponentUnavailableError",
     "ComponentConflictError",
     "PluginLoadError",
+    "check_kind",
     "discover",
     "describe",
     "first_sentence",

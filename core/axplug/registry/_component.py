@@ -6,7 +6,7 @@ import functools
 import re
 from typing import NamedTuple
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 
 __all__ = [
     "GROUP_PREFIX",
@@ -64,7 +64,7 @@ STATUSES = ("ok", "disabled", "broken", "conflict", "incompatible", "unavailable
 # entry-point group the core does not define; `missing` the entry point names a module or
 # attribute that does not exist; `import` importing it raised; `hang` importing it did not
 # finish; `hooks` hooks the core does not define, or invalid ones; `kind` the loaded object is
-# not what its kind declares (axplug.api.kinds).
+# not what its kind declares (axplug.api._kinds).
 FAILURES = ("api", "conflict", "group", "missing", "import", "hang", "hooks", "kind")
 
 

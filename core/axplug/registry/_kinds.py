@@ -1,6 +1,6 @@
 """What `registry.load` checks an entry point's object against, one check per kind.
 
-Each check returns None when the object is what its kind declares (axplug.api.kinds), else
+Each check returns None when the object is what its kind declares (axplug.api._kinds), else
 what is missing, in words. Base classes are looked up in `sys.modules`, never imported: an
 object can only subclass a class whose module is already imported, and checking stays free
 (`axplug list` imports no jax).
@@ -75,7 +75,7 @@ def _what(obj: Any) -> str:
 def _command(obj: Any) -> str | None:
     if not callable(getattr(obj, "add_parser", None)):
         return (
-            "the module has no add_parser(subparsers) of the axplug.api.kinds.CommandModule "
+            "the module has no add_parser(subparsers) of the axplug.api._kinds.CommandModule "
             "protocol; a command module must define one"
         )
     return None

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from axplug.api.kinds import RunInfo
+from axplug.api._kinds import RunInfo
 from axplug.config import REQUIRED, Configurable, config_class
 
 __all__ = ["SummaryWriter", "CompositeWriter", "to_scalars", "group_tag", "is_eval_name"]
@@ -56,7 +56,7 @@ class SummaryWriter(Configurable, abc.ABC):
     """Receives scalars once per logged step; also a context manager that closes itself.
 
     The trainer fills the config fields named in `RUN_FIELDS` (the fields of
-    `axplug.api.kinds.RunInfo`: `dir`, `max_steps`, `every_n_steps`, `tokens_per_step`) that a
+    `axplug.api._kinds.RunInfo`: `dir`, `max_steps`, `every_n_steps`, `tokens_per_step`) that a
     writer's config declares and leaves unset (None or REQUIRED); see `fill_run_fields`.
     """
 

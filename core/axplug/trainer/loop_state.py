@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from axplug.api.errors import AxplugError
+from axplug.api._errors import AxplugError
 
 __all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer", "tokens_per_step"]
 

@@ -93,11 +93,11 @@ def summary_scalars(collection) -> dict[str, Any]:
     return out
 
 
-def _loss_fn(model: Module, aux_rule: AuxLossRule):
-    """`(params, batch, key) -> (total loss, (metrics, state updates))`."""
+def loss_fn(model: Module, aux_rule: AuxLossRule):
+    """The training loss: `(params, batch, key) -> (total loss, (metrics, state updates))`."""
     accepted = forward_arguments(model)
 
-    def loss_fn(params, batch, key):
+    def total_loss(params, batch, key):
         (loss, _), collection = functional(
             model,
             prng_key=key,
@@ -109,7 +109,7 @@ def _loss_fn(model: Module, aux_rule: AuxLossRule):
         metrics = {"ce_loss": loss, **aux_terms, **summary_scalars(collection)}
         return loss + aux_total, (metrics, collection.pruned().state_updates)
 
-    return loss_fn
+    return total_loss
 
 
 def _grad_fn(loss_fn, kinds: Any):
@@ -213,7 +213,7 @@ def build_train_step(
     `tx` and the state's `opt_state` then cover the others only (`trainable.pick`)."""
     kinds = update_kinds(model.create_parameter_specs_recursively(), trainable)
     opt_mask = optimizer_mask(kinds)
-    grad_fn = _grad_fn(_loss_fn(model, aux_rule), kinds)
+    grad_fn = _grad_fn(loss_fn(model, aux_rule), kinds)
     tx = optax.with_extra_args_support(tx)
     has_non_trainable = any(k != "optimizer" for k in jax.tree.leaves(kinds))
 

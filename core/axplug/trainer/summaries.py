@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from axplug.api.kinds import RunInfo
+from axplug.api._kinds import RunInfo
 from axplug.checkpoint import scheme_of, storage_for
 from axplug.paths import CACHE, cache_path
 from axplug.runtime import GoodputRecorder, format_goodput

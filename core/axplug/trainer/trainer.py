@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +127,7 @@ class Trainer(Configurable):
         self.attempt: AttemptRecorder | None = None
         self.mesh_builder = cfg.mesh.instantiate()
         self.mesh = self.mesh_builder.build(devices)
-        self.model = cast(InstantiableConfig, cfg.model).instantiate(parent=None, _path="model")
+        self.model = cfg.model.instantiate(parent=None, _path="model")
         self.learner = cfg.learner.instantiate()
         # With several processes, each produces only the rows its devices hold.
         rules = self.mesh_builder.axis_rules

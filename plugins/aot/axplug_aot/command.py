@@ -80,10 +80,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_config(args: argparse.Namespace):
     """(config, rule name, device spec, target device count) for the parsed arguments."""
-    from axplug.config import apply_overrides
-    from axplug.mesh_rules import device_spec_of, resolve_rule, selector_device_count
-    from axplug.modifiers import make_modifier
-    from axplug.presets import preset_config
+    from axplug.api.config import apply_overrides, make_modifier, preset_config
+    from axplug.api.sharding import device_spec_of, resolve_rule, selector_device_count
 
     cfg = preset_config(args.preset, overrides=["output_dir='/nonexistent/axplug-aot'"])
     name, rule = resolve_rule(args.mesh_rule)

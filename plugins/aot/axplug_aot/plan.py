@@ -12,8 +12,8 @@ def plan_flash_attention(cfg, platform: str):
     is a flash kernel's, for a CPU compile that plans `platform`."""
     import jax
 
-    from axplug.config import find_configs, replace_config
-    from axplug.layers import BlockwiseAttention, FlashAttention
+    from axplug.api.config import find_configs, replace_config
+    from axplug.api.layers import BlockwiseAttention, FlashAttention
 
     where = f"compiled for {jax.default_backend()}, planning {platform}"
     if not find_configs(cfg, FlashAttention):
@@ -33,8 +33,8 @@ def plan_flash_attention(cfg, platform: str):
 
 def kernels_for(cfg, platform: str):
     """`cfg` with its flash-attention slots choosing kernels for `platform`, not this host."""
-    from axplug.config import find_configs
-    from axplug.layers import FlashAttention
+    from axplug.api.config import find_configs
+    from axplug.api.layers import FlashAttention
 
     cfg = cfg.clone()
     for _, slot in find_configs(cfg, FlashAttention):
@@ -51,7 +51,7 @@ def plan_bfloat16(cfg):
     """
     import copy
 
-    from axplug.config import ConfigBase
+    from axplug.api.config import ConfigBase
 
     cfg = copy.deepcopy(cfg)
     changed = []

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from axplug.api import DeviceSpec
-from axplug.trainer import active_parameters, model_flops_per_step
+from axplug.api.run import active_parameters, model_flops_per_step
 from axplug_aot import plan as aot_plan
 
 __all__ = [
@@ -46,7 +46,7 @@ def scale_down(shape: tuple[int, ...], axis_names, batch_size: int, max_devices:
             new = list(shape)
             new[i] //= f
             return tuple(new), batch_size // f, f
-    from axplug.config import ConfigError
+    from axplug.api.config import ConfigError
 
     raise ConfigError(
         f"mesh {tuple(shape)} needs {n} devices; only the data axis ({shape[i]}) can be scaled "
@@ -59,7 +59,7 @@ def check_batch(shape, axis_names, batch_size: int) -> None:
     """Raise a ConfigError when the global batch does not split over the mesh's batch axes."""
     ways = math.prod(d for d, a in zip(shape, axis_names, strict=True) if a in _BATCH_AXES)
     if batch_size % ways:
-        from axplug.config import ConfigError
+        from axplug.api.config import ConfigError
 
         raise ConfigError(
             f"input.batch_size {batch_size} is not divisible by the {ways} batch shards of "
@@ -128,15 +128,15 @@ def _pipeline_summary(model) -> dict[str, Any] | None:
 def _scans(model) -> bool:
     """Whether a module of `model` is a scanned stack: a RepeatedTransformer or a subclass (a
     pipeline), a plugin stack's scanned part (a patterned stack's periods) included."""
-    from axplug.layers import RepeatedTransformer
+    from axplug.api.layers import RepeatedTransformer
 
     return any(isinstance(m, RepeatedTransformer) for m in _modules(model))
 
 
 def _remat_policies(cfg) -> list[str]:
     """Every layer's `remat_policy` in `cfg`: scanned stacks', and a plugin stack's own."""
-    from axplug.config import InstantiableConfig, visit
-    from axplug.layers import BaseLayer
+    from axplug.api.config import InstantiableConfig, visit
+    from axplug.api.layers import BaseLayer
 
     found = []
 
@@ -270,7 +270,7 @@ def compile_report(
 
     import jax
 
-    from axplug.trainer import Trainer
+    from axplug.api.run import Trainer
 
     builder = cfg.mesh.instantiate()
     target = builder.resolved_shape(num_devices)

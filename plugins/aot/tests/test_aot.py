@@ -12,8 +12,8 @@ from axplug_aot import command as aot_cmd
 from axplug_aot import plan as aot_plan
 from axplug_aot import report as aot
 
-from axplug import mesh_rules, trainer
-from axplug.config import ConfigError
+from axplug.api import registry, run, sharding
+from axplug.api.config import ConfigError
 from axplug.testing import cli_main as main
 
 KEY = jax.random.PRNGKey(0)
@@ -24,8 +24,6 @@ SMALL = ["--set=model.decoder.transformer.num_layers=1", "--set=input.seq_len=64
 
 
 def _needs_gpu_plugin():
-    from axplug import registry
-
     if "gpu-h100-8xn" not in registry.names("mesh_rules"):
         pytest.skip("needs axplug-gpu installed and enabled")
 
@@ -39,7 +37,7 @@ def _run(*argv: str) -> int:
     [("gpu-h100-8x32", 256), ("tpu-v5e-256", 256), ("cpu-8", 8), ("cpu", None), ("trn2-16", 16)],
 )
 def test_selector_device_count(selector, count):
-    assert mesh_rules.selector_device_count(selector) == count
+    assert sharding.selector_device_count(selector) == count
 
 
 def test_scale_down_divides_the_data_axis_and_batch():
@@ -50,7 +48,7 @@ def test_scale_down_divides_the_data_axis_and_batch():
 
 
 def test_analytic_flops_is_6nd_plus_attention():
-    flops = trainer.analytic_flops(1000, layers=2, dim=16, seq=8, batch=4)
+    flops = run.analytic_flops(1000, layers=2, dim=16, seq=8, batch=4)
     assert flops == 6 * 1000 * 32 + 12 * 2 * 16 * 8 * 32
 
 
@@ -74,10 +72,10 @@ def test_text_report_names_the_verdict():
 
 def test_device_spec_travels_with_the_rule():
     _needs_gpu_plugin()
-    spec = mesh_rules.device_spec_of("gpu-h100-8xn")
+    spec = sharding.device_spec_of("gpu-h100-8xn")
     assert spec.name.startswith("NVIDIA H100") and spec.peak_bf16_flops == 989e12
-    assert mesh_rules.device_spec_of("cpu") is None
-    assert mesh_rules.resolve_rule("gpu-h100-8x32")[0] == "gpu-h100-8xn"
+    assert sharding.device_spec_of("cpu") is None
+    assert sharding.resolve_rule("gpu-h100-8x32")[0] == "gpu-h100-8xn"
 
 
 def test_cpu_rule_json_report(capsys):
@@ -165,7 +163,7 @@ def test_llama2_7b_on_one_h100_host_plans_flash_attention_memory(capsys):
 
 def test_bfloat16_plans_as_float16_whose_scan_stacks_stay_two_bytes():
     """XLA:CPU widens a scanned bf16 stack to f32; the planned float16 one keeps 2 bytes."""
-    from axplug.presets import preset_config
+    from axplug.api.config import preset_config
 
     cfg = preset_config("llama-tiny").clone()
     cfg.model.compute_dtype = "bfloat16"
@@ -195,20 +193,20 @@ def test_bfloat16_plans_as_float16_whose_scan_stacks_stay_two_bytes():
 
 def test_moe_flops_count_the_active_experts_only():
     # Mixtral 8x7B: 46.7B parameters, 12.9B active per token (2 of 8 experts).
-    from axplug.presets import preset_config
+    from axplug.api.config import preset_config
 
     cfg = preset_config("mixtral-8x7b")
     model = cfg.model.instantiate(parent=None, _path="model")
-    active = trainer.active_parameters(model)
+    active = run.active_parameters(model)
     assert active == pytest.approx(12.9e9, rel=0.01)
     tokens = cfg.input.batch_size * cfg.input.seq_len
     attention = 12 * 32 * 4096 * cfg.input.seq_len  # 12 * layers * dim * seq per token
-    per_token = trainer.model_flops_per_step(cfg, model) / tokens
+    per_token = run.model_flops_per_step(cfg, model) / tokens
     assert per_token == pytest.approx(6 * 12.9e9 + attention, rel=0.10)
     # A dense model's active parameters are all of them.
     dense = preset_config("llama-tiny").model.instantiate(parent=None, _path="model")
     total = sum(x.size for x in jax.tree.leaves(dense.initialize_parameters_recursively(KEY)))
-    assert trainer.active_parameters(dense) == total
+    assert run.active_parameters(dense) == total
 
 
 # --- compile-only TPU topologies (libtpu) ------------------------------------------------------
@@ -250,7 +248,7 @@ def test_tpu_rule_compiles_on_the_topologys_devices_unscaled(monkeypatch, capsys
     fake-CPU planning), and the flash slots choose kernels for the target platform."""
     from axplug_aot import topology
 
-    if "tpu-v5e-slice" not in __import__("axplug").registry.names("mesh_rules"):
+    if "tpu-v5e-slice" not in registry.names("mesh_rules"):
         pytest.skip("needs axplug-tpu installed and enabled")
     asked, planned = [], []
     monkeypatch.setattr(
@@ -274,7 +272,7 @@ def test_tpu_rule_compiles_on_the_topologys_devices_unscaled(monkeypatch, capsys
 
 def test_real_tpu_topology_compile_with_libtpu(capsys):
     pytest.importorskip("libtpu")
-    if "tpu-v5e-slice" not in __import__("axplug").registry.names("mesh_rules"):
+    if "tpu-v5e-slice" not in registry.names("mesh_rules"):
         pytest.skip("needs axplug-tpu installed and enabled")
     code = _run(
         "--preset", "gpt-tiny", "--mesh-rule", "tpu-v5e-16", "--json", *SMALL,

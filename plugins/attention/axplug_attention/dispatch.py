@@ -4,7 +4,7 @@ Re-exported so `axplug_attention.dispatch:FlashAttention` in saved configs (`con
 `to_dict` output) and existing imports keep resolving.
 """
 
-from axplug.kernels import (
+from axplug.api.kernels import (
     FALLBACK,
     KernelChoice,
     describe_kernels,
@@ -12,7 +12,7 @@ from axplug.kernels import (
     registered_kernels,
     select_kernel,
 )
-from axplug.layers import FlashAttention
+from axplug.api.layers import FlashAttention
 
 __all__ = [
     "FALLBACK",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import QKVLinear
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import QKVLinear
 
 __all__ = ["GroupedQKVLinear"]
 

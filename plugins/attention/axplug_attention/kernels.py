@@ -5,6 +5,6 @@ existing code and saved configs.
 """
 
 from axplug.api import AttentionKernel, Unsupported, check_shapes
-from axplug.kernels import ReferenceKernel, XlaKernel
+from axplug.api.kernels import ReferenceKernel, XlaKernel
 
 __all__ = ["AttentionKernel", "Unsupported", "ReferenceKernel", "XlaKernel", "check_shapes"]

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors
+from axplug.api.interop import decoder_tensors
 
 __all__ = ["Llama", "llama_base"]
 
@@ -18,9 +18,8 @@ __all__ = ["Llama", "llama_base"]
 def llama_base(fields: HFFields, *, preset: Any = None, modifiers: Sequence[str] = ()) -> Any:
     """A LLaMA-layout trainer config (a stock preset's recipe, unrolled stack, RoPE, GQA where
     config.json has fewer k/v heads) for the layers' `hf_read` to fill; then `modifiers`."""
-    from axplug.config import replace_config
-    from axplug.layers import RepeatedTransformer, StackedTransformer
-    from axplug.modifiers import make_modifier
+    from axplug.api.config import make_modifier, replace_config
+    from axplug.api.layers import RepeatedTransformer, StackedTransformer
     from axplug_attention.gqa import GroupedQKVLinear
     from axplug_attention.presets import llama2_7b
     from axplug_attention.rope import RotaryPositionTransform

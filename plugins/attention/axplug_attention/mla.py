@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import AttentionMask
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, ContiguousKVCache, DotProductKernel, Linear, RMSNorm
-from axplug.sharding import constrain
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import BaseLayer, ContiguousKVCache, DotProductKernel, Linear, RMSNorm
+from axplug.api.sharding import constrain
 from axplug_attention.rope import RotaryPositionTransform, yarn_mscale
 
 __all__ = ["MultiHeadLatentAttention"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from axplug.config import (
+from axplug.api.config import (
     ConfigBase,
     ConfigError,
     ConfigModifier,
@@ -17,7 +17,7 @@ from axplug.config import (
     find_configs,
     replace_config,
 )
-from axplug.layers import (
+from axplug.api.layers import (
     Attention,
     FlashAttentionModifier,
     IdentityPositionTransform,

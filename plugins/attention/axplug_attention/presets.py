@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from axplug.presets import Preset, causal_lm_config, trainer_config
+from axplug.api.config import Preset, causal_lm_config, trainer_config
 
 __all__ = ["llama_tiny", "llama2_7b", "llama2_70b", "llama3_8b", "sized_llama"]
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from axplug.config import ConfigError, config_class
-from axplug.layers import BaseLayer
+from axplug.api.config import ConfigError, config_class
+from axplug.api.layers import BaseLayer
 from axplug_attention.rope_hf import GLOBAL_LAYER_TYPE, per_layer_type, read_rope, write_rope
 
 __all__ = [

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug import registry
+from axplug.api import registry
 
 axplug_attention = pytest.importorskip("axplug_attention")
 if not any(c.distribution == "axplug-attention" and c.loadable for c in registry.discover()):
@@ -35,21 +35,24 @@ from axplug_attention import (  # noqa: E402
 )
 
 from axplug.api import HFFields  # noqa: E402
-from axplug.config import ConfigError, to_dict  # noqa: E402
-from axplug.layers import (  # noqa: E402
+from axplug.api.config import (  # noqa: E402
+    ConfigError,
+    make_modifier,  # noqa: E402
+    preset_config,  # noqa: E402
+    to_dict,
+)
+from axplug.api.layers import (
     Attention,
     CausalLM,
     DotProductKernel,
-    FlashAttention,  # noqa: E402
+    FlashAttention,
     IdentityPositionTransform,
     QKVLinear,
     RepeatedTransformer,
     RMSNorm,
-    functional,  # noqa: E402
+    functional,
 )
-from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
-from axplug.modifiers import make_modifier  # noqa: E402
-from axplug.presets import preset_config  # noqa: E402
+from axplug.api.sharding import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
 from axplug.testing import cli_main as main  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -156,11 +159,11 @@ def test_core_alone_names_the_missing_preset_and_lists_its_own(tmp_path):
 
 
 def test_kernel_names_are_the_cores_re_exported():
-    # Moved to axplug.kernels; old imports and saved configs (`module:Qualname`) still resolve.
+    # Moved to the core; old imports and saved configs (`module:Qualname`) still resolve.
     import axplug.api as floor
-    import axplug.kernels as core_kernels
-    import axplug.layers as core_layers
-    from axplug.config import resolve_class
+    import axplug.api.kernels as core_kernels
+    import axplug.api.layers as core_layers
+    from axplug.api.config import resolve_class
 
     for name in ("ReferenceKernel", "XlaKernel", "select_kernel"):
         assert getattr(axplug_attention, name) is getattr(core_kernels, name), name
@@ -623,7 +626,7 @@ def test_alibi_keeps_the_bias_kernels_selectable():
     from axplug_attention.alibi import alibi_slopes
 
     from axplug.api import AttentionMask
-    from axplug.kernels import select_kernel
+    from axplug.api.kernels import select_kernel
 
     q = jax.ShapeDtypeStruct((1, 512, 8, 128), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((1, 512), jnp.int32)
@@ -774,14 +777,14 @@ def test_model_decode_logits_match_the_full_forward(mods):
 
 
 def attention_paths(cfg, cls):
-    from axplug.config import find_configs
+    from axplug.api.config import find_configs
 
     return [path for path, _ in find_configs(cfg, cls)]
 
 
 def two_attention_tree():
     """A tree that is no decoder at all: two attention configs side by side in a list."""
-    from axplug.config import ChainConfigModifier
+    from axplug.api.config import ChainConfigModifier
 
     cfg = ChainConfigModifier.default_config()
     cfg.modifiers = [Attention.default_config().set(num_heads=4) for _ in range(2)]
@@ -810,7 +813,7 @@ def test_modifiers_reach_every_attention_in_any_tree(tree):
     )
     for cls, slot in slots:
         assert attention_paths(new, cls) == [f"{p}.{slot}" for p in paths]
-    from axplug.config import find_configs
+    from axplug.api.config import find_configs
 
     assert all(a.sliding_window == 5 for _, a in find_configs(new, Attention))
 
@@ -849,7 +852,7 @@ SWAPS = {
 
 
 def tiny_llama(tmp_path, *modifiers, steps=6):
-    from axplug.summary import JsonlWriter
+    from axplug.api.summary import JsonlWriter
 
     return tiny_trainer_config(
         tmp_path,
@@ -866,8 +869,8 @@ def tiny_llama(tmp_path, *modifiers, steps=6):
 
 
 def train_losses(cfg, tmp_path):
-    from axplug.summary import read_jsonl
-    from axplug.trainer.run import train
+    from axplug.api.run import train
+    from axplug.api.summary import read_jsonl
 
     train(cfg)
     return [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]

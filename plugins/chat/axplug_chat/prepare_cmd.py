@@ -62,14 +62,13 @@ def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_
     (or the `chat_template` file); shared with preference data (axplug-dpo)."""
     import os
 
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     for flag, value in (("--workers", workers), ("--docs-per-shard", docs_per_shard)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
 
-    from axplug.input import prepare_data
-    from axplug.tokenizer import load_tokenizer
+    from axplug.api.data import load_tokenizer, prepare_data
     from axplug_chat.template import ChatTemplate
 
     if chat_template is not None and not os.path.isfile(chat_template):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from axplug_chat import ChatTemplate, rendered_segments
 
-from axplug.layers import functional
+from axplug.api.data import load_tokenizer
+from axplug.api.layers import functional
 from axplug.testing import cli_main as main
 from axplug.testing import tiny_trainer_config
-from axplug.tokenizer import load_tokenizer
 
 CHATS = [
     {"messages": [{"role": "system", "content": "Be brief."},
@@ -82,7 +82,7 @@ def test_the_mask_covers_exactly_the_assistant_replies(chat_data):
 
 
 def _trainer(tmp_path, data, packing, batch_size=2):
-    from axplug.input import TokenFileInput
+    from axplug.api.data import TokenFileInput
 
     cfg = tiny_trainer_config(tmp_path / "run", preset="llama-tiny")
     data_cfg = TokenFileInput.default_config().set(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from axplug.config import ConfigTypeError, ConfigValueError
+from axplug.api.config import ConfigTypeError, ConfigValueError
 from axplug_checkpoint_cloud import _orbax_routes
 from axplug_checkpoint_cloud.object_store import (
     ObjectStorage,

@@ -8,8 +8,8 @@ import datetime
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from axplug.checkpoint import Storage
-from axplug.config import ConfigValueError
+from axplug.api.checkpoint import Storage
+from axplug.api.config import ConfigValueError
 
 if TYPE_CHECKING:
     import fsspec

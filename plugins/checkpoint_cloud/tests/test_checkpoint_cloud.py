@@ -15,7 +15,7 @@ import pytest
 from axplug_checkpoint_cloud import GcsStorage, S3Storage
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from axplug.checkpoint import (
+from axplug.api.checkpoint import (
     COMMIT_MARKER,
     Checkpointer,
     CheckpointError,
@@ -24,7 +24,7 @@ from axplug.checkpoint import (
     step_dir_name,
     storage_for,
 )
-from axplug.summary import read_jsonl
+from axplug.api.summary import read_jsonl
 from axplug.testing import StorageConformance, tiny_train_args, tiny_trainer_config
 from object_stores import (
     S3RVER_KEY,
@@ -503,7 +503,7 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
 
 
 def test_a_bucket_run_dir_has_one_live_lease(moto, s3_bucket, monkeypatch):
-    from axplug.runtime import RunDirLockedError, StoreLease
+    from axplug.api.run import RunDirLockedError, StoreLease
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
     storage, run = S3Storage(), f"s3://{s3_bucket}/run"

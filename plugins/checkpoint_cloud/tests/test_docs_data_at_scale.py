@@ -15,7 +15,7 @@ _TESTS = str(Path(__file__).resolve().parents[3] / "tests")
 def test_the_section_runs_as_written(tmp_path, monkeypatch, capsys, moto):
     pytest.importorskip("tokenizers")
     monkeypatch.syspath_prepend(_TESTS)
-    from axplug.input import bundled_corpus_path
+    from axplug.api.data import bundled_corpus_path
     from doc_pages import shell_commands
     from tokenizer_files import hf_bpe
 
@@ -64,8 +64,7 @@ def _array_record_documents(tokenizer, path):
     """The corpus's paragraphs, tokenized with EOS, as an ArrayRecord file for `grain`."""
     from axplug_grain import write_array_record
 
-    from axplug.input import bundled_corpus_path
-    from axplug.tokenizer import load_tokenizer
+    from axplug.api.data import bundled_corpus_path, load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     paragraphs = [p for p in bundled_corpus_path().read_text().split("\n\n") if p.strip()]

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from axplug.checkpoint import storage_for
-from axplug.input import TokenFileInput, bundled_corpus_path
+from axplug.api.checkpoint import storage_for
+from axplug.api.data import TokenFileInput, bundled_corpus_path
 from axplug.testing import cli_main as main
 from axplug.testing import tiny_trainer_config
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from axplug_chat import ChatTemplate, conversation, rendered_segments
 
-from axplug.config import config_class
-from axplug.input import TokenFileInput
+from axplug.api.config import config_class
+from axplug.api.data import TokenFileInput
 
 __all__ = ["PreferenceEncoder", "PreferenceInput", "REFERENCE"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax
 
-from axplug.config import ConfigError, config_class
-from axplug.layers import CausalLM
+from axplug.api.config import ConfigError, config_class
+from axplug.api.layers import CausalLM
 from axplug_dpo.loss import LOSSES, preference_loss, sequence_logps
 
 __all__ = ["DPOCausalLM"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from axplug.config import ConfigBase, ConfigError, ConfigModifier, config_class, replace_config
-from axplug.layers import CausalLM
+from axplug.api.config import ConfigBase, ConfigError, ConfigModifier, config_class, replace_config
+from axplug.api.layers import CausalLM
 from axplug_dpo.loss import LOSSES
 from axplug_dpo.model import DPOCausalLM
 

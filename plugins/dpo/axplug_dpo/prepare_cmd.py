@@ -42,7 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from axplug_chat.prepare_cmd import prepare_records
 
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
     from axplug_dpo.data import PreferenceEncoder
 
     if args.plain and args.chat_template:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from axplug.config import ConfigError
+from axplug.api.config import ConfigError
 from axplug_dpo.data import REFERENCE
 
 __all__ = ["store_reference", "token_logps"]
@@ -18,7 +18,7 @@ __all__ = ["store_reference", "token_logps"]
 def token_logps(engine, tokens: np.ndarray, docs: np.ndarray, batch: int = 64) -> np.ndarray:
     """log p(token | the document's tokens before it) per token (0 at each document's first),
     scored by `engine` (an `axplug.inference.Engine`: prompt-only requests, `batch` at once)."""
-    from axplug.inference import Request, SamplingParams
+    from axplug.api.run import Request, SamplingParams
 
     scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=0)
     out = np.zeros(len(tokens), np.float32)
@@ -42,9 +42,9 @@ def store_reference(
 
     meta.json drops the entry first and gets it back last, so a directory being rewritten
     never reads as complete."""
-    from axplug.files import atomic_file, write_text
-    from axplug.inference import Engine
-    from axplug.input import open_shards, read_meta
+    from axplug.api.checkpoint import atomic_file, write_text
+    from axplug.api.data import open_shards, read_meta
+    from axplug.api.run import Engine
 
     root = pathlib.Path(data_dir)
     meta = read_meta(root)

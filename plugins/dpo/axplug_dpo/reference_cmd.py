@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from axplug.inference import load_checkpoint
+    from axplug.api.run import load_checkpoint
     from axplug_dpo.reference import store_reference
 
     loaded = load_checkpoint(args.checkpoint, step=args.step)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_logps
 
-from axplug.config import ConfigError
-from axplug.inference import load_checkpoint
-from axplug.layers import functional
+from axplug.api.config import ConfigError
+from axplug.api.layers import functional
+from axplug.api.run import load_checkpoint
 from axplug.testing import cli_main as main
 from axplug.testing import tiny_train_args
 
@@ -198,7 +198,7 @@ def test_errors_name_the_fix(tmp_path, toy, capsys):
             "--modifier", "dpo", "--max-steps", "1", *SMALL]  # fmt: skip
     assert main(argv) != 0
     assert "axplug dpo-reference" in capsys.readouterr().err
-    from axplug.modifiers import make_modifier
+    from axplug.api.config import make_modifier
 
     with pytest.raises(ConfigError, match="modifier dpo: loss 'kto'; choose from"):
         make_modifier("dpo:kto")(None)
@@ -225,6 +225,6 @@ class TestDPOCausalLMConformance(LayerConformance):
 
     @pytest.fixture
     def llama_modifier(self):
-        from axplug.modifiers import make_modifier
+        from axplug.api.config import make_modifier
 
         return make_modifier("dpo:simpo")

@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     if (args.checkpoint is None) == (args.base_url is None):
         raise UsageError("give --checkpoint (evaluate in process) or --base-url (a server)")
@@ -112,7 +112,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _engine_model(args: argparse.Namespace):
     """(EngineLM, checkpoint step) for --checkpoint."""
-    from axplug.inference import Engine, find_tokenizer, load_checkpoint
+    from axplug.api.run import Engine, find_tokenizer, load_checkpoint
     from axplug_eval.lm import EngineLM
 
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=args.modifier,
@@ -123,7 +123,7 @@ def _engine_model(args: argparse.Namespace):
     if args.max_gen_toks is None:
         args.max_gen_toks = min(256, max_len // 2)
     elif args.max_gen_toks >= max_len:
-        from axplug.config import UsageError
+        from axplug.api.config import UsageError
 
         raise UsageError(f"--max-gen-toks {args.max_gen_toks}: must be below the context "
                          f"({max_len} tokens; --max-len)")  # fmt: skip
@@ -179,7 +179,7 @@ def _mentioned_nowhere(tasks: tuple[str, ...], include_path: tuple[str, ...]) ->
 
 
 def _unknown_task(task: str) -> None:
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     raise UsageError(f"--tasks: no task named {task!r} in lm-eval's registry or "
                      "--include-path; `lm-eval ls tasks` lists them")  # fmt: skip
@@ -237,7 +237,7 @@ def metrics(results: dict[str, Any]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from lm_eval.utils import make_table
 
-    from axplug.files import write_text
+    from axplug.api.checkpoint import write_text
 
     _check(args)
     if args.checkpoint is not None:
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, json.dumps(record, indent=2, default=str) + "\n")
         print(f"axplug eval: results in {args.output}", file=sys.stderr)
     if args.record:
-        from axplug.summary import JsonlWriter
+        from axplug.api.summary import JsonlWriter
 
         cfg = JsonlWriter.default_config().set(dir=args.checkpoint, filename="eval.jsonl")
         with cfg.instantiate() as writer:

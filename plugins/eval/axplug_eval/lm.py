@@ -15,7 +15,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences
 
-from axplug.inference import Completion, Engine, Request, SamplingParams
+from axplug.api.run import Completion, Engine, Request, SamplingParams
 
 __all__ = ["EngineLM", "cut_at_stops"]
 

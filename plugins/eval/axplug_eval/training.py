@@ -8,7 +8,7 @@ import logging
 import types
 from typing import Any
 
-from axplug.config import ConfigBase, ConfigModifier, Configurable, config_class
+from axplug.api.config import ConfigBase, ConfigModifier, Configurable, config_class
 
 __all__ = ["EvalTasksModifier", "LmEvalEvaluator"]
 
@@ -44,7 +44,7 @@ class LmEvalEvaluator(Configurable):
         self.task_names = [t for t in cfg.tasks.split("+") if t]
 
     def __call__(self, trainer: Any, params: Any, step: int) -> dict[str, float]:
-        from axplug.inference import Engine, LoadedModel, find_tokenizer
+        from axplug.api.run import Engine, LoadedModel, find_tokenizer
         from axplug_eval.command import evaluate, metrics
         from axplug_eval.lm import EngineLM
 

@@ -18,10 +18,10 @@ pytest.importorskip("axplug_serve")
 from axplug_eval.command import evaluate  # noqa: E402
 from axplug_eval.lm import EngineLM, cut_at_stops  # noqa: E402
 
-from axplug.config import UsageError  # noqa: E402
-from axplug.inference import Engine, find_tokenizer, load_checkpoint  # noqa: E402
-from axplug.layers import functional  # noqa: E402
-from axplug.summary import read_jsonl  # noqa: E402
+from axplug.api.config import UsageError  # noqa: E402
+from axplug.api.layers import functional  # noqa: E402
+from axplug.api.run import Engine, find_tokenizer, load_checkpoint  # noqa: E402
+from axplug.api.summary import read_jsonl  # noqa: E402
 from axplug.testing import cli_main as main  # noqa: E402
 
 MAX_LEN = 64

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from axplug.config import ConfigError, config_class
-from axplug.sharding import current_scope
+from axplug.api.config import ConfigError, config_class
+from axplug.api.sharding import current_scope
 from axplug_moe.dispatch import BalancedDispatch, Dispatch, Experts, balanced_rows
 
 __all__ = ["AllToAllDispatch"]

@@ -13,7 +13,7 @@ from axplug_attention.llama import llama_base
 from axplug_attention.mla import MultiHeadLatentAttention
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors, mlp_tensors, norm_tensors
+from axplug.api.interop import decoder_tensors, mlp_tensors, norm_tensors
 
 __all__ = ["DeepseekV3", "mla_tensors", "deepseek_moe_tensors"]
 

@@ -29,10 +29,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from axplug.config import ConfigError, config_class
-from axplug.kernels import grouped_matmul
-from axplug.layers import BaseLayer
-from axplug.sharding import constrain
+from axplug.api.config import ConfigError, config_class
+from axplug.api.kernels import grouped_matmul
+from axplug.api.layers import BaseLayer
+from axplug.api.sharding import constrain
 from axplug_moe.overflow import overflow_ffn, overflow_tiles
 from axplug_moe.router import Routing
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from axplug.sharding import mesh_axis_size
+from axplug.api.sharding import mesh_axis_size
 from axplug_moe.alltoall import AllToAllDispatch
 from axplug_moe.dispatch import (
     BalancedDispatch,

@@ -8,8 +8,8 @@ from typing import Any
 
 import jax
 
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import (
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import (
     REMAT_POLICIES,
     BaseLayer,
     RepeatedTransformer,

@@ -19,7 +19,7 @@ from typing import Any
 from axplug_attention.llama import llama_base
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import (
+from axplug.api.interop import (
     attention_tensors,
     decoder_tensors,
     linear_tensors,
@@ -69,7 +69,7 @@ class Mixtral:
     }
 
     def base_config(self, fields: HFFields) -> Any:
-        from axplug.presets import resolve_preset
+        from axplug.api.config import resolve_preset
 
         experts = fields.raw.get("num_local_experts", self.defaults["num_local_experts"])
         return llama_base(
@@ -184,8 +184,8 @@ class Qwen2Moe:
     qk_norm = False
 
     def base_config(self, fields: HFFields) -> Any:
-        from axplug.layers import RMSNorm
-        from axplug.modifiers import make_modifier
+        from axplug.api.config import make_modifier
+        from axplug.api.layers import RMSNorm
 
         _one_expert_count(fields)
         step = _sparse_step(fields)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 
 from axplug.api import ParameterSpec
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer, FeedForward, Linear, get_activation
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import BaseLayer, FeedForward, Linear, get_activation
 from axplug_moe.dispatch import Experts
 from axplug_moe.dispatchers import AutoDispatch
 from axplug_moe.router import TopKRouter
@@ -49,7 +49,7 @@ class MoEFeedForward(BaseLayer):
     def hf_read(cls, cfg: Config, fields) -> None:
         """Experts, their width (`moe_intermediate_size`; Mixtral aliases it to
         intermediate_size) and the shared experts from a Hugging Face config.json."""
-        from axplug.layers import HF_ACTIVATIONS
+        from axplug.api.layers import HF_ACTIVATIONS
 
         cfg.num_experts = fields.positive_int("num_local_experts")
         cfg.hidden_dim = fields.positive_int("moe_intermediate_size")
@@ -85,7 +85,7 @@ class MoEFeedForward(BaseLayer):
     def hf_write(cls, cfg: Config) -> dict:
         if not cfg.gated:
             raise ValueError("experts that are not gated")
-        from axplug.layers import hf_activation
+        from axplug.api.layers import hf_activation
 
         out = {
             "num_local_experts": cfg.num_experts,

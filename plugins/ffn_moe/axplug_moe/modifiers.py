@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from axplug.config import (
+from axplug.api.config import (
     REQUIRED,
     ConfigBase,
     ConfigError,
@@ -16,7 +16,7 @@ from axplug.config import (
     replace_config,
     visit,
 )
-from axplug.layers import FeedForward, RepeatedTransformer, StackedTransformer
+from axplug.api.layers import FeedForward, RepeatedTransformer, StackedTransformer
 from axplug_moe.dispatchers import DISPATCHERS
 from axplug_moe.group import MoELayerGroup
 from axplug_moe.layer import MoEFeedForward

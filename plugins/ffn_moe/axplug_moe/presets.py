@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from axplug_attention.presets import llama_tiny, sized_llama
 
-from axplug.interop import config_json_preset
-from axplug.presets import Preset
+from axplug.api.config import Preset
+from axplug.api.interop import config_json_preset
 
 __all__ = [
     "moe_tiny",

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import ParameterSpec
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer
-from axplug.sharding import constrain, map_over_batch
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import BaseLayer
+from axplug.api.sharding import constrain, map_over_batch
 
 __all__ = ["TopKRouter", "DeepSeekRouter", "Routing", "expert_capacity", "group_limited_top_k"]
 

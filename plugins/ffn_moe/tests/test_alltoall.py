@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("axplug_moe")
 
-from axplug.modifiers import make_modifier  # noqa: E402
+from axplug.api.config import make_modifier  # noqa: E402
 from test_moe_plugin import metrics, tiny_llama, with_jsonl  # noqa: E402
 
 STEPS = 3
@@ -29,7 +29,7 @@ def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
     """Drop-free routing through `alltoall`; `send_capacity`: its own capacity factor."""
     from axplug_moe import DeepSeekRouter, MoEFeedForward
 
-    from axplug.config import find_configs
+    from axplug.api.config import find_configs
 
     cfg = tiny_llama(run_dir, STEPS, mesh)
     moe = "moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor=None,dispatch=alltoall"

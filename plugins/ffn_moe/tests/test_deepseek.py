@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug import registry
+from axplug.api import registry
 
 axplug_moe = pytest.importorskip("axplug_moe")
 pytest.importorskip("axplug_attention")
@@ -30,13 +30,9 @@ from axplug_attention.mla import MultiHeadLatentAttention  # noqa: E402
 from axplug_moe import DeepSeekRouter, DenseFirstStack, MoEFeedForward  # noqa: E402
 
 from axplug.api import EMPTY_POSITION, ParameterSpec  # noqa: E402
-from axplug.config import ConfigError  # noqa: E402
-from axplug.interop import HFImportError, hf_trainer_config, parse_hf_config  # noqa: E402
-from axplug.layers import (  # noqa: E402
-    FeedForward,
-    PagedKVCache,
-    functional,  # noqa: E402
-)
+from axplug.api.config import ConfigError  # noqa: E402
+from axplug.api.interop import HFImportError, hf_trainer_config, parse_hf_config  # noqa: E402
+from axplug.api.layers import FeedForward, PagedKVCache, functional
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 
@@ -449,7 +445,7 @@ def test_architecture_refuses_what_it_does_not_compute_by_name(tmp_path, updates
 
 
 def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
-    from axplug.config import apply_overrides
+    from axplug.api.config import apply_overrides
 
     steps, rate = 3, 0.01
     cfg = trainer_config(tmp_path, vocab_size=256)  # the byte-level text the trainer reads
@@ -551,7 +547,7 @@ def assert_paged_batching_matches(check):
     lengths: rows reused) gives transformers' greedy tokens for every prompt."""
     from axplug_models.testing import PROMPT, _hf_greedy
 
-    from axplug.inference import SamplingParams, generate, load_checkpoint
+    from axplug.api.run import SamplingParams, generate, load_checkpoint
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).train(False)
     prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]
@@ -609,8 +605,8 @@ def test_scanned_deepseek_v3_matches_transformers(tmp_path):
 def test_scan_layers_makes_a_dense_first_stack_scanned_and_equal():
     from axplug_moe import RepeatedDenseFirstStack
 
-    from axplug.layers import RepeatedTransformer
-    from axplug.modifiers import make_modifier
+    from axplug.api.config import make_modifier
+    from axplug.api.layers import RepeatedTransformer
 
     raw = {"architectures": ["DeepseekV3ForCausalLM"], **transformers.DeepseekV3Config(
         **{**SHAPES, **FAMILIES["q-lora"], "num_hidden_layers": 4}).to_dict()}  # fmt: skip

@@ -17,8 +17,8 @@ pytest.importorskip("axplug_moe")
 
 from axplug_moe import BalancedDispatch, Dispatch, MoEFeedForward  # noqa: E402
 
-from axplug.config import find_configs  # noqa: E402
-from axplug.layers import functional  # noqa: E402
+from axplug.api.config import find_configs  # noqa: E402
+from axplug.api.layers import functional  # noqa: E402
 from axplug.testing import tiny_trainer_config, train_steps  # noqa: E402
 from test_moe_plugin import (  # noqa: E402
     F32_LOOSE,
@@ -133,7 +133,7 @@ def assert_gradients_match(cfg, x, w, probe):
 
 
 def test_dispatch_config_errors_name_the_field():
-    from axplug.config import ConfigError
+    from axplug.api.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"dispatch\.tile_size: 0 must be >= 1"):
         balanced(0.5, 0).instantiate(parent=None)

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from axplug_models.testing import check_against_transformers  # noqa: E402
 
-from axplug.interop.hf_config import HFImportError  # noqa: E402
+from axplug.api.interop import HFImportError  # noqa: E402
 
 TOL = 1e-5
 SHAPES = dict(
@@ -74,7 +74,7 @@ def _saved(tmp_path, cfg):
 
 
 def _import(directory, tmp_path):
-    from axplug.interop import hf_trainer_config, read_hf_config
+    from axplug.api.interop import hf_trainer_config, read_hf_config
 
     return hf_trainer_config(read_hf_config(directory), output_dir=str(tmp_path / "run"))
 
@@ -83,8 +83,8 @@ def test_qwen2_moe_reads_the_hub_names_and_writes_them_back(tmp_path):
     # Hub config.json: num_experts, no qkv_bias (transformers 4 had it fixed to True).
     from axplug_moe import MoEFeedForward
 
-    from axplug.config import find_configs
-    from axplug.interop.hf_export import hf_config_for
+    from axplug.api.config import find_configs
+    from axplug.api.interop import hf_config_for
 
     directory = _saved(tmp_path, config("Qwen2Moe", shared_expert_intermediate_size=48))
     path = f"{directory}/config.json"
@@ -148,8 +148,8 @@ def test_a_dense_and_moe_mix_that_does_not_repeat_is_refused_by_name(tmp_path, u
 def test_export_refuses_what_qwen2_moe_cannot_express(tmp_path):
     from axplug_moe import MoEFeedForward
 
-    from axplug.config import find_configs
-    from axplug.interop.hf_export import HFExportError, hf_config_for
+    from axplug.api.config import find_configs
+    from axplug.api.interop import HFExportError, hf_config_for
 
     directory = _saved(tmp_path, config("Qwen2Moe", shared_expert_intermediate_size=48))
     with open(f"{directory}/config.json") as f:
@@ -169,8 +169,8 @@ def test_mixtral_refuses_a_shared_expert(tmp_path):
     # model with a shared expert does not export as one.
     from axplug_moe import MoEFeedForward
 
-    from axplug.config import find_configs
-    from axplug.interop.hf_export import HFExportError, hf_config_for
+    from axplug.api.config import find_configs
+    from axplug.api.interop import HFExportError, hf_config_for
 
     mixtral = transformers.MixtralConfig(
         **{k: v for k, v in SHAPES.items() if k not in ("num_experts", "moe_intermediate_size")},

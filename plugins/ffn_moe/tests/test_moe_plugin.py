@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug import registry
+from axplug.api import registry
 
 axplug_moe = pytest.importorskip("axplug_moe")
 if not any(c.distribution == "axplug-moe" and c.loadable for c in registry.discover()):
@@ -44,16 +44,19 @@ from axplug_moe import (  # noqa: E402
     expert_capacity,
 )
 
-from axplug.config import ConfigError, find_configs  # noqa: E402
-from axplug.layers import (  # noqa: E402
+from axplug.api.config import (  # noqa: E402
+    ConfigError,
+    find_configs,
+    make_modifier,  # noqa: E402
+    preset_config,  # noqa: E402
+)
+from axplug.api.layers import (
     FeedForward,
     RepeatedTransformer,
     StackedTransformer,
     TransformerLayer,
-    functional,  # noqa: E402
+    functional,
 )
-from axplug.modifiers import make_modifier  # noqa: E402
-from axplug.presets import preset_config  # noqa: E402
 from axplug.testing import cli_main as main  # noqa: E402
 from axplug.testing import tiny_train_args, tiny_trainer_config  # noqa: E402
 
@@ -479,7 +482,7 @@ QWEN_MOE = "moe:num_experts=4,top_k=2,capacity_factor=None,renormalize=False"
     ids=["gated_shared_raw_top_k", "every2_qk_norm_scanned"],
 )
 def test_decoding_with_the_cache_gives_the_forward_logits(modifiers):
-    from axplug.layers import RMSNorm
+    from axplug.api.layers import RMSNorm
 
     cfg = small_lm(layers=4 if "every=2" in modifiers[0] else 2)
     if "scan_layers" in modifiers:
@@ -666,7 +669,7 @@ def test_modifier_every_second_layer_groups_the_stack(scan):
         ids,
     )
     assert loss.shape == ()
-    from axplug.trainer.aux_losses import collect_outputs
+    from axplug.api.run import collect_outputs
 
     emitted = [(p, n) for p, n, _ in collect_outputs(collection.module_outputs)]
     if scan:  # stacked along the scan axis: one entry per name
@@ -752,13 +755,13 @@ def tiny_llama(run_dir, steps, mesh=(1, 1, 1, 1, 1)):
 
 
 def with_jsonl(cfg):
-    from axplug.summary import JsonlWriter
+    from axplug.api.summary import JsonlWriter
 
     return cfg.clone(summary_writers=[JsonlWriter.default_config()])
 
 
 def metrics(run_dir):
-    from axplug.summary import read_jsonl
+    from axplug.api.summary import read_jsonl
 
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
 
@@ -883,9 +886,7 @@ def test_reapplying_moe_resets_the_options_it_owns():
     # takes the modifier's default, as every modifier does (docs/plugin-reference.md).
     from axplug_moe import MoEFeedForward
 
-    from axplug.config import find_configs
-    from axplug.modifiers import make_modifier
-    from axplug.presets import preset_config
+    from axplug.api.config import find_configs, make_modifier, preset_config
 
     cfg = preset_config("mixtral-tiny")
     (router,) = {ffn.router.capacity_factor for _, ffn in find_configs(cfg, MoEFeedForward)}

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from axplug.presets import preset_config, resolve_preset
+from axplug.api.config import preset_config, resolve_preset
 
 PUBLISHED = {"qwen3-30b-a3b": 30_532_122_624, "deepseek-v3-671b": 671_026_419_200}
 # DeepSeek-V3's router correction biases (58 MoE layers x 256 experts) are checkpoint tensors
@@ -34,7 +34,7 @@ def test_moe_preset_counts_what_transformers_builds_from_its_config_json(name):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from axplug.interop.hf_config import load_architecture
+    from axplug.api.interop import load_architecture
 
     raw = dict(resolve_preset(name).config_json)
     model_type = load_architecture(raw["architectures"][0]).model_type

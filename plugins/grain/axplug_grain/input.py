@@ -27,14 +27,8 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-from axplug.config import (
-    REQUIRED,
-    ConfigFileError,
-    ConfigValueError,
-    Required,
-    config_class,
-)
-from axplug.input import Batch, Input
+from axplug.api.config import REQUIRED, ConfigFileError, ConfigValueError, Required, config_class
+from axplug.api.data import Batch, Input
 from axplug_grain.packing import PackedWindowsIterDataset
 from axplug_grain.sources import DocumentSource, resolve_paths
 

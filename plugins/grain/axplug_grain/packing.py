@@ -20,8 +20,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from axplug.config import ConfigFileError
-from axplug.input import IGNORE_LABEL
+from axplug.api.config import ConfigFileError
+from axplug.api.data import IGNORE_LABEL
 
 __all__ = ["PackedWindowsIterDataset"]
 

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from axplug.config import ConfigFileError
-from axplug.files import temp_path
+from axplug.api.checkpoint import temp_path
+from axplug.api.config import ConfigFileError
 
 __all__ = [
     "ARRAY_RECORD",

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from axplug_grain import GrainInput, write_array_record, write_parquet
 
-from axplug.config import ConfigError, ConfigFileError
-from axplug.input import IGNORE_LABEL, Input
-from axplug.input.token_file import FORMAT, TokenFileInput, write_shard
+from axplug.api.config import ConfigError, ConfigFileError
+from axplug.api.data import IGNORE_LABEL, TOKEN_DIR_FORMAT, Input, TokenFileInput, write_shard
 
 EOS = 1
 VOCAB = 64
@@ -34,7 +33,7 @@ def token_dir(path, docs, vocab=VOCAB):
     path.mkdir(parents=True, exist_ok=True)
     shards = [write_shard(path, f"shard_{i:05d}", docs[s : s + 7], "uint16")
               for i, s in enumerate(range(0, len(docs), 7))]  # fmt: skip
-    meta = {"format": FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards}
+    meta = {"format": TOKEN_DIR_FORMAT, "dtype": "uint16", "vocab_size": vocab, "shards": shards}
     (path / "meta.json").write_text(json.dumps(meta))
     return path
 
@@ -219,8 +218,8 @@ def test_bad_data_is_one_error_naming_the_file_and_field(tmp_path):
 def test_axplug_train_resumed_from_a_checkpoint_equals_an_uninterrupted_run(
     tmp_path, capsys, caplog
 ):
-    from axplug.checkpoint import Checkpointer, delete_step
-    from axplug.summary import read_jsonl
+    from axplug.api.checkpoint import Checkpointer, delete_step
+    from axplug.api.summary import read_jsonl
     from axplug.testing import cli_main as main
     from axplug.testing import tiny_train_args
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
+from axplug.api.config import ConfigDependencyError, ConfigError, ConfigFileError
 
 __all__ = [
     "LOADERS",

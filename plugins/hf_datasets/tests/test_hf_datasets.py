@@ -9,11 +9,9 @@ import os
 import pytest
 from axplug_hf_datasets import parse_disk_spec, parse_hub_spec
 
-import axplug.input.sources as core_sources
-from axplug import registry
-from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
-from axplug.input import open_shards, prepare_data
-from axplug.input.sources import chunks, read_documents, source_kind
+from axplug.api import registry
+from axplug.api.config import ConfigDependencyError, ConfigError, ConfigFileError
+from axplug.api.data import open_shards, prepare_data, read_documents, source_kind
 from axplug.testing import cli_main as main
 
 datasets = pytest.importorskip("datasets")
@@ -114,8 +112,8 @@ def test_documents_are_read_lazily_past_a_corrupt_file(tmp_path, caplog):
     spec = f"hf:json:{tmp_path}/d/part-*.jsonl"
     documents = read_documents(spec)  # checked: files there, loader known; nothing read
     assert next(documents) == ROWS[0]["text"]
-    first = next(chunks([spec], "text", "file", 10))
-    assert first == [r["text"] for r in ROWS[:10]]
+    again = read_documents(spec)
+    assert [next(again) for _ in range(10)] == [r["text"] for r in ROWS[:10]]
     with pytest.raises(ConfigError, match=r"hf:json:.*unreadable after 10 records"):
         list(documents)
     with pytest.raises(ConfigError, match="unreadable after 10 records"):
@@ -260,14 +258,15 @@ def test_without_the_plugin_a_source_names_the_package(tmp_path, monkeypatch):
     def not_installed(kind, name):
         raise registry.ComponentNotFoundError(f"no {kind} component named {name!r}")
 
-    monkeypatch.setattr(registry, "discover", lambda kind=None: [])
-    monkeypatch.setattr(registry, "load", not_installed)
+    # the core's registry, which the source lookup reads (the face is a re-export)
+    monkeypatch.setattr("axplug.registry.discover", lambda kind=None: [])
+    monkeypatch.setattr("axplug.registry.load", not_installed)
     for source in ("hf:json:a.jsonl", "hf-disk:saved", str(tmp_path)):
         with pytest.raises(ConfigDependencyError, match="pip install axplug-hf-datasets"):
             read_documents(source)
     with pytest.raises(ConfigFileError, match="does not exist"):
         read_documents("mysource:a.jsonl")  # neither registered nor known: a path
-    assert core_sources.source_kind("mysource:a.jsonl") is None
+    assert source_kind("mysource:a.jsonl") is None
 
 
 def test_a_disabled_plugin_says_so(monkeypatch):
@@ -282,7 +281,7 @@ def test_a_disabled_plugin_says_so(monkeypatch):
 
 
 def test_the_group_is_registered_and_checked():
-    from axplug.registry._kinds import check_kind
+    from axplug.api.registry import check_kind
 
     assert "data_sources" in registry.KINDS
     found = {c.name: c for c in registry.discover("data_sources")}

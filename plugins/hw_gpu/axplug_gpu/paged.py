@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import Unsupported
-from axplug.kernels import check_paged_shapes
-from axplug.sharding import current_scope
+from axplug.api.kernels import check_paged_shapes
+from axplug.api.sharding import current_scope
 
 __all__ = ["PallasGpuPagedKernel"]
 

@@ -15,7 +15,7 @@ Selectors: `gpu-h100-8` (one host) and `gpu-h100-8x32` (32 hosts of 8), and what
 from __future__ import annotations
 
 from axplug.api import with_device_spec
-from axplug.mesh_rules import MeshRule
+from axplug.api.sharding import MeshRule
 from axplug_gpu.specs import A100, B200, H100, H200
 
 __all__ = [

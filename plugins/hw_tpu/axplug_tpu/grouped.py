@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import Unsupported
-from axplug.kernels import GroupedMatmulKernel
-from axplug.sharding import current_scope
+from axplug.api.kernels import GroupedMatmulKernel
+from axplug.api.sharding import current_scope
 
 __all__ = ["MegabloxGroupedMatmul"]
 

@@ -19,7 +19,7 @@ Each rule function carries its chip as `fn.device_spec` (see `axplug.api.with_de
 from __future__ import annotations
 
 from axplug.api import with_device_spec
-from axplug.mesh_rules import MeshRule
+from axplug.api.sharding import MeshRule
 from axplug_tpu.specs import V4, V5E, V5P, V6E
 
 __all__ = ["RULES"]

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import AttentionKernel, Unsupported, check_shapes
-from axplug.kernels import check_sequence_sharding, shard_over_batch
+from axplug.api.kernels import check_sequence_sharding, shard_over_batch
 
 __all__ = ["NkiFlashKernel", "NkiKernels", "NEURON_BACKENDS", "NKI"]
 

@@ -16,7 +16,7 @@ Each rule function carries its chip as `fn.device_spec` (see `axplug.api.with_de
 from __future__ import annotations
 
 from axplug.api import with_device_spec
-from axplug.mesh_rules import MeshRule
+from axplug.api.sharding import MeshRule
 from axplug_trainium.specs import TRN1, TRN2
 
 __all__ = ["trn1_16", "trn1_16xn", "trn2_16", "trn2_16xn"]

@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from axplug.files import write_text
+from axplug.api.checkpoint import write_text
 
 __all__ = ["Host", "HostPool", "elastic_processes"]
 

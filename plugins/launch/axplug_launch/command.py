@@ -194,7 +194,7 @@ def render(plan: Any) -> str:
 
 
 def _command(args: argparse.Namespace) -> list[str]:
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -208,7 +208,7 @@ def _command(args: argparse.Namespace) -> list[str]:
 def _run_local(args: argparse.Namespace) -> int:
     import shlex
 
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
     from axplug_launch.local import LocalJob, run_local
 
     command = _command(args)
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target in ARRAY_TARGETS:
         sys.stdout.write(render(plan_array(args)))
         return 0
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     for flag, value in (
         ("--tasks", args.tasks),

@@ -60,9 +60,8 @@ class JobPlan:
 
 def plan_job(args: argparse.Namespace) -> JobPlan:
     """Resolves preset, mesh rule and host count; UsageError names what is wrong and the fix."""
-    from axplug.config import UsageError
-    from axplug.mesh_rules import device_spec_of, resolve_rule, selector_device_count
-    from axplug.presets import resolve_preset
+    from axplug.api.config import UsageError, resolve_preset
+    from axplug.api.sharding import device_spec_of, resolve_rule, selector_device_count
 
     for flag, value in (("--preset", args.preset), ("--mesh-rule", args.mesh_rule)):
         if value is None:
@@ -146,7 +145,7 @@ class ArrayPlan:
 
 def plan_array(args: argparse.Namespace) -> ArrayPlan:
     """Checks `--tasks` and the prepare-data words after them; UsageError names the fix."""
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     target = f"launch --print {args.target}"
     words = list(args.command)

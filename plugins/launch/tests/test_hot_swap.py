@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from axplug.checkpoint.layout import CHECKSUMS_ITEM, METADATA_FILE, step_dir_name
-from axplug.summary import read_jsonl
+from axplug.api.checkpoint import CHECKSUMS_ITEM, METADATA_FILE, step_dir_name
+from axplug.api.summary import read_jsonl
 from axplug.testing import tiny_train_args
 
 DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "launch.md"

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from axplug.runtime import HANG_EXIT_CODE, DistributedSpec, resolve_distributed
+from axplug.api.run import HANG_EXIT_CODE, DistributedSpec, resolve_distributed
 
 DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "launch.md"
 GPU_JOB = ["--preset", "llama2-7b", "--mesh-rule", "gpu-h100-8x4"]
@@ -136,7 +136,7 @@ def test_slurm_template_has_spare_nodes_requeue_and_the_agent_in_srun(capsys, tm
 
 
 def test_tpu_vm_template_runs_the_command_on_every_worker(capsys, tmp_path):
-    from axplug.mesh_rules import device_spec_of
+    from axplug.api.sharding import device_spec_of
 
     code, out, _ = launch(capsys, "tpu-vm", "--preset", "llama2-7b", "--mesh-rule", "tpu-v5p-64")
     assert code == 0

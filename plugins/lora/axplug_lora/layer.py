@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import ParameterSpec
-from axplug.config import REQUIRED, ConfigError, Required, config_class
-from axplug.layers import BaseLayer
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.layers import BaseLayer
 
 __all__ = ["LoRAAdapter"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from axplug.config import ConfigBase, ConfigError, ConfigModifier, config_class, visit
-from axplug.layers import Linear
+from axplug.api.config import ConfigBase, ConfigError, ConfigModifier, config_class, visit
+from axplug.api.layers import Linear
 from axplug_lora.layer import LoRAAdapter
 
 __all__ = ["LoRAModifier", "TRAINABLE"]

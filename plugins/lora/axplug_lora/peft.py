@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from axplug.config import ConfigError
+from axplug.api.config import ConfigError
 from axplug_lora.layer import LoRAAdapter
 
 __all__ = ["peft_adapter", "peft_tensors"]
@@ -19,7 +19,7 @@ __all__ = ["peft_adapter", "peft_tensors"]
 def _adapters(params: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(unrolled path of the adapted Linear, lora_a, lora_b) of every adapter in `params`;
     a scanned stack's adapters (a leading layer axis) one per layer."""
-    from axplug.interop import flatten
+    from axplug.api.interop import flatten
 
     flat = {k: np.asarray(v) for k, v in flatten(params).items()}
     scanned = "decoder.transformer.layer."
@@ -40,7 +40,7 @@ def _adapters(params: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
 def peft_tensors(model_cfg: Any, params: dict, rules: dict) -> tuple[dict, dict]:
     """(PEFT tensors, adapter_config.json) of the model's adapters; `rules` are the
     architecture's `HFTensor`s of the merged model, which name each adapted weight."""
-    from axplug.config import find_configs
+    from axplug.api.config import find_configs
 
     adapters = _adapters(jax.device_get(params))
     if not adapters:
@@ -90,10 +90,10 @@ def peft_adapter(
     returns its adapter_config.json. Staged like `export-hf`: never a partial directory."""
     from safetensors.numpy import save_file
 
-    from axplug.files import atomic_file, remove_stale_stages, staged_directory
-    from axplug.inference import load_checkpoint
-    from axplug.interop import check_output, hf_config_for
-    from axplug.layers import folded_config
+    from axplug.api.checkpoint import atomic_file, remove_stale_stages, staged_directory
+    from axplug.api.interop import check_output, hf_config_for
+    from axplug.api.layers import folded_config
+    from axplug.api.run import load_checkpoint
 
     check_output(output_dir, force=force, run_dir=run_dir)
     loaded = load_checkpoint(run_dir, step=step)

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from axplug_lora import TRAINABLE, LoRAAdapter
 
-from axplug.config import ConfigError, find_configs
-from axplug.layers import fold_layers, functional
+from axplug.api.config import ConfigError, find_configs
+from axplug.api.layers import fold_layers, functional
+from axplug.api.run import Trainer, parameter_paths
 from axplug.testing import LayerConformance, tiny_trainer_config
 from axplug.testing import cli_main as main
-from axplug.trainer import Trainer
-from axplug.trainer.trainable import parameter_paths
 
 # One device (the `mesh` modifier), small rows.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
@@ -33,7 +32,7 @@ class TestLoRAAdapterConformance(LayerConformance):
 
     @pytest.fixture
     def llama_modifier(self):
-        from axplug.modifiers import make_modifier
+        from axplug.api.config import make_modifier
 
         return make_modifier("lora:4")
 
@@ -135,7 +134,7 @@ def test_sharded_run_equals_one_device(tmp_path):
 
 
 def test_modifier_errors_name_the_option():
-    from axplug.modifiers import make_modifier
+    from axplug.api.config import make_modifier
 
     cfg = tiny_trainer_config("/tmp/unused", preset="llama-tiny")
     with pytest.raises(ConfigError, match="modifier lora: rank must be an int >= 1"):
@@ -179,7 +178,7 @@ def lora_run(tmp_path_factory):
 
 
 def _axplug_logits(run, ids):
-    from axplug.inference.loading import load_checkpoint
+    from axplug.api.run import load_checkpoint
 
     loaded = load_checkpoint(run)
     return loaded.logits(ids), loaded
@@ -240,7 +239,7 @@ def test_export_lora_refuses_a_run_without_adapters(tmp_path, lora_run, capsys):
 
 def _saved_elements(run):
     """The number of parameter elements the latest step of `run` stores."""
-    from axplug.checkpoint import Checkpointer
+    from axplug.api.checkpoint import Checkpointer
 
     with Checkpointer.default_config().set(directory=f"{run}/checkpoints").instantiate() as c:
         tree = c.saved_tree(c.latest_step())["params"]
@@ -248,7 +247,7 @@ def _saved_elements(run):
 
 
 def test_a_lora_checkpoint_stores_the_adapters_and_names_its_base(tmp_path, lora_run):
-    from axplug.checkpoint import Checkpointer
+    from axplug.api.checkpoint import Checkpointer
 
     _, imported, run = lora_run
     cfg = Checkpointer.default_config().set(directory=f"{run}/checkpoints")
@@ -314,7 +313,7 @@ def test_qlora_adapters_train_over_a_quantized_frozen_base(tmp_path):
 
 
 def test_decoding_merged_equals_unmerged(tmp_path, lora_run, capsys):
-    from axplug.inference import load_checkpoint
+    from axplug.api.run import load_checkpoint
 
     _, _, run = lora_run
     ids = np.random.default_rng(3).integers(0, 96, (2, 9))

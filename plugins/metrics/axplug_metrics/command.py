@@ -107,7 +107,7 @@ def merge_steps(records: list[dict]) -> list[dict]:
 
 
 def _is_eval(name: str) -> bool:
-    from axplug.summary import is_eval_name
+    from axplug.api.summary import is_eval_name
 
     return is_eval_name(name)
 
@@ -119,7 +119,7 @@ def _is_loss(name: str) -> bool:
 
 def _cell(value: Any) -> str:
     if isinstance(value, int | float):
-        from axplug.summary import format_scalar
+        from axplug.api.summary import format_scalar
 
         return format_scalar(float(value))
     return "-" if value is None else str(value)
@@ -270,8 +270,8 @@ def run_name_of(run_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.api import AxplugError
-    from axplug.summary import read_jsonl
-    from axplug.trainer import summary_dir
+    from axplug.api.run import summary_dir
+    from axplug.api.summary import read_jsonl
 
     for flag in ("last", "width", "height"):
         if getattr(args, flag) < 1:

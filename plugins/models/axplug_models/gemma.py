@@ -9,15 +9,15 @@ from typing import Any
 from axplug_attention.llama import llama_base
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors
+from axplug.api.interop import decoder_tensors
 
 __all__ = ["Gemma", "gemma_base"]
 
 
 def gemma_base(fields: HFFields) -> Any:
     """The LLaMA layout with Gemma's norms, embedding scale and GeGLU."""
-    from axplug.config import visit
-    from axplug.layers import RMSNorm
+    from axplug.api.config import visit
+    from axplug.api.layers import RMSNorm
 
     if fields.raw.get("hidden_activation") is not None:  # older checkpoints: it wins, as in HF
         fields.raw["hidden_act"] = fields.get("hidden_activation")
@@ -56,8 +56,8 @@ class Gemma:
 
 def _patterned(cfg: Any) -> Any:
     """The stack as a `PatternedTransformer`: its layers differ by `layer_types`."""
-    from axplug.config import replace_config
-    from axplug.layers import StackedTransformer
+    from axplug.api.config import replace_config
+    from axplug.api.layers import StackedTransformer
     from axplug_models.pattern import PatternedTransformer
 
     return replace_config(
@@ -71,7 +71,7 @@ def _patterned(cfg: Any) -> Any:
 def _gemma2_like(fields: HFFields, *, qk_norm: bool) -> Any:
     """Gemma 2 / 3: Gemma with a norm before and after each branch, a query scale of
     query_pre_attn_scalar ** -0.5, optional soft-caps, and sliding/full layers."""
-    from axplug.layers import RMSNorm
+    from axplug.api.layers import RMSNorm
 
     cfg = gemma_base(fields)
     layer = cfg.model.decoder.transformer.layer
@@ -86,7 +86,7 @@ def _gemma2_like(fields: HFFields, *, qk_norm: bool) -> Any:
 
 
 def _gemma2_tensors(model: Any) -> dict[str, HFTensor]:
-    from axplug.interop import attention_tensors, mlp_tensors, norm_tensors
+    from axplug.api.interop import attention_tensors, mlp_tensors, norm_tensors
 
     def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
         attention, attn = cfg.attention, f"{hf}.self_attn"

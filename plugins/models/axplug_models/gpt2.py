@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import norm_tensors
+from axplug.api.interop import norm_tensors
 
 __all__ = ["GPT2"]
 
@@ -58,7 +58,7 @@ class GPT2:
     def base_config(self, fields: HFFields) -> Any:
         from axplug_attention.llama import llama_base
 
-        from axplug.layers import Embedding, IdentityPositionTransform, LayerNorm
+        from axplug.api.layers import Embedding, IdentityPositionTransform, LayerNorm
 
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"):
             fields.get(name, None)  # training-only

@@ -40,7 +40,7 @@ from typing import Any
 from axplug_attention.rope_hf import LAYER_TYPES, per_layer_type, read_rope
 
 from axplug.api import HFFields
-from axplug.config import (
+from axplug.api.config import (
     REQUIRED,
     ConfigBase,
     ConfigError,
@@ -49,13 +49,8 @@ from axplug.config import (
     UnknownFieldError,
     config_class,
 )
-from axplug.interop import differences, write_fields
-from axplug.layers import (
-    REMAT_POLICIES,
-    BaseLayer,
-    StackedTransformer,
-    remat_children,
-)
+from axplug.api.interop import differences, write_fields
+from axplug.api.layers import REMAT_POLICIES, BaseLayer, StackedTransformer, remat_children
 
 __all__ = ["PatternedTransformer", "apply_layer_overrides", "layer_types_from"]
 

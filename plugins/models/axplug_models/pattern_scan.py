@@ -30,8 +30,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from axplug.config import REQUIRED, Required, config_class
-from axplug.layers import BaseLayer, RepeatedTransformer, TransformerLayer
+from axplug.api.config import REQUIRED, Required, config_class
+from axplug.api.layers import BaseLayer, RepeatedTransformer, TransformerLayer
 from axplug_models.pattern import PatternedTransformer, _check, _layer
 
 __all__ = ["RepeatedPatternTransformer", "scan_period"]

@@ -8,7 +8,7 @@ from typing import Any
 from axplug_attention.llama import llama_base
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import decoder_tensors, linear_tensors, norm_tensors
+from axplug.api.interop import decoder_tensors, linear_tensors, norm_tensors
 
 __all__ = ["Phi3"]
 

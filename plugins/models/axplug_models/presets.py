@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from axplug.interop import config_json_preset
+from axplug.api.interop import config_json_preset
 
 __all__ = [
     "mistral_7b",

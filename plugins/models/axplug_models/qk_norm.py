@@ -9,18 +9,13 @@ from typing import Any
 from axplug_attention.llama import llama_base
 
 from axplug.api import HFFields, HFTensor
-from axplug.interop import (
-    attention_tensors,
-    decoder_tensors,
-    mlp_tensors,
-    norm_tensors,
-)
+from axplug.api.interop import attention_tensors, decoder_tensors, mlp_tensors, norm_tensors
 
 __all__ = ["Qwen3", "Olmo2"]
 
 
 def _qk_norms(base: Any, over: str) -> Any:
-    from axplug.layers import RMSNorm
+    from axplug.api.layers import RMSNorm
 
     attention = base.model.decoder.transformer.layer.attention
     attention.qk_norm = RMSNorm.default_config()

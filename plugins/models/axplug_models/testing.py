@@ -118,7 +118,7 @@ def check_against_transformers(
     bar: 1e-5 in float32)."""
     from transformers import AutoModelForCausalLM
 
-    from axplug.inference import SamplingParams, generate, load_checkpoint
+    from axplug.api.run import SamplingParams, generate, load_checkpoint
 
     hf_dir, run_dir, export_dir = (os.path.join(str(tmp_path), d) for d in ("hf", "run", "out"))
     reference = tiny_transformers_model(config)

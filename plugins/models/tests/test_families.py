@@ -138,7 +138,7 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
     from axplug_models.testing import PROMPT
     from transformers import AutoModelForCausalLM
 
-    from axplug.inference import load_checkpoint
+    from axplug.api.run import load_checkpoint
     from axplug.testing import cli_main as main
 
     check = check_against_transformers(FAMILIES["llama"](), tmp_path / "base", steps=1)

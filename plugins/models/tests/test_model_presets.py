@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from axplug.presets import preset_config, resolve_preset
+from axplug.api.config import preset_config, resolve_preset
 
 # Parameter counts of the published checkpoints (their safetensors index totals / 2 bytes;
 # Gemma 3: the text model of the 27B, without the vision tower).
@@ -33,7 +33,7 @@ def transformers_parameter_count(config_json: dict) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from axplug.interop.hf_config import load_architecture
+    from axplug.api.interop import load_architecture
 
     raw = dict(config_json)
     model_type = load_architecture(raw["architectures"][0]).model_type

@@ -21,10 +21,9 @@ from axplug_attention import GroupedQKVLinear, RotaryPositionTransform, rope_fre
 from axplug_models.pattern import PatternedTransformer, apply_layer_overrides
 
 from axplug.api import EMPTY_POSITION, HFFields
-from axplug.config import ConfigError, from_dict, replace_config, to_dict
-from axplug.interop.hf_walk import read_fields, write_fields
-from axplug.layers import CausalLM, StackedTransformer, TransformerLayer, functional
-from axplug.modifiers import make_modifier
+from axplug.api.config import ConfigError, from_dict, make_modifier, replace_config, to_dict
+from axplug.api.interop import read_fields, write_fields
+from axplug.api.layers import CausalLM, StackedTransformer, TransformerLayer, functional
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 LOOSE = dict(rtol=1e-4, atol=1e-4)
@@ -437,7 +436,7 @@ def test_gemma3_family_derives_layer_types_from_either_period_name(period_field)
     """The Hub's Gemma 3 config.json files have no layer_types; the period is spelled without
     the underscore there and with it in transformers 5."""
     transformers = pytest.importorskip("transformers")
-    from axplug.interop import hf_trainer_config, parse_hf_config
+    from axplug.api.interop import hf_trainer_config, parse_hf_config
 
     hf = transformers.Gemma3TextConfig(**{**GEMMA3_LEGACY, "sliding_window_pattern": 3})
     raw = {k: v for k, v in GEMMA3_LEGACY.items() if k != "sliding_window_pattern"}

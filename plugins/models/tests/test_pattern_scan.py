@@ -19,9 +19,8 @@ import pytest
 from axplug_models.pattern import PatternedTransformer
 from axplug_models.pattern_scan import RepeatedPatternTransformer, scan_period
 
-from axplug.config import ConfigError, from_dict, to_dict
-from axplug.interop.hf_walk import differences
-from axplug.modifiers import make_modifier
+from axplug.api.config import ConfigError, from_dict, make_modifier, to_dict
+from axplug.api.interop import differences
 from axplug.testing import production_compiler_options
 from test_pattern import (
     GEMMA3_LIKE,
@@ -212,8 +211,8 @@ def test_hf_trainer_config_scans_a_gemma3_config_json():
     periods of six, then two sliding layers) imports scanned, with the unrolled import's
     parameters."""
     transformers = pytest.importorskip("transformers")
-    from axplug.interop import hf_trainer_config, parse_hf_config
-    from axplug.presets import resolve_preset
+    from axplug.api.config import resolve_preset
+    from axplug.api.interop import hf_trainer_config, parse_hf_config
 
     raw = resolve_preset("gemma3-27b").config_json
 
@@ -304,7 +303,7 @@ def _gemma3(layer_types: list[str]):
 def test_gemma3_imported_scanned_matches_transformers_and_exports(layer_types, period, tmp_path):
     from axplug_models.testing import check_against_transformers
 
-    from axplug.inference import load_checkpoint
+    from axplug.api.run import load_checkpoint
     from test_families import TOL
 
     modifiers = ["scan_layers:remat_policy=full"]
@@ -381,7 +380,7 @@ def test_decoder_tensors_places_each_layer_of_a_scanned_patterned_stack():
     tail, and together they fill every parameter."""
     import re
 
-    from axplug.interop import decoder_tensors
+    from axplug.api.interop import decoder_tensors
 
     cfg = lm("scan_layers")
     assert cfg.decoder.transformer.klass is RepeatedPatternTransformer

@@ -10,15 +10,15 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import ParameterSpec
-from axplug.config import ConfigError, config_class
-from axplug.layers import (
+from axplug.api.config import ConfigError, config_class
+from axplug.api.layers import (
     RESIDUAL_AXES,
     OutputCollection,
     RepeatedTransformer,
     merge_collections,
     scan_layer,
 )
-from axplug.sharding import (
+from axplug.api.sharding import (
     PIPELINE_AXIS,
     ShardingScope,
     constrain,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from axplug.config import ConfigBase, ConfigModifier, config_class, find_configs, replace_config
-from axplug.layers import RepeatedTransformer, StackedTransformer
+from axplug.api.config import ConfigBase, ConfigModifier, config_class, find_configs, replace_config
+from axplug.api.layers import RepeatedTransformer, StackedTransformer
 from axplug_pipeline.layer import PipelinedTransformer
 
 __all__ = ["PipelineModifier"]

@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.layers import RESIDUAL_AXES
-from axplug.sharding import constrain
+from axplug.api.layers import RESIDUAL_AXES
+from axplug.api.sharding import constrain
 
 __all__ = ["one_f_one_b", "masked"]
 

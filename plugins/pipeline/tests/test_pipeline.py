@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from axplug_pipeline import bubble_fraction
 
-from axplug.config import ConfigError, replace_config
-from axplug.layers import FeedForward, functional
-from axplug.summary import read_jsonl
+from axplug.api.config import ConfigError, replace_config
+from axplug.api.layers import FeedForward, functional
+from axplug.api.summary import read_jsonl
 from axplug.testing import tiny_trainer_config
 
 SMALL = [
@@ -22,7 +22,7 @@ SMALL = [
 
 
 def llama8(tmp_path, *modifiers, steps=3):
-    from axplug.summary import JsonlWriter
+    from axplug.api.summary import JsonlWriter
 
     return tiny_trainer_config(
         tmp_path,
@@ -100,16 +100,16 @@ def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipelin
     ],
 )
 def test_gradients_match_the_scanned_stack(pipeline):
-    from axplug.sharding import scoped
-    from axplug.trainer.step import _loss_fn
+    from axplug.api.run import loss_fn
+    from axplug.api.sharding import scoped
 
     def grads(*modifiers):
         cfg = llama8("/tmp/unused", *modifiers)
         trainer = cfg.instantiate(devices=jax.devices()[:1] if not modifiers else None)
         state = trainer.init_state()
         batch = trainer.put_batch(trainer.input.batch(0))
-        loss_fn = _loss_fn(trainer.model, trainer.aux_loss)
-        fn = jax.jit(scoped(jax.grad(lambda p: loss_fn(p, batch, None)[0]), trainer.mesh))
+        loss = loss_fn(trainer.model, trainer.aux_loss)
+        fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
         return jax.device_get(fn(state["params"]))
 
     want = grads()
@@ -118,7 +118,7 @@ def test_gradients_match_the_scanned_stack(pipeline):
 
 
 def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path):
-    from axplug.trainer.init_from import restore_weights
+    from axplug.api.run import restore_weights
 
     pipelined, losses = run(
         llama8(tmp_path / "pp", "pipeline:stages=4,microbatches=4", "mesh:pipeline=4,data=2")
@@ -215,7 +215,7 @@ def test_1f1b_keeps_activation_memory_flat_in_the_microbatches():
 
 
 def test_1f1b_refuses_layers_with_outputs():
-    from axplug.trainer.step import _loss_fn
+    from axplug.api.run import loss_fn
 
     class PenalizedFeedForward(FeedForward):
         def forward(self, x):
@@ -228,7 +228,7 @@ def test_1f1b_refuses_layers_with_outputs():
     params = trainer.init_state()["params"]
     batch = trainer.input.batch(0)
     with pytest.raises(ConfigError, match="schedule='1f1b': the layers record outputs"):
-        _loss_fn(trainer.model, trainer.aux_loss)(params, batch, None)
+        loss_fn(trainer.model, trainer.aux_loss)(params, batch, None)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import ParameterSpec
-from axplug.config import ConfigError, config_class
-from axplug.layers import Linear
+from axplug.api.config import ConfigError, config_class
+from axplug.api.layers import Linear
 
 __all__ = ["QuantizedLinear", "QUANTIZE_MODES", "int8_matmul", "fp8_matmul"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axplug.config import (
+from axplug.api.config import (
     ConfigBase,
     ConfigError,
     ConfigModifier,
@@ -10,7 +10,7 @@ from axplug.config import (
     find_configs,
     replace_config,
 )
-from axplug.layers import Linear
+from axplug.api.layers import Linear
 from axplug_quantize.layer import QUANTIZE_MODES, QuantizedLinear
 
 __all__ = ["QuantizeModifier"]

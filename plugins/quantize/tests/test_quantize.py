@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from axplug_quantize import QuantizedLinear, fp8_matmul, int8_matmul
 
-from axplug.config import ConfigError, find_configs
-from axplug.layers import Linear
-from axplug.summary import read_jsonl
+from axplug.api.config import ConfigError, find_configs
+from axplug.api.layers import Linear
+from axplug.api.summary import read_jsonl
 from axplug.testing import tiny_trainer_config
 
 
@@ -89,7 +89,7 @@ def _dots(hlo: str) -> list[tuple[str, str, str]]:
 
 
 def tiny(tmp_path, *modifiers, steps=3, extra=()):
-    from axplug.summary import JsonlWriter
+    from axplug.api.summary import JsonlWriter
 
     return tiny_trainer_config(
         tmp_path,

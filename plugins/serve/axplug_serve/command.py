@@ -52,7 +52,7 @@ def _port(text: str) -> int:
 
 def _checked_options(args: argparse.Namespace) -> None:
     """UsageError naming the first option out of its range."""
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     for option, value, low in (
         ("--num-slots", args.num_slots, 1),
@@ -202,7 +202,7 @@ def trained_len(loaded) -> int | None:
 
 
 def _max_len(loaded, explicit: int | None) -> int:
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     trained = trained_len(loaded)
     if explicit is None:
@@ -240,7 +240,7 @@ def _device_split(prefill: int) -> list[list]:
     """[None] (the first device), or [prefill devices, decode devices] for --prefill-devices."""
     import jax
 
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     devices = jax.devices()
     if prefill <= 0:
@@ -258,13 +258,7 @@ def build(args: argparse.Namespace):
     """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
     from axplug_chat import trained_template
 
-    from axplug.inference import (
-        Engine,
-        Request,
-        SamplingParams,
-        find_tokenizer,
-        load_checkpoint,
-    )
+    from axplug.api.run import Engine, Request, SamplingParams, find_tokenizer, load_checkpoint
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.disaggregated import DisaggregatedEngine
     from axplug_serve.metrics import ServerMetrics
@@ -327,7 +321,7 @@ def build(args: argparse.Namespace):
 
 def _chat_template(chat_template: Any, tokenizer: Any, explicit: str | None) -> Any:
     """The ChatTemplate to use; one that does not parse is the user's to fix."""
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     try:
         return chat_template.for_tokenizer(tokenizer, explicit)

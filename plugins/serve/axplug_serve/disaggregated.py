@@ -19,14 +19,7 @@ from typing import Any, Protocol
 
 import jax
 
-from axplug.inference import (
-    Completion,
-    Engine,
-    Request,
-    RequestState,
-    TokenEvent,
-    run_to_completion,
-)
+from axplug.api.run import Completion, Engine, Request, RequestState, TokenEvent, run_to_completion
 
 __all__ = ["KVTransfer", "DevicePutTransfer", "DisaggregatedEngine"]
 

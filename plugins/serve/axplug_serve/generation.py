@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from axplug.inference import Completion, Logprob
-from axplug.inference import Request as EngineRequest
+from axplug.api.run import Completion, Logprob
+from axplug.api.run import Request as EngineRequest
 from axplug_serve.protocol import APIError, check_ids, invalid
 from axplug_serve.text import TextStream
 from axplug_serve.worker import QueueFullError

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from axplug.inference import Logprob
+from axplug.api.run import Logprob
 
 __all__ = ["TokenTexts", "completion_logprobs", "chat_logprobs", "prompt_logprobs"]
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from axplug.api import AxplugError
-from axplug.inference import SamplingParams
+from axplug.api.run import SamplingParams
 
 __all__ = [
     "CompletionRequest",

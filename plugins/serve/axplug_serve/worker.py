@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from axplug.api import AxplugError
-from axplug.inference import Completion, Engine, Request, TokenEvent
+from axplug.api.run import Completion, Engine, Request, TokenEvent
 
 __all__ = ["EngineWorker", "QueueFullError", "Sink"]
 

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 from axplug_serve.disaggregated import DisaggregatedEngine
 
-from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
-from axplug.layers import CausalLM
-from axplug.modifiers import make_modifier
-from axplug.presets import preset_config
+from axplug.api.config import make_modifier, preset_config
+from axplug.api.layers import CausalLM
+from axplug.api.run import Engine, Request, SamplingParams, load_checkpoint
 
 VOCAB, DIM, HEADS = 61, 32, 4
 

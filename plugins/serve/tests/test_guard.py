@@ -14,7 +14,7 @@ from axplug_serve.app import ServerSettings, create_app  # noqa: E402
 from axplug_serve.metrics import ServerMetrics  # noqa: E402
 from axplug_serve.text import DEFAULT_CHAT_TEMPLATE, ChatTemplate  # noqa: E402
 
-from axplug.tokenizer import ByteTokenizer  # noqa: E402
+from axplug.api.data import ByteTokenizer  # noqa: E402
 
 AUTH = {"Authorization": "Bearer k2"}
 

@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
 
-from axplug.inference import (  # noqa: E402
+from axplug.api.run import (
     Engine,
     Request,
     SamplingParams,

@@ -8,7 +8,8 @@ import pathlib
 import time
 from collections.abc import Mapping
 
-from axplug.config import (
+from axplug.api.checkpoint import write_text
+from axplug.api.config import (
     REQUIRED,
     ConfigValueError,
     Required,
@@ -16,8 +17,7 @@ from axplug.config import (
     has_userinfo,
     strip_userinfo,
 )
-from axplug.files import write_text
-from axplug.summary import SummaryWriter, group_tag, to_scalars
+from axplug.api.summary import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["MlflowWriter", "RUN_FILE"]
 

@@ -83,7 +83,7 @@ def test_no_file_a_run_writes_holds_the_credentials(tmp_path, monkeypatch):
     from axplug_mlflow import MlflowWriter
     from axplug_mlflow.writer import RUN_FILE
 
-    from axplug.trainer.run import train
+    from axplug.api.run import train
 
     monkeypatch.setattr(mlflow.tracking, "MlflowClient", FakeClient)
     secret_uri = "https://bob:hunter2@mlflow.example.com"

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from axplug.config import REQUIRED
-from axplug.summary import JsonlWriter
+from axplug.api.config import REQUIRED
+from axplug.api.summary import JsonlWriter
 from axplug.testing import (
     expected_writer_scalars,
     scalars_match,

@@ -8,8 +8,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from axplug.config import REQUIRED, Required, config_class
-from axplug.summary import SummaryWriter, group_tag, to_scalars
+from axplug.api.config import REQUIRED, Required, config_class
+from axplug.api.summary import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["WandbWriter"]
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from axplug.summary import JsonlWriter
+from axplug.api.summary import JsonlWriter
 from axplug.testing import (
     expected_writer_scalars,
     scalars_match,
