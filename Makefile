@@ -71,11 +71,15 @@ compile-budget: $(STAMP)
 # Type-checked: the packages plugins build on, and the trainer (the settings are
 # pyproject.toml's [tool.mypy]).
 TYPED := core/axplug/config core/axplug/registry core/axplug/trainer $(wildcard core/axplug/api)
+# Every plugin package, checked against the plugin API with the same settings.
+PLUGIN_PACKAGES := $(filter-out %.egg-info,$(wildcard plugins/*/axplug_*))
+empty :=
+PLUGIN_ROOTS := $(subst $(empty) $(empty),:,$(wildcard plugins/*))
 
 lint: $(STAMP)
 	$(BIN)/ruff check conftest.py core plugins tests examples
 	$(BIN)/ruff format --check conftest.py core plugins tests examples
-	$(BIN)/mypy $(TYPED)
+	MYPYPATH=$(PLUGIN_ROOTS) $(BIN)/mypy $(TYPED) $(PLUGIN_PACKAGES)
 	@# The `axplug new-plugin` templates (package data, not modules): rendered for every kind,
 	@# then linted under the generated packages' own ruff settings.
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \

@@ -342,7 +342,7 @@ def test_info_on_a_broken_plugin_reports_it(plugin_site, capsys):
     [
         (["--help"], "axplug list --kind layers --json"),
         (["list", "--help"], "axplug list --check"),
-        (["info", "--help"], "axplug info axplug-attention:rope"),
+        (["info", "--help"], "axplug info axplug:rms_norm"),
     ],
 )
 def test_help_teaches_usage_with_examples(capsys, argv, example):

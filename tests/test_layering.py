@@ -226,6 +226,24 @@ def test_the_core_never_names_a_plugin_package():
     assert not offenders, "\n".join(offenders)
 
 
+def test_the_core_never_names_a_plugin_distribution():
+    """Not in code, messages, help or comments: an install hint points to the docs, and a
+    missing component that an installed (disabled) distribution has is named by the registry."""
+    names = [
+        re.search(r'^name = "(.+)"', project.read_text(), re.M).group(1)
+        for project in sorted((ROOT / "plugins").glob("*/pyproject.toml"))
+    ]
+    assert "axplug-moe" in names and "axplug-checkpoint-cloud" in names
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {found.group(1)}"
+        for path in sorted(CORE.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if (found := pattern.search(line))
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
 def _plugin_classes() -> set[str]:
     """Names of the classes the first-party plugins define."""
     return {

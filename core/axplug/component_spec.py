@@ -12,7 +12,7 @@ _KWARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
 
 
 def parse_spec(spec: str, what: str = "modifier") -> tuple[str, dict]:
-    """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier."""
+    """`name:size=8,top_k=2` -> ("name", {...}); `my-dist:name` keeps its qualifier."""
     spec = spec.strip()
     eq = spec.find("=")
     if eq < 0:
@@ -31,7 +31,7 @@ def parse_spec(spec: str, what: str = "modifier") -> tuple[str, dict]:
 
 def resolve_spec(kind: str, spec: str, what: str) -> tuple[str, dict]:
     """`parse_spec`, plus `NAME:VALUE` for a registered component that declares a
-    `positional_option` (`quantize:int8` sets `mode`); `dist:NAME` otherwise."""
+    `positional_option` (`name:value` sets that field); `dist:NAME` otherwise."""
     from axplug import registry
 
     name, kwargs = parse_spec(spec, what)
@@ -54,7 +54,7 @@ def component_config(kind: str, spec: str, what: str) -> InstantiableConfig:
     except registry.ComponentNotFoundError:
         head, _, tail = name.rpartition(":")
         if head and not kwargs and head in registry.names(kind):
-            # `rope:theta`: a key without a value, not a distribution-qualified name.
+            # `name:key`: a key without a value, not a distribution-qualified name.
             raise ConfigError(
                 f"{what} {spec!r}: expected key=value after {head + ':'!r}, e.g. "
                 f"{head}:{tail}=VALUE"

@@ -104,8 +104,8 @@ def select_mesh_rule(selector: str = "auto") -> tuple[str, MeshRule]:
         rules.append(f"{name} ({rule._config.pattern})")
     raise ConfigError(
         f"no installed mesh rule matches {selector!r}; installed rules: "
-        f"{', '.join(rules) or 'none'}. Hardware rules come from plugins such as axplug-gpu, "
-        "axplug-tpu and axplug-trainium"
+        f"{', '.join(rules) or 'none'}. Hardware rules come from hardware plugins (the README "
+        "lists the first-party ones)"
     )
 
 

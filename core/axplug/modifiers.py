@@ -27,8 +27,8 @@ __all__ = [
 
 
 def parse_modifier_spec(spec: str) -> tuple[str, dict]:
-    """`moe:num_experts=8,top_k=2` -> ("moe", {...}); `axplug-moe:moe` keeps its qualifier;
-    `quantize:int8` -> ("quantize", {"mode": "int8"})."""
+    """`name:size=8,top_k=2` -> ("name", {...}); `my-dist:name` keeps its qualifier;
+    `name:value` -> ("name", {first field: value})."""
     return resolve_spec("modifiers", spec, "modifier")
 
 

@@ -228,7 +228,7 @@ def _check_modifiers(preset: Preset, specs: Sequence[str]) -> None:
     for spec in specs:
         name, _ = parse_modifier_spec(spec)
         if name not in preset.providers and (head := name.rpartition(":")[0]) in preset.providers:
-            name = head  # `quantize:int8` of a modifier not loadable here reads as `dist:name`
+            name = head  # `name:value` of a modifier not loadable here reads as `dist:name`
         try:
             component = registry.entry("modifiers", name)
         except registry.ComponentConflictError as exc:

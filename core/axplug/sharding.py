@@ -90,9 +90,7 @@ def sharding_scope(
         _SCOPE.reset(token)
 
 
-def scoped(
-    fn: Callable, mesh: Mesh | None, rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES
-) -> Callable:
+def scoped(fn: Callable, mesh: Mesh | ShardingScope | None, rules=DEFAULT_AXIS_RULES) -> Callable:
     """`fn` run inside `sharding_scope(mesh, rules)`: wrap a step before jitting it."""
 
     @functools.wraps(fn)

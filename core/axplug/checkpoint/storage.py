@@ -22,11 +22,7 @@ from axplug.files import atomic_file, write_text
 if TYPE_CHECKING:
     from etils import epath
 
-__all__ = ["Storage", "LocalStorage", "scheme_of", "storage_for", "CLOUD_DISTRIBUTION"]
-
-# Named in error messages only; the core never imports it.
-CLOUD_DISTRIBUTION = "axplug-checkpoint-cloud"
-_CLOUD_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "oci", "r2"})
+__all__ = ["Storage", "LocalStorage", "scheme_of", "storage_for"]
 
 
 class Storage(abc.ABC):
@@ -177,13 +173,10 @@ def storage_for(url: str, options: dict[str, Any] | None = None) -> Storage:
         cls = registry.load("storage", scheme)
     except registry.ComponentNotFoundError:
         installed = ", ".join(registry.names("storage")) or "none"
-        if scheme in _CLOUD_SCHEMES:
-            hint = f"pip install {CLOUD_DISTRIBUTION}"
-        else:
-            hint = "install a plugin that registers it in the entry point group axplug.storage"
         raise StorageNotFoundError(
-            f"no storage backend for scheme {scheme!r} (url {url}): {hint} "
-            f"(installed schemes: {installed})"
+            f"no storage backend for scheme {scheme!r} (url {url}): install the plugin that "
+            "registers it in the entry point group axplug.storage (docs/your-data.md names the "
+            f"first-party one for object stores; installed schemes: {installed})"
         ) from None
     storage = cls(**(options or {}))
     if not isinstance(storage, Storage):

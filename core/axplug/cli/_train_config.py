@@ -201,7 +201,7 @@ class ConfigOverlay:
         ):
             raise ConfigError(
                 f"--config {path}: modifiers: {self.modifiers!r}, expected a list of specs "
-                "such as ['rope:theta=500000']"
+                "such as ['mesh:fsdp=-1']"
             )
         self.input = self.data.pop("input", None) if isinstance(data.get("input"), str) else None
 

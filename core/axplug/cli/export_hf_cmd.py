@@ -16,7 +16,7 @@ examples:
 
 The model must be one an installed architecture builds (`axplug list --kind architectures`):
 an `axplug import-hf` import and its fine-tunes export as their own architecture, a preset's
-run as the first architecture that expresses it (llama-tiny: LlamaForCausalLM). What no
+run as the first architecture that expresses it (a LLaMA-style run: LlamaForCausalLM). What no
 architecture expresses (ALiBi, interleaved RoPE, a capacity-limited router) is refused by its
 config path. The output holds config.json (the layers' fields over the imported model's own),
 sharded safetensors with their index, and the run's tokenizer files. `axplug import-hf` on

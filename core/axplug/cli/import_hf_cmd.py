@@ -18,10 +18,9 @@ examples:
   axplug import-hf DIR --output OUT --print-config    print the config only; nothing is written
 
 DIR holds config.json and model.safetensors (or shards listed by model.safetensors.index.json).
-Its architecture must be installed: `axplug list --kind architectures` shows them (axplug-attention
-has LlamaForCausalLM; axplug-moe adds Mixtral and DeepSeek-V3, axplug-models the other
-families). Every config.json field must be read by a layer of the model, or the import is
-refused naming it.
+Its architecture must be installed: `axplug list --kind architectures` shows them
+(docs/model-families.md lists the first-party families and their plugins). Every
+config.json field must be read by a layer of the model, or the import is refused naming it.
 OUTPUT gets config.txt and checkpoints/step_00000000 in the trainer's layout (fresh optimizer
 state), so `axplug train` on it fine-tunes and anything that loads a trained run loads it.
 

@@ -12,8 +12,8 @@ __all__ = ["add_parser", "run", "find"]
 EPILOG = """\
 examples:
   axplug info rms_norm                    a core layer: its source and default config
-  axplug info rope --kind modifiers       when several kinds share the name
-  axplug info axplug-attention:rope       when several distributions share the name
+  axplug info scan_layers --kind modifiers    when several kinds share the name
+  axplug info axplug:rms_norm                 when several distributions share the name
 """
 
 

@@ -39,15 +39,15 @@ examples:
   axplug list                          every installed component and its status
   axplug list --kind layers --json     one kind, as JSON for scripts
   axplug info rms_norm                 where a component comes from, and its default config
-  axplug --disable axplug-moe list     as if the axplug-moe plugin were not installed
+  axplug --disable DIST list           as if the plugin distribution DIST were not installed
 
 environment:
   AXPLUG_DISABLE_PLUGINS=a,b    never load these plugin distributions
   AXPLUG_LOAD_PLUGINS=a,b       load only these (set but empty: the core alone)
   AXPLUG_TRACEBACK=1            show the traceback of an error, not just its `error:` line
 
-run `axplug COMMAND --help` for the options of one command. Plugins add commands (for
-example `axplug serve` from axplug-serve); `axplug list --kind commands` lists them all.
+run `axplug COMMAND --help` for the options of one command. Plugins add commands;
+`axplug list --kind commands` lists them all.
 """
 
 

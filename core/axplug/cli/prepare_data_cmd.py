@@ -19,7 +19,7 @@ examples:
   axplug prepare-data shard-*.jsonl --tokenizer tok.json --output /shared/web \
       --num-tasks 4 --task-index 0        # ... and 1, 2, 3 on other machines
   axplug data verify data/books
-  axplug train --preset llama-tiny --input token_file:path=data/books --output-dir runs/books
+  axplug train --preset gpt-tiny --input token_file:path=data/books --output-dir runs/books
 
 Sources: `.jsonl` (one JSON object per line; --field names the text), `.parquet` (--field
 names the column), a directory saved by Hugging Face `datasets` (`save_to_disk`), or text
@@ -32,9 +32,9 @@ tokenizer is a tokenizer.json, a SentencePiece .model, a .tiktoken file, a direc
 one of them, or `bytes` (pip install 'axplug[tokenizers]'). `axplug data verify DIR` reads
 every shard back and checks it against meta.json.
 
---output may be a storage URL (s3://, gs://; pip install axplug-checkpoint-cloud, with the
-same AWS_*/GCS settings as checkpoints): shards are made in --staging (default under
-~/.cache/axplug/prepare) and uploaded as each is done, meta.json last.
+--output may be a storage URL (s3://, gs://: with the object-store plugin of
+docs/your-data.md and the same AWS_*/GCS settings as checkpoints): shards are made in
+--staging (default under ~/.cache/axplug/prepare) and uploaded as each is done, meta.json last.
 --num-tasks N --task-index I splits the work over N processes or machines: task I tokenizes
 every N-th chunk of --docs-per-shard documents, each task writing its own shards into the
 same --output; the last task to finish writes meta.json (or run `--merge --output DIR`). The

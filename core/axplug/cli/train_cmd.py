@@ -17,32 +17,32 @@ CLUSTER_NAMES = ("slurm", "ompi", "k8s", "gke-tpu", "tpu-vm", "mpi4py")
 
 EPILOG = """\
 examples:
-  axplug train --preset llama-tiny --output-dir runs/tiny
+  axplug train --preset gpt-tiny --output-dir runs/tiny
       train the tiny LLaMA on the bundled corpus; rerun the same command to resume
   axplug train --preset gpt-tiny --output-dir runs/gpt --max-steps 50 \
       --set learner.learning_rate=1e-3
-  axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
+  axplug train --preset gpt-tiny --modifier mesh:fsdp=-1 --output-dir runs/fsdp
       FSDP over every device (with XLA_FLAGS=--xla_force_host_platform_device_count=8 on CPU)
-  axplug train --preset llama-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
-  axplug train --preset llama-tiny --input token_file:path=data/mine --output-dir runs/mine
+  axplug train --preset gpt-tiny --modifier scan_layers:remat_policy=full --output-dir runs/scan
+  axplug train --preset gpt-tiny --input token_file:path=data/mine --output-dir runs/mine
       train on data tokenized by `axplug prepare-data` (docs/your-data.md)
   axplug train --from runs/imported --input token_file:path=data/mine --output-dir runs/ft
       fine-tune an `axplug import-hf` run (docs/fine-tuning.md)
   axplug train --config runs/mine/config.json --output-dir runs/again
-  axplug train --preset llama-tiny --config exp.yaml --output-dir runs/exp
+  axplug train --preset gpt-tiny --config exp.yaml --output-dir runs/exp
       an experiment file of the fields to change (docs/configs.md); --print-config --diff
       shows what it changes
   axplug train --preset my_recipes:small --output-dir runs/mine    your own recipe function
   axplug train --preset recipes/small.py:small --output-dir runs/mine      ... from a file
-  axplug train --preset llama-tiny --output-dir runs/tiny --writer wandb:project=tiny
-      also log to Weights & Biases (pip install axplug-wandb; axplug-mlflow for MLflow)
-  axplug train --preset llama-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
+  axplug train --preset gpt-tiny --output-dir runs/tiny --writer NAME:project=tiny
+      also send metrics to an installed writer (axplug list --kind summary_writers)
+  axplug train --preset gpt-tiny --modifier mesh:fsdp=-1 --output-dir /shared/run \\
       --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0
       one of two processes (run the same command with --process-id 1 on the other host)
 
 The effective config is written to OUTPUT_DIR/config.txt before training; metrics go to
 OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/ (and to each --writer), checkpoints to
-OUTPUT_DIR/checkpoints/; `axplug metrics OUTPUT_DIR` (axplug-metrics) plots them.
+OUTPUT_DIR/checkpoints/; a metrics plugin's command plots them.
 A run pointed at an output dir with checkpoints resumes from the latest complete one.
 At the end the run prints its goodput: wall time split into compile, data wait, step,
 checkpoint, restore and other (also appended to OUTPUT_DIR/goodput.jsonl).
@@ -128,8 +128,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[:k=v,...]",
-        help="also send metrics to a registered summary writer, e.g. wandb:project=demo or "
-        "mlflow:experiment=demo (see `axplug list --kind summary_writers`); repeatable",
+        help="also send metrics to a registered summary writer, NAME:key=value,... (see "
+        "`axplug list --kind summary_writers`); repeatable",
     )
     parser.add_argument(
         "--mesh-rule",

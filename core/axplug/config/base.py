@@ -183,6 +183,9 @@ class ConfigBase:
         __attrs_attrs__: ClassVar[tuple[attrs.Attribute[Any], ...]]
         _origin: str
 
+        # A sub-config's fields are those of the class set at run time (`cfg.router.top_k`).
+        def __getattr__(self, name: str) -> Any: ...
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)

@@ -134,7 +134,7 @@ def _import_qualname(name: str) -> Any:
 
 
 def resolve_class(name: str, path: str = "klass", *, trusted: bool = True) -> Any:
-    """A class from `module:Qualname` or a registry name (`rope`, `axplug-attention:rope`);
+    """A class from `module:Qualname` or a registry name (`name`, `my-dist:name`);
     untrusted, a `module:Qualname` must lie in the core or an installed plugin package."""
     name = MOVED.get(name, name)
     if _QUALNAME.match(name):

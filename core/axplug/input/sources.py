@@ -1,7 +1,7 @@
 """The documents of `prepare-data`'s sources: text, JSONL or Parquet files, read in order (a
 record or line that cannot be read is named by file and line), or `NAME:SPEC`, read by the
-`axplug.data_sources` entry NAME (a directory: a dataset saved by Hugging Face `datasets`,
-read by the `hf-disk` entry of axplug-hf-datasets)."""
+`axplug.data_sources` entry NAME (a directory: read by the data source that declares
+`reads_directories`, such as a dataset saved by Hugging Face `datasets`)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,7 @@ TEXT_UNITS = ("file", "paragraph", "line")
 RECORD = "*"  # the field that means a JSONL line's whole object (a chat, a preference pair)
 DATA_SOURCES = "data_sources"  # the registry kind: `documents(spec, *, field) -> Iterator`
 _NAME = re.compile(r"[a-z][a-z0-9_-]+")  # one letter is a drive (`c:\data`)
-# Source kinds of first-party plugins, by the distribution to install; `hf-disk` also reads a
-# directory source (a dataset saved by `datasets.Dataset.save_to_disk`).
-_KNOWN = {"hf": "axplug-hf-datasets", "hf-disk": "axplug-hf-datasets"}
-_DIRECTORY = "hf-disk"
+_INSTALL = "docs/your-data.md names the first-party data sources to install"
 
 
 def _text_documents(path: pathlib.Path, unit: str) -> Iterator[str]:
@@ -80,13 +77,12 @@ def _require(module: str, path: pathlib.Path, what: str) -> None:
 def source_kind(source: str | os.PathLike) -> tuple[str, str] | None:
     """(NAME, SPEC) of a source `NAME:SPEC` that the data source NAME reads, None for a path.
 
-    NAME is lower case (`[a-z][a-z0-9_-]+`) and registered in `axplug.data_sources` or one of
-    the first-party names; a path that exists, a drive (`C:\\...`) and a URL (`s3://...`) stay
-    paths."""
+    NAME is lower case (`[a-z][a-z0-9_-]+`) and registered in `axplug.data_sources`; a path
+    that exists, a drive (`C:\\...`) and a URL (`s3://...`) stay paths."""
     name, sep, spec = str(source).partition(":")
     if not sep or not _NAME.fullmatch(name) or spec.startswith("//") or os.path.exists(source):
         return None
-    if name in _KNOWN or any(c.name == name for c in registry.discover(DATA_SOURCES)):
+    if any(c.name == name for c in registry.discover(DATA_SOURCES)):
         return name, spec
     return None
 
@@ -99,12 +95,23 @@ def _plugin_documents(name: str, spec: str, field: str, what: str) -> Iterator:
         raise ConfigDependencyError(f"prepare-data: {what}: {e}") from None
     except registry.ComponentNotFoundError:
         raise ConfigDependencyError(
-            f"prepare-data: {what}: no {name!r} data source is installed: "
-            f"pip install {_KNOWN.get(name, 'the package that provides it')}"
+            f"prepare-data: {what}: no {name!r} data source is installed ({_INSTALL})"
         ) from None
     except (registry.ComponentConflictError, registry.PluginLoadError) as e:
         raise ConfigDependencyError(f"prepare-data: {what}: {e}") from None
     return documents(spec, field=field)
+
+
+def _directory_source(source: str) -> str:
+    """The installed data source that declares `reads_directories` (a saved dataset's)."""
+    for component in registry.discover(DATA_SOURCES):
+        reader = registry.load(DATA_SOURCES, component.name) if component.loadable else None
+        if getattr(reader, "reads_directories", False):
+            return component.name
+    raise ConfigDependencyError(
+        f"prepare-data: {source!r} is a directory, and no installed data source reads one "
+        f"(a dataset saved by Hugging Face `datasets` is read by one; {_INSTALL})"
+    )
 
 
 def read_documents(path: str | os.PathLike, *, field: str = "text", text_unit: str = "file"):
@@ -117,14 +124,13 @@ def read_documents(path: str | os.PathLike, *, field: str = "text", text_unit: s
         return _plugin_documents(*kind, field, repr(source))
     path = pathlib.Path(path)
     if path.is_dir():
-        what = f"{source!r} (a directory: a dataset saved by Hugging Face `datasets`)"
-        return _plugin_documents(_DIRECTORY, source, field, what)
+        return _plugin_documents(_directory_source(source), source, field, repr(source))
     if field == RECORD and path.suffix not in (".jsonl", ".json"):
         raise ConfigFileError(f"{path}: whole records are read from JSONL files (.jsonl)")
     if not path.is_file():
         name, sep, rest = source.partition(":")
         named = sep and _NAME.fullmatch(name) and not rest.startswith("//")
-        hint = " (nor a data source NAME:SPEC)" if named else ""
+        hint = f" (nor a data source NAME:SPEC; {_INSTALL})" if named else ""
         raise ConfigFileError(f"prepare-data: {source!r} does not exist{hint}")
     if path.suffix in (".jsonl", ".json"):
         return _jsonl_documents(path, field)

@@ -13,7 +13,7 @@ A paged kernel is an `axplug.kernels` entry with `paged = True` (plugin API 1.3)
   passed only when set, and only to kernels that declare it.
 
 Dispatch (`select_paged_kernel`) tries them by priority and falls back to `XlaPagedKernel`;
-dense dispatch never sees them. The Pallas TPU/GPU kernels come from axplug-tpu/axplug-gpu.
+dense dispatch never sees them. Accelerator kernels come from hardware plugins.
 """
 
 from __future__ import annotations

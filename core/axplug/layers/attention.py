@@ -58,7 +58,7 @@ class QKVLinear(BaseLayer):
         if kv_heads != heads:
             fields.problem(
                 f"num_key_value_heads={kv_heads!r} differs from num_attention_heads={heads!r}: "
-                "grouped-query attention needs the `gqa_qkv_linear` layer (axplug-attention)"
+                "grouped-query attention needs a plugin's QKV layer (`axplug list --kind layers`)"
             )
 
     @classmethod
@@ -173,8 +173,8 @@ class Attention(BaseLayer):
         head_dim: int | None = None  # None: input_dim // num_heads
         causal: bool = True
         sliding_window: int | None = None
-        # Per-head slopes of a linear distance bias on the scores (ALiBi: `alibi` modifier of
-        # axplug-attention); None: no bias. Plugin API 1.1.
+        # Per-head slopes of a linear distance bias on the scores (ALiBi, set by a plugin's
+        # modifier); None: no bias. Plugin API 1.1.
         linear_bias_slopes: tuple[float, ...] | None = None
         # A norm (any layer config with `input_dim`) of q and of k; None: none.
         qk_norm: BaseLayer.Config | None = None

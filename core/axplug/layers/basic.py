@@ -17,7 +17,7 @@ class Linear(BaseLayer):
     """y = x @ weight (+ bias) (+ adapter(x)), contracting the last axis.
 
     `adapter` is an optional child that adds a learned delta computed from the same input
-    (axplug-lora's low-rank adapter); it is built with this layer's `input_dim`, `output_dim`
+    (a plugin's low-rank adapter); it is built with this layer's `input_dim`, `output_dim`
     and `mesh_axes`, and works over any subclass that computes its product in `project`
     (a quantized one too). An adapter class with `delta_weight(cfg, params)` folds into the
     weight (`fold_layers`: a merged export).

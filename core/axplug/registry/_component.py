@@ -70,7 +70,7 @@ FAILURES = ("api", "conflict", "group", "missing", "import", "hang", "hooks", "k
 
 @functools.lru_cache(maxsize=1024)  # every discover() normalizes each component's name
 def normalize(distribution: str) -> str:
-    """A distribution name compared the way pip does (PEP 503): `Axplug_MoE` -> `axplug-moe`."""
+    """A distribution name compared the way pip does (PEP 503): `My_Plugin` -> `my-plugin`."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 

@@ -34,7 +34,7 @@ def is_eval_name(name: str) -> bool:
 
 def group_tag(name: str) -> str:
     """The dashboard tag of a metric: names with a group keep it (`goodput/wall_s`,
-    `moe/dropped_fraction`), `eval_loss` -> `eval/loss`, the rest -> `train/<name>`."""
+    `router/dropped_fraction`), `eval_loss` -> `eval/loss`, the rest -> `train/<name>`."""
     if "/" in name:
         return name
     if name.startswith("eval_"):

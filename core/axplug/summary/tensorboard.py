@@ -32,7 +32,7 @@ def _import_tensorboardx():
 
 class TensorBoardWriter(SummaryWriter):
     """One scalar summary per name and step, tagged by group (`train/loss`, `eval/loss`,
-    `goodput/...`, `moe/...`), and histograms of array summaries.
+    `goodput/...`, `router/...`), and histograms of array summaries.
 
     A resumed run writes a new event file beside the old ones; the trainer calls
     `truncate(step)` with the first step it will log again, which starts that file with a

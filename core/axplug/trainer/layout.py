@@ -53,7 +53,7 @@ class StateLayout:
 
         # The keys op by op (one small program, reused), outside the program that draws the
         # parameters: in it, each of their ~100 hashes compiled as its own loop (2.4 s of a
-        # llama-tiny init's compile, more than its train step's).
+        # tiny LLaMA init's compile, more than its train step's).
         keys = jax.device_get(model.parameter_keys(jax.random.PRNGKey(seed)))
         return jax.jit(init, out_shardings=self.shardings)(keys)
 

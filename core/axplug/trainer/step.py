@@ -60,8 +60,8 @@ def step_key(seed: int, step: jax.Array) -> jax.Array:
 def summary_scalars(collection) -> dict[str, Any]:
     """The layers' `add_summary` values as metrics.
 
-    A summary named `name` is `summary/<module path>/<name>`; one named `group/name` (the
-    MoE router's `moe/dropped_fraction`) is `group/name`, averaged over every module that
+    A summary named `name` is `summary/<module path>/<name>`; one named `group/name` (a
+    router's `router/dropped_fraction`) is `group/name`, averaged over every module that
     records it. A scalar is its value; an array (per expert, or per layer of a scanned stack)
     is its mean, its max under `.../max`, and the array itself under `histograms` for the
     writers that draw distributions.
@@ -183,7 +183,7 @@ GUARDS = ("cond", "select")
 def guard_for(platform: str, guard: str = "auto") -> str:
     """The non-finite guard a step on `platform` uses: `guard`, or for "auto" a branch on
     CPU (an XLA:CPU select is not fused into the update: +2.3% bytes accessed on
-    llama-tiny; the branch adds 4 KB) and a select elsewhere (XLA:GPU copies the state into
+    a tiny LLaMA; the branch adds 4 KB) and a select elsewhere (XLA:GPU copies the state into
     a branch: +4.9% bytes on an H200)."""
     if guard == "auto":
         return "cond" if platform == "cpu" else "select"

@@ -75,8 +75,8 @@ class Trainer(Configurable):
         eval_every: int | None = None
         eval_batches: int = 4
         # Configs of evaluators run every eval_every steps beside the eval loss: each instance
-        # is called as `evaluator(trainer, params, step)` and returns scalars to log (e.g.
-        # axplug-eval's `eval_tasks` modifier adds lm-eval tasks).
+        # is called as `evaluator(trainer, params, step)` and returns scalars to log (a
+        # plugin's modifier adds them, e.g. benchmark tasks).
         evaluators: list = []
         log_every: int = 10
         seed: int = 0

@@ -83,7 +83,7 @@ def build_config(args: argparse.Namespace):
     from axplug.api.config import apply_overrides, make_modifier, preset_config
     from axplug.api.sharding import device_spec_of, resolve_rule, selector_device_count
 
-    cfg = preset_config(args.preset, overrides=["output_dir='/nonexistent/axplug-aot'"])
+    cfg: Any = preset_config(args.preset, overrides=["output_dir='/nonexistent/axplug-aot'"])
     name, rule = resolve_rule(args.mesh_rule)
     cfg = rule.modifier()(cfg)
     for spec in args.modifier:
@@ -193,7 +193,7 @@ def _report(args, cfg, name, spec, count, devices, devices_note) -> int:
         print(
             f"error: would OOM by {report.over_bytes / 1024**3:.2f} GiB per device "
             f"({report.memory['total'] / 1024**3:.2f} GiB needed, "
-            f"{report.hbm_bytes / 1024**3:.2f} GiB HBM on {report.device}); "
+            f"{(report.hbm_bytes or 0) / 1024**3:.2f} GiB HBM on {report.device}); "
             "shard more (mesh:fsdp=...), remat more (scan_layers:remat_policy=full), "
             "or use a smaller per-device batch",
             file=sys.stderr,

@@ -206,7 +206,7 @@ def _no_persistent_cache():
     """Compiles inside skip JAX's persistent compilation cache (read and write)."""
     import jax
 
-    before = jax.config.jax_enable_compilation_cache
+    before = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
     jax.config.update("jax_enable_compilation_cache", False)
     try:
         yield
@@ -295,6 +295,7 @@ def compile_report(
     plan_notes = []
     if devices is not None:
         plan_notes.append(f"compiled for {devices_note}")
+        assert spec is not None  # devices come from a device spec
         cfg = aot_plan.kernels_for(cfg, spec.platform)
     elif spec is not None and spec.platform != jax.default_backend():
         if devices_note:
@@ -316,6 +317,7 @@ def compile_report(
     compile_s = time.perf_counter() - start
 
     mem = compiled.memory_analysis()
+    assert mem is not None, "this jax backend reports no memory analysis"
     args, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
     alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
     state = trainer.abstract_state
@@ -369,7 +371,7 @@ def compile_report(
         step_time_s=step_time_s,
         mfu_at_step_time=per_device / (peak * step_time_s) if peak and step_time_s else None,
         compile_s=compile_s,
-        collectives=count_collectives(compiled.as_text()),
+        collectives=count_collectives(compiled.as_text() or ""),
         pipeline=_pipeline_summary(trainer.model),
     )
     report.notes.extend(plan_notes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from axplug.api.config import REQUIRED, ConfigError, Required, config_class
 from axplug.api.layers import QKVLinear
 
@@ -17,7 +19,7 @@ class GroupedQKVLinear(QKVLinear):
         num_kv_heads: Required[int] = REQUIRED
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         cfg.bias = bool(fields.get("qkv_bias", fields.get("attention_bias", False)))
         cfg.linear.bias = False  # `bias` says it (one field, so export compares one)
         heads = fields.positive_int("num_attention_heads")
@@ -29,7 +31,7 @@ class GroupedQKVLinear(QKVLinear):
         cfg.num_kv_heads = kv_heads
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         bias = bool(cfg.bias or cfg.linear.bias)
         return {"qkv_bias": bias, "num_key_value_heads": cfg.num_kv_heads}
 

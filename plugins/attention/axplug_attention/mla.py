@@ -21,6 +21,8 @@ up-projection absorbed: scores = (q_nope W_uk) . latent + q_rope . k_rope, outpu
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -67,7 +69,7 @@ class MultiHeadLatentAttention(BaseLayer):
         kv_cache: BaseLayer.Config = ContiguousKVCache.default_config()
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """The MLA fields of a DeepSeek-V3 config.json."""
         heads = fields.positive_int("num_attention_heads")
         cfg.num_heads = heads
@@ -98,7 +100,7 @@ class MultiHeadLatentAttention(BaseLayer):
         cfg.softmax_scale = None
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         if cfg.latent_norm_eps != _LATENT_NORM_EPS:
             raise ValueError(
                 f"latent_norm_eps={cfg.latent_norm_eps} (Hugging Face's MLA norms have "
@@ -232,7 +234,7 @@ class MultiHeadLatentAttention(BaseLayer):
         gathered = lambda a: None if a is None else constrain(a, ("batch", "kv_seq"))  # noqa: E731
         mask = AttentionMask(
             q_positions=positions,
-            kv_positions=gathered(positions),
+            kv_positions=constrain(positions, ("batch", "kv_seq")),
             q_segment_ids=segment_ids,
             kv_segment_ids=gathered(segment_ids),
             causal=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -166,7 +167,7 @@ class RotaryPositionTransform(BaseLayer):
         yarn_mscale_all_dim: float | None = None
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """theta, Llama 3, linear or YaRN scaling and the rotated fraction, from `rope_parameters`
         (transformers 5) or `rope_theta` + `rope_scaling` (transformers 4).
 
@@ -191,7 +192,7 @@ class RotaryPositionTransform(BaseLayer):
         cfg.rotary_fraction = float(partial) if partial else top
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         """The RoPE in every form transformers reads (`write_rope`)."""
         return write_rope(cfg)
 

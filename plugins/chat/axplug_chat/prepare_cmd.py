@@ -77,8 +77,10 @@ def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_
         template = ChatTemplate.for_tokenizer(load_tokenizer(tokenizer), chat_template)
     except ValueError as e:
         raise UsageError(f"--chat-template: {e}") from None
-    return prepare_data(files, tokenizer=tokenizer, output=output, encoder=encoder_for(template),
+    meta = prepare_data(files, tokenizer=tokenizer, output=output, encoder=encoder_for(template),
                         docs_per_shard=docs_per_shard, workers=workers)  # fmt: skip
+    assert meta is not None  # one task: the whole directory
+    return meta
 
 
 def run(args: argparse.Namespace) -> int:

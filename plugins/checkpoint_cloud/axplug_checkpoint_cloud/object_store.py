@@ -59,7 +59,7 @@ def forget_epath_filesystems() -> None:
     """Drops etils.epath's cached fsspec filesystems, so it sees new fsspec settings."""
     from etils.epath import backend
 
-    cached = getattr(backend.fsspec_backend, "_get_filesystem", None)
+    cached: Any = getattr(backend.fsspec_backend, "_get_filesystem", None)
     if hasattr(cached, "cache_clear"):
         cached.cache_clear()
 

@@ -42,6 +42,7 @@ def preference_loss(
         chosen_reward, rejected_reward = beta * c, beta * r
         loss = -jax.nn.log_sigmoid(chosen_reward - rejected_reward - simpo_gamma)
     else:
+        assert reference is not None, f"{kind} needs the reference's log-probabilities"
         ref_c, ref_r = reference[0::2], reference[1::2]
         if kind == "ipo":
             chosen, rejected = chosen / n_chosen, rejected / n_rejected

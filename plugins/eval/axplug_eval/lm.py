@@ -9,13 +9,13 @@ as through `axplug serve` with lm-eval's `local-completions`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences
 
-from axplug.api.run import Completion, Engine, Request, SamplingParams
+from axplug.api.run import Completion, Engine, Logprob, Request, SamplingParams
 
 __all__ = ["EngineLM", "cut_at_stops"]
 
@@ -87,7 +87,8 @@ class EngineLM(TemplateLM):
         scoring = SamplingParams(max_new_tokens=0, prompt_logprobs=0)
         results = []
         for completion, context_len in zip(self._run(prompts, scoring), context_lens, strict=True):
-            scored = completion.prompt_logprobs[max(context_len, 1) :]
+            # every token but the first has its log-probability (prompt_logprobs=0)
+            scored = cast("list[Logprob]", completion.prompt_logprobs)[max(context_len, 1) :]
             total = sum(entry.logprob for entry in scored)
             results.append((total, all(entry.rank == 1 for entry in scored)))
         for request, result in zip(requests, results, strict=True):

@@ -31,7 +31,7 @@ class LmEvalEvaluator(Configurable):
         seed: int = 1234
 
     @classmethod
-    def check_config(cls, cfg: Config) -> None:
+    def check_config(cls, cfg: Any) -> None:
         """The ConfigError a run would raise, before it starts (`axplug train` checks first)."""
         if not [t for t in cfg.tasks.split("+") if t]:
             raise cfg.field_error("tasks", "name at least one lm-eval task, e.g. tasks=hellaswag")

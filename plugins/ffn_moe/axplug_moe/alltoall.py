@@ -45,15 +45,14 @@ class AllToAllDispatch(Dispatch):
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
-        if not issubclass(cfg.local.klass, BalancedDispatch):
+        if not issubclass(cfg.local.klass or object, BalancedDispatch):
             raise cfg.field_error("local", "must be a BalancedDispatch config")
         self._add_child("local", cfg.local)
 
     def forward(self, x, routing, experts):
         scope = current_scope()
         e = experts.num_experts
-        axes = () if scope is None else scope.mesh_axes("expert", e)
-        if not axes:
+        if scope is None or not (axes := scope.mesh_axes("expert", e)):
             return self.local(x, routing, experts)
         shards = scope.axis_size("expert", e)
         batch = scope.mesh_axes("batch", x.shape[0])

@@ -278,7 +278,7 @@ def balanced_rows(x, expert, token, experts: Experts, slots: int, tiles: tuple[i
     first, last = jnp.full_like(count, slots), jnp.maximum(count, slots)
     split = first + (last - first) // chunk * chunk
     loops = [(first, split, chunk), (split, last, tile)] if chunk > tile else [(first, last, tile)]
-    overflow, loop_rows = jnp.zeros((m, d), x.dtype), 0
+    overflow, loop_rows = jnp.zeros((m, d), x.dtype), jnp.zeros((), jnp.int32)
     for lo, hi, rows_per in loops:
         out = overflow_ffn(rows, weights, sorted_token, begin, lo, hi, rows_per, experts.activation)
         overflow = overflow + out[:m]

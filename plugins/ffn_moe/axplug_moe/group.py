@@ -81,7 +81,7 @@ class DenseFirstStack(StackedTransformer):
         dense_layer: BaseLayer.Config = TransformerLayer.default_config()
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         super().hf_read(cfg, fields)
         dense = fields.get("first_k_dense_replace", 0)
         if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
@@ -90,7 +90,7 @@ class DenseFirstStack(StackedTransformer):
         cfg.num_dense_layers = min(dense, cfg.num_layers)  # transformers: more is all dense
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         return {**super().hf_write(cfg), "first_k_dense_replace": cfg.num_dense_layers}
 
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 from axplug.api import ParameterSpec
@@ -46,7 +48,7 @@ class MoEFeedForward(BaseLayer):
         shared_expert: BaseLayer.Config | None = None
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """Experts, their width (`moe_intermediate_size`; Mixtral aliases it to
         intermediate_size) and the shared experts from a Hugging Face config.json."""
         from axplug.api.layers import HF_ACTIVATIONS
@@ -82,7 +84,7 @@ class MoEFeedForward(BaseLayer):
             cfg.num_shared_experts = count
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         if not cfg.gated:
             raise ValueError("experts that are not gated")
         from axplug.api.layers import hf_activation
@@ -97,7 +99,7 @@ class MoEFeedForward(BaseLayer):
         if cfg.num_shared_experts:
             if cfg.shared_expert is not None and cfg.shared_expert.klass is not FeedForward:
                 raise ValueError(
-                    f"a shared expert of class {cfg.shared_expert.klass.__name__} (Hugging Face "
+                    f"a shared expert of class {cfg.shared_expert.klass} (Hugging Face "
                     "shared experts are gated MLPs: a FeedForward)"
                 )
             width = cfg.num_shared_experts * (cfg.shared_hidden_dim or cfg.hidden_dim)

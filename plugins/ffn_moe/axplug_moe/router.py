@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +58,10 @@ class TopKRouter(BaseLayer):
         init_scale: float = 1.0
 
     # Training-only: a trained router computes the same routing whatever they were.
-    hf_neutral = ("load_balance_coefficient", "z_loss_coefficient")
+    hf_neutral: tuple[str, ...] = ("load_balance_coefficient", "z_loss_coefficient")
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """Softmax top-k routing without drops, as Hugging Face's MoE layers route."""
         cfg.top_k = fields.positive_int("num_experts_per_tok")
         experts = fields.get("num_local_experts", None)
@@ -77,7 +77,7 @@ class TopKRouter(BaseLayer):
         fields.expect("router_jitter_noise", 0.0, 0)
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         if cfg.capacity_factor is not None:
             raise ValueError(
                 f"capacity_factor={cfg.capacity_factor} (Hugging Face MoE layers drop nothing)"
@@ -203,7 +203,7 @@ class DeepSeekRouter(TopKRouter):
     hf_neutral = (*TopKRouter.hf_neutral, "bias_update_rate")
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """Top-k, groups, scaling and renormalization of a DeepSeek-V3 config.json."""
         cfg.top_k = fields.positive_int("num_experts_per_tok")
         cfg.renormalize = bool(fields.get("norm_topk_prob", True))
@@ -223,7 +223,7 @@ class DeepSeekRouter(TopKRouter):
                 fields.problem(problem)
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         if cfg.capacity_factor is not None:
             raise ValueError(
                 f"capacity_factor={cfg.capacity_factor} (Hugging Face MoE layers drop nothing)"

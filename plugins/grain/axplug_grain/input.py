@@ -96,7 +96,7 @@ class GrainInput(Input):
 
     @staticmethod
     def _check(cfg: Config) -> None:
-        def bad(name: str, problem: str) -> ConfigValueError:
+        def bad(name: str, problem: str) -> Exception:
             return cfg.field_error(name, problem, ConfigValueError)
 
         if not isinstance(cfg.paths, (str, list, tuple)) or not cfg.paths:

@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class _ParquetFile:
         import pyarrow.parquet as pq
 
         self.path = path
-        self._column = None
+        self._column: Any = None
         try:
             schema = pq.read_schema(path)
             self.length = pq.ParquetFile(path).metadata.num_rows

@@ -134,6 +134,9 @@ def disk_documents(spec: str, *, field: str) -> Iterator[str | dict]:
     return _disk_documents(path, split, field, f"hf-disk:{spec}")
 
 
+disk_documents.reads_directories = True  # type: ignore[attr-defined]  # the core's directories
+
+
 def _disk_documents(path: str, split: str | None, field: str, what: str) -> Iterator:
     if not _saved_dataset(path):
         raise ConfigFileError(

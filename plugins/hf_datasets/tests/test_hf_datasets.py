@@ -252,21 +252,18 @@ def test_the_cli_reads_hf_sources(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
-def test_without_the_plugin_a_source_names_the_package(tmp_path, monkeypatch):
-    """As if axplug-hf-datasets were not installed: the registry knows no data source."""
-
-    def not_installed(kind, name):
-        raise registry.ComponentNotFoundError(f"no {kind} component named {name!r}")
-
-    # the core's registry, which the source lookup reads (the face is a re-export)
-    monkeypatch.setattr("axplug.registry.discover", lambda kind=None: [])
-    monkeypatch.setattr("axplug.registry.load", not_installed)
-    for source in ("hf:json:a.jsonl", "hf-disk:saved", str(tmp_path)):
-        with pytest.raises(ConfigDependencyError, match="pip install axplug-hf-datasets"):
+def test_without_the_plugin_a_source_points_to_the_docs(tmp_path, monkeypatch):
+    """As if axplug-hf-datasets were not installed: the registry knows no data source, so
+    `hf:...` is a path that does not exist, and a directory has no reader."""
+    monkeypatch.setattr("axplug.registry.discover", lambda kind=None: [])  # the core's
+    for source in ("hf:json:a.jsonl", "hf-disk:saved"):
+        with pytest.raises(ConfigFileError, match="nor a data source NAME:SPEC; docs/your-data"):
             read_documents(source)
+        assert source_kind(source) is None
+    with pytest.raises(ConfigDependencyError, match="a directory, and no installed data source"):
+        read_documents(tmp_path)
     with pytest.raises(ConfigFileError, match="does not exist"):
         read_documents("mysource:a.jsonl")  # neither registered nor known: a path
-    assert source_kind("mysource:a.jsonl") is None
 
 
 def test_a_disabled_plugin_says_so(monkeypatch):

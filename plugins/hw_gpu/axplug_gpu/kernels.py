@@ -21,10 +21,11 @@ __all__ = ["CudnnFlashKernel", "PallasGpuFlashKernel", "GPU_BACKENDS"]
 
 GPU_BACKENDS = ("gpu", "cuda")
 
+_PALLAS_ERROR: str | None
 try:  # guarded: a jaxlib without Pallas GPU support must not break the plugin
     from jax.experimental.pallas.ops.gpu import attention as _pallas_attention
 except Exception as exc:  # noqa: BLE001
-    _pallas_attention, _PALLAS_ERROR = None, f"{type(exc).__name__}: {exc}"
+    _pallas_attention, _PALLAS_ERROR = None, f"{type(exc).__name__}: {exc}"  # type: ignore[assignment]
 else:
     _PALLAS_ERROR = None
 

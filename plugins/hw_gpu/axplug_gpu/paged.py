@@ -17,10 +17,11 @@ from axplug.api.sharding import current_scope
 
 __all__ = ["PallasGpuPagedKernel"]
 
+_PAGED_ERROR: str | None
 try:  # guarded: a jaxlib without Pallas GPU support must not break the plugin
     from jax.experimental.pallas.ops.gpu import paged_attention as _paged
 except Exception as exc:  # noqa: BLE001
-    _paged, _PAGED_ERROR = None, f"{type(exc).__name__}: {exc}"
+    _paged, _PAGED_ERROR = None, f"{type(exc).__name__}: {exc}"  # type: ignore[assignment]
 else:
     _PAGED_ERROR = None
 

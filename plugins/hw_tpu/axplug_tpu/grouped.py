@@ -17,10 +17,11 @@ from axplug.api.sharding import current_scope
 
 __all__ = ["MegabloxGroupedMatmul"]
 
+_MEGABLOX_ERROR: str | None
 try:  # guarded: the plugin imports on any jaxlib
     from jax.experimental.pallas.ops.tpu.megablox import ops as _megablox
 except Exception as exc:  # noqa: BLE001
-    _megablox, _MEGABLOX_ERROR = None, f"{type(exc).__name__}: {exc}"
+    _megablox, _MEGABLOX_ERROR = None, f"{type(exc).__name__}: {exc}"  # type: ignore[assignment]
 else:
     _MEGABLOX_ERROR = None
 

@@ -12,6 +12,7 @@ dispatch falls back to the XLA kernel, which is exact there.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +22,11 @@ from axplug.api.kernels import check_sequence_sharding, shard_over_batch
 
 __all__ = ["SplashAttentionKernel"]
 
+_SPLASH_ERROR: str | None
 try:  # guarded: the plugin imports on any jaxlib
     from jax.experimental.pallas.ops.tpu import splash_attention as _splash
 except Exception as exc:  # noqa: BLE001
-    _splash, _SPLASH_ERROR = None, f"{type(exc).__name__}: {exc}"
+    _splash, _SPLASH_ERROR = None, f"{type(exc).__name__}: {exc}"  # type: ignore[assignment]
 else:
     _SPLASH_ERROR = None
 
@@ -104,7 +106,7 @@ def _make_kernel(seq: int, group: int, causal: bool, window: int | None, interpr
     """One MQA splash kernel: q [group, seq, d] against k, v [seq, d]."""
     shape = (seq, seq)
     if window is not None:
-        one = _splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+        one: Any = _splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
     elif causal:
         one = _splash.CausalMask(shape)
     else:

@@ -40,16 +40,17 @@ class NkiKernels(NamedTuple):
     flash_config: Any  # neuronxcc.nki.kernels.attention.FlashConfig
 
 
+_NKI_ERROR: str | None
 try:  # guarded: neither package exists off Trainium
     from jax_neuronx import nki_call as _nki_call
     from neuronxcc.nki.kernels.attention import FlashConfig as _FlashConfig
     from neuronxcc.nki.kernels.attention import flash_attn_bwd as _flash_attn_bwd
-    from neuronxcc.nki.kernels.attention import flash_fwd as _flash_fwd
+    from neuronxcc.nki.kernels.attention import flash_fwd as _nki_flash_fwd
 except Exception as exc:  # noqa: BLE001
     NKI: NkiKernels | None = None
     _NKI_ERROR = f"jax-neuronx / neuronx-cc not importable ({type(exc).__name__}: {exc})"
 else:
-    NKI = NkiKernels(_nki_call, _flash_fwd, _flash_attn_bwd, _FlashConfig)
+    NKI = NkiKernels(_nki_call, _nki_flash_fwd, _flash_attn_bwd, _FlashConfig)
     _NKI_ERROR = None
 
 
@@ -70,7 +71,7 @@ class NkiFlashKernel(AttentionKernel):
 
     def is_supported(self, query, key, value, mask, backend):
         if self.nki is None:
-            return Unsupported(_NKI_ERROR)
+            return Unsupported(_NKI_ERROR or "jax-neuronx / neuronx-cc not importable")
         return self._check(query, key, value, mask, backend)
 
     def _check(self, query, key, value, mask, backend):

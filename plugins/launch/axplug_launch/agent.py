@@ -95,9 +95,9 @@ def run_agent(
             signal.signal(sig, handler)
 
 
-def _report(out: TextIO, child: Child, restarts: int, exited_at: float) -> bool:
+def _report(out: TextIO, child: Child, restarts: int, exited_at: float | None) -> bool:
     """Logs a restarted trainer's first step and the time since the last exit, once seen."""
-    if child.first_step_at is None:
+    if child.first_step_at is None or exited_at is None:
         return False
     _say(
         out,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from axplug.api import add_config_arguments
@@ -33,7 +34,7 @@ __all__ = ["add_parser", "run", "render", "TARGETS"]
 TARGETS = ("slurm", "k8s", "tpu-vm", *ARRAY_TARGETS)
 DEFAULT_PORT = 1234
 LOCAL_MAX_RESTARTS = 10  # a local job's swaps and in-place restarts together
-_RENDERERS = {
+_RENDERERS: dict[str, Callable[[Any], str]] = {
     "slurm": render_slurm,
     "k8s": render_k8s,
     "tpu-vm": render_tpu_vm,

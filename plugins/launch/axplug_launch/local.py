@@ -178,7 +178,7 @@ class _Supervisor:
             if self.signals:
                 return "signal", self.signals[0], -1
             head = self.trainers[0]
-            if not reported and head.first_step_at is not None:
+            if not reported and head.first_step_at is not None and since is not None:
                 failed_at, what = since
                 resumed = f", resumed from step {head.resumed_from}" if head.resumed_from else ""
                 self.say(

@@ -229,7 +229,7 @@ class PatternedTransformer(StackedTransformer):
         return f"layer{i}"
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """num_layers, the pattern from `layer_types` and the kinds' sliding window and RoPE."""
         cfg.num_layers = n = fields.positive_int("num_hidden_layers")
         rope = _sliding_rope(cfg, fields)
@@ -250,7 +250,7 @@ class PatternedTransformer(StackedTransformer):
         cfg.kinds = kinds
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         """The fields of every kind's layers (equal across kinds, or per kind where
         config.json has a form for it: `sliding_window`, the RoPE), with `layer_types`."""
         try:

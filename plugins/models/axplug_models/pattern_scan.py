@@ -75,7 +75,7 @@ class _Period(PatternedTransformer):
     _in_scan = True  # its layers' checkpoints run inside the stack's scan
 
 
-def _unit(cfg: Any, klass: type, pattern: tuple[str, ...]) -> Any:
+def _unit(cfg: Any, klass: Any, pattern: tuple[str, ...]) -> Any:
     """A PatternedTransformer-like config of `klass` for `pattern`, from `cfg`'s layers."""
     return klass.default_config().set(
         input_dim=cfg.input_dim,
@@ -106,12 +106,12 @@ class RepeatedPatternTransformer(BaseLayer):
     hf_neutral = ("period",)  # how the layers are grouped, not what they compute
 
     @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
+    def hf_read(cls, cfg: Any, fields) -> None:
         """As PatternedTransformer: num_layers, the pattern and the kinds."""
         PatternedTransformer.hf_read(cfg, fields)
 
     @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
+    def hf_write(cls, cfg: Any) -> dict:
         """As PatternedTransformer: the fields of every kind's layers."""
         return PatternedTransformer.hf_write(cfg)
 

@@ -220,7 +220,7 @@ class _API:
     async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
         self.check_fields(body)
-        prompts = [await self.encode(p) if isinstance(p, str) else list(p) for p in body.prompt]
+        prompts = [await self.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
         if body.max_tokens == 0 and not body.echo:
             raise invalid("max_tokens: 0 needs echo=true (to score the prompt)", "max_tokens")
         if body.stream and body.echo and body.logprobs is not None:
@@ -239,7 +239,7 @@ class _API:
         rid, created = f"cmpl-{generations[0].id}", int(time.time())
         echoed = [
             self._echo(p, ids) if body.echo else ""
-            for p, ids in zip(body.prompt, prompts, strict=True)
+            for p, ids in zip(body.prompts, prompts, strict=True)
         ]
 
         def choice(index: int, text: str, entries: list, finish: str | None, *,
@@ -252,12 +252,12 @@ class _API:
                 ids, scored = [e.token for e in entries], list(entries)
                 if with_prompt:
                     ids = [*generation.prompt, *ids]
-                    scored = [*generation.prompt_logprobs, *scored]
+                    scored = [*(generation.prompt_logprobs or []), *scored]
                 out["logprobs"] = completion_logprobs(self.texts, ids, scored, body.logprobs,
                                                       start)  # fmt: skip
             if body.prompt_logprobs is not None and finish is not None:
                 out["prompt_logprobs"] = prompt_logprobs(
-                    self.texts, generation.prompt_logprobs, body.prompt_logprobs
+                    self.texts, generation.prompt_logprobs or [], body.prompt_logprobs
                 )
             return out
 
@@ -355,7 +355,7 @@ class _API:
             except ValueError as exc:
                 raise invalid(str(exc), "messages") from None
         else:
-            text = body.prompt
+            text = body.prompt or ""
         tokens = await self.encode(text)
         bos = self.settings.tokenizer.bos_id
         if body.add_special_tokens and bos is not None and tokens[:1] != [bos]:

@@ -193,8 +193,8 @@ def trained_len(loaded) -> int | None:
     lengths = [getattr(loaded.config.input, "seq_len", None)]
     for _, metadata in loaded.lineage:
         lengths.append(((metadata.get("config") or {}).get("input") or {}).get("seq_len"))
-    lengths = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 1]
-    longest = max(lengths, default=None)
+    known = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 1]
+    longest = max(known, default=None)
     table = getattr(getattr(loaded.config.model, "decoder", None), "max_positions", None)
     if isinstance(table, int) and table > 1:
         longest = table if longest is None else min(longest, table)
@@ -236,7 +236,7 @@ def _warm_up(engine, request, sampling_params) -> None:
         engine.run()
 
 
-def _device_split(prefill: int) -> list[list]:
+def _device_split(prefill: int) -> list[list | None]:
     """[None] (the first device), or [prefill devices, decode devices] for --prefill-devices."""
     import jax
 

@@ -159,7 +159,7 @@ async def collect(generations: list[Generation], request: Request) -> list[tuple
     tasks = [asyncio.ensure_future(g.collect()) for g in generations]
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        pending = set(tasks)
+        pending: set[asyncio.Future[Any]] = set(tasks)
         while pending:
             finished, pending = await asyncio.wait(
                 pending | {gone}, return_when=asyncio.FIRST_COMPLETED

@@ -7,6 +7,7 @@ bounded here, and text must be valid Unicode (no lone UTF-16 surrogates).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -195,6 +196,11 @@ class CompletionRequest(_Sampling):
                 raise ValueError(f"token id {bad[0]} is not a token id")
         return prompts
 
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as the validator left them: a list of texts or of token-id lists."""
+        return self.prompt  # type: ignore[return-value]
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -297,7 +303,7 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
     """One message for pydantic's errors (`field: problem; ...`) and the first bad field."""
     parts, param = [], None
     for err in errors:

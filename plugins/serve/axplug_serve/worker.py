@@ -123,7 +123,7 @@ class EngineWorker:
         failure = self.error or RuntimeError("the server is shutting down")
         with self._lock:
             sinks, self._sinks = self._sinks, {}
-            pending = [sink for op, _, sink in self._inbox if op == "submit"]
+            pending = [sink for op, _, sink in self._inbox if op == "submit" and sink]
             self._inbox.clear()
             self._in_flight = 0
         for sink in [*sinks.values(), *pending]:
@@ -135,7 +135,7 @@ class EngineWorker:
                 if not self._inbox:
                     break
                 op, item, sink = self._inbox.popleft()
-            if op == "cancel":
+            if op == "cancel" or sink is None:
                 self.engine.cancel(item)
                 continue
             try:

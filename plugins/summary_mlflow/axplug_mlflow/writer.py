@@ -7,6 +7,7 @@ import os
 import pathlib
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from axplug.api.checkpoint import write_text
 from axplug.api.config import (
@@ -49,7 +50,7 @@ class MlflowWriter(SummaryWriter):
         tags: dict = {}
 
     @classmethod
-    def check_config(cls, cfg: Config) -> None:
+    def check_config(cls, cfg: Any) -> None:
         """Refuses credentials in `tracking_uri`, and a file store MLflow would refuse."""
         if cfg.tracking_uri is not None and has_userinfo(cfg.tracking_uri):
             raise cfg.field_error(
@@ -88,9 +89,8 @@ class MlflowWriter(SummaryWriter):
         self.shown_uri = strip_userinfo(self.tracking_uri)
         try:
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
-            self.run_id, self._last_step = self._resume(run_dir / RUN_FILE)
-            if self.run_id is None:
-                self.run_id = self._start(run_dir)
+            resumed, self._last_step = self._resume(run_dir / RUN_FILE)
+            self.run_id: str = resumed if resumed is not None else self._start(run_dir)
         except MlflowException as exc:
             raise self._refusal(exc) from exc
         record = json.dumps({"tracking_uri": self.shown_uri, "run_id": self.run_id}) + "\n"
@@ -159,8 +159,8 @@ class MlflowWriter(SummaryWriter):
             self._open = False
             self.client.set_terminated(self.run_id, status=status)
 
-    def __exit__(self, exc_type, *exc_info: object) -> None:
-        self.close("FAILED" if exc_type is not None else "FINISHED")
+    def __exit__(self, *exc_info: object) -> None:
+        self.close("FAILED" if exc_info[0] is not None else "FINISHED")
 
 
 def _is_file_store(uri: str) -> bool:

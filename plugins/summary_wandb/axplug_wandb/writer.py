@@ -48,7 +48,7 @@ class WandbWriter(SummaryWriter):
         run_dir = pathlib.Path(cfg.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
-        self.run = wandb.init(
+        self.run: Any = wandb.init(
             dir=str(run_dir),
             id=_run_id(run_dir),
             resume="allow",
@@ -57,7 +57,7 @@ class WandbWriter(SummaryWriter):
             name=cfg.name or run_dir.resolve().name,
             group=cfg.group,
             tags=list(cfg.tags) or None,
-            mode=cfg.mode,
+            mode=cfg.mode,  # type: ignore[arg-type]  # one of _MODES (check_config)
             settings=wandb.Settings(console="off", silent=True),
         )
         self._last_step = self.run.step - 1 if self.run.step else -1
@@ -68,7 +68,8 @@ class WandbWriter(SummaryWriter):
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
         import numpy as np
 
-        data = {group_tag(k): self._wandb.Histogram(np.asarray(v)) for k, v in arrays.items()}
+        histogram = self._wandb.Histogram  # takes arrays, though typed for sequences
+        data = {group_tag(k): histogram(np.asarray(v)) for k, v in arrays.items()}  # type: ignore[arg-type]
         self._log(step, data)
 
     def _log(self, step: int, data: dict) -> None:
@@ -83,8 +84,8 @@ class WandbWriter(SummaryWriter):
             self.run.finish(exit_code=exit_code)
             self.run = None
 
-    def __exit__(self, exc_type, *exc_info: object) -> None:
-        self.close(1 if exc_type is not None else 0)
+    def __exit__(self, *exc_info: object) -> None:
+        self.close(1 if exc_info[0] is not None else 0)
 
 
 def _run_id(run_dir: pathlib.Path) -> str:
