@@ -63,8 +63,9 @@ def test_import_fine_tune_export_import_is_exact(tmp_path, capsys):
 
 
 def test_a_preset_trained_llama_exports_and_a_gpt_is_refused_by_name(
-    tmp_path, capsys, llama_tiny_trained, gpt_tiny_trained
+    tmp_path, capsys, trained_run, gpt_tiny_trained
 ):
+    llama_tiny_trained = trained_run("llama-tiny", "input.seq_len=64")
     assert main(["export-hf", str(llama_tiny_trained), "--output", str(tmp_path / "out")]) == 0
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     # llama-tiny's vocabulary, its layers as the tests' tiny runs shrink them

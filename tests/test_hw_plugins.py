@@ -329,6 +329,10 @@ class TestHardwareMeshRuleConformance(MeshRuleConformance):
     def selectors(self, rule_name):
         return RULE_SELECTORS[rule_name]
 
+    @pytest.fixture
+    def presets(self):
+        return ["gpt-tiny", "llama-tiny"]  # the LLaMA layout too (axplug-attention)
+
 
 # --- device utilisation for the watchdog (NVML, the TPU runtime) ------------------------------
 

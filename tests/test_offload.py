@@ -21,12 +21,12 @@ def trainer_for(policy, tmp_path):
 
 def step_grads(trainer):
     from axplug.sharding import scoped
-    from axplug.trainer.step import _loss_fn
+    from axplug.trainer.step import loss_fn
 
     state = trainer.init_state()
     batch = trainer.put_batch(trainer.input.batch(0))
-    loss_fn = _loss_fn(trainer.model, trainer.aux_loss)
-    grad = jax.jit(scoped(jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0]), trainer.mesh))
+    loss = loss_fn(trainer.model, trainer.aux_loss)
+    grad = jax.jit(scoped(jax.value_and_grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
     return jax.device_get(grad(state["params"]))
 
 

@@ -330,7 +330,7 @@ def test_kit_compares_sharded_gradients_not_only_outputs():
 
 
 def test_default_swap_target_is_refused_for_a_layer_that_is_not_a_feed_forward():
-    # A norm plugin forgetting `swap_target` would otherwise "train in llama-tiny" by
+    # A norm plugin forgetting `swap_target` would otherwise "train in its preset" by
     # replacing every FeedForward with a norm.
     from axplug.layers import FeedForward, RMSNorm
 
@@ -342,14 +342,15 @@ def test_default_swap_target_is_refused_for_a_layer_that_is_not_a_feed_forward()
     assert swap_target(LayerConformance(), ffn) is FeedForward
 
 
-def test_a_llama_modifier_that_adds_nothing_fails_the_training_check(tmp_path):
+def test_a_swap_modifier_that_adds_nothing_fails_the_training_check(tmp_path):
     from axplug.layers import RMSNorm
 
+    class InLlama(LayerConformance):
+        swap_preset = "llama-tiny"
+
     norm = RMSNorm.default_config().set(input_dim=16)
-    with pytest.raises(AssertionError, match="llama_modifier left no RMSNorm"):
-        LayerConformance().test_trains_in_llama_tiny(
-            norm, lambda cfg: _without_norms(cfg), tmp_path
-        )
+    with pytest.raises(AssertionError, match="swap_modifier left no RMSNorm in llama-tiny"):
+        InLlama().test_trains_in_the_swap_preset(norm, lambda cfg: _without_norms(cfg), tmp_path)
 
 
 def _without_norms(cfg):

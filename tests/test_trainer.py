@@ -125,9 +125,9 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
     rule_off = AuxLossRule.default_config().set(weights={"penalty_loss": 0.0}).instantiate()
 
     def grads(rule):
-        from axplug.trainer.step import _loss_fn, step_key
+        from axplug.trainer.step import loss_fn, step_key
 
-        fn = _loss_fn(trainer.model, rule)
+        fn = loss_fn(trainer.model, rule)
         loss = lambda p: fn(p, batch, step_key(0, state["step"]))[0]  # noqa: E731
         return jax.jit(jax.grad(loss))(state["params"])  # one program, not one per op
 

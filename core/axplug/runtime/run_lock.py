@@ -112,14 +112,18 @@ class StoreLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> dict | None:
-        """The lease record; {} when there is none, None when the store cannot say."""
+    def _read(self) -> dict:
+        """The lease record, {} when there is none; a store error propagates (never "free")."""
         try:
-            return json.loads(self.storage.read_text(self.url))
+            text = self.storage.read_text(self.url)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError):  # a store that does not answer never hands the lease over
-            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise RunDirLockedError(
+                f"{self.url}: not a lease record; delete it if no run trains in {self.directory}"
+            ) from None
 
     def _write(self) -> None:
         self.storage.write_text(
@@ -129,27 +133,20 @@ class StoreLease:
     def acquire(self) -> None:
         """Takes the lease, or raises RunDirLockedError naming the live run that holds it."""
         deadline = time.monotonic() + self.ttl_s
-        while (held := self._read()) != {} and (
-            held is None or time.time() - held.get("renewed", 0) < self.ttl_s
-        ):
+        while (held := self._read()) and time.time() - held.get("renewed", 0) < self.ttl_s:
             if time.monotonic() > deadline:
                 raise RunDirLockedError(
                     f"output_dir {self.directory} is in use by another run ({_describe(held)}), "
-                    f"which renewed its lease within {self.ttl_s:.0f} s; stop that run, or "
-                    "train into another --output-dir"
-                    if held
-                    else f"cannot read the lease {self.url} of output_dir {self.directory}; "
-                    "check the store, or delete the lease object if no run trains there"
+                    f"which renewed its lease {time.time() - held['renewed']:.0f} s ago; stop "
+                    "that run, or train into another --output-dir"
                 )
             time.sleep(min(self.ttl_s / 8, 5.0))
         self._write()
         time.sleep(self.settle_s)
-        while (held := self._read()) is None and time.monotonic() < deadline + self.ttl_s:
-            time.sleep(self.settle_s)  # the store did not answer: ask again
-        if (held or {}).get("token") != self.token:
+        if (held := self._read()).get("token") != self.token:
             raise RunDirLockedError(
                 f"output_dir {self.directory} was taken by another run starting at the same "
-                f"time ({_describe(held or {})}); train into another --output-dir"
+                f"time ({_describe(held)}); train into another --output-dir"
             )
         self._stop.clear()
         self._thread = threading.Thread(target=self._renew, name="axplug-lease", daemon=True)
@@ -157,14 +154,16 @@ class StoreLease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
-            if (held := self._read()) is None:
-                continue  # the store did not answer: try again at the next renewal
+            try:
+                held = self._read()
+            except Exception:  # noqa: BLE001 - a store hiccup: try again at the next renewal
+                continue
             if held.get("token") != self.token:
                 msg = "the lease on %s was deleted or taken by another run; two may write there"
                 return logging.getLogger("axplug.trainer").error(msg, self.directory)
             try:
                 self._write()
-            except OSError:
+            except Exception:  # noqa: BLE001 - as above
                 continue
 
     def release(self) -> None:
@@ -174,7 +173,7 @@ class StoreLease:
             self._thread.join()
             self._thread = None
             try:
-                if (self._read() or {}).get("token") == self.token:
+                if self._read().get("token") == self.token:
                     self.storage.delete(self.url)
             except Exception:  # noqa: BLE001 - an unreleased lease lapses after ttl_s
                 pass

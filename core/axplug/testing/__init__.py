@@ -18,7 +18,7 @@ a paged-attention kernel), `GroupedMatmulConformance` (`kernel`, a grouped matmu
 class attribute `capabilities` names what the component supports, and checks for capabilities
 it lacks report as skipped with the reason.
 
-`tiny_trainer_config(tmp_path, "log_every=1", preset="llama-tiny", max_steps=4)` is the
+`tiny_trainer_config(tmp_path, "log_every=1", preset="gpt-tiny", max_steps=4)` is the
 trainer config a test runs: a preset shrunk to train in seconds; `train_steps(trainer, n)`
 calls its built train step without a run;
 `tiny_train_args(...)` is the same run as `axplug train` arguments. A summary writer's tests

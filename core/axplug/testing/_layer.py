@@ -36,7 +36,7 @@ def _assert_trees_close(got: Any, want: Any, tolerance: dict, what: str) -> None
 LAYER_CAPABILITIES = (
     "differentiable",  # gradients of a loss of its outputs are finite (and not all zero)
     "shardable",  # 8-device sharded forward (and gradients, if differentiable) equal 1-device
-    "swappable_in_llama",  # replacing `swap_target` in llama-tiny trains for a few steps
+    "swappable",  # replacing `swap_target` in `swap_preset` trains for a few steps
 )
 
 
@@ -45,15 +45,17 @@ class LayerConformance:
 
     Optional fixtures: `input_shape` (default [4, 8, input_dim]), `inputs` (positional tuple or
     keyword dict for `forward`; any pytree of arrays: each leaf is sharded along its batch
-    dim in the sharding check), `swap_target` (the class in llama-tiny this layer replaces;
-    the default, the core FeedForward, is taken only for a layer whose config has the
-    FeedForward's required fields, so a norm or attention plugin must name its own),
-    `llama_modifier` (returns a function cfg -> cfg that puts the layer into a config tree;
+    dim in the sharding check), `swap_target` (the class in the preset `swap_preset` this
+    layer replaces; the default, the core FeedForward, is taken only for a layer whose config
+    has the FeedForward's required fields, so a norm or attention plugin must name its own),
+    `swap_modifier` (returns a function cfg -> cfg that puts the layer into a config tree;
     the default replaces every `swap_target` with `replace_config`), `tolerance`,
-    `mesh_shape`.
+    `mesh_shape`. `swap_preset` is the core's gpt-tiny; a layer that replaces what only a
+    plugin's preset has names that preset (installed with the plugin's test dependencies).
     """
 
     capabilities: tuple[str, ...] = LAYER_CAPABILITIES
+    swap_preset: str = "gpt-tiny"
     train_steps: int = 2
 
     # -- fixtures an author overrides ------------------------------------------------------
@@ -92,12 +94,12 @@ class LayerConformance:
                 f"{type(self).__name__}: the default swap_target is the core FeedForward, but "
                 f"this layer's config lacks its required fields {missing}, so it is not a "
                 "feed-forward layer; override the `swap_target` fixture with the class it "
-                "replaces in llama-tiny (e.g. axplug.layers.RMSNorm for a norm)"
+                "replaces in its swap_preset (e.g. LayerNorm for a norm)"
             )
         return FeedForward
 
     @pytest.fixture
-    def llama_modifier(self, layer_config, swap_target):
+    def swap_modifier(self, layer_config, swap_target):
         """cfg -> cfg putting this layer in place of every `swap_target` of a config tree."""
         from axplug.config import replace_config
 
@@ -264,15 +266,16 @@ class LayerConformance:
             got_grads = grad(sharded_params, sharded_inputs)
             _assert_trees_close(got_grads, expected_grads, tolerance, "sharded grad")
 
-    def test_trains_in_llama_tiny(self, layer_config, llama_modifier, tmp_path):
-        require(self, "swappable_in_llama", LAYER_CAPABILITIES)
+    def test_trains_in_the_swap_preset(self, layer_config, swap_modifier, tmp_path):
+        require(self, "swappable", LAYER_CAPABILITIES)
         from axplug import registry
         from axplug.testing._trainer import tiny_trainer_config, train_steps
 
+        preset = self.swap_preset
         try:
-            registry.entry("presets", "llama-tiny")
+            registry.entry("presets", preset)
         except LookupError:
-            pytest.skip("no plugin installed registers the llama-tiny preset")
+            pytest.skip(f"no installed plugin registers the {preset} preset")
         cfg = tiny_trainer_config(
             tmp_path,
             "learner.warmup_steps=0",
@@ -281,16 +284,16 @@ class LayerConformance:
             "input.seq_len=16",
             "input.batch_size=2",
             "mesh.mesh_shape=(1, 1, 1, 1, 1)",
-            preset="llama-tiny",
+            preset=preset,
             max_steps=self.train_steps,
         )
-        cfg = llama_modifier(cfg)
+        cfg = swap_modifier(cfg)
         from axplug.config import find_configs
 
         if not find_configs(cfg, layer_config.klass):
             raise AssertionError(
-                f"{type(self).__name__}: llama_modifier left no {layer_config.klass.__name__} "
-                "in llama-tiny; it must put this layer into the config tree"
+                f"{type(self).__name__}: swap_modifier left no {layer_config.klass.__name__} "
+                f"in {preset}; it must put this layer into the config tree"
             )
         # The built train step, as a run calls it (no checkpoint or writer: not the layer's).
         _, metrics = train_steps(cfg.instantiate(devices=jax.devices()[:1]), self.train_steps)

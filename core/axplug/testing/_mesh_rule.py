@@ -28,17 +28,6 @@ OTHER_SELECTORS = (
 )
 
 
-def _preset_usable(name: str) -> bool:
-    from axplug.config import ConfigError
-    from axplug.presets import preset_config
-
-    try:
-        preset_config(name, overrides=["output_dir='unused'"])
-    except ConfigError:
-        return False
-    return True
-
-
 class MeshRuleConformance:
     """Subclass as `TestMyRule(MeshRuleConformance)`; override `rule` and `selectors`.
 
@@ -46,7 +35,8 @@ class MeshRuleConformance:
     returns a `MeshRule` config; `selectors` are selectors it must match, e.g. `gpu-h100-8` or
     what `detect_selector()` gives on the target machine. Optional fixtures: `rule_name` (the
     entry-point name, needed for `registered`), `other_selectors` (it must match none of them),
-    `presets` (its modifiers must apply cleanly to each, default gpt-tiny and llama-tiny).
+    `presets` (its modifiers must apply cleanly to each; default the core's gpt-tiny, and a
+    plugin adds presets its tests install).
     """
 
     capabilities: tuple[str, ...] = MESH_RULE_CAPABILITIES
@@ -77,8 +67,7 @@ class MeshRuleConformance:
 
     @pytest.fixture
     def presets(self) -> Sequence[str]:
-        # llama-tiny is a plugin's; a core-only environment checks gpt-tiny.
-        return [name for name in ("gpt-tiny", "llama-tiny") if _preset_usable(name)]
+        return ["gpt-tiny"]
 
     # -- helpers ---------------------------------------------------------------------------
 

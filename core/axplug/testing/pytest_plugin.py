@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -286,9 +287,12 @@ def gpt_tiny_trained(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llama_tiny_trained(tmp_path_factory) -> Path:
-    """llama-tiny trained once per session, as `gpt_tiny_trained` but on 64-token rows."""
-    return _trained(tmp_path_factory, "llama-tiny-run", "llama-tiny", "input.seq_len=64")
+def trained_run(tmp_path_factory) -> Callable[..., Path]:
+    """`trained_run(preset, *overrides)`: that run trained once per session, as
+    `gpt_tiny_trained` (a plugin's preset too). Shared: read it, or `copy_run` it first."""
+    return lambda preset, *overrides: _trained(
+        tmp_path_factory, "-".join((preset, *overrides)), preset, *overrides
+    )
 
 
 def copy_run(source: Path, destination: Path) -> Path:
@@ -300,12 +304,6 @@ def copy_run(source: Path, destination: Path) -> Path:
 def gpt_tiny_run(gpt_tiny_trained, tmp_path) -> Path:
     """A copy of `gpt_tiny_trained` that the test may change."""
     return copy_run(gpt_tiny_trained, tmp_path / "gpt-tiny")
-
-
-@pytest.fixture
-def llama_tiny_run(llama_tiny_trained, tmp_path) -> Path:
-    """A copy of `llama_tiny_trained` that the test may change."""
-    return copy_run(llama_tiny_trained, tmp_path / "llama-tiny")
 
 
 __all__ = ["CliResult", "FakeSite", "copy_run", "production_compiler_options", "xla_flags"]

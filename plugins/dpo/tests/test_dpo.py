@@ -224,7 +224,7 @@ class TestDPOCausalLMConformance(LayerConformance):
         return (ids, labels)
 
     @pytest.fixture
-    def llama_modifier(self):
+    def swap_modifier(self):
         from axplug.api.config import make_modifier
 
         return make_modifier("dpo:simpo")

@@ -47,10 +47,11 @@ def _offline(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, llama_tiny_trained):
+def run_dir(tmp_path_factory, trained_run):
     from axplug.testing import copy_run
 
-    return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("evaluated") / "tiny"))
+    llama_tiny = trained_run("llama-tiny", "input.seq_len=64")  # shared with other modules
+    return str(copy_run(llama_tiny, tmp_path_factory.mktemp("evaluated") / "tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +215,7 @@ def test_the_eval_command_writes_results_and_records_them(run_dir, tasks, tmp_pa
     accuracy = result["metrics"]["eval/tiny_mc/acc"]
     assert 0 <= accuracy <= 1 and result["results"]["tiny_mc"]["sample_len"] == 3
     (record,) = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
-    # The shared llama_tiny_trained run ends (and checkpoints) at step 2.
+    # The shared llama-tiny run ends (and checkpoints) at step 2.
     assert record["step"] == result["step"] == 2 and record["eval/tiny_mc/acc"] == accuracy
 
 

@@ -31,7 +31,7 @@ class TestLoRAAdapterConformance(LayerConformance):
         )
 
     @pytest.fixture
-    def llama_modifier(self):
+    def swap_modifier(self):
         from axplug.api.config import make_modifier
 
         return make_modifier("lora:4")

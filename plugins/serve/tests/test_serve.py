@@ -38,10 +38,11 @@ _LOGS: dict[str, object] = {}  # server URL -> its log file
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, llama_tiny_trained):
+def run_dir(tmp_path_factory, trained_run):
     from axplug.testing import copy_run
 
-    return str(copy_run(llama_tiny_trained, tmp_path_factory.mktemp("served") / "tiny"))
+    llama_tiny = trained_run("llama-tiny", "input.seq_len=64")  # shared with other modules
+    return str(copy_run(llama_tiny, tmp_path_factory.mktemp("served") / "tiny"))
 
 
 def _free_port() -> int:
