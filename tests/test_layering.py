@@ -399,3 +399,24 @@ def test_the_plugin_reference_lists_the_floor_and_every_face():
     faces = set(re.findall(r"`(axplug\.api\.[a-z_]+)`", section))
     assert not missing, f"floor names the page does not list: {missing}"
     assert faces == set(FACES), f"faces listed vs faces in the package: {faces ^ set(FACES)}"
+
+
+def test_the_architecture_page_floors_match_the_imports():
+    """docs/ARCHITECTURE.md's floor table names every core package once, and none imports a
+    package on a floor above its own."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    floor = {}
+    for number, packages in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, re.M):
+        for package in re.findall(r"`([a-z_.]+)`", packages):
+            name = package if package == "axplug" else f"axplug.{package}"
+            assert name not in floor, f"{package} is on two floors"
+            floor[name] = int(number)
+    graph = _core_graph()
+    assert set(graph) == set(floor), f"packages vs the table: {set(graph) ^ set(floor)}"
+    climbs = [
+        f"{a} (floor {floor[a]}) -> {b} (floor {floor[b]}) at {where[0]}"
+        for a, targets in graph.items()
+        for b, where in targets.items()
+        if floor[b] > floor[a]
+    ]
+    assert not climbs, "\n".join(climbs)
