@@ -83,7 +83,7 @@ lint: $(STAMP)
 	@# The `axplug new-plugin` templates (package data, not modules): rendered for every kind,
 	@# then linted under the generated packages' own ruff settings.
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
-	$(BIN)/python -c "import sys; from axplug.cli.new_plugin_cmd import KINDS, generate; \
+	$(BIN)/python -c "import sys; from axplug_scaffold.command import KINDS, generate; \
 		[generate(f'axplug-lint-{k}', k, sys.argv[1]) for k in KINDS]; \
 		generate('axplug-lint-pair', 'layer', sys.argv[1], with_modifier=True)" "$$out" && \
 	$(BIN)/ruff check -q "$$out" && $(BIN)/ruff format -q --check "$$out" && \

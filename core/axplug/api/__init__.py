@@ -17,6 +17,9 @@ tests to that (docs/plugin-reference.md).
 
 from typing import TYPE_CHECKING
 
+from axplug import PLUGIN_API_VERSION
+from axplug import __version__ as CORE_VERSION
+
 if TYPE_CHECKING:
     from axplug.api._attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
     from axplug.api._commands import add_checkpoint_arguments, add_config_arguments
@@ -59,6 +62,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CORE_VERSION",
+    "PLUGIN_API_VERSION",
     "EMPTY_POSITION",
     "PARAMETER_UPDATES",
     "AttentionKernel",

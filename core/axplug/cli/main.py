@@ -25,7 +25,6 @@ COMMANDS = (
     "axplug.cli.info_cmd",
     "axplug.cli.train_cmd",
     "axplug.cli.checkpoints_cmd",
-    "axplug.cli.new_plugin_cmd",
     "axplug.cli.doctor_cmd",
     "axplug.cli.generate_cmd",
     "axplug.cli.import_hf_cmd",

@@ -79,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def names_for(name: str) -> dict[str, str]:
     """The distribution, module, component and class names derived from `name`."""
-    from axplug.config import UsageError
+    from axplug.api.config import UsageError
 
     dist = re.sub(r"[-_.\s]+", "-", name.strip()).lower()
     if not re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", dist):
@@ -107,8 +107,8 @@ def generate(
     """Writes the package for `name` to directory/<dist>; returns the files written."""
     from string import Template
 
-    from axplug import PLUGIN_API_VERSION, __version__
-    from axplug.config import UsageError
+    from axplug.api import CORE_VERSION, PLUGIN_API_VERSION
+    from axplug.api.config import UsageError
 
     if kind not in KIND_GROUPS:
         raise UsageError(f"unknown kind {kind!r}; choose from {', '.join(KIND_GROUPS)}")
@@ -124,14 +124,14 @@ def generate(
             )
         values["name"] = component
         values["cls"] = "".join(part.capitalize() for part in component.split("_"))
-    major, minor = __version__.split(".")[:2]
+    major, minor = CORE_VERSION.split(".")[:2]
     api_major = PLUGIN_API_VERSION.split(".")[0]
     values.update(
         group=group,
         submodule=submodule,
         kind=group.split(".", 1)[1],
         api=api_major,  # the entry name loading reads; the minor goes in the requirement
-        axplug_req=f"axplug>={__version__},<{major}.{int(minor) + 1}",
+        axplug_req=f"axplug>={CORE_VERSION},<{major}.{int(minor) + 1}",
         description=f"An axplug {kind} plugin: {values['name']}.",
     )
     values["func"] = f"{values['name']}_rule"
@@ -196,7 +196,7 @@ def template_files(kind: str, with_modifier: bool = False) -> dict[str, str]:
     """{path in the package (with `$module`): template text} for a plugin of `kind`."""
     from importlib.resources import files
 
-    templates = files("axplug.cli").joinpath("templates")
+    templates = files("axplug_scaffold").joinpath("templates")
     submodule = KIND_GROUPS[kind][1]
     own = [(kind, submodule, "$module")]
     if with_modifier:
