@@ -168,7 +168,7 @@ def test_resume_falls_back_past_a_corrupt_latest_step(run, tmp_path, caplog, dam
 def test_stop_policy_raises_instead(run, tmp_path):
     out = copy(run, tmp_path)
     _zero(out)
-    trainer = config(out, 6, "on_corrupt_checkpoint='stop'").instantiate(devices=jax.devices()[:1])
+    trainer = config(out, 6, "restore.on_corrupt='stop'").instantiate(devices=jax.devices()[:1])
     with pytest.raises(CheckpointCorruptError, match="step 4"):
         trainer.restore_or_init()
     assert trainer.checkpointer.all_steps() == [2, 4]  # nothing marked

@@ -238,8 +238,8 @@ def test_train_refuses_a_bad_choice_before_writing_anything(tmp_path):
     from axplug.testing import tiny_trainer_config
     from axplug.trainer.run import train
 
-    cfg = tiny_trainer_config(tmp_path / "run", "on_save_error='retry_later'")
-    with pytest.raises(ConfigError, match="on_save_error: must be one of"):
+    cfg = tiny_trainer_config(tmp_path / "run", "saving.on_error='retry_later'")
+    with pytest.raises(ConfigError, match="saving.on_error: must be one of"):
         train(cfg)
     assert not (tmp_path / "run").exists()
 
@@ -304,8 +304,8 @@ def test_uris_lose_their_user_info_in_config_txt_and_config_json(tmp_path):
     assert strip_userinfo("x https://tok@h:1/p?u=a@b 'gs://b/x@y'") == (
         "x https://h:1/p?u=a@b 'gs://b/x@y'"
     )
-    cfg = tiny_trainer_config(tmp_path / "run", "init_from='https://bob:hunter2@host/run'")
-    write_config(cfg, {"argv": ["--set", "init_from=https://bob:hunter2@host/run"]})
+    cfg = tiny_trainer_config(tmp_path / "run", "restore.init_from='https://bob:hunter2@host/run'")
+    write_config(cfg, {"argv": ["--set", "restore.init_from=https://bob:hunter2@host/run"]})
     for name in ("config.txt", "config.json"):
         text = (tmp_path / "run" / name).read_text()
         assert "https://host/run" in text and "hunter2" not in text and "bob" not in text

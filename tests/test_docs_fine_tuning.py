@@ -34,7 +34,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     assert "\nto be" in out.split("done: step 6")[1]  # generated text, from the prompt
     record = json.loads((tmp_path / "runs" / "tuned" / "config.json").read_text())
     assert record["provenance"]["source"] == "--from runs/base"
-    assert record["config"]["init_from"] == "runs/base"
+    assert record["config"]["restore"]["init_from"] == "runs/base"
     exported = json.loads((tmp_path / "hf" / "tuned" / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLM"] and exported["eos_token_id"] == 2
     assert (tmp_path / "hf" / "tuned" / "tokenizer.json").is_file()

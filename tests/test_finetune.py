@@ -39,7 +39,7 @@ def test_from_an_import_starts_at_its_weights_with_a_fresh_optimizer(tmp_path, i
     argv = ["--from", source, "--output-dir", str(tmp_path / "ft"), "--input",
             "synthetic:vocab_size=96", *SMALL]  # fmt: skip
     trainer = trainer_for(argv)
-    assert trainer._config.init_from == source
+    assert trainer._config.restore.init_from == source
     state = trainer.restore_or_init()
     np.testing.assert_array_equal(
         np.asarray(state["params"]["decoder"]["embedding"]["weight"]),

@@ -271,5 +271,5 @@ def test_train_command_reports_bad_overrides_with_the_path(tmp_path, capsys):
 def test_train_help_teaches_with_examples(capsys):
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "axplug train --preset llama-tiny --output-dir runs/tiny" in out
+    assert "axplug train --preset gpt-tiny --output-dir runs/tiny" in out
     assert "--modifier" in out and "--mesh-rule" in out

@@ -61,7 +61,7 @@ def test_profile_traces_the_window_with_its_device_work(tmp_path, capsys):
         (["--profile", "0:2"], "steps count from 1"),
         (["--profile", "2:9"], "ends at step 8, after the run's last step (max_steps 4)"),
         (["--profile", "five"], "expected A:B (steps A to B-1) or N"),
-        (["--set", "profile_steps=5"], "ends at step 5, after the run's last step"),
+        (["--set", "profile.steps=5"], "ends at step 5, after the run's last step"),
     ],
 )
 def test_bad_window_is_one_error_before_training(tmp_path, capsys, flags, message):
@@ -69,7 +69,7 @@ def test_bad_window_is_one_error_before_training(tmp_path, capsys, flags, messag
     assert main([*tiny_train_args(run_dir, max_steps=4), *flags]) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error" in line.lower()]
-    assert errors == [errors[0]] and errors[0].startswith("error: profile_steps: ")
+    assert errors == [errors[0]] and errors[0].startswith("error: profile.steps: ")
     assert message in errors[0]
     assert not run_dir.exists()  # refused before anything is written
 
@@ -80,20 +80,24 @@ def test_window_parsing():
     assert profile_window(3, 7) == (3, 3)  # an int from a config file
     for bad in ("", "1:", ":3", "2:2", "1:2:3", "-2:4", "8"):
         assert isinstance(profile_window(bad, 7), str), bad
-    cfg = tiny_trainer_config("/tmp/unused", "profile_steps='1:3'", max_steps=2)
+    cfg = tiny_trainer_config("/tmp/unused", "profile.steps='1:3'", max_steps=2)
     assert check_profile_steps(cfg) == (1, 2)  # steps 1 and 2 of 2
-    cfg.profile_steps = "2:4"
-    with pytest.raises(ConfigError, match="profile_steps"):
+    cfg.profile.steps = "2:4"
+    with pytest.raises(ConfigError, match="profile.steps"):
         check_profile_steps(cfg)
 
 
 def test_a_resumed_run_traces_what_is_left_of_the_window(tmp_path):
-    cfg = SimpleNamespace(profile_steps="5:9", max_steps=10, output_dir=str(tmp_path))
+    cfg = SimpleNamespace(
+        profile=SimpleNamespace(steps="5:9"), max_steps=10, output_dir=str(tmp_path)
+    )
     assert StepProfiler.for_run(cfg, start=8) is None  # steps 5..8 were done
     profiler = StepProfiler.for_run(cfg, start=6)
     assert (profiler.first, profiler.last) == (7, 8)
     assert profiler.log_dir == str(tmp_path / "profile")
-    assert StepProfiler.for_run(SimpleNamespace(profile_steps=None), start=0) is None
+    assert (
+        StepProfiler.for_run(SimpleNamespace(profile=SimpleNamespace(steps=None)), start=0) is None
+    )
 
 
 def test_a_run_raising_inside_the_window_still_writes_and_stops_its_trace(tmp_path):

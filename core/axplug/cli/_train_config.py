@@ -89,8 +89,9 @@ def base_config(args: argparse.Namespace):
         if overlay is not None and overlay.preset is not None:
             raise UsageError(f"--config {args.config}: 'preset' and --from name two bases")
         cfg = run_config(args.from_run, args.step)
-        return cfg.clone(init_from=args.from_run, init_step=args.step,
-                         init_optimizer=args.resume_optimizer), overlay  # fmt: skip
+        restore = cfg.restore.clone(init_from=args.from_run, init_step=args.step,
+                                    init_optimizer=args.resume_optimizer)  # fmt: skip
+        return cfg.clone(restore=restore), overlay
     preset = args.preset or (overlay.preset if overlay is not None else None)
     if preset is None and args.config is None:
         raise UsageError("give the config to train: --preset NAME, --from RUN_DIR or --config FILE")

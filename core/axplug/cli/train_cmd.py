@@ -152,12 +152,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--checkpoint-every", type=int, help="save every N steps")
     parser.add_argument("--seed", type=int, help="seed of initialization, data and dropout")
-    # `--profile S` is `--set profile_steps=S`, in its place among the --set overrides.
+    # `--profile S` is `--set profile.steps=S`, in its place among the --set overrides.
     parser.add_argument(
         "--profile",
         action="append",
         dest="overrides",
-        type=lambda steps: f"profile_steps={steps!r}",
+        type=lambda steps: f"profile.steps={steps!r}",
         metavar="A:B|N",
         help="write a jax.profiler trace of steps A to B-1 (as numbered in metrics.jsonl; "
         "N: step N alone) to OUTPUT_DIR/profile, for `tensorboard --logdir OUTPUT_DIR/profile` "

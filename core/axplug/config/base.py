@@ -113,7 +113,9 @@ def config_class(cls: type) -> type:
     return attrs.define(cls, slots=False, kw_only=True, on_setattr=attrs.setters.NO_OP, repr=False)
 
 
-def _suggest(name: str, choices: list[str]) -> str:
+def _suggest(name: str, choices: list[str], cls: Any = None) -> str:
+    if cls is not None and (moved := cls.RENAMED.get(name)) is not None:
+        return f"; it moved to {moved}"
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
     return f", did you mean '{close[0]}'?" if close else f"; known fields: {', '.join(choices)}"
 
@@ -179,6 +181,10 @@ def _matches(value: Any, tp: Any) -> bool:
 class ConfigBase:
     """A mutable tree of fields; assignments are checked against the declared names and types."""
 
+    # Fields that moved, old name -> new dotted path: a config saved before still loads
+    # (`from_dict`), and setting the old name names the new path. (Unannotated: not a field.)
+    RENAMED = dict[str, str]()
+
     if TYPE_CHECKING:  # what `config_class` (attrs) and `clone` add, spelled for type checkers
         __attrs_attrs__: ClassVar[tuple[attrs.Attribute[Any], ...]]
         _origin: str
@@ -193,7 +199,7 @@ class ConfigBase:
         fields = attrs.fields_dict(type(self))
         if name not in fields:
             raise UnknownFieldError(
-                f"{self.field_path(name)}: unknown field{_suggest(name, list(fields))}"
+                f"{self.field_path(name)}: unknown field{_suggest(name, list(fields), type(self))}"
             )
         tp = _field_types(type(self)).get(name, Any)
         if not _matches(value, tp):

@@ -38,7 +38,7 @@ def _navigate(cfg: ConfigBase, parts: list[str], spec: str) -> ConfigBase:
         fields = list(attrs.fields_dict(type(node)))
         if part not in fields:
             raise UnknownFieldError(
-                f"{'.'.join(parts[: i + 1])}: unknown field{_suggest(part, fields)}"
+                f"{'.'.join(parts[: i + 1])}: unknown field{_suggest(part, fields, type(node))}"
             )
         node = getattr(node, part)
     if not isinstance(node, ConfigBase):
@@ -67,7 +67,7 @@ def set_field(cfg: ConfigBase, path: str, value: Any, *, spec: str | None = None
     name = parts[-1]
     fields = list(attrs.fields_dict(type(node)))
     if name not in fields:
-        raise UnknownFieldError(f"{path}: unknown field{_suggest(name, fields)}")
+        raise UnknownFieldError(f"{path}: unknown field{_suggest(name, fields, type(node))}")
     tp = _field_types(type(node)).get(name, Any)
     if isinstance(value, str):
         text, value = value, parse_value(value)

@@ -11,7 +11,9 @@ rule. The user's own `--set` and Python build trusted configs and stay free.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 import re
 import typing
 from typing import Any
@@ -29,6 +31,8 @@ from axplug.config.base import (
     _field_types,
     _suggest,
 )
+
+_log = logging.getLogger("axplug.config")
 
 __all__ = ["to_dict", "from_dict", "class_name", "resolve_class", "UntrustedCodeError"]
 
@@ -211,8 +215,16 @@ def from_dict(data: dict[str, Any], path: str = "", *, trusted: bool = False) ->
     fields = attrs.fields_dict(type(cfg))
     types_ = _field_types(type(cfg))
     code_fields = getattr(type(cfg), "CODE_FIELDS", ())
+    renamed = {key: new for key, new in type(cfg).RENAMED.items() if key in data}
+    if renamed:  # saved before these fields moved: read into their new places
+        moves = ", ".join(f"{old} -> {new}" for old, new in renamed.items())
+        _log.warning("%s: saved before its fields moved (%s)", path or "a config", moves)
     for key, value in data.items():
         if key in ("config_class", "klass"):
+            continue
+        if key in renamed:
+            *parents, leaf = renamed[key].split(".")
+            setattr(functools.reduce(getattr, parents, cfg), leaf, value)
             continue
         if key not in fields:
             raise UnknownFieldError(f"{where(key)}: unknown field{_suggest(key, list(fields))}")

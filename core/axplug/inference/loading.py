@@ -160,7 +160,9 @@ def run_lineage(path: str, step: int, metadata: dict | None = None) -> list[tupl
                     raise
                 break  # a run it was tuned from is gone: the lineage ends there
         out.append((current, metadata))
-        current, metadata = (metadata.get("config") or {}).get("init_from"), None
+        saved = metadata.get("config") or {}  # `init_from` of a run saved before 1.12
+        current = (saved.get("restore") or {}).get("init_from", saved.get("init_from"))
+        metadata = None
     return out
 
 

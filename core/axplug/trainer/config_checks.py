@@ -21,20 +21,15 @@ CORRUPT_POLICIES = ("previous", "stop")
 def check_trainer_config(cfg: Any) -> None:
     """Raises the ConfigError a run would: the trainer's fields, the learner's choices, the
     checkpointer's retention, each summary writer's and evaluator's `check_config`."""
-    if cfg.on_save_error not in SAVE_ERROR_POLICIES:
-        raise cfg.field_error(
-            "on_save_error",
-            f"must be one of {SAVE_ERROR_POLICIES}, got {cfg.on_save_error!r}",
-        )
-    if cfg.on_corrupt_checkpoint not in CORRUPT_POLICIES:
-        raise cfg.field_error(
-            "on_corrupt_checkpoint",
-            f"must be one of {CORRUPT_POLICIES}, got {cfg.on_corrupt_checkpoint!r}",
-        )
-    if cfg.nonfinite_guard not in ("auto", *GUARDS):
-        raise cfg.field_error(
-            "nonfinite_guard", f"must be one of {('auto', *GUARDS)}, got {cfg.nonfinite_guard!r}"
-        )
+    for sub, name, choices in (
+        (cfg.saving, "on_error", SAVE_ERROR_POLICIES),
+        (cfg.restore, "on_corrupt", CORRUPT_POLICIES),
+        (cfg.guard, "mode", ("auto", *GUARDS)),
+    ):
+        if getattr(sub, name) not in choices:
+            raise sub.field_error(name, f"must be one of {choices}, got {getattr(sub, name)!r}")
+    if cfg.guard.max_steps < 1:
+        raise cfg.guard.field_error("max_steps", f"must be >= 1, got {cfg.guard.max_steps}")
     for name in ("max_steps", "checkpoint_every", "log_every", "eval_batches"):
         if getattr(cfg, name) < 1:
             raise cfg.field_error(name, f"must be >= 1, got {getattr(cfg, name)}")

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from axplug.api._errors import AxplugError
+from axplug.config import ConfigBase, config_class
 
 __all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer", "tokens_per_step"]
 
@@ -19,6 +20,15 @@ class NonFiniteError(AxplugError, RuntimeError):
 
 class NonFiniteGuard:
     """Counts consecutive non-finite steps (which the step already left unapplied)."""
+
+    @config_class
+    class Config(ConfigBase):
+        # Consecutive steps with a non-finite loss or gradient before the run stops.
+        max_steps: int = 3
+        # How a non-finite step is left unapplied: "cond" (a branch), "select" (an
+        # elementwise select fused into the update), or "auto": cond on CPU, select on
+        # accelerators (where a branch copies the state). Same results either way.
+        mode: str = "auto"
 
     def __init__(self, max_consecutive: int):
         self.max_consecutive = max_consecutive
@@ -43,7 +53,7 @@ class NonFiniteGuard:
                 f"stopping at step {step}: {self.consecutive} consecutive steps had a non-finite "
                 f"loss or gradient (skipped steps: {self.skipped[-self.consecutive :]}); no update "
                 "from them was applied, so the last checkpoint is finite. Lower the learning "
-                "rate, check the input data, or raise max_nonfinite_steps."
+                "rate, check the input data, or raise guard.max_steps."
             )
 
 

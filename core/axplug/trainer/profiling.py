@@ -1,6 +1,6 @@
-"""Profiling a window of train steps: `Trainer.Config.profile_steps` (`axplug train --profile`).
+"""Profiling a window of train steps: `Trainer.Config.profile` (`axplug train --profile`).
 
-`profile_steps` is `"A:B"`, steps A to B-1 as numbered in metrics.jsonl (1 to max_steps;
+`profile.steps` is `"A:B"`, steps A to B-1 as numbered in metrics.jsonl (1 to max_steps;
 half-open like a Python slice: `"10:13"` traces steps 10, 11 and 12), or `"N"`, step N alone.
 A `jax.profiler` trace of those steps goes to `RUN/profile/plugins/profile/<time>/`
 (`<host>.xplane.pb` for TensorBoard's profile plugin / XProf, and `perfetto_trace.json.gz`
@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from axplug.config import ConfigBase, config_class
 from axplug.trainer.summaries import summary_dir
 
 __all__ = ["profile_window", "check_profile_steps", "profile_dir", "StepProfiler"]
@@ -58,13 +59,13 @@ def profile_window(text: Any, max_steps: int) -> tuple[int, int] | str:
 
 
 def check_profile_steps(cfg: Any) -> tuple[int, int] | None:
-    """The window of `cfg.profile_steps` (None: none); raises the ConfigError naming
-    `profile_steps` that a run would for a bad one."""
-    if cfg.profile_steps is None:
+    """The window of the trainer `cfg`'s `profile.steps` (None: none); raises the ConfigError
+    naming it that a run would for a bad one."""
+    if cfg.profile.steps is None:
         return None
-    window = profile_window(cfg.profile_steps, cfg.max_steps)
+    window = profile_window(cfg.profile.steps, cfg.max_steps)
     if isinstance(window, str):
-        raise cfg.field_error("profile_steps", window)
+        raise cfg.profile.field_error("steps", window)
     return window
 
 
@@ -81,6 +82,12 @@ class StepProfiler:
     """Starts a `jax.profiler` trace before step `first` and stops it after step `last`'s
     results are ready, or when the run ends inside the window (`close`, from a `finally`)."""
 
+    @config_class
+    class Config(ConfigBase):
+        # Steps "A:B" (A to B-1, as numbered in metrics.jsonl) or "N" traced into
+        # output_dir/profile (`axplug train --profile`); None: none.
+        steps: int | str | None = None
+
     def __init__(self, first: int, last: int, log_dir: str):
         self.first, self.last, self.log_dir = first, last, log_dir
         self.tracing = False
@@ -95,16 +102,16 @@ class StepProfiler:
     @classmethod
     def for_run(cls, cfg: Any, start: int) -> StepProfiler | None:
         """The profiler of a run resuming at `start` (steps done), or None: no
-        `profile_steps`, or a window that ended before `start` (a resumed run, logged)."""
+        `profile.steps`, or a window that ended before `start` (a resumed run, logged)."""
         window = check_profile_steps(cfg)
         if window is None:
             return None
         first, last = window
         if last <= start:
             log.warning(
-                "profile_steps %r: steps %d..%d were done before this attempt (resumed after "
+                "profile.steps %r: steps %d..%d were done before this attempt (resumed after "
                 "step %d); no trace",
-                cfg.profile_steps,
+                cfg.profile.steps,
                 first,
                 last,
                 start,
@@ -112,7 +119,7 @@ class StepProfiler:
             return None
         if first <= start:
             log.info(
-                "profile_steps: resumed after step %d, tracing steps %d..%d", start, start + 1, last
+                "profile.steps: resumed after step %d, tracing steps %d..%d", start, start + 1, last
             )
             first = start + 1
         return cls(first, last, profile_dir(cfg.output_dir))
@@ -138,7 +145,7 @@ class StepProfiler:
         try:
             jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)
         except RuntimeError as e:  # e.g. the program's own trace is running
-            log.warning("profile_steps: could not start a trace: %s; no trace", e)
+            log.warning("profile: could not start a trace: %s; no trace", e)
             self.done = True
             return
         self.tracing = True
@@ -160,7 +167,7 @@ class StepProfiler:
         try:
             jax.profiler.stop_trace()
         except Exception as e:  # noqa: BLE001 - a failed export must not fail the run
-            log.warning("profile_steps: writing the trace to %s failed: %s", self.log_dir, e)
+            log.warning("profile: writing the trace to %s failed: %s", self.log_dir, e)
             return
         runs = glob.glob(os.path.join(self.log_dir, "plugins", "profile", "*"))
         where = max(runs, key=os.path.getmtime) if runs else self.log_dir

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.checkpoint import FROZEN_KEY, CheckpointCorruptError, checkpoint_directory
+from axplug.config import ConfigBase, config_class
 from axplug.runtime import GoodputRecorder
 from axplug.trainer.fresh_optimizer import restore_train_state
 from axplug.trainer.init_from import restore_weights
@@ -40,13 +41,25 @@ def _merged(fresh: Any, restored: Any) -> Any:
 class Restorer:
     """A run's starting state from its `checkpointer` (either tier), else from `init_state`
     (fresh parameters) or the `init_from` run's weights, laid out as `layout`; `config` is the
-    trainer's (init_from, init_step, init_optimizer, on_corrupt_checkpoint).
+    trainer's `restore` (a `Restorer.Config`).
 
     After `restore_or_init`: `metadata` of the persistent step resumed from (else None), and
     `frozen_source`, the base run a fine-tune's frozen parameters come from (else None), which
     its saves record."""
 
-    def __init__(self, config: Any, checkpointer: Any, layout: StateLayout,
+    @config_class
+    class Config(ConfigBase):
+        # Fine-tuning: a run (or import) directory whose weights start this run while it has
+        # no checkpoint of its own; its latest step unless `init_step`. The optimizer state
+        # starts fresh unless `init_optimizer` (then the learner must be the same).
+        init_from: str | None = None
+        init_step: int | None = None
+        init_optimizer: bool = False
+        # A latest checkpoint that fails to restore or verify: "previous" warns, marks it
+        # incomplete and resumes from the step before; "stop" raises.
+        on_corrupt: str = "previous"
+
+    def __init__(self, config: Config, checkpointer: Any, layout: StateLayout,
                  goodput: GoodputRecorder, init_state: Callable[[], dict]):  # fmt: skip
         self.config, self.checkpointer, self.layout = config, checkpointer, layout
         self.goodput, self.init_state = goodput, init_state
@@ -70,7 +83,7 @@ class Restorer:
         """The latest complete checkpoint that restores and verifies, else a fresh state.
 
         A step that fails (a truncated or changed file, unreadable metadata) is reported; with
-        `on_corrupt_checkpoint="previous"` it is marked incomplete (replaced when training
+        `restore.on_corrupt="previous"` it is marked incomplete (replaced when training
         reaches it again) and the step before is tried.
         """
         cfg, checkpointer, goodput = self.config, self.checkpointer, self.goodput
@@ -92,7 +105,7 @@ class Restorer:
                 with goodput.phase("restore"):
                     step, state, metadata = restore_train_state(checkpointer, self.layout, step)
             except CheckpointCorruptError as exc:
-                if cfg.on_corrupt_checkpoint == "stop":
+                if cfg.on_corrupt == "stop":
                     raise
                 log.warning("%s; marking it incomplete and trying the step before", exc)
                 checkpointer.uncommit(step)
@@ -108,6 +121,7 @@ class Restorer:
 
     def _init_from(self, fresh: dict) -> dict:
         cfg, layout = self.config, self.layout
+        assert cfg.init_from is not None  # called for a run that has one
         # Under learner.trainable, trained parameters the source lacks (adapters) start fresh.
         new_ok = None if cfg.init_optimizer else layout.optimizer_mask
         step, params, opt_state = restore_weights(
@@ -134,6 +148,7 @@ class Restorer:
         this run's layout with no random initialization first (which cost a compile of every
         initializer), and the source's optimizer state or a fresh one."""
         cfg, layout = self.config, self.layout
+        assert cfg.init_from is not None
         step, params, opt_state = restore_weights(
             cfg.init_from, cfg.init_step, abstract_state=layout.abstract,
             optimizer=cfg.init_optimizer,

@@ -1,4 +1,4 @@
-"""The training loop's checkpoint saves: a persistent save under `on_save_error`, and the save
+"""The training loop's checkpoint saves: a persistent save under `saving.on_error`, and the save
 of the step a preemption stops at."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune
-from axplug.config import strip_userinfo_tree, to_dict
+from axplug.config import ConfigBase, config_class, strip_userinfo_tree, to_dict
 from axplug.runtime import GoodputRecorder, Preempted
 from axplug.trainer.input_state import INPUT_STATE_KEY, gather_input_state
 from axplug.trainer.restore import Restorer
@@ -22,8 +22,14 @@ SAVE_ERROR_POLICIES = ("stop", "retry_next")
 
 class Saver:
     """Saves a run's steps with `checkpointer`: the trainer `config` in each step's metadata
-    (and its on_save_error, checkpoint_every), the `source` input's state, a fine-tune's trained
-    parameters only (the `restorer` knows its base); `on_saved(step, path)` after each save."""
+    (and its `saving`), the `source` input's state, a fine-tune's trained parameters only (the
+    `restorer` knows its base); `on_saved(step, path)` after each save."""
+
+    @config_class
+    class Config(ConfigBase):
+        # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
+        # again at the next checkpoint step (a failed last save of the run always raises).
+        on_error: str = "stop"
 
     def __init__(self, config: Any, checkpointer: Any, source: Any, restorer: Restorer,
                  goodput: GoodputRecorder, on_saved: Callable[[int, str], None]):  # fmt: skip
@@ -54,7 +60,7 @@ class Saver:
         self.on_saved(step, f"{checkpointer.directory}/step_{step:08d}")
 
     def _failed(self, exc: CheckpointError) -> None:
-        if self.config.on_save_error != "retry_next":
+        if self.config.saving.on_error != "retry_next":
             raise exc
         log.error("%s; training continues, the next checkpoint saves again", exc)
 

@@ -80,12 +80,12 @@ class Trainer(Configurable):
         evaluators: list = []
         log_every: int = 10
         seed: int = 0
-        # Consecutive steps with a non-finite loss or gradient before the run stops.
-        max_nonfinite_steps: int = 3
-        # How a non-finite step is left unapplied: "cond" (a branch), "select" (an
-        # elementwise select fused into the update), or "auto": cond on CPU, select on
-        # accelerators (where a branch copies the state). Same results either way.
-        nonfinite_guard: str = "auto"
+        # The parts' own settings: where a run starts, how saves fail, the non-finite guard,
+        # a profiler window.
+        restore: Restorer.Config = Restorer.Config()
+        saving: Saver.Config = Saver.Config()
+        guard: NonFiniteGuard.Config = NonFiniteGuard.Config()
+        profile: StepProfiler.Config = StepProfiler.Config()
         # Peak FLOP/s of one device for the logged MFU; None: the detected accelerator's device
         # spec (from the hardware plugins' mesh rules), and no MFU where there is none (CPU).
         peak_flops_per_device: float | None = None
@@ -93,21 +93,15 @@ class Trainer(Configurable):
         # the process's own jax settings (building a Trainer never changes them), as for the
         # default when JAX_COMPILATION_CACHE_DIR is set.
         compilation_cache_dir: str | None = DEFAULT_CACHE_DIR
-        # A failed checkpoint save: "stop" raises; "retry_next" logs it, trains on and saves
-        # again at the next checkpoint step (a failed last save of the run always raises).
-        on_save_error: str = "stop"
-        # A latest checkpoint that fails to restore or verify: "previous" warns, marks it
-        # incomplete and resumes from the step before; "stop" raises.
-        on_corrupt_checkpoint: str = "previous"
-        # Fine-tuning: a run (or import) directory whose weights start this run while it has
-        # no checkpoint of its own; its latest step unless `init_step`. The optimizer state
-        # starts fresh unless `init_optimizer` (then the learner must be the same).
-        init_from: str | None = None
-        init_step: int | None = None
-        init_optimizer: bool = False
-        # A jax.profiler trace of steps "A:B" (A to B-1, as numbered in metrics.jsonl) or
-        # "N" into output_dir/profile (`axplug train --profile`); see axplug.trainer.profiling.
-        profile_steps: int | str | None = None
+
+        RENAMED = {  # before plugin API 1.12 these were the trainer's own fields
+            **{k: f"restore.{k}" for k in ("init_from", "init_step", "init_optimizer")},
+            "on_corrupt_checkpoint": "restore.on_corrupt",
+            "on_save_error": "saving.on_error",
+            "max_nonfinite_steps": "guard.max_steps",
+            "nonfinite_guard": "guard.mode",
+            "profile_steps": "profile.steps",
+        }
 
     _config: Config
 
@@ -157,7 +151,9 @@ class Trainer(Configurable):
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
         self.watchdog = hooked_watchdog(cfg.watchdog, self)
         self._build_step()
-        self.restorer = Restorer(cfg, self.checkpointer, self.layout, self.goodput, self.init_state)
+        self.restorer = Restorer(
+            cfg.restore, self.checkpointer, self.layout, self.goodput, self.init_state
+        )
         saved = lambda step, path: self.hooks(
             "on_checkpoint_saved", trainer=self, step=step, path=path
         )
@@ -192,7 +188,7 @@ class Trainer(Configurable):
             grad_accumulation_steps=self.learner.grad_accumulation_steps,
             learning_rate=self.schedule,
             trainable=cfg.learner.trainable,
-            guard=guard_for(self.mesh.devices.flat[0].platform, cfg.nonfinite_guard),
+            guard=guard_for(self.mesh.devices.flat[0].platform, cfg.guard.mode),
         )
         self._train_step, self._eval_step = jit_steps(
             step, self.model, self.mesh, rules, self.state_shardings, self.batch_sharding
@@ -266,7 +262,7 @@ class Trainer(Configurable):
             for writer in self.writers:
                 writers.enter_context(writer)
                 writer.truncate(start + 1)  # steps after the checkpoint are logged again
-            guard = NonFiniteGuard(cfg.max_nonfinite_steps)
+            guard = NonFiniteGuard(cfg.guard.max_steps)
             timer = StepTimer.for_run(cfg, self.model, self.mesh)
             self.hooks("on_train_start", trainer=self)
             if start >= cfg.max_steps:

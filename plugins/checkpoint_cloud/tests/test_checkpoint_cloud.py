@@ -359,7 +359,7 @@ def _tiny_trainer(output_dir, *extra, steps=4):
 
 @pytest.mark.parametrize("policy", ["retry_next", "stop"])
 def test_trainer_save_failure_policy(tmp_path, policy, caplog):
-    trainer = _tiny_trainer(str(tmp_path), f"on_save_error={policy!r}", steps=6).instantiate()
+    trainer = _tiny_trainer(str(tmp_path), f"saving.on_error={policy!r}", steps=6).instantiate()
     storage, real_path = trainer.checkpointer.storage, trainer.checkpointer.storage.path
 
     def path(url):  # the store refuses the write of step 2
@@ -379,8 +379,8 @@ def test_trainer_save_failure_policy(tmp_path, policy, caplog):
 
 
 def test_trainer_config_rejects_unknown_save_policy(tmp_path):
-    with pytest.raises(ValueError, match=r"on_save_error: must be one of"):
-        _tiny_trainer(str(tmp_path), "on_save_error='ignore'").instantiate()
+    with pytest.raises(ValueError, match=r"saving.on_error: must be one of"):
+        _tiny_trainer(str(tmp_path), "saving.on_error='ignore'").instantiate()
 
 
 def _final_state(cfg):

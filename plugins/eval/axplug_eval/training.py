@@ -50,7 +50,7 @@ class LmEvalEvaluator(Configurable):
 
         cfg, run = self.config, trainer.config
         loaded = LoadedModel(model=trainer.model, params=params, config=run, step=step)
-        tokenizer = find_tokenizer(loaded, run.init_from or run.output_dir)
+        tokenizer = find_tokenizer(loaded, run.restore.init_from or run.output_dir)
         seq_len = getattr(run.input, "seq_len", None)
         max_len = cfg.max_len or (seq_len if isinstance(seq_len, int) and seq_len > 1 else 2048)
         engine = Engine(trainer.model, params, num_slots=cfg.num_slots, max_len=max_len,

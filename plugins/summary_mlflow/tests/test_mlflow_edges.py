@@ -93,7 +93,7 @@ def test_no_file_a_run_writes_holds_the_credentials(tmp_path, monkeypatch):
     )
     run = tmp_path / "run"
     cfg = tiny_trainer_config(run, "checkpoint_every=2", summary_writers=[writer])
-    train(cfg, provenance={"argv": ["--set", f"init_from={secret_uri}/x"]})
+    train(cfg, provenance={"argv": ["--set", f"restore.init_from={secret_uri}/x"]})
     assert FakeClient.uris[-1] == secret_uri  # the writer still logs in with them
     saved = json.loads((run / RUN_FILE).read_text())
     assert saved["tracking_uri"] == "https://mlflow.example.com"
