@@ -420,3 +420,18 @@ def test_the_architecture_page_floors_match_the_imports():
         if floor[b] > floor[a]
     ]
     assert not climbs, "\n".join(climbs)
+
+
+def test_a_face_imports_only_the_core_module_a_name_is_read_from():
+    """`from axplug.api.config import config_class` must not pay for the presets (and with them
+    the trainer, orbax and jax): each face reads a name from its modules on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom axplug.api.config import config_class, REQUIRED\n"
+        "from axplug.api.registry import names\n"
+        "print(sorted(m for m in ('axplug.presets', 'axplug.trainer', 'jax') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

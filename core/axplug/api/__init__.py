@@ -22,7 +22,7 @@ from axplug import __version__ as CORE_VERSION
 
 if TYPE_CHECKING:
     from axplug.api._attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
-    from axplug.api._commands import add_checkpoint_arguments, add_config_arguments
+    from axplug.api._commands import add_checkpoint_arguments, add_command, add_config_arguments
     from axplug.api._device import DeviceSpec, with_device_spec
     from axplug.api._errors import AxplugError
     from axplug.api._hf import HFArchitecture, HFFields, HFTensor
@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 # `add_checkpoint_arguments` without importing jax: `axplug --help` imports every core command.
 _HOMES = {
     **dict.fromkeys(("EMPTY_POSITION", "AttentionMask", "PagedKV", "linear_bias"), "_attention"),
-    **dict.fromkeys(("add_checkpoint_arguments", "add_config_arguments"), "_commands"),
+    **dict.fromkeys(
+        ("add_checkpoint_arguments", "add_command", "add_config_arguments"), "_commands"
+    ),
     "AxplugError": "_errors",
     **dict.fromkeys(("DeviceSpec", "with_device_spec"), "_device"),
     **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "_kernel"),
@@ -82,6 +84,7 @@ __all__ = [
     "ParameterSpec",
     "Unsupported",
     "add_checkpoint_arguments",
+    "add_command",
     "add_config_arguments",
     "check_shapes",
     "hookimpl",

@@ -1,10 +1,29 @@
-"""What command plugins share: the options of commands that load a model from a run."""
+"""What commands share: their parser's skeleton, and the options of commands that build a
+config or load a model from a run."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["add_checkpoint_arguments", "add_config_arguments"]
+__all__ = ["add_command", "add_checkpoint_arguments", "add_config_arguments"]
+
+
+def add_command(
+    subparsers: Any, name: str, run: Callable, *, help: str, description: str, epilog: str
+) -> argparse.ArgumentParser:
+    """The parser of `axplug NAME`: a one-line `help`, a `description`, an `epilog` of examples
+    kept as written; `axplug NAME ...` calls `run(args)`, whose int is the exit status."""
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -1,8 +1,11 @@
 """The checkpoint face of the plugin API: checkpoints, storage, files written whole."""
 
-from axplug import checkpoint as _checkpoint
-from axplug import files as _files
-from axplug.checkpoint import *  # noqa: F403
-from axplug.files import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_checkpoint.__all__, *_files.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.checkpoint import *  # noqa: F403
+    from axplug.files import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.checkpoint", "axplug.files")

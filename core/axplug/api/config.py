@@ -1,10 +1,12 @@
 """The config face of the plugin API: config classes and tools, modifiers, presets."""
 
-from axplug import config as _config
-from axplug import modifiers as _modifiers
-from axplug import presets as _presets
-from axplug.config import *  # noqa: F403
-from axplug.modifiers import *  # noqa: F403
-from axplug.presets import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_config.__all__, *_modifiers.__all__, *_presets.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.config import *  # noqa: F403
+    from axplug.modifiers import *  # noqa: F403
+    from axplug.presets import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.config", "axplug.modifiers", "axplug.presets")

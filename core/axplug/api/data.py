@@ -1,8 +1,11 @@
 """The data face of the plugin API: input pipelines, token files and tokenizers."""
 
-from axplug import input as _input
-from axplug import tokenizer as _tokenizer
-from axplug.input import *  # noqa: F403
-from axplug.tokenizer import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_input.__all__, *_tokenizer.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.input import *  # noqa: F403
+    from axplug.tokenizer import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.input", "axplug.tokenizer")

@@ -1,6 +1,10 @@
 """The layers face of the plugin API: the core layers, and `functional` to call any layer."""
 
-from axplug import layers as _layers
-from axplug.layers import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_layers.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.layers import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.layers")

@@ -1,6 +1,10 @@
 """The registry face of the plugin API: what is installed, and loading it by name."""
 
-from axplug import registry as _registry
-from axplug.registry import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_registry.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.registry import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.registry")

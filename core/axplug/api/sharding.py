@@ -1,10 +1,12 @@
 """The sharding face of the plugin API: meshes, mesh rules and the sharding scope."""
 
-from axplug import mesh as _mesh
-from axplug import mesh_rules as _mesh_rules
-from axplug import sharding as _sharding
-from axplug.mesh import *  # noqa: F403
-from axplug.mesh_rules import *  # noqa: F403
-from axplug.sharding import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_sharding.__all__, *_mesh_rules.__all__, *_mesh.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.mesh import *  # noqa: F403
+    from axplug.mesh_rules import *  # noqa: F403
+    from axplug.sharding import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.sharding", "axplug.mesh_rules", "axplug.mesh")

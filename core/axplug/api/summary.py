@@ -1,6 +1,10 @@
 """The summary face of the plugin API: summary writers and the metrics files they read and write."""
 
-from axplug import summary as _summary
-from axplug.summary import *  # noqa: F403
+from typing import TYPE_CHECKING
 
-__all__ = [*_summary.__all__]
+from axplug.api._face import face
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is read on first use
+    from axplug.summary import *  # noqa: F403
+
+__getattr__ = face(__name__, "axplug.summary")

@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run", "format_size"]
 
 EPILOG = """\
@@ -29,13 +31,14 @@ Storage settings (endpoint, region, retries) come from the standard environment
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "checkpoints",
+        run,
         help="list, delete or verify the checkpoint steps of a run (local or s3://, gs://)",
         description="List, delete or verify checkpoint steps, complete or not, anywhere a "
         "storage backend is installed for.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     ls = actions.add_parser("ls", help="steps with completeness, size and time")
@@ -62,7 +65,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="a keyword argument of the storage backend (e.g. endpoint=http://...)",
         )
-    parser.set_defaults(run=run)
     return parser
 
 

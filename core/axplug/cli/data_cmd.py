@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -22,12 +24,13 @@ summary line, or 2 and one error line (1: a file that cannot be read).
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "data",
+        run,
         help="verify a prepared data directory (every shard read and checked)",
         description="Check a data directory written by `axplug prepare-data`.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     verify = actions.add_parser(
@@ -44,7 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="also refuse ids >= N (a model's vocabulary; default: meta.json's vocab_size)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

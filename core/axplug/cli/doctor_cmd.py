@@ -8,6 +8,8 @@ import platform
 import sys
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run", "collect", "PROBLEM_STATUSES"]
 
 # Statuses that make `axplug doctor` exit 1; `conflict` and `disabled` are reported only, but a
@@ -27,16 +29,16 @@ each problem comes with the fix (upgrade, reinstall, or skip with AXPLUG_DISABLE
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "doctor",
+        run,
         help="check the environment and every installed plugin",
         description="Report Python, jax and device versions, and import every installed "
         "plugin in isolation, naming what is broken and how to fix it.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(run=run)
     return parser
 
 

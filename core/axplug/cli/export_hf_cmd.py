@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -31,12 +33,13 @@ the new files), the old directory deleted only once the new one is in place.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export-hf",
+        run,
         help="write a run's model as a Hugging Face checkpoint",
         description="Write a run's model as a Hugging Face checkpoint directory.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run (or import) directory")
     parser.add_argument("--output", required=True, metavar="DIR", help="where to write")
@@ -44,7 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--force", action="store_true", help="replace DIR when it is not empty (the whole DIR)"
     )
-    parser.set_defaults(run=run)
     return parser
 
 

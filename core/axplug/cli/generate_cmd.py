@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from axplug.api import add_checkpoint_arguments
+from axplug.api import add_checkpoint_arguments, add_command
 
 __all__ = ["add_parser", "run"]
 
@@ -44,13 +44,14 @@ def _token_ids(text: str) -> list[int]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "generate",
+        run,
         help="sample a continuation of a prompt from a checkpoint",
         description="Load a model from a checkpoint and continue a prompt with KV-cache "
         "decoding (greedy, temperature, top-k, top-p).",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_checkpoint_arguments(parser)
     prompt = parser.add_mutually_exclusive_group(required=True)
@@ -71,7 +72,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help='print {"prompt_ids": [...], "output_ids": [...]}'
     )
-    parser.set_defaults(run=run)
     return parser
 
 

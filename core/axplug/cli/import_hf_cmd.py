@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
 from axplug.api._commands import add_config_arguments
 
 __all__ = ["add_parser", "run"]
@@ -34,14 +35,15 @@ OUTPUT that already holds a complete checkpoint is refused.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "import-hf",
+        run,
         help="import a Hugging Face checkpoint (config.json + safetensors)",
         description="Convert a Hugging Face checkpoint directory into an axplug config and\n"
         "checkpoint. The config is the architecture's (its layers set from config.json),\n"
         "then each --modifier, then each --set.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("directory", metavar="DIR", help="the Hugging Face checkpoint directory")
     parser.add_argument("--output", required=True, help="the axplug run directory to write")
@@ -51,7 +53,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config", action="store_true", help="print the config and exit, writing nothing"
     )
-    parser.set_defaults(run=run)
     return parser
 
 

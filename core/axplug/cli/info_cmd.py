@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
 from axplug.registry import KINDS, Component
 
 __all__ = ["add_parser", "run", "find"]
@@ -18,17 +19,17 @@ examples:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "info",
+        run,
         help="show one component: source, docstring, default config",
         description="Show where a component comes from, its docstring and, when it has\n"
         "default_config(), every field of its default config. Imports the component.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", metavar="NAME", help="component name, or distribution:name")
     parser.add_argument("--kind", choices=KINDS, help="the component's kind, when ambiguous")
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from axplug.api import add_command
 from axplug.registry import KINDS, Component
 from axplug.registry._component import CORE_DISTRIBUTION
 
@@ -40,13 +41,14 @@ _STYLES = {
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "list",
+        run,
         help="list installed components and their status",
         description="List every component that installed distributions register. Reads\n"
         "metadata only: imports no plugin and not jax, unless --check is given.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--kind", choices=KINDS, help="only components of this kind")
     parser.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
@@ -56,7 +58,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--check", action="store_true", help="import each component in isolation and report it"
     )
-    parser.set_defaults(run=run)
     return parser
 
 

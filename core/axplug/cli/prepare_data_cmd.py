@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -44,13 +46,14 @@ or `k8s-indexed` renders the array job.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "prepare-data",
+        run,
         help="tokenize text/JSONL/Parquet into token shards for --input token_file",
         description="Tokenize documents into a data directory that `--input token_file:path=DIR` "
         "trains on.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="the sources, in order")
     parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or dir (required)")
@@ -75,7 +78,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="write meta.json from the tasks' records, then stop")  # fmt: skip
     parser.add_argument("--staging", metavar="DIR",
                         help="where shards for a URL --output are made")  # fmt: skip
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from axplug.api import add_command
 from axplug.api._commands import add_config_arguments
 from axplug.cli._train_config import base_config, build_config, source_label
 from axplug.config import UsageError
@@ -63,14 +64,15 @@ rerun the same command to resume: preempted (SIGTERM/SIGINT, saved), hung (with
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "train",
+        run,
         help="train a model from a preset (resumes from OUTPUT_DIR)",
         description="Train a model. The config is the preset's (with its own modifiers), a\n"
         "run's (--from, to fine-tune its weights) or a file's (--config); then the mesh rule's\n"
         "modifiers, each --modifier in order, --input, each --writer, each --set override.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -193,7 +195,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="with --print-config: only the fields that differ from the preset (or --from run)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from axplug.api import add_config_arguments
+from axplug.api import add_command, add_config_arguments
 
 __all__ = ["add_parser", "run", "build_config", "format_report", "EXIT_OOM"]
 
@@ -40,13 +40,14 @@ memory and cost analysis there, e.g. to read which layer's ops a fusion holds.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "aot",
+        run,
         help="compile a train step for a mesh rule ahead of time: memory, FLOPs, MFU",
         description="Compile the training step for a mesh rule's mesh without running it and "
         "report per-device memory against the device's HBM, FLOPs per step and MFU.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", required=True, help="preset name")
     parser.add_argument(
@@ -74,7 +75,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(train_step.after_optimizations.hlo.txt) and the memory and cost analysis "
         "(train_step.analysis.json) to DIR; ops carry their module path (decoder/.../attention)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run", "add_record_arguments", "prepare_records"]
 
 EPILOG = """\
@@ -28,12 +30,13 @@ rows (add `packing=true` to fill rows with several).
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "prepare-chat",
+        run,
         help="tokenize chat JSONL with a loss mask on the assistant's turns",
         description="Tokenize chat conversations into a data directory for fine-tuning.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_record_arguments(parser)
     parser.add_argument(
@@ -42,7 +45,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="assistant",
         help="the tokens the loss counts (default: every assistant reply)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -24,18 +26,18 @@ the response. `dpo-reference` then stores the starting model's log-probabilities
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "prepare-preferences",
+        run,
         help="tokenize preference pairs (prompt, chosen, rejected) for DPO",
         description="Tokenize preference pairs into a data directory for --modifier dpo.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from axplug_chat.prepare_cmd import add_record_arguments
 
     add_record_arguments(parser)
     parser.add_argument("--plain", action="store_true", help="no chat template: prompt + reply")
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -21,17 +23,17 @@ records the checkpoint and step. Running it again replaces them.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "dpo-reference",
+        run,
         help="store a reference model's log-probabilities with preference data",
         description="Compute the reference model's log-probabilities of preference data.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("data_dir", metavar="DATA_DIR", help="from axplug prepare-preferences")
     parser.add_argument("--checkpoint", required=True, metavar="RUN", help="the reference run")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from axplug.api import add_checkpoint_arguments
+from axplug.api import add_checkpoint_arguments, add_command
 
 __all__ = ["add_parser", "run", "evaluate"]
 
@@ -44,13 +44,14 @@ def _tasks(text: str) -> list[str]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "eval",
+        run,
         help="run lm-evaluation-harness tasks on a checkpoint or a server",
         description="Evaluate a checkpoint (in process) or an OpenAI-compatible server on "
         "lm-evaluation-harness tasks: multiple choice, perplexity and generation.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_checkpoint_arguments(parser, required=False)
     parser.add_argument("--tasks", type=_tasks, required=True, metavar="T1,T2,...")
@@ -86,7 +87,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     server.add_argument(
         "--api-key", metavar="KEY", help="the server's key (default: $OPENAI_API_KEY)"
     )
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from axplug.api import add_config_arguments
+from axplug.api import add_command, add_config_arguments
 from axplug_launch.agent import DEFAULT_MAX_RESTARTS
 from axplug_launch.plan import (
     ARRAY_TARGETS,
@@ -74,8 +74,10 @@ mount). A failed task retries alone and resumes; `axplug prepare-data --merge
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "launch",
+        run,
         help="print a Slurm, Kubernetes or Cloud TPU VM template (training, or prepare-data in "
         "array tasks), run a local job with standby hosts, or run the restart agent",
         description="Print a job template running the same `axplug train` command on every "
@@ -84,7 +86,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--print slurm-array|k8s-indexed splits `axplug prepare-data` into array tasks. "
         "axplug is not a scheduler: the template is for the one you have.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--print", choices=TARGETS, dest="target", help="print a job template")
@@ -185,7 +186,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="after --: the command (--agent, --local); prepare-data and its arguments "
         "(--print slurm-array|k8s-indexed)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run"]
 
 EPILOG = """\
@@ -23,18 +25,18 @@ written whole or not at all, like export-hf's.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export-lora",
+        run,
         help="write a LoRA run's adapters as a PEFT adapter directory",
         description="Write the LoRA adapters of a run as a PEFT adapter directory.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run trained with --modifier lora")
     parser.add_argument("--output", required=True, metavar="DIR", help="where to write")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--force", action="store_true", help="replace DIR when not empty")
-    parser.set_defaults(run=run)
     return parser
 
 

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any, NamedTuple
 
+from axplug.api import add_command
+
 __all__ = [
     "add_parser",
     "run",
@@ -57,13 +59,14 @@ PNG_EVAL_MARKERS = ("o", "s", "^", "D", "v")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "metrics",
+        run,
         help="a run's last metrics records and terminal plots",
         description="Print the last records of a run's metrics.jsonl and plot its metrics "
         "in the terminal.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", help="the run's --output-dir")
     parser.add_argument("--last", type=int, default=5, help="steps to print (default 5)")
@@ -82,7 +85,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"also draw the plots into a PNG, {PNG_WIDTH} pixels wide and {PNG_ROW_HEIGHT} "
         "high per panel (needs matplotlib)",
     )
-    parser.set_defaults(run=run)
     return parser
 
 

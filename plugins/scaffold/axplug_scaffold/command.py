@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from axplug.api import add_command
+
 __all__ = ["add_parser", "run", "KINDS", "KIND_GROUPS", "generate", "names_for", "template_files"]
 
 # kind -> (entry-point group, submodule). The files are real templates shipped as package
@@ -48,12 +50,13 @@ axplug), a small working component, a README and tests that run the conformance 
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "new-plugin",
+        run,
         help="create a new plugin package from a template",
         description="Write a plugin package: pyproject.toml, a working component, README, tests.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", help="distribution name, e.g. axplug-sqrelu")
     parser.add_argument("--kind", choices=KINDS, default="layer", help="default: layer")
@@ -73,7 +76,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "place of every FeedForward, registered and tested",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing directory")
-    parser.set_defaults(run=run)
     return parser
 
 

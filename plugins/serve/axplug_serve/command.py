@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from axplug.api import AxplugError, add_checkpoint_arguments
+from axplug.api import AxplugError, add_checkpoint_arguments, add_command
 
 __all__ = ["add_parser", "run", "API_KEY_ENV"]
 
@@ -83,13 +83,14 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "serve",
+        run,
         help="serve a checkpoint over HTTP with the OpenAI API",
         description="Load a model from a checkpoint and serve it with an OpenAI-compatible "
         "HTTP API: completions and chat, streamed or not, with continuous batching.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_checkpoint_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (this machine)")
@@ -182,7 +183,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip compiling every prefill width at start-up (the first requests pay it)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    parser.set_defaults(run=run)
     return parser
 
 
