@@ -516,6 +516,8 @@ def test_metrics_png_is_an_image_of_the_plots(tmp_path, capsys):
     assert 0.001 < dark < 0.3  # axes, labels and curves drawn; not blank, not filled
     assert main(["metrics", str(tmp_path), "--plot", "none", "--png", str(png)]) == 1
     assert "nothing to plot" in capsys.readouterr().err
+    assert main(["metrics", str(tmp_path), "--last", "0"]) == 2  # raised to the one boundary
+    assert capsys.readouterr().err.strip() == "error: --last must be >= 1, got 0"
 
 
 def test_commands_that_build_a_config_share_one_modifier_and_set_block():

@@ -147,6 +147,7 @@ def _rerun(n: int, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from axplug.api.config import UsageError
     from axplug_aot.report import check_batch, scale_down
     from axplug_aot.topology import compile_only_devices
 
@@ -162,8 +163,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if devices is None and not _ensure_devices(needed := _prod(shape) // factor):
         if os.environ.get(_CHILD_ENV):
-            print(f"error: could not get {needed} fake CPU devices", file=sys.stderr)
-            return 2
+            raise UsageError(f"could not get {needed} fake CPU devices (--max-devices)")
         return _rerun(needed, args)
     return _report(args, cfg, name, spec, count, devices, devices_note)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from typing import Any, NamedTuple
 
 from axplug.api import add_command
@@ -272,13 +271,13 @@ def run_name_of(run_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from axplug.api import AxplugError
+    from axplug.api.config import ConfigDependencyError, UsageError
     from axplug.api.run import summary_dir
     from axplug.api.summary import read_jsonl
 
     for flag in ("last", "width", "height"):
         if getattr(args, flag) < 1:
-            print(f"error: --{flag} must be >= 1, got {getattr(args, flag)}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     path = f"{summary_dir(args.run_dir).rstrip('/')}/metrics.jsonl"
     records = read_jsonl(path)
     if not records:
@@ -308,9 +307,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_png(args.png, run_name, drawn)
         except ImportError:
-            print(
-                "error: --png needs matplotlib: pip install 'axplug-metrics[png]'", file=sys.stderr
-            )
-            return 2
+            raise ConfigDependencyError(
+                "--png needs matplotlib: pip install 'axplug-metrics[png]'"
+            ) from None
         print(f"\nwrote {args.png}")
     return 0
