@@ -184,7 +184,7 @@ def test_axplug_step_reads_the_bytes_a_plain_jax_step_reads():
     trainer = cfg.instantiate(devices=jax.devices()[:1])
     token = jax.ShapeDtypeStruct((8, 16), np.int32, sharding=trainer.batch_sharding)
     batch = {"input_ids": token, "target_labels": token}
-    ours = trainer._train_step.lower(trainer.abstract_state, batch).compile()
+    ours = trainer._train_step.lower(trainer.layout.abstract, batch).compile()
     plain = step_time.PlainSide(cfg)
     plain.set_params(trainer.init_state()["params"])
     theirs = plain.jitted.lower(*plain.abstract_args()).compile()

@@ -27,7 +27,7 @@ def run(tmp_path_factory):
     trainer.run()
     states = {}
     for step in (2, 4):
-        _, state, _ = trainer.checkpointer.restore(step, target=trainer.abstract_state)
+        _, state, _ = trainer.checkpointer.restore(step, target=trainer.layout.abstract)
         states[step] = jax.device_get(state)
     trainer.checkpointer.close()
     return out, states
@@ -103,7 +103,7 @@ def test_a_changed_data_file_is_never_restored_silently(run, tmp_path):
     target.write_bytes(bytes(data))
     trainer = config(out).instantiate(devices=jax.devices()[:1])
     try:
-        _, state, _ = trainer.checkpointer.restore(4, target=trainer.abstract_state)
+        _, state, _ = trainer.checkpointer.restore(4, target=trainer.layout.abstract)
     except CheckpointCorruptError as exc:
         assert "step 4" in str(exc)
     else:  # the byte held nothing restored: then the values must be exactly the saved ones
@@ -122,7 +122,7 @@ def test_verification_compares_every_leaf_with_what_was_saved(run, tmp_path):
     item = step_dir(out, 4) / "checksums" / "metadata"
     item.write_text(__import__("json").dumps(bad))
     with pytest.raises(CheckpointCorruptError, match=rf"step 4 .* fails verification: {name}"):
-        trainer.checkpointer.restore(4, target=trainer.abstract_state)
+        trainer.checkpointer.restore(4, target=trainer.layout.abstract)
     trainer.checkpointer.close()
 
 

@@ -34,7 +34,7 @@ def reference_state(trainer, src):
     rules = load_architecture("LlamaForCausalLM").tensors(trainer.config.model)
     with SafetensorsDir(src) as tensors:
         params = hf_params(tensors, rules, trainer.param_specs)
-    shardings = trainer.state_shardings
+    shardings = trainer.layout.shardings
     params = jax.device_put(params, shardings["params"])
     opt_state = jax.jit(trainer.tx.init, out_shardings=shardings["opt_state"])(params)
     step = jax.device_put(np.int32(0), shardings["step"])

@@ -46,7 +46,7 @@ def test_the_program_places_saved_activations_in_host_memory(tmp_path, policy, c
     trainer = trainer_for(policy, tmp_path)
     token = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=trainer.batch_sharding)
     traced = trainer._train_step.trace(
-        trainer.abstract_state, {"input_ids": token, "target_labels": token}
+        trainer.layout.abstract, {"input_ids": token, "target_labels": token}
     )
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     # To host in the scanned forward, back to the device in the backward: per named value.

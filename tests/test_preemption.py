@@ -58,7 +58,7 @@ def _final_state(output_dir, cache_dir):
     trainer = build_config(build_parser().parse_args(_args(output_dir, cache_dir))).instantiate()
     directory = str(output_dir / "checkpoints")
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
-        return jax.device_get(checkpointer.restore(target=trainer.abstract_state)[1])
+        return jax.device_get(checkpointer.restore(target=trainer.layout.abstract)[1])
 
 
 def _complete_steps(output_dir):

@@ -50,7 +50,7 @@ def final_params(output_dir, cache_dir, extra=()):
     trainer = build_config(args).instantiate()
     directory = str(output_dir / "checkpoints")
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
-        step, state, _ = checkpointer.restore(target=trainer.abstract_state)
+        step, state, _ = checkpointer.restore(target=trainer.layout.abstract)
     return step, jax.device_get(state)
 
 

@@ -229,7 +229,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_finite_checkpoints(tmp_pa
     with pytest.raises(NonFiniteError, match="stopping at step 6: 3 consecutive steps"):
         trainer.run()
     assert trainer.checkpointer.all_steps() == [3]  # nothing is saved past the bad steps
-    _, state, _ = trainer.checkpointer.restore(3, target=trainer.abstract_state)
+    _, state, _ = trainer.checkpointer.restore(3, target=trainer.layout.abstract)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state["params"])))
 
 
@@ -525,7 +525,7 @@ def test_train_step_reads_the_gradients_for_one_global_norm(tmp_path):
     cfg = tiny_config(tmp_path, "learner.optimizer='sgd'", "learner.max_grad_norm=1.0")
     trainer = cfg.instantiate()
     state, batch = (
-        trainer.abstract_state,
+        trainer.layout.abstract,
         {k: jax.ShapeDtypeStruct((8, 32), jnp.int32) for k in ("input_ids", "target_labels")},
     )
 

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from axplug.checkpoint import step_dir_name
 from axplug.config import to_dict
 from axplug.interop.from_config import hf_trainer_config, read_hf_config
 from axplug.interop.hf_config import HFImportError, load_architecture
@@ -143,7 +144,7 @@ def import_hf(
     return ImportResult(
         architecture=hf.architecture,
         config=cfg,
-        checkpoint=f"{checkpointer.directory}/step_{IMPORT_STEP:08d}",
+        checkpoint=f"{checkpointer.directory}/{step_dir_name(IMPORT_STEP)}",
         num_params=num_params,
         modifiers=tuple(modifiers),
     )
@@ -205,14 +206,13 @@ def copy_tokenizer_files(
 def _remove_leftovers(checkpointer: Any, output_dir: str) -> None:
     """What an import cut short left in `output_dir` (which holds no complete step): its
     temporary files and its partial save of the import step."""
-    from axplug.checkpoint import layout
     from axplug.files import is_temp_of
 
     storage = checkpointer.storage
     for entry in storage.listdir(output_dir):
         if is_temp_of(entry, _RUN_FILES):
             storage.delete(storage.join(output_dir, entry))
-    prefix = layout.step_dir_name(IMPORT_STEP)  # `step_00000000`, orbax's `step_00000000.orbax-...`
+    prefix = step_dir_name(IMPORT_STEP)  # `step_00000000`, orbax's `step_00000000.orbax-...`
     for entry in storage.listdir(checkpointer.directory):
         if entry == prefix or entry.startswith(prefix + "."):
             storage.delete(storage.join(checkpointer.directory, entry))
@@ -242,7 +242,7 @@ def _ignored(name: str, tied: bool) -> bool:
 
 def _state(trainer: Trainer, params: dict) -> dict:
     """`{"params", "step"}` laid out on the trainer's mesh: the imported params and step 0."""
-    shardings = trainer.state_shardings
+    shardings = trainer.layout.shardings
     # Leaf by leaf, each host array dropped once on its devices: one copy of the parameters.
     # A transfer holds its host array until it completes, and then still from a reference
     # cycle: waited for and collected per leaf, or every host array outlives the loop.

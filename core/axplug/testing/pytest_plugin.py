@@ -9,8 +9,8 @@
   than 10% over FILE's count (`--write-compile-budget` writes it).
 - The garbage collector leaves alone what was imported and collected before the tests.
 - Fixtures: `axplug_cli` (the `axplug` command in-process), `plugin_site` (fake plugin
-  distributions), `cold_compiles`, and runs trained once per session (`gpt_tiny_trained`,
-  `llama_tiny_trained`; `gpt_tiny_run`, `llama_tiny_run`: a copy per test).
+  distributions), `cold_compiles`, and runs trained once per session (`gpt_tiny_trained`, and
+  any preset's with `trained_run(preset, *overrides)`; `gpt_tiny_run`: a copy per test).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune
+from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune, step_dir_name
 from axplug.config import ConfigBase, config_class, strip_userinfo_tree, to_dict
 from axplug.runtime import GoodputRecorder, Preempted
 from axplug.trainer.input_state import INPUT_STATE_KEY, gather_input_state
@@ -57,7 +57,7 @@ class Saver:
         except CheckpointError as exc:
             self._failed(exc)
             return
-        self.on_saved(step, f"{checkpointer.directory}/step_{step:08d}")
+        self.on_saved(step, f"{checkpointer.directory}/{step_dir_name(step)}")
 
     def _failed(self, exc: CheckpointError) -> None:
         if self.config.saving.on_error != "retry_next":

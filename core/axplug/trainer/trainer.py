@@ -130,7 +130,7 @@ class Trainer(Configurable):
         self.eval_input, self.evaluators = build_evaluation(cfg, rows)
         checkpointer_cfg = cfg.checkpointer.clone()
         if checkpointer_cfg.directory is REQUIRED:
-            checkpointer_cfg.directory = f"{str(cfg.output_dir).rstrip('/')}/checkpoints"
+            checkpointer_cfg.directory = f"{cfg.output_dir.rstrip('/')}/checkpoints"
         self.checkpointer = checkpointer_cfg.instantiate()
         self.aux_loss = cfg.aux_loss.instantiate()
         # Process 0 writes the summaries; the others would write the same values.
@@ -146,7 +146,7 @@ class Trainer(Configurable):
         # Process 0's lease on the run directory, held while training (train() also holds it
         # around writing config.txt): a second run into the directory is refused.
         self.run_lock = (
-            RunDirLock(summary_dir(str(cfg.output_dir))) if primary else contextlib.nullcontext()
+            RunDirLock(summary_dir(cfg.output_dir)) if primary else contextlib.nullcontext()
         )
         self.hooks = HookRunner(registry.plugin_manager(*hooks))
         self.watchdog = hooked_watchdog(cfg.watchdog, self)
@@ -175,7 +175,6 @@ class Trainer(Configurable):
             self.model.initialize_parameters_recursively, jax.random.PRNGKey(0)
         )
         self.layout = StateLayout.build(self.tx, abstract_params, param_shardings, masks)
-        self.state_shardings, self.abstract_state = self.layout.shardings, self.layout.abstract
         self.batch_sharding = NamedSharding(self.mesh, batch_partition_spec(self.mesh, rules))
         scope = make_scope(self.mesh, rules)
         for input_cfg in (cfg.input, cfg.eval_input):
@@ -191,7 +190,7 @@ class Trainer(Configurable):
             guard=guard_for(self.mesh.devices.flat[0].platform, cfg.guard.mode),
         )
         self._train_step, self._eval_step = jit_steps(
-            step, self.model, self.mesh, rules, self.state_shardings, self.batch_sharding
+            step, self.model, self.mesh, rules, self.layout.shardings, self.batch_sharding
         )
 
     def lower_step(self, batch: dict | None = None) -> jax.stages.Lowered:
@@ -199,12 +198,12 @@ class Trainer(Configurable):
         ShapeDtypeStructs; default: `input.batch_size x input.seq_len` token ids): what
         `axplug aot` compiles without running, and tests inspect."""
         if batch is None:
-            cfg: Any = self._config.input
+            cfg = self._config.input
             token = jax.ShapeDtypeStruct(
                 (cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self.batch_sharding
             )
             batch = {"input_ids": token, "target_labels": token}
-        return self._train_step.lower(self.abstract_state, batch)
+        return self._train_step.lower(self.layout.abstract, batch)
 
     def init_state(self) -> dict:
         """Fresh parameters (from the seed) and optimizer state, laid out on the mesh."""

@@ -320,7 +320,7 @@ def compile_report(
     assert mem is not None, "this jax backend reports no memory analysis"
     args, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
     alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
-    state = trainer.abstract_state
+    state = trainer.layout.abstract
     memory = {
         "params": _leaf_bytes(state["params"]),
         "optimizer": _leaf_bytes(state["opt_state"]),

@@ -387,7 +387,7 @@ def _final_state(cfg):
     trainer = cfg.instantiate()
     trainer.run()
     with trainer.checkpointer as ckpt:
-        return ckpt.restore(target=trainer.abstract_state)
+        return ckpt.restore(target=trainer.layout.abstract)
 
 
 def test_trainer_resumes_from_s3_bit_identically(moto, s3_bucket, tmp_path, monkeypatch):
@@ -493,7 +493,7 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     states = []
     for directory in (f"{url}/checkpoints", f"{reference}/checkpoints"):
         with _checkpointer(directory, None) as ckpt:
-            step, state, _ = ckpt.restore(target=trainer.abstract_state)
+            step, state, _ = ckpt.restore(target=trainer.layout.abstract)
         assert step == 8
         states.append(jax.device_get(state))
     _assert_same(*states)

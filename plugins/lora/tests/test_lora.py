@@ -127,7 +127,7 @@ def test_sharded_run_equals_one_device(tmp_path):
         jax.device_get(b["params"]),
     )
     # The adapters are laid out like their base weights' axes.
-    q = many.state_shardings["params"]["decoder"]["transformer"]["layer0"]["attention"]["qkv"]["q"]
+    q = many.layout.shardings["params"]["decoder"]["transformer"]["layer0"]["attention"]["qkv"]["q"]
     a, b = q["adapter"]["lora_a"].spec, q["adapter"]["lora_b"].spec
     assert a[0] == q["weight"].spec[0] and a[1] is None
     assert b[1] == q["weight"].spec[1] and b[0] is None

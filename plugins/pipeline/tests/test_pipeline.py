@@ -127,7 +127,7 @@ def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path):
     step, params, opt_state = restore_weights(
         str(tmp_path / "pp"),
         None,
-        abstract_state=target.abstract_state,
+        abstract_state=target.layout.abstract,
         optimizer=True,
     )
     assert step == 3
@@ -200,7 +200,7 @@ def test_1f1b_keeps_activation_memory_flat_in_the_microbatches():
         trainer = cfg.instantiate()
         token = jax.ShapeDtypeStruct((32, 32), jnp.int32, sharding=trainer.batch_sharding)
         lowered = trainer._train_step.lower(
-            trainer.abstract_state, {"input_ids": token, "target_labels": token}
+            trainer.layout.abstract, {"input_ids": token, "target_labels": token}
         )
         return lowered.compile().memory_analysis().temp_size_in_bytes
 

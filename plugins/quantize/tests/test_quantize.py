@@ -110,7 +110,7 @@ def test_int8_train_step_compiles_to_integer_dots(tmp_path):
     token = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=trainer.batch_sharding)
     hlo = (
         trainer._train_step.lower(
-            trainer.abstract_state, {"input_ids": token, "target_labels": token}
+            trainer.layout.abstract, {"input_ids": token, "target_labels": token}
         )
         .compile()
         .as_text()
