@@ -10,30 +10,39 @@ from fake_plugins import LAYER
 DENSE = LAYER
 
 UNAVAILABLE_KERNEL = """
+from axplug.api import Unsupported
+
 class Never:
     def is_supported(self, query, key, value, mask, backend):
-        class No:
-            reason = "needs a quantum backend"
-            def __bool__(self):
-                return False
-        return No()
+        return Unsupported("needs a quantum backend")
 
     def __call__(self, query, key, value, mask, *, scale):
         raise NotImplementedError
 """
 
 UNAVAILABLE_PAGED_KERNEL = """
+from axplug.api import Unsupported
+
 class NeverPaged:
     paged = True
 
     def is_supported(self, query, paged, backend):
-        class No:
-            reason = f"needs {paged.key_pages.shape[0]} kv heads on a quantum backend"
-            def __bool__(self):
-                return False
-        return No()
+        return Unsupported(f"needs {paged.key_pages.shape[0]} kv heads on a quantum backend")
 
     def __call__(self, query, paged, *, scale):
+        raise NotImplementedError
+"""
+
+UNAVAILABLE_GROUPED_KERNEL = """
+from axplug.api import Unsupported
+
+class NeverGrouped:
+    grouped_matmul = True
+
+    def is_supported(self, lhs, rhs, group_sizes, backend):
+        return Unsupported(f"needs {rhs.shape[0]} groups on a quantum backend")
+
+    def __call__(self, lhs, rhs, group_sizes):
         raise NotImplementedError
 """
 
@@ -77,6 +86,14 @@ def test_healthy_environment_reports_and_exits_zero(plugin_site, capsys):
     assert by_dist(report)["axplug"]["status"] == "ok"
     assert report["ok"] is True
     assert rows(report, "axplug")["paged_xla"]["note"] is None  # runs here
+
+
+def test_grouped_matmul_kernels_are_asked_about_a_grouped_call(plugin_site, capsys):
+    plugin_site.add("fake-grouped", {"axplug.kernels": {"never": "fake_grouped:NeverGrouped"}},
+                    modules={"fake_grouped": UNAVAILABLE_GROUPED_KERNEL})  # fmt: skip
+    assert doctor("--json") == 0
+    note = rows(json.loads(capsys.readouterr().out), "fake-grouped")["never"]["note"]
+    assert note == "unavailable here: needs 4 groups on a quantum backend"
 
 
 def test_paged_kernels_are_asked_about_a_decode_step(plugin_site, capsys):

@@ -435,3 +435,58 @@ def test_a_face_imports_only_the_core_module_a_name_is_read_from():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# The bases that declare their kind's optional members with defaults; callers read them.
+DECLARING_BASES = (
+    ("axplug.api", "Kernel"),
+    ("axplug.api", "HFArchitecture"),
+    ("axplug.layers", "BaseLayer"),
+    ("axplug.layers", "AttentionKernelSlot"),
+    ("axplug.layers", "KVCache"),
+    ("axplug.input", "Input"),
+    ("axplug.config", "Configurable"),
+)
+# Names a base declares that are also plain config fields some configs have and others lack
+# (a layer config's `dtype`, an input config's `vocab_size`): schema reads, not hooks.
+_ALSO_CONFIG_FIELDS = {"dtype", "compute_dtype", "vocab_size", "config"}
+
+
+def _probes(path: pathlib.Path, names: set[str]) -> list[str]:
+    """`getattr(x, "name", ...)` / `hasattr(x, "name")` calls in `path` for any of `names`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in names
+        ):
+            found.append(
+                f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id} {node.args[1].value}"
+            )
+    return found
+
+
+def test_optional_members_are_read_from_their_base_never_probed():
+    declared = set()
+    for module, name in DECLARING_BASES:
+        base = getattr(importlib.import_module(module), name)
+        declared |= {n for n in vars(base) if not n.startswith("_")}
+    declared -= _ALSO_CONFIG_FIELDS
+    assert {"paged", "config_fields", "hf_layer_path", "check_config", "extend_paged"} <= declared
+    sources = [p for p in CORE.rglob("*.py") if "templates" not in p.parts]
+    sources += [path for path, _dist in _plugin_sources()]
+    probes = [p for path in sources for p in _probes(path, declared)]
+    assert not probes, "read these from the declaring base instead:\n" + "\n".join(probes)
+
+
+def test_the_probe_check_finds_a_probe(tmp_path):
+    path = ROOT / "tests" / "_probe_example.py"
+    path.write_text('x = getattr(kernel, "paged", False) or hasattr(arch, "aliases")\n')
+    try:
+        assert len(_probes(path, {"paged", "aliases"})) == 2
+    finally:
+        path.unlink()

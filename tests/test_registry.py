@@ -523,7 +523,7 @@ def add_parser(subparsers):
         ("storage", (STORAGE, "Dense"), "Dense", "subclass of axplug.checkpoint.storage.Storage"),
         ("inputs", (INPUT, "Dense"), "Dense", "a subclass of axplug.input.base.Input"),
         ("summary_writers", (WRITER, "Dense"), "Dense", "axplug.summary.base.SummaryWriter"),
-        ("kernels", (LAYER, "Dense"), "Dense", "no is_supported, __call__ of the axplug.api"),
+        ("kernels", (LAYER, "Dense"), "Dense", "no is_supported, __call__ of axplug.api.Kernel"),
         ("architectures", (ARCHITECTURE, "Family"), "Dense", "no architecture, model_type, base"),
         ("architectures", (ARCHITECTURE, "HalfFamily"), None, "no model_type, base_config of"),
         ("presets", None, "Dense", "an instance of axplug.presets.Preset"),
@@ -590,8 +590,8 @@ def test_the_declared_protocols_are_what_load_checks():
     assert _kinds.check_kind("architectures", Full) is None
     declared = {n for n in vars(hf.HFArchitecture) if not n.startswith("_")}
     declared |= set(hf.HFArchitecture.__annotations__)
-    # Required: what load checks; optional: the data attributes the core reads with defaults.
-    assert declared - {"defaults", "aliases", "implied"} == {
+    # Required: what load checks; optional: what the base declares with a default.
+    assert declared - {"defaults", "aliases", "implied", "config_fields"} == {
         "architecture",
         "model_type",
         "base_config",
@@ -599,3 +599,39 @@ def test_the_declared_protocols_are_what_load_checks():
     }
     assert "add_parser" in vars(kinds.CommandModule)
     assert kinds.RunInfo._fields == ("dir", "max_steps", "every_n_steps", "tokens_per_step")
+
+
+def test_a_plain_entry_reads_its_kinds_defaults_through_the_declared_base():
+    from axplug.api import HFArchitecture, Kernel
+    from axplug.registry import conformed
+
+    class Plain:  # written against the protocol, before the bases declared their defaults
+        priority = 7
+
+        def is_supported(self, *args):
+            return True
+
+        def __call__(self, *args, **kwargs):
+            return "ran"
+
+    kernel = conformed(Plain, Kernel)
+    assert isinstance(kernel, Plain) and isinstance(kernel, Kernel)
+    assert (kernel.priority, kernel.paged, kernel.grouped_matmul) == (7, False, False)
+    assert (kernel.supports_linear_bias, kernel.availability(), kernel()) == (False, None, "ran")
+    assert type(conformed(Plain, Kernel)) is type(kernel)  # one mixed class per entry class
+    instance = Plain()
+    instance.priority = 9
+    seen = conformed(instance, Kernel)
+    assert seen.priority == 9 and not isinstance(instance, Kernel)  # the entry's own object kept
+
+    class Derived(Kernel):
+        paged = True
+
+    derived = Derived()
+    assert conformed(derived, Kernel) is derived
+
+    class Family:
+        architecture, model_type = "XForCausalLM", "x"
+
+    arch = conformed(Family, HFArchitecture)
+    assert (arch.defaults, arch.aliases, arch.implied, arch.config_fields(None)) == ({}, {}, {}, {})

@@ -13,7 +13,7 @@ import fnmatch
 import re
 from collections.abc import Sequence
 
-from axplug.api import DeviceSpec
+from axplug.api import DeviceSpec, device_spec_of_rule
 from axplug.config import REQUIRED, ConfigError, Configurable, Required, chain, config_class
 
 __all__ = [
@@ -113,7 +113,7 @@ def device_spec_of(rule_name: str) -> DeviceSpec | None:
     """The DeviceSpec attached to the registered mesh rule `rule_name`, if any."""
     from axplug import registry
 
-    return getattr(registry.load("mesh_rules", rule_name), "device_spec", None)
+    return device_spec_of_rule(registry.load("mesh_rules", rule_name))
 
 
 def detected_device_spec(devices=None) -> DeviceSpec | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from axplug.component_spec import component_config, resolve_spec
 from axplug.config import (
     ConfigBase,
@@ -9,6 +11,7 @@ from axplug.config import (
     InstantiableConfig,
     apply_overrides,
     config_class,
+    configurable_class,
     find_configs,
     replace_config,
     visit,
@@ -73,8 +76,9 @@ class ScanLayersModifier(ConfigModifier):
     """Runs the transformer stack under lax.scan with a remat policy (fast compile, less memory).
 
     A stack class that scans otherwise (a plugin's stack of layers that differ) says how with a
-    classmethod `scanned_config(cfg, *, remat_policy) -> config`: its configs are replaced by
-    what that returns (applied again, the scanned class's own `scanned_config` updates it).
+    classmethod `scanned_config(cfg, *, remat_policy) -> config` (BaseLayer's: None): its
+    configs are replaced by what that returns (applied again, the scanned class's own
+    `scanned_config` updates it).
     """
 
     @config_class
@@ -93,18 +97,22 @@ class ScanLayersModifier(ConfigModifier):
 
 
 def _scan_by_class(cfg: ConfigBase, policy: str) -> tuple[ConfigBase, int]:
-    """(`cfg` with every config whose class has `scanned_config` replaced by its scanned
-    form, how many were)."""
-    found: list[tuple[str, InstantiableConfig]] = []
+    """(`cfg` with every layer config whose class has a scanned form (`scanned_config`)
+    replaced by it, how many were)."""
+    from axplug.layers.base import BaseLayer
+
+    found: list[tuple[str, InstantiableConfig, Any]] = []
 
     def add(path: str, value: object) -> None:
-        if isinstance(value, InstantiableConfig) and hasattr(value.klass, "scanned_config"):
-            found.append((path, value))
+        klass = configurable_class(value)
+        if klass is None or not issubclass(klass, BaseLayer):
+            return
+        if (new := klass.scanned_config(value, remat_policy=policy)) is not None:
+            found.append((path, value, new))
 
     add("", cfg)
     visit(cfg, add)
-    for path, old in found:
-        new = old.klass.scanned_config(old, remat_policy=policy)  # type: ignore[union-attr]
+    for path, old, new in found:
         cfg = replace_config(
             cfg,
             target=old.klass,  # type: ignore[arg-type]

@@ -19,15 +19,22 @@ from typing import TYPE_CHECKING
 
 from axplug import PLUGIN_API_VERSION
 from axplug import __version__ as CORE_VERSION
+from axplug.api._face import lazy
 
 if TYPE_CHECKING:
     from axplug.api._attention import EMPTY_POSITION, AttentionMask, PagedKV, linear_bias
     from axplug.api._commands import add_checkpoint_arguments, add_command, add_config_arguments
-    from axplug.api._device import DeviceSpec, with_device_spec
+    from axplug.api._device import DeviceSpec, device_spec_of_rule, with_device_spec
     from axplug.api._errors import AxplugError
     from axplug.api._hf import HFArchitecture, HFFields, HFTensor
-    from axplug.api._kernel import AttentionKernel, Unsupported, check_shapes
-    from axplug.api._kinds import AttentionKernelLike, CommandModule, MeshRuleFactory, RunInfo
+    from axplug.api._kernel import (
+        AttentionKernel,
+        Kernel,
+        Unsupported,
+        check_shapes,
+        why_unsupported,
+    )
+    from axplug.api._kinds import CommandModule, MeshRuleFactory, RunInfo
     from axplug.api._parameters import PARAMETER_UPDATES, Initializer, ParameterSpec
     from axplug.hookspecs import hookimpl
 
@@ -39,28 +46,17 @@ _HOMES = {
         ("add_checkpoint_arguments", "add_command", "add_config_arguments"), "_commands"
     ),
     "AxplugError": "_errors",
-    **dict.fromkeys(("DeviceSpec", "with_device_spec"), "_device"),
-    **dict.fromkeys(("AttentionKernel", "Unsupported", "check_shapes"), "_kernel"),
+    **dict.fromkeys(("DeviceSpec", "device_spec_of_rule", "with_device_spec"), "_device"),
     **dict.fromkeys(
-        ("AttentionKernelLike", "CommandModule", "MeshRuleFactory", "RunInfo"), "_kinds"
+        ("AttentionKernel", "Kernel", "Unsupported", "check_shapes", "why_unsupported"), "_kernel"
     ),
+    **dict.fromkeys(("CommandModule", "MeshRuleFactory", "RunInfo"), "_kinds"),
     **dict.fromkeys(("HFArchitecture", "HFFields", "HFTensor"), "_hf"),
     **dict.fromkeys(("PARAMETER_UPDATES", "Initializer", "ParameterSpec"), "_parameters"),
 }
 
 
-def __getattr__(name: str):
-    if name == "hookimpl":
-        from axplug.hookspecs import hookimpl
-
-        return hookimpl
-    if name not in _HOMES:
-        raise AttributeError(f"module 'axplug.api' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"axplug.api.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, {**_HOMES, "hookimpl": "axplug.hookspecs"})
 
 
 __all__ = [
@@ -69,7 +65,6 @@ __all__ = [
     "EMPTY_POSITION",
     "PARAMETER_UPDATES",
     "AttentionKernel",
-    "AttentionKernelLike",
     "AxplugError",
     "CommandModule",
     "HFArchitecture",
@@ -80,6 +75,7 @@ __all__ = [
     "AttentionMask",
     "DeviceSpec",
     "Initializer",
+    "Kernel",
     "PagedKV",
     "ParameterSpec",
     "Unsupported",
@@ -87,8 +83,10 @@ __all__ = [
     "add_command",
     "add_config_arguments",
     "check_shapes",
+    "device_spec_of_rule",
     "hookimpl",
     "linear_bias",
+    "why_unsupported",
     "with_device_spec",
 ]
 

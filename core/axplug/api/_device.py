@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-__all__ = ["DeviceSpec", "with_device_spec"]
+__all__ = ["DeviceSpec", "device_spec_of_rule", "with_device_spec"]
+
+_SPECS: dict[Callable, DeviceSpec] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,10 +24,15 @@ class DeviceSpec:
 
 
 def with_device_spec(spec: DeviceSpec) -> Callable[[Callable], Callable]:
-    """Decorator for a mesh-rule function: records the chip it targets as `fn.device_spec`."""
+    """Decorator for a mesh-rule function: records the chip it targets."""
 
     def attach(fn: Callable) -> Callable:
-        fn.device_spec = spec  # type: ignore[attr-defined]  # a function attribute, by design
+        _SPECS[fn] = spec
         return fn
 
     return attach
+
+
+def device_spec_of_rule(rule: Callable) -> DeviceSpec | None:
+    """The chip a mesh-rule function was decorated with (`with_device_spec`), if any."""
+    return _SPECS.get(rule)

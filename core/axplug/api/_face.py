@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["face"]
+__all__ = ["face", "lazy"]
 
 
 def face(name: str, *sources: str | tuple[str, tuple[str, ...]]) -> Callable[[str], Any]:
@@ -31,5 +31,19 @@ def face(name: str, *sources: str | tuple[str, tuple[str, ...]]) -> Callable[[st
                 value = sys.modules[name].__dict__[attr] = getattr(module, attr)
                 return value
         raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+
+    return __getattr__
+
+
+def lazy(name: str, homes: dict[str, str]) -> Callable[[str], Any]:
+    """The module `__getattr__` of package `name` whose names live in other modules (`homes`:
+    name -> module, relative to `name` when it has no dot), each imported on first use."""
+
+    def __getattr__(attr: str) -> Any:
+        if attr not in homes:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        home = homes[attr] if "." in homes[attr] else f"{name}.{homes[attr]}"
+        value = sys.modules[name].__dict__[attr] = getattr(importlib.import_module(home), attr)
+        return value
 
     return __getattr__

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = ["HFArchitecture", "HFFields", "HFTensor", "METADATA_FIELDS", "MISSING"]
 
@@ -157,24 +157,30 @@ class HFTensor:
         return [self.name.format(e=e) for e in range(self.experts)]
 
 
-class HFArchitecture(Protocol):
-    """An `axplug.architectures` entry (a class built with no arguments, or an instance)."""
+class HFArchitecture:
+    """Base of `axplug.architectures` entries (a class built with no arguments, or an instance):
+    every optional member with its default. An entry that does not derive from it is given it
+    as a last base when loaded (`axplug.registry.conformed`)."""
 
     architecture: str  # the Hugging Face class, e.g. "Qwen3ForCausalLM"; the entry's name
     model_type: str  # config.json's model_type, e.g. "qwen3"
-    defaults: Mapping[str, Any]  # the HF config class's values for fields one may omit
-    aliases: Mapping[str, str]  # layer field name -> this family's (usually empty)
-    implied: Mapping[str, Any]  # fields the family's code fixes (optional attribute)
+    defaults: Mapping[str, Any] = {}  # the HF config class's values for fields one may omit
+    aliases: Mapping[str, str] = {}  # layer field name -> this family's (GPT-2: n_embd)
+    implied: Mapping[str, Any] = {}  # fields the family's code fixes, never in config.json
 
     def base_config(self, fields: HFFields) -> Any:
         """The trainer config with this family's layer classes; the layers' `hf_read` then
         fill in their fields. Structure that depends on config.json (which layers are MoE,
         the attention pattern) may read `fields` here."""
+        raise NotImplementedError(type(self).__qualname__)
 
     def tensors(self, model: Any) -> dict[str, HFTensor]:
         """Every parameter of `model` (the filled-in model config), by its path in the
         unrolled parameter tree (`decoder.transformer.layer0.attention.qkv.q.weight`)."""
+        raise NotImplementedError(type(self).__qualname__)
 
-    # Optional: `config_fields(model) -> dict`, the config.json fields the family itself reads
-    # in `base_config` (options only its Hugging Face code has, e.g. Gemma 2's soft-caps),
-    # written by an export; the rebuild check then proves they round-trip.
+    def config_fields(self, model: Any) -> dict[str, Any]:
+        """The config.json fields the family itself reads in `base_config` (options only its
+        Hugging Face code has, e.g. Gemma 2's soft-caps), written by an export; the rebuild
+        check then proves they round-trip. None by default."""
+        return {}

@@ -1,7 +1,10 @@
-"""The attention-kernel protocol every `axplug.kernels` entry follows, and `Unsupported`.
+"""`Kernel`, the base every `axplug.kernels` entry is read through, and `Unsupported`.
 
 A kernel is registered under the `axplug.kernels` entry-point group; the entry loads a class
-(instantiated with no arguments) or an instance with:
+(instantiated with no arguments) or an instance. `Kernel` declares every optional member with
+its default; dispatch reads them directly. An entry that does not derive from `Kernel` (plugin
+API before 1.13) is given it as a last base when loaded (`axplug.registry.conformed`), so the
+members it leaves out read these defaults. A dense attention kernel has:
 
 - `priority: int` - higher is tried first (reference 0, xla 10; hardware kernels use 100+);
 - `is_supported(query, key, value, mask, backend) -> True | Unsupported(reason)` - decides from
@@ -21,9 +24,7 @@ A kernel is registered under the `axplug.kernels` entry-point group; the entry l
 
 from __future__ import annotations
 
-import jax
-
-__all__ = ["AttentionKernel", "Unsupported", "check_shapes"]
+__all__ = ["AttentionKernel", "Kernel", "Unsupported", "check_shapes", "why_unsupported"]
 
 
 class Unsupported:
@@ -41,22 +42,41 @@ class Unsupported:
         return f"Unsupported({self.reason!r})"
 
 
-class AttentionKernel:
-    """Base of attention kernels (subclassing is optional: the protocol is what counts)."""
+class Kernel:
+    """Base of every `axplug.kernels` entry: the optional members and their defaults."""
 
-    priority: int = 0
+    priority: int = 0  # higher is tried first
+    paged: bool = False  # a paged-attention kernel (axplug.kernels.paged)
+    grouped_matmul: bool = False  # a grouped matmul (axplug.kernels.grouped)
     supports_linear_bias: bool = False
     supports_logit_softcap: bool = False
 
+    def availability(self, backend: str | None = None) -> str | None:
+        """Why the kernel cannot run on this machine (`axplug list`), or None when it can."""
+        return None
+
+    def is_supported(self, *args, **kwargs):
+        """True, or `Unsupported(reason)` for a call it cannot run (signature per family)."""
+        return True
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(type(self).__qualname__)
+
+
+def why_unsupported(answer: object) -> str:
+    """Why an `is_supported` answer is false, in words."""
+    return answer.reason if isinstance(answer, Unsupported) else "not supported"
+
+
+class AttentionKernel(Kernel):
+    """Base of dense attention kernels: `is_supported` checks shapes and the soft-cap."""
+
     def is_supported(self, query, key, value, mask, backend: str):
         problem = check_shapes(query, key, value)
-        capped = getattr(mask, "logit_softcap", None) is not None
+        capped = mask.logit_softcap is not None
         if problem is None and capped and not self.supports_logit_softcap:
             problem = Unsupported("logit soft-capping (supports_logit_softcap is False)")
         return True if problem is None else problem
-
-    def __call__(self, query, key, value, mask, *, scale: float) -> jax.Array:
-        raise NotImplementedError(type(self).__qualname__)
 
 
 def check_shapes(query, key, value) -> Unsupported | None:

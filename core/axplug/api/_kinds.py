@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["CommandModule", "AttentionKernelLike", "MeshRuleFactory", "RunInfo"]
+__all__ = ["CommandModule", "MeshRuleFactory", "RunInfo"]
 
 
 class CommandModule(Protocol):
@@ -26,17 +26,6 @@ class CommandModule(Protocol):
     def add_parser(self, subparsers: Any) -> Any:
         """Adds the command (named as the entry) to `subparsers`, with `run(args) -> int` set
         as its default (`parser.set_defaults(run=run)`); `run` raises, the CLI reports."""
-
-
-class AttentionKernelLike(Protocol):
-    """An `axplug.kernels` entry (a class built with no arguments, or an instance); the whole
-    contract is in `axplug.kernels.protocol` (paged kernels: `axplug.kernels.paged`)."""
-
-    def is_supported(self, *args: Any) -> Any:
-        """True, or a false `Unsupported(reason)`, decided at trace time from shapes."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The attention output."""
 
 
 class MeshRuleFactory(Protocol):

@@ -61,9 +61,7 @@ def build_config(args: argparse.Namespace):
     cfg = apply_overrides(cfg, args.overrides)
     check_vocab(cfg, allow_mismatch=args.allow_vocab_mismatch, source=source_label(args))
     # What the run would refuse, refused here: `--print-config` prints only what can train.
-    check = getattr(getattr(cfg, "klass", None), "check_config", None)
-    if check is not None:
-        check(cfg)
+    cfg.klass.check_config(cfg)
     return cfg
 
 

@@ -142,31 +142,29 @@ def _problem(component) -> str | None:
 
 def _kernel_note(obj: Any, backend: str | None) -> str | None:
     """Why a kernel cannot run here, asked on a small causal problem; None when it can."""
-    if not hasattr(obj, "is_supported"):
-        return None
     try:
         import jax
         import jax.numpy as jnp
 
-        from axplug.api import AttentionMask, PagedKV
+        from axplug import registry
+        from axplug.api import Kernel, PagedKV, why_unsupported
+        from axplug.kernels.dispatch import example_call
 
-        kernel = obj() if isinstance(obj, type) else obj
-        if getattr(kernel, "paged", False):  # a paged-attention kernel: one decode step
-            pages = jax.ShapeDtypeStruct((8, 64, 16, 128), jnp.bfloat16)
-            rows = jax.ShapeDtypeStruct((1,), jnp.int32)
-            table = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-            query = jax.ShapeDtypeStruct((1, 8, 128), jnp.bfloat16)
-            answer = kernel.is_supported(
-                query, PagedKV(pages, pages, table, rows), backend or "cpu"
-            )
+        kernel, backend, bf16 = registry.conformed(obj, Kernel), backend or "cpu", jnp.bfloat16
+        if kernel.paged:  # a paged-attention kernel: one decode step
+            pages = jax.ShapeDtypeStruct((8, 64, 16, 128), bf16)
+            rows, table = (jax.ShapeDtypeStruct(s, jnp.int32) for s in ((1,), (1, 8)))
+            query = jax.ShapeDtypeStruct((1, 8, 128), bf16)
+            answer = kernel.is_supported(query, PagedKV(pages, pages, table, rows), backend)
+        elif kernel.grouped_matmul:  # 4 groups' matmuls over 256 rows
+            lhs, rhs = (jax.ShapeDtypeStruct(s, bf16) for s in ((256, 128), (4, 128, 128)))
+            sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+            answer = kernel.is_supported(lhs, rhs, sizes, backend)
         else:
-            q = jax.ShapeDtypeStruct((1, 128, 8, 64), jnp.bfloat16)
-            pos = jnp.zeros((1, 128), jnp.int32)
-            mask = AttentionMask(q_positions=pos, kv_positions=pos)
-            answer = kernel.is_supported(q, q, q, mask, backend or "cpu")
+            answer = kernel.is_supported(*example_call(seq=128, head_dim=64), backend)
     except Exception as exc:
         return f"is_supported failed: {type(exc).__name__}: {exc}"
-    return None if answer else f"unavailable here: {getattr(answer, 'reason', answer)}"
+    return None if answer else f"unavailable here: {why_unsupported(answer)}"
 
 
 def collect() -> dict[str, Any]:

@@ -98,7 +98,9 @@ def _check_cache_fits(loaded, max_len: int) -> None:
     need = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
     have = _device_bytes()
     if have is not None and need > have:
-        trained = getattr(loaded.config.input, "seq_len", None)
+        from axplug.input import batch_shape
+
+        trained = (batch_shape(loaded.config.input) or (0, None))[1]
         hint = f"; the model was trained on {trained}-token sequences" if trained else ""
         raise UsageError(
             f"--max-new-tokens: a {max_len}-token sequence needs a {need / 2**30:.1f} GiB KV "

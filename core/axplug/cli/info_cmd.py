@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         f"status:        {component.status}" + (f": {component.reason}" if component.reason else "")
     )
     if obj is not None:
-        code = max(code, _print_object(obj))
+        code = max(code, _print_object(obj, component.kind))
     return code
 
 
@@ -84,9 +84,11 @@ def find(name: str, kind: str | None = None) -> Component:
     raise registry.ComponentNotFoundError(f"no component named {name!r}{hint}; see `axplug list`")
 
 
-def _print_object(obj: Any) -> int:
+def _print_object(obj: Any, kind: str) -> int:
     import inspect
 
+    from axplug.config import Configurable
+    from axplug.layers import BaseLayer
     from axplug.presets import Preset
 
     if isinstance(obj, Preset):
@@ -96,21 +98,22 @@ def _print_object(obj: Any) -> int:
     summary = " ".join(doc.split("\n\n")[0].split()) if doc else "(none)"
     print(f"doc:           {summary}")
     # A component may describe its state on this machine (e.g. which kernel dispatch picks).
-    extra = getattr(obj, "info_lines", None)
-    if extra is None and callable(getattr(obj, "is_supported", None)):  # a kernel
+    extra = None
+    if kind == "kernels":
         from axplug.kernels import describe_kernels
 
         extra = describe_kernels
-    if callable(extra):
+    elif isinstance(obj, type) and issubclass(obj, BaseLayer):
+        extra = obj.info_lines
+    if extra is not None:
         try:
             for line in extra():
                 print(line)
         except Exception as exc:  # noqa: BLE001 - a plugin's description must not break info
             print(f"info: error: {type(exc).__name__}: {exc}")
-    factory = getattr(obj, "default_config", None)
-    if not callable(factory):
+    if not (isinstance(obj, type) and issubclass(obj, Configurable)):
         return 0
-    return _print_config("default config", factory)
+    return _print_config("default config", obj.default_config)
 
 
 def _print_preset(preset: Any) -> int:

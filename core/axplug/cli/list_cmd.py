@@ -193,14 +193,13 @@ def _distribution_rows(components: list[Component]) -> list[tuple[str, ...]]:
 def _availability(c: Component) -> Component:
     """A loaded kernel that cannot run on this machine is `unavailable`, with its reason."""
     from axplug import registry
+    from axplug.api import Kernel
 
     if c.kind != "kernels" or c.status != "ok":
         return c
-    kernel = registry.load(c.kind, c.qualified_name)
+    kernel = registry.load_as(c.kind, c.qualified_name, Kernel)
     try:
-        kernel = kernel() if isinstance(kernel, type) else kernel
-        check = getattr(kernel, "availability", None)
-        reason = check() if callable(check) else None
+        reason = kernel.availability()
     except Exception as exc:  # noqa: BLE001 - a plugin's self-check must not break listing
         reason = f"availability check raised {type(exc).__name__}: {exc}"
     return c._replace(status="unavailable", reason=reason) if reason else c

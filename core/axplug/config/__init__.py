@@ -15,6 +15,7 @@ from axplug.config.base import (
     UnknownFieldError,
     UsageError,
     config_class,
+    configurable_class,
     visit,
 )
 from axplug.config.overlay import apply_overlay
@@ -36,6 +37,7 @@ __all__ = [
     "InstantiableConfig",
     "Configurable",
     "config_class",
+    "configurable_class",
     "ConfigError",
     "ConfigDependencyError",
     "ConfigFileError",

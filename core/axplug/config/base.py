@@ -28,6 +28,7 @@ __all__ = [
     "ConfigBase",
     "InstantiableConfig",
     "Configurable",
+    "configurable_class",
     "config_class",
     "visit",
 ]
@@ -390,6 +391,11 @@ class Configurable:
         cfg.klass = cls
         return cfg
 
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Raises a ConfigError naming the field of `cfg` that cannot work; cheap: no backend
+        import, no I/O (the run calls it before building anything). Nothing by default."""
+
     def __init__(self, cfg: Configurable.Config):
         # A copy that keeps the path of `cfg` in its tree, for errors about its fields.
         self._config: Any = cfg.clone()  # the class's own Config
@@ -398,3 +404,9 @@ class Configurable:
     def config(self) -> Any:  # the class's own Config
         """A copy of the config this object was built from."""
         return copy.deepcopy(self._config)
+
+
+def configurable_class(cfg: Any) -> type[Configurable] | None:
+    """The Configurable class a config builds (its `klass`), if it builds one."""
+    klass = cfg.klass if isinstance(cfg, InstantiableConfig) else None
+    return klass if isinstance(klass, type) and issubclass(klass, Configurable) else None

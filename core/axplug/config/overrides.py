@@ -9,7 +9,14 @@ from typing import Any, TypeVar
 
 import attrs
 
-from axplug.config.base import ConfigBase, ConfigError, UnknownFieldError, _field_types, _suggest
+from axplug.config.base import (
+    ConfigBase,
+    ConfigError,
+    Configurable,
+    UnknownFieldError,
+    _field_types,
+    _suggest,
+)
 from axplug.config.serialize import _allows, decode
 
 __all__ = ["parse_value", "apply_overrides", "set_field"]
@@ -82,8 +89,9 @@ def set_field(cfg: ConfigBase, path: str, value: Any, *, spec: str | None = None
 def _check_klass_swap(node: ConfigBase, klass: Any, path: str) -> None:
     """A `klass` override keeps the config's fields, so it only works for a class with the
     same Config; anything else would fail later, far from the cause."""
-    wanted = getattr(klass, "Config", None)
-    if wanted is None or isinstance(node, wanted):
+    if not (isinstance(klass, type) and issubclass(klass, Configurable)):
+        return
+    if isinstance(node, klass.Config):  # the same fields: a swap that works
         return
     where = path.rsplit(".", 1)[0] if "." in path else "the root"
     hint = (
@@ -92,7 +100,7 @@ def _check_klass_swap(node: ConfigBase, klass: Any, path: str) -> None:
         else " use a modifier that swaps it (axplug list --kind modifiers)"
     )
     raise ConfigError(
-        f"{path}: {klass.__qualname__} has its own Config ({wanted.__qualname__}) and "
+        f"{path}: {klass.__qualname__} has its own Config ({klass.Config.__qualname__}) and "
         f"{where}'s fields ({type(node).__qualname__}) do not fit it; setting klass alone "
         f"cannot work:{hint}"
     )

@@ -26,10 +26,10 @@ from axplug.config.base import (
     ConfigError,
     ConfigTypeError,
     Configurable,
-    InstantiableConfig,
     UnknownFieldError,
     _field_types,
     _suggest,
+    configurable_class,
 )
 
 _log = logging.getLogger("axplug.config")
@@ -163,11 +163,8 @@ def resolve_class(name: str, path: str = "klass", *, trusted: bool = True) -> An
 def to_dict(cfg: ConfigBase) -> dict[str, Any]:
     """A JSON-compatible dict of `cfg`; `from_dict` rebuilds an equal config."""
     out: dict[str, Any] = {}
-    if (
-        not isinstance(cfg, InstantiableConfig)
-        or cfg.klass is None
-        or (type(cfg) is not getattr(cfg.klass, "Config", None))
-    ):
+    klass = configurable_class(cfg)
+    if klass is None or type(cfg) is not klass.Config:
         out["config_class"] = class_name(type(cfg))
     for key, value in cfg.items():
         out[key] = _encode(value)
@@ -236,7 +233,7 @@ def from_dict(data: dict[str, Any], path: str = "", *, trusted: bool = False) ->
 
 def _configurable(name: str, path: str, trusted: bool) -> type[Configurable]:
     klass = resolve_class(name, path, trusted=trusted)
-    if not (isinstance(klass, type) and hasattr(klass, "default_config")):
+    if not (isinstance(klass, type) and issubclass(klass, Configurable)):
         raise ConfigTypeError(f"{path}: {name!r} is not a configurable class")
     return klass
 

@@ -13,6 +13,7 @@ from axplug.config.base import (
     Configurable,
     InstantiableConfig,
     config_class,
+    configurable_class,
 )
 
 __all__ = ["replace_config", "find_configs", "ConfigModifier", "ChainConfigModifier", "chain"]
@@ -41,8 +42,8 @@ def find_configs(cfg: ConfigBase, target: type | str) -> list[tuple[str, Instant
 
 
 def _fresh_default(cfg: ConfigBase) -> ConfigBase:
-    default_config = getattr(getattr(cfg, "klass", None), "default_config", None)
-    return default_config() if default_config is not None else type(cfg)()
+    klass = configurable_class(cfg)
+    return klass.default_config() if klass is not None else type(cfg)()
 
 
 def _carried(

@@ -185,7 +185,8 @@ def source_stop_tokens(lineage: list[tuple[str, dict]]) -> tuple[int, ...]:
 def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = None):
     """The tokenizer of a run's text: `explicit`, the run directory's (an import copies its
     model's), the one of the data it trained on, or bytes for a 256-token model."""
-    from axplug.config import REQUIRED, UsageError
+    from axplug.config import UsageError
+    from axplug.input import input_class
     from axplug.input.remote import is_url, local_tokenizer
     from axplug.tokenizer import has_tokenizer, load_tokenizer
 
@@ -193,12 +194,11 @@ def find_tokenizer(loaded: LoadedModel, run_dir: str, explicit: str | None = Non
         return load_tokenizer(explicit)
     if has_tokenizer(run_dir):  # an import's copy of its model's tokenizer
         return load_tokenizer(run_dir)
-    data = getattr(loaded.config.input, "path", None)
-    if data in (None, REQUIRED):  # a mixture's sources share one tokenizer
-        data = next(iter(getattr(loaded.config.input, "sources", None) or []), None)
+    klass = input_class(loaded.config.input)
+    data = klass.tokenizer_dir_of(loaded.config.input) if klass is not None else None
     if data is not None and is_url(str(data)):
         return load_tokenizer(local_tokenizer(str(data)))
-    if data not in (None, REQUIRED) and os.path.isfile(os.path.join(str(data), "meta.json")):
+    if data is not None and os.path.isfile(os.path.join(str(data), "meta.json")):
         return load_tokenizer(data)
     if loaded.vocab_size == 256:
         return load_tokenizer("bytes")

@@ -6,11 +6,19 @@ function of `(seed, step)`; `IteratorInput` wraps a user `module:function` that 
 iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 """
 
-from axplug.input.base import Batch, Input, StepInput, data_vocab_size, eval_split_of
+from axplug.input.base import (
+    Batch,
+    Input,
+    StepInput,
+    batch_shape,
+    data_vocab_size,
+    eval_split_of,
+    input_class,
+)
 from axplug.input.data_dir import TOKEN_DIR_FORMAT, open_shards, read_meta, write_shard
 from axplug.input.iterator import IteratorInput, resolve_function
 from axplug.input.prepare import DocumentEncoder, prepare_data
-from axplug.input.sources import read_documents, source_kind
+from axplug.input.sources import read_documents, reads_directories, source_kind
 from axplug.input.synthetic import SyntheticInput
 from axplug.input.text import ByteTextInput, bundled_corpus_path
 from axplug.input.token_file import IGNORE_LABEL, TokenFileInput
@@ -23,7 +31,9 @@ __all__ = [
     "SyntheticInput",
     "IteratorInput",
     "TokenFileInput",
+    "batch_shape",
     "data_vocab_size",
+    "input_class",
     "eval_split_of",
     "bundled_corpus_path",
     "resolve_function",
@@ -33,6 +43,7 @@ __all__ = [
     "open_shards",
     "read_meta",
     "read_documents",
+    "reads_directories",
     "source_kind",
     "write_shard",
     "TOKEN_DIR_FORMAT",

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
-from axplug.config import Configurable, ConfigValueError, config_class
+from axplug.config import Configurable, ConfigValueError, config_class, configurable_class
 
 __all__ = [
     "Batch",
     "Input",
     "StepInput",
+    "batch_shape",
     "data_vocab_size",
+    "input_class",
     "check_split",
     "check_step",
     "eval_split_of",
@@ -42,27 +45,59 @@ def check_split(cfg: Configurable.Config) -> None:
 
 
 def eval_split_of(input_cfg: Configurable.Config) -> Configurable.Config | None:
-    """The held-out split of an input config that has one (a `split` field), else None."""
-    return input_cfg.clone(split="eval") if hasattr(input_cfg, "split") else None
+    """The held-out split of an input config that has one (`Input.eval_split_of`), else None."""
+    klass = input_class(input_cfg)
+    return klass.eval_split_of(input_cfg) if klass is not None else None
+
+
+def batch_shape(input_cfg: Any) -> tuple[int, int] | None:
+    """(global batch size, sequence length) an input config fixes (`Input.batch_shape_of`)."""
+    klass = input_class(input_cfg)
+    return klass.batch_shape_of(input_cfg) if klass is not None else None
+
+
+def input_class(cfg: Any) -> type[Input] | None:
+    """The Input subclass `cfg` configures, if it configures one."""
+    klass = configurable_class(cfg)
+    return klass if klass is not None and issubclass(klass, Input) else None
 
 
 def data_vocab_size(cfg: Configurable.Config) -> int | None:
     """The token vocabulary an input config's batches draw from, when it is known without
-    building the input: a class's `vocab_size` (bytes: 256), a config field, or a data
-    directory's tokenizer (`Input.vocab_size_of`)."""
-    klass = getattr(cfg, "klass", None)
-    of = getattr(klass, "vocab_size_of", None)
-    if callable(of):
-        return of(cfg)
-    size = getattr(cfg, "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    size = getattr(klass, "vocab_size", None)
-    return size if isinstance(size, int) else None
+    building the input (`Input.vocab_size_of`), else None."""
+    klass = input_class(cfg)
+    return klass.vocab_size_of(cfg) if klass is not None else None
 
 
 class Input(Configurable, abc.ABC):
     """A source of training batches that can restart at any step."""
+
+    vocab_size: int | None = None  # a vocabulary fixed by the class (bytes: 256)
+
+    @classmethod
+    def vocab_size_of(cls, cfg: Configurable.Config) -> int | None:
+        """The vocabulary `cfg`'s batches draw from, known without building the input: a
+        `vocab_size` field, else the class's (a data directory's input reads its tokenizer)."""
+        size = dict(cfg.items()).get("vocab_size")
+        return size if isinstance(size, int) else cls.vocab_size
+
+    @classmethod
+    def batch_shape_of(cls, cfg: Configurable.Config) -> tuple[int, int] | None:
+        """(global batch size, sequence length) of `cfg`'s batches when the config fixes
+        them (`batch_size` and `seq_len` fields, as every StepInput has), else None."""
+        fields = dict(cfg.items())
+        batch, seq = fields.get("batch_size"), fields.get("seq_len")
+        return (batch, seq) if isinstance(batch, int) and isinstance(seq, int) else None
+
+    @classmethod
+    def eval_split_of(cls, cfg: Configurable.Config) -> Configurable.Config | None:
+        """The config of `cfg`'s held-out split (a `split` field set to "eval"), else None."""
+        return cfg.clone(split="eval") if "split" in dict(cfg.items()) else None
+
+    @classmethod
+    def tokenizer_dir_of(cls, cfg: Configurable.Config) -> str | None:
+        """The data directory (or URL) whose tokenizer made `cfg`'s tokens, if any."""
+        return None
 
     @abc.abstractmethod
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:

@@ -68,6 +68,11 @@ class MixtureInput(StepInput):
             return None
         return TokenFileInput.vocab_size_of(_source_config(cfg, 0))
 
+    @classmethod
+    def tokenizer_dir_of(cls, cfg: Config) -> str | None:
+        """The first source's directory: the sources share one tokenizer."""
+        return str(cfg.sources[0]) if cfg.sources else None
+
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         check_split(cfg)

@@ -1,6 +1,6 @@
 """The documents of `prepare-data`'s sources: text, JSONL or Parquet files, read in order (a
 record or line that cannot be read is named by file and line), or `NAME:SPEC`, read by the
-`axplug.data_sources` entry NAME (a directory: read by the data source that declares
+`axplug.data_sources` entry NAME (a directory: read by the data source decorated with
 `reads_directories`, such as a dataset saved by Hugging Face `datasets`)."""
 
 from __future__ import annotations
@@ -9,18 +9,33 @@ import json
 import os
 import pathlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from axplug import registry
 from axplug.config import ConfigDependencyError, ConfigError, ConfigFileError
 
-__all__ = ["read_documents", "chunks", "source_kind", "TEXT_UNITS", "RECORD", "DATA_SOURCES"]
+__all__ = [
+    "read_documents",
+    "chunks",
+    "source_kind",
+    "reads_directories",
+    "TEXT_UNITS",
+    "RECORD",
+    "DATA_SOURCES",
+]
 
 TEXT_UNITS = ("file", "paragraph", "line")
 RECORD = "*"  # the field that means a JSONL line's whole object (a chat, a preference pair)
 DATA_SOURCES = "data_sources"  # the registry kind: `documents(spec, *, field) -> Iterator`
 _NAME = re.compile(r"[a-z][a-z0-9_-]+")  # one letter is a drive (`c:\data`)
 _INSTALL = "docs/your-data.md names the first-party data sources to install"
+_DIRECTORY_READERS: set[Callable] = set()
+
+
+def reads_directories(documents: Callable) -> Callable:
+    """Declares a data source function the reader of directories (`prepare-data DIR`)."""
+    _DIRECTORY_READERS.add(documents)
+    return documents
 
 
 def _text_documents(path: pathlib.Path, unit: str) -> Iterator[str]:
@@ -103,10 +118,10 @@ def _plugin_documents(name: str, spec: str, field: str, what: str) -> Iterator:
 
 
 def _directory_source(source: str) -> str:
-    """The installed data source that declares `reads_directories` (a saved dataset's)."""
+    """The installed data source declared `reads_directories` (a saved dataset's)."""
     for component in registry.discover(DATA_SOURCES):
         reader = registry.load(DATA_SOURCES, component.name) if component.loadable else None
-        if getattr(reader, "reads_directories", False):
+        if reader in _DIRECTORY_READERS:
             return component.name
     raise ConfigDependencyError(
         f"prepare-data: {source!r} is a directory, and no installed data source reads one "

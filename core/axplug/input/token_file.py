@@ -93,6 +93,11 @@ class TokenFileInput(StepInput):
             return None
         return int(read_meta(_root(cfg))["vocab_size"])
 
+    @classmethod
+    def tokenizer_dir_of(cls, cfg: Config) -> str | None:
+        """The data directory, which holds its tokenizer."""
+        return None if cfg.path is REQUIRED else str(cfg.path)
+
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         check_split(cfg)

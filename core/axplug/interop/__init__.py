@@ -8,6 +8,8 @@ exports: importing it would shadow the function on the package.
 
 from typing import TYPE_CHECKING
 
+from axplug.api._face import lazy
+
 if TYPE_CHECKING:
     from axplug.interop.from_config import (
         HFSource,
@@ -62,14 +64,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'axplug.interop' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"axplug.interop.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, _HOMES)
 
 
 __all__ = [

@@ -54,9 +54,9 @@ def hf_fields(raw: dict, arch: Any, source: str = "config.json") -> HFFields:
     return HFFields(
         raw,
         source=source,
-        defaults=getattr(arch, "defaults", {}),
-        aliases=getattr(arch, "aliases", {}),
-        implied=getattr(arch, "implied", {}),
+        defaults=arch.defaults,
+        aliases=arch.aliases,
+        implied=arch.implied,
     )
 
 

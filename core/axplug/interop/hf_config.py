@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from axplug import registry
+from axplug.api import HFArchitecture
 from axplug.config import ConfigError
 
 __all__ = [
@@ -86,10 +86,10 @@ def architecture_name(raw: dict, source: str) -> str:
 
 
 def _model_type(arch: str) -> str | None:
-    return getattr(load_architecture(arch), "model_type", None)
+    return load_architecture(arch).model_type
 
 
-def load_architecture(name: str) -> Any:
-    """The registered architecture `name` (its class built, or its instance)."""
-    obj = registry.load(KIND, name)
-    return obj() if isinstance(obj, type) else obj
+def load_architecture(name: str) -> HFArchitecture:
+    """The registered architecture `name` (its class built, or its instance), read through
+    `HFArchitecture`'s defaults."""
+    return registry.load_as(KIND, name, HFArchitecture)

@@ -41,20 +41,19 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     written, problems = write_fields(cfg.model)
     if problems:
         return None, problems
-    family_fields = getattr(arch, "config_fields", None)  # what the family reads in base_config
-    if family_fields is not None:
-        written.update(family_fields(cfg.model))
+    written.update(arch.config_fields(cfg.model))  # what the family reads in base_config
     mine = dict(written)  # the layers' own names, before the family's aliases and implied
-    aliases = getattr(arch, "aliases", {})
-    implied = getattr(arch, "implied", {})
+    aliases, implied = arch.aliases, arch.implied
     written = {aliases.get(k, k): v for k, v in written.items()}
     written = {k: v for k, v in written.items() if k not in implied}  # checked by the rebuild
     # The source's fields under the run's: one the run no longer agrees with fails the
     # rebuild below, so none survives silently.
     base = dict(source or {})
     raw = {**base, **written, "architectures": [arch.architecture], "model_type": arch.model_type}
+    from axplug.input import batch_shape
+
     raw.setdefault(aliases.get("max_position_embeddings", "max_position_embeddings"),
-                   getattr(cfg.input, "seq_len", 2048))  # fmt: skip
+                   (batch_shape(cfg.input) or (0, 2048))[1])  # fmt: skip
     try:
         rebuilt = model_from_fields(arch, hf_fields(raw, arch))
     except HFImportError as exc:
@@ -63,8 +62,7 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     # (`implied`) or defaults where config.json leaves it out would otherwise pass unseen,
     # since the run's own layers below re-read the same config.json.
     again, _ = write_fields(rebuilt.model)
-    if family_fields is not None:
-        again.update(family_fields(rebuilt.model))
+    again.update(arch.config_fields(rebuilt.model))
     lost = [
         f"{aliases.get(k, k)}={v!r} (a {arch.architecture} built from the config.json has "
         f"{again[k]!r})"
@@ -248,8 +246,9 @@ def export_hf(
 
 def _tokenizer_home(run_dirs: list[str], cfg: Any) -> str | None:
     """The first of the runs' directories, then the run's data directory, with a tokenizer."""
+    from axplug.input import input_class
     from axplug.tokenizer import has_tokenizer
 
-    data = getattr(cfg.input, "path", None)
-    candidates = [*run_dirs, data if isinstance(data, str) else None]
+    klass = input_class(cfg.input)
+    candidates = [*run_dirs, klass.tokenizer_dir_of(cfg.input) if klass is not None else None]
     return next((d for d in candidates if has_tokenizer(d)), None)

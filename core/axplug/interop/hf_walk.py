@@ -1,19 +1,20 @@
 """The model config walked for Hugging Face fields: each layer reads and writes its own.
 
-A layer class with Hugging Face fields has `hf_read(cfg, fields)` and `hf_write(cfg) -> dict`
-(axplug.api._hf). `read_fields` calls every `hf_read` of a model config, parents first;
-`write_fields` merges every `hf_write`, except under a layer whose class sets
-`hf_writes_subtree = True`, whose own `hf_write` writes the fields of every layer config
-under it (a stack whose layers differ by kind writes them per kind). `differences` says what
-of a run's model an architecture does not build, so an export never writes a config.json that
-computes something else.
+A layer class with Hugging Face fields overrides `hf_read(cfg, fields)` and `hf_write(cfg) ->
+dict`, declared on `BaseLayer` with empty defaults. `read_fields` calls every `hf_read` of a
+model config, parents first; `write_fields` merges every `hf_write`, except under a
+layer whose class sets `hf_writes_subtree = True`, whose own `hf_write` writes the fields
+of every layer config under it (a stack whose layers differ by kind writes them per kind).
+`differences` says what of a run's model an architecture does not build, so an export never
+writes a config.json that computes something else.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from axplug.config import ConfigBase, InstantiableConfig, to_dict, visit
+from axplug.config import ConfigBase, InstantiableConfig, configurable_class, to_dict, visit
+from axplug.layers.base import BaseLayer
 
 __all__ = ["hf_layers", "read_fields", "write_fields", "differences"]
 
@@ -28,18 +29,22 @@ NEUTRAL_FIELDS = frozenset(
 
 
 def hf_layers(model: ConfigBase) -> list[tuple[str, InstantiableConfig]]:
-    """(path, config) of every layer config under `model` whose class has Hugging Face fields,
-    parents before children."""
+    """(path, config) of every layer config under `model`, parents before children."""
     found: list[tuple[str, InstantiableConfig]] = []
 
     def collect(path: str, value: Any) -> None:
-        if isinstance(value, InstantiableConfig) and hasattr(value.klass, "hf_read"):
+        if _layer_class(value) is not None:
             found.append((path, value))
 
-    if hasattr(getattr(model, "klass", None), "hf_read"):
-        found.append(("", model))  # type: ignore[arg-type]
+    collect("", model)
     visit(model, collect)
     return found
+
+
+def _layer_class(value: Any) -> type[BaseLayer] | None:
+    """The layer class `value` configures, if it configures a layer."""
+    klass = configurable_class(value)
+    return klass if klass is not None and issubclass(klass, BaseLayer) else None
 
 
 def read_fields(model: ConfigBase, fields: Any) -> None:
@@ -60,7 +65,7 @@ def write_fields(model: ConfigBase) -> tuple[dict, list[str]]:
     for path, cfg in hf_layers(model):
         if any(_under(path, top) for top in covered):
             continue
-        if getattr(cfg.klass, "hf_writes_subtree", False):
+        if cfg.klass.hf_writes_subtree:
             covered.append(path)
         where = f"model.{path}" if path else "model"
         try:
@@ -86,7 +91,8 @@ def _under(path: str, top: str) -> bool:
 
 
 def _neutral(cfg: Any) -> frozenset[str]:
-    return NEUTRAL_FIELDS | frozenset(getattr(getattr(cfg, "klass", None), "hf_neutral", ()))
+    layer = _layer_class(cfg)
+    return NEUTRAL_FIELDS | frozenset(layer.hf_neutral if layer is not None else ())
 
 
 def differences(run: Any, built: Any, path: str = "model") -> list[str]:
@@ -123,7 +129,10 @@ def differences(run: Any, built: Any, path: str = "model") -> list[str]:
 
 def _same_role(a: Any, b: Any) -> bool:
     """Classes that compute the same thing (an unrolled and a scanned stack)."""
-    role = lambda k: getattr(k, "hf_role", k)  # noqa: E731
+
+    def role(k: Any) -> Any:
+        return k.hf_role or k if isinstance(k, type) and issubclass(k, BaseLayer) else k
+
     return a is b or role(a) == role(b)
 
 

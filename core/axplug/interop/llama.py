@@ -87,8 +87,7 @@ def decoder_tensors(
     stack = decoder.transformer
     # Where layer i's parameters sit below the stack (a scanned patterned stack's step and
     # slot); `layer{i}` also names a scanned stack's slice i.
-    place = getattr(stack.klass, "hf_layer_path", lambda _cfg, i: f"layer{i}")
     for i in range(stack.num_layers):
-        param = f"decoder.transformer.{place(stack, i)}"
+        param = f"decoder.transformer.{stack.klass.hf_layer_path(stack, i)}"
         out.update(layer_tensors(i, stack.layer, param, f"{prefix}.layers.{i}"))
     return out

@@ -24,6 +24,7 @@ from axplug.kernels.grouped import (
     select_grouped_matmul,
 )
 from axplug.kernels.paged import (
+    PagedAttentionKernel,
     XlaPagedKernel,
     check_paged_shapes,
     paged_attention_xla,
@@ -44,6 +45,7 @@ __all__ = [
     "KernelChoice",
     "ReferenceKernel",
     "XlaKernel",
+    "PagedAttentionKernel",
     "XlaPagedKernel",
     "check_paged_shapes",
     "paged_attention_xla",

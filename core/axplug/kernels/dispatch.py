@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug import registry
-from axplug.api import AttentionMask
+from axplug.api import AttentionMask, Kernel, why_unsupported
 from axplug.kernels.reference import ReferenceKernel
 
 __all__ = [
@@ -32,13 +32,9 @@ class KernelChoice(NamedTuple):
     reason: str | None  # why not, when unsupported
 
 
-def _instance(obj: Any) -> Any:
-    return obj() if isinstance(obj, type) else obj
-
-
 def registered_kernels(
     names: list[str] | None = None, *, paged: bool = False, grouped: bool = False
-) -> list[tuple[str, Any]]:
+) -> list[tuple[str, Kernel]]:
     """(name, kernel) of every loadable `axplug.kernels` entry by priority, or of `names` in
     that order: the dense attention kernels, with `paged` the paged-attention ones
     (`paged = True`, see `axplug.kernels.paged`), with `grouped` the grouped matmuls
@@ -47,42 +43,36 @@ def registered_kernels(
     kernels = []
     for name in registry.names("kernels") if names is None else names:
         try:
-            kernel = _instance(registry.load("kernels", name))
+            kernel = registry.load_as("kernels", name, Kernel)
         except registry.PluginLoadError:
             continue
-        family = (
-            bool(getattr(kernel, "paged", False)),
-            bool(getattr(kernel, "grouped_matmul", False)),
-        )
-        if family == (paged, grouped):
+        if (kernel.paged, kernel.grouped_matmul) == (paged, grouped):
             kernels.append((name, kernel))
     if names is None:
-        kernels.sort(key=lambda nk: (-getattr(nk[1], "priority", 0), nk[0]))
+        kernels.sort(key=lambda nk: (-nk[1].priority, nk[0]))
     return kernels
 
 
 def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoice]:
     out = []
     for name, kernel in kernels:
-        if mask.linear_bias_slopes is not None and not getattr(
-            kernel, "supports_linear_bias", False
-        ):
+        if mask.linear_bias_slopes is not None and not kernel.supports_linear_bias:
             # A kernel written before the bias existed would ignore it: never chosen for one.
             reason = "a score bias (the kernel does not declare supports_linear_bias)"
-            out.append(KernelChoice(name, getattr(kernel, "priority", 0), False, reason))
+            out.append(KernelChoice(name, kernel.priority, False, reason))
             continue
-        if mask.logit_softcap is not None and not getattr(kernel, "supports_logit_softcap", False):
+        if mask.logit_softcap is not None and not kernel.supports_logit_softcap:
             # Likewise for a cap: a kernel that does not declare it would leave scores uncapped.
             reason = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
-            out.append(KernelChoice(name, getattr(kernel, "priority", 0), False, reason))
+            out.append(KernelChoice(name, kernel.priority, False, reason))
             continue
         try:
             answer = kernel.is_supported(query, key, value, mask, backend)
         except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch
             answer, reason = False, f"is_supported raised {type(exc).__name__}: {exc}"
         else:
-            reason = None if answer else getattr(answer, "reason", None) or "not supported"
-        out.append(KernelChoice(name, getattr(kernel, "priority", 0), bool(answer), reason))
+            reason = None if answer else why_unsupported(answer)
+        out.append(KernelChoice(name, kernel.priority, bool(answer), reason))
     return out
 
 
@@ -102,7 +92,7 @@ def select_kernel(query, key, value, mask, *, backend: str | None = None, names=
     return FALLBACK, ReferenceKernel()
 
 
-def _example_call(
+def example_call(
     dtype: str = "bfloat16",
     *,
     seq: int = 2048,
@@ -111,6 +101,7 @@ def _example_call(
     head_dim: int = 128,
     sliding_window: int | None = None,
 ):
+    """(query, key, value, mask) of a causal call, as shapes, to ask kernels about."""
     q = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.dtype(dtype))
     kv = jax.ShapeDtypeStruct((1, seq, kv_heads, head_dim), jnp.dtype(dtype))
     positions = jax.ShapeDtypeStruct((1, seq), jnp.int32)
@@ -123,7 +114,7 @@ def _example_call(
 def describe_kernels(backend: str | None = None, **example: Any) -> list[str]:
     """Lines saying which kernel dispatch picks on `backend` for a typical causal call."""
     backend = backend or jax.default_backend()
-    args = _example_call(**example)
+    args = example_call(**example)
     q = args[0]
     shape = "x".join(map(str, q.shape))
     lines = [f"attention kernels on backend {backend!r} for a causal {q.dtype} [{shape}] call:"]

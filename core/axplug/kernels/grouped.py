@@ -9,11 +9,10 @@ call and falls back to XLA's `jax.lax.ragged_dot`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from axplug.api import Kernel
 from axplug.kernels.dispatch import registered_kernels
 
 __all__ = [
@@ -25,19 +24,12 @@ __all__ = [
 ]
 
 
-class GroupedMatmulKernel:
+class GroupedMatmulKernel(Kernel):
     """Base of grouped matmul kernels: `is_supported(lhs, rhs, group_sizes, backend)` (True
     or `Unsupported(reason)`) and `__call__(lhs, rhs, group_sizes)`, differentiable in lhs
     and rhs. `grouped_matmul = True` keeps attention dispatch from ever calling it."""
 
     grouped_matmul = True
-    priority = 0
-
-    def is_supported(self, lhs, rhs, group_sizes, backend: str) -> Any:
-        return True
-
-    def __call__(self, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        raise NotImplementedError(type(self).__qualname__)
 
 
 class XlaGroupedMatmul(GroupedMatmulKernel):

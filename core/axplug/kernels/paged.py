@@ -1,6 +1,7 @@
 """Paged attention: one query token per row attending to the row's cached pages in place.
 
-A paged kernel is an `axplug.kernels` entry with `paged = True` (plugin API 1.3):
+A paged kernel is an `axplug.kernels` entry with `paged = True` (plugin API 1.3), best a
+subclass of `PagedAttentionKernel`:
 
 - `priority: int`, as the dense kernels;
 - `is_supported(query, paged, backend) -> True | Unsupported(reason)`: query [b, h, d]
@@ -23,11 +24,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from axplug.api import PagedKV, Unsupported
+from axplug.api import Kernel, PagedKV, Unsupported
 from axplug.kernels.dispatch import registered_kernels
 from axplug.kernels.reference import soft_cap
 
 __all__ = [
+    "PagedAttentionKernel",
     "XlaPagedKernel",
     "check_paged_shapes",
     "paged_attention_xla",
@@ -107,17 +109,22 @@ def paged_attention_xla(
     return out.transpose(1, 0, 2, 3).reshape(b, h, d).astype(value_pages.dtype)
 
 
-class XlaPagedKernel:
-    """Paged attention in plain JAX (`paged_attention_xla`): any backend, any sharding."""
+class PagedAttentionKernel(Kernel):
+    """Base of paged-attention kernels: `is_supported` checks the shapes."""
 
     paged = True
-    priority = 10
-    pages_per_block = 8
-    supports_logit_softcap = True
 
     def is_supported(self, query, paged, backend):
         problem = check_paged_shapes(query, paged)
         return True if problem is None else problem
+
+
+class XlaPagedKernel(PagedAttentionKernel):
+    """Paged attention in plain JAX (`paged_attention_xla`): any backend, any sharding."""
+
+    priority = 10
+    pages_per_block = 8
+    supports_logit_softcap = True
 
     def __call__(self, query, paged, *, scale, logit_softcap=None):
         return paged_attention_xla(
@@ -134,7 +141,7 @@ def paged_kernel_choices(
     backend = backend or jax.default_backend()
     out = []
     for name, kernel in registered_kernels(paged=True):
-        if logit_softcap is not None and not getattr(kernel, "supports_logit_softcap", False):
+        if logit_softcap is not None and not kernel.supports_logit_softcap:
             reason = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
             out.append((name, kernel, Unsupported(reason)))
             continue

@@ -3,6 +3,7 @@
 from axplug.context import OutputCollection, functional
 from axplug.layers.attention import (
     Attention,
+    AttentionKernelSlot,
     DotProductKernel,
     IdentityPositionTransform,
     QKVLinear,
@@ -18,8 +19,8 @@ from axplug.layers.feed_forward import (
     hf_activation,
 )
 from axplug.layers.flash import BlockwiseAttention, FlashAttention, FlashAttentionModifier
-from axplug.layers.fold import fold_layers, folded_config, folds
-from axplug.layers.kv_cache import ContiguousKVCache, PagedKVCache
+from axplug.layers.fold import fold_layers, folded_config
+from axplug.layers.kv_cache import ContiguousKVCache, KVCache, PagedKVCache
 from axplug.layers.norm import LayerNorm, RMSNorm
 from axplug.layers.stack import (
     REMAT_POLICIES,
@@ -35,19 +36,20 @@ from axplug.layers.transformer import RESIDUAL_AXES, TransformerLayer
 __all__ = [
     "fold_layers",
     "folded_config",
-    "folds",
     "ACTIVATIONS",
     "HF_ACTIVATIONS",
     "hf_activation",
     "REMAT_POLICIES",
     "RESIDUAL_AXES",
     "Attention",
+    "AttentionKernelSlot",
     "BlockwiseAttention",
     "FlashAttention",
     "FlashAttentionModifier",
     "BaseLayer",
     "CausalLM",
     "ContiguousKVCache",
+    "KVCache",
     "Decoder",
     "DotProductKernel",
     "Embedding",

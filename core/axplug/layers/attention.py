@@ -12,7 +12,7 @@ from axplug.config import REQUIRED, ConfigError, Required, config_class
 from axplug.kernels import reference_attention, select_paged_kernel
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
-from axplug.layers.kv_cache import ContiguousKVCache
+from axplug.layers.kv_cache import ContiguousKVCache, KVCache
 from axplug.module import Module
 from axplug.sharding import constrain
 
@@ -21,6 +21,7 @@ __all__ = [
     "linear_bias",
     "QKVLinear",
     "IdentityPositionTransform",
+    "AttentionKernelSlot",
     "DotProductKernel",
     "Attention",
     "QK_NORM_OVER",
@@ -99,19 +100,27 @@ class IdentityPositionTransform(BaseLayer):
         return q, k
 
 
-class DotProductKernel(BaseLayer):
-    """softmax(softcap(q k^T * scale) + bias, masked) v in float32; k/v may have fewer heads
-    (grouped); the cap is the mask's `logit_softcap` (none by default).
-
-    The kernel slot's contract: `forward(q [b, sq, h, d], k [b, skv, kvh, d], v, mask)` ->
-    [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`. A slot with
-    `paged_attention(q, paged, *, logit_softcap=None)` is handed decode steps over paged
-    caches.
-    """
+class AttentionKernelSlot(BaseLayer):
+    """Base of attention's kernel slot: `forward(q [b, sq, h, d], k [b, skv, kvh, d], v,
+    mask)` -> [b, sq, h, d] in v's dtype, h % kvh == 0, the mask an `AttentionMask`; and
+    `paged_attention`, a decode step over a paged cache (by default through paged dispatch)."""
 
     @config_class
     class Config(BaseLayer.Config):
         scale: float | None = None  # None: 1/sqrt(head_dim)
+
+    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
+        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
+        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
+
+
+class DotProductKernel(AttentionKernelSlot):
+    """softmax(softcap(q k^T * scale) + bias, masked) v in float32; k/v may have fewer heads
+    (grouped); the cap is the mask's `logit_softcap` (none by default)."""
+
+    @config_class
+    class Config(AttentionKernelSlot.Config):
+        pass
 
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         # q: [b, sq, h, d]; k, v: [b, skv, kvh, d] -> [b, sq, h, d]
@@ -123,10 +132,6 @@ class DotProductKernel(BaseLayer):
         return reference_attention(
             q, k, v, mask.dense(), scale=scale, bias=mask.bias(), logit_softcap=mask.logit_softcap
         )
-
-    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
-        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
 
 
 def paged_attention(
@@ -248,6 +253,14 @@ class Attention(BaseLayer):
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
+        for slot, base in (
+            ("qkv", QKVLinear),
+            ("kernel", AttentionKernelSlot),
+            ("kv_cache", KVCache),
+        ):
+            klass = getattr(cfg, slot).klass
+            if not (isinstance(klass, type) and issubclass(klass, base)):
+                raise cfg.field_error(slot, f"{klass!r} must derive from {base.__qualname__}")
         head_dim = cfg.head_dim or cfg.input_dim // cfg.num_heads
         self._head_dim = head_dim
         self._add_child(
@@ -287,7 +300,7 @@ class Attention(BaseLayer):
                 f"{type(cfg.qk_norm).__qualname__} has no input_dim field; give a norm such "
                 "as RMSNorm.default_config()",
             )
-        kv_heads = getattr(self.qkv, "num_kv_heads", cfg.num_heads)
+        kv_heads = self.qkv.num_kv_heads
         per_head = cfg.qk_norm_over == "head_dim"
         for name, heads in (("q_norm", cfg.num_heads), ("k_norm", kv_heads)):
             dim = head_dim if per_head else heads * head_dim
@@ -338,7 +351,7 @@ class Attention(BaseLayer):
         return self.kv_cache.init_state(
             batch_size=batch_size,
             max_len=max_len,
-            num_kv_heads=getattr(self.qkv, "num_kv_heads", self._config.num_heads),
+            num_kv_heads=self.qkv.num_kv_heads,
             head_dim=self._head_dim,
             dtype=dtype or self.compute_dtype,
         )
@@ -357,18 +370,14 @@ class Attention(BaseLayer):
         q, k, v = self._project(x)
         q, k = self.position(q, k, q_positions=positions, kv_positions=positions)
         cfg = self._config
-        attend_pages = getattr(self.kernel, "paged_attention", None)
         if (
             q.shape[1] == 1  # a decode step: one query per row, every cached token visible
-            and attend_pages is not None  # a softmax kernel slot that knows paged kernels
-            and hasattr(self.kv_cache, "extend_paged")
             and cfg.sliding_window is None
             and cfg.linear_bias_slopes is None
         ):
             cache_state, paged = self.kv_cache.extend_paged(cache_state, k, v, positions)
-            # The cap only when set: a slot's paged_attention from before it takes none.
-            cap = {} if cfg.logit_softcap is None else {"logit_softcap": cfg.logit_softcap}
-            out = attend_pages(q[:, 0], paged, **cap)[:, None]  # the pages read in place
+            out = self.kernel.paged_attention(q[:, 0], paged, logit_softcap=cfg.logit_softcap)
+            out = out[:, None]  # the pages read in place
             return self.output(out.reshape(*out.shape[:2], -1)), cache_state
         cache_state, k_all, v_all, kv_positions = self.kv_cache.extend(cache_state, k, v, positions)
         mask = AttentionMask(

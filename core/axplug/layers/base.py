@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,19 @@ def _is_spec(x: Any) -> bool:
 
 
 class BaseLayer(Module):
-    """A module that owns parameters; dtypes left None are inherited from the parent."""
+    """A module that owns parameters; dtypes left None are inherited from the parent.
+
+    It declares every optional hook a layer may override, with its default, so callers never
+    probe for one: Hugging Face interop (`hf_*`, docs/model-families.md), scanning, folding
+    adapters, and a loss fused into the stack.
+    """
+
+    # Classes with one role compute the same thing (an unrolled and a scanned stack).
+    hf_role: ClassVar[str | None] = None
+    # Config fields that do not change what the layer computes (the export check skips them).
+    hf_neutral: ClassVar[tuple[str, ...]] = ()
+    # True when `hf_write` writes the fields of every layer under it (theirs are not called).
+    hf_writes_subtree: ClassVar[bool] = False
 
     @config_class
     class Config(Module.Config):
@@ -61,7 +73,7 @@ class BaseLayer(Module):
         """Nested dict of ParameterSpecs mirroring the module tree; empty subtrees dropped."""
         specs: dict[str, Any] = dict(self._create_layer_parameter_specs())
         for name, child in self._children.items():
-            if hasattr(child, "create_parameter_specs_recursively"):
+            if isinstance(child, BaseLayer):
                 child_specs = child.create_parameter_specs_recursively()
                 if child_specs:
                     specs[name] = child_specs
@@ -79,7 +91,7 @@ class BaseLayer(Module):
             for name in self._create_layer_parameter_specs()
         }
         for name, child in self._children.items():
-            if hasattr(child, "parameter_keys"):
+            if isinstance(child, BaseLayer):
                 child_keys = child.parameter_keys(jax.random.fold_in(prng_key, name_hash(name)))
                 if child_keys:
                     keys[name] = child_keys
@@ -92,9 +104,58 @@ class BaseLayer(Module):
             for name, spec in self._create_layer_parameter_specs().items()
         }
         for name, child in self._children.items():
-            if name in keys and hasattr(child, "initialize_parameters"):
+            if name in keys and isinstance(child, BaseLayer):
                 params[name] = child.initialize_parameters(keys[name])
         return params
+
+    @classmethod
+    def hf_read(cls, cfg: Any, fields: Any) -> None:
+        """Sets `cfg` from config.json `fields` (an `HFFields`); a layer without fields: none."""
+
+    @classmethod
+    def hf_write(cls, cfg: Any) -> dict[str, Any]:
+        """The config.json fields `cfg` implies; `ValueError` for what they cannot express."""
+        return {}
+
+    @classmethod
+    def hf_depth(cls, cfg: Any) -> int:
+        """How many of config.json's `num_hidden_layers` one of these is in a stack."""
+        return 1
+
+    @classmethod
+    def hf_layer_path(cls, cfg: Any, i: int) -> str:
+        """Where a stack's layer `i` sits below it in the parameter tree."""
+        return f"layer{i}"
+
+    @classmethod
+    def scanned_config(cls, cfg: Any, *, remat_policy: str) -> Any:
+        """The config of this layer's scanned form (`scan_layers`), or None: it has none."""
+        return None
+
+    @classmethod
+    def applies_to(cls, cfg: Any, module_name: str) -> bool:
+        """Whether this layer, given as an adapter, adapts the layer named `module_name`."""
+        return True
+
+    @classmethod
+    def folded_config(cls, cfg: Any) -> Any:
+        """The config once what folds into a plainer layer (an adapter) is folded: itself."""
+        return cfg
+
+    @classmethod
+    def fold_parameters(cls, cfg: Any, params: dict) -> dict:
+        """The parameters of `folded_config` from this layer's: unchanged."""
+        return params
+
+    @classmethod
+    def info_lines(cls) -> list[str]:
+        """Extra lines `axplug info` prints for this layer on this machine."""
+        return []
+
+    @property
+    def fuses_loss(self) -> bool:
+        """Whether the layer computes the loss itself when training (a 1F1B pipeline)."""
+        return False
 
     def active_parameter_fraction(self) -> float:
         """The share of this layer's own weights one token runs through (MFU's FLOPs count):

@@ -38,8 +38,7 @@ class Linear(BaseLayer):
         adapter = cfg.adapter
         if adapter is None:
             return
-        applies = getattr(adapter.klass, "applies_to", None)
-        if applies is not None and not applies(adapter, self.name):
+        if not adapter.klass.applies_to(adapter, self.name):
             return
         if type(self).forward is not Linear.forward:
             raise ConfigError(

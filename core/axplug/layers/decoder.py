@@ -113,7 +113,7 @@ class Decoder(BaseLayer):
     @property
     def fuses_loss(self) -> bool:
         """Whether the stack computes the loss itself when training (a 1F1B pipeline)."""
-        return bool(getattr(self.transformer, "fuses_loss", False))
+        return self.transformer.fuses_loss
 
     def fused_loss(
         self, input_ids: jax.Array, labels: jax.Array, *, positions=None, segment_ids=None

@@ -25,20 +25,18 @@ from axplug.config import (
     replace_config,
 )
 from axplug.kernels import blockwise_attention, describe_kernels, select_kernel
-from axplug.layers.attention import DotProductKernel, paged_attention
-from axplug.layers.base import BaseLayer
+from axplug.layers.attention import AttentionKernelSlot, DotProductKernel, paged_attention
 
 __all__ = ["FlashAttention", "BlockwiseAttention", "FlashAttentionModifier"]
 
 log = logging.getLogger("axplug.kernels")
 
 
-class FlashAttention(BaseLayer):
+class FlashAttention(AttentionKernelSlot):
     """Attention kernel slot that dispatches to the best registered kernel for the backend."""
 
     @config_class
-    class Config(BaseLayer.Config):
-        scale: float | None = None  # None: 1/sqrt(head_dim)
+    class Config(AttentionKernelSlot.Config):
         # Registry names to try in this order; None: every registered kernel by priority.
         kernels: list[str] | None = None
         # Backend the kernels are chosen for; None: jax.default_backend().
@@ -75,25 +73,20 @@ class FlashAttention(BaseLayer):
         return describe_kernels()
 
 
-class BlockwiseAttention(BaseLayer):
+class BlockwiseAttention(AttentionKernelSlot):
     """Attention kernel slot running `blockwise_attention` (O(seq) memory) at any length.
 
     `axplug aot` plans a GPU/TPU/Trainium rule on CPU with it: its memory is a flash kernel's.
     """
 
     @config_class
-    class Config(BaseLayer.Config):
-        scale: float | None = None  # None: 1/sqrt(head_dim)
+    class Config(AttentionKernelSlot.Config):
         block: int = 512  # keys per block
 
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         cfg = self._config
         scale = cfg.scale if cfg.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         return blockwise_attention(q, k, v, mask, scale=scale, block=cfg.block)
-
-    def paged_attention(self, q, paged, *, logit_softcap: float | None = None) -> jax.Array:
-        """A decode step's q [b, h, d] over a paged cache's pages in place (`PagedKV`)."""
-        return paged_attention(q, paged, scale=self._config.scale, logit_softcap=logit_softcap)
 
 
 class FlashAttentionModifier(ConfigModifier):

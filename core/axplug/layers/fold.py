@@ -1,9 +1,10 @@
 """Folding layers into the plain layers they compute as: a low-rank adapter merged into its
 base weight before an export, or for decoding without the adapter's extra matmuls.
 
-A layer class that folds defines the classmethods `folded_config(cfg)` (its config once
+A layer class that folds overrides the classmethods `folded_config(cfg)` (its config once
 folded) and `fold_parameters(cfg, params)` (its parameters then; `params` may carry leading
-axes, a scanned stack's layers): the core `Linear` folds its adapter into its weight.
+axes, a scanned stack's layers), which `BaseLayer` declares as the identity: the core `Linear`
+folds its adapter into its weight.
 """
 
 from __future__ import annotations
@@ -11,15 +12,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from axplug.config import ConfigBase
+from axplug.config import ConfigBase, configurable_class
+from axplug.layers.base import BaseLayer
 
-__all__ = ["fold_layers", "folded_config", "folds"]
-
-
-def folds(module_or_class: Any) -> bool:
-    """Whether a layer (or its class) folds into a plainer one."""
-    cls = module_or_class if isinstance(module_or_class, type) else type(module_or_class)
-    return hasattr(cls, "fold_parameters") and hasattr(cls, "folded_config")
+__all__ = ["fold_layers", "folded_config"]
 
 
 def fold_layers(model_cfg: ConfigBase, params: dict) -> tuple[ConfigBase, dict]:
@@ -30,7 +26,7 @@ def fold_layers(model_cfg: ConfigBase, params: dict) -> tuple[ConfigBase, dict]:
     def visit(module: Any, tree: Any) -> Any:
         children = module.children
         tree = {k: visit(children[k], v) if k in children else v for k, v in tree.items()}
-        return type(module).fold_parameters(module.config, tree) if folds(module) else tree
+        return type(module).fold_parameters(module.config, tree)
 
     return folded_config(model_cfg), visit(model, params)
 
@@ -52,5 +48,5 @@ def _fold(value: Any) -> Any:
         folded = _fold(field)
         if folded is not field:
             setattr(value, name, folded)
-    klass = getattr(value, "klass", None)
-    return klass.folded_config(value) if isinstance(klass, type) and folds(klass) else value
+    klass = configurable_class(value)
+    return klass.folded_config(value) if klass and issubclass(klass, BaseLayer) else value

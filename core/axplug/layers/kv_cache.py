@@ -32,6 +32,7 @@ __all__ = [
     "EMPTY_POSITION",
     "PagedKV",
     "assigning_pages",
+    "KVCache",
     "ContiguousKVCache",
     "PagedKVCache",
     "Paging",
@@ -120,7 +121,26 @@ def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_
     }
 
 
-class ContiguousKVCache(BaseLayer):
+class KVCache(BaseLayer):
+    """Base of attention's kv_cache slot (decoding only): a state per row, written by each step."""
+
+    def init_state(
+        self, *, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype
+    ) -> dict:
+        """An empty cache for `batch_size` rows of up to `max_len` tokens."""
+        raise NotImplementedError(type(self).__qualname__)
+
+    def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new state, keys [b, t, kvh, d], values, their positions [b, t]) to attend to, with
+        the new `key`/`value` [b, new, kvh, d] at `positions` written."""
+        raise NotImplementedError(type(self).__qualname__)
+
+    def extend_paged(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
+        """(new state, a `PagedKV` over the rows in place) for a decode step of one token."""
+        raise NotImplementedError(type(self).__qualname__)
+
+
+class ContiguousKVCache(KVCache):
     """Keys and values in one max_len row per sequence.
 
     Stored head-major as pages: `key`/`value` [kv_heads, batch * P, page, head_dim], row b
@@ -184,7 +204,7 @@ class Paging(NamedTuple):
     pages_per_row: int
 
 
-class PagedKVCache(BaseLayer):
+class PagedKVCache(KVCache):
     """Keys and values in a pool of fixed-size pages; a block table maps each row's logical
     pages to pool pages, so rows share one pool and hold only the pages they use.
 

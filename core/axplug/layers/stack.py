@@ -18,7 +18,6 @@ __all__ = [
     "StackedTransformer",
     "RepeatedTransformer",
     "REMAT_POLICIES",
-    "hf_layers_per_unit",
     "remat_layer",
     "remat_children",
     "scan_layer",
@@ -26,27 +25,31 @@ __all__ = [
 ]
 
 
-def hf_layers_per_unit(layer: Any) -> int:
-    """How many of config.json's `num_hidden_layers` one `layer` of a stack is: its class's
-    `hf_depth(cfg)` (a block of several transformer layers, such as a plugin's layer group),
-    else 1."""
-    depth = getattr(getattr(layer, "klass", None), "hf_depth", None)
-    return max(1, int(depth(layer))) if depth is not None else 1
+class _Stack(BaseLayer):
+    """What an unrolled and a scanned stack share: config.json's `num_hidden_layers`, a count
+    of transformer layers (a layer class's `hf_depth(cfg)` of them per unit of the stack)."""
+
+    hf_role = "stack"  # an unrolled and a scanned stack compute the same thing
+
+    @classmethod
+    def hf_read(cls, cfg: Any, fields: Any) -> None:
+        layers = fields.positive_int("num_hidden_layers")
+        per = max(1, int(cfg.layer.klass.hf_depth(cfg.layer)))
+        if layers % per:
+            fields.problem(
+                f"{fields.name('num_hidden_layers')}={layers} is not a multiple of the {per} "
+                f"layers of each {cfg.layer.klass.__name__} of the stack"
+            )
+        cfg.num_layers = layers // per
+
+    @classmethod
+    def hf_write(cls, cfg: Any) -> dict:
+        return {
+            "num_hidden_layers": cfg.num_layers * max(1, int(cfg.layer.klass.hf_depth(cfg.layer)))
+        }
 
 
-def _hf_read_depth(cfg: Any, fields: Any) -> int:
-    """The stack's num_layers for config.json's num_hidden_layers (a count of units)."""
-    layers = fields.positive_int("num_hidden_layers")
-    per = hf_layers_per_unit(cfg.layer)
-    if layers % per:
-        fields.problem(
-            f"{fields.name('num_hidden_layers')}={layers} is not a multiple of the {per} layers "
-            f"of each {getattr(cfg.layer.klass, '__name__', 'unit')} of the stack"
-        )
-    return layers // per
-
-
-class StackedTransformer(BaseLayer):
+class StackedTransformer(_Stack):
     """`num_layers` independent children layer0..layerN-1, applied in order (unrolled)."""
 
     @config_class
@@ -54,16 +57,6 @@ class StackedTransformer(BaseLayer):
         input_dim: Required[int] = REQUIRED
         num_layers: Required[int] = REQUIRED
         layer: BaseLayer.Config = TransformerLayer.default_config()
-
-    hf_role = "stack"  # an unrolled and a scanned stack compute the same thing
-
-    @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
-        cfg.num_layers = _hf_read_depth(cfg, fields)
-
-    @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
-        return {"num_hidden_layers": cfg.num_layers * hf_layers_per_unit(cfg.layer)}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)
@@ -119,7 +112,7 @@ REMAT_POLICIES = {
 }
 
 
-class RepeatedTransformer(BaseLayer):
+class RepeatedTransformer(_Stack):
     """One `layer` child whose parameters carry a leading `layers` axis, run by lax.scan.
 
     Compile time stays flat in depth; `remat_policy` picks what the backward pass recomputes.
@@ -132,16 +125,6 @@ class RepeatedTransformer(BaseLayer):
         num_layers: Required[int] = REQUIRED
         layer: BaseLayer.Config = TransformerLayer.default_config()
         remat_policy: str = "none"
-
-    hf_role = "stack"  # an unrolled and a scanned stack compute the same thing
-
-    @classmethod
-    def hf_read(cls, cfg: Config, fields) -> None:
-        cfg.num_layers = _hf_read_depth(cfg, fields)
-
-    @classmethod
-    def hf_write(cls, cfg: Config) -> dict:
-        return {"num_hidden_layers": cfg.num_layers * hf_layers_per_unit(cfg.layer)}
 
     def __init__(self, cfg: Config, *, parent: Module | None = None):
         super().__init__(cfg, parent=parent)

@@ -17,8 +17,10 @@ from axplug.registry._discovery import ALLOW_ENV, DISABLE_ENV, discover
 from axplug.registry._hooks import plugin_manager
 from axplug.registry._kinds import check_kind
 from axplug.registry._loading import (
+    conformed,
     entry,
     load,
+    load_as,
     load_within,
     names,
     reset,
@@ -26,6 +28,8 @@ from axplug.registry._loading import (
 )
 
 __all__ = [
+    "conformed",
+    "load_as",
     "FIRST_PARTY_ENTRY",
     "KINDS",
     "STATUSES",

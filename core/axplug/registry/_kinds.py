@@ -39,17 +39,14 @@ def _instance_of(where: str):
     return check
 
 
-def _protocol(protocol: str, *names: str, where: str = "kinds"):
+def _protocol(protocol: str, *names: str):
     """Each of `names` is a member (a method; a `str` for those in `_STRINGS`) of the object
     or, for a class (built with no arguments when used), of its instances."""
 
     def check(obj: Any) -> str | None:
         missing = [n for n in names if not _has(obj, n)]
         if missing:
-            return (
-                f"it has no {', '.join(missing)} of the axplug.api.{where}.{protocol} protocol "
-                f"({_what(obj)})"
-            )
+            return f"it has no {', '.join(missing)} of axplug.api.{protocol} ({_what(obj)})"
         return None
 
     return check
@@ -117,14 +114,14 @@ def _factory(signature: str, returns: str, positional: int):
 CHECKS: dict[str, Callable[[Any], str | None]] = {
     "layers": _subclass_of("axplug.layers.base:BaseLayer"),
     "modifiers": _subclass_of("axplug.config.tree:ConfigModifier"),
-    "kernels": _protocol("AttentionKernelLike", "is_supported", "__call__"),
+    "kernels": _protocol("Kernel", "is_supported", "__call__"),
     "mesh_rules": _mesh_rule,
     "storage": _subclass_of("axplug.checkpoint.storage:Storage"),
     "presets": _instance_of("axplug.presets:Preset"),
     "inputs": _subclass_of("axplug.input.base:Input"),
     "summary_writers": _subclass_of("axplug.summary.base:SummaryWriter"),
     "architectures": _protocol(
-        "HFArchitecture", "architecture", "model_type", "base_config", "tensors", where="hf"
+        "HFArchitecture", "architecture", "model_type", "base_config", "tensors"
     ),
     "commands": _command,
     "data_sources": _data_source,

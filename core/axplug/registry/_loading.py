@@ -17,9 +17,11 @@ from axplug.registry._component import (
 )
 
 __all__ = [
+    "conformed",
     "names",
     "entry",
     "load",
+    "load_as",
     "load_component",
     "load_within",
     "reset",
@@ -119,6 +121,33 @@ def load(kind: str, name: str) -> Any:
             f"{component.describe()} is {component.status}: {component.reason}"
         )
     return load_component(component)
+
+
+_conformed: dict[tuple[type, type], type] = {}
+
+
+def conformed(obj: Any, base: type) -> Any:
+    """`obj` (a class is built with no arguments) as an instance of `base`, the kind's
+    declared base: a class that does not derive from it is given it as a last base, so each
+    optional member it leaves out reads the base's default and callers never probe."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    if not issubclass(cls, base):
+        key = (cls, base)
+        if key not in _conformed:
+            names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            _conformed[key] = type(cls.__name__, (cls, base), {**names, "__doc__": cls.__doc__})
+        if not isinstance(obj, type):  # an instance: the same state under the mixed class
+            import copy
+
+            obj = copy.copy(obj)
+            obj.__class__ = _conformed[key]
+        cls = _conformed[key]
+    return cls() if isinstance(obj, type) else obj
+
+
+def load_as(kind: str, name: str, base: type) -> Any:
+    """`load(kind, name)` as an instance of the kind's declared `base` (see `conformed`)."""
+    return conformed(load(kind, name), base)
 
 
 def load_component(component: Component) -> Any:

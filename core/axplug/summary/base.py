@@ -76,12 +76,6 @@ class SummaryWriter(Configurable, abc.ABC):
                 setattr(cfg, name, getattr(run, name))
         return cfg
 
-    @classmethod
-    def check_config(cls, cfg: Configurable.Config) -> None:  # noqa: B027 - optional hook
-        """Raises a ConfigError naming the field of `cfg` that cannot work; cheap: no backend
-        import, no I/O. The trainer calls it for every writer before building any (so a bad
-        one leaves no files behind), and `axplug train --print-config` does too."""
-
     @abc.abstractmethod
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Records `scalars` (name -> number) at `step`."""

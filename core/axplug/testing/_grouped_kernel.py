@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from axplug.kernels.grouped import grouped_matmul_reference
-from axplug.testing._kernel import NumericsFixtures
+from axplug.testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
 
 __all__ = ["GroupedMatmulConformance", "group_size_cases"]
 
@@ -58,13 +58,8 @@ class GroupedMatmulConformance(NumericsFixtures):
         rhs = jnp.asarray(rng.normal(size=(groups, k, n)) / np.sqrt(k), dtype)
         return lhs, rhs, jnp.asarray(sizes, jnp.int32)
 
-    def _check_supported(self, kernel, args, backend):
-        answer = kernel.is_supported(*args, backend)
-        if not answer:
-            pytest.skip(f"not supported here: {getattr(answer, 'reason', answer)}")
-
     def test_declares_itself_a_grouped_matmul(self, kernel):
-        assert getattr(kernel, "grouped_matmul", False) is True, (
+        assert declared_kernel(kernel).grouped_matmul is True, (
             "a grouped matmul kernel sets `grouped_matmul = True`; without it attention "
             "dispatch would call it with (query, key, value, mask)"
         )
@@ -73,7 +68,7 @@ class GroupedMatmulConformance(NumericsFixtures):
     def test_matches_the_reference(self, kernel, backend, problem_shapes, dtype, tolerance, case):
         m, _, n, groups = problem_shapes
         args = self._problem(problem_shapes, dtype, group_size_cases(m, groups)[case])
-        self._check_supported(kernel, args, backend)
+        skip_unless_supported(kernel, *args, backend)
         got = kernel(*args)
         assert got.shape == (m, n) and got.dtype == dtype
         want = grouped_matmul_reference(*args)
@@ -84,7 +79,7 @@ class GroupedMatmulConformance(NumericsFixtures):
     def test_gradients_match_the_reference(self, kernel, backend, problem_shapes, dtype, tolerance):
         m, _, _, groups = problem_shapes
         args = self._problem(problem_shapes, dtype, group_size_cases(m, groups)["uneven"])
-        self._check_supported(kernel, args, backend)
+        skip_unless_supported(kernel, *args, backend)
         probe = jnp.asarray(np.random.default_rng(1).normal(size=(m, problem_shapes[2])), dtype)
 
         def loss(fn):

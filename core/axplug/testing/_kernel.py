@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from axplug.api import Kernel, why_unsupported
+from axplug.registry import conformed
 from axplug.testing._util import TraceCounter, assert_finite, require
 
 __all__ = [
@@ -20,6 +22,19 @@ __all__ = [
     "alibi_slopes",
     "abstract_call",
 ]
+
+
+def declared_kernel(kernel: Any) -> Kernel:
+    """The kernel as dispatch reads it: its optional members, or `Kernel`'s defaults."""
+    return conformed(kernel, Kernel)
+
+
+def skip_unless_supported(kernel: Any, *call: Any) -> None:
+    """Skips the test when the kernel declines `call` (its arguments, then the backend)."""
+    answer = declared_kernel(kernel).is_supported(*call)
+    if not answer:
+        pytest.skip(f"not supported here: {why_unsupported(answer)}")
+
 
 KERNEL_CAPABILITIES = (
     "gqa",  # fewer kv heads than query heads
@@ -160,31 +175,23 @@ class KernelConformance(NumericsFixtures):
         return case
 
     def _check_supported(self, kernel, problem) -> None:
-        if hasattr(kernel, "is_supported"):
-            answer = kernel.is_supported(*problem, jax.default_backend())
-            assert answer, (
-                f"{type(kernel).__name__}.is_supported says {answer!r} for a case its "
-                "capabilities declare; drop the capability or support the case"
-            )
+        answer = declared_kernel(kernel).is_supported(*problem, jax.default_backend())
+        assert answer, (
+            f"{type(kernel).__name__}.is_supported says {answer!r} for a case its "
+            "capabilities declare; drop the capability or support the case"
+        )
 
     def test_capabilities_are_known(self):
         unknown = set(self.capabilities) - set(KERNEL_CAPABILITIES)
         assert not unknown, f"unknown capabilities {sorted(unknown)}; known: {KERNEL_CAPABILITIES}"
 
-    def test_bias_capability_matches_the_kernel_attribute(self, kernel):
-        declared = "linear_bias" in self.capabilities
-        attribute = bool(getattr(kernel, "supports_linear_bias", False))
+    @pytest.mark.parametrize("capability", ["linear_bias", "logit_softcap"])
+    def test_capability_matches_the_kernel_attribute(self, kernel, capability):
+        declared = capability in self.capabilities
+        attribute = getattr(declared_kernel(kernel), f"supports_{capability}")
         assert declared == attribute, (
-            f"capabilities {'include' if declared else 'omit'} 'linear_bias' but the kernel's "
-            f"supports_linear_bias is {attribute}: dispatch reads the attribute"
-        )
-
-    def test_softcap_capability_matches_the_kernel_attribute(self, kernel):
-        declared = "logit_softcap" in self.capabilities
-        attribute = bool(getattr(kernel, "supports_logit_softcap", False))
-        assert declared == attribute, (
-            f"capabilities {'include' if declared else 'omit'} 'logit_softcap' but the "
-            f"kernel's supports_logit_softcap is {attribute}: dispatch reads the attribute"
+            f"capabilities {'include' if declared else 'omit'} {capability!r} but the kernel's "
+            f"supports_{capability} is {attribute}: dispatch reads the attribute"
         )
 
     @pytest.mark.parametrize("case_name", list(CASES))

@@ -184,9 +184,9 @@ class MeshRuleConformance:
 
     def test_device_spec(self, rule):
         require(self, "device_spec", MESH_RULE_CAPABILITIES)
-        from axplug.api import DeviceSpec
+        from axplug.api import DeviceSpec, device_spec_of_rule
 
-        spec = getattr(rule, "device_spec", None)
+        spec = device_spec_of_rule(rule)
         assert isinstance(spec, DeviceSpec), (
             "decorate the rule function with @axplug.api.with_device_spec(DeviceSpec(...)) or "
             "drop the `device_spec` capability"

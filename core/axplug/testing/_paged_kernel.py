@@ -11,7 +11,7 @@ import pytest
 
 from axplug.api import PagedKV
 from axplug.kernels.reference import reference_attention
-from axplug.testing._kernel import NumericsFixtures
+from axplug.testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
 
 __all__ = ["PagedKernelConformance", "make_paged_problem", "paged_reference"]
 
@@ -81,7 +81,7 @@ class PagedKernelConformance(NumericsFixtures):
         return {}
 
     def test_declares_itself_paged(self, kernel):
-        assert getattr(kernel, "paged", False) is True, (
+        assert declared_kernel(kernel).paged is True, (
             "a paged kernel sets `paged = True`; without it dense dispatch would call it with "
             "(query, key, value, mask)"
         )
@@ -92,10 +92,7 @@ class PagedKernelConformance(NumericsFixtures):
     ):
         shapes = {"kv_heads": 2, "heads": 4 if grouping == "gqa" else 2, **problem_shapes}
         query, paged = make_paged_problem(dtype=dtype, **shapes)
-        if hasattr(kernel, "is_supported"):
-            answer = kernel.is_supported(query, paged, jax.default_backend())
-            if not answer:
-                pytest.skip(f"not supported here: {getattr(answer, 'reason', answer)}")
+        skip_unless_supported(kernel, query, paged, jax.default_backend())
         scale = 1.0 / math.sqrt(query.shape[-1])
         got = kernel(query, paged, scale=scale)
         assert got.shape == query.shape and got.dtype == paged.value_pages.dtype
@@ -105,13 +102,10 @@ class PagedKernelConformance(NumericsFixtures):
         )
 
     def test_logit_softcap(self, kernel, dtype, tolerance, problem_shapes):
-        if not getattr(kernel, "supports_logit_softcap", False):
+        if not declared_kernel(kernel).supports_logit_softcap:
             pytest.skip("the kernel does not declare supports_logit_softcap")
         query, paged = make_paged_problem(dtype=dtype, **problem_shapes)
-        if hasattr(kernel, "is_supported"):
-            answer = kernel.is_supported(query, paged, jax.default_backend())
-            if not answer:
-                pytest.skip(f"not supported here: {getattr(answer, 'reason', answer)}")
+        skip_unless_supported(kernel, query, paged, jax.default_backend())
         scale, cap = 1.0 / math.sqrt(query.shape[-1]), 0.5  # a cap that bends the scores
         got = kernel(query, paged, scale=scale, logit_softcap=cap)
         want = paged_reference(query, paged, scale=scale, logit_softcap=cap)
@@ -123,10 +117,7 @@ class PagedKernelConformance(NumericsFixtures):
 
     def test_reads_only_the_pages_its_table_names(self, kernel, dtype, problem_shapes):
         query, paged = make_paged_problem(dtype=dtype, **problem_shapes)
-        if hasattr(kernel, "is_supported") and not kernel.is_supported(
-            query, paged, jax.default_backend()
-        ):
-            pytest.skip("not supported here")
+        skip_unless_supported(kernel, query, paged, jax.default_backend())
         # NaN in every page no row's table names: a kernel that let one into its sums
         # (masked scores still multiply values: 0 * NaN is NaN) returns NaN.
         values = np.asarray(paged.value_pages, np.float32).copy()

@@ -7,6 +7,7 @@ from typing import Any
 
 from axplug.checkpoint import Checkpointer
 from axplug.checkpoint.retention import check_retention
+from axplug.config import configurable_class
 from axplug.input import Input
 from axplug.learner import Learner
 from axplug.trainer.profiling import check_profile_steps
@@ -47,6 +48,5 @@ def check_trainer_config(cfg: Any) -> None:
     # Before any writer is built: an earlier one (metrics.jsonl) would leave files behind.
     for field in ("summary_writers", "evaluators"):
         for i, part in enumerate(getattr(cfg, field)):
-            check = getattr(getattr(part, "klass", None), "check_config", None)
-            if check is not None:
-                check(part.located(f"{field}[{i}]"))
+            if (klass := configurable_class(part)) is not None:
+                klass.check_config(part.located(f"{field}[{i}]"))

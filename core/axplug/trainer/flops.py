@@ -7,6 +7,7 @@ import math
 import jax
 
 from axplug.api import ParameterSpec
+from axplug.input import batch_shape
 from axplug.layers import BaseLayer, RepeatedTransformer
 
 __all__ = ["analytic_flops", "active_parameters", "model_flops_per_step"]
@@ -56,6 +57,5 @@ def model_flops_per_step(cfg, model=None) -> float:
         layers, dim = cfg.model.decoder.transformer.num_layers, cfg.model.decoder.dim
     except AttributeError:
         layers, dim = 0, 0
-    seq = getattr(cfg.input, "seq_len", 0)
-    batch = getattr(cfg.input, "batch_size", 0)
+    batch, seq = batch_shape(cfg.input) or (0, 0)
     return analytic_flops(active_parameters(model), layers=layers, dim=dim, seq=seq, batch=batch)

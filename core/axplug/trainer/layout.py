@@ -11,6 +11,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug.config import ConfigError
+from axplug.input import batch_shape
 from axplug.sharding import ShardingScope
 from axplug.trainer.trainable import pick
 
@@ -108,7 +109,7 @@ def check_input_split(
     a dim the mesh axes do not divide would be silently replicated instead (no mesh: none)."""
     if scope is None:
         return
-    batch = getattr(input_cfg, "batch_size", None)
+    batch, seq_len = batch_shape(input_cfg) or (None, None)
     axes = scope.spec(("batch",))[0]
     names = axes if isinstance(axes, tuple) else (axes,) if axes else ()
     shards = scope.axis_size("batch")
@@ -125,7 +126,6 @@ def check_input_split(
             f"be split over the {shards} devices of the batch mesh axes {names}; use "
             f"{input_cfg.field_path('batch_size')} a multiple of {k * shards}"
         )
-    seq_len = getattr(input_cfg, "seq_len", None)
     ways = scope.axis_size("seq")
     if isinstance(seq_len, int) and seq_len % ways:
         raise input_cfg.field_error(

@@ -8,6 +8,7 @@ from typing import Any
 
 from axplug.api._errors import AxplugError
 from axplug.config import ConfigBase, config_class
+from axplug.input import batch_shape
 
 __all__ = ["NonFiniteError", "NonFiniteGuard", "StepTimer", "tokens_per_step"]
 
@@ -59,7 +60,8 @@ class NonFiniteGuard:
 
 def tokens_per_step(input_cfg: Any) -> int:
     """Tokens in a global batch of an input config (0 when it has no batch_size/seq_len)."""
-    return getattr(input_cfg, "batch_size", 0) * getattr(input_cfg, "seq_len", 0)
+    batch, seq = batch_shape(input_cfg) or (0, 0)
+    return batch * seq
 
 
 class StepTimer:

@@ -90,7 +90,7 @@ class Restorer:
         steps = checkpointer.all_steps()
         if not steps and cfg.init_from is not None and self.layout.optimizer_mask is None:
             with goodput.phase("restore"):  # every parameter comes from the source
-                return self._from_source()
+                return self._init_from()
         if not steps:
             log.info("initializing parameters and optimizer state")
             with goodput.phase("init"):
@@ -119,10 +119,13 @@ class Restorer:
             "directory aside to start over, or restore a copy"
         )
 
-    def _init_from(self, fresh: dict) -> dict:
+    def _init_from(self, fresh: dict | None = None) -> dict:
+        """A fine-tune's state from `init_from`'s weights, over `fresh` (a random init, for the
+        trained parameters the source lacks under learner.trainable) or, with None, restored
+        straight onto this run's layout (no initializer compiled); the source's optimizer state
+        when `init_optimizer` (a fresh one when it holds none: an import)."""
         cfg, layout = self.config, self.layout
         assert cfg.init_from is not None  # called for a run that has one
-        # Under learner.trainable, trained parameters the source lacks (adapters) start fresh.
         new_ok = None if cfg.init_optimizer else layout.optimizer_mask
         step, params, opt_state = restore_weights(
             cfg.init_from,
@@ -132,29 +135,15 @@ class Restorer:
             new_ok=new_ok,
         )
         log.info("starting from the weights of step %d of %s", step, cfg.init_from)
+        if opt_state is None and (cfg.init_optimizer or fresh is None):
+            opt_state = layout.fresh_opt_state(params)
+        if fresh is None:  # step 0: the fine-tune's own count and schedule
+            zero = jax.device_put(jnp.zeros((), jnp.int32), layout.shardings["step"])
+            return {"params": params, "opt_state": opt_state, "step": zero}
         if layout.frozen_mask is not None:  # checkpoints store the trained parameters only
             self.frozen_source = {"from": _absolute(checkpoint_directory(cfg.init_from)),
                                   "step": step}  # fmt: skip
-        # step 0: the fine-tune's own count and schedule
         state = {**fresh, "params": _merged(fresh["params"], params)}
-        if cfg.init_optimizer:  # the source's, or (it holds none: an import) what it would hold
-            state["opt_state"] = (
-                opt_state if opt_state is not None else layout.fresh_opt_state(params)
-            )
+        if cfg.init_optimizer:
+            state["opt_state"] = opt_state
         return state
-
-    def _from_source(self) -> dict:
-        """The state of a fine-tune whose parameters all come from `init_from`: restored onto
-        this run's layout with no random initialization first (which cost a compile of every
-        initializer), and the source's optimizer state or a fresh one."""
-        cfg, layout = self.config, self.layout
-        assert cfg.init_from is not None
-        step, params, opt_state = restore_weights(
-            cfg.init_from, cfg.init_step, abstract_state=layout.abstract,
-            optimizer=cfg.init_optimizer,
-        )  # fmt: skip
-        log.info("starting from the weights of step %d of %s", step, cfg.init_from)
-        if opt_state is None:  # not asked for, or the source holds none (an import)
-            opt_state = layout.fresh_opt_state(params)
-        zero = jax.device_put(jnp.zeros((), jnp.int32), layout.shardings["step"])
-        return {"params": params, "opt_state": opt_state, "step": zero}

@@ -102,9 +102,7 @@ def train(
     Resuming a run whose checkpoint holds another model config is an error unless
     `allow_config_change`; `provenance` (the command line, ...) goes into config.json.
     Compiled programs persist in `cfg.compilation_cache_dir` while it runs."""
-    check = getattr(getattr(cfg, "klass", None), "check_config", None)
-    if check is not None:
-        check(cfg)  # a bad setting is refused before the lease creates OUTPUT_DIR
+    cfg.klass.check_config(cfg)  # a bad setting is refused before the lease creates OUTPUT_DIR
     with compilation_cache(cfg.compilation_cache_dir):
         return _train(cfg, hooks, provenance, allow_config_change)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,7 @@ class TopKRouter(BaseLayer):
         init_scale: float = 1.0
 
     # Training-only: a trained router computes the same routing whatever they were.
-    hf_neutral: tuple[str, ...] = ("load_balance_coefficient", "z_loss_coefficient")
+    hf_neutral: ClassVar[tuple[str, ...]] = ("load_balance_coefficient", "z_loss_coefficient")
 
     @classmethod
     def hf_read(cls, cfg: Any, fields) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from axplug.api.config import ConfigDependencyError, ConfigError, ConfigFileError
+from axplug.api.data import reads_directories
 
 __all__ = [
     "LOADERS",
@@ -127,14 +128,12 @@ def hub_documents(spec: str, *, field: str) -> Iterator[str | dict]:
     return _documents(dataset, field, what, skip_blank=parsed.path == "text")
 
 
+@reads_directories  # the core's directories
 def disk_documents(spec: str, *, field: str) -> Iterator[str | dict]:
     """The `hf-disk` data source (and the core's directory source): the documents of a
     dataset saved by `save_to_disk`, in order. Checks now, reads as they are taken."""
     path, split = parse_disk_spec(spec)
     return _disk_documents(path, split, field, f"hf-disk:{spec}")
-
-
-disk_documents.reads_directories = True  # type: ignore[attr-defined]  # the core's directories
 
 
 def _disk_documents(path: str, split: str | None, field: str, what: str) -> Iterator:

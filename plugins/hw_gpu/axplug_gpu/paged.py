@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import Unsupported
-from axplug.api.kernels import check_paged_shapes
+from axplug.api.kernels import PagedAttentionKernel, check_paged_shapes
 from axplug.api.sharding import current_scope
 
 __all__ = ["PallasGpuPagedKernel"]
@@ -38,10 +38,9 @@ def one_device_scope() -> Unsupported | None:
     return None
 
 
-class PallasGpuPagedKernel:
+class PallasGpuPagedKernel(PagedAttentionKernel):
     """The Pallas GPU paged-attention kernel (decode steps of a paged KV cache)."""
 
-    paged = True
     priority = 110
     dtypes = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
     # True runs the Pallas interpreter (any backend, slow): how the CPU tests check numerics.

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import Unsupported
-from axplug.api.kernels import check_paged_shapes
+from axplug.api.kernels import PagedAttentionKernel, check_paged_shapes
 from axplug.api.sharding import current_scope
 
 __all__ = ["PallasTpuPagedKernel"]
@@ -26,10 +26,9 @@ else:
     _PAGED_ERROR = None
 
 
-class PallasTpuPagedKernel:
+class PallasTpuPagedKernel(PagedAttentionKernel):
     """The Pallas TPU paged-attention kernel (decode steps of a paged KV cache)."""
 
-    paged = True
     priority = 120
     dtypes = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 

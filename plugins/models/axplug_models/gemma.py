@@ -118,7 +118,7 @@ def _gemma2_tensors(model: Any) -> dict[str, HFTensor]:
 
 def _gemma2_fields(model: Any) -> dict:
     attention = model.decoder.transformer.layer.attention
-    scale = getattr(attention.kernel, "scale", None)  # None: 1/sqrt(head_dim), not Gemma's
+    scale = attention.kernel.scale  # None: 1/sqrt(head_dim), not Gemma's
     return {
         "attn_logit_softcapping": attention.logit_softcap,
         "final_logit_softcapping": model.decoder.final_logit_softcap,
