@@ -69,6 +69,12 @@ def test_modifiers_and_input_keys_and_flags_win_over_the_file(tmp_path, capsys):
         ("model:\n  klass: os:system\n", ["--preset", "gpt-tiny"], "os:system"),
         ("- a list\n", ["--preset", "gpt-tiny"], "not a mapping of fields"),
         ("learner: [\n", ["--preset", "gpt-tiny"], "not YAML"),
+        ("max_steps: 3\nlog_every: 1\nmax_steps: 4\n", ["--preset", "gpt-tiny"],
+         "the key 'max_steps' is given twice (lines 1 and 3)"),
+        ("learner:\n  b1: 0.9\n  b1: 0.8\n", ["--preset", "gpt-tiny"],
+         "the key 'b1' is given twice (lines 2 and 3)"),
+        ("a: &x 1\nmax_steps: *x\n", ["--preset", "gpt-tiny"],
+         "line 2: a YAML alias (*name); write the value out"),
     ],
 )  # fmt: skip
 def test_a_bad_overlay_is_one_error_naming_the_file_and_path(tmp_path, capsys, text, args,
@@ -78,6 +84,52 @@ def test_a_bad_overlay_is_one_error_naming_the_file_and_path(tmp_path, capsys, t
     err = capsys.readouterr().err
     assert code == 2 and message in err
     assert err.count("\nerror:") + err.startswith("error:") == 1, err
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """1.2 KB of YAML under a real field that expands to 9**levels strings."""
+    lines = ["max_steps:", "  - &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, capsys):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb())
+    assert bomb.stat().st_size < 1500
+    assert main(["train", "--preset", "gpt-tiny", "--config", str(bomb), "--print-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --config {bomb}: line 3: a YAML alias (*name); write the value out"
+
+
+def test_a_huge_value_is_shown_in_a_few_hundred_characters():
+    from axplug.config import ConfigTypeError
+    from axplug.testing import tiny_trainer_config
+
+    bomb: list = ["lol"]
+    for _ in range(12):  # 9**12 leaves if printed whole; shared, so built at once
+        bomb = [bomb] * 9
+    with pytest.raises(ConfigTypeError, match="max_steps: expected int, got list") as caught:
+        tiny_trainer_config("run").max_steps = bomb
+    assert len(str(caught.value)) < 500
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("exp.json", b'{"max_steps": 3, "max_steps": 4}', "the key 'max_steps' is given twice"),
+        ("exp.yaml", b"max_steps: 3\n\x89PNG\r\n\x1a\n",
+         "not UTF-8 text (byte 0x89 at offset 13)"),
+        ("exp.toml", b"max_steps = 3\nmax_steps = 4\n", "not TOML"),
+    ],
+)  # fmt: skip
+def test_binary_files_and_repeated_keys_are_one_error_line(tmp_path, capsys, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    args = ["train", "--preset", "gpt-tiny", "--config", str(tmp_path / name), "--print-config"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --config {tmp_path / name}: ") and message in err, err
+    assert "\n" not in err
 
 
 def test_a_whole_config_with_a_preset_is_refused(tmp_path, capsys):

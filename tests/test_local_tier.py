@@ -127,6 +127,20 @@ def test_lost_local_directory_resumes_from_the_persistent_tier(tmp_path, referen
     _assert_matches(reference, tmp_path / "run", trainer)
 
 
+def test_a_corrupt_newest_local_step_falls_back_to_the_older_local_step(
+    tmp_path, reference, caplog
+):
+    args = _interrupted_in_process(tmp_path)
+    shards = tmp_path / "local" / "process_0" / f"step_{10:08d}" / "shards.bin"
+    data = bytearray(shards.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern: the CRC-32 catches it
+    shards.write_bytes(bytes(data))
+    trainer, logs = _resume_in_process(args, caplog)
+    assert f"local tier: step 10 of {tmp_path / 'local' / 'process_0'} cannot be read" in logs
+    assert f"resumed from step 8 of the local tier {tmp_path / 'local' / 'process_0'}" in logs
+    _assert_matches(reference, tmp_path / "run", trainer)
+
+
 def test_another_layout_ignores_the_local_tier(tmp_path, caplog):
     args = _interrupted_in_process(tmp_path)
     trainer, logs = _resume_in_process(args, caplog, devices=jax.devices()[:4])
@@ -155,13 +169,18 @@ def test_a_replaced_persistent_directory_never_restores_old_local_steps(tmp_path
         ("every=0", "checkpointer.local.every: must be an int of at least 1, got 0"),
         ("keep_last=0", "checkpointer.local.keep_last: must be an int of at least 1, got 0"),
         ("directory='s3://b/x'", "checkpointer.local.directory: must be a path on this host"),
+        ("directory='{tmp}/file/local'", "checkpointer.local.directory: {tmp}/file is a file, "
+         "not a directory; give a directory on this host"),
     ],
-)
+)  # fmt: skip
 def test_bad_settings_name_the_field(tmp_path, setting, message):
-    cfg = tiny_trainer_config(tmp_path, f"checkpointer.local.{setting}")
+    (tmp_path / "file").write_text("not a directory")
+    setting, message = setting.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    cfg = tiny_trainer_config(tmp_path / "run", f"checkpointer.local.{setting}")
     with pytest.raises(ConfigError) as info:
         cfg.instantiate()
     assert str(info.value).startswith(message)
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_reports_a_bad_setting_in_one_line(tmp_path, capsys):

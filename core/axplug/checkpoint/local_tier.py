@@ -88,6 +88,13 @@ class LocalTier(Configurable):
                 f"must be a path on this host (a RAM disk or local SSD), got {cfg.directory!r}; "
                 "URLs belong in checkpointer.directory, the persistent tier",
             )
+        existing = os.path.expanduser(cfg.directory or "")
+        while existing and not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if existing and not os.path.isdir(existing):
+            raise cfg.field_error(
+                "directory", f"{existing} is a file, not a directory; give a directory on this host"
+            )
         for name in ("every", "keep_last"):
             value = getattr(cfg, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

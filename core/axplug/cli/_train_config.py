@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 __all__ = [
     "build_config",
@@ -128,7 +129,8 @@ def run_config(run_dir: str, step: int | None):
 
 
 def read_config_file(path: str) -> dict:
-    """The mapping in a YAML, TOML or JSON config file (a run's config.json: its config)."""
+    """The mapping in a YAML, TOML or JSON config file (a run's config.json: its config): data
+    only, so YAML aliases (which expand without bound) and a key given twice are refused."""
     import json
     import pathlib
 
@@ -139,20 +141,27 @@ def read_config_file(path: str) -> dict:
     file = pathlib.Path(path)
     if not file.is_file():
         raise ConfigFileError(f"--config: {path!r} does not exist")
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigFileError(
+            f"--config {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+            f"{e.start}); give a YAML, TOML or JSON file"
+        ) from None
+
+    def unique(pairs: list) -> dict:
+        for i, (key, _) in enumerate(pairs):
+            if any(key == k for k, _ in pairs[:i]):
+                raise ConfigError(f"--config {path}: the key {key!r} is given twice")
+        return dict(pairs)
+
     try:
         if file.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError(
-                    f"--config {path}: YAML needs PyYAML: pip install pyyaml"
-                ) from None
-            data = yaml.safe_load(text)
+            data = _load_yaml(text, path)
         elif file.suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=unique)
     except ConfigError:
         raise
     except Exception as e:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError
@@ -164,6 +173,39 @@ def read_config_file(path: str) -> dict:
     if "config" in data and "provenance" in data:
         data = data["config"]  # a run's config.json
     return data
+
+
+def _load_yaml(text: str, path: str) -> Any:
+    """YAML through a safe loader that refuses aliases and repeated keys (naming lines)."""
+    from axplug.config import ConfigError
+
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"--config {path}: YAML needs PyYAML: pip install pyyaml") from None
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                line = self.peek_event().start_mark.line + 1
+                raise ConfigError(
+                    f"--config {path}: line {line}: a YAML alias (*name); write the value out"
+                )
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            lines: dict = {}
+            for key_node, _ in node.value:
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line
+                if key in lines:
+                    raise ConfigError(
+                        f"--config {path}: the key {key!r} is given twice (lines {lines[key]} "
+                        f"and {line + 1})"
+                    )
+                lines[key] = line + 1
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def config_file(path: str, *, trusted: bool):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -13,6 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, Union
 import attrs
 
 from axplug.api._errors import AxplugError
+
+# A value in an error message: a few hundred characters at most, whatever its size.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel = 200, 200, 2
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
 
 __all__ = [
     "REQUIRED",
@@ -206,7 +212,7 @@ class ConfigBase:
         if not _matches(value, tp):
             raise ConfigTypeError(
                 f"{self.field_path(name)}: expected {_type_name(tp)}, got "
-                f"{type(value).__qualname__} ({value!r})"
+                f"{type(value).__qualname__} ({_SHOWN.repr(value)})"
             )
         if isinstance(value, ConfigBase):
             object.__setattr__(value, "_parent", (self, name))

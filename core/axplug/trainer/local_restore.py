@@ -82,20 +82,20 @@ def restore_newer_local(checkpointer: Any, target: Any) -> tuple[int, Any] | Non
                 newest, ", ".join(lacking),
             )  # fmt: skip
         return None
-    step = max(common)
-    try:
-        state = local.restore(step, target)
-        failed = []
-    except (OSError, ValueError) as exc:
-        log.warning("local tier: step %d of %s cannot be read: %s", step, local.directory,
-                    first_line(exc))  # fmt: skip
-        state, failed = None, [jax.process_index()]
-    if any(_gather(failed)):
-        log.info("local tier: step %d did not read on every process; restoring from the "
-                 "persistent tier", step)  # fmt: skip
-        return None
-    log.info("resumed from step %d of the local tier %s", step, local.directory)
-    return step, state
+    for step in sorted(common, reverse=True):  # a step that fails to read: the one before
+        try:
+            state, failed = local.restore(step, target), []
+        except (OSError, ValueError) as exc:
+            log.warning("local tier: step %d of %s cannot be read: %s", step, local.directory,
+                        first_line(exc))  # fmt: skip
+            state, failed = None, [jax.process_index()]
+        if not any(_gather(failed)):
+            log.info("resumed from step %d of the local tier %s", step, local.directory)
+            return step, state
+        log.info("local tier: step %d did not read on every process", step)
+    log.info("local tier: no newer step reads on every process; restoring from the persistent "
+             "tier")  # fmt: skip
+    return None
 
 
 def discard_newer_local(checkpointer: Any, step: int) -> None:
