@@ -1,12 +1,16 @@
 """Test setup for every test directory (tests/ and plugins/*/tests/): 8 fake CPU devices for
-mesh tests, set before jax is imported, and per-test cleanup of the CLI's logging. The fixtures
-and the session's compilation cache come from axplug's pytest plugin (axplug.testing)."""
+mesh tests, set before jax is imported, per-test cleanup of the CLI's logging, and the suite's
+test costs and compile budget (tests/pytest_costs.py). The fixtures and the session's
+compilation cache come from axplug's pytest plugin (axplug.testing)."""
 
 import os
+import sys
 
 import pytest
 
-pytest_plugins = ["pytester"]  # tests of the harness run sessions of their own
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+# pytester: tests of the harness run sessions of their own.
+pytest_plugins = ["pytester", "pytest_costs"]
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

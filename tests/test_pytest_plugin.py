@@ -157,10 +157,12 @@ def test_three(cold_compiles):
 
 def _session(pytester, monkeypatch, source: str, *args: str):
     pytester.makepyfile(test_costs=textwrap.dedent(source))
+    here = str(Path(__file__).parent)  # pytest_costs, the suite's cost plugin
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "")  # a session of its own, not a worker
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "pytest_costs", *args)
 
 
 def test_the_compile_budget_fails_a_session_that_compiles_a_program_again(pytester, monkeypatch):
