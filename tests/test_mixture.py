@@ -123,6 +123,43 @@ def test_sources_of_different_tokenizers_are_refused(tmp_path, sources):
         _mixture([sources[0], str(other)], weights=[1, 1])
 
 
+def _prepared(tmp_path, name, tokenizer):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n\n" * 40, encoding="utf-8")
+    out = tmp_path / name
+    argv = ["prepare-data", str(corpus), "--tokenizer", str(tokenizer), "--output", str(out),
+            "--text-unit", "paragraph", "--workers", "1"]  # fmt: skip
+    assert main(argv) == 0
+    return str(out)
+
+
+def test_sources_of_other_tokenizers_of_one_size_are_refused(tmp_path, capsys):
+    from tokenizer_files import hf_bpe
+
+    one = hf_bpe(tmp_path / "one")
+    spec = json.loads(one.read_text())  # another tokenizer of the same size: two ids swapped
+    vocab = spec["model"]["vocab"]
+    a, b = (k for k, v in vocab.items() if v in (100, 101))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tokenizer.json").write_text(json.dumps(spec))
+    first = _prepared(tmp_path, "first", one)
+    second = _prepared(tmp_path, "second", tmp_path / "other" / "tokenizer.json")
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="sources of different tokenizers of one size") as info:
+        _mixture([first, second], weights=[1, 1])
+    assert f"{first} (sha256 " in str(info.value) and "mixed_tokenizers=True" in str(info.value)
+    assert _mixture([first, second], weights=[1, 1], mixed_tokenizers=True).vocab_size == 400
+    again = _prepared(tmp_path, "again", one)  # the same tokenizer: one mixture
+    assert _mixture([first, again], weights=[1, 1]).vocab_size == 400
+
+
+def test_sources_without_a_tokenizer_hash_are_compared_by_size_with_a_warning(sources, caplog):
+    with caplog.at_level("WARNING", logger="axplug.input"):
+        _mixture(sources, weights=[1, 1])
+    assert "record no tokenizer hash" in caplog.text
+
+
 def test_train_logs_per_source_tokens_and_resumes_exactly(tmp_path, sources):
     """Through the CLI: metrics per source; a 2-step run resumed to 4 equals a 4-step run."""
     spec = f"mixture:sources={list(sources)!r},weights=[0.7,0.3],names=['web','code']"

@@ -11,6 +11,7 @@ rows, and the tokens served per source up to any step are known in closed form (
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -23,8 +24,19 @@ from axplug.input.token_file import TokenFileInput
 
 __all__ = ["MixtureInput", "BLOCK", "quotas"]
 
+log = logging.getLogger("axplug.input")
 BLOCK = 1000  # rows per block of the mixture's schedule
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _tokenizer(meta: dict) -> tuple:
+    """(tokenizer file sha256 or None, eos id, bos id) of a data directory's meta.json."""
+    return meta.get("settings", {}).get("tokenizer_sha256"), meta.get("eos_id"), meta.get("bos_id")
+
+
+def _describe(tokenizer: tuple) -> str:
+    sha, eos, bos = (None, *tokenizer) if len(tokenizer) == 2 else tokenizer
+    return ", ".join(filter(None, [sha and f"sha256 {sha[:12]}", f"eos {eos}", f"bos {bos}"]))
 
 
 def quotas(weights: list[float], rows: int) -> np.ndarray:
@@ -44,8 +56,10 @@ class MixtureInput(StepInput):
 
     Each source is a `TokenFileInput` with this input's `seq_len`, `split`, `eval_fraction`,
     `packing`, `rows` and `storage_options`, and its own seed (`seed` + its index); they
-    must share a tokenizer. `names` label the metrics `data/tokens/NAME` (tokens served from
-    each source so far, over every process) and `data/share/NAME`.
+    must share a tokenizer (its vocabulary, its file's sha256 and special ids, from each
+    meta.json; `mixed_tokenizers=True` allows others of one vocabulary size). `names` label
+    the metrics `data/tokens/NAME` (tokens served from each source so far, over every process)
+    and `data/share/NAME`.
     """
 
     @config_class
@@ -58,8 +72,34 @@ class MixtureInput(StepInput):
         eval_fraction: float = 0.05
         packing: bool = False
         rows: str = "stream"
+        mixed_tokenizers: bool = False  # allow sources of different tokenizers of one size
         storage_options: dict[str, Any] = {}
         prefetch: int = 2
+
+    def _check_tokenizers(self, cfg: Config) -> int:
+        """The sources' one vocabulary size; sources of other tokenizers are refused."""
+        paths = list(zip(cfg.sources, self.sources, strict=True))
+        if len({s.vocab_size for s in self.sources}) > 1:
+            sizes = ", ".join(f"{p} {s.vocab_size}" for p, s in paths)
+            raise cfg.field_error("sources", f"tokenizers of different vocabularies ({sizes}); "
+                                  "prepare every source with the same tokenizer",
+                                  ConfigFileError)  # fmt: skip
+        seen = {p: _tokenizer(s.meta) for p, s in paths}
+        if any(t[0] is None for t in seen.values()):  # prepared before meta.json held the hash
+            old = [p for p, t in seen.items() if t[0] is None]
+            log.warning(
+                "mixture: %s record no tokenizer hash: their tokenizer is compared by "
+                "vocabulary size only (prepare them again to check it)",
+                ", ".join(old),
+            )
+            seen = {p: t[1:] for p, t in seen.items()}
+        if len(set(seen.values())) > 1 and not cfg.mixed_tokenizers:
+            which = ", ".join(f"{p} ({_describe(t)})" for p, t in seen.items())
+            raise cfg.field_error("sources", f"sources of different tokenizers of one size: "
+                                  f"{which}; prepare every source with the same tokenizer, or "
+                                  "set mixed_tokenizers=True if their ids mean the same",
+                                  ConfigFileError)  # fmt: skip
+        return self.sources[0].vocab_size
 
     @classmethod
     def vocab_size_of(cls, cfg: Config) -> int | None:
@@ -96,15 +136,7 @@ class MixtureInput(StepInput):
             raise field_error(cfg, "prefetch", f"{cfg.prefetch}: must be >= 0")
         self.names = names
         self.sources = [_source_config(cfg, i).instantiate() for i in range(n)]
-        vocab = {s.vocab_size for s in self.sources}
-        if len(vocab) > 1:
-            sizes = ", ".join(
-                f"{p} {s.vocab_size}" for p, s in zip(cfg.sources, self.sources, strict=True)
-            )
-            raise cfg.field_error("sources", f"tokenizers of different vocabularies ({sizes}); "
-                                  "prepare every source with the same tokenizer",
-                                  ConfigFileError)  # fmt: skip
-        self.vocab_size = vocab.pop()
+        self.vocab_size = self._check_tokenizers(cfg)
         if cfg.epochs:  # a source's rows per pass, times its passes
             values = [e * s.num_windows for e, s in zip(cfg.epochs, self.sources, strict=True)]
         self.weights = np.asarray(values, np.float64) / np.sum(values)
