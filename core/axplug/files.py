@@ -35,6 +35,8 @@ __all__ = [
 TEMP_MARK = ".tmp-"  # `.NAME.tmp-PID`: a file or directory being written by process PID
 _OLD_MARK = ".old-"  # `.NAME.old-PID`: the directory a --force export is replacing
 _CHUNK = 4 * 2**20
+_UMASK = os.umask(0o022)  # read (and put back) once: a file written here gets its modes
+os.umask(_UMASK)
 
 
 def temp_path(path: str, mark: str = TEMP_MARK) -> str:
@@ -157,6 +159,9 @@ def staged_directory(path: str, *, replace: bool) -> Iterator[str]:
     with _removed_on_failure(stage, path):
         os.makedirs(stage)
         yield stage
+        for root, _, names in os.walk(stage):  # the umask's modes (safetensors writes 0600)
+            for name in names:
+                os.chmod(os.path.join(root, name), 0o666 & ~_UMASK)
         _commit(stage, path, replace)
 
 

@@ -8,7 +8,13 @@ from axplug.checkpoint.errors import (
     CheckpointNotFoundError,
     StorageNotFoundError,
 )
-from axplug.checkpoint.frozen import FROZEN_KEY, prune, restore_params
+from axplug.checkpoint.frozen import (
+    ALLOW_CHANGED_BASE_ENV,
+    FROZEN_KEY,
+    params_digest,
+    prune,
+    restore_params,
+)
 from axplug.checkpoint.inventory import (
     StepInfo,
     checkpoint_directory,
@@ -29,6 +35,8 @@ from axplug.checkpoint.storage import LocalStorage, Storage, scheme_of, storage_
 
 __all__ = [
     "FROZEN_KEY",
+    "ALLOW_CHANGED_BASE_ENV",
+    "params_digest",
     "prune",
     "restore_params",
     "Checkpointer",

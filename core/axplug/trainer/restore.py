@@ -13,7 +13,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.checkpoint import FROZEN_KEY, CheckpointCorruptError, checkpoint_directory
+from axplug.checkpoint import (
+    FROZEN_KEY,
+    CheckpointCorruptError,
+    Checkpointer,
+    checkpoint_directory,
+    params_digest,
+)
 from axplug.config import ConfigBase, config_class
 from axplug.runtime import GoodputRecorder
 from axplug.trainer.fresh_optimizer import restore_train_state
@@ -141,8 +147,10 @@ class Restorer:
             zero = jax.device_put(jnp.zeros((), jnp.int32), layout.shardings["step"])
             return {"params": params, "opt_state": opt_state, "step": zero}
         if layout.frozen_mask is not None:  # checkpoints store the trained parameters only
-            self.frozen_source = {"from": _absolute(checkpoint_directory(cfg.init_from)),
-                                  "step": step}  # fmt: skip
+            base = _absolute(checkpoint_directory(cfg.init_from))
+            with Checkpointer.default_config().set(directory=base).instantiate() as source:
+                digest = params_digest(source, step)  # the base these parameters are trained on
+            self.frozen_source = {"from": base, "step": step, "digest": digest}
         state = {**fresh, "params": _merged(fresh["params"], params)}
         if cfg.init_optimizer:
             state["opt_state"] = opt_state

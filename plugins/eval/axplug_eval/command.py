@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from axplug.api import add_checkpoint_arguments, add_command
+from axplug.api.config import ConfigDependencyError
 
 __all__ = ["add_parser", "run", "evaluate"]
 
@@ -209,17 +210,48 @@ def evaluate(model: Any, args: Any, *, log_samples: bool = False) -> dict[str, A
         if key:  # lm-eval's tokenizer client takes it as auth_token, its requests from the env
             model_args["auth_token"] = key
             os.environ["OPENAI_API_KEY"] = key
+        _check_server(args.base_url, key)
     seeds = {"random_seed": args.seed, "numpy_random_seed": args.seed,
              "torch_random_seed": args.seed, "fewshot_random_seed": args.seed}  # fmt: skip
     # lm-eval's environment report (torch's: `pip list`, `nvidia-smi`, compilers; 12 child
     # processes, 0.3-6 CPU-s) is not part of what axplug writes: an eval every N steps of a run
     # would pay it each time.
     with mock.patch.object(lm_eval.evaluator, "add_env_info", lambda results: None):
-        return lm_eval.simple_evaluate(
-            model=model, model_args=model_args, tasks=args.tasks, task_manager=manager,
-            num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
-            log_samples=log_samples, **seeds,
-        )  # fmt: skip
+        try:
+            return lm_eval.simple_evaluate(
+                model=model, model_args=model_args, tasks=args.tasks, task_manager=manager,
+                num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
+                log_samples=log_samples, **seeds,
+            )  # fmt: skip
+        except Exception as exc:
+            if model_args is None:
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise ConfigDependencyError(
+                f"--base-url {args.base_url}: the server failed while evaluating "
+                f"{', '.join(args.tasks)} ({first}); no results were written: run it again "
+                "once the server answers"
+            ) from None
+
+
+def _check_server(base_url: str, key: str | None) -> None:
+    """One error line when nothing answers at `base_url` (lm-eval would raise from deep in
+    its tokenizer client); any HTTP answer, even a refusal, means a server is there."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(base_url.rstrip("/") + "/models", headers=headers)
+    try:
+        urllib.request.urlopen(request, timeout=10).close()  # noqa: S310 - the user's URL
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise ConfigDependencyError(
+            f"--base-url {base_url}: no server answers ({reason}); start one (`axplug serve "
+            "RUN`) or fix the URL"
+        ) from None
 
 
 def metrics(results: dict[str, Any]) -> dict[str, float]:

@@ -292,3 +292,51 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
     bad = tiny_train_args(run, preset="llama-tiny", modifiers=["eval_tasks:limit=3"])
     assert main([*bad, "--print-config"]) == 2
     assert "evaluators[0].tasks: name at least one lm-eval task" in capsys.readouterr().err
+
+
+def _fake_server(answers_models: bool):
+    """A server on 127.0.0.1 that lists a model, then fails every other request (one that
+    died mid-evaluation, as lm-eval's client sees it); its URL and its stop function."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            ok = answers_models and self.path.endswith("/models")
+            self.send_response(200 if ok else 500)
+            self.end_headers()
+            self.wfile.write(b'{"data": [{"id": "tiny"}]}' if ok else b"")
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_address[1]}/v1", httpd.shutdown
+
+
+def test_a_server_that_is_gone_or_fails_midway_is_one_line(tasks, tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    failing, stop = _fake_server(answers_models=True)
+    out = tmp_path / "results.json"
+    try:
+        for url, message in (
+            (dead, "no server answers ("),
+            (failing, "the server failed while evaluating tiny_mc ("),
+        ):
+            argv = ["eval", "--base-url", url, "--model", "tiny", "--tasks", "tiny_mc",
+                    "--include-path", tasks, "--limit", "1", "--output", str(out)]  # fmt: skip
+            assert main(argv) != 0
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.startswith("error:")]
+            assert len(lines) == 1 and lines[0].startswith(f"error: --base-url {url}: "), err
+            assert message in lines[0] and "Traceback" not in err
+            assert not out.exists()
+    finally:
+        stop()

@@ -97,6 +97,9 @@ def peft_adapter(
 
     check_output(output_dir, force=force, run_dir=run_dir)
     loaded = load_checkpoint(run_dir, step=step)
+    if not _adapters(jax.device_get(loaded.params)):  # before asking which family it is
+        raise ConfigError(f"export-lora: {run_dir} has no LoRA adapters (train it with "
+                          "--modifier lora)")  # fmt: skip
     source = next((m["source"]["config"] for _, m in loaded.lineage if m.get("source")), None)
     merged_model = folded_config(loaded.config.model)
     raw, arch = hf_config_for(loaded.config.clone(model=merged_model), source)

@@ -3,6 +3,7 @@ and PEFT, sharded runs against one device."""
 
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -219,6 +220,11 @@ def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path
     adapter = str(tmp_path / "adapter")
     assert main(["export-lora", run, "--output", adapter]) == 0
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for directory in (merged, adapter):  # readable as the umask says, by a server of any user
+        modes = {p.name: p.stat().st_mode & 0o777 for p in pathlib.Path(directory).iterdir()}
+        assert set(modes.values()) == {0o666 & ~umask}, modes
     assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
     base_model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     with_adapter = peft.PeftModel.from_pretrained(base_model, adapter)
@@ -227,11 +233,15 @@ def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path
     np.testing.assert_allclose(got, logits, rtol=1e-4, atol=1e-4)
 
 
-def test_export_lora_refuses_a_run_without_adapters(tmp_path, lora_run, capsys):
+def test_export_lora_refuses_a_run_without_adapters(tmp_path, lora_run, gpt_tiny_run, capsys):
     _, imported, _ = lora_run
-    assert main(["export-lora", imported, "--output", str(tmp_path / "none")]) != 0
-    assert "no LoRA adapters" in capsys.readouterr().err
-    assert not (tmp_path / "none").exists()
+    for run in (imported, gpt_tiny_run):  # an import; a preset's run no family expresses
+        assert main(["export-lora", str(run), "--output", str(tmp_path / "none")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert (
+            err == f"error: export-lora: {run} has no LoRA adapters (train it with --modifier lora)"
+        )
+        assert not (tmp_path / "none").exists()
 
 
 # --- adapter-only checkpoints -----------------------------------------------------------------
@@ -294,6 +304,39 @@ def test_a_missing_base_is_named(tmp_path, lora_run, capsys):
         assert not os.path.exists(imported)  # nothing recreated where the base was
     finally:
         shutil.move(str(tmp_path / "moved"), imported)
+
+
+def test_adapters_refuse_a_base_replaced_in_place_unless_told(tmp_path, lora_run, monkeypatch,
+                                                               capsys):  # fmt: skip
+    import shutil
+
+    import transformers
+    from axplug_models.testing import tiny_transformers_model
+
+    from axplug.api.checkpoint import ALLOW_CHANGED_BASE_ENV
+
+    hf, imported, run = lora_run
+    other = str(tmp_path / "other-hf")  # the same shapes, other weights
+    config = transformers.AutoConfig.from_pretrained(hf)
+    tiny_transformers_model(config, seed=1).save_pretrained(other)
+    shutil.move(imported, str(tmp_path / "original"))
+    try:
+        assert main(["import-hf", other, "--output", imported]) == 0
+        capsys.readouterr()
+        for argv in (
+            ["export-hf", run, "--output", str(tmp_path / "out")],
+            ["generate", "--checkpoint", run, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"],
+        ):
+            assert main(argv) != 0
+            err = capsys.readouterr().err.strip()
+            assert "whose parameters changed since this fine-tune began" in err, err
+            assert f"{imported}/checkpoints" in err and ALLOW_CHANGED_BASE_ENV in err
+            assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+        monkeypatch.setenv(ALLOW_CHANGED_BASE_ENV, "1")  # told: this base it is
+        assert _axplug_logits(run, np.arange(8)[None])[1].step == 4
+    finally:
+        shutil.rmtree(imported, ignore_errors=True)
+        shutil.move(str(tmp_path / "original"), imported)
 
 
 def test_qlora_adapters_train_over_a_quantized_frozen_base(tmp_path):
