@@ -4,9 +4,24 @@ from __future__ import annotations
 
 import json
 import pathlib
+import threading
+import time
 from typing import Any
 
-__all__ = ["ChatTemplate", "DEFAULT_CHAT_TEMPLATE"]
+__all__ = ["ChatTemplate", "DEFAULT_CHAT_TEMPLATE", "RENDER_SECONDS", "MAX_RANGE"]
+
+# A template is code that came with a model: one render may take this long, and a loop over
+# `range` this many items, before it is stopped (a template looping for minutes would hold a
+# serving worker after its client left, or stall prepare-chat).
+RENDER_SECONDS = 5.0
+MAX_RANGE = 100_000
+
+
+class _Deadline(threading.local):
+    at = float("inf")  # when this thread's render must end
+
+
+_deadline = _Deadline()
 
 # For models without a chat template of their own (a model trained from scratch on text).
 DEFAULT_CHAT_TEMPLATE = (
@@ -23,10 +38,10 @@ class ChatTemplate:
         self, source: str, *, bos_token: str = "", eos_token: str = "", origin: str = "given"
     ):
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = _environment()
         env.globals["raise_exception"] = _raise_template_error
+        env.globals["range"] = _budgeted_range
         try:
             self._template = env.from_string(source)
         except TemplateError as exc:
@@ -62,6 +77,7 @@ class ChatTemplate:
         assistant's reply starts."""
         from jinja2.exceptions import TemplateError
 
+        _deadline.at = time.monotonic() + RENDER_SECONDS
         try:
             return self._template.render(
                 messages=messages,
@@ -69,8 +85,50 @@ class ChatTemplate:
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
-        except TemplateError as exc:
-            raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
+        except (TemplateError, OverflowError, RecursionError, MemoryError) as exc:
+            what = str(exc) or type(exc).__name__
+            raise ValueError(f"messages: the model's chat template refused them: {what}") from None
+        finally:
+            _deadline.at = float("inf")
+
+
+def _environment() -> Any:
+    """A sandbox whose every call and `range` step checks the render's time budget."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Budgeted(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*"})
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's signature
+            _check_deadline()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            sizes = [len(x) for x in (left, right) if isinstance(x, (str, list, tuple))]
+            times = [x for x in (left, right) if isinstance(x, int)]
+            if sizes and times and sizes[0] * times[0] > 10 * MAX_RANGE:
+                raise TemplateError(f"a sequence repeated to {sizes[0] * times[0]} items")
+            return super().call_binop(context, operator, left, right)
+
+    return Budgeted(trim_blocks=True, lstrip_blocks=True)
+
+
+def _check_deadline() -> None:
+    from jinja2.exceptions import TemplateError
+
+    if time.monotonic() > _deadline.at:
+        raise TemplateError(f"rendering took over {RENDER_SECONDS:g} s (a template loops too long)")
+
+
+def _budgeted_range(*args: int) -> list[int]:
+    """`range` for templates: at most MAX_RANGE items (a loop's calls check the time)."""
+    from jinja2.exceptions import TemplateError
+
+    items = range(*args)
+    if len(items) > MAX_RANGE:
+        raise TemplateError(f"range of {len(items)} items (at most {MAX_RANGE})")
+    return list(items)
 
 
 def _raise_template_error(message: str) -> None:

@@ -168,3 +168,45 @@ def test_a_bad_record_is_one_error_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error:" in err and "record 1" in err and "messages[0]: role must be one of" in err
     assert not (tmp_path / "out" / "meta.json").exists()
+
+
+LOOPS = {  # templates that came with a model and never finish (or eat the memory)
+    "huge range": ("{% for i in range(10**8) %}x{% endfor %}", "range of 100000000 items"),
+    "nested loops": ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
+                     "{% endfor %}", "rendering took over 0.5 s"),
+    "repeated text": ("{{ 'x' * 10**9 }}", "a sequence repeated to 1000000000 items"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LOOPS))
+def test_a_looping_template_is_one_error_line_and_leaves_nothing(tmp_path, capsys, monkeypatch,
+                                                                name):  # fmt: skip
+    import axplug_chat.template
+
+    monkeypatch.setattr(axplug_chat.template, "RENDER_SECONDS", 0.5)
+    source, message = LOOPS[name]
+    (tmp_path / "loop.jinja").write_text(source)
+    (tmp_path / "chats.jsonl").write_text(json.dumps(CHATS[0]) + "\n")
+    argv = ["prepare-chat", str(tmp_path / "chats.jsonl"), "--tokenizer", "bytes", "--output",
+            str(tmp_path / "out"), "--chat-template", str(tmp_path / "loop.jinja"),
+            "--workers", "1"]  # fmt: skip
+    assert main(argv) == 2  # a bad input, named
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_a_render_stops_within_its_budget_and_the_next_one_runs(monkeypatch):
+    import time
+
+    import axplug_chat.template
+    from axplug_chat.template import ChatTemplate
+
+    monkeypatch.setattr(axplug_chat.template, "RENDER_SECONDS", 0.5)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="rendering took over 0.5 s"):
+        ChatTemplate(LOOPS["nested loops"][0]).render(CHATS[0]["messages"])
+    assert time.monotonic() - start < 5  # stopped at the budget, not at 10**10 iterations
+    fine = ChatTemplate(CHATML).render(CHATS[0]["messages"])  # the deadline was put back
+    assert fine.startswith("<|im_start|>")
