@@ -5,7 +5,7 @@ the `axplug.storage` entry points in pyproject.toml.
 """
 
 from axplug_checkpoint_cloud.gcs import GcsStorage
-from axplug_checkpoint_cloud.object_store import ObjectStorage, RetryBudget
+from axplug_checkpoint_cloud.object_store import ObjectStorage, RetryBudget, StoreOutageError
 from axplug_checkpoint_cloud.s3 import S3Storage
 
-__all__ = ["S3Storage", "GcsStorage", "ObjectStorage", "RetryBudget"]
+__all__ = ["S3Storage", "GcsStorage", "ObjectStorage", "RetryBudget", "StoreOutageError"]

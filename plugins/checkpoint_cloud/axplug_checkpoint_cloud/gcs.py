@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from axplug.api.config import ConfigTypeError, ConfigValueError
 from axplug_checkpoint_cloud import _orbax_routes
 from axplug_checkpoint_cloud.object_store import (
+    DEFAULT_OUTAGE_S,
     ObjectStorage,
     RetryBudget,
     forget_epath_filesystems,
@@ -43,6 +44,7 @@ class GcsStorage(ObjectStorage):
         retry_initial_delay_s: float = 0.2,
         retry_max_delay_s: float = 2.0,
         timeout_s: float = 30.0,
+        outage_s: float = DEFAULT_OUTAGE_S,
         **unknown: Any,
     ):
         reject_secrets("gs", unknown, ())
@@ -50,7 +52,7 @@ class GcsStorage(ObjectStorage):
             raise ConfigTypeError(
                 f"unknown gs storage options {sorted(unknown)}; known: endpoint, project, "
                 "credentials_file, anonymous, max_retries, retry_initial_delay_s, "
-                "retry_max_delay_s, timeout_s"
+                "retry_max_delay_s, timeout_s, outage_s"
             )
         endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
         if endpoint and "://" not in endpoint:
@@ -64,6 +66,9 @@ class GcsStorage(ObjectStorage):
         self.anonymous = self.endpoint is not None if anonymous is None else anonymous
         self.retries = RetryBudget(max_retries, retry_initial_delay_s, retry_max_delay_s)
         self.timeout_s = timeout_s
+        if not outage_s >= 0:
+            raise ConfigValueError(f"storage option outage_s: {outage_s} must be >= 0 seconds")
+        self.outage_s = float(outage_s)
         self._fs = None
 
     def __repr__(self) -> str:

@@ -5,17 +5,37 @@ from __future__ import annotations
 import abc
 import contextlib
 import datetime
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from axplug.api import AxplugError
 from axplug.api.checkpoint import Storage
 from axplug.api.config import ConfigValueError
+from axplug.api.run import RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
     import fsspec
     from etils import epath
 
-__all__ = ["ObjectStorage", "reject_secrets", "RetryBudget", "forget_epath_filesystems"]
+__all__ = [
+    "ObjectStorage",
+    "StoreOutageError",
+    "reject_secrets",
+    "RetryBudget",
+    "forget_epath_filesystems",
+]
+
+log = logging.getLogger("axplug.storage")
+DEFAULT_OUTAGE_S = 120.0  # how long reads wait for a server that does not answer
+
+
+class StoreOutageError(AxplugError, ConnectionError):
+    """The store did not answer for the whole outage budget: exit 75, restart the run."""
+
+    exit_code = RESTART_EXIT_CODE
+
 
 _NO_BUCKET = "the bucket does not exist; create it, or fix the URL"
 # Option names that would carry a secret by value; credentials are named by source instead.
@@ -178,8 +198,31 @@ class ObjectStorage(Storage):
         end = None if length is None else start + length
         if length == 0:
             return b""
-        with self._errors(url):
-            return self.fs.cat_file(self._key(url), start=start, end=end)
+        return self._patiently(url, lambda: self.fs.cat_file(self._key(url), start=start, end=end))
+
+    outage_s: float = DEFAULT_OUTAGE_S
+
+    def _patiently(self, url: str, read: Callable[[], bytes]) -> bytes:
+        """`read()`, retried while the server does not answer (an outage, not a refusal or a
+        missing object) for up to `outage_s`; then a StoreOutageError, exit 75: the run's
+        state is safe at its newest checkpoint, and a restart resumes from it."""
+        deadline, delay, warned = time.monotonic() + self.outage_s, 0.5, False
+        while True:
+            try:
+                with self._errors(url):
+                    return read()
+            except ConnectionError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StoreOutageError(
+                        f"{exc}; no answer for {self.outage_s:g} s (storage option outage_s). "
+                        f"Exit {RESTART_EXIT_CODE}: the run's state is safe at its newest "
+                        "complete checkpoint; rerun the command to resume from it"
+                    ) from None
+                if not warned:
+                    log.warning("%s; retrying for up to %g s", exc, self.outage_s)
+                    warned = True
+                time.sleep(delay)
+                delay = min(2 * delay, 10.0)
 
     def put_file(self, local_path, url: str) -> None:
         # One PUT (or a multipart upload completed at the end): the object appears whole.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from axplug.api.config import ConfigTypeError, ConfigValueError
 from axplug_checkpoint_cloud import _orbax_routes
 from axplug_checkpoint_cloud.object_store import (
+    DEFAULT_OUTAGE_S,
     ObjectStorage,
     RetryBudget,
     forget_epath_filesystems,
@@ -49,6 +50,7 @@ class S3Storage(ObjectStorage):
         retry_initial_delay_s: float = 0.2,
         retry_max_delay_s: float = 2.0,
         timeout_s: float = 30.0,
+        outage_s: float = DEFAULT_OUTAGE_S,
         **unknown: Any,
     ):
         reject_secrets("s3", unknown, ())
@@ -56,7 +58,7 @@ class S3Storage(ObjectStorage):
             raise ConfigTypeError(
                 f"unknown s3 storage options {sorted(unknown)}; known: endpoint, region, "
                 "profile, credentials_file, anonymous, max_retries, retry_initial_delay_s, "
-                "retry_max_delay_s, timeout_s"
+                "retry_max_delay_s, timeout_s, outage_s"
             )
         endpoint = (
             endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -75,6 +77,9 @@ class S3Storage(ObjectStorage):
         self.anonymous = anonymous
         self.retries = RetryBudget(max_retries, retry_initial_delay_s, retry_max_delay_s)
         self.timeout_s = timeout_s
+        if not outage_s >= 0:
+            raise ConfigValueError(f"storage option outage_s: {outage_s} must be >= 0 seconds")
+        self.outage_s = float(outage_s)
         self._fs = None
 
     def __repr__(self) -> str:

@@ -104,3 +104,58 @@ def test_a_missing_bucket_dataset_is_one_error_naming_it(bucket_url):
     with pytest.raises(Exception, match="is not a prepared data directory") as info:
         cfg.instantiate()
     assert f"{bucket_url}/no/such/data" in str(info.value)
+
+
+def test_a_store_outage_past_its_budget_exits_75_and_the_rerun_resumes_exactly(
+    s3rver, tmp_path, monkeypatch, capsys
+):
+    """Data read from a bucket whose server stops: reads wait `outage_s`, then the run exits
+    75 (restart me) with its state safe; restarted with the server back, it ends where an
+    uninterrupted run ends, bit for bit."""
+    import time
+
+    from axplug_checkpoint_cloud import StoreOutageError
+
+    from axplug.api.run import RESTART_EXIT_CODE
+    from axplug.api.summary import read_jsonl
+    from axplug.testing import tiny_train_args
+    from object_stores import create_s3_bucket
+
+    create_s3_bucket(s3rver.url, "outage")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
+    url = "s3://outage/data"
+    assert _prepare(url, tmp_path / "staging") == 0
+    spec = f"token_file:path={url!r},storage_options={{'outage_s': 2.0}},prefetch=0"
+
+    def argv(out):
+        args = tiny_train_args(out, "log_every=1", max_steps=8)
+        return [*args, "--input", spec, "--checkpoint-every", "2"]
+
+    assert main(argv(tmp_path / "reference")) == 0
+    capsys.readouterr()
+
+    def stop_after_step_3():
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        while not (metrics.exists() and len(read_jsonl(metrics)) >= 3):
+            time.sleep(0.05)
+        s3rver.kill()
+
+    watcher = threading.Thread(target=stop_after_step_3, daemon=True)
+    watcher.start()
+    assert main(argv(tmp_path / "run")) == RESTART_EXIT_CODE == StoreOutageError.exit_code
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert (
+        "cannot reach the server" in line and "no answer for 2 s (storage option outage_s)" in line
+    )
+    assert "rerun the command to resume" in line
+    watcher.join()
+
+    s3rver.start(tmp_path)
+    assert main(argv(tmp_path / "run")) == 0
+    ref, run = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("reference", "run"))
+    losses = {r["step"]: r["loss"] for r in run if "loss" in r}  # the steps redone log twice
+    assert [losses[r["step"]] for r in ref if "loss" in r] == [
+        r["loss"] for r in ref if "loss" in r
+    ]
+    assert max(losses) == 8
