@@ -11,12 +11,16 @@ from axplug.input.base import (
     Input,
     StepInput,
     batch_shape,
+    check_split,
+    check_step,
     data_vocab_size,
     eval_split_of,
+    field_error,
     input_class,
 )
 from axplug.input.data_dir import TOKEN_DIR_FORMAT, open_shards, read_meta, write_shard
 from axplug.input.iterator import IteratorInput, resolve_function
+from axplug.input.prefetch import prefetched
 from axplug.input.prepare import DocumentEncoder, prepare_data
 from axplug.input.sources import read_documents, reads_directories, source_kind
 from axplug.input.synthetic import SyntheticInput
@@ -32,6 +36,10 @@ __all__ = [
     "IteratorInput",
     "TokenFileInput",
     "batch_shape",
+    "check_split",
+    "check_step",
+    "field_error",
+    "prefetched",
     "data_vocab_size",
     "input_class",
     "eval_split_of",

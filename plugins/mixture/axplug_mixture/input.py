@@ -17,10 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from axplug.config import ConfigFileError, config_class
-from axplug.input.base import Batch, StepInput, check_split, check_step, field_error
-from axplug.input.prefetch import prefetched
-from axplug.input.token_file import TokenFileInput
+from axplug.api.config import ConfigFileError, config_class
+from axplug.api.data import (
+    Batch,
+    StepInput,
+    TokenFileInput,
+    check_split,
+    check_step,
+    field_error,
+    prefetched,
+)
 
 __all__ = ["MixtureInput", "BLOCK", "quotas"]
 

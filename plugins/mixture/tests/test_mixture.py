@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from axplug_mixture import BLOCK, MixtureInput, quotas
 
-from axplug.cli import main
-from axplug.config import ConfigError
-from axplug.input.mixture import BLOCK, MixtureInput, quotas
-from axplug.input.token_file import TokenFileInput
+from axplug.api.config import ConfigError
+from axplug.api.data import TokenFileInput
+from axplug.testing import cli_main as main
 from test_token_file import make_data
 
 
