@@ -75,14 +75,14 @@ class Input(Configurable, abc.ABC):
     vocab_size: int | None = None  # a vocabulary fixed by the class (bytes: 256)
 
     @classmethod
-    def vocab_size_of(cls, cfg: Configurable.Config) -> int | None:
+    def vocab_size_of(cls, cfg: Any) -> int | None:
         """The vocabulary `cfg`'s batches draw from, known without building the input: a
         `vocab_size` field, else the class's (a data directory's input reads its tokenizer)."""
         size = dict(cfg.items()).get("vocab_size")
         return size if isinstance(size, int) else cls.vocab_size
 
     @classmethod
-    def batch_shape_of(cls, cfg: Configurable.Config) -> tuple[int, int] | None:
+    def batch_shape_of(cls, cfg: Any) -> tuple[int, int] | None:
         """(global batch size, sequence length) of `cfg`'s batches when the config fixes
         them (`batch_size` and `seq_len` fields, as every StepInput has), else None."""
         fields = dict(cfg.items())
@@ -90,12 +90,12 @@ class Input(Configurable, abc.ABC):
         return (batch, seq) if isinstance(batch, int) and isinstance(seq, int) else None
 
     @classmethod
-    def eval_split_of(cls, cfg: Configurable.Config) -> Configurable.Config | None:
+    def eval_split_of(cls, cfg: Any) -> Configurable.Config | None:
         """The config of `cfg`'s held-out split (a `split` field set to "eval"), else None."""
         return cfg.clone(split="eval") if "split" in dict(cfg.items()) else None
 
     @classmethod
-    def tokenizer_dir_of(cls, cfg: Configurable.Config) -> str | None:
+    def tokenizer_dir_of(cls, cfg: Any) -> str | None:
         """The data directory (or URL) whose tokenizer made `cfg`'s tokens, if any."""
         return None
 
