@@ -1,15 +1,22 @@
 """One trainer (or standby) subprocess: its output passed through line by line, its step
-lines noticed, so a supervisor can tell when a restarted run completes its first step."""
+lines noticed, so a supervisor can tell when a restarted run completes its first step.
+
+A child never depends on its supervisor staying alive: it writes its output to a file (which
+the supervisor follows), not to a pipe that would fill and block it once no one reads, and
+on Linux it gets SIGTERM when the supervisor dies (`PR_SET_PDEATHSIG`): a trainer then saves
+and exits 75, releasing the run's lease, instead of living on unwatched."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
 __all__ = ["Child", "describe_exit"]
@@ -41,6 +48,7 @@ class Child:
         out: TextIO,
         prefix: str = "",
         lock: threading.Lock | None = None,
+        log_path: str,
     ):
         self.argv = list(argv)
         self.started_at = time.time()
@@ -50,18 +58,21 @@ class Child:
         self.resumed_from: int | None = None
         self._out, self._prefix = out, prefix
         self._lock = lock or threading.Lock()
-        # Its own session: a Ctrl-C in the supervisor's terminal reaches the children only
-        # through the supervisor, which decides what each of them gets.
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=dict(env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self._offset = log.tell()
+            # Its own session: a Ctrl-C in the supervisor's terminal reaches the children only
+            # through the supervisor, which decides what each of them gets.
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=dict(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - prctl before exec only
+            )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -70,18 +81,34 @@ class Child:
         return self.proc.pid
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if (match := _STEP.match(line)) is not None:
-                step = int(match.group(1))
-                if self.first_step is None:
-                    self.first_step, self.first_step_at = step, time.time()
-                self.last_step = step
-            elif (match := _RESUMED.search(line)) is not None:
-                self.resumed_from = int(match.group(1))
-            with self._lock:
-                self._out.write(self._prefix + line)
-                self._out.flush()
+        """Follows the child's log file until the child has exited and all of it is read."""
+        with open(self.log_path, encoding="utf-8", errors="replace") as log:
+            log.seek(self._offset)
+            partial = ""
+            while True:
+                exited = self.proc.poll() is not None  # before reading: then nothing is missed
+                while chunk := log.readline():
+                    partial += chunk
+                    if partial.endswith("\n"):
+                        self._line(partial)
+                        partial = ""
+                if exited:
+                    if partial:
+                        self._line(partial + "\n")
+                    return
+                time.sleep(0.05)
+
+    def _line(self, line: str) -> None:
+        if (match := _STEP.match(line)) is not None:
+            step = int(match.group(1))
+            if self.first_step is None:
+                self.first_step, self.first_step_at = step, time.time()
+            self.last_step = step
+        elif (match := _RESUMED.search(line)) is not None:
+            self.resumed_from = int(match.group(1))
+        with self._lock:
+            self._out.write(self._prefix + line)
+            self._out.flush()
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -109,3 +136,18 @@ class Child:
         code = self.proc.wait(timeout)
         self._reader.join(5)  # the rest of its output, before the caller prints more
         return code
+
+
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that asks Linux for SIGTERM when `parent` dies (None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_up() -> None:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the call: nobody would signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_up

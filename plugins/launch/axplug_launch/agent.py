@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
@@ -44,9 +45,15 @@ def run_agent(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
+    log_path: str | None = None,
 ) -> int:
-    """Runs `command` until it exits 0, a code that is not a restart, or the budget runs out."""
+    """Runs `command` until it exits 0, a code that is not a restart, or the budget runs out;
+    the trainer's output goes to `log_path` (default: a file under the temp directory), which
+    the agent follows."""
     out = out or sys.stdout
+    log_path = log_path or os.path.join(
+        tempfile.gettempdir(), f"axplug-agent-{os.getpid()}", "trainer.log"
+    )
     stopping: list[int] = []
     child: Child | None = None
 
@@ -59,7 +66,7 @@ def run_agent(
     try:
         restarts, exited_at = 0, None
         while True:
-            child = Child(command, env=env or os.environ, out=out)
+            child = Child(command, env=env or os.environ, out=out, log_path=log_path)
             reported = exited_at is None
             while (code := child.poll()) is None:
                 reported = reported or _report(out, child, restarts, exited_at)

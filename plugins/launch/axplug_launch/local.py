@@ -114,6 +114,7 @@ class _Supervisor:
             out=self.out,
             prefix=f"[{host.name} standby] ",
             lock=self.lock,
+            log_path=os.path.join(host.directory, "standby.log"),
         )
         self.lowprio[host.name], host.pid = child, child.pid
 
@@ -148,6 +149,7 @@ class _Supervisor:
                 out=self.out,
                 prefix=f"[{host.name}] ",
                 lock=self.lock,
+                log_path=os.path.join(host.directory, f"trainer-attempt{self.attempt}.log"),
             )
             self.trainers.append(child)
             host.pid = child.pid

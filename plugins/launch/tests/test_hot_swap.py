@@ -198,3 +198,44 @@ def test_elastic_job_grows_back_when_the_host_returns(tmp_path, cache_dir, refer
     )
     assert "launch: attempt 3: 2 processes on host-0, host-1\n" in text
     np.testing.assert_allclose(losses(proc.output_dir), losses(reference), rtol=1e-5)
+
+
+def _exited(pid: int) -> bool:
+    """Whether `pid` (not this process's child) has exited: gone, or a zombie."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_supervisor_takes_its_trainer_down_saved_and_the_run_dir_free(
+    tmp_path, cache_dir, monkeypatch
+):
+    """SIGKILL of `launch --local` (an OOM kill): the trainer gets SIGTERM, saves, exits 75 and
+    releases the run's lease; `axplug train` into the directory then resumes from that step."""
+    monkeypatch.setattr(sys.modules[__name__], "STEPS", 100_000)  # still training when killed
+    proc = start_local(tmp_path, "swap", cache_dir, "--num-processes", "1", spares=0)
+    deadline = time.time() + 240
+    while not complete_steps(proc.output_dir):
+        assert proc.poll() is None and time.time() < deadline, proc.log.read_text()[-3000:]
+        time.sleep(0.01)
+    (host,) = [h for h in json.loads((proc.scratch / "hosts.json").read_text())["hosts"]
+               if h["process_id"] == 0]  # fmt: skip
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 60
+    while not _exited(host["pid"]):
+        assert time.time() < deadline, "the trainer outlived its supervisor"
+        time.sleep(0.05)
+    log = (tmp_path / host["directory"] / "trainer-attempt1.log").read_text()
+    saved = re.search(r"preempted at step (\d+) \(SIGTERM\): saved", log)
+    assert saved is not None, log[-3000:]
+    assert step_dir_name(int(saved.group(1))) in complete_steps(proc.output_dir)
+    argv = [*AXPLUG, "train", "--preset", "llama-tiny", "--modifier", "mesh:fsdp=-1",
+            "--output-dir", "runs/swap", *tiny_sets(cache_dir),
+            "--max-steps", str(int(saved.group(1)) + 1)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from step {saved.group(1)}" in done.stderr + done.stdout
