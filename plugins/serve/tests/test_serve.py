@@ -593,3 +593,32 @@ def test_chat_templates_come_from_the_tokenizer_and_run_sandboxed(tmp_path):
     escape = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ValueError):  # the sandbox never reaches Python's classes
         escape.render([])
+
+
+def test_a_looping_chat_template_is_a_400_within_its_budget_and_frees_the_worker(
+    run_dir, tmp_path, monkeypatch
+):
+    import time
+
+    import axplug_chat.template
+    import httpx
+    from axplug_serve.testing import serve_in_thread
+
+    monkeypatch.setattr(axplug_chat.template, "RENDER_SECONDS", 0.5)
+    loop = tmp_path / "loop.jinja"  # 10**10 iterations: until the budget stops it
+    loop.write_text("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
+                    "{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}")  # fmt: skip
+    argv = _serve_argv(run_dir, "--chat-template", str(loop))[1:]
+    with serve_in_thread(argv, tmp_path / "server.log") as base:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}  # fmt: skip
+        headers = {"Authorization": f"Bearer {KEY}"}
+        start = time.monotonic()
+        answer = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers,
+                            timeout=60)  # fmt: skip
+        assert answer.status_code == 400, answer.text
+        assert "rendering took over 0.5 s" in answer.json()["error"]["message"]
+        assert time.monotonic() - start < 10
+        plain = {"model": "tiny", "prompt": "hi", "max_tokens": 2}  # the server still answers
+        assert httpx.post(f"{base}/v1/completions", json=plain, headers=headers,
+                          timeout=60).status_code == 200  # fmt: skip
