@@ -88,7 +88,6 @@ def _print_object(obj: Any, kind: str) -> int:
     import inspect
 
     from axplug.config import Configurable
-    from axplug.layers import BaseLayer
     from axplug.presets import Preset
 
     if isinstance(obj, Preset):
@@ -103,7 +102,7 @@ def _print_object(obj: Any, kind: str) -> int:
         from axplug.kernels import describe_kernels
 
         extra = describe_kernels
-    elif isinstance(obj, type) and issubclass(obj, BaseLayer):
+    elif kind == "layers":  # a BaseLayer (checked at load); jax only for these two kinds
         extra = obj.info_lines
     if extra is not None:
         try:

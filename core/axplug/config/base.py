@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import reprlib
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -13,12 +12,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, Union
 
 import attrs
 
-from axplug.api._errors import AxplugError
-
-# A value in an error message: a few hundred characters at most, whatever its size.
-_SHOWN = reprlib.Repr()
-_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel = 200, 200, 2
-_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
+from axplug.config.errors import (
+    ConfigDependencyError,
+    ConfigError,
+    ConfigFileError,
+    ConfigTypeError,
+    ConfigValueError,
+    RequiredFieldError,
+    UnknownFieldError,
+    UsageError,
+    shown,
+)
 
 __all__ = [
     "REQUIRED",
@@ -66,40 +70,6 @@ if TYPE_CHECKING:  # a REQUIRED field is refused at instantiation: code that rea
     Required = typing.Annotated[_T, "required"]
 else:
     Required = Union[_T, RequiredFieldValue]  # noqa: UP007 (subscriptable alias: Required[int])
-
-
-class ConfigError(AxplugError):
-    """Base class of config errors; the message starts with the dotted path."""
-
-    exit_code = 2  # a mistake in what was asked
-
-
-class UnknownFieldError(ConfigError, AttributeError):
-    """A field name that the config class does not define."""
-
-
-class ConfigTypeError(ConfigError, TypeError):
-    """A field value of the wrong type."""
-
-
-class RequiredFieldError(ConfigError, ValueError):
-    """A REQUIRED field still unset at instantiation."""
-
-
-class ConfigValueError(ConfigError, ValueError):
-    """A field value out of its range or set."""
-
-
-class ConfigFileError(ConfigError, FileNotFoundError):
-    """A field naming a file that does not exist."""
-
-
-class ConfigDependencyError(ConfigError, ImportError):
-    """A setting that needs a package that is not installed; the message says what to install."""
-
-
-class UsageError(ConfigError, ValueError):
-    """A command-line option or argument that cannot work; the message starts with it."""
 
 
 _IMMUTABLE = (int, float, bool, str, bytes, type(None), RequiredFieldValue, type, frozenset)
@@ -212,7 +182,7 @@ class ConfigBase:
         if not _matches(value, tp):
             raise ConfigTypeError(
                 f"{self.field_path(name)}: expected {_type_name(tp)}, got "
-                f"{type(value).__qualname__} ({_SHOWN.repr(value)})"
+                f"{type(value).__qualname__} ({shown(value)})"
             )
         if isinstance(value, ConfigBase):
             object.__setattr__(value, "_parent", (self, name))

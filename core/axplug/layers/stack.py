@@ -33,8 +33,7 @@ class _Stack(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Any, fields: Any) -> None:
-        layers = fields.positive_int("num_hidden_layers")
-        per = max(1, int(cfg.layer.klass.hf_depth(cfg.layer)))
+        layers, per = fields.positive_int("num_hidden_layers"), _per_unit(cfg)
         if layers % per:
             fields.problem(
                 f"{fields.name('num_hidden_layers')}={layers} is not a multiple of the {per} "
@@ -44,9 +43,12 @@ class _Stack(BaseLayer):
 
     @classmethod
     def hf_write(cls, cfg: Any) -> dict:
-        return {
-            "num_hidden_layers": cfg.num_layers * max(1, int(cfg.layer.klass.hf_depth(cfg.layer)))
-        }
+        return {"num_hidden_layers": cfg.num_layers * _per_unit(cfg)}
+
+
+def _per_unit(cfg: Any) -> int:
+    """Transformer layers per unit of a stack (its layer class's `hf_depth`)."""
+    return max(1, int(cfg.layer.klass.hf_depth(cfg.layer)))
 
 
 class StackedTransformer(_Stack):

@@ -41,7 +41,7 @@ def _tokenizer(meta: dict) -> tuple:
 
 
 def _describe(tokenizer: tuple) -> str:
-    sha, eos, bos = (None, *tokenizer) if len(tokenizer) == 2 else tokenizer
+    sha, eos, bos = tokenizer
     return ", ".join(filter(None, [sha and f"sha256 {sha[:12]}", f"eos {eos}", f"bos {bos}"]))
 
 
@@ -98,7 +98,7 @@ class MixtureInput(StepInput):
                 "vocabulary size only (prepare them again to check it)",
                 ", ".join(old),
             )
-            seen = {p: t[1:] for p, t in seen.items()}
+            seen = {p: (None, *t[1:]) for p, t in seen.items()}
         if len(set(seen.values())) > 1 and not cfg.mixed_tokenizers:
             which = ", ".join(f"{p} ({_describe(t)})" for p, t in seen.items())
             raise cfg.field_error("sources", f"sources of different tokenizers of one size: "
