@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -197,24 +198,78 @@ def test_a_peer_that_stops_beating_is_named_within_the_timeout(monkeypatch):
     assert store.values["axplug/heartbeat/0"] == "done"  # it told the others it ended
 
 
-def test_a_collective_error_waits_for_the_monitor_to_name_the_lost_peer(monkeypatch):
-    """A collective with a dead peer fails before the heartbeats go stale: the CLI first lets
-    the monitor name the peer (its exit 75); other errors are reported at once."""
+def _beat(store, peer, stop):
+    beat = 0
+    while not stop.wait(0.05):
+        beat += 1
+        store.values[f"axplug/heartbeat/{peer}"] = str(beat)
+
+
+def test_an_error_waits_until_every_peer_beats_again_or_is_named_lost(monkeypatch):
+    """A collective (or a save waiting on it) fails at once when a peer dies, before the
+    heartbeats go stale: the CLI holds any error until every peer has beaten since it (the
+    error is then its own, reported at once) or the monitor names the lost peer (exit 75)."""
     from axplug.runtime import await_lost_peer, peers
 
-    store = _Store()
+    store, stop = _Store(), threading.Event()
     monkeypatch.setattr(peers, "_client", lambda: store)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     lost = []
-    monitor = PeerMonitor(1.0, on_lost=lost.append).start()  # process 1 never beats
+    beater = threading.Thread(target=_beat, args=(store, 1, stop))
+    beater.start()
+    monitor = PeerMonitor(1.0, on_lost=lost.append).start()
     monkeypatch.setattr(peers, "_monitor", monitor)
     try:
-        await_lost_peer(ValueError("not a device error"))
-        assert not lost and monitor._thread.is_alive()  # no wait: reported at once
-        await_lost_peer(jax.errors.JaxRuntimeError("Gloo AllGather failed: Connection reset"))
+        start = time.monotonic()
+        await_lost_peer(ValueError("this process's own error"))
+        # Two polls (0.1 s apart) prove a beat after the error; a stale value read once does not.
+        assert not lost and time.monotonic() - start < 0.5 and monitor._thread.is_alive()
+        stop.set()
+        beater.join()
+        await_lost_peer(RuntimeError("saving step 8 failed: barrier with process 1"))
         assert len(lost) == 1 and lost[0].startswith("lost process 1 of 2 (no heartbeat")
         assert not monitor._thread.is_alive()  # it returned once the monitor had spoken
     finally:
+        stop.set()
+        monitor.stop()
+
+
+class _FailingStore(_Store):
+    """A store whose calls fail while `failing` is set (a loaded machine's deadline)."""
+
+    def __init__(self):
+        super().__init__()
+        self.failing = threading.Event()
+
+    def key_value_dir_get(self, prefix):
+        if self.failing.is_set():
+            raise RuntimeError("DEADLINE_EXCEEDED: the call took too long")
+        return super().key_value_dir_get(prefix)
+
+
+def test_process_0_rides_out_failing_store_calls_and_names_a_store_that_stays_down(monkeypatch):
+    from axplug.runtime import peers
+
+    store, stop = _FailingStore(), threading.Event()
+    monkeypatch.setattr(peers, "_client", lambda: store)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    lost = []
+    beater = threading.Thread(target=_beat, args=(store, 1, stop))
+    beater.start()
+    monitor = PeerMonitor(1.0, on_lost=lost.append).start()
+    try:
+        store.failing.set()
+        time.sleep(0.5)  # under the 0.8 s it takes to call a heartbeat stale
+        store.failing.clear()
+        time.sleep(0.5)
+        assert not lost and monitor._thread.is_alive()
+        store.failing.set()
+        monitor._thread.join(timeout=3)
+        assert len(lost) == 1, lost
+        assert lost[0].startswith("the coordination service in process 0 stopped answering")
+    finally:
+        stop.set()
+        beater.join()
         monitor.stop()
 
 

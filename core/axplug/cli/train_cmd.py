@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 from typing import Any
 
@@ -281,6 +282,9 @@ def start_processes(args: argparse.Namespace) -> None:
     from axplug.cli._logging import configure_logging
 
     configure_logging(args.verbose - args.quiet)
+    # An abort from the runtime's C++ (a backstop of the lost-peer check) prints every thread's
+    # Python stack, so what aborted first is on record.
+    faulthandler.enable(all_threads=True)
     index, count = initialize_distributed(spec, peer_timeout_s=timeout)
     print(f"process {index} of {count}", file=sys.stderr)
     start_peer_monitor(timeout)

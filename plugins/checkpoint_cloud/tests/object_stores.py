@@ -30,6 +30,7 @@ __all__ = [
     "fake_gcs_server",
     "create_s3_bucket",
     "create_gcs_bucket",
+    "wait_for_gcs_bucket",
     "S3RVER_KEY",
 ]
 
@@ -175,3 +176,20 @@ def create_gcs_bucket(endpoint: str, bucket: str) -> None:
     )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
         response.read()
+
+
+def wait_for_gcs_bucket(server: Server, bucket: str, timeout: float = 30.0) -> None:
+    """Waits until a restarted fake-gcs-server serves `bucket` again (it answers before it has
+    read every bucket back from disk); fails with the server's log when it never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{server.url}/storage/v1/b/{bucket}", timeout=2)  # noqa: S310
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{server.name} does not serve bucket {bucket!r} {timeout:g} s after its "
+                    f"restart:\n{server.log_tail()}"
+                ) from None
+            time.sleep(0.2)

@@ -33,6 +33,7 @@ from object_stores import (
     fake_gcs_server,
     free_port,
     moto_server,
+    wait_for_gcs_bucket,
 )
 
 FAST_RETRIES = {"max_retries": 1, "retry_initial_delay_s": 0.05, "retry_max_delay_s": 0.2}
@@ -323,6 +324,8 @@ def test_server_killed_mid_save_fails_clearly_and_nothing_committed_is_lost(disk
         error = _wait_for_line(proc, "ERROR", timeout=120)
         assert f"saving step 2 to {directory}/step_00000002" in error
         server.start(tmp_path)  # same directory and port: the committed data is still there
+        if directory.startswith("gs://"):
+            wait_for_gcs_bucket(server, "fault-bucket")
         if data is None:  # in memory: the restarted server is empty, nothing to restore
             create_s3_bucket(server.url, "fault-bucket")
             proc.stdin.write("go\n")
