@@ -7,6 +7,7 @@ from axplug.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     StorageNotFoundError,
+    StoreOutageError,
 )
 from axplug.checkpoint.frozen import (
     ALLOW_CHANGED_BASE_ENV,
@@ -51,6 +52,7 @@ __all__ = [
     "tree_checksums",
     "host_checksums",
     "StorageNotFoundError",
+    "StoreOutageError",
     "COMMIT_MARKER",
     "CHECKSUMS_ITEM",
     "METADATA_FILE",

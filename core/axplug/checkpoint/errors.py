@@ -5,10 +5,12 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointCorruptError",
     "StorageNotFoundError",
+    "StoreOutageError",
 ]
 
 
 from axplug.api._errors import AxplugError
+from axplug.runtime.exit_codes import RESTART_EXIT_CODE
 
 
 class CheckpointError(AxplugError):
@@ -27,3 +29,9 @@ class StorageNotFoundError(CheckpointError, LookupError):
     """No storage backend is installed for a URL scheme."""
 
     exit_code = 2
+
+
+class StoreOutageError(CheckpointError, ConnectionError):
+    """The store did not answer for its whole outage budget: exit 75, restart the run."""
+
+    exit_code = RESTART_EXIT_CODE

@@ -61,6 +61,14 @@ class Storage(abc.ABC):
         """`url` with `names` appended as path components."""
         return "/".join([url.rstrip("/"), *names])
 
+    #: How long a store that does not answer is waited for (a read repeated, a save retried)
+    #: before the run exits 75; 0: not at all (a local filesystem has no outages).
+    outage_s: float = 0.0
+
+    def is_outage(self, exc: BaseException) -> bool:
+        """Whether `exc` means the store did not answer (retry), not a refusal or a missing file."""
+        return False
+
     def check(self, url: str) -> None:
         """Raises an error naming `url` when it cannot be reached (server, bucket, credentials)."""
         # Called once when a Checkpointer is built, so a bad URL fails before training starts.

@@ -4,12 +4,19 @@ of the step a preemption stops at."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
-from axplug.checkpoint import FROZEN_KEY, CheckpointError, prune, step_dir_name
+from axplug.checkpoint import (
+    FROZEN_KEY,
+    CheckpointError,
+    StoreOutageError,
+    prune,
+    step_dir_name,
+)
 from axplug.config import ConfigBase, config_class, strip_userinfo_tree, to_dict
-from axplug.runtime import GoodputRecorder, Preempted
+from axplug.runtime import RESTART_EXIT_CODE, GoodputRecorder, Preempted
 from axplug.trainer.input_state import INPUT_STATE_KEY, gather_input_state
 from axplug.trainer.restore import Restorer
 
@@ -36,31 +43,56 @@ class Saver:
         self.config, self.checkpointer, self.source = config, checkpointer, source
         self.restorer, self.goodput, self.on_saved = restorer, goodput, on_saved
 
-    def save(self, state: dict, step: int) -> None:
-        """Saves `step` (in the background); a failed save raises, or with `retry_next` is
-        logged."""
+    def save(self, state: dict, step: int, *, wait: bool = False) -> None:
+        """Saves `step` (in the background unless `wait` or the run's last); a failed save
+        raises, or with `retry_next` is logged; an unreachable store is retried (`_write`)."""
         checkpointer = self.checkpointer
         try:  # a failed background write of the previous checkpoint surfaces here
             checkpointer.wait_until_finished()
         except CheckpointError as exc:
             self._failed(exc)
-        try:
-            config = strip_userinfo_tree(to_dict(self.config))  # no credentials in metadata
-            metadata = {"step": step, "config": config}
-            if (states := gather_input_state(self.source, step)) is not None:
-                metadata[INPUT_STATE_KEY] = states
-            if (frozen := self.restorer.frozen_source) is not None:  # the base's stay there
-                stored = self.restorer.layout.stored_mask
-                state = {**state, "params": prune(stored, state["params"])}
-                metadata[FROZEN_KEY] = frozen
-            checkpointer.save(step, state, metadata)
-        except CheckpointError as exc:
-            self._failed(exc)
-            return
-        self.on_saved(step, f"{checkpointer.directory}/{step_dir_name(step)}")
+        config = strip_userinfo_tree(to_dict(self.config))  # no credentials in metadata
+        metadata = {"step": step, "config": config}
+        if (states := gather_input_state(self.source, step)) is not None:
+            metadata[INPUT_STATE_KEY] = states
+        if (frozen := self.restorer.frozen_source) is not None:  # the base's stay there
+            stored = self.restorer.layout.stored_mask
+            state = {**state, "params": prune(stored, state["params"])}
+            metadata[FROZEN_KEY] = frozen
+        if self._write(step, state, metadata, wait=wait or step == self.config.max_steps):
+            self.on_saved(step, f"{checkpointer.directory}/{step_dir_name(step)}")
+
+    def _write(self, step: int, state: dict, metadata: dict, *, wait: bool) -> bool:
+        """Saves `step`; while the store does not answer, saves it again (waiting for each
+        attempt) for up to the storage's `outage_s`, then raises StoreOutageError (exit 75)."""
+        checkpointer, deadline, delay = self.checkpointer, None, 1.0
+        storage = checkpointer.storage
+        while True:
+            try:
+                checkpointer.save(step, state, metadata)
+                if wait or deadline is not None:
+                    checkpointer.wait_until_finished()
+                return True
+            except CheckpointError as exc:
+                if not storage.is_outage(exc):
+                    self._failed(exc)
+                    return False
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + storage.outage_s
+                    log.warning("%s; saving again for up to %g s", exc, storage.outage_s)
+                if now + delay > deadline:
+                    raise StoreOutageError(
+                        f"{exc}; no answer for {storage.outage_s:g} s (storage option outage_s)."
+                        f" Exit {RESTART_EXIT_CODE}: the run's state is safe at its newest "
+                        "complete checkpoint; rerun the command to resume from it"
+                    ) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 10.0)
 
     def _failed(self, exc: CheckpointError) -> None:
-        if self.config.saving.on_error != "retry_next":
+        outage = self.checkpointer.storage.is_outage(exc)  # this step's save rides it out
+        if self.config.saving.on_error != "retry_next" and not outage:
             raise exc
         log.error("%s; training continues, the next checkpoint saves again", exc)
 
@@ -68,6 +100,6 @@ class Saver:
         """Saves `step` (unless the loop just did) and waits for it, then raises `Preempted`."""
         with self.goodput.phase("checkpoint"):
             if step % self.config.checkpoint_every != 0:
-                self.save(state, step)
+                self.save(state, step, wait=True)
             self.checkpointer.wait_until_finished()
         raise Preempted(step, signal_name or "a signal to another process")

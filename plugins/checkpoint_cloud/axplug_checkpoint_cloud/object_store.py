@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from axplug.api import AxplugError
-from axplug.api.checkpoint import Storage
+from axplug.api.checkpoint import Storage, StoreOutageError
 from axplug.api.config import ConfigValueError
 from axplug.api.run import RESTART_EXIT_CODE
 
@@ -28,13 +27,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("axplug.storage")
-DEFAULT_OUTAGE_S = 120.0  # how long reads wait for a server that does not answer
-
-
-class StoreOutageError(AxplugError, ConnectionError):
-    """The store did not answer for the whole outage budget: exit 75, restart the run."""
-
-    exit_code = RESTART_EXIT_CODE
+DEFAULT_OUTAGE_S = 120.0  # how long reads and saves wait for a server that does not answer
 
 
 _NO_BUCKET = "the bucket does not exist; create it, or fix the URL"
@@ -201,6 +194,19 @@ class ObjectStorage(Storage):
         return self._patiently(url, lambda: self.fs.cat_file(self._key(url), start=start, end=end))
 
     outage_s: float = DEFAULT_OUTAGE_S
+
+    def is_outage(self, exc: BaseException) -> bool:
+        # A connection refused, reset or timed out anywhere in the chain (fsspec's and the
+        # clients' own errors, wrapped); tensorstore's writes say so by status code, or by
+        # the transport's (curl's) error, which an answer such as access denied never carries.
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, (ConnectionError, TimeoutError)) or any(
+                code in str(seen) for code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CURL error")
+            ):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
     def _patiently(self, url: str, read: Callable[[], bytes]) -> bytes:
         """`read()`, retried while the server does not answer (an outage, not a refusal or a

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -379,6 +380,54 @@ def test_trainer_save_failure_policy(tmp_path, policy, caplog):
     trainer.run()
     assert trainer.checkpointer.all_steps() == [4, 6]
     assert any("saving step 2" in r.getMessage() for r in caplog.records)
+
+
+def test_a_store_outage_during_a_save_is_ridden_out_or_ends_75_and_resumes(
+    s3rver, tmp_path, monkeypatch, caplog
+):
+    """The store's server stops as step 4 is saved: back within `outage_s`, the save is made
+    again and the run ends as an uninterrupted one would; gone for longer, the run raises
+    StoreOutageError (exit 75) and its rerun resumes from step 2 to the same state."""
+    from axplug.api.checkpoint import StoreOutageError
+    from axplug.trainer import saving
+
+    create_s3_bucket(s3rver.url, "outage")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
+    real_save = saving.Saver.save
+
+    def stop_server_at(step, back_after_s):
+        def save(self, state, at, **kwargs):
+            if at == step and s3rver.proc.poll() is None:
+                self.checkpointer.wait_until_finished()  # the outage meets this step's save
+                s3rver.kill()
+                if back_after_s is not None:
+                    threading.Timer(back_after_s, s3rver.start, args=(tmp_path,)).start()
+            return real_save(self, state, at, **kwargs)
+
+        monkeypatch.setattr(saving.Saver, "save", save)
+
+    def run(url, outage_s):
+        options = {**FAST_RETRIES, "outage_s": outage_s}
+        trainer = _tiny_trainer(url, f"checkpointer.storage_options={options!r}", steps=6)
+        trainer = trainer.instantiate()
+        trainer.run()
+        with trainer.checkpointer as ckpt:
+            return ckpt.all_steps(), ckpt.restore(target=trainer.layout.abstract)[1]
+
+    stop_server_at(4, back_after_s=2.0)
+    steps, ridden_out = run("s3://outage/ride", 60.0)
+    assert steps[-2:] == [4, 6]
+    assert any("saving again for up to 60 s" in r.getMessage() for r in caplog.records)
+
+    stop_server_at(4, back_after_s=None)
+    with pytest.raises(StoreOutageError, match=r"saving step 4 .* no answer for 2 s") as info:
+        run("s3://outage/stop", 2.0)
+    assert info.value.exit_code == 75 and "rerun the command to resume" in str(info.value)
+    monkeypatch.setattr(saving.Saver, "save", real_save)
+    s3rver.start(tmp_path)
+    steps, resumed = run("s3://outage/stop", 2.0)
+    assert steps[-2:] == [4, 6]
+    _assert_same(resumed, ridden_out)
 
 
 def test_trainer_config_rejects_unknown_save_policy(tmp_path):
