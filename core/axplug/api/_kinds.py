@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["CommandModule", "MeshRuleFactory", "RunInfo"]
+__all__ = ["CommandModule", "MeshRuleFactory", "Reward", "RunInfo"]
 
 
 class CommandModule(Protocol):
@@ -32,6 +32,15 @@ class MeshRuleFactory(Protocol):
     """An `axplug.mesh_rules` entry: a function of no arguments returning a `MeshRule.Config`."""
 
     def __call__(self) -> Any: ...
+
+
+class Reward(Protocol):
+    """An `axplug.rewards` entry: a class built with its options as keyword arguments, scoring
+    generated completions against their prompt records (axplug-rl's `Reward` is a base)."""
+
+    def score(self, completion: str, sample: dict) -> float: ...
+
+    def score_batch(self, completions: list[str], samples: list[dict]) -> list[float]: ...
 
 
 class RunInfo(NamedTuple):

@@ -9,6 +9,7 @@ iterator. They are registered as `axplug.inputs` (`--input NAME[:k=v]`).
 from axplug.input.base import (
     Batch,
     Input,
+    Policy,
     StepInput,
     batch_shape,
     check_split,
@@ -30,6 +31,7 @@ from axplug.input.token_file import IGNORE_LABEL, TokenFileInput
 __all__ = [
     "Batch",
     "Input",
+    "Policy",
     "StepInput",
     "ByteTextInput",
     "SyntheticInput",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from axplug.config import Configurable, ConfigValueError, config_class, configur
 __all__ = [
     "Batch",
     "Input",
+    "Policy",
     "StepInput",
     "batch_shape",
     "data_vocab_size",
@@ -23,6 +24,16 @@ __all__ = [
 ]
 
 Batch = dict[str, np.ndarray]
+
+
+class Policy(NamedTuple):
+    """The model being trained, as `Input.before_batch` sees it before each step: its layer,
+    the parameters that step starts from (the training arrays themselves) and the mesh."""
+
+    model: Any
+    params: Any
+    mesh: Any
+    axis_rules: Any
 
 
 def field_error(cfg: Configurable.Config, name: str, problem: str) -> ConfigValueError:
@@ -113,6 +124,10 @@ class Input(Configurable, abc.ABC):
 
     def restore_state(self, step: int, state: dict) -> None:
         """Continues, at the next `iter_from(step)`, from `state_at(step)` of the saved run."""
+
+    def before_batch(self, step: int, policy: Policy) -> None:
+        """Called before the batch of `step` is drawn, with the `policy` that step trains: an
+        input whose batches the model makes (RL rollouts) reads it; nothing by default."""
 
     def metrics(self, step: int) -> dict[str, float]:
         """Scalars about the data served before `step` (e.g. tokens per source), logged with

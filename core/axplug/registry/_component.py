@@ -44,6 +44,7 @@ KINDS = (
     "data_sources",
     "optimizers",
     "schedules",
+    "rewards",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

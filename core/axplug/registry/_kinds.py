@@ -131,6 +131,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
         2,
     ),
     "schedules": _factory("make(peak, steps, cfg, **options)", "an optax.Schedule", 3),
+    "rewards": _protocol("Reward", "score", "score_batch"),
     # hooks: pluggy validates each implementation against the hookspecs when registering.
 }
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from axplug import registry
 from axplug.checkpoint import Checkpointer
 from axplug.config import REQUIRED, Configurable, InstantiableConfig, Required, config_class
-from axplug.input import ByteTextInput
+from axplug.input import ByteTextInput, Policy
 from axplug.learner import Learner
 from axplug.mesh import MeshBuilder, batch_partition_spec, parameter_shardings
 from axplug.runtime import (
@@ -214,6 +214,9 @@ class Trainer(Configurable):
         the `init_from` weights); see `axplug.trainer.restore`."""
         return self.restorer.restore_or_init()
 
+    def _policy(self, state: dict) -> Policy:
+        return Policy(self.model, state["params"], self.mesh, self.mesh_builder.axis_rules)
+
     def put_batch(self, batch: dict) -> dict:
         """Global batch arrays from this process's rows."""
         return put_process_batch(batch, self.batch_sharding)
@@ -296,6 +299,7 @@ class Trainer(Configurable):
             for step in range(start, cfg.max_steps):
                 profiler.before_step(step + 1, state)
                 with self.goodput.phase("data_wait"):
+                    self.input.before_batch(step, self._policy(state))
                     batch = self.put_batch(next(batches)[1])
                 if step == start:
                     self.watchdog.phase("compiling the train step")

@@ -1,0 +1,1 @@
+"""axplug-rl: GRPO-family reinforcement learning on rollouts from the trainer's own Engine."""
