@@ -16,7 +16,7 @@ from axplug.api.config import REQUIRED, ConfigError, Required, config_class
 from axplug.api.data import Batch, Input, Policy, load_tokenizer
 from axplug_rl.advantages import overlong_penalty, pass_at_k
 from axplug_rl.prompts import PromptSet
-from axplug_rl.rewards import RewardSet
+from axplug_rl.reward_set import RewardSet
 
 __all__ = ["RolloutInput", "REFERENCES"]
 
