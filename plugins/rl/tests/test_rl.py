@@ -151,3 +151,27 @@ def test_the_policy_loss_without_rollouts_says_which_input_to_use(tmp_path):
     cfg = tiny_trainer_config(tmp_path, modifiers=["grpo"], max_steps=1)
     with pytest.raises(ConfigError, match="use --input rollouts:prompts=FILE"):
         cfg.instantiate().run()
+
+
+def test_lora_grpo_with_a_kl_to_the_base_trains_only_the_adapters(tmp_path, prompts):
+    cfg = _config(tmp_path, prompts, modifiers=["lora:4"], reference="adapters_off", steps=2)
+    cfg.model.kl_beta = 0.05
+    trainer = cfg.instantiate()
+    start = jax.device_get(trainer.init_state()["params"])
+    trainer.run()
+    end = jax.device_get(trainer.state["params"])
+    flat_start = dict(jax.tree_util.tree_leaves_with_path(start))
+    changed = [
+        jax.tree_util.keystr(path)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(end)
+        if not np.array_equal(leaf, flat_start[path])
+    ]
+    assert changed and all("adapter" in path for path in changed), changed
+
+
+def test_axplug_list_shows_the_rewards(capsys):
+    from axplug.testing import cli_main as main
+
+    assert main(["list", "--kind", "rewards"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("exact_match", "regex", "math", "code")), out
