@@ -34,17 +34,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     import jax
+    from axplug_rl.rollouts import RolloutInput
 
     from axplug.api.data import Policy
     from axplug.api.run import Engine, Request, SamplingParams
     from axplug.testing import tiny_trainer_config
-    from axplug_rl.rollouts import RolloutInput
 
     work = pathlib.Path(tempfile.mkdtemp())
     prompts = work / "prompts.jsonl"
     prompts.write_text(
-        "".join(json.dumps({"prompt": f"Q{i}: tell me about the number {i}."}) + "\n"
-                for i in range(args.prompts))  # fmt: skip
+        "".join(
+            json.dumps({"prompt": f"Q{i}: tell me about the number {i}."}) + "\n"
+            for i in range(args.prompts)
+        )  # fmt: skip
     )
     batch = args.prompts * args.group
     seq_len = 64 + args.max_new_tokens
