@@ -102,6 +102,43 @@ def main(argv=None) -> None:
     print(f"  parameters to the rollouts' Engine: the training arrays themselves ({same}), "
           f"{handoff_us:.1f} us per step, 0 bytes copied")  # fmt: skip
     print(f"rollouts/serving decode tokens/s: {ratio:.3f}")
+    for modifiers in ([], ["compute_dtype:bfloat16"]):
+        mean, worst = _parity(args, work, prompts, modifiers)
+        dtype = "bfloat16" if modifiers else "float32"
+        print(f"  {dtype:8s} |Engine - trainer| log-probability of a sampled token: "
+              f"mean {mean:.2e}, max {worst:.2e}")  # fmt: skip
+
+
+def _parity(args, work, prompts, modifiers) -> tuple[float, float]:
+    """The Engine's log-probability of each sampled token against the trainer's forward."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from axplug_rl.rollouts import RolloutInput
+
+    from axplug.api.data import Policy
+    from axplug.api.layers import functional
+    from axplug.testing import tiny_trainer_config
+
+    cfg = tiny_trainer_config(work / "parity", preset=args.preset, modifiers=["grpo", *modifiers])
+    cfg.input = RolloutInput.default_config().set(
+        prompts=str(prompts), tokenizer="bytes", template="plain", batch_size=16, group_size=4,
+        seq_len=64 + args.max_new_tokens, max_new_tokens=args.max_new_tokens,
+        rewards=["regex:pattern='[0-9]'"],
+    )  # fmt: skip
+    trainer = cfg.instantiate()
+    params = trainer.init_state()["params"]
+    trainer.input.before_batch(0, Policy(trainer.model, params, trainer.mesh,
+                                         trainer.mesh_builder.axis_rules))  # fmt: skip
+    batch = trainer.input.batch(0)
+    (_, outputs), _ = functional(trainer.model, prng_key=None, state=params, is_training=False,
+                                 inputs={k: jnp.asarray(v) for k, v in batch.items()})  # fmt: skip
+    logp = np.asarray(jax.nn.log_softmax(outputs["logits"].astype(jnp.float32), axis=-1))
+    labels = np.maximum(batch["target_labels"], 0)
+    trained = np.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    sampled = (batch["target_labels"] >= 0) & ~np.isnan(batch["behavior_logps"])
+    gap = np.abs(batch["behavior_logps"] - trained)[sampled]
+    return float(gap.mean()), float(gap.max())
 
 
 if __name__ == "__main__":

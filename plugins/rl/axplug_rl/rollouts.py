@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ class RolloutInput(Input):
         overlong_cache: int = 0  # DAPO soft overlong punishment over the last N new tokens
         reference: str | None = None  # the KL reference: adapters_off (LoRA's base)
         num_slots: int | None = None  # the Engine's rows; None: batch_size
+        overlap: bool = False  # decode the next batch while this one trains (one step stale)
         eval_prompts: str | None = None  # held-out prompts: pass@k every eval_every steps
         eval_every: int = 0
         eval_k: int = 4
@@ -72,6 +74,7 @@ class RolloutInput(Input):
         self._policy: Policy | None = None
         self._engine: Any = None
         self._held: tuple[int, Batch] | None = None  # the rollouts of a reused batch
+        self._next: tuple[int, Future] | None = None  # with overlap: the next batch, decoding
         self._metrics: dict[str, float] = {}
 
     @staticmethod
@@ -96,6 +99,8 @@ class RolloutInput(Input):
         if cfg.process_count != 1:
             raise bad("process_count", "rollouts run in one process for now; use one process "
                       "(a mesh of its devices)")  # fmt: skip
+        if cfg.overlap and cfg.updates_per_rollout != 1:
+            raise bad("overlap", "decodes each step's batch ahead; with updates_per_rollout=1")
         if cfg.eval_every and not cfg.eval_prompts:
             raise bad("eval_every", "needs eval_prompts (a JSONL file of held-out prompts)")
         if cfg.eval_k < 1:
@@ -112,6 +117,7 @@ class RolloutInput(Input):
         self._policy = policy
         cfg = self._config
         if cfg.eval_every and step % cfg.eval_every == 0:
+            self._wait_for_next()  # one decoder at a time
             self._metrics.update(self._evaluate(step))
 
     def iter_from(self, step: int) -> Iterator[tuple[int, Batch]]:
@@ -122,10 +128,35 @@ class RolloutInput(Input):
     def batch(self, step: int) -> Batch:
         """The rows of `step`: generated now when it starts a rollout (or nothing is held for
         it), else the held rollouts of its rollout step."""
+        if self._config.overlap:
+            return self._overlapped(step)
         first = step - step % self._config.updates_per_rollout
         if self._held is None or self._held[0] != first:
             self._held = (first, self._rollout(first))
         return self._held[1]
+
+    def _overlapped(self, step: int) -> Batch:
+        """The batch of `step` decoded while the previous step trained (from the parameters
+        that step started from; the first batch of a run, from this step's), and the next
+        batch started now from a copy of this step's parameters: the train step donates its
+        state, so the decoding thread cannot read the arrays themselves."""
+        import jax
+        import jax.numpy as jnp
+
+        ahead = self._wait_for_next()
+        batch = ahead[1] if ahead is not None and ahead[0] == step else self._rollout(step)
+        policy = self._policy
+        copied = policy._replace(params=jax.tree.map(jnp.copy, policy.params))
+        pool = self._pool = getattr(self, "_pool", None) or ThreadPoolExecutor(1, "axplug-rl")
+        self._next = (step + 1, pool.submit(self._rollout, step + 1, copied))
+        return batch
+
+    def _wait_for_next(self) -> tuple[int, Batch] | None:
+        if self._next is None:
+            return None
+        step, future = self._next
+        self._next = None
+        return step, future.result()
 
     def state_at(self, step: int) -> dict | None:
         """Mid-way through a reused batch: the batch itself (its rollouts cannot be made again
@@ -160,11 +191,12 @@ class RolloutInput(Input):
         self._engine.params = params  # the training arrays themselves: nothing is copied
         return self._engine
 
-    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], *, logprobs: bool) -> list:
+    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], *, logprobs: bool,
+                policy: Policy | None = None) -> list:  # fmt: skip
         from axplug.api.run import Request, SamplingParams
 
         cfg = self._config
-        engine = self._engine_for(self._policy.params)
+        engine = self._engine_for((policy or self._policy).params)
         stop = (self.tokenizer.eos_id,) if self.tokenizer.eos_id is not None else ()
         for i, (ids, seed) in enumerate(zip(prompt_ids, seeds, strict=True)):
             sampling = SamplingParams(
@@ -184,20 +216,21 @@ class RolloutInput(Input):
             for k in range(start, start + count)
         ]
 
-    def _rollout(self, step: int) -> Batch:
-        cfg = self._config
+    def _rollout(self, step: int, policy: Policy | None = None) -> Batch:
+        """The batch of rollout `step`, decoded from `policy` (default: the current one)."""
+        cfg, policy = self._config, policy or self._policy
         per_step = cfg.batch_size // cfg.group_size
         rollout = step // cfg.updates_per_rollout
         chosen = self._prompt_order(rollout, per_step)
         started = time.perf_counter()
-        groups, scores, spent = self._groups(chosen, rollout, 0)
+        groups, scores, spent = self._groups(chosen, rollout, 0, policy)
         equal = [g for g, s in enumerate(scores) if np.ptp(s) == 0]
         for round_ in range(1, cfg.resample_equal_groups + 1):
             if not equal:
                 break
             rng = np.random.default_rng([cfg.seed, rollout, round_])
             extra = rng.choice(len(self.prompts), size=len(equal)).tolist()
-            new_groups, new_scores, more = self._groups(extra, rollout, round_)
+            new_groups, new_scores, more = self._groups(extra, rollout, round_, policy)
             spent["reward_s"] += more["reward_s"]
             for g, group, score in zip(list(equal), new_groups, new_scores, strict=True):
                 if np.ptp(score) > 0:
@@ -206,13 +239,12 @@ class RolloutInput(Input):
         elapsed = time.perf_counter() - started
         batch = self._rows(groups, scores)
         if cfg.updates_per_rollout > 1:  # later updates need the rollout-time policy's
-            batch["old_logps"] = self._score(batch, self._policy.params)
+            batch["old_logps"] = self._score(batch, policy.params)
         if cfg.reference is not None:
-            batch["ref_logps"] = self._score(batch, _adapters_off(self._policy.params))
-        self._metrics = {**self._metrics, **spent["metrics"]}
+            batch["ref_logps"] = self._score(batch, _adapters_off(policy.params))
         lengths = [len(c.output_ids) for group in groups for c in group]
         tokens = sum(lengths)
-        self._metrics.update({
+        self._metrics = {**self._metrics, **spent["metrics"], **{  # one assignment: a thread
             "rollout/seconds": elapsed - spent["reward_s"],
             "rollout/reward_seconds": spent["reward_s"],
             "rollout/tokens_per_s": tokens / max(elapsed - spent["reward_s"], 1e-9),
@@ -222,10 +254,10 @@ class RolloutInput(Input):
             "rollout/equal_groups": float(len(equal)),
             "reward/mean": float(np.mean(batch["rewards"][:, 0])),
             "reward/std": float(np.std(batch["rewards"][:, 0])),
-        })  # fmt: skip
+        }}  # fmt: skip
         return batch
 
-    def _groups(self, chosen: list[int], rollout: int, round_: int):
+    def _groups(self, chosen: list[int], rollout: int, round_: int, policy: Policy):
         """Completions and total rewards of `chosen` prompts, `group_size` each."""
         cfg = self._config
         G = cfg.group_size
@@ -234,7 +266,7 @@ class RolloutInput(Input):
             int(np.random.default_rng([cfg.seed, rollout, round_, k]).integers(2**63))
             for k in range(len(prompt_ids))
         ]
-        done = self._sample(prompt_ids, seeds, logprobs=True)
+        done = self._sample(prompt_ids, seeds, logprobs=True, policy=policy)
         texts = [self.tokenizer.decode(c.output_ids) for c in done]
         records = [self.prompts.records[p] for p in chosen for _ in range(G)]
         started = time.perf_counter()
@@ -303,7 +335,6 @@ class RolloutInput(Input):
             scored = [0.0 if lp is None else lp.logprob for lp in completion.prompt_logprobs]
             n = len(scored) - 1
             out[r, :n] = np.where(labels[r, :n] >= 0, scored[1:], 0.0)
-        self._engine.params = self._policy.params
         return out
 
     def _evaluate(self, step: int) -> dict[str, float]:

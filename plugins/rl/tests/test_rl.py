@@ -2,6 +2,8 @@
 task, exact resume, one device equal to eight, and the errors of a bad setup."""
 
 import json
+import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +11,11 @@ import numpy as np
 import pytest
 from axplug_rl.rollouts import RolloutInput
 
+from axplug.api import hookimpl
 from axplug.api.config import ConfigError, ConfigFileError
 from axplug.api.data import Policy
 from axplug.api.layers import functional
+from axplug.api.run import Preempted
 from axplug.api.summary import JsonlWriter, read_jsonl
 from axplug.testing import tiny_trainer_config
 
@@ -96,15 +100,29 @@ def _final_params(cfg):
     return jax.device_get(trainer.state["params"])
 
 
-def test_a_resumed_run_reaches_the_uninterrupted_parameters_bit_for_bit(tmp_path, prompts):
-    """Stopped after step 3, mid-way through a batch used for two updates (its rollouts are
-    saved with the checkpoint), the rerun ends where an uninterrupted run ends."""
+class _SigtermAt:
+    """Sends this process SIGTERM as `step` ends, as a scheduler would."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @hookimpl
+    def on_step_end(self, trainer, step, metrics):
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_mid_run_saves_and_the_rerun_reaches_the_same_parameters(tmp_path, prompts):
+    """SIGTERM as step 2 ends stops the run after step 3, mid-way through a batch used for two
+    updates (its rollouts are saved with the checkpoint): the rerun ends where an
+    uninterrupted run ends, bit for bit."""
     options = dict(updates_per_rollout=2, reference=None)
-    whole = _final_params(_config(tmp_path / "whole", prompts, "checkpoint_every=3", steps=6,
-                                  **options))  # fmt: skip
-    _final_params(_config(tmp_path / "split", prompts, "checkpoint_every=3", steps=3, **options))
-    resumed = _final_params(_config(tmp_path / "split", prompts, "checkpoint_every=3", steps=6,
-                                    **options))  # fmt: skip
+    whole = _final_params(_config(tmp_path / "whole", prompts, steps=6, **options))
+    cfg = _config(tmp_path / "split", prompts, steps=6, **options)
+    with pytest.raises(Preempted) as info:
+        cfg.instantiate(hooks=(_SigtermAt(2),)).run()
+    assert info.value.step == 3  # the step in flight finishes: mid-way through a batch
+    resumed = _final_params(cfg)
     for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(resumed),
                     strict=True):  # fmt: skip
         np.testing.assert_array_equal(a, b)
@@ -175,3 +193,29 @@ def test_axplug_list_shows_the_rewards(capsys):
     assert main(["list", "--kind", "rewards"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("exact_match", "regex", "math", "code")), out
+
+
+def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_from(
+    tmp_path, prompts
+):
+    """With overlap the batch of step 1 is decoded in a thread while step 0 trains, from the
+    parameters step 0 started from: equal to a synchronous rollout of step 1 from those. A
+    run with it (the train step donating its state meanwhile) trains, importance-corrected."""
+    trainer = _config(tmp_path / "ahead", prompts, overlap=True).instantiate()
+    rules = trainer.mesh_builder.axis_rules
+    start = trainer.init_state()["params"]
+    moved = jax.tree.map(lambda x: x * 1.5, start)  # as if step 0 had updated them
+    ahead = trainer.input
+    ahead.before_batch(0, Policy(trainer.model, start, trainer.mesh, rules))
+    ahead.batch(0)
+    ahead.before_batch(1, Policy(trainer.model, moved, trainer.mesh, rules))
+    stale = ahead.batch(1)
+    sync = _config(tmp_path / "sync", prompts).instantiate().input
+    sync.before_batch(1, Policy(trainer.model, start, trainer.mesh, rules))
+    expected = sync.batch(1)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(stale[name], value, err_msg=name)
+
+    cfg = _config(tmp_path / "run", prompts, modifiers=["grpo:tis_cap=2.0"], overlap=True,
+                  steps=3)  # fmt: skip
+    assert cfg.instantiate().run()["step"] == 3
