@@ -138,6 +138,17 @@ ALLOWED = {
     "plugins/attention/axplug_attention/mla.py": 2,
     "plugins/models/axplug_models/pattern.py": 10,
     "plugins/checkpoint_cloud/axplug_checkpoint_cloud/_orbax_routes.py": 1,
+    # axplug-rl's functions called from code: the configs that reach them are checked first
+    # (PolicyCausalLM, RolloutInput: ConfigError naming the field).
+    "plugins/rl/axplug_rl/loss.py": 8,
+    "plugins/rl/axplug_rl/advantages.py": 6,
+    "plugins/rl/axplug_rl/sandbox.py": 2,
+    "plugins/rl/axplug_rl/code_reward.py": 1,
+    # A reward that fails on a sample scores it 0 and is counted, never raised to the run.
+    "plugins/rl/axplug_rl/reward_set.py": 3,
+    "plugins/rl/axplug_rl/rewards.py": 1,
+    # A prompt record's refusals: the prompt set names the file and line (ConfigFileError).
+    "plugins/rl/axplug_rl/prompts.py": 3,
 }
 
 

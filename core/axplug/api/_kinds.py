@@ -36,7 +36,7 @@ class MeshRuleFactory(Protocol):
 
 class Reward(Protocol):
     """An `axplug.rewards` entry: a class built with its options as keyword arguments, scoring
-    generated completions against their prompt records (axplug-rl's `Reward` is a base)."""
+    generated completions against their prompt records (a plugin may give a base class)."""
 
     def score(self, completion: str, sample: dict) -> float: ...
 

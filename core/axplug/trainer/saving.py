@@ -44,7 +44,7 @@ class Saver:
         self.restorer, self.goodput, self.on_saved = restorer, goodput, on_saved
 
     def save(self, state: dict, step: int, *, wait: bool = False) -> None:
-        """Saves `step` (in the background unless `wait` or the run's last); a failed save
+        """Saves `step` (in the background unless `wait`); a failed save
         raises, or with `retry_next` is logged; an unreachable store is retried (`_write`)."""
         checkpointer = self.checkpointer
         try:  # a failed background write of the previous checkpoint surfaces here
@@ -59,7 +59,7 @@ class Saver:
             stored = self.restorer.layout.stored_mask
             state = {**state, "params": prune(stored, state["params"])}
             metadata[FROZEN_KEY] = frozen
-        if self._write(step, state, metadata, wait=wait or step == self.config.max_steps):
+        if self._write(step, state, metadata, wait=wait):
             self.on_saved(step, f"{checkpointer.directory}/{step_dir_name(step)}")
 
     def _write(self, step: int, state: dict, metadata: dict, *, wait: bool) -> bool:
@@ -82,13 +82,19 @@ class Saver:
                     deadline = now + storage.outage_s
                     log.warning("%s; saving again for up to %g s", exc, storage.outage_s)
                 if now + delay > deadline:
-                    raise StoreOutageError(
-                        f"{exc}; no answer for {storage.outage_s:g} s (storage option outage_s)."
-                        f" Exit {RESTART_EXIT_CODE}: the run's state is safe at its newest "
-                        "complete checkpoint; rerun the command to resume from it"
-                    ) from None
+                    raise _outage(exc, storage.outage_s) from None
                 time.sleep(delay)
                 delay = min(2 * delay, 10.0)
+
+    def finish(self) -> None:
+        """Waits for the last background save; a store that does not answer ends the run
+        with StoreOutageError (exit 75: the rerun resumes from the newest complete step)."""
+        try:
+            self.checkpointer.wait_until_finished()
+        except CheckpointError as exc:
+            if self.checkpointer.storage.is_outage(exc):
+                raise _outage(exc, self.checkpointer.storage.outage_s) from None
+            raise
 
     def _failed(self, exc: CheckpointError) -> None:
         outage = self.checkpointer.storage.is_outage(exc)  # this step's save rides it out
@@ -103,3 +109,11 @@ class Saver:
                 self.save(state, step, wait=True)
             self.checkpointer.wait_until_finished()
         raise Preempted(step, signal_name or "a signal to another process")
+
+
+def _outage(exc: CheckpointError, outage_s: float) -> StoreOutageError:
+    return StoreOutageError(
+        f"{exc}; no answer for {outage_s:g} s (storage option outage_s). Exit "
+        f"{RESTART_EXIT_CODE}: the run's state is safe at its newest complete checkpoint; "
+        "rerun the command to resume from it"
+    )

@@ -337,7 +337,7 @@ class Trainer(Configurable):
             profiler.close()  # a run that ends or raises inside the window
             self.watchdog.stop()
             with self.goodput.phase("checkpoint"):
-                self.checkpointer.wait_until_finished()
+                self.saver.finish()
         self.state = state
         return last
 

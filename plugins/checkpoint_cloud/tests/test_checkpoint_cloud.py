@@ -389,41 +389,43 @@ def test_a_store_outage_during_a_save_is_ridden_out_or_ends_75_and_resumes(
     again and the run ends as an uninterrupted one would; gone for longer, the run raises
     StoreOutageError (exit 75) and its rerun resumes from step 2 to the same state."""
     from axplug.api.checkpoint import StoreOutageError
-    from axplug.trainer import saving
 
     create_s3_bucket(s3rver.url, "outage")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
-    real_save = saving.Saver.save
 
-    def stop_server_at(step, back_after_s):
-        def save(self, state, at, **kwargs):
-            if at == step and s3rver.proc.poll() is None:
-                self.checkpointer.wait_until_finished()  # the outage meets this step's save
-                s3rver.kill()
-                if back_after_s is not None:
-                    threading.Timer(back_after_s, s3rver.start, args=(tmp_path,)).start()
-            return real_save(self, state, at, **kwargs)
-
-        monkeypatch.setattr(saving.Saver, "save", save)
-
-    def run(url, outage_s):
+    def run(url, outage_s, *, stop_at=None, back_after_s=None):
         options = {**FAST_RETRIES, "outage_s": outage_s}
         trainer = _tiny_trainer(url, f"checkpointer.storage_options={options!r}", steps=6)
         trainer = trainer.instantiate()
+        saver, real_save = trainer.saver, trainer.saver.save
+        storage = saver.checkpointer.storage
+        real_is_outage, restarting = storage.is_outage, []
+
+        def save(state, step, **kwargs):  # the server stops as `stop_at` is saved
+            if step == stop_at and s3rver.proc.poll() is None:
+                saver.checkpointer.wait_until_finished()  # the outage meets this step's save
+                s3rver.kill()
+            return real_save(state, step, **kwargs)
+
+        def is_outage(exc):  # the server comes back `back_after_s` after the first failure
+            outage = real_is_outage(exc)
+            if outage and back_after_s is not None and not restarting:
+                restarting.append(threading.Timer(back_after_s, s3rver.start, (tmp_path,)))
+                restarting[0].start()
+            return outage
+
+        saver.save, storage.is_outage = save, is_outage
         trainer.run()
         with trainer.checkpointer as ckpt:
             return ckpt.all_steps(), ckpt.restore(target=trainer.layout.abstract)[1]
 
-    stop_server_at(4, back_after_s=2.0)
-    steps, ridden_out = run("s3://outage/ride", 60.0)
+    steps, ridden_out = run("s3://outage/ride", 60.0, stop_at=4, back_after_s=2.0)
     assert steps[-2:] == [4, 6]
     assert any("saving again for up to 60 s" in r.getMessage() for r in caplog.records)
 
-    stop_server_at(4, back_after_s=None)
     with pytest.raises(StoreOutageError, match=r"saving step 4 .* no answer for 2 s") as info:
-        run("s3://outage/stop", 2.0)
+        run("s3://outage/stop", 2.0, stop_at=4)
     assert info.value.exit_code == 75 and "rerun the command to resume" in str(info.value)
-    monkeypatch.setattr(saving.Saver, "save", real_save)
     s3rver.start(tmp_path)
     steps, resumed = run("s3://outage/stop", 2.0)
     assert steps[-2:] == [4, 6]
