@@ -274,7 +274,7 @@ def _run(code: types.CodeType, path: str) -> None:
     import builtins
 
     # What site (skipped: -S) would add, and programs call to stop.
-    builtins.exit = builtins.quit = sys.exit
+    builtins.exit = builtins.quit = sys.exit  # type: ignore[assignment]
     module = types.ModuleType("__main__")
     module.__file__ = path
     sys.modules["__main__"] = module
@@ -291,7 +291,8 @@ def _run(code: types.CodeType, path: str) -> None:
         import traceback
 
         try:
-            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+            tb = exc.__traceback__
+            traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)
         except MemoryError:
             os._exit(EXIT_MEMORY)
         sys.exit(1)

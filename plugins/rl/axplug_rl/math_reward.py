@@ -81,6 +81,7 @@ class _MathWorker:
         state["_proc"] = None
 
     def _answer(self, proc: subprocess.Popen, wait_s: float) -> dict | None:
+        assert proc.stdout is not None  # a pipe
         ready, _, _ = select.select([proc.stdout], [], [], wait_s)
         line = proc.stdout.readline() if ready else ""
         return json.loads(line) if line else None
@@ -105,6 +106,7 @@ class _MathWorker:
                     )
             request = {"gold": gold, "completion": completion, "timeout_s": timeout_s}
             try:
+                assert self._proc.stdin is not None  # a pipe
                 self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
                 answer = self._answer(self._proc, timeout_s + _MATH_GRACE_S)

@@ -145,7 +145,7 @@ class RolloutInput(Input):
 
         ahead = self._wait_for_next()
         batch = ahead[1] if ahead is not None and ahead[0] == step else self._rollout(step)
-        policy = self._policy
+        policy = self._current
         copied = policy._replace(params=jax.tree.map(jnp.copy, policy.params))
         pool = self._pool = getattr(self, "_pool", None) or ThreadPoolExecutor(1, "axplug-rl")
         self._next = (step + 1, pool.submit(self._rollout, step + 1, copied))
@@ -175,12 +175,16 @@ class RolloutInput(Input):
 
     # -- rollouts ------------------------------------------------------------------------------
 
+    @property
+    def _current(self) -> Policy:
+        if self._policy is None:
+            raise RuntimeError("rollouts need the policy: the trainer calls before_batch first")
+        return self._policy
+
     def _engine_for(self, params: Any) -> Any:
         from axplug.api.run import Engine
 
-        policy = self._policy
-        if policy is None:
-            raise RuntimeError("rollouts need the policy: the trainer calls before_batch first")
+        policy = self._current
         if self._engine is None:
             cfg = self._config
             self._engine = Engine(
@@ -196,7 +200,7 @@ class RolloutInput(Input):
         from axplug.api.run import Request, SamplingParams
 
         cfg = self._config
-        engine = self._engine_for((policy or self._policy).params)
+        engine = self._engine_for((policy or self._current).params)
         stop = (self.tokenizer.eos_id,) if self.tokenizer.eos_id is not None else ()
         for i, (ids, seed) in enumerate(zip(prompt_ids, seeds, strict=True)):
             sampling = SamplingParams(
@@ -218,7 +222,7 @@ class RolloutInput(Input):
 
     def _rollout(self, step: int, policy: Policy | None = None) -> Batch:
         """The batch of rollout `step`, decoded from `policy` (default: the current one)."""
-        cfg, policy = self._config, policy or self._policy
+        cfg, policy = self._config, policy or self._current
         per_step = cfg.batch_size // cfg.group_size
         rollout = step // cfg.updates_per_rollout
         chosen = self._prompt_order(rollout, per_step)
@@ -275,10 +279,11 @@ class RolloutInput(Input):
         if cfg.overlong_cache:
             lengths = np.array([len(c.output_ids) for c in done])
             totals = totals + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_cache)
-        spent = {"reward_s": time.perf_counter() - started, "metrics": {}}
+        metrics: dict[str, float] = {}
         for name, values in by_name.items():
-            spent["metrics"][f"reward/{name}"] = float(np.mean(values))
-            spent["metrics"][f"reward/{name}_failures"] = float(failures.get(name, 0))
+            metrics[f"reward/{name}"] = float(np.mean(values))
+            metrics[f"reward/{name}_failures"] = float(failures.get(name, 0))
+        spent: dict[str, Any] = {"reward_s": time.perf_counter() - started, "metrics": metrics}
         groups = [done[g * G : (g + 1) * G] for g in range(len(chosen))]
         scores = [totals[g * G : (g + 1) * G] for g in range(len(chosen))]
         return groups, scores, spent
@@ -340,6 +345,7 @@ class RolloutInput(Input):
     def _evaluate(self, step: int) -> dict[str, float]:
         """pass@1 and pass@k of the held-out prompts (correct: total reward >= 1)."""
         cfg, prompts = self._config, self.eval_prompts
+        assert prompts is not None  # eval_every needs eval_prompts (checked at build)
         k = cfg.eval_k
         prompt_ids = [ids for ids in prompts.ids for _ in range(k)]
         seeds = [int(np.random.default_rng([cfg.seed, 1 << 40, i]).integers(2**63))
@@ -379,8 +385,9 @@ def _adapters_off(params: Any) -> Any:
 
 
 def _to_json(array: np.ndarray) -> dict:
-    values = array.tolist() if array.dtype.kind != "f" else np.where(
-        np.isnan(array), None, array).tolist()  # fmt: skip
+    values = array.tolist()
+    if array.dtype.kind == "f":  # JSON has no NaN: a stop token's missing log-probability
+        values = [[None if math.isnan(v) else v for v in row] for row in values]
     return {"dtype": str(array.dtype), "values": values}
 
 
