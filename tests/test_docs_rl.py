@@ -23,6 +23,6 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     records = read_jsonl(tmp_path / "runs" / "echo" / "metrics.jsonl")
     passes = [r["eval/pass@1"] for r in records if "eval/pass@1" in r]
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
-    assert passes[0] == 0.0 and passes[-1] >= 0.3, passes
+    assert passes[0] == 0.0 and passes[-1] >= 0.2, passes
     assert sum(rewards[-5:]) / 5 > sum(rewards[:3]) / 3 + 0.1, rewards
     assert "echo 4" in capsys.readouterr().out

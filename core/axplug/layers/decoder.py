@@ -220,6 +220,11 @@ class CausalLM(BaseLayer):
         super().__init__(cfg, parent=parent)
         self._add_child("decoder", cfg.decoder)
 
+    @classmethod
+    def folded_config(cls, cfg: Config) -> Config:
+        """A subclass (another loss over the same parameters: DPO, RL) folds to this class."""
+        return cfg if cls is CausalLM else CausalLM.default_config().set(decoder=cfg.decoder)
+
     def predict(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
         """Logits [batch, seq, vocab]."""
         return self.decoder(input_ids, positions=positions, segment_ids=segment_ids)

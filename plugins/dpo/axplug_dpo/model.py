@@ -34,17 +34,6 @@ class DPOCausalLM(CausalLM):
         if cfg.beta <= 0:
             raise ConfigError(f"{self.path}.beta: must be > 0, got {cfg.beta}")
 
-    @classmethod
-    def folded_config(cls, cfg: Config) -> CausalLM.Config:
-        """The plain CausalLM of the same parameters (what `export-hf` writes)."""
-        plain = CausalLM.default_config()
-        fields = set(plain.keys()) - {"klass"}
-        return plain.set(**{k: v for k, v in cfg.items() if k in fields})
-
-    @classmethod
-    def fold_parameters(cls, cfg: Config, params: dict) -> dict:
-        return params
-
     def forward(
         self, input_ids, target_labels, *, reference_logps=None, positions=None, segment_ids=None
     ):

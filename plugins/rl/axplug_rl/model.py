@@ -74,17 +74,6 @@ class PolicyCausalLM(CausalLM):
         scale = self._config.advantage_scale
         return scale if scale is not None else ("none" if self._config.loss == "dr_grpo" else "std")
 
-    @classmethod
-    def folded_config(cls, cfg: Config) -> CausalLM.Config:
-        """The plain CausalLM of the same parameters (what `export-hf` writes)."""
-        plain = CausalLM.default_config()
-        fields = set(plain.keys()) - {"klass"}
-        return plain.set(**{k: v for k, v in cfg.items() if k in fields})
-
-    @classmethod
-    def fold_parameters(cls, cfg: Config, params: dict) -> dict:
-        return params
-
     def forward(
         self, input_ids, target_labels, *, rewards=None, group_ids=None, behavior_logps=None,
         old_logps=None, ref_logps=None, positions=None, segment_ids=None,

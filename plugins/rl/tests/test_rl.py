@@ -219,3 +219,13 @@ def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_
     cfg = _config(tmp_path / "run", prompts, modifiers=["grpo:tis_cap=2.0"], overlap=True,
                   steps=3)  # fmt: skip
     assert cfg.instantiate().run()["step"] == 3
+
+
+def test_a_policy_model_folds_to_the_plain_causal_lm(tmp_path, prompts):
+    """What export-hf writes: the same parameters as a plain CausalLM."""
+    from axplug.api.layers import CausalLM, fold_layers
+
+    cfg = _config(tmp_path, prompts).model
+    params = {"decoder": {}}
+    folded, same = fold_layers(cfg, params)
+    assert folded.klass is CausalLM and folded.decoder == cfg.decoder and same == params
