@@ -44,8 +44,8 @@ class Saver:
         self.restorer, self.goodput, self.on_saved = restorer, goodput, on_saved
 
     def save(self, state: dict, step: int, *, wait: bool = False) -> None:
-        """Saves `step` (in the background unless `wait`); a failed save
-        raises, or with `retry_next` is logged; an unreachable store is retried (`_write`)."""
+        """Saves `step` (in the background unless `wait`); a failed save raises, or with
+        `retry_next` is logged; an unreachable store is retried (`_write`)."""
         checkpointer = self.checkpointer
         try:  # a failed background write of the previous checkpoint surfaces here
             checkpointer.wait_until_finished()
