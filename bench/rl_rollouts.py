@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     print(f"  parameters to the rollouts' Engine: the training arrays themselves ({same}), "
           f"{handoff_us:.1f} us per step, 0 bytes copied")  # fmt: skip
     print(f"rollouts/serving decode tokens/s: {ratio:.3f}")
-    for modifiers in ([], ["compute_dtype:bfloat16"]):
+    for modifiers in ([], ["compute_dtype"]):
         mean, worst = _parity(args, work, prompts, modifiers)
         dtype = "bfloat16" if modifiers else "float32"
         print(f"  {dtype:8s} |Engine - trainer| log-probability of a sampled token: "
