@@ -16,6 +16,7 @@ import numpy as np
 from axplug.api.config import REQUIRED, ConfigError, Required, config_class
 from axplug.api.data import Batch, Input, Policy, load_tokenizer
 from axplug_rl.advantages import overlong_penalty, pass_at_k
+from axplug_rl.held import adapters_off, array_from_json, array_to_json
 from axplug_rl.prompts import PromptSet
 from axplug_rl.reward_set import RewardSet
 
@@ -75,6 +76,7 @@ class RolloutInput(Input):
         self._engine: Any = None
         self._held: tuple[int, Batch] | None = None  # the rollouts of a reused batch
         self._next: tuple[int, Future] | None = None  # with overlap: the next batch, decoding
+        self._ahead: tuple[int, Batch] | None = None  # ... and once decoded
         self._metrics: dict[str, float] = {}
 
     @staticmethod
@@ -143,7 +145,8 @@ class RolloutInput(Input):
         import jax
         import jax.numpy as jnp
 
-        ahead = self._wait_for_next()
+        self._wait_for_next()
+        ahead, self._ahead = self._ahead, None
         batch = ahead[1] if ahead is not None and ahead[0] == step else self._rollout(step)
         policy = self._current
         copied = policy._replace(params=jax.tree.map(jnp.copy, policy.params))
@@ -151,12 +154,12 @@ class RolloutInput(Input):
         self._next = (step + 1, pool.submit(self._rollout, step + 1, copied))
         return batch
 
-    def _wait_for_next(self) -> tuple[int, Batch] | None:
-        if self._next is None:
-            return None
-        step, future = self._next
-        self._next = None
-        return step, future.result()
+    def _wait_for_next(self) -> None:
+        """Waits for the batch decoding ahead (kept for its step)."""
+        if self._next is not None:
+            step, future = self._next
+            self._next = None
+            self._ahead = (step, future.result())
 
     def state_at(self, step: int) -> dict | None:
         """Mid-way through a reused batch: the batch itself (its rollouts cannot be made again
@@ -164,10 +167,10 @@ class RolloutInput(Input):
         if step % self._config.updates_per_rollout == 0 or self._held is None:
             return None
         first, batch = self._held
-        return {"rollout_step": first, "batch": {k: _to_json(v) for k, v in batch.items()}}
+        return {"rollout_step": first, "batch": {k: array_to_json(v) for k, v in batch.items()}}
 
     def restore_state(self, step: int, state: dict) -> None:
-        batch = {k: _from_json(v) for k, v in state["batch"].items()}
+        batch = {k: array_from_json(v) for k, v in state["batch"].items()}
         self._held = (int(state["rollout_step"]), batch)
 
     def metrics(self, step: int) -> dict[str, float]:
@@ -245,7 +248,7 @@ class RolloutInput(Input):
         if cfg.updates_per_rollout > 1:  # later updates need the rollout-time policy's
             batch["old_logps"] = self._score(batch, policy.params)
         if cfg.reference is not None:
-            batch["ref_logps"] = self._score(batch, _adapters_off(policy.params))
+            batch["ref_logps"] = self._score(batch, adapters_off(policy.params))
         lengths = [len(c.output_ids) for group in groups for c in group]
         tokens = sum(lengths)
         self._metrics = {**self._metrics, **spent["metrics"], **{  # one assignment: a thread
@@ -366,32 +369,3 @@ def _registered_reward(name: str) -> Any:
     from axplug.api import registry
 
     return registry.load("rewards", name)
-
-
-def _adapters_off(params: Any) -> Any:
-    """`params` with every adapter's parameters (those under a Linear's `adapter` child) at
-    zero: with LoRA, exactly the base model, without copying it."""
-    import jax
-    import jax.numpy as jnp
-
-    def off(path, leaf):
-        names = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
-        return jnp.zeros_like(leaf) if "adapter" in names else leaf
-
-    zeroed = jax.tree_util.tree_map_with_path(off, params)
-    if jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: a is b, zeroed, params)):
-        raise ConfigError("reference=adapters_off: the model has no adapters (--modifier lora)")
-    return zeroed
-
-
-def _to_json(array: np.ndarray) -> dict:
-    values = array.tolist()
-    if array.dtype.kind == "f":  # JSON has no NaN: a stop token's missing log-probability
-        values = [[None if math.isnan(v) else v for v in row] for row in values]
-    return {"dtype": str(array.dtype), "values": values}
-
-
-def _from_json(entry: dict) -> np.ndarray:
-    values = np.array(entry["values"], dtype=object)
-    values[values == None] = np.nan  # noqa: E711 - elementwise
-    return values.astype(entry["dtype"])

@@ -201,7 +201,9 @@ def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_
     """With overlap the batch of step 1 is decoded in a thread while step 0 trains, from the
     parameters step 0 started from: equal to a synchronous rollout of step 1 from those. A
     run with it (the train step donating its state meanwhile) trains, importance-corrected."""
-    trainer = _config(tmp_path / "ahead", prompts, overlap=True).instantiate()
+    # An evaluation every step waits for the batch decoding ahead; the batch is kept.
+    trainer = _config(tmp_path / "ahead", prompts, overlap=True, eval_prompts=prompts,
+                      eval_every=1, eval_k=1).instantiate()  # fmt: skip
     rules = trainer.mesh_builder.axis_rules
     start = trainer.init_state()["params"]
     moved = jax.tree.map(lambda x: x * 1.5, start)  # as if step 0 had updated them
