@@ -129,8 +129,8 @@ def test_sigterm_mid_run_saves_and_the_rerun_reaches_the_same_parameters(tmp_pat
 
 
 def test_eight_devices_train_as_one(tmp_path, prompts):
-    one = _final_params(_config(tmp_path / "one", prompts, steps=2))
-    eight = _final_params(_config(tmp_path / "eight", prompts, modifiers=["mesh:fsdp=8"], steps=2))
+    one = _final_params(_config(tmp_path / "one", prompts, steps=1))
+    eight = _final_params(_config(tmp_path / "eight", prompts, modifiers=["mesh:fsdp=8"], steps=1))
     for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(eight), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
 
