@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from axplug.runtime.exit_codes import RESTART_EXIT_CODE
@@ -36,13 +37,14 @@ class Preempted(Exception):
 
 class StopSignals:
     """While entered, SIGTERM and SIGINT set `requested` (the signal's name) instead of ending
-    the process; a second one ends it at once with 128 + the signal number. Outside the main
-    thread (signals cannot be caught there) it does nothing."""
+    the process; a second one (0.25 s or more later) ends it at once with 128 + the signal
+    number. Outside the main thread (signals cannot be caught there) it does nothing."""
 
     def __init__(self) -> None:
         self._requested: str | None = None
         self._outer: StopSignals | None = None  # an enclosing StopSignals already catching
         self._previous: dict[int, Any] = {}
+        self._at = 0.0  # when the first signal came
 
     @property
     def requested(self) -> str | None:
@@ -51,12 +53,16 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        # Within 0.25 s of the first it is the same event: a multi-threaded parent that dies
+        # sends its death signal (PR_SET_PDEATHSIG) once per thread that exits.
+        if self._requested is not None and time.monotonic() - self._at < 0.25:
+            return
         if self._requested is not None:
             # A second signal: the operator (or the scheduler's kill) will not wait.
             sys.stderr.write(f"\n{name} again: exiting now, without saving\n")
             sys.stderr.flush()
             os._exit(128 + signum)
-        self._requested = name
+        self._requested, self._at = name, time.monotonic()
         sys.stderr.write(
             f"\n{name}: finishing the step in flight, then saving; send it again to exit now\n"
         )
