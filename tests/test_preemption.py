@@ -1,6 +1,7 @@
 """Preemption: SIGTERM / Ctrl-C save the step in flight and exit 75, the rerun resumes bit for
 bit; a second signal exits at once; a lost peer is reported; goodput spans the attempts."""
 
+import contextlib
 import os
 import random
 import signal
@@ -206,33 +207,41 @@ def _beat(store, peer, stop):
         store.values[f"axplug/heartbeat/{peer}"] = str(beat)
 
 
+@contextlib.contextmanager
+def _watching_a_beating_peer(monkeypatch, store):
+    """(monitor, lost messages, the event that stops process 1's beats) of process 0 of 2."""
+    from axplug.runtime import peers
+
+    stop, lost = threading.Event(), []
+    monkeypatch.setattr(peers, "_client", lambda: store)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    beater = threading.Thread(target=_beat, args=(store, 1, stop))
+    beater.start()
+    monitor = PeerMonitor(1.0, on_lost=lost.append).start()
+    try:
+        yield monitor, lost, stop
+    finally:
+        stop.set()
+        beater.join()
+        monitor.stop()
+
+
 def test_an_error_waits_until_every_peer_beats_again_or_is_named_lost(monkeypatch):
     """A collective (or a save waiting on it) fails at once when a peer dies, before the
     heartbeats go stale: the CLI holds any error until every peer has beaten since it (the
     error is then its own, reported at once) or the monitor names the lost peer (exit 75)."""
     from axplug.runtime import await_lost_peer, peers
 
-    store, stop = _Store(), threading.Event()
-    monkeypatch.setattr(peers, "_client", lambda: store)
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    lost = []
-    beater = threading.Thread(target=_beat, args=(store, 1, stop))
-    beater.start()
-    monitor = PeerMonitor(1.0, on_lost=lost.append).start()
-    monkeypatch.setattr(peers, "_monitor", monitor)
-    try:
+    with _watching_a_beating_peer(monkeypatch, _Store()) as (monitor, lost, stop):
+        monkeypatch.setattr(peers, "_monitor", monitor)
         start = time.monotonic()
         await_lost_peer(ValueError("this process's own error"))
         # Two polls (0.1 s apart) prove a beat after the error; a stale value read once does not.
         assert not lost and time.monotonic() - start < 0.5 and monitor._thread.is_alive()
         stop.set()
-        beater.join()
         await_lost_peer(RuntimeError("saving step 8 failed: barrier with process 1"))
         assert len(lost) == 1 and lost[0].startswith("lost process 1 of 2 (no heartbeat")
         assert not monitor._thread.is_alive()  # it returned once the monitor had spoken
-    finally:
-        stop.set()
-        monitor.stop()
 
 
 class _FailingStore(_Store):
@@ -249,16 +258,8 @@ class _FailingStore(_Store):
 
 
 def test_process_0_rides_out_failing_store_calls_and_names_a_store_that_stays_down(monkeypatch):
-    from axplug.runtime import peers
-
-    store, stop = _FailingStore(), threading.Event()
-    monkeypatch.setattr(peers, "_client", lambda: store)
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    lost = []
-    beater = threading.Thread(target=_beat, args=(store, 1, stop))
-    beater.start()
-    monitor = PeerMonitor(1.0, on_lost=lost.append).start()
-    try:
+    store = _FailingStore()
+    with _watching_a_beating_peer(monkeypatch, store) as (monitor, lost, _):
         store.failing.set()
         time.sleep(0.5)  # under the 0.8 s it takes to call a heartbeat stale
         store.failing.clear()
@@ -268,10 +269,6 @@ def test_process_0_rides_out_failing_store_calls_and_names_a_store_that_stays_do
         monitor._thread.join(timeout=3)
         assert len(lost) == 1, lost
         assert lost[0].startswith("the coordination service in process 0 stopped answering")
-    finally:
-        stop.set()
-        beater.join()
-        monitor.stop()
 
 
 def test_a_bad_peer_timeout_is_one_error_line(capsys, tmp_path):

@@ -280,6 +280,8 @@ def _run(code: types.CodeType, path: str) -> None:
     sys.modules["__main__"] = module
     sys.argv = [path]
     try:
+        # The one place model-written code runs: this child, contained before it (no config
+        # or checkpoint is ever executed).
         exec(code, module.__dict__)
     except SystemExit:
         raise

@@ -218,10 +218,9 @@ class RolloutInput(Input):
     def _prompt_order(self, rollout: int, count: int) -> list[int]:
         """`count` prompt indices for `rollout`: passes over the set, each in a seeded order."""
         n, start = len(self.prompts), rollout * count
-        return [
-            int(np.random.default_rng([self._config.seed, k // n]).permutation(n)[k % n])
-            for k in range(start, start + count)
-        ]
+        passes = {p: np.random.default_rng([self._config.seed, p]).permutation(n)
+                  for p in range(start // n, (start + count - 1) // n + 1)}  # fmt: skip
+        return [int(passes[k // n][k % n]) for k in range(start, start + count)]
 
     def _rollout(self, step: int, policy: Policy | None = None) -> Batch:
         """The batch of rollout `step`, decoded from `policy` (default: the current one)."""
