@@ -1,14 +1,18 @@
 """This repository's test costs (loaded by its conftest.py): each test's backend compiles
-(persistent-cache misses) and child processes, the top ten of each printed at the end;
+(persistent-cache misses), child processes and CPU seconds (its own and its children's: on
+2 cores the suite's wall time follows its CPU time, not its tests' wall times), the top ten
+of each printed at the end (`--test-costs FILE` writes every test's as JSON);
 `--compile-budget FILE` fails a session whose compiles grow more than 10% over FILE's count
-(`--write-compile-budget` writes it). A harness of this suite, not of axplug's users: it lives
-beside the tests, not in the package."""
+(`--write-compile-budget` writes it). A harness of this suite, not of axplug's users: it
+lives beside the tests, not in the package."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--compile-budget", metavar="FILE", help=help)
     help = "write this session's backend compiles to --compile-budget's FILE"
     group.addoption("--write-compile-budget", action="store_true", help=help)
+    help = "write each test's [backend compiles, child processes, CPU seconds] to FILE (JSON)"
+    group.addoption("--test-costs", metavar="FILE", help=help)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,7 +46,8 @@ class _Costs:
         # xdist workers send their counts to the controller, which reports them once.
         self.reports = not os.environ.get("PYTEST_XDIST_WORKER")
         self.compiles = self.hits = self.children = 0
-        self.per_test: dict[str, tuple[int, int]] = {}
+        self.cpu_start = 0.0
+        self.per_test: dict[str, tuple[float, ...]] = {}
         sys.addaudithook(self._audit)
 
     def _audit(self, event: str, _args: tuple) -> None:
@@ -59,13 +66,15 @@ class _Costs:
             jax.monitoring.register_event_duration_secs_listener(self._compiled)
             self.listening = True
         self.compiles = self.hits = self.children = 0
+        self.cpu_start = _cpu_seconds()
         return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
         if call.when == "teardown":  # the test's counts are final once its teardown ran
-            report.user_properties.append((_COUNTS, (self.compiles - self.hits, self.children)))
+            cpu = round(_cpu_seconds() - self.cpu_start, 2)
+            report.user_properties.append((_COUNTS, (self.compiles - self.hits, self.children, cpu)))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -73,8 +82,8 @@ class _Costs:
             if name == _COUNTS:
                 self.per_test[report.nodeid] = tuple(counts)
 
-    def totals(self) -> tuple[int, int]:
-        return tuple(sum(c[i] for c in self.per_test.values()) for i in (0, 1))  # type: ignore[return-value]
+    def totals(self) -> tuple[int, int, float]:
+        return tuple(sum(c[i] for c in self.per_test.values()) for i in (0, 1, 2))  # type: ignore[return-value]
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -87,19 +96,23 @@ class _Costs:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not (self.reports and self.per_test):
             return
-        (compiles, children), tests = self.totals(), len(self.per_test)
+        (compiles, children, cpu), tests = self.totals(), len(self.per_test)
         write = terminalreporter.write_line
         terminalreporter.section("axplug test costs")
-        write(f"{compiles} backend compiles and {children} child processes in {tests} tests")
-        for index, what in ((0, "backend compiles"), (1, "child processes")):
+        write(f"{compiles} backend compiles, {children} child processes and {cpu:.0f} CPU seconds "
+              f"in {tests} tests")  # fmt: skip
+        for index, what in ((0, "backend compiles"), (1, "child processes"), (2, "CPU seconds")):
             top = Counter({k: v[index] for k, v in self.per_test.items() if v[index]})
             write(f"most {what}:")
             for nodeid, count in top.most_common(10):
-                write(f"  {count:4d}  {nodeid}")
+                write(f"  {count:6.0f}  {nodeid}")
         if self.verdict:
             write(self.verdict)
+        if path := self.config.getoption("test_costs"):
+            Path(path).write_text(json.dumps(self.per_test) + "\n")
+            write(f"each test's [compiles, children, CPU seconds]: {path}")
 
-    def _check_budget(self, compiles: int) -> tuple[str | None, bool]:
+    def _check_budget(self, compiles: float) -> tuple[str | None, bool]:
         """(what to print, whether the session is over its budget)."""
         path = self.config.getoption("compile_budget")
         if not path:
@@ -119,3 +132,9 @@ class _Costs:
                 f"if the compiles are intended, {_REWRITE}"
             ), True
         return f"compile budget: {compiles} backend compiles of {budget} (+10%: {limit})", False
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process's threads and of its children that have been waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
