@@ -289,19 +289,22 @@ def test_scope_none_and_shard_map_bodies_turn_constraints_off():
     np.testing.assert_array_equal(out, 2 * np.ones((8, 2)))
 
 
-def test_a_run_trained_on_a_mesh_decodes_on_one_device(tmp_path):
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory):
+    """(directory, final parameters) of a one-step run on 8 devices (fsdp=4 x model=2)."""
+    out = tmp_path_factory.mktemp("mesh_run")
+    trainer = small_llama(out, "mesh:fsdp=4,model=2", extra=["max_steps=1"]).instantiate()
+    trainer.run()
+    return out, jax.device_get(trainer.state["params"])
+
+
+def test_a_run_trained_on_a_mesh_decodes_on_one_device(mesh_run):
     from axplug.inference import generate, load_checkpoint
 
-    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
-    trainer = cfg.instantiate()
-    trainer.run()
-    loaded = load_checkpoint(str(tmp_path))
+    run, params = mesh_run
+    loaded = load_checkpoint(str(run))
     assert loaded.mesh.devices.size == 1
-    jax.tree.map(
-        np.testing.assert_array_equal,
-        jax.device_get(loaded.params),
-        jax.device_get(trainer.state["params"]),
-    )
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded.params), params)
     from axplug.inference import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=5, temperature=0.0)
@@ -332,14 +335,13 @@ def test_a_mesh_that_would_split_nothing_is_a_config_error(tmp_path, modifier, o
     "cache",
     [pytest.param("contiguous", marks=pytest.mark.slow), "paged"],  # paged: the harder
 )
-def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
+def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     """Loaded onto all 8 devices (the run's fsdp=4 x model=2 mesh), parameters stay sharded,
     the KV caches split rows over fsdp and kv heads over model, and greedy decoding gives
     the tokens of the one-device engine."""
     from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
 
-    cfg = small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"])
-    cfg.instantiate().run()
+    run = str(mesh_run[0])
     modifiers = ["paged_kv_cache:page_size=4"] if cache == "paged" else []
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]
     sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -354,8 +356,8 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(tmp_path, cache):
         done = sorted(engine.run(), key=lambda c: c.id)
         return [c.output_ids for c in done], engine
 
-    want, _ = decode(load_checkpoint(str(tmp_path), modifiers=modifiers))
-    loaded = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=jax.devices())
+    want, _ = decode(load_checkpoint(run, modifiers=modifiers))
+    loaded = load_checkpoint(run, modifiers=modifiers, devices=jax.devices())
     assert dict(loaded.mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "seq": 1, "model": 2}
     wq = jax.tree.leaves(loaded.params["decoder"]["transformer"]["layer0"]["attention"])[0]
     assert len(wq.sharding.device_set) == 8

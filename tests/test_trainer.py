@@ -187,10 +187,9 @@ def test_nonfinite_step_is_skipped_and_reported(tmp_path, caplog):
     assert int(after["step"]) == 1  # the data moves on past the bad batch
 
 
-@pytest.mark.parametrize("guard", ["cond", "select"])
-def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path, guard):
+def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path):
     # Steps 0 and 2 are good, step 1 is poisoned: the select guard (accelerators' default)
-    # must leave exactly what the branch leaves, bit for bit.
+    # must leave exactly what the branch (CPU's default) leaves, bit for bit.
     # The claim is about the compiler users run: the session's fast-compile flags fuse the two
     # programs differently.
     def run(name):
@@ -200,7 +199,7 @@ def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path, guard):
         state, _ = train_steps(trainer, 3, compiler_options=production_compiler_options())
         return jax.device_get(state)
 
-    want, got = run("cond"), run(guard)
+    want, got = run("cond"), run("select")
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 

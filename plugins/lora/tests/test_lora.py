@@ -170,12 +170,17 @@ def lora_run(tmp_path_factory):
     imported = str(tmp_path / "imported")
     assert main(["import-hf", hf, "--output", imported]) == 0
     run = str(tmp_path / "lora")
-    argv = ["train", "--from", imported, "--output-dir", run, "--input",
+    assert main(_lora_train_argv(imported, run, 4)) == 0
+    return hf, imported, run
+
+
+def _lora_train_argv(imported, out, steps, *extra):
+    """`axplug train` of `steps` LoRA steps over `imported`, as `lora_run` trains."""
+    return ["train", "--from", imported, "--output-dir", str(out), "--input",
             "synthetic:vocab_size=96", "--modifier", "lora:rank=4,alpha=8,targets=['q','v','wo']",
             "--set", "learner.learning_rate=0.05", "--set", "learner.warmup_steps=0",
-            "--set", "learner.schedule='constant'", "--max-steps", "4", *SMALL]  # fmt: skip
-    assert main(argv) == 0
-    return hf, imported, run
+            "--set", "learner.schedule='constant'", "--max-steps", str(steps), *SMALL,
+            *extra]  # fmt: skip
 
 
 def _axplug_logits(run, ids):
@@ -273,20 +278,13 @@ def test_a_lora_checkpoint_stores_the_adapters_and_names_its_base(tmp_path, lora
 
 
 def test_a_lora_run_resumes_bit_exact_from_its_adapter_checkpoint(tmp_path, lora_run):
-    _, imported, _ = lora_run
-
-    def train(out, steps, every):
-        argv = ["train", "--from", imported, "--output-dir", str(tmp_path / out), "--input",
-                "synthetic:vocab_size=96", "--modifier", "lora:rank=4", "--set",
-                "learner.learning_rate=0.05", "--max-steps", str(steps), "--checkpoint-every",
-                str(every), *SMALL]  # fmt: skip
-        assert main(argv) == 0
-
-    train("whole", 4, 4)
-    train("halves", 2, 2)
-    train("halves", 4, 2)  # resumes at step 2: adapters from its checkpoint, base from the import
-    whole, halves = (_axplug_logits(str(tmp_path / r), np.arange(8)[None])[1] for r in
-                     ("whole", "halves"))  # fmt: skip
+    _, imported, whole_run = lora_run  # 4 steps in one go
+    halves_run = tmp_path / "halves"
+    assert main(_lora_train_argv(imported, halves_run, 2, "--checkpoint-every", "2")) == 0
+    # Resumes at step 2: adapters from its checkpoint, base from the import.
+    assert main(_lora_train_argv(imported, halves_run, 4, "--checkpoint-every", "2")) == 0
+    whole, halves = (_axplug_logits(str(r), np.arange(8)[None])[1] for r in
+                     (whole_run, halves_run))  # fmt: skip
     assert whole.step == halves.step == 4
     jax.tree.map(np.testing.assert_array_equal, whole.params, halves.params)
 

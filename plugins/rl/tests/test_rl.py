@@ -1,5 +1,6 @@
-"""GRPO on rollouts from the trainer's own Engine: log-probability parity, learning a toy
-task, exact resume, one device equal to eight, and the errors of a bad setup."""
+"""GRPO on rollouts from the trainer's own Engine: log-probability parity, exact resume, one
+device equal to eight, LoRA, overlap, and the errors of a bad setup (learning a task:
+tests/test_docs_rl.py, which runs docs/rl.md)."""
 
 import json
 import os
@@ -16,7 +17,6 @@ from axplug.api.config import ConfigError, ConfigFileError
 from axplug.api.data import Policy
 from axplug.api.layers import functional
 from axplug.api.run import Preempted
-from axplug.api.summary import JsonlWriter, read_jsonl
 from axplug.testing import tiny_trainer_config
 
 DIGIT = "regex:pattern='[0-9]'"
@@ -32,10 +32,10 @@ def prompts(tmp_path_factory):
     return str(path)
 
 
-def _config(out, prompts, *overrides, modifiers=(), steps=2, writers=(), **rollouts):
+def _config(out, prompts, *overrides, modifiers=(), steps=2, **rollouts):
     cfg = tiny_trainer_config(
         out, "learner.learning_rate=0.01", *overrides, modifiers=["grpo", *modifiers],
-        max_steps=steps, summary_writers=writers,
+        max_steps=steps
     )  # fmt: skip
     options = dict(tokenizer="bytes", template="plain", batch_size=8, group_size=4, seq_len=40,
                    max_new_tokens=8, rewards=[DIGIT])  # fmt: skip
@@ -79,21 +79,6 @@ def test_engine_logps_equal_the_trainers_recomputation(tmp_path, prompts, cache,
     assert gap.max() < 1e-5, gap.max()
 
 
-def _rewards(out):
-    return [r["reward/mean"] for r in read_jsonl(f"{out}/metrics.jsonl") if "reward/mean" in r]
-
-
-def test_grpo_raises_the_mean_reward_on_a_toy_task(tmp_path, prompts):
-    """A fixed-seed run rewarded for any digit among 8 bytes: the last steps' mean reward is
-    above the first steps' (a byte model starts near 8 x 10/256)."""
-    writers = [JsonlWriter.default_config()]
-    cfg = _config(tmp_path, prompts, "log_every=1", steps=10, writers=writers)
-    cfg.instantiate().run()
-    rewards = _rewards(tmp_path)
-    assert len(rewards) == 10
-    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
-
-
 def _final_params(cfg):
     trainer = cfg.instantiate()
     trainer.run()
@@ -117,8 +102,8 @@ def test_sigterm_mid_run_saves_and_the_rerun_reaches_the_same_parameters(tmp_pat
     updates (its rollouts are saved with the checkpoint): the rerun ends where an
     uninterrupted run ends, bit for bit."""
     options = dict(updates_per_rollout=2, reference=None)
-    whole = _final_params(_config(tmp_path / "whole", prompts, steps=6, **options))
-    cfg = _config(tmp_path / "split", prompts, steps=6, **options)
+    whole = _final_params(_config(tmp_path / "whole", prompts, steps=4, **options))
+    cfg = _config(tmp_path / "split", prompts, steps=4, **options)
     with pytest.raises(Preempted) as info:
         cfg.instantiate(hooks=(_SigtermAt(2),)).run()
     assert info.value.step == 3  # the step in flight finishes: mid-way through a batch
@@ -219,8 +204,8 @@ def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_
         np.testing.assert_array_equal(stale[name], value, err_msg=name)
 
     cfg = _config(tmp_path / "run", prompts, modifiers=["grpo:tis_cap=2.0"], overlap=True,
-                  steps=3)  # fmt: skip
-    assert cfg.instantiate().run()["step"] == 3
+                  steps=2)  # fmt: skip
+    assert cfg.instantiate().run()["step"] == 2
 
 
 def test_a_policy_model_folds_to_the_plain_causal_lm(tmp_path, prompts):
