@@ -8,7 +8,8 @@ import pytest
 
 from axplug.cli import main
 from doc_pages import shell_commands
-from test_hf_import import hf_weights, llama_config, word_tokenizer, write_hf
+from test_docs_fine_tuning import small_llama
+from test_hf_import import hf_weights, word_tokenizer, write_hf
 
 # A template in the word tokenizer's own tokens, so that every rendered token is a word.
 TEMPLATE = (
@@ -21,7 +22,7 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     pytest.importorskip("tokenizers")
     pytest.importorskip("axplug_lora")
     pytest.importorskip("axplug_dpo")
-    cfg = llama_config()
+    cfg = small_llama()
     write_hf(tmp_path / "model", cfg, hf_weights(cfg))
     words = word_tokenizer(tmp_path / "model", cfg["vocab_size"])
     config = json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())

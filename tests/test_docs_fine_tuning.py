@@ -10,9 +10,16 @@ from doc_pages import shell_commands
 from test_hf_import import hf_weights, llama_config, word_tokenizer, write_hf
 
 
+def small_llama() -> dict:
+    """The pages' small LLaMA. No dimension is a multiple of the 8 devices: orbax then saves
+    each replicated array whole, not a slice per device (a program to compile per slice)."""
+    sizes = {"hidden_size": 36, "intermediate_size": 50, "vocab_size": 90}
+    return llama_config(**sizes, num_attention_heads=2, num_key_value_heads=1)
+
+
 def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     pytest.importorskip("tokenizers")
-    cfg = llama_config()
+    cfg = small_llama()
     write_hf(tmp_path / "model", cfg, hf_weights(cfg))
     words = word_tokenizer(tmp_path / "model", cfg["vocab_size"])
     rng = np.random.default_rng(0)

@@ -26,9 +26,9 @@ TINY = ("log_every=1", "model.decoder.transformer.num_layers=1", "checkpointer.l
 KILLER = str(Path(__file__).with_name("kill_at_save.py"))
 
 
-def _args(output_dir, local_dir, cache_dir, *extra):
+def _args(output_dir, local_dir, *extra):
+    """The run's arguments; a child process compiles into (and reads) the session's cache."""
     sets = [*TINY, f"checkpointer.local.directory={str(local_dir)!r}"]
-    sets.append(f"compilation_cache_dir={str(cache_dir)!r}")
     args = tiny_train_args(output_dir, *sets, preset="llama-tiny", modifiers=["mesh:fsdp=-1"],
                            max_steps=STEPS)  # fmt: skip
     return [*args, "--checkpoint-every", "6", "--seed", "3", *extra]
@@ -62,14 +62,19 @@ def _local(local_dir, process=0):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """(losses, final state) of the uninterrupted run, in this process."""
-    root = tmp_path_factory.mktemp("reference")
-    trainer = _trainer(_args(root / "run", root / "local", root / "cache"))
+def interrupted(tmp_path_factory):
+    """((losses, final state) of the uninterrupted run, in this process; its directory), its
+    last persistent step then made incomplete: what a kill during that save leaves (persistent
+    6; local 8 and 10)."""
+    root = tmp_path_factory.mktemp("interrupted")
+    trainer = _trainer(_args(root / "run", root / "local"))
     trainer.run()
     losses = [r["loss"] for r in read_jsonl(root / "run" / "metrics.jsonl")]
     assert len(losses) == STEPS
-    return losses, jax.device_get(trainer.state)
+    reference = losses, jax.device_get(trainer.state)
+    trainer.checkpointer.uncommit(STEPS)
+    assert _persistent(root / "run") == [6] and _local(root / "local") == [8, 10]
+    return reference, root
 
 
 def _resume_in_process(args, caplog, devices=None):
@@ -87,22 +92,18 @@ def _assert_matches(reference, output_dir, trainer):
     jax.tree.map(np.testing.assert_array_equal, state, jax.device_get(trainer.state))
 
 
-def _interrupted_in_process(tmp_path):
-    """A run that trained to the end, with its last persistent step made incomplete: what a
-    kill during that save leaves (persistent 6; local 8 and 10)."""
-    args = _args(tmp_path / "run", tmp_path / "local", tmp_path / "cache")
-    trainer = _trainer(args)
-    trainer.run()
-    trainer.checkpointer.uncommit(STEPS)
-    assert _persistent(tmp_path / "run") == [6] and _local(tmp_path / "local") == [8, 10]
-    return args
+def _copy_of_the_interrupted_run(interrupted, tmp_path):
+    """The arguments of the interrupted run copied into tmp_path (run/ and local/)."""
+    for name in ("run", "local"):
+        shutil.copytree(interrupted[1] / name, tmp_path / name)
+    return _args(tmp_path / "run", tmp_path / "local")
 
 
 def test_killed_during_a_persistent_save_resumes_from_the_newer_local_step(
-    tmp_path, reference, caplog
+    tmp_path, interrupted, caplog
 ):
     out, local = tmp_path / "run", tmp_path / "local"
-    args = _args(out, local, tmp_path / "cache")
+    args = _args(out, local)
     with open(tmp_path / "killed.log", "w+") as log:
         proc = _kill_during_save(args, log)
         proc.wait(timeout=300)
@@ -115,22 +116,22 @@ def test_killed_during_a_persistent_save_resumes_from_the_newer_local_step(
 
     trainer, logs = _resume_in_process(args, caplog)
     assert f"resumed from step 10 of the local tier {local / 'process_0'}" in logs
-    _assert_matches(reference, out, trainer)
+    _assert_matches(interrupted[0], out, trainer)
     assert _persistent(out) == [6, 12]
 
 
-def test_lost_local_directory_resumes_from_the_persistent_tier(tmp_path, reference, caplog):
-    args = _interrupted_in_process(tmp_path)
+def test_lost_local_directory_resumes_from_the_persistent_tier(tmp_path, interrupted, caplog):
+    args = _copy_of_the_interrupted_run(interrupted, tmp_path)
     shutil.rmtree(tmp_path / "local")  # the machine and its RAM disk are gone
     trainer, logs = _resume_in_process(args, caplog)
     assert "resumed from step 6 of" in logs and "local tier" not in logs
-    _assert_matches(reference, tmp_path / "run", trainer)
+    _assert_matches(interrupted[0], tmp_path / "run", trainer)
 
 
 def test_a_corrupt_newest_local_step_falls_back_to_the_older_local_step(
-    tmp_path, reference, caplog
+    tmp_path, interrupted, caplog
 ):
-    args = _interrupted_in_process(tmp_path)
+    args = _copy_of_the_interrupted_run(interrupted, tmp_path)
     shards = tmp_path / "local" / "process_0" / f"step_{10:08d}" / "shards.bin"
     data = bytearray(shards.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped bit pattern: the CRC-32 catches it
@@ -138,11 +139,11 @@ def test_a_corrupt_newest_local_step_falls_back_to_the_older_local_step(
     trainer, logs = _resume_in_process(args, caplog)
     assert f"local tier: step 10 of {tmp_path / 'local' / 'process_0'} cannot be read" in logs
     assert f"resumed from step 8 of the local tier {tmp_path / 'local' / 'process_0'}" in logs
-    _assert_matches(reference, tmp_path / "run", trainer)
+    _assert_matches(interrupted[0], tmp_path / "run", trainer)
 
 
-def test_another_layout_ignores_the_local_tier(tmp_path, caplog):
-    args = _interrupted_in_process(tmp_path)
+def test_another_layout_ignores_the_local_tier(tmp_path, interrupted, caplog):
+    args = _copy_of_the_interrupted_run(interrupted, tmp_path)
     trainer, logs = _resume_in_process(args, caplog, devices=jax.devices()[:4])
     assert (
         f"local tier: not restoring step 10 of {tmp_path / 'local' / 'process_0'}: it was saved "
@@ -155,8 +156,10 @@ def test_another_layout_ignores_the_local_tier(tmp_path, caplog):
     assert _local(tmp_path / "local") == [8, 10]
 
 
-def test_a_replaced_persistent_directory_never_restores_old_local_steps(tmp_path, caplog):
-    args = _interrupted_in_process(tmp_path)
+def test_a_replaced_persistent_directory_never_restores_old_local_steps(
+    tmp_path, interrupted, caplog
+):
+    args = _copy_of_the_interrupted_run(interrupted, tmp_path)
     shutil.rmtree(tmp_path / "run")  # starting over into the same output directory
     _, logs = _resume_in_process(args, caplog)
     assert "it belongs to another run" in logs
@@ -205,8 +208,7 @@ def _pair(tmp_path, logs, *, kill):
     for i, log in enumerate(logs):
         log.seek(0)
         log.truncate()
-        args = _args(tmp_path / "run", tmp_path / f"host{i}", tmp_path / "cache", *flags,
-                     "--process-id", str(i))  # fmt: skip
+        args = _args(tmp_path / "run", tmp_path / f"host{i}", *flags, "--process-id", str(i))
         cmd = [KILLER, str(KILL_AT)] if kill else ["-m", "axplug.cli"]
         procs.append(subprocess.Popen([sys.executable, *cmd, *args], env=_env(4), stdout=log,
                                       stderr=subprocess.STDOUT, text=True))  # fmt: skip

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from axplug.checkpoint import Checkpointer
-from axplug.cli.main import build_parser
+from axplug.cli.main import build_parser, main
 from axplug.cli.train_cmd import build_config
 from axplug.runtime import RESTART_EXIT_CODE, PeerMonitor
 from axplug.summary import read_jsonl
@@ -25,15 +25,15 @@ from axplug.testing import tiny_train_args, xla_flags
 STEPS = 40
 
 
-def _args(output_dir, cache_dir, max_steps=STEPS, extra=()):
-    cache = f"compilation_cache_dir={str(cache_dir)!r}"
-    overrides = ("log_every=1", cache, "model.decoder.transformer.num_layers=1")
+def _args(output_dir, max_steps=STEPS, extra=()):
+    overrides = ("log_every=1", "model.decoder.transformer.num_layers=1")
     args = tiny_train_args(output_dir, *overrides, max_steps=max_steps)
     return [*args, "--checkpoint-every", "10", "--seed", "5", *extra]
 
 
-def _start(output_dir, cache_dir, **kwargs):
-    command = [sys.executable, "-m", "axplug.cli", *_args(output_dir, cache_dir, **kwargs)]
+def _start(output_dir, **kwargs):
+    """`axplug train` in a child process, compiling into (and reading) the session's cache."""
+    command = [sys.executable, "-m", "axplug.cli", *_args(output_dir, **kwargs)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -56,11 +56,14 @@ def _finish(proc):
     return err
 
 
-def _final_state(output_dir, cache_dir):
-    trainer = build_config(build_parser().parse_args(_args(output_dir, cache_dir))).instantiate()
+def _trainer(output_dir):
+    return build_config(build_parser().parse_args(_args(output_dir))).instantiate()
+
+
+def _final_state(output_dir):
     directory = str(output_dir / "checkpoints")
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
-        return jax.device_get(checkpointer.restore(target=trainer.layout.abstract)[1])
+        return jax.device_get(checkpointer.restore(target=_trainer(output_dir).layout.abstract)[1])
 
 
 def _complete_steps(output_dir):
@@ -74,11 +77,11 @@ def _complete_steps(output_dir):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run: its directory and the compilation cache the others share."""
-    root = tmp_path_factory.mktemp("reference")
-    cache = root / "xla-cache"
-    _finish(_start(root / "run", cache))
-    return root / "run", cache
+    """An uninterrupted run, in this process: its directory and final state."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    trainer = _trainer(run)
+    trainer.run()
+    return run, jax.device_get(trainer.state)
 
 
 # SIGTERM at a seeded random step; Ctrl-C right at a checkpoint step (its asynchronous save
@@ -92,10 +95,10 @@ KILLED = pytest.param("SIGKILL", "random", marks=pytest.mark.slow)
 def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
     tmp_path, reference, sig, when
 ):
-    ref_dir, cache = reference
+    ref_dir, ref_state = reference
     run = tmp_path / "run"
     target = 20 if when == "at_save" else random.Random(f"{sig}{when}").randint(3, STEPS - 12)
-    proc = _start(run, cache)
+    proc = _start(run)
     _wait_for_steps(proc, run, target)
     proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
@@ -112,14 +115,12 @@ def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
         assert saved in _complete_steps(run) and target <= saved < STEPS
         if when == "at_save":
             assert 20 in _complete_steps(run)  # the save in flight finished too
-    _finish(_start(run, cache))
+    assert main(_args(run)) == 0  # the rerun, in this process
 
     ref, res = read_jsonl(ref_dir / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in res] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in res] == [r["loss"] for r in ref]  # exact, not approximate
-    jax.tree.map(
-        np.testing.assert_array_equal, _final_state(ref_dir, cache), _final_state(run, cache)
-    )
+    jax.tree.map(np.testing.assert_array_equal, ref_state, _final_state(run))
 
     # goodput.jsonl: one record per attempt, and the job's totals on the last.
     first, second = read_jsonl(run / "goodput.jsonl")
@@ -135,9 +136,8 @@ def test_a_signal_saves_the_step_in_flight_and_the_rerun_is_bit_identical(
     assert 0 < second["job/goodput_fraction"] < 1
 
 
-def test_a_second_signal_exits_at_once_without_saving(tmp_path, reference):
-    _, cache = reference
-    proc = _start(tmp_path / "run", cache, max_steps=100_000)
+def test_a_second_signal_exits_at_once_without_saving(tmp_path):
+    proc = _start(tmp_path / "run", max_steps=100_000)
     seen = []
 
     def wait_for(text):
@@ -272,9 +272,7 @@ def test_process_0_rides_out_failing_store_calls_and_names_a_store_that_stays_do
 
 
 def test_a_bad_peer_timeout_is_one_error_line(capsys, tmp_path):
-    from axplug.cli.main import main
-
-    args = [*_args(tmp_path / "run", tmp_path / "cache"), "--peer-timeout", "0"]
+    args = [*_args(tmp_path / "run"), "--peer-timeout", "0"]
     assert main(args) == 2
     assert capsys.readouterr().err.strip() == "error: --peer-timeout must be > 0 seconds, got 0"
 
@@ -282,11 +280,11 @@ def test_a_bad_peer_timeout_is_one_error_line(capsys, tmp_path):
 # --- two processes -----------------------------------------------------------------------------
 
 
-def _pair(output_dir, cache_dir, port, steps):
+def _pair(output_dir, port, steps):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": xla_flags(2)}  # fmt: skip
     flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--peer-timeout", "10"]
-    args = [*_args(output_dir, cache_dir, max_steps=steps), "--modifier", "mesh:fsdp=-1", *flags]
+    args = [*_args(output_dir, max_steps=steps), "--modifier", "mesh:fsdp=-1", *flags]
     return [
         subprocess.Popen([sys.executable, "-m", "axplug.cli", *args, "--process-id", str(i)],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -305,12 +303,12 @@ def test_two_processes_agree_on_the_stop_step_and_a_lost_peer_is_reported(tmp_pa
     """SIGTERM to one process: both save the same step, exit 75; SIGKILL of process 1: the
     survivor exits 75 within the 10 s peer timeout naming it; the rerun matches an
     uninterrupted two-process run bit for bit."""
-    steps, cache = 40, tmp_path / "xla-cache"
+    steps = 40
     reference, run = tmp_path / "reference", tmp_path / "run"
-    for proc in _pair(reference, cache, _port(), steps):
+    for proc in _pair(reference, _port(), steps):
         _finish(proc)
 
-    procs = _pair(run, cache, _port(), steps)
+    procs = _pair(run, _port(), steps)
     _wait_for_steps(procs[0], run, 6)
     procs[1].send_signal(signal.SIGTERM)
     errs = [p.communicate(timeout=120)[1] for p in procs]
@@ -320,7 +318,7 @@ def test_two_processes_agree_on_the_stop_step_and_a_lost_peer_is_reported(tmp_pa
     assert f"preempted at step {reached} (a signal to another process): saved" in errs[0]
     assert reached in _complete_steps(run)
 
-    procs = _pair(run, cache, _port(), steps)
+    procs = _pair(run, _port(), steps)
     _wait_for_steps(procs[0], run, reached + 5)
     procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -332,7 +330,7 @@ def test_two_processes_agree_on_the_stop_step_and_a_lost_peer_is_reported(tmp_pa
     assert f"Newest complete checkpoint: step {max(_complete_steps(run))}" in lines[0]
     procs[1].wait()
 
-    for proc in _pair(run, cache, _port(), steps):
+    for proc in _pair(run, _port(), steps):
         _finish(proc)
     ref, res = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in res] == list(range(1, steps + 1))

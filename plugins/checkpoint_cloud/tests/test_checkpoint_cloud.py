@@ -419,7 +419,7 @@ def test_a_store_outage_during_a_save_is_ridden_out_or_ends_75_and_resumes(
         with trainer.checkpointer as ckpt:
             return ckpt.all_steps(), ckpt.restore(target=trainer.layout.abstract)[1]
 
-    steps, ridden_out = run("s3://outage/ride", 60.0, stop_at=4, back_after_s=2.0)
+    steps, ridden_out = run("s3://outage/ride", 60.0, stop_at=4, back_after_s=0.5)
     assert steps[-2:] == [4, 6]
     assert any("saving again for up to 60 s" in r.getMessage() for r in caplog.records)
 

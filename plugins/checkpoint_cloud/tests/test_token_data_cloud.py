@@ -30,14 +30,21 @@ def _prepare(output, staging):
                  "--output", str(output), "--staging", str(staging)])  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    """The data prepared on disk: the same for every bucket."""
+    local = tmp_path_factory.mktemp("data") / "local"
+    assert _prepare(local, local.parent / "unused") == 0
+    return local
+
+
 @pytest.fixture
-def datasets(bucket_url, tmp_path):
+def datasets(local_data, bucket_url, tmp_path):
     """(local directory, URL) of the same prepared data."""
-    local, url = tmp_path / "local", f"{bucket_url}/data/corpus"
-    assert _prepare(local, tmp_path / "unused") == 0
+    url = f"{bucket_url}/data/corpus"
     assert _prepare(url, tmp_path / "staging") == 0
     assert not (tmp_path / "staging").exists()  # uploaded, then removed
-    return local, url
+    return local_data, url
 
 
 def test_prepare_data_into_a_bucket_writes_the_local_files(datasets):
@@ -68,16 +75,26 @@ def test_batches_from_the_bucket_equal_the_local_ones(datasets, extra):
             np.testing.assert_array_equal(a[key], b[key])
 
 
-def _trainer(tmp_path, name, data):
-    cfg = tiny_trainer_config(tmp_path / name, f"input.path={str(data)!r}", max_steps=4,
+def _trainer(output_dir, data):
+    cfg = tiny_trainer_config(output_dir, f"input.path={str(data)!r}", max_steps=4,
                               preset="gpt-tiny")  # fmt: skip
     cfg.input = TokenFileInput.default_config().set(path=str(data), seq_len=32, batch_size=8)
     return cfg.instantiate()
 
 
-def test_training_from_the_bucket_equals_training_from_disk(datasets, tmp_path, monkeypatch):
-    local, url = datasets
-    from_disk, from_bucket = _trainer(tmp_path, "disk", local), _trainer(tmp_path, "bucket", url)
+@pytest.fixture(scope="module")
+def trained_from_disk(local_data, tmp_path_factory):
+    """The parameters trained from the data on disk."""
+    trainer = _trainer(tmp_path_factory.mktemp("disk"), local_data)
+    trainer.run()
+    return jax.tree.leaves(jax.device_get(trainer.state["params"]))
+
+
+def test_training_from_the_bucket_equals_training_from_disk(
+    datasets, trained_from_disk, tmp_path, monkeypatch
+):
+    _, url = datasets
+    from_bucket = _trainer(tmp_path, url)
     storage_type, readers = type(storage_for(url)), []
     read_bytes = storage_type.read_bytes
 
@@ -87,11 +104,9 @@ def test_training_from_the_bucket_equals_training_from_disk(datasets, tmp_path, 
         return read_bytes(self, path, *byte_range)
 
     monkeypatch.setattr(storage_type, "read_bytes", recording)  # after the shards' spot checks
-    from_disk.run()
     from_bucket.run()
-    flat_a, flat_b = (
-        jax.tree.leaves(jax.device_get(t.state["params"])) for t in (from_disk, from_bucket)
-    )
+    flat_a = trained_from_disk
+    flat_b = jax.tree.leaves(jax.device_get(from_bucket.state["params"]))
     assert len(flat_a) == len(flat_b) > 4
     for a, b in zip(flat_a, flat_b, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -145,7 +160,9 @@ def test_a_store_outage_past_its_budget_exits_75_and_the_rerun_resumes_exactly(
         )
         == 0
     )
-    spec = f"token_file:path={url!r},storage_options={{'outage_s': 2.0}},prefetch=0"
+    # No client retries inside a read: the outage's 2 s are the run's own waiting.
+    options = {"outage_s": 2.0, "max_retries": 0}
+    spec = f"token_file:path={url!r},storage_options={options!r},prefetch=0"
 
     def argv(out):
         args = tiny_train_args(out, "log_every=1", max_steps=6)

@@ -16,7 +16,7 @@ import pytest
 
 from axplug.api.checkpoint import CHECKSUMS_ITEM, METADATA_FILE, step_dir_name
 from axplug.api.summary import read_jsonl
-from axplug.testing import tiny_train_args
+from axplug.testing import cli_main, tiny_train_args
 
 DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "launch.md"
 SECTION = "## Standby capacity and hot-swap"
@@ -210,7 +210,7 @@ def _exited(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_supervisor_takes_its_trainer_down_saved_and_the_run_dir_free(
-    tmp_path, cache_dir, monkeypatch
+    tmp_path, cache_dir, monkeypatch, capsys
 ):
     """SIGKILL of `launch --local` (an OOM kill): the trainer gets SIGTERM, saves, exits 75 and
     releases the run's lease; `axplug train` into the directory then resumes from that step."""
@@ -232,10 +232,12 @@ def test_a_killed_supervisor_takes_its_trainer_down_saved_and_the_run_dir_free(
     saved = re.search(r"preempted at step (\d+) \(SIGTERM\): saved", log)
     assert saved is not None, log[-3000:]
     assert step_dir_name(int(saved.group(1))) in complete_steps(proc.output_dir)
-    argv = [*AXPLUG, "train", "--preset", "llama-tiny", "--modifier", "mesh:fsdp=-1",
+    argv = ["train", "--preset", "llama-tiny", "--modifier", "mesh:fsdp=-1",
             "--output-dir", "runs/swap", *tiny_sets(cache_dir),
             "--max-steps", str(int(saved.group(1)) + 1)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resumed from step {saved.group(1)}" in done.stderr + done.stdout
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = cli_main(argv)  # in this process, which takes the run's lease
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert f"resumed from step {saved.group(1)}" in err + out
