@@ -98,11 +98,13 @@ def decode_logits(model, params, ids: np.ndarray, prompt_lens, max_len: int, cac
         prefill_ids[b, :n] = ids[b, :n]
     logits, cache = step(params, prefill_ids, positions, cache)
     out = np.zeros((batch, total, VOCAB), np.float32)
+    logits = np.asarray(logits)  # sliced on the host, not by an op compiled per slice
     for b, n in enumerate(prompt_lens):
         out[b, :n] = logits[b, :n]
     for t in range(min(prompt_lens), total):
         pos = np.where(np.asarray(prompt_lens) <= t, t, EMPTY_POSITION)[:, None].astype(np.int32)
         logits, cache = step(params, ids[:, t : t + 1], pos, cache)
+        logits = np.asarray(logits)
         for b, n in enumerate(prompt_lens):
             if t >= n:
                 out[b, t] = logits[b, 0]
@@ -186,7 +188,9 @@ def randomized(params, seed: int = 7):
     """`params` plus small random values: zero biases and unit norm scales matter then."""
     leaves, treedef = jax.tree.flatten(params)
     rng = np.random.default_rng(seed)
-    return treedef.unflatten([a + 0.3 * rng.standard_normal(a.shape) for a in leaves])
+    # On the host (float32, as jax adds them), not by an add compiled per shape.
+    noise = [(0.3 * rng.standard_normal(a.shape)).astype(a.dtype) for a in leaves]
+    return treedef.unflatten([np.asarray(a) + n for a, n in zip(leaves, noise, strict=True)])
 
 
 def _gpt2(cfg):
@@ -351,10 +355,9 @@ def test_cache_drops_padding_and_reports_only_cached_slots():
     cache = model.init_cache_state(2, 6)
     ids = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     positions = np.array([[0, 1, 2], [0, EMPTY_POSITION, EMPTY_POSITION]], np.int32)
-    _, cache = call(
-        model, params, {"input_ids": ids, "positions": positions, "cache_state": cache},
-        "extend_step",
-    )  # fmt: skip
+    extend = jax.jit(lambda p, i, pos, c: call(
+        model, p, {"input_ids": i, "positions": pos, "cache_state": c}, "extend_step"))  # fmt: skip
+    _, cache = extend(params, ids, positions, cache)
     layer = cache["transformer"]["layer0"]["attention"]
     np.testing.assert_array_equal(layer["length"], [3, 1])
     np.testing.assert_array_equal(
@@ -371,20 +374,23 @@ def test_paged_cache_rejects_bad_sizes():
 # ------------------------------------------------------------------------------- sampling
 
 
-def _sample(logits, n, **settings):
-    logits = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits)))
+@functools.partial(jax.jit, static_argnums=1)
+def _draws(logits, n, temperature, top_k, top_p, min_p):
+    """`n` tokens sampled from `logits`, draw i with key i: one program per `n`."""
     keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(n))
-    full = lambda name, default, dtype: jnp.full((n,), settings.get(name, default), dtype)  # noqa: E731
-    return np.asarray(
-        jax.jit(sample_tokens)(
-            logits,
-            keys,
-            full("temperature", 1.0, jnp.float32),
-            full("top_k", 0, jnp.int32),
-            full("top_p", 1.0, jnp.float32),
-            full("min_p", 0.0, jnp.float32),
-        )
+    return sample_tokens(
+        jnp.broadcast_to(logits, (n, len(logits))),
+        keys,
+        jnp.full((n,), temperature, jnp.float32),
+        jnp.full((n,), top_k, jnp.int32),
+        jnp.full((n,), top_p, jnp.float32),
+        jnp.full((n,), min_p, jnp.float32),
     )
+
+
+def _sample(logits, n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    logits = jnp.asarray(logits, jnp.float32)
+    return np.asarray(_draws(logits, n, float(temperature), top_k, float(top_p), float(min_p)))
 
 
 def test_temperature_zero_is_argmax_and_sampling_follows_softmax():
@@ -433,14 +439,25 @@ def test_sampling_params_are_checked():
 # ------------------------------------------------------------------- engine and batching
 
 
+# The references below feed forward passes REF_LEN tokens, zero-padded (causal: the tail is
+# unseen): one program for every length.
+REF_LEN = 16
+
+
+def padded(ids) -> np.ndarray:
+    """`ids` as one row of REF_LEN tokens, zeros after them."""
+    tokens = np.zeros((1, REF_LEN), np.int32)
+    tokens[0, : len(ids)] = ids
+    return tokens
+
+
 def greedy_reference(model, params, prompt, new_tokens):
     """Greedy continuation by a full forward pass per token: no cache at all."""
-    tokens = np.zeros((1, len(prompt) + new_tokens), np.int32)  # causal: the tail is unseen
-    tokens[0, : len(prompt)] = prompt
-    for t in range(len(prompt), tokens.shape[1]):
+    tokens = padded(prompt)
+    for t in range(len(prompt), len(prompt) + new_tokens):
         logits = forward_logits(model, params, tokens)
         tokens[0, t] = int(jnp.argmax(logits[0, t - 1]))
-    return tokens[0, len(prompt) :].tolist()
+    return tokens[0, len(prompt) : len(prompt) + new_tokens].tolist()
 
 
 ROPE_MODS = ("rope", "gqa:num_kv_heads=2") if _installed("axplug-attention") else ()
@@ -449,6 +466,20 @@ ROPE_MODS = ("rope", "gqa:num_kv_heads=2") if _installed("axplug-attention") els
 @pytest.fixture(scope="module")
 def rope_model():
     return build(lm_cfg(*ROPE_MODS), seed=3)
+
+
+@pytest.fixture(scope="module")
+def rope_with(rope_model):
+    """`rope_with(*cache)`: rope_model's model with those cache modifiers, one instance per
+    cache in this module, so the engines over it share their programs across tests."""
+    models = {(): rope_model[0]}
+
+    def model_with(*cache):
+        if cache not in models:
+            models[cache] = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+        return models[cache]
+
+    return model_with
 
 
 def test_greedy_generation_equals_a_forward_pass_per_token(rope_model):
@@ -518,10 +549,11 @@ _BATCHING_CACHES = {
         for name, modifiers in _BATCHING_CACHES.items()
     ],
 )
-def test_continuous_batching_outputs_equal_decoding_each_request_alone(rope_model, cache, chunk):
-    model, params = rope_model
-    if cache:
-        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+def test_continuous_batching_outputs_equal_decoding_each_request_alone(
+    rope_model, rope_with, cache, chunk
+):
+    params = rope_model[1]
+    model = rope_with(*cache)
     engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk)
     prompts = {i: random_ids(10 + i, n).tolist() for i, (_, n, _) in enumerate(REQUESTS)}
     pending = list(enumerate(REQUESTS))
@@ -556,8 +588,8 @@ SCORED = [  # (prompt length, sampling): logprobs of sampled and prompt tokens
 
 def _reference_logprobs(model, params, ids: list[int]) -> np.ndarray:
     """log-softmax of one forward pass's logits over `ids`: row t predicts ids[t + 1]."""
-    logits = forward_logits(model, params, np.asarray([ids], np.int32))[0]
-    return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+    logits = forward_logits(model, params, padded(ids))[0]
+    return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))[: len(ids)]
 
 
 def _assert_logprob(entry, want: np.ndarray, token: int, top_n: int):
@@ -574,11 +606,13 @@ def _assert_logprob(entry, want: np.ndarray, token: int, top_n: int):
     [(modifiers, chunk) for chunk in (None, 3) for modifiers in _BATCHING_CACHES.values()],
     ids=[f"{c}-{name}" for c in ("whole", "chunked") for name in _BATCHING_CACHES],
 )
-def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, cache, chunk):
-    model, params = rope_model
-    if cache:
-        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
-    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4, prefill_chunk=chunk)
+def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, rope_with, cache, chunk):
+    # The reference is the forward pass of the model without a cache modifier (a KV cache
+    # only changes decoding).
+    plain, params = rope_model
+    model = rope_with(*cache)
+    # Every prefill (whole prompts, chunks) 16 wide: the cases over one model share programs.
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk)
     prompts = [random_ids(40 + i, n).tolist() for i, (n, _) in enumerate(SCORED)]
     for i, (prompt, (_, sampling)) in enumerate(zip(prompts, SCORED, strict=True)):
         engine.submit(Request(prompt, sampling, id=i))
@@ -586,7 +620,7 @@ def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, cache, chunk):
     for i, (_, sampling) in enumerate(SCORED):
         completion = done[i]
         assert len(completion.output_ids) == sampling.max_new_tokens
-        want = _reference_logprobs(model, params, completion.prompt_ids + completion.output_ids)
+        want = _reference_logprobs(plain, params, completion.prompt_ids + completion.output_ids)
         prompt = completion.prompt_ids
         if sampling.prompt_logprobs is None:
             assert completion.prompt_logprobs is None
@@ -634,10 +668,9 @@ PENALIZED = [  # greedy, so the reference is an argmax of penalized forward-pass
 
 def _penalized_reference(model, params, prompt, sampling):
     """Greedy tokens from one forward pass per token, penalized in numpy (float64)."""
-    tokens = np.zeros((1, len(prompt) + sampling.max_new_tokens), np.int32)
-    tokens[0, : len(prompt)] = prompt
+    tokens = padded(prompt)
     out = []
-    for t in range(len(prompt), tokens.shape[1]):
+    for t in range(len(prompt), len(prompt) + sampling.max_new_tokens):
         logits = np.asarray(forward_logits(model, params, tokens)[0, t - 1], np.float64)
         counts = np.bincount(out, minlength=len(logits))
         logits -= sampling.presence_penalty * (counts > 0) + sampling.frequency_penalty * counts
@@ -657,10 +690,11 @@ def _penalized_reference(model, params, prompt, sampling):
     [((), None), (_BATCHING_CACHES["paged-preempting"], 3)],
     ids=["contiguous-whole", "paged-preempting-chunked"],
 )
-def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(rope_model, cache, chunk):
-    model, params = rope_model
-    if cache:
-        model = lm_cfg(*ROPE_MODS, *cache).instantiate(parent=None)
+def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(
+    rope_model, rope_with, cache, chunk
+):
+    plain_model, params = rope_model  # the reference's forward pass: no cache modifier
+    model = rope_with(*cache)
     engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4, prefill_chunk=chunk)
     prompts = [random_ids(60 + i, 4 + i).tolist() for i in range(len(PENALIZED))]
     for i, (prompt, sampling) in enumerate(zip(prompts, PENALIZED, strict=True)):
@@ -668,9 +702,9 @@ def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(rope_model, cac
     done = {c.id: c.output_ids for c in engine.run()}
     plain = SamplingParams(max_new_tokens=8, temperature=0)
     for i, (prompt, sampling) in enumerate(zip(prompts, PENALIZED, strict=True)):
-        assert done[i] == _penalized_reference(model, params, prompt, sampling), i
+        assert done[i] == _penalized_reference(plain_model, params, prompt, sampling), i
         if sampling.penalizes:  # the penalty changed something, so this test can fail
-            assert done[i] != _penalized_reference(model, params, prompt, plain), i
+            assert done[i] != _penalized_reference(plain_model, params, prompt, plain), i
     if "num_pages=10" in str(cache):
         assert engine.preemptions > 0  # recomputed rows rebuilt their counts
     with pytest.raises(ValueError, match="logit_bias token id 61 is outside the vocabulary"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,8 +15,14 @@ from axplug.sharding import sharding_scope
 from axplug.testing import PagedKernelConformance, make_paged_problem, paged_reference
 
 
-def reference(query, paged, scale):
-    return np.asarray(paged_reference(query, paged, scale=scale))
+@functools.partial(jax.jit, static_argnums=2, static_argnames="logit_softcap")
+def _reference(query, paged, scale, logit_softcap=None):
+    return paged_reference(query, paged, scale=scale, logit_softcap=logit_softcap)
+
+
+def reference(query, paged, scale, logit_softcap=None):
+    """`paged_reference`, compiled: one program per shape, not one per op."""
+    return np.asarray(_reference(query, paged, scale, logit_softcap=logit_softcap))
 
 
 class TestXlaPagedKernel(PagedKernelConformance):
@@ -54,7 +62,9 @@ def test_xla_paged_kernel_reads_only_blocks_that_hold_tokens():
         if p not in first:
             poisoned[:, p] = np.nan
     short = short._replace(value_pages=jnp.asarray(poisoned))
-    got = paged_attention_xla(query, short, scale=0.3, pages_per_block=1)
+    got = jax.jit(lambda q, p: paged_attention_xla(q, p, scale=0.3, pages_per_block=1))(
+        query, short
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -92,8 +102,10 @@ def test_paged_dispatch_gives_a_softcap_only_to_kernels_that_declare_it():
             if not getattr(choice, "supports_logit_softcap", False):
                 assert not answer and "supports_logit_softcap" in answer.reason, choice_name
     # The fallback caps: softcap(q k^T * scale) before the softmax.
-    got = paged_attention_xla(query, paged, scale=0.3, logit_softcap=0.5)
-    want = np.asarray(paged_reference(query, paged, scale=0.3, logit_softcap=0.5))
+    got = jax.jit(lambda q, p: paged_attention_xla(q, p, scale=0.3, logit_softcap=0.5))(
+        query, paged
+    )
+    want = reference(query, paged, 0.3, logit_softcap=0.5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not np.allclose(want, reference(query, paged, 0.3), rtol=1e-3, atol=1e-3)
 
@@ -126,13 +138,22 @@ def test_pallas_gpu_paged_kernel_is_gated_to_cuda():
     assert "not a multiple of 16" in kernel.is_supported(*odd, "gpu").reason
 
 
+def _small_gpt():
+    """gpt-tiny's model (2 layers, 4 heads) at dim 32 and a 64-wide MLP: quicker to decode."""
+    from axplug.presets import preset_config
+
+    cfg = preset_config("gpt-tiny").model
+    cfg.decoder.dim = 32
+    cfg.decoder.transformer.layer.feed_forward.hidden_dim = 64
+    return cfg
+
+
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch, cache):
     """Both caches hand their pages (a contiguous row is a run of pages) to the paged kernel
     in decode steps, with the tokens of the dense path (a sliding window forces it)."""
     from axplug.inference import Engine, Request, SamplingParams
     from axplug.modifiers import make_modifier
-    from axplug.presets import preset_config
 
     calls = []
     original = XlaPagedKernel.__call__
@@ -142,7 +163,7 @@ def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch,
         return original(self, query, paged, scale=scale)
 
     monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
-    cfg = preset_config("gpt-tiny").model
+    cfg = _small_gpt()
     if cache == "paged":
         cfg = make_modifier("paged_kv_cache:page_size=4")(cfg)
     params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
@@ -167,7 +188,6 @@ def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch
     """A soft-capped model's decode steps still read the cache in place, with the cap, and
     give the tokens of the dense path."""
     from axplug.inference import Engine, Request, SamplingParams
-    from axplug.presets import preset_config
 
     caps = []
     original = XlaPagedKernel.__call__
@@ -177,7 +197,7 @@ def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch
         return original(self, query, paged, scale=scale, logit_softcap=logit_softcap)
 
     monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
-    cfg = preset_config("gpt-tiny").model
+    cfg = _small_gpt()
     cfg.decoder.transformer.layer.attention.logit_softcap = 0.2
     params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
     dense = cfg.clone()

@@ -97,8 +97,8 @@ def _args(include, **extra):
 
 
 def _forward_logprobs(loaded):
-    """ids -> log-softmax of one plain forward pass (row t scores ids[t + 1]), compiled once
-    per length rather than once per op and length."""
+    """ids -> log-softmax of one plain forward pass (row t scores ids[t + 1]), compiled once:
+    ids are zero-padded to MAX_LEN (causal: the padding is unseen)."""
 
     @jax.jit
     def forward(params, ids):
@@ -106,7 +106,12 @@ def _forward_logprobs(loaded):
                                is_training=False, method="predict")  # fmt: skip
         return jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
 
-    return lambda ids: np.asarray(forward(loaded.params, jnp.asarray([ids], jnp.int32)))
+    def logprobs(ids):
+        padded = np.zeros((1, MAX_LEN), np.int32)
+        padded[0, : len(ids)] = ids
+        return np.asarray(forward(loaded.params, padded))[: len(ids)]
+
+    return logprobs
 
 
 def test_loglikelihoods_equal_a_plain_forward_pass(engine_lm):

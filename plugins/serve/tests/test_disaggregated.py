@@ -5,27 +5,11 @@ import numpy as np
 import pytest
 from axplug_serve.disaggregated import DisaggregatedEngine
 
-from axplug.api.config import make_modifier, preset_config
+from axplug.api.config import make_modifier
 from axplug.api.layers import CausalLM
 from axplug.api.run import Engine, Request, SamplingParams, load_checkpoint
 
 VOCAB, DIM, HEADS = 61, 32, 4
-
-
-def small_llama(tmp_path, *modifiers, extra=()):
-    return preset_config(
-        "llama-tiny",
-        modifiers=modifiers,
-        overrides=[
-            f"output_dir={str(tmp_path)!r}",
-            "compilation_cache_dir=None",
-            "summary_writers=[]",
-            "model.decoder.transformer.num_layers=2",
-            "input.seq_len=64",
-            "input.batch_size=8",
-            *extra,
-        ],
-    )
 
 
 @pytest.fixture(scope="module")
@@ -84,21 +68,50 @@ def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model)
 
 
 @pytest.fixture(scope="module")
-def mesh_run(tmp_path_factory):
-    """A run of one step on 8 devices (fsdp=4, model=2), read by the tests below."""
-    tmp_path = tmp_path_factory.mktemp("mesh_run")
-    small_llama(tmp_path, "mesh:fsdp=4,model=2", extra=["max_steps=1"]).instantiate().run()
-    return tmp_path
+def llama_run(trained_run):
+    """A llama-tiny run, read by the tests below (trained once per session: shared with other
+    modules). Loading lays its parameters out over whichever devices a test names."""
+    return str(trained_run("llama-tiny", "input.seq_len=64"))
+
+
+REQUESTS = [
+    Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8, temperature=0.0), id=0),
+    Request([7, 8, 9], SamplingParams(max_new_tokens=6, temperature=0.9, seed=3), id=1),
+    Request([10, 11, 12, 13, 14, 15, 16], SamplingParams(max_new_tokens=1), id=2),
+    Request([3, 3], SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5), id=3),
+    Request([5] * 12, SamplingParams(max_new_tokens=5, temperature=0.0), id=4),
+    # Penalties: the decode side rebuilds the moved row's token counts.
+    Request([2, 2, 9], SamplingParams(max_new_tokens=7, temperature=0.0, presence_penalty=1.0,
+                                      frequency_penalty=1.0, repetition_penalty=1.5), id=5),
+]  # fmt: skip
+
+
+def engine(loaded, **kwargs):
+    return Engine(loaded.model, loaded.params, max_len=32, mesh=loaded.mesh,
+                  axis_rules=loaded.axis_rules, **kwargs)  # fmt: skip
+
+
+def outputs(e):
+    for r in REQUESTS:
+        e.submit(r)
+    return {c.id: c.output_ids for c in e.run()}
+
+
+@pytest.fixture(scope="module")
+def unified(llama_run):
+    """The tokens of REQUESTS from one engine doing both, on one device (the layout of its
+    KV cache changes no token: one reference for every case below). That device is the decode
+    side's of the one-device split, whose decode programs are then the ones compiled here."""
+    return outputs(engine(load_checkpoint(llama_run, devices=jax.devices()[1:2]), num_slots=3))
 
 
 @pytest.mark.parametrize(
     ("cache", "split"),
     [("contiguous", "one device each"), ("paged", "fsdp=2,model=2 each")],
 )
-def test_disaggregated_prefill_and_decode_give_the_unified_tokens(mesh_run, cache, split):
+def test_disaggregated_prefill_and_decode_give_the_unified_tokens(llama_run, unified, cache, split):
     """Prompts prefilled on one device set, rows moved to another and decoded there: the
     tokens of one engine doing both (greedy and sampled), caches on the decode devices."""
-    tmp_path = mesh_run
     modifiers = ["paged_kv_cache:page_size=4,num_pages=24"] if cache == "paged" else []
     devices = jax.devices()
     if split == "one device each":
@@ -106,36 +119,15 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(mesh_run, cach
     else:
         modifiers.append("mesh:fsdp=2,model=2")
         prefill_devices, decode_devices = devices[:4], devices[4:]
-    requests = [
-        Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8, temperature=0.0), id=0),
-        Request([7, 8, 9], SamplingParams(max_new_tokens=6, temperature=0.9, seed=3), id=1),
-        Request([10, 11, 12, 13, 14, 15, 16], SamplingParams(max_new_tokens=1), id=2),
-        Request([3, 3], SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5), id=3),
-        Request([5] * 12, SamplingParams(max_new_tokens=5, temperature=0.0), id=4),
-        # Penalties: the decode side rebuilds the moved row's token counts.
-        Request([2, 2, 9], SamplingParams(max_new_tokens=7, temperature=0.0, presence_penalty=1.0,
-                                          frequency_penalty=1.0, repetition_penalty=1.5), id=5),
-    ]  # fmt: skip
-
-    def engine(loaded, **kwargs):
-        return Engine(loaded.model, loaded.params, max_len=32, mesh=loaded.mesh,
-                      axis_rules=loaded.axis_rules, **kwargs)  # fmt: skip
-
-    def outputs(e):
-        for r in requests:
-            e.submit(r)
-        return {c.id: c.output_ids for c in e.run()}
-
-    want = outputs(engine(load_checkpoint(str(tmp_path), modifiers=modifiers), num_slots=3))
-    pre = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=prefill_devices)
-    dec = load_checkpoint(str(tmp_path), modifiers=modifiers, devices=decode_devices)
+    pre = load_checkpoint(llama_run, modifiers=modifiers, devices=prefill_devices)
+    dec = load_checkpoint(llama_run, modifiers=modifiers, devices=decode_devices)
     disaggregated = DisaggregatedEngine(
         engine(pre, num_slots=2, prefill_chunk=4),
         engine(dec, num_slots=3),
         decode_mesh=dec.mesh,
         threaded=cache == "paged",  # the prefill side in its own thread, or in step()
     )
-    assert outputs(disaggregated) == want
+    assert outputs(disaggregated) == unified
     assert disaggregated.transfers == 5  # every request but the one-token one moved
     key = jax.tree.leaves(disaggregated.decode._cache)[0]
     assert key.sharding.device_set == set(decode_devices)

@@ -26,7 +26,6 @@ from axplug.api.run import (
     Request,
     SamplingParams,
     find_tokenizer,
-    generate,
     load_checkpoint,
 )
 from axplug.testing import cli_main as main  # noqa: E402
@@ -93,7 +92,9 @@ def _serve(run_dir, tmp_path_factory, *extra):
                 raise RuntimeError(f"axplug serve did not start:\n{log.read_text()}")
             time.sleep(0.5)
         paged = "--kv-cache" not in extra
-        assert _metric(base, "axplug_serve_kv_pages_free") == (32 if paged else -1)
+        max_len = int(extra[extra.index("--max-len") + 1]) if "--max-len" in extra else MAX_LEN
+        pages = 2 * max_len // 16  # 2 rows of 16-token pages
+        assert _metric(base, "axplug_serve_kv_pages_free") == (pages if paged else -1)
         yield base
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -113,7 +114,10 @@ def server(run_dir, tmp_path_factory):
     from axplug_serve.testing import serve_in_thread
 
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    with serve_in_thread(_serve_argv(run_dir)[1:], log) as base:
+    # 32-token prefill chunks (the tests' prompts are shorter): the warm-up compiles two prefill
+    # widths, not five, and prefills a longer prompt beside a decoding row.
+    options = _serve_argv(run_dir, "--prefill-chunk", "32")[1:]
+    with serve_in_thread(options, log) as base:
         # The engine's gauges are there before any request (2 rows x 256 / 16 pages).
         assert _metric(base, "axplug_serve_kv_pages_free") == 32
         _LOGS[base] = log
@@ -131,13 +135,21 @@ def loaded(run_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(run_dir, loaded):
+def engine(loaded):
+    """The core's Engine over the same checkpoint, in this process: one for every reference
+    below, so its programs are compiled once."""
+    return Engine(loaded.model, loaded.params, num_slots=2, max_len=64)
+
+
+@pytest.fixture(scope="module")
+def reference(run_dir, loaded, engine):
     """Greedy ids of the same checkpoint, decoded in this process by the core's Engine."""
     tokenizer = find_tokenizer(loaded, run_dir)
 
     def greedy(prompt_ids: list[int], n: int) -> list[int]:
-        sampling = SamplingParams(max_new_tokens=n, temperature=0)
-        return generate(loaded.model, loaded.params, [prompt_ids], sampling)[0].output_ids
+        engine.submit(Request(prompt_ids, SamplingParams(max_new_tokens=n, temperature=0)))
+        (completion,) = engine.run()
+        return completion.output_ids
 
     return tokenizer, greedy
 
@@ -318,7 +330,8 @@ def test_health_models_and_help(server, capsys):
 @pytest.mark.parametrize(
     "extra",
     [
-        ["--prefill-devices", "4"],
+        # 64-token rows: the warm-up compiles fewer prefill widths on each side.
+        ["--prefill-devices", "4", "--max-len", "64"],
         # Chunked prefill with either cache is covered in-process (test_inference.py).
         pytest.param(["--kv-cache", "contiguous", "--prefill-chunk", "4"], marks=pytest.mark.slow),
     ],
@@ -354,9 +367,8 @@ def _post(base: str, path: str, body: dict, key: str | None = KEY) -> dict:
     return json.loads(text)
 
 
-def _engine_scores(loaded, prompts: list[list[int]], new: int, top: int):
+def _engine_scores(engine, prompts: list[list[int]], new: int, top: int):
     """The core Engine's greedy completions of `prompts` with output and prompt logprobs."""
-    engine = Engine(loaded.model, loaded.params, num_slots=2, max_len=64)
     sampling = SamplingParams(max_new_tokens=new, temperature=0, logprobs=top, prompt_logprobs=top)
     for i, prompt in enumerate(prompts):
         engine.submit(Request(prompt, sampling, id=i))
@@ -364,12 +376,12 @@ def _engine_scores(loaded, prompts: list[list[int]], new: int, top: int):
     return [done[i] for i in range(len(prompts))]
 
 
-def test_echo_logprobs_equal_the_engines_for_prompt_and_output(server, loaded, reference):
+def test_echo_logprobs_equal_the_engines_for_prompt_and_output(server, engine, reference):
     tokenizer, _ = reference
     prompts = ["HAMLET. To be", "KING."]
     args = {"prompt": prompts, "echo": True, "max_tokens": 4, "logprobs": 2, "temperature": 0}
     body = _post(server, "/v1/completions", {"model": "tiny", **args})
-    wants = _engine_scores(loaded, [tokenizer.encode(p) for p in prompts], 4, 2)
+    wants = _engine_scores(engine, [tokenizer.encode(p) for p in prompts], 4, 2)
     assert [c["index"] for c in body["choices"]] == [0, 1]
     for prompt, choice, want in zip(prompts, body["choices"], wants, strict=True):
         ids = want.prompt_ids + want.output_ids
@@ -407,7 +419,7 @@ def test_echo_logprobs_equal_the_engines_for_prompt_and_output(server, loaded, r
         assert ranked[str(entry.top[0][0])]["rank"] == 1
 
 
-def test_streamed_logprobs_and_chat_logprobs(server, client, loaded, reference):
+def test_streamed_logprobs_and_chat_logprobs(server, client, engine, reference):
     tokenizer, _ = reference
     args = {"model": "tiny", "prompt": "To be", "max_tokens": 12, "logprobs": 1, "temperature": 0}
     whole = client.completions.create(**args).choices[0].logprobs
@@ -422,7 +434,7 @@ def test_streamed_logprobs_and_chat_logprobs(server, client, loaded, reference):
     out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
                                          temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
     prompt = tokenizer.encode("user: Who is there?\n\nassistant:")
-    (want,) = _engine_scores(loaded, [prompt], 5, 2)
+    (want,) = _engine_scores(engine, [prompt], 5, 2)
     content = out.choices[0].logprobs.content
     assert [c.token for c in content] == [tokenizer.decode([t]) for t in want.output_ids]
     np.testing.assert_allclose([c.logprob for c in content],
@@ -459,7 +471,7 @@ def test_list_prompts_and_n_choices(server, client, reference):
         client.completions.create(model="tiny", prompt=prompts * 3, max_tokens=2)
 
 
-def test_penalties_and_logit_bias_equal_the_engines(server, client, loaded, reference):
+def test_penalties_and_logit_bias_equal_the_engines(server, client, engine, reference):
     tokenizer, _ = reference
     forced = client.completions.create(model="tiny", prompt="To be", max_tokens=5,
                                        temperature=0, logit_bias={"65": 100})  # fmt: skip
@@ -468,7 +480,6 @@ def test_penalties_and_logit_bias_equal_the_engines(server, client, loaded, refe
     out = client.completions.create(model="tiny", prompt="To be", max_tokens=12,
                                     temperature=0, **settings,
                                     extra_body={"repetition_penalty": 1.3})  # fmt: skip
-    engine = Engine(loaded.model, loaded.params, num_slots=1, max_len=64)
     sampling = SamplingParams(max_new_tokens=12, temperature=0, repetition_penalty=1.3,
                               **settings)  # fmt: skip
     engine.submit(Request(tokenizer.encode("To be"), sampling))
@@ -608,7 +619,8 @@ def test_a_looping_chat_template_is_a_400_within_its_budget_and_frees_the_worker
     loop = tmp_path / "loop.jinja"  # 10**10 iterations: until the budget stops it
     loop.write_text("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
                     "{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}")  # fmt: skip
-    argv = _serve_argv(run_dir, "--chat-template", str(loop))[1:]
+    # No warm-up: the template is refused before the engine, and one short completion follows.
+    argv = _serve_argv(run_dir, "--chat-template", str(loop), "--no-warmup")[1:]
     with serve_in_thread(argv, tmp_path / "server.log") as base:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 2}  # fmt: skip
