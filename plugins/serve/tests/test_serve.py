@@ -316,9 +316,10 @@ def test_a_full_queue_is_429_and_the_server_recovers(server, client):
     assert out.usage.completion_tokens == 2
 
 
-def test_health_models_and_help(server, capsys):
+def test_health_models_and_help(server, client, capsys):
     status, body, _ = _get(server + "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
+    client.completions.create(model="tiny", prompt="x", max_tokens=1)  # a first token timed
     assert re.search(r"^axplug_serve_time_to_first_token_seconds_count [1-9]", _get(
         server + "/metrics")[1], re.M)  # fmt: skip
     assert main(["--help"]) == 0
