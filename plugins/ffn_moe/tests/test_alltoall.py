@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("axplug_moe")
 
 from axplug.api.config import make_modifier  # noqa: E402
+from axplug.testing import train_steps  # noqa: E402
 from test_moe_plugin import metrics, tiny_llama, with_jsonl  # noqa: E402
 
 STEPS = 3
@@ -32,6 +33,7 @@ def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
     from axplug.api.config import find_configs
 
     cfg = tiny_llama(run_dir, STEPS, mesh)
+    cfg.model.decoder.transformer.num_layers = 1  # one MoE layer: its dispatch is the claim
     moe = "moe:num_experts=8,top_k=2,hidden_dim=96,capacity_factor=None,dispatch=alltoall"
     cfg = with_jsonl(make_modifier(moe)(cfg))
     for _, layer in find_configs(cfg, MoEFeedForward):
@@ -46,12 +48,17 @@ def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
     return cfg.instantiate(devices=devices)
 
 
+def train(run_dir, mesh, **options):
+    """(the trainer, its state, each step's metrics) after STEPS train steps: the built step
+    alone (no checkpoint or writer, not what is tested)."""
+    t = trainer(run_dir, mesh, **options)
+    return t, *train_steps(t, STEPS)
+
+
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("one")
-    t = trainer(run_dir, ONE)
-    t.run()
-    return metrics(run_dir), jax.device_get(t.state["params"])
+    _, state, rows = train(tmp_path_factory.mktemp("one"), ONE)
+    return rows, jax.device_get(state["params"])
 
 
 @pytest.mark.slow  # ~18 s: two more 3-step runs
@@ -93,25 +100,23 @@ def moving_collectives(hlo: str) -> list[tuple[str, str]]:
 
 def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
     assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
-    t = trainer(tmp_path, MESH)
-    t.run()
+    t, state, got = train(tmp_path, MESH)
     rows, want_params = one_device
-    got = metrics(tmp_path)
     np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in rows], rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
-        jax.device_get(t.state["params"]),
+        jax.device_get(state["params"]),
         want_params,
     )
     assert all(r["moe/dropped_fraction"] == 0.0 for r in got)
     assert got[-1]["moe/device_load"] == pytest.approx(0.5)  # two shards: mean 1/2
 
-    hlo = t._train_step.lower(t.state, t.put_batch(t.input.batch(0))).compile().as_text()
+    hlo = t._train_step.lower(state, t.put_batch(t.input.batch(0))).compile().as_text()
     moving = moving_collectives(hlo)
     assert any(op == "all-to-all" for op, _ in moving), moving
     # Everything else gathers parameters: shapes of a parameter, its experts cut to the
     # device's 4, or its FSDP shard; never a token-shaped array.
-    params = jax.tree.leaves(t.state["params"])
+    params = jax.tree.leaves(state["params"])
     allowed = set()
     for p in params:
         shape = list(p.shape)
@@ -125,9 +130,7 @@ def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
 
 
 def test_a_capacity_per_destination_drops_and_reports_it(tmp_path):
-    t = trainer(tmp_path, MESH, send_capacity=0.5)
-    t.run()
-    got = metrics(tmp_path)
+    _, _, got = train(tmp_path, MESH, send_capacity=0.5)
     assert all(np.isfinite(r["loss"]) for r in got)
     # The router drops nothing; the send capacity (half an even share per shard) does, and
     # `moe/dropped_fraction` is the mean of the router's 0 and the dispatch's share.

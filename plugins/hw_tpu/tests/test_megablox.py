@@ -88,7 +88,8 @@ def test_the_moe_ragged_dispatch_runs_on_it(monkeypatch):
         y, _ = functional(model, prng_key=None, state=params, inputs=(x,), is_training=True)
         return jnp.sum(y**2), y
 
-    (_, want), want_grads = jax.value_and_grad(loss, has_aux=True)(params)
+    # Jitted: one program each, not one per op (the selection runs as it is traced).
+    (_, want), want_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     kernel, chosen = interpreted(), []
 
     def select(lhs, rhs, sizes, backend=None):
@@ -97,7 +98,7 @@ def test_the_moe_ragged_dispatch_runs_on_it(monkeypatch):
 
     # where the MoE dispatch looks it up: the core's module (the face is a re-export)
     monkeypatch.setattr("axplug.kernels.grouped.select_grouped_matmul", select)
-    (_, got), got_grads = jax.value_and_grad(loss, has_aux=True)(params)
+    (_, got), got_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     assert [name for name, _ in chosen] == ["megablox_gmm"] * 3  # up, gate, out
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),

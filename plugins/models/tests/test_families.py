@@ -119,16 +119,25 @@ VARIANTS = (
 )
 
 
+@pytest.fixture(scope="module")
+def llama_check(tmp_path_factory):
+    """LLaMA's check, for its family case and the fine-tune from its import."""
+    return check_against_transformers(FAMILIES["llama"](), tmp_path_factory.mktemp("llama"))
+
+
 @pytest.mark.parametrize(
     "family",
     [pytest.param(f, marks=pytest.mark.slow) if f in VARIANTS else f for f in FAMILIES],
 )
-def test_family_matches_transformers(family, tmp_path):
-    check = check_against_transformers(FAMILIES[family](), tmp_path)
+def test_family_matches_transformers(family, tmp_path, request):
+    if family == "llama":
+        check = request.getfixturevalue("llama_check")
+    else:
+        check = check_against_transformers(FAMILIES[family](), tmp_path)
     assert not check.mismatches(TOL), check
 
 
-def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path):
+def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path, llama_check):
     """`train --from` with another theta and Llama 3 scaling, then `export-hf`: transformers
     computes the fine-tuned model's logits (every RoPE form in config.json is the new one)."""
     import json
@@ -141,13 +150,12 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path)
     from axplug.api.run import load_checkpoint
     from axplug.testing import cli_main as main
 
-    check = check_against_transformers(FAMILIES["llama"](), tmp_path / "base", steps=1)
     tuned, out = str(tmp_path / "tuned"), str(tmp_path / "out")
     rope = (
         "rope:theta=50000.0,scaling_factor=4.0,low_freq_factor=1.0,high_freq_factor=2.0,"
         "original_max_position=32"
     )
-    args = ["train", "--from", check.run_dir, "--output-dir", tuned, "--max-steps", "2",
+    args = ["train", "--from", llama_check.run_dir, "--output-dir", tuned, "--max-steps", "2",
             "--modifier", rope, "--input", "synthetic:vocab_size=96",
             "--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
             "--set", "input.batch_size=8", "--mesh-rule", "none", "--modifier", "mesh",

@@ -80,6 +80,11 @@ def call(model, params, inputs, method="forward"):
     return out
 
 
+def jit_call(model, params, inputs, method="forward"):
+    """`call` as one compiled program, not one per op."""
+    return jax.jit(lambda p, i: call(model, p, i, method))(params, inputs)
+
+
 def normal(seed: int, shape) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
@@ -133,21 +138,21 @@ def ref_layer(p, x, pos, window, theta, linear):
 def test_forward_equals_a_plain_jnp_reference_with_each_layers_own_settings():
     model, params = build(stack_cfg(**GEMMA3_LIKE))
     x, pos = normal(1, (2, 9, DIM)), positions(2, 9)
-    got = call(model, params, {"x": x, "positions": pos})
+    got = jit_call(model, params, {"x": x, "positions": pos})
     want = x
     for i, (window, theta, linear) in enumerate(GEMMA3_LAYERS):
         want = ref_layer(params[f"layer{i}"], want, pos, window, theta, linear)
     np.testing.assert_allclose(got, want, **F32)
     # ...and the pattern matters: one kind for every layer computes something else.
-    uniform = stack_cfg(["global"] * 5, GEMMA3_LIKE["kinds"])
-    other = call(build(uniform)[0], params, {"x": x, "positions": pos})
+    uniform = stack_cfg(["global"] * 5, GEMMA3_LIKE["kinds"]).instantiate(parent=None)
+    other = jit_call(uniform, params, {"x": x, "positions": pos})
     assert float(jnp.max(jnp.abs(other - got))) > 1e-3
 
 
 def test_each_layer_equals_a_layer_built_alone_from_its_own_config():
     model, params = build(stack_cfg(**GEMMA3_LIKE))
     x, pos = normal(2, (2, 7, DIM)), positions(2, 7)
-    got = call(model, params, {"x": x, "positions": pos})
+    got = jit_call(model, params, {"x": x, "positions": pos})
     want = x
     for i, (window, theta, linear) in enumerate(GEMMA3_LAYERS):
         own = template().set(input_dim=DIM)
@@ -155,7 +160,7 @@ def test_each_layer_equals_a_layer_built_alone_from_its_own_config():
         own.attention.position.set(theta=theta, linear_scaling_factor=linear)
         assert to_dict(model.layer_config(i).set(input_dim=DIM)) == to_dict(own)
         layer = own.instantiate(parent=None)
-        want = call(layer, params[f"layer{i}"], {"x": want, "positions": pos})
+        want = jit_call(layer, params[f"layer{i}"], {"x": want, "positions": pos})
     np.testing.assert_allclose(got, want, **F32)
 
 

@@ -12,6 +12,8 @@ order of compilation); whole models decoded token by token 1e-4 (test_pattern's)
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +31,7 @@ from test_pattern import (
     build,
     call,
     decode_logits,
+    jit_call,
     lm,
     normal,
     positions,
@@ -54,7 +57,7 @@ def to_scanned(params: dict, num_layers: int, period: int) -> dict:
         "layer": {
             "layer": {
                 f"layer{k}": jax.tree.map(
-                    lambda *a: jnp.stack(a),
+                    lambda *a: np.stack(a),  # numpy: no program per shape
                     *[params[f"layer{r * period + k}"] for r in range(steps)],
                 )
                 for k in range(period)
@@ -69,36 +72,43 @@ def shapes(tree):
     return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
 
 
+def abstract(cfg):
+    """The model of `cfg` and its parameters' shapes: no values, nothing to compute."""
+    model = cfg.instantiate(parent=None)
+    return model, jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
+
+
 # --- numerics against the unrolled stack --------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["none", "full", "dots"])
-def test_scanned_forward_and_gradients_equal_the_unrolled_stacks(policy):
+def test_scanned_forward_and_gradients_equal_the_unrolled_stacks():
+    """Under each remat policy, against one unrolled reference."""
     unrolled, params = build(stack_cfg(EIGHT, KINDS))
-    model, own = build(scanned(remat_policy=policy))
     mapped = to_scanned(params, 8, 3)
-    assert shapes(mapped) == shapes(own)
     x, pos = normal(1, (2, 9, 32)), positions(2, 9)
-
     # Both compiled (eager float32 differs from compiled by ~5e-6 here), as users compile them:
     # the session's fast-compile flags order the gradient's sums differently (1.5e-5).
     options = dict(compiler_options=production_compiler_options())
 
-    def forward(m, **options):
-        return jax.jit(lambda p, x, pos: call(m, p, {"x": x, "positions": pos}), **options)
+    def forward_and_grads(m, p):
+        """The forward pass and the gradients of sum(sin(forward)): one program."""
 
-    np.testing.assert_allclose(
-        forward(model, **options)(mapped, x, pos),
-        forward(unrolled, **options)(params, x, pos),
-        **SAME,
-    )
+        def loss(p, x, pos):
+            out = call(m, p, {"x": x, "positions": pos})
+            return jnp.sum(jnp.sin(out)), out
 
-    def grads(m, p):
-        loss = lambda p, x, pos: jnp.sum(jnp.sin(forward(m)(p, x, pos)))  # noqa: E731
-        return jax.jit(jax.grad(loss), **options)(p, x, pos)
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True), **options)(p, x, pos)
+        return out, grads
 
-    want = to_scanned(grads(unrolled, params), 8, 3)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **SAME), grads(model, mapped), want)
+    want, want_grads = forward_and_grads(unrolled, params)
+    want_grads = to_scanned(want_grads, 8, 3)
+    for policy in ("none", "full", "dots"):
+        model, own = abstract(scanned(remat_policy=policy))
+        assert shapes(mapped) == shapes(own)
+        got, grads = forward_and_grads(model, mapped)
+        close = functools.partial(np.testing.assert_allclose, **SAME, err_msg=policy)
+        close(got, want)
+        jax.tree.map(close, grads, want_grads)
 
 
 def _primitives(jaxpr) -> list[str]:
@@ -118,7 +128,7 @@ def _primitives(jaxpr) -> list[str]:
 def test_remat_is_per_layer_inside_the_scan_and_in_the_tail(policy, checkpoints):
     """One checkpoint per layer of the period (in the scan body) and per tail layer; the scan
     step itself is not one, so the backward pass holds one layer's activations at a time."""
-    model, params = build(scanned(remat_policy=policy))
+    model, params = abstract(scanned(remat_policy=policy))
     x, pos = normal(1, (2, 9, 32)), positions(2, 9)
     jaxpr = jax.make_jaxpr(lambda p: call(model, p, {"x": x, "positions": pos}))(params)
     names = _primitives(jaxpr.jaxpr)
@@ -127,7 +137,7 @@ def test_remat_is_per_layer_inside_the_scan_and_in_the_tail(policy, checkpoints)
 
 
 def test_every_layer_keeps_its_kind_across_scan_steps_and_into_the_tail():
-    model, own = build(scanned())
+    model = scanned().instantiate(parent=None)
     assert [model.layer_config(i).attention.sliding_window for i in range(8)] == [
         None if kind == "global" else 3 for kind in EIGHT
     ]
@@ -135,14 +145,14 @@ def test_every_layer_keeps_its_kind_across_scan_steps_and_into_the_tail():
     # two layers are global.
     unrolled, params = build(stack_cfg(EIGHT, KINDS))
     x, pos = normal(2, (1, 9, 32)), positions(1, 9)
-    got = call(model, to_scanned(params, 8, 3), {"x": x, "positions": pos})
-    global_tail = build(stack_cfg(EIGHT[:6] + ("global", "global"), KINDS))[0]
-    other = call(global_tail, params, {"x": x, "positions": pos})
+    got = jit_call(model, to_scanned(params, 8, 3), {"x": x, "positions": pos})
+    global_tail = stack_cfg(EIGHT[:6] + ("global", "global"), KINDS).instantiate(parent=None)
+    other = jit_call(global_tail, params, {"x": x, "positions": pos})
     assert float(jnp.max(jnp.abs(other - got))) > 1e-3
 
 
 def test_the_trees_are_one_period_stacked_and_the_tail_unrolled():
-    model, params = build(scanned())
+    model = scanned().instantiate(parent=None)
     specs = model.create_parameter_specs_recursively()
     assert sorted(specs) == ["layer", "tail"]
     assert sorted(specs["layer"]["layer"]) == ["layer0", "layer1", "layer2"]
@@ -151,10 +161,10 @@ def test_the_trees_are_one_period_stacked_and_the_tail_unrolled():
     assert norm.shape == (2, 32) and norm.mesh_axes[0] == "layers"
     assert specs["tail"]["layer1"]["attention_norm"]["scale"].shape == (32,)
     cache = model.init_cache_state(3, 10)
-    unrolled_cache = build(stack_cfg(EIGHT, KINDS))[0].init_cache_state(3, 10)
+    unrolled_cache = stack_cfg(EIGHT, KINDS).instantiate(parent=None).init_cache_state(3, 10)
     assert shapes(cache) == shapes(to_scanned(unrolled_cache, 8, 3))
     # A whole number of periods has no tail.
-    assert "tail" not in build(scanned(EIGHT[:6]))[1]
+    assert "tail" not in abstract(scanned(EIGHT[:6]))[1]
 
 
 # --- decoding -----------------------------------------------------------------------------------
@@ -163,7 +173,7 @@ def test_the_trees_are_one_period_stacked_and_the_tail_unrolled():
 @pytest.mark.parametrize("mods", [(), ("paged_kv_cache:page_size=4",)], ids=["contiguous", "paged"])
 def test_scanned_decoding_with_the_cache_gives_the_forward_logits(mods):
     unrolled, base = build(lm(*mods))
-    model, _ = build(lm("scan_layers:remat_policy=full", *mods))
+    model = lm("scan_layers:remat_policy=full", *mods).instantiate(parent=None)
     decoder = {**base["decoder"], "transformer": to_scanned(base["decoder"]["transformer"], 5, 3)}
     params = {**base, "decoder": decoder}
     ids = np.random.default_rng(3).integers(0, VOCAB, (3, 11)).astype(np.int32)

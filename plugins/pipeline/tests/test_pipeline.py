@@ -1,5 +1,7 @@
 """Pipeline parallelism: the same losses, gradients and checkpoints as the scanned stack."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ from axplug_pipeline import bubble_fraction
 from axplug.api.config import ConfigError, replace_config
 from axplug.api.layers import FeedForward, functional
 from axplug.api.summary import read_jsonl
-from axplug.testing import tiny_trainer_config
+from axplug.testing import tiny_trainer_config, train_steps
 
 SMALL = [
     "log_every=1",
@@ -34,23 +36,37 @@ def llama8(tmp_path, *modifiers, steps=3):
     )
 
 
-def run(cfg, devices=None):
-    trainer = cfg.instantiate(devices=devices)
-    trainer.run()
-    losses = [r["loss"] for r in read_jsonl(cfg.output_dir + "/metrics.jsonl") if "loss" in r]
-    return trainer, losses
+def train(cfg, devices=None):
+    """(the final state, each step's loss) of the built train step alone: no checkpoint or
+    writer, which only the checkpoint test needs."""
+    state, metrics = train_steps(cfg.instantiate(devices=devices), cfg.max_steps)
+    return state, [float(m["loss"]) for m in metrics]
 
 
 @pytest.fixture(scope="module")
 def scanned(tmp_path_factory):
     cfg = llama8(tmp_path_factory.mktemp("scanned"), "mesh:data=1")
-    return run(cfg, devices=jax.devices()[:1])
+    return train(cfg, devices=jax.devices()[:1])
+
+
+GPIPE = ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2")
+
+
+@pytest.fixture(scope="module")
+def gpipe(tmp_path_factory):
+    """GPipe over 4 stages run 3 steps (checkpointed at the last): (run dir, final state,
+    losses), for the tests of its training and of its checkpoint."""
+    run_dir = tmp_path_factory.mktemp("gpipe")
+    trainer = llama8(run_dir, *GPIPE).instantiate()
+    trainer.run()
+    losses = [r["loss"] for r in read_jsonl(f"{run_dir}/metrics.jsonl") if "loss" in r]
+    return run_dir, trainer.state, losses
 
 
 @pytest.mark.parametrize(
     "pipeline, mesh",
     [
-        ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2"),
+        GPIPE,
         ("pipeline:stages=4,microbatches=4,schedule=circular,repeats=2", "mesh:pipeline=4,fsdp=2"),
         pytest.param(
             "pipeline:stages=2,microbatches=8,schedule=circular,repeats=4",
@@ -74,22 +90,40 @@ def scanned(tmp_path_factory):
         "1f1b-m2-data4",
     ],
 )
-def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipeline, mesh):
+def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned, pipeline, mesh):
     base, base_losses = scanned
     devices = jax.devices()[:1] if mesh == "mesh:data=1" else None
-    trainer, losses = run(llama8(tmp_path, pipeline, mesh), devices)
+    if (pipeline, mesh) == GPIPE:  # the run the checkpoint test restores too
+        _, state, losses = request.getfixturevalue("gpipe")
+    else:
+        state, losses = train(llama8(tmp_path, pipeline, mesh), devices)
     np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
     # After 3 Adam steps the parameters agree as closely as the losses.
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-        jax.device_get(trainer.state["params"]),
-        jax.device_get(base.state["params"]),
+        jax.device_get(state["params"]),
+        jax.device_get(base["params"]),
     )
     if devices is None:  # each stage's layers live on its own `pipeline` devices
-        weight = trainer.state["params"]["decoder"]["transformer"]["layer"]["attention"]
+        weight = state["params"]["decoder"]["transformer"]["layer"]["attention"]
         weight = jax.tree.leaves(weight)[0]
         stages = int(pipeline.split("stages=")[1].split(",")[0])
         assert weight.sharding.shard_shape(weight.shape)[0] == 8 // stages
+
+
+@functools.cache  # the scanned stack's (no modifiers) for every pipeline
+def first_batch_grads(*modifiers):
+    """The gradients of the loss on the first batch at the initial parameters."""
+    from axplug.api.run import loss_fn
+    from axplug.api.sharding import scoped
+
+    cfg = llama8("/tmp/unused", *modifiers)
+    trainer = cfg.instantiate(devices=jax.devices()[:1] if not modifiers else None)
+    state = trainer.init_state()
+    batch = trainer.put_batch(trainer.input.batch(0))
+    loss = loss_fn(trainer.model, trainer.aux_loss)
+    fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
+    return jax.device_get(fn(state["params"]))
 
 
 @pytest.mark.parametrize(
@@ -100,38 +134,24 @@ def test_pipelined_training_matches_the_scanned_stack(tmp_path, scanned, pipelin
     ],
 )
 def test_gradients_match_the_scanned_stack(pipeline):
-    from axplug.api.run import loss_fn
-    from axplug.api.sharding import scoped
-
-    def grads(*modifiers):
-        cfg = llama8("/tmp/unused", *modifiers)
-        trainer = cfg.instantiate(devices=jax.devices()[:1] if not modifiers else None)
-        state = trainer.init_state()
-        batch = trainer.put_batch(trainer.input.batch(0))
-        loss = loss_fn(trainer.model, trainer.aux_loss)
-        fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
-        return jax.device_get(fn(state["params"]))
-
-    want = grads()
-    got = grads(pipeline, "mesh:pipeline=4,fsdp=2")
+    want = first_batch_grads()
+    got = first_batch_grads(pipeline, "mesh:pipeline=4,fsdp=2")
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), got, want)
 
 
-def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path):
+def test_a_pipelined_checkpoint_restores_into_a_scanned_run(tmp_path, gpipe):
     from axplug.api.run import restore_weights
 
-    pipelined, losses = run(
-        llama8(tmp_path / "pp", "pipeline:stages=4,microbatches=4", "mesh:pipeline=4,data=2")
-    )
+    run_dir, state, _ = gpipe
     target = llama8(tmp_path / "scan", "mesh:fsdp=8").instantiate()
     step, params, opt_state = restore_weights(
-        str(tmp_path / "pp"),
+        str(run_dir),
         None,
         abstract_state=target.layout.abstract,
         optimizer=True,
     )
     assert step == 3
-    saved = jax.device_get(pipelined.state)
+    saved = jax.device_get(state)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), saved["params"])
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(opt_state), saved["opt_state"])
 
@@ -156,16 +176,17 @@ def test_layer_outputs_come_back_per_layer_averaged_over_microbatches():
         trainer = cfg.instantiate(devices=jax.devices()[:1])
         params = trainer.init_state()["params"]
         batch = trainer.input.batch(0)
-        _, collection = functional(
-            trainer.model,
-            prng_key=None,
-            state=params,
-            inputs={k: jnp.asarray(batch[k]) for k in ("input_ids", "target_labels")},
-            is_training=False,
-        )
-        layer = collection.module_outputs["decoder"]["transformer"]["layer"]
-        summary = collection.summaries["decoder"]["transformer"]["layer"]
-        return layer["feed_forward"]["input_mean"], summary["feed_forward"]["input_mean"]
+
+        @jax.jit  # one program, not one per op
+        def means(params, inputs):
+            _, collection = functional(
+                trainer.model, prng_key=None, state=params, inputs=inputs, is_training=False
+            )
+            layer = collection.module_outputs["decoder"]["transformer"]["layer"]
+            summary = collection.summaries["decoder"]["transformer"]["layer"]
+            return layer["feed_forward"]["input_mean"], summary["feed_forward"]["input_mean"]
+
+        return means(params, {k: jnp.asarray(batch[k]) for k in ("input_ids", "target_labels")})
 
     want_output, want_summary = outputs()
     assert want_output.shape == (8,) and len(set(np.asarray(want_output).tolist())) == 8
@@ -196,7 +217,8 @@ def test_1f1b_keeps_activation_memory_flat_in_the_microbatches():
             "mesh:pipeline=4,data=2",
         )
         cfg = cfg.clone(input=cfg.input.clone(batch_size=32))
-        cfg.model.decoder.transformer.remat_policy = "none"
+        # One layer a stage: what a stage keeps scales with its layers, for both schedules.
+        cfg.model.decoder.transformer.set(num_layers=4, remat_policy="none")
         trainer = cfg.instantiate()
         token = jax.ShapeDtypeStruct((32, 32), jnp.int32, sharding=trainer.batch_sharding)
         lowered = trainer._train_step.lower(
@@ -225,10 +247,10 @@ def test_1f1b_refuses_layers_with_outputs():
     cfg = llama8("/tmp/unused", "pipeline:stages=2,microbatches=2,schedule=1f1b", "mesh:data=1")
     cfg = replace_config(cfg, target=FeedForward, new_cfg=PenalizedFeedForward.default_config())
     trainer = cfg.instantiate(devices=jax.devices()[:1])
-    params = trainer.init_state()["params"]
+    params = trainer.layout.abstract["params"]  # traced, as a train step is: nothing to run
     batch = trainer.input.batch(0)
     with pytest.raises(ConfigError, match="schedule='1f1b': the layers record outputs"):
-        loss_fn(trainer.model, trainer.aux_loss)(params, batch, None)
+        jax.eval_shape(loss_fn(trainer.model, trainer.aux_loss), params, batch, None)
 
 
 @pytest.mark.parametrize(
