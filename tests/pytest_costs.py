@@ -73,8 +73,9 @@ class _Costs:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
         if call.when == "teardown":  # the test's counts are final once its teardown ran
-            cpu = round(_cpu_seconds() - self.cpu_start, 2)
-            report.user_properties.append((_COUNTS, (self.compiles - self.hits, self.children, cpu)))
+            counts = (self.compiles - self.hits, self.children,
+                      round(_cpu_seconds() - self.cpu_start, 2))  # fmt: skip
+            report.user_properties.append((_COUNTS, counts))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
