@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import resource
+import runpy
 import signal
 import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -268,21 +268,18 @@ def _readable() -> tuple[str, ...]:
     return (*here, *devices, os.path.realpath("/proc/self"), os.path.realpath(__file__))
 
 
-def _run(code: types.CodeType, path: str) -> None:
-    """Runs the program as `__main__`; an uncaught exception prints the program's part of
-    the traceback and exits 1, or EXIT_MEMORY for MemoryError."""
+def _run(path: str) -> None:
+    """Runs the program at `path` as `__main__` (runpy, as `python path` would); an uncaught
+    exception prints the program's part of the traceback and exits 1, or EXIT_MEMORY for
+    MemoryError. The one place model-written code runs: this child, contained before it (no
+    config or checkpoint is ever executed)."""
     import builtins
 
     # What site (skipped: -S) would add, and programs call to stop.
     builtins.exit = builtins.quit = sys.exit  # type: ignore[assignment]
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    sys.modules["__main__"] = module
     sys.argv = [path]
     try:
-        # The one place model-written code runs: this child, contained before it (no config
-        # or checkpoint is ever executed).
-        exec(code, module.__dict__)
+        runpy.run_path(path, run_name="__main__")
     except SystemExit:
         raise
     except MemoryError:
@@ -293,8 +290,10 @@ def _run(code: types.CodeType, path: str) -> None:
         import traceback
 
         try:
-            tb = exc.__traceback__
-            traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)
+            tb = exc.__traceback__  # from the program's first frame on (none: a syntax error)
+            while tb is not None and tb.tb_frame.f_code.co_filename != path:
+                tb = tb.tb_next
+            traceback.print_exception(type(exc), exc, tb)
         except MemoryError:
             os._exit(EXIT_MEMORY)
         sys.exit(1)
@@ -307,23 +306,13 @@ def main(argv: list[str]) -> None:
         _limit(int(argv[2]), int(argv[3]))
         _isolate()
         path = scratch + "/main.py"
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
         readable = _readable()
         sys.dont_write_bytecode = True
     except Exception as exc:  # reported to the parent, which raises
         os.write(2, f"sandbox setup failed: {type(exc).__name__}: {exc}\n".encode())
         os._exit(EXIT_SETUP)
-    try:
-        code = compile(source, path, "exec")
-    except SyntaxError as exc:
-        import traceback
-
-        traceback.print_exception(type(exc), exc, None)
-        sys.exit(1)
     sys.addaudithook(_audit_hook(scratch, readable))
-    del source
-    _run(code, path)
+    _run(path)
 
 
 if __name__ == "__main__":
