@@ -8,7 +8,9 @@ decodes, else the longest feed rounded up to a power of two. Rows that take no p
 padding tokens, which the caches never write (see `axplug.layers.kv_cache`), so every
 request decodes exactly as it would alone. Finished requests leave their row at once. With a
 paged cache the engine owns the page pool: a row holds pages for what it has cached and
-takes more as it grows.
+takes more as it grows; with prefix caching (the default) a request starts from the cached
+full pages of its prompt's longest cached prefix, shared read-only with the rows that
+computed them, and waits a step while a row is computing them.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class Engine:
 
     With a `mesh`, every call traces inside its sharding scope (`axis_rules`), as training does.
     A request may ask for up to `max_logprobs` top tokens with its log-probabilities; a step
-    computes them only when a row asks (see `SamplingParams.logprobs`).
+    computes them only when a row asks (see `SamplingParams.logprobs`). `prefix_caching`
+    (paged caches) shares full prompt pages between requests (see `PageAllocator`); requests
+    that score their prompt or use penalties compute theirs.
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class Engine:
         max_logprobs: int = 20,
         mesh: jax.sharding.Mesh | None = None,
         axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
+        prefix_caching: bool = True,
     ):
         for method in ("init_cache_state", "extend_step"):
             if not hasattr(model, method):
@@ -87,7 +92,12 @@ class Engine:
             self._cache = jax.block_until_ready(model.init_cache_state(num_slots, max_len))
         paging = model_paging(model, num_slots, max_len)
         self.page_size = paging.page_size if paging else None
-        self.allocator = PageAllocator(paging.num_pages) if paging else None
+        self.allocator = (
+            PageAllocator(paging.num_pages, paging.page_size, caching=prefix_caching)
+            if paging else None
+        )  # fmt: skip
+        # Context tokens of admitted requests, and those read from the prefix cache.
+        self.prompt_tokens = self.prefix_hit_tokens = 0
         # Every entry starts as "no page" (the pool size, the paged cache's sentinel).
         no_page = paging.num_pages if paging else 0
         self._table = np.full((num_slots, paging.pages_per_row if paging else 1), no_page, np.int32)
@@ -238,6 +248,7 @@ class Engine:
             return False
         self._cache = write_cache_row(self._cache, slot, row, self._table)
         self._occupy(slot, active)
+        active.start = None  # the row is written: its length is the other engine's
         self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
         return True
 
@@ -253,22 +264,73 @@ class Engine:
             if self._slots[slot] is not None:
                 continue
             active = self._waiting[0]
-            if not self._give_pages(slot, active, len(active.feed(self.prefill_chunk))):
-                break  # first come, first served: wait for pages to be released
+            # First come, first served: wait for pages to be released, or for a row to
+            # finish computing pages of this request's prefix (then share them).
+            if self._prefix_in_flight(active) or not self._admit_pages(slot, active):
+                break
             self._waiting.popleft()
             self._occupy(slot, active)
+            active.start = active.cached
 
-    def _give_pages(self, slot: int, active: RequestState, tokens: int) -> bool:
-        """Pages for `tokens` to a request taking `slot` (a paged cache); False if too few."""
+    def _shareable(self, active: RequestState) -> list[bytes]:
+        """Digests of the full pages of `active`'s context it may read from the prefix cache
+        (its last token is always fed: its logits give the next token)."""
+        sampling = active.request.sampling
+        if not (self.allocator and self.allocator.caching) or (
+            sampling.prompt_logprobs is not None or sampling.penalizes
+        ):
+            return []
+        active.digests = self.allocator.digests(active.context, active.digests)
+        return active.digests[: (active.context_len - 1) // self.page_size]
+
+    def _prefix_in_flight(self, active: RequestState) -> bool:
+        """Whether a row is computing the first page of `active`'s prefix the cache lacks."""
+        missing = [d for d in self._shareable(active) if not self.allocator.is_cached(d)]
+        return bool(missing) and any(
+            missing[0] in other.digests[other.registered :]
+            for other in self._slots
+            if other is not None
+        )
+
+    def _admit_pages(self, slot: int, active: RequestState) -> bool:
+        """Pages for a request taking `slot`: its prefix's cached pages, shared, and new ones
+        for its first feed; False (holding none) when too few are free."""
         if self.allocator is None:
             return True
-        count = self._pages_for(tokens)
+        shared = self.allocator.share(self._shareable(active))
+        active.cached = len(shared) * self.page_size
+        if not self._give_pages(slot, active, active.cached + len(active.feed(self.prefill_chunk)),
+                                shared):  # fmt: skip
+            self.allocator.release(shared)
+            active.cached = 0
+            return False
+        self.prompt_tokens += active.context_len
+        self.prefix_hit_tokens += active.cached
+        return True
+
+    def _give_pages(self, slot: int, active: RequestState, tokens: int, shared=()) -> bool:
+        """Pages for `tokens` to a request taking `slot` (a paged cache), after the `shared`
+        ones it holds already; False if too few are free."""
+        if self.allocator is None:
+            return True
+        count = self._pages_for(tokens) - len(shared)
         if count > self.allocator.num_free:
             return False
-        active.pages = self.allocator.allocate(count)
+        active.pages = [*shared, *self.allocator.allocate(count)]
+        active.registered = len(shared)
         self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
-        self._table[slot, :count] = active.pages
+        self._table[slot, : len(active.pages)] = active.pages
         return True
+
+    def _register(self, active: RequestState) -> None:
+        """Names `active`'s newly filled pages in the prefix cache."""
+        full = active.cached // self.page_size
+        if full > active.registered and self.allocator.caching:
+            context = active.context[: full * self.page_size]
+            active.digests = self.allocator.digests(context, active.digests)
+            for index in range(active.registered, full):
+                self.allocator.register(active.pages[index], active.digests[index])
+            active.registered = full
 
     def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
         """Pages for what each row writes this step, oldest rows first; the newest rows are
@@ -304,7 +366,7 @@ class Engine:
         tokens, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
             fed.logprobs, fed.prompt_logprobs, self.params, self._cache, fed.ids, fed.positions,
-            fed.reset, self._table, fed.last, fed.targets, rows.keys, fed.counts, penalties,
+            fed.start, self._table, fed.last, fed.targets, rows.keys, fed.counts, penalties,
             *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
@@ -317,6 +379,9 @@ class Engine:
             if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
                 active.note_prompt_logprobs(len(feed), [a[s] for a in scores["prompt"]])
             active.cached += len(feed)
+            active.start = None
+            if self.allocator is not None:
+                self._register(active)
             if active.cached == active.context_len:  # all cached: the token is the next one
                 token = int(tokens[s])
                 top_n = active.request.sampling.logprobs
@@ -339,7 +404,7 @@ class Engine:
         self._rows.clear(slot)
         if self.allocator is not None:
             self.allocator.release(active.pages)
-            active.pages = []
+            active.pages, active.registered = [], 0
             self._table[slot] = self.allocator.num_pages
         return active
 

@@ -17,7 +17,7 @@ class StepFeed(NamedTuple):
     ids: np.ndarray  # [rows, width]
     positions: np.ndarray  # [rows, width], EMPTY_POSITION past a row's fed tokens
     last: np.ndarray  # [rows]: each row's last fed token
-    reset: np.ndarray  # [rows]: rows that start from an empty cache
+    start: np.ndarray  # [rows]: the cache length a row starts from (-1: as it is)
     counts: np.ndarray  # [rows]: tokens each row has generated (its sampling key's step)
     targets: np.ndarray  # [rows, width]: each fed position's next prompt token
     logprobs: int | None  # static top-token counts: None, 0, or max_logprobs
@@ -41,7 +41,7 @@ def step_feed(
     ids = np.zeros((n, width), np.int32)
     positions = np.full((n, width), EMPTY_POSITION, np.int32)
     last = np.zeros((n,), np.int32)
-    reset = np.zeros((n,), bool)
+    start = np.full((n,), -1, np.int32)
     counts = np.zeros((n,), np.int32)
     targets = np.zeros((n, width), np.int32)
     # Static top-token counts: 0, or max_logprobs once any row asks for some (two programs
@@ -53,7 +53,8 @@ def step_feed(
         ids[s, :k] = feed
         positions[s, :k] = range(active.cached, active.cached + k)
         last[s] = k - 1
-        reset[s] = active.cached == 0  # a new (or recomputed) row starts from empty
+        if active.start is not None:  # a new (or recomputed) row: empty, or a cached prefix
+            start[s] = active.start
         counts[s] = len(active.output)
         sampling = active.request.sampling
         if sampling.logprobs is not None:
@@ -63,4 +64,4 @@ def step_feed(
             prompt_logprobs = max(prompt_logprobs or 0, asked)
             following = active.context[active.cached + 1 : active.cached + k + 1]
             targets[s, : len(following)] = following
-    return StepFeed(ids, positions, last, reset, counts, targets, logprobs, prompt_logprobs)
+    return StepFeed(ids, positions, last, start, counts, targets, logprobs, prompt_logprobs)

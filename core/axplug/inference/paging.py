@@ -1,9 +1,13 @@
-"""Pages of a paged KV cache from the scheduler's side: the free list and the pool's shape."""
+"""Pages of a paged KV cache from the scheduler's side: the free list, the prefix cache over
+it, and the pool's shape."""
 
 from __future__ import annotations
 
 import collections
+import hashlib
 from collections.abc import Sequence
+
+import numpy as np
 
 from axplug.api._errors import AxplugError
 from axplug.layers.kv_cache import PagedKVCache, Paging
@@ -17,27 +21,89 @@ class OutOfPagesError(AxplugError, RuntimeError):
 
 
 class PageAllocator:
-    """Free list of a paged KV cache's page ids."""
+    """Free list of a paged KV cache's page ids, reference-counted, and (with `caching`) the
+    prefix cache: a full page is named by a digest of its tokens and of every token before
+    it, and keeps its keys and values after its last holder releases it, so a request with
+    the same prefix shares it instead of computing it again. Cached pages nobody holds are
+    evicted least recently used when the free list runs dry. Shared pages are only read: a
+    row writes at and after its own length, past its full shared pages."""
 
-    def __init__(self, num_pages: int):
-        self.num_pages = num_pages
+    def __init__(self, num_pages: int, page_size: int = 1, *, caching: bool = False):
+        self.num_pages, self.page_size, self.caching = num_pages, page_size, caching
         self._free = collections.deque(range(num_pages))
+        self._refs = np.zeros((num_pages,), np.int64)
+        self._digest_of: dict[int, bytes] = {}  # cached page -> its digest
+        self._page_of: dict[bytes, int] = {}  # digest -> cached page
+        self._idle: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        self.evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Pages an allocation may take: free ones and cached ones nobody holds."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def num_cached(self) -> int:
+        """Pages the prefix cache names (held or not)."""
+        return len(self._page_of)
 
     def allocate(self, count: int) -> list[int]:
-        """`count` free pages, or OutOfPagesError (allocating nothing) when fewer are free."""
-        if count > len(self._free):
-            raise OutOfPagesError(
-                f"need {count} pages, {len(self._free)} of {self.num_pages} are free"
-            )
-        return [self._free.popleft() for _ in range(count)]
+        """`count` pages (free ones first, then the least recently used cached ones), or
+        OutOfPagesError (allocating nothing) when fewer are free."""
+        if count > self.num_free:
+            free = self.num_free
+            raise OutOfPagesError(f"need {count} pages, {free} of {self.num_pages} are free")
+        pages = []
+        for _ in range(count):
+            if self._free:
+                page = self._free.popleft()
+            else:
+                page, _ = self._idle.popitem(last=False)
+                del self._page_of[self._digest_of.pop(page)]
+                self.evictions += 1
+            self._refs[page] = 1
+            pages.append(page)
+        return pages
 
     def release(self, pages: Sequence[int]) -> None:
-        """Returns `pages` to the pool."""
-        self._free.extend(pages)
+        """Drops one hold on each of `pages`: an unheld page is free, or idle if cached."""
+        for page in pages:
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                if page in self._digest_of:
+                    self._idle[page] = None
+                else:
+                    self._free.append(page)
+
+    def digests(self, tokens: Sequence[int], known: list[bytes]) -> list[bytes]:
+        """`known` (the digests of the first full pages of `tokens`) extended to every full
+        page of `tokens`: each a hash of its page's tokens and the digest before it."""
+        size = self.page_size
+        for start in range(len(known) * size, len(tokens) - size + 1, size):
+            page = np.asarray(tokens[start : start + size], np.int64).tobytes()
+            known.append(hashlib.blake2b((known[-1] if known else b"") + page,
+                                         digest_size=16).digest())  # fmt: skip
+        return known
+
+    def share(self, digests: Sequence[bytes]) -> list[int]:
+        """The cached pages of the longest run of `digests` from the first, each now held
+        once more (no longer evictable)."""
+        pages = []
+        for digest in digests if self.caching else ():
+            if (page := self._page_of.get(digest)) is None:
+                break
+            pages.append(page)
+            self._idle.pop(page, None)
+            self._refs[page] += 1
+        return pages
+
+    def is_cached(self, digest: bytes) -> bool:
+        return digest in self._page_of
+
+    def register(self, page: int, digest: bytes) -> None:
+        """`page` (held, full) holds the prefix `digest` names: later requests may share it."""
+        if self.caching and digest not in self._page_of and page not in self._digest_of:
+            self._page_of[digest], self._digest_of[page] = page, digest
 
 
 def model_paging(model: Module, batch_size: int, max_len: int) -> Paging | None:

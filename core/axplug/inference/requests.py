@@ -80,6 +80,9 @@ class RequestState:
     first_token_s: float = 0.0
     admitted: int = 0  # admission order: the newest is preempted first
     cached: int = 0  # tokens of `context` in the cache
+    start: int | None = None  # the cache length its row starts from next step (None: as is)
+    digests: list[bytes] = dataclasses.field(default_factory=list)  # of full context pages
+    registered: int = 0  # its first pages named in the prefix cache
     output_logprobs: list[Logprob] = dataclasses.field(default_factory=list)
     # By prompt position, filled as the prompt is cached (again, identically, after a
     # preemption); position 0 stays None.

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from axplug.context import functional
 from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
-from axplug.layers.kv_cache import read_row, release_rows, set_block_tables, write_row
+from axplug.layers.kv_cache import read_row, restart_rows, set_block_tables, write_row
 from axplug.sharding import sharding_scope
 
 __all__ = ["bind_extend_rows", "read_cache_row", "write_cache_row"]
@@ -37,13 +37,13 @@ def _extend_rows_of(model_ref, scope, *args):
 
 
 def extend_rows(
-    model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, reset,
+    model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, start,
     table, last, targets, keys, counts, penalties, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
-    Rows where `reset` is True start from empty (their lengths are set to 0 first: a select
-    on a [layers, rows] array, cheaper than a second decode program). Static: the
+    Rows where `start` >= 0 start from that length (0: empty; more: a shared cached prefix):
+    a select on a [layers, rows] array, cheaper than a second decode program. Static: the
     log-probabilities to return, each None (none) or the number of top tokens N:
     `logprobs` of each row's sampled token, `prompt_logprobs` of every fed position's next
     token (`targets` [rows, width]; this needs every position's logits, not the last's only).
@@ -55,7 +55,7 @@ def extend_rows(
     Returns (tokens, scores, cache, penalty counts or None); scores holds `token` and `prompt`
     (logprob, rank, top ids, top logprobs), as asked.
     """
-    cache = set_block_tables(release_rows(cache, reset), table)
+    cache = set_block_tables(restart_rows(cache, start), table)
     inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
     width = ids.shape[1]
     all_positions = prompt_logprobs is not None
@@ -84,7 +84,7 @@ def extend_rows(
     chosen_from, kept = logits, None
     if penalties is not None:
         rows = jnp.arange(ids.shape[0])[:, None]
-        fresh = reset[:, None]
+        fresh = (start >= 0)[:, None]
         kept = {
             "counts": jnp.where(fresh, 0, penalties["counts"]).at[rows, ids].add(
                 penalties["output_mask"]

@@ -36,7 +36,7 @@ __all__ = [
     "ContiguousKVCache",
     "PagedKVCache",
     "Paging",
-    "release_rows",
+    "restart_rows",
     "set_block_tables",
     "read_row",
     "write_row",
@@ -291,14 +291,14 @@ class PagedKVCache(KVCache):
         return _write_pages(state, key, value, positions, self._config.page_size)
 
 
-def release_rows(cache_state, rows: jax.Array):
-    """`cache_state` (any pytree of cache states) with the rows where `rows` [batch] is True
-    emptied: their `length` leaves set to 0."""
+def restart_rows(cache_state, start: jax.Array):
+    """`cache_state` (any pytree of cache states) with each row's `length` set to `start`
+    [batch] where that is >= 0 (0 empties a row)."""
 
     def reset(path, leaf):
         last = path[-1] if path else None
         if isinstance(last, jax.tree_util.DictKey) and last.key == "length":
-            return jnp.where(rows, 0, leaf)
+            return jnp.where(start >= 0, start, leaf)
         return leaf
 
     return jax.tree_util.tree_map_with_path(reset, cache_state)

@@ -1,0 +1,145 @@
+"""Prefix caching in the paged Engine: full pages named by their prefix's digest, shared
+read-only, reference-counted and evicted least recently used; every request decodes exactly
+the tokens it decodes without the cache."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from axplug.inference import Engine, OutOfPagesError, PageAllocator, Request, SamplingParams
+from axplug.layers import CausalLM
+from axplug.modifiers import make_modifier
+
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+    cfg = CausalLM.default_config()
+    cfg.decoder.set(vocab_size=61, dim=32)
+    cfg.decoder.transformer.set(num_layers=2)
+    cfg.decoder.transformer.layer.attention.set(num_heads=4)
+    cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
+    cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages=24")(cfg)
+    model = cfg.instantiate(parent=None)
+    return model, model.initialize_parameters_recursively(jax.random.PRNGKey(3))
+
+
+def _ids(seed, n):
+    return np.random.default_rng(seed).integers(1, 61, n).tolist()
+
+
+SYSTEM = _ids(0, 13)  # three full pages and one token of a fourth
+SAMPLINGS = [
+    SamplingParams(max_new_tokens=6, temperature=0),
+    SamplingParams(max_new_tokens=5, temperature=0.9, seed=1),
+    SamplingParams(max_new_tokens=7, temperature=1.0, top_k=5, seed=2),
+    SamplingParams(max_new_tokens=4, temperature=0.7, top_p=0.9, seed=3),
+]
+
+
+def _run(model, params, requests, *, caching, num_slots=3, arrivals=None):
+    """{id: output ids} of `requests` ([(prompt, sampling)]) through one engine; request i
+    is submitted at step `arrivals[i]` (all at once by default)."""
+    engine = Engine(model, params, num_slots=num_slots, max_len=32, min_prefill_len=8,
+                    prefix_caching=caching)  # fmt: skip
+    arrivals = arrivals or [0] * len(requests)
+    pending, outputs, step = sorted(range(len(requests)), key=arrivals.__getitem__), {}, 0
+    while pending or engine.has_work:
+        while pending and arrivals[pending[0]] <= step:
+            i = pending.pop(0)
+            engine.submit(Request(requests[i][0], requests[i][1], id=i))
+        engine.step()
+        outputs |= {c.id: c.output_ids for c in engine.pop_finished()}
+        step += 1
+    assert engine.allocator.num_free == engine.allocator.num_pages  # every hold came back
+    return outputs, engine
+
+
+def test_requests_sharing_a_system_prompt_reuse_its_full_pages(model_and_params):
+    """Four requests after one system prompt, arriving over time: each later one reads the
+    prompt's three full pages from the cache (never its partial fourth), and every output
+    equals the uncached engine's."""
+    model, params = model_and_params
+    requests = [(SYSTEM + _ids(10 + i, 3 + i), s) for i, s in enumerate(SAMPLINGS)]
+    arrivals = [0, 3, 3, 12]
+    want, plain = _run(model, params, requests, caching=False, arrivals=arrivals)
+    got, cached = _run(model, params, requests, caching=True, arrivals=arrivals)
+    assert got == want
+    assert plain.prefix_hit_tokens == 0
+    assert cached.prefix_hit_tokens == 3 * 3 * PAGE  # the three later requests, 3 pages each
+    assert cached.prompt_tokens == plain.prompt_tokens == sum(len(p) for p, _ in requests)
+
+
+def test_completions_of_one_prompt_prefill_it_once(model_and_params):
+    """G completions of one prompt submitted together (RL rollouts, `n` choices): one row
+    computes the prompt's full pages while the others wait a step, then they share them."""
+    model, params = model_and_params
+    prompt = _ids(5, 18)  # four full pages; the last two tokens are fed by every row
+    requests = [(prompt, SamplingParams(max_new_tokens=5, temperature=1.0, seed=s))
+                for s in range(4)]  # fmt: skip
+    want, _ = _run(model, params, requests, caching=False, num_slots=4)
+    got, engine = _run(model, params, requests, caching=True, num_slots=4)
+    assert got == want and len({tuple(v) for v in got.values()}) > 1  # sampled apart
+    assert engine.prefix_hit_tokens == 3 * 4 * PAGE
+    assert engine.allocator.num_cached >= 4
+
+
+def test_a_small_pool_evicts_the_least_recently_used_and_outputs_stay_exact(model_and_params):
+    """24 pages for requests whose prompts (and outputs) fill more: idle cached pages are
+    evicted, oldest first, rows are preempted and recomputed, and nothing changes a token."""
+    model, params = model_and_params
+    requests = [(_ids(20 + i % 3, 14) + _ids(30 + i, 2), s)
+                for i, s in enumerate(SAMPLINGS * 2)]  # fmt: skip
+    arrivals = [2 * i for i in range(len(requests))]
+    want, _ = _run(model, params, requests, caching=False, arrivals=arrivals)
+    got, engine = _run(model, params, requests, caching=True, arrivals=arrivals)
+    assert got == want
+    assert engine.allocator.evictions > 0 and engine.prefix_hit_tokens > 0
+
+
+def test_scored_and_penalized_requests_compute_their_prompts(model_and_params):
+    """Prompt log-probabilities need every prompt position's logits, and penalties count the
+    prompt's tokens: such requests read no cached page (and still fill the cache)."""
+    model, params = model_and_params
+    scored = SamplingParams(max_new_tokens=3, temperature=0, prompt_logprobs=1)
+    penalized = SamplingParams(max_new_tokens=3, temperature=0, presence_penalty=1.0)
+    requests = [(SYSTEM + [5], SAMPLINGS[0]), (SYSTEM + [6], scored), (SYSTEM + [7], penalized)]
+    want, _ = _run(model, params, requests, caching=False, arrivals=[0, 4, 8])
+    got, engine = _run(model, params, requests, caching=True, arrivals=[0, 4, 8])
+    assert got == want and engine.prefix_hit_tokens == 0
+
+
+def test_the_allocator_shares_counts_holds_and_evicts_oldest_first():
+    pool = PageAllocator(4, page_size=2, caching=True)
+    tokens = [1, 2, 3, 4, 5]
+    digests = pool.digests(tokens, [])
+    assert len(digests) == 2  # full pages only: [1, 2], [3, 4]
+    assert pool.digests([1, 2, 9, 9], [])[0] == digests[0] != pool.digests([9, 9, 3, 4], [])[1]
+    a = pool.allocate(2)
+    for page, digest in zip(a, digests, strict=True):
+        pool.register(page, digest)
+    assert pool.share(digests) == a and pool.num_free == 2  # held twice now
+    pool.release(a)
+    assert pool.num_free == 2  # still held once
+    pool.release(a)
+    assert pool.num_free == 4 and pool.num_cached == 2  # idle, still cached
+    assert pool.share(digests[1:]) == [a[1]]  # any run of digests from its first
+    pool.release([a[1]])
+    b = pool.allocate(3)  # two free pages, then the least recently used idle one: a[0]
+    assert a[0] in b and pool.evictions == 1 and pool.share(digests) == []
+    with pytest.raises(OutOfPagesError, match="need 2 pages, 1 of 4 are free"):
+        pool.allocate(2)
+    assert pool.num_free == 1  # nothing taken
+
+
+def test_without_caching_nothing_is_shared():
+    pool = PageAllocator(2, page_size=1)
+    (page,) = pool.allocate(1)
+    digest = pool.digests([7], [])[0]
+    pool.register(page, digest)
+    assert pool.share([digest]) == [] and pool.num_cached == 0
+    pool.release([page])
+    assert pool.num_free == 2
