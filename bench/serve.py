@@ -2,6 +2,7 @@
 
     python bench/serve.py engine [--batch 8] [--prompt-len 64] [--new-tokens 128] [--rounds 5]
     python bench/serve.py http [--clients 8] [--requests 32] [--new-tokens 64]
+    python bench/serve.py prefix [--prefix-len 1024] [--n 8]   (see bench/serve_prefix.py)
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
@@ -37,6 +38,8 @@ from axplug.presets import preset_config
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from plain_decode import PlainDecoder  # noqa: E402
 from plain_llama import from_axplug_params, spec_from_config  # noqa: E402
+from serve_prefix import add_parser as add_prefix_parser  # noqa: E402
+from serve_prefix import bench_prefix  # noqa: E402
 
 
 def engine_once(engine, prompts, new_tokens: int, logprobs=None):
@@ -289,11 +292,9 @@ def main() -> None:
     http.add_argument("--new-tokens", type=int, default=64)
     http.add_argument("--max-len", type=int, default=256)
     http.add_argument("--rounds", type=int, default=3)
+    add_prefix_parser(sub)
     args = parser.parse_args()
-    if args.what == "engine":
-        bench_engine(args)
-    else:
-        bench_http(args)
+    {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -33,18 +33,19 @@ def _ids(seed, n):
 
 SYSTEM = _ids(0, 13)  # three full pages and one token of a fourth
 SAMPLINGS = [
-    SamplingParams(max_new_tokens=6, temperature=0),
-    SamplingParams(max_new_tokens=5, temperature=0.9, seed=1),
+    SamplingParams(max_new_tokens=6, temperature=0, logprobs=2),
+    SamplingParams(max_new_tokens=5, temperature=0.9, seed=1, logprobs=0),
     SamplingParams(max_new_tokens=7, temperature=1.0, top_k=5, seed=2),
-    SamplingParams(max_new_tokens=4, temperature=0.7, top_p=0.9, seed=3),
+    SamplingParams(max_new_tokens=4, temperature=0.7, top_p=0.9, seed=3, logprobs=1),
 ]
 
 
-def _run(model, params, requests, *, caching, num_slots=3, arrivals=None):
-    """{id: output ids} of `requests` ([(prompt, sampling)]) through one engine; request i
-    is submitted at step `arrivals[i]` (all at once by default)."""
+def _run(model, params, requests, *, caching, num_slots=3, arrivals=None, chunk=None):
+    """{id: (output ids, their log-probabilities)} of `requests` ([(prompt, sampling)])
+    through one engine; request i is submitted at step `arrivals[i]` (all at once by
+    default); prompts are prefilled `chunk` tokens a step (whole by default)."""
     engine = Engine(model, params, num_slots=num_slots, max_len=32, min_prefill_len=8,
-                    prefix_caching=caching)  # fmt: skip
+                    prefill_chunk=chunk, prefix_caching=caching)  # fmt: skip
     arrivals = arrivals or [0] * len(requests)
     pending, outputs, step = sorted(range(len(requests)), key=arrivals.__getitem__), {}, 0
     while pending or engine.has_work:
@@ -52,22 +53,41 @@ def _run(model, params, requests, *, caching, num_slots=3, arrivals=None):
             i = pending.pop(0)
             engine.submit(Request(requests[i][0], requests[i][1], id=i))
         engine.step()
-        outputs |= {c.id: c.output_ids for c in engine.pop_finished()}
+        outputs |= {c.id: (c.output_ids, _scores(c)) for c in engine.pop_finished()}
         step += 1
     assert engine.allocator.num_free == engine.allocator.num_pages  # every hold came back
     return outputs, engine
 
 
-def test_requests_sharing_a_system_prompt_reuse_its_full_pages(model_and_params):
+def _scores(completion):
+    """Each output token's (rank, top ids, [its logprob, the top logprobs])."""
+    return [(p.rank, [i for i, _ in p.top], [p.logprob, *(v for _, v in p.top)])
+            for p in completion.output_logprobs or ()]  # fmt: skip
+
+
+def _assert_same(got, want):
+    """Equal ids, ranks and top ids; log-probabilities within 1e-5: a step's program width
+    differs with what shares the step, and XLA's float32 sums with it (by ~1e-7, with or
+    without the cache)."""
+    assert got.keys() == want.keys()
+    for i in want:
+        assert got[i][0] == want[i][0], i
+        assert [s[:2] for s in got[i][1]] == [s[:2] for s in want[i][1]], i
+        for g, w in zip(got[i][1], want[i][1], strict=True):
+            np.testing.assert_allclose(g[2], w[2], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_requests_sharing_a_system_prompt_reuse_its_full_pages(model_and_params, chunk):
     """Four requests after one system prompt, arriving over time: each later one reads the
     prompt's three full pages from the cache (never its partial fourth), and every output
-    equals the uncached engine's."""
+    and log-probability equals the uncached engine's, prompts whole or in chunks."""
     model, params = model_and_params
     requests = [(SYSTEM + _ids(10 + i, 3 + i), s) for i, s in enumerate(SAMPLINGS)]
     arrivals = [0, 3, 3, 12]
-    want, plain = _run(model, params, requests, caching=False, arrivals=arrivals)
-    got, cached = _run(model, params, requests, caching=True, arrivals=arrivals)
-    assert got == want
+    want, plain = _run(model, params, requests, caching=False, arrivals=arrivals, chunk=chunk)
+    got, cached = _run(model, params, requests, caching=True, arrivals=arrivals, chunk=chunk)
+    _assert_same(got, want)
     assert plain.prefix_hit_tokens == 0
     assert cached.prefix_hit_tokens == 3 * 3 * PAGE  # the three later requests, 3 pages each
     assert cached.prompt_tokens == plain.prompt_tokens == sum(len(p) for p, _ in requests)
@@ -82,7 +102,8 @@ def test_completions_of_one_prompt_prefill_it_once(model_and_params):
                 for s in range(4)]  # fmt: skip
     want, _ = _run(model, params, requests, caching=False, num_slots=4)
     got, engine = _run(model, params, requests, caching=True, num_slots=4)
-    assert got == want and len({tuple(v) for v in got.values()}) > 1  # sampled apart
+    _assert_same(got, want)
+    assert len({tuple(v) for v, _ in got.values()}) > 1  # sampled apart
     assert engine.prefix_hit_tokens == 3 * 4 * PAGE
     assert engine.allocator.num_cached >= 4
 
@@ -96,7 +117,7 @@ def test_a_small_pool_evicts_the_least_recently_used_and_outputs_stay_exact(mode
     arrivals = [2 * i for i in range(len(requests))]
     want, _ = _run(model, params, requests, caching=False, arrivals=arrivals)
     got, engine = _run(model, params, requests, caching=True, arrivals=arrivals)
-    assert got == want
+    _assert_same(got, want)
     assert engine.allocator.evictions > 0 and engine.prefix_hit_tokens > 0
 
 
@@ -109,7 +130,8 @@ def test_scored_and_penalized_requests_compute_their_prompts(model_and_params):
     requests = [(SYSTEM + [5], SAMPLINGS[0]), (SYSTEM + [6], scored), (SYSTEM + [7], penalized)]
     want, _ = _run(model, params, requests, caching=False, arrivals=[0, 4, 8])
     got, engine = _run(model, params, requests, caching=True, arrivals=[0, 4, 8])
-    assert got == want and engine.prefix_hit_tokens == 0
+    _assert_same(got, want)
+    assert engine.prefix_hit_tokens == 0
 
 
 def test_the_allocator_shares_counts_holds_and_evicts_oldest_first():

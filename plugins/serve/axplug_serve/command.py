@@ -125,6 +125,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "by a paged-attention kernel; contiguous: a max-len row per slot",
     )
     parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="prefill every prompt whole (default, paged caches: requests share the cached "
+        "16-token pages of a prompt prefix another request computed: a system prompt, a "
+        "conversation's history, the n choices of one request)",
+    )
+    parser.add_argument(
         "--prefill-devices",
         type=int,
         default=0,
@@ -285,6 +293,7 @@ def build(args: argparse.Namespace):
             max_logprobs=args.max_logprobs,
             mesh=model.mesh,
             axis_rules=model.axis_rules,
+            prefix_caching=args.prefix_caching,
         )
 
     engine = engine_on(loaded)

@@ -105,6 +105,14 @@ class DisaggregatedEngine:
         return self.prefill.preemptions + self.decode.preemptions
 
     @property
+    def prompt_tokens(self) -> int:
+        return self.prefill.prompt_tokens  # admission, and so the prefix cache, is there
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return self.prefill.prefix_hit_tokens
+
+    @property
     def num_active(self) -> int:
         return len(self._prefilling) + len(self._moving) + self.decode.num_active
 

@@ -52,6 +52,24 @@ class ServerMetrics:
             "axplug_serve_kv_pages_free", "Free pages of a paged KV cache (-1: contiguous)",
             registry=r,
         )  # fmt: skip
+        self.prefix_queries = Counter(
+            "axplug_serve_prefix_cache_queries",
+            "Prompt tokens of admitted requests (hit rate: hits / queries)",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "axplug_serve_prefix_cache_hits",
+            "Prompt tokens read from the prefix cache instead of prefilled",
+            registry=r,
+        )
+        self.pages_cached = Gauge(
+            "axplug_serve_kv_pages_cached", "KV pages the prefix cache names", registry=r
+        )
+        self.evictions = Counter(
+            "axplug_serve_kv_page_evictions",
+            "Cached KV pages evicted (least recently used) for new ones",
+            registry=r,
+        )
         self.preemptions = Counter(
             "axplug_serve_preemptions", "Requests preempted for want of KV pages", registry=r
         )
@@ -73,7 +91,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._preemptions_seen = 0
+        self._seen: dict[str, int] = {}
 
     def observe_engine(self, engine) -> None:
         """Engine gauges, after each step (called from the engine's thread)."""
@@ -81,9 +99,17 @@ class ServerMetrics:
         self.waiting.set(engine.num_waiting)
         allocator = engine.allocator
         self.pages_free.set(allocator.num_free if allocator is not None else -1)
-        if engine.preemptions > self._preemptions_seen:
-            self.preemptions.inc(engine.preemptions - self._preemptions_seen)
-            self._preemptions_seen = engine.preemptions
+        self.pages_cached.set(allocator.num_cached if allocator is not None else 0)
+        self._advance(self.preemptions, "preemptions", engine.preemptions)
+        self._advance(self.prefix_queries, "queries", engine.prompt_tokens)
+        self._advance(self.prefix_hits, "hits", engine.prefix_hit_tokens)
+        self._advance(self.evictions, "evictions", allocator.evictions if allocator else 0)
+
+    def _advance(self, counter: Counter, name: str, total: int) -> None:
+        """`counter` brought up to the engine's running `total`."""
+        if total > self._seen.get(name, 0):
+            counter.inc(total - self._seen.get(name, 0))
+            self._seen[name] = total
 
     def exposition(self) -> bytes:
         """Every metric in Prometheus' text format."""

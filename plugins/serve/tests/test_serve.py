@@ -472,6 +472,34 @@ def test_list_prompts_and_n_choices(server, client, reference):
         client.completions.create(model="tiny", prompt=prompts * 3, max_tokens=2)
 
 
+def test_shared_prefixes_read_cached_pages_and_every_page_comes_back(server, client, reference):
+    """Prefix caching (on by default): requests after one long prefix read its cached pages,
+    answer as the Engine does without a cache to share (the reference is contiguous), and when
+    the load is done every page is free again (idle cached ones count as free); /metrics has
+    the hits, the cached pages and the hit rate's denominator."""
+    tokenizer, greedy = reference
+    head = "HAMLET. To be, or not to be, that is the question: "  # the engine's max_len is 64
+    hits, queries = (
+        _metric(server, f"axplug_serve_prefix_cache_{m}_total") for m in ("hits", "queries")
+    )
+    prompts = [head + end for end in ("to die", "to end", "to sleep")]
+    for prompt in prompts:  # one after another: each later one finds the head's pages cached
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+        assert out.choices[0].text == tokenizer.decode(greedy(tokenizer.encode(prompt), 6))
+    sampled = client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4, n=2,
+                                        temperature=1.0, seed=3)  # fmt: skip
+    assert len(sampled.choices) == 2
+    full_pages = (len(tokenizer.encode(head)) - 1) // 16
+    assert full_pages >= 2
+    # The 2nd and 3rd prompts, and both choices of the 4th, read at least the head's pages.
+    assert _metric(server, "axplug_serve_prefix_cache_hits_total") - hits >= 4 * full_pages * 16
+    prompt_tokens = sum(len(tokenizer.encode(p)) for p in [*prompts, *prompts[:1] * 2])
+    assert _metric(server, "axplug_serve_prefix_cache_queries_total") - queries == prompt_tokens
+    _wait_idle(server)
+    assert _metric(server, "axplug_serve_kv_pages_free") == 32
+    assert _metric(server, "axplug_serve_kv_pages_cached") >= full_pages
+
+
 def test_penalties_and_logit_bias_equal_the_engines(server, client, engine, reference):
     tokenizer, _ = reference
     forced = client.completions.create(model="tiny", prompt="To be", max_tokens=5,
