@@ -2,7 +2,8 @@
 `axplug.schedules` entry-point groups.
 
 `learner.optimizer` and `learner.schedule` name one entry each, with options:
-`NAME[:key=value,...]` (`lion`, `sgd:nesterov=True`, `wsd:decay_fraction=0.1,shape=sqrt`).
+`NAME[:key=value,...]` (`adam`, `sgd:nesterov=True`, `adamw:mu_dtype=bfloat16`). The core
+registers adamw, adam, sgd and constant, cosine, linear; a first-party plugin adds more.
 The options are the factory's keyword parameters; `Learner.check_config` resolves the name,
 checks the options against the factory's signature and builds both once, so a bad spec is
 one `ConfigError` naming the field before anything runs.

@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 # What the core registers (the root pyproject.toml); `axplug list --kind optimizers` lists all.
-CORE_OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd", "lion", "muon", "lamb")
-CORE_SCHEDULES = ("constant", "cosine", "linear", "wsd", "inverse_sqrt", "cosine_restarts")
+CORE_OPTIMIZERS = ("adamw", "adam", "sgd")
+CORE_SCHEDULES = ("constant", "cosine", "linear")
 
 _FIELDS = {"optimizers": "optimizer", "schedules": "schedule"}
 # Leading positional arguments the Learner passes: (learning_rate, cfg), (peak, steps, cfg).
@@ -143,7 +143,8 @@ def _load(kind: str, cfg: Learner.Config, field: str, name: str) -> Callable[...
         listing = ", ".join(available) if available else "none installed"
         raise cfg.field_error(
             field,
-            f"unknown {name!r}{hint}; choose from {listing} (`axplug list --kind {kind}`)",
+            f"unknown {name!r}{hint}; choose from {listing} (`axplug list --kind {kind}`; "
+            f"docs/plugin-reference.md names the first-party plugins with more {kind})",
         ) from None
     except registry.ComponentConflictError as e:
         raise cfg.field_error(field, str(e)) from None
