@@ -29,8 +29,8 @@ CASES = [
     (["--set", "checkpointer.keep_every=0"], "checkpointer.keep_every"),
     (["--modifier", "paged_kv_cache:page_size=0"], f"{KV_CACHE}.page_size"),
     (["--modifier", "paged_kv_cache:num_pages=0"], f"{KV_CACHE}.num_pages"),
-    (["--writer", "progress:every_n_steps=0"], "summary_writers[3].every_n_steps"),
-    (["--writer", "wandb:mode=loud"], "summary_writers[3].mode"),
+    (["--writer", "progress:every_n_steps=0"], "summary_writers[2].every_n_steps"),
+    (["--writer", "wandb:mode=loud"], "summary_writers[2].mode"),
 ]
 
 

@@ -1,9 +1,8 @@
-"""Summary writers: JSON lines, TensorBoard event files, terminal progress, fan-out."""
+"""Summary writers: JSON lines, terminal progress, fan-out (dashboards are plugins')."""
 
 import io
 import json
 import math
-import struct
 
 import numpy as np
 import pytest
@@ -13,7 +12,6 @@ from axplug.summary import (
     JsonlWriter,
     ProgressBar,
     SummaryWriter,
-    TensorBoardWriter,
     group_tag,
     read_jsonl,
 )
@@ -89,37 +87,6 @@ def test_jsonl_rejects_reserved_names_and_non_scalars(tmp_path):
             writer.write(1, {"v": np.zeros(3)})
 
 
-def read_events(path):
-    """Events of a TFRecord event file: [u64 length][u32 crc][data][u32 crc] per record."""
-    from tensorboardX.proto import event_pb2
-
-    data, pos, events = path.read_bytes(), 0, []
-    while pos < len(data):
-        (length,) = struct.unpack("<Q", data[pos : pos + 8])
-        events.append(event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length]))
-        pos += 12 + length + 4
-    return events
-
-
-def test_tensorboard_event_file_holds_the_scalars(tmp_path):
-    writer = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
-    writer.write(1, {"loss": 2.5})
-    writer.write(2, {"loss": 1.25, "lr": 0.1})
-    writer.close()
-    files = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(files) == 1
-    scalars = {
-        (event.step, value.tag): value.simple_value
-        for event in read_events(files[0])
-        for value in event.summary.value
-    }
-    assert scalars == {
-        (1, "train/loss"): 2.5,
-        (2, "train/loss"): 1.25,
-        (2, "train/lr"): pytest.approx(0.1),
-    }
-
-
 def test_progress_prints_compact_lines_when_not_a_tty(capsys):
     cfg = ProgressBar.default_config().set(max_steps=25, every_n_steps=10, tokens_per_step=512)
     with cfg.instantiate() as bar:
@@ -170,30 +137,6 @@ def test_composite_fans_out_and_closes_every_writer_even_if_one_fails(tmp_path):
     assert a.calls == b.calls == [("write", 7, {"loss": 1.0}), ("close",)]
     assert read_jsonl(tmp_path / "metrics.jsonl")[0]["step"] == 7
     assert CompositeWriter.of(a).writers == [a]
-
-
-def test_tensorboard_resume_purges_the_replayed_steps(tmp_path):
-    import time
-
-    first = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
-    for step in range(1, 6):
-        first.write(step, {"loss": float(step)})
-    first.close()
-    time.sleep(1.1)  # event file names carry the second they were opened in
-    resumed = TensorBoardWriter.default_config().set(dir=str(tmp_path)).instantiate()
-    # No file before the first write: one opened here would outlive the purged one whenever
-    # the clock's second turned before `truncate`.
-    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
-    resumed.truncate(3)  # resumed from the step-2 checkpoint: 3, 4, 5 are logged again
-    resumed.write(3, {"loss": 30.0})
-    resumed.truncate(4)  # after a write: no effect (the file has begun)
-    resumed.close()
-    files = sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(files) == 2
-    events = list(read_events(files[1]))
-    purges = [e.step for e in events if e.HasField("session_log") and e.session_log.status == 1]
-    assert purges == [3]  # SessionLog.START at step 3: TensorBoard drops older events from 3 on
-    assert [(e.step, v.simple_value) for e in events for v in e.summary.value] == [(3, 30.0)]
 
 
 def test_group_tags():

@@ -335,7 +335,7 @@ def test_learner_schedule_and_weight_decay_mask():
         "w": ParameterSpec((4,), jnp.float32, ("embed",), ones),
     }
     params = {"norm": jnp.ones(4), "w": jnp.ones(4)}
-    for optimizer in ("adamw", "sgd", "adafactor"):
+    for optimizer in ("adamw", "sgd"):
         tx = (
             Learner.default_config()
             .set(
@@ -569,64 +569,27 @@ def test_progress_moves_every_step_while_files_log_every_log_every(tmp_path, cap
 
 def test_layer_summaries_reach_the_metrics(tmp_path):
     pytest.importorskip("axplug_moe")
-    from axplug.summary import JsonlWriter, TensorBoardWriter
+    from axplug.summary import JsonlWriter
 
     def run(capacity_factor):
         out = tmp_path / str(capacity_factor)
-        writers = [JsonlWriter.default_config(), TensorBoardWriter.default_config()]
         cfg = tiny_trainer_config(
             out, "model.decoder.transformer.num_layers=2", "input.seq_len=16",
-            preset="moe-tiny", max_steps=1, summary_writers=writers,
+            preset="moe-tiny", max_steps=1, summary_writers=[JsonlWriter.default_config()],
         )  # fmt: skip
         for _, router in find_configs(cfg, "axplug_moe.router:TopKRouter"):
             router.capacity_factor = capacity_factor
         cfg.instantiate(devices=jax.devices()[:1]).run()
-        return read_jsonl(out / "metrics.jsonl")[0], out
+        return read_jsonl(out / "metrics.jsonl")[0]
 
     prefix = "moe"  # the router's group: every router's values, averaged
-    (roomy, _), (tight, out) = run(None), run(0.25)
+    roomy, tight = run(None), run(0.25)
     assert roomy[f"{prefix}/dropped_fraction"] == 0.0  # drop-free routing drops nothing
     assert tight[f"{prefix}/dropped_fraction"] >= 0.5  # a quarter of the room: most dropped
     for record in (roomy, tight):
         experts = 8
         assert record[f"{prefix}/expert_load"] == pytest.approx(1 / experts)  # loads sum to 1
         assert record[f"{prefix}/expert_load/max"] >= 1 / experts
-
-    # TensorBoard groups them under "moe", with a histogram of both layers' loads.
-    accumulator = event_accumulator(out / "tensorboard")
-    (event,) = accumulator.Scalars("moe/dropped_fraction")
-    assert event.step == 1 and event.value == pytest.approx(tight["moe/dropped_fraction"])
-    (hist,) = accumulator.Histograms("moe/expert_load")
-    assert hist.histogram_value.num == 2 * 8  # two routers' per-expert loads
-    assert hist.histogram_value.sum == pytest.approx(2.0, rel=1e-5)  # each layer's sum to 1
-    assert "train/loss" in accumulator.Tags()["scalars"]
-
-
-def event_accumulator(logdir):
-    """TensorBoard's own reader of a log directory (it applies purges as the UI does)."""
-    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    accumulator = ea.EventAccumulator(str(logdir), size_guidance={ea.SCALARS: 0})
-    return accumulator.Reload()
-
-
-def test_tensorboard_of_a_killed_and_resumed_run_shows_each_step_once(tmp_path):
-    import shutil
-    import time
-
-    from axplug.summary import JsonlWriter, TensorBoardWriter
-
-    writers = [JsonlWriter.default_config(), TensorBoardWriter.default_config()]
-    tiny_config(tmp_path, steps=6).clone(summary_writers=writers).instantiate().run()
-    # Killed after logging step 6, before its checkpoint committed: the latest is step 3.
-    shutil.rmtree(tmp_path / "checkpoints" / "step_00000006")
-    time.sleep(1.1)  # event file names carry the second they were opened in
-    resumed = tiny_config(tmp_path, steps=8).clone(summary_writers=writers).instantiate()
-    assert resumed.run()["step"] == 8
-    events = event_accumulator(tmp_path / "tensorboard").Scalars("train/loss")
-    assert [e.step for e in events] == list(range(1, 9))  # 4, 5, 6 once, from the resumed run
-    records = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
-    assert [r["step"] for r in records] == list(range(1, 9))
-    assert [e.value for e in events] == pytest.approx([r["loss"] for r in records], rel=1e-6)
 
 
 def test_the_trainers_moved_fields_load_from_old_configs_and_name_their_new_paths(caplog):

@@ -43,8 +43,9 @@ examples:
       one of two processes (run the same command with --process-id 1 on the other host)
 
 The effective config is written to OUTPUT_DIR/config.txt before training; metrics go to
-OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard/ (and to each --writer), checkpoints to
-OUTPUT_DIR/checkpoints/; a metrics plugin's command plots them.
+OUTPUT_DIR/metrics.jsonl and to each --writer (dashboards such as TensorBoard are plugins'
+writers: axplug list --kind summary_writers), checkpoints to OUTPUT_DIR/checkpoints/; a
+metrics plugin's command plots them.
 A run pointed at an output dir with checkpoints resumes from the latest complete one.
 At the end the run prints its goodput: wall time split into compile, data wait, step,
 checkpoint, restore and other (also appended to OUTPUT_DIR/goodput.jsonl).

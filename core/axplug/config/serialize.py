@@ -116,6 +116,7 @@ MOVED = {
     "axplug.kernels.layer:FlashAttention": "axplug.layers.flash:FlashAttention",
     "axplug.kernels.layer:BlockwiseAttention": "axplug.layers.flash:BlockwiseAttention",
     "axplug.kernels.modifier:FlashAttentionModifier": "axplug.layers.flash:FlashAttentionModifier",
+    "axplug.summary.tensorboard:TensorBoardWriter": "tensorboard",
 }
 
 

@@ -1,5 +1,6 @@
-"""Summary writers: per-step scalars to JSON lines, TensorBoard and the terminal; plugins add
-more under the `axplug.summary_writers` entry-point group (`--writer NAME`)."""
+"""Summary writers: per-step scalars to JSON lines and the terminal; plugins add more
+(TensorBoard, W&B, MLflow) under the `axplug.summary_writers` entry-point group
+(`--writer NAME`)."""
 
 from axplug.summary.base import (
     CompositeWriter,
@@ -11,13 +12,11 @@ from axplug.summary.base import (
 )
 from axplug.summary.jsonl import JsonlWriter, read_jsonl
 from axplug.summary.progress import ProgressBar
-from axplug.summary.tensorboard import TensorBoardWriter
 
 __all__ = [
     "SummaryWriter",
     "CompositeWriter",
     "JsonlWriter",
-    "TensorBoardWriter",
     "ProgressBar",
     "read_jsonl",
     "to_scalars",

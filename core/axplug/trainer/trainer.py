@@ -28,7 +28,7 @@ from axplug.runtime import (
     shard_input_config,
 )
 from axplug.sharding import make_scope
-from axplug.summary import JsonlWriter, ProgressBar, TensorBoardWriter
+from axplug.summary import JsonlWriter, ProgressBar
 from axplug.trainer.attempts import AttemptRecorder
 from axplug.trainer.aux_losses import AuxLossRule
 from axplug.trainer.compilation import DEFAULT_CACHE_DIR, compile_ahead
@@ -64,12 +64,9 @@ class Trainer(Configurable):
         checkpointer: Checkpointer.Config = Checkpointer.default_config()
         aux_loss: AuxLossRule.Config = AuxLossRule.default_config()
         watchdog: Watchdog.Config = Watchdog.default_config()
-        # Writers whose `dir` is REQUIRED write under output_dir.
-        summary_writers: list = [
-            JsonlWriter.default_config(),
-            TensorBoardWriter.default_config(),
-            ProgressBar.default_config(),
-        ]
+        # Writers whose `dir` is REQUIRED write under output_dir; dashboards are plugins'
+        # writers, added with `--writer NAME`.
+        summary_writers: list = [JsonlWriter.default_config(), ProgressBar.default_config()]
         max_steps: int = 100
         checkpoint_every: int = 50
         eval_every: int | None = None

@@ -541,7 +541,7 @@ def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     assert S3RVER_KEY not in config
     mirror = home / ".cache/axplug/runs/s3/e2e-bucket/run"
     logged = [r["step"] for r in read_jsonl(mirror / "metrics.jsonl") if "loss" in r]
-    assert logged[-1] == 8 and (mirror / "tensorboard").is_dir()
+    assert logged[-1] == 8
 
     trainer = train_config(args[1:]).instantiate()
     states = []

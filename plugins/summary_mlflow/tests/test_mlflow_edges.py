@@ -26,7 +26,7 @@ def test_a_file_tracking_uri_is_one_line_and_writes_nothing(tmp_path, monkeypatc
     args = [*tiny_train_args(run), "--mesh-rule", "none", "--writer", f"mlflow:tracking_uri={uri}"]
     assert main(args) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith(f"error: summary_writers[3].tracking_uri: '{uri}' is a file store")
+    assert line.startswith(f"error: summary_writers[2].tracking_uri: '{uri}' is a file store")
     assert f"tracking_uri=sqlite:///{tmp_path}/mlruns/mlflow.db" in line
     assert "MLFLOW_ALLOW_FILE_STORE=true" in line
     assert not run.exists() and not (tmp_path / "mlruns").exists()
@@ -39,7 +39,7 @@ def test_credentials_in_the_tracking_uri_are_refused_without_echoing_them(tmp_pa
     writer = "mlflow:tracking_uri=https://bob:hunter2@mlflow.example.com"
     assert main([*tiny_train_args(run), "--mesh-rule", "none", "--writer", writer]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert "summary_writers[3].tracking_uri: 'https://mlflow.example.com' with user info" in line
+    assert "summary_writers[2].tracking_uri: 'https://mlflow.example.com' with user info" in line
     assert "MLFLOW_TRACKING_URI" in line and "MLFLOW_TRACKING_PASSWORD" in line
     assert "hunter2" not in line and not run.exists()
 

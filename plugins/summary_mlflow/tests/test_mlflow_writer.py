@@ -147,7 +147,7 @@ def test_writer_flag_adds_a_registered_writer_and_names_bad_ones(tmp_path, capsy
     added = cfg.summary_writers[-1]
     assert added.klass.__name__ == "MlflowWriter" and added.experiment == "e1"
     assert added.dir is REQUIRED  # the trainer fills in the run directory
-    assert len(cfg.summary_writers) == 4  # jsonl, tensorboard, progress, mlflow
+    assert len(cfg.summary_writers) == 3  # jsonl, progress, mlflow
 
     base = ["train", "--preset", "gpt-tiny", "--output-dir", str(tmp_path), "--mesh-rule", "none"]
     assert main([*base, "--writer", "nosuch"]) == 2

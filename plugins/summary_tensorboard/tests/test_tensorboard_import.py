@@ -4,9 +4,13 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("axplug_tensorboard")
+
 CODE = """
 import sys
-from axplug.summary.tensorboard import TensorBoardWriter
+from axplug_tensorboard import TensorBoardWriter
 w = TensorBoardWriter.default_config().set(dir=sys.argv[1]).instantiate()
 w.write(1, {"loss": 1.5})
 w.close()

@@ -1,4 +1,4 @@
-"""TensorBoard event files under `DIR/tensorboard/`, written with tensorboardX."""
+"""`TensorBoardWriter`: event files under `DIR/tensorboard/`, written with tensorboardX."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from axplug.config import REQUIRED, Required, config_class
-from axplug.summary.base import SummaryWriter, group_tag, to_scalars
+from axplug.api.config import REQUIRED, Required, config_class
+from axplug.api.summary import SummaryWriter, group_tag, to_scalars
 
 __all__ = ["TensorBoardWriter"]
 
@@ -16,12 +16,13 @@ __all__ = ["TensorBoardWriter"]
 def _import_tensorboardx():
     """tensorboardX, imported without torch: its writer imports torch (2.2 s here) only to
     recognize torch tensors, and this writer hands it floats and numpy arrays. Imported on
-    use, so `axplug.summary` stays cheap to import."""
+    use, so listing or configuring the writer stays cheap."""
     import sys
 
     hide = "torch" not in sys.modules
     if hide:
-        sys.modules["torch"] = None  # an ImportError for tensorboardX's `try: import torch`
+        # An ImportError for tensorboardX's `try: import torch`.
+        sys.modules["torch"] = None  # type: ignore[assignment]
     try:
         import tensorboardX
     finally:
@@ -32,7 +33,7 @@ def _import_tensorboardx():
 
 class TensorBoardWriter(SummaryWriter):
     """One scalar summary per name and step, tagged by group (`train/loss`, `eval/loss`,
-    `goodput/...`, `router/...`), and histograms of array summaries.
+    `goodput/...`, `moe/...`), and histograms of array summaries (`moe/expert_load`).
 
     A resumed run writes a new event file beside the old ones; the trainer calls
     `truncate(step)` with the first step it will log again, which starts that file with a
