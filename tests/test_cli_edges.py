@@ -224,8 +224,7 @@ def test_print_config_refuses_an_unknown_optimizer_with_the_runs_line(tmp_path, 
     printed = one_error_line(captured.err)
     assert captured.out == ""
     assert printed.startswith(
-        "error: learner.optimizer: unknown 'adamx' (did you mean 'adam' or 'adamw'?); "
-        "choose from adafactor, adam, adamw"
+        "error: learner.optimizer: unknown 'adamx' (did you mean 'adam' or 'adamw'?); choose from "
     )
     run = tmp_path / "run"
     assert main([*tiny_train_args(run), "--mesh-rule", "none", *bad]) == 2

@@ -22,7 +22,8 @@ __all__ = ["Learner", "OPTIMIZERS", "SCHEDULES", "clip_by_global_norm"]
 OPTIMIZERS = CORE_OPTIMIZERS
 SCHEDULES = CORE_SCHEDULES
 # The run length `check_config` builds the schedule for when it is not given one: long, so
-# that a check of the steps (`cosine_restarts:cycles=N`) refuses nothing a real run takes.
+# that a check of the steps (a plugin's `cosine_restarts:cycles=N`) refuses nothing a real run
+# takes.
 _CHECK_STEPS = 1_000_000
 
 
@@ -55,11 +56,11 @@ class Learner(Configurable):
 
     @config_class
     class Config(Configurable.Config):
-        # `NAME[:key=value,...]` of an `axplug.optimizers` entry: `lion`, `sgd:nesterov=True`.
+        # `NAME[:key=value,...]` of an `axplug.optimizers` entry: `adam`, `sgd:nesterov=True`.
         optimizer: str = "adamw"
         learning_rate: float = 3e-4
         # `NAME[:key=value,...]` of an `axplug.schedules` entry (after warmup):
-        # `wsd:decay_fraction=0.1,shape=sqrt`.
+        # `linear`, a plugin's `wsd:decay_fraction=0.1,shape=sqrt`.
         schedule: str = "cosine"
         warmup_steps: int = 0
         # Steps over which the schedule decays; None: the trainer's max_steps.
