@@ -3,6 +3,7 @@
     python bench/serve.py engine [--batch 8] [--prompt-len 64] [--new-tokens 128] [--rounds 5]
     python bench/serve.py http [--clients 8] [--requests 32] [--new-tokens 64]
     python bench/serve.py prefix [--prefix-len 1024] [--n 8]   (see bench/serve_prefix.py)
+    python bench/serve.py speculative [--batch 1,8]        (see bench/serve_speculative.py)
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
@@ -40,6 +41,8 @@ from plain_decode import PlainDecoder  # noqa: E402
 from plain_llama import from_axplug_params, spec_from_config  # noqa: E402
 from serve_prefix import add_parser as add_prefix_parser  # noqa: E402
 from serve_prefix import bench_prefix  # noqa: E402
+from serve_speculative import add_parser as add_speculative_parser  # noqa: E402
+from serve_speculative import bench_speculative  # noqa: E402
 
 
 def engine_once(engine, prompts, new_tokens: int, logprobs=None):
@@ -293,8 +296,11 @@ def main() -> None:
     http.add_argument("--max-len", type=int, default=256)
     http.add_argument("--rounds", type=int, default=3)
     add_prefix_parser(sub)
+    add_speculative_parser(sub)
     args = parser.parse_args()
-    {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}[args.what](args)
+    run = {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}
+    run["speculative"] = bench_speculative
+    run[args.what](args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from axplug.inference.loading import (
 from axplug.inference.paging import OutOfPagesError, PageAllocator
 from axplug.inference.requests import Completion, Logprob, Request, RequestState, TokenEvent
 from axplug.inference.sampling import SamplingParams, penalized, sample_tokens, token_logprobs
+from axplug.inference.speculation import Proposer, verify_drafts
 
 __all__ = [
     "Completion",
@@ -18,6 +19,7 @@ __all__ = [
     "Logprob",
     "OutOfPagesError",
     "PageAllocator",
+    "Proposer",
     "Request",
     "RequestState",
     "SamplingParams",
@@ -29,4 +31,5 @@ __all__ = [
     "run_to_completion",
     "sample_tokens",
     "token_logprobs",
+    "verify_drafts",
 ]

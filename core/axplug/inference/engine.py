@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from axplug.component_spec import component_config
 from axplug.inference.feeds import step_feed
 from axplug.inference.paging import OutOfPagesError, PageAllocator, model_paging
 from axplug.inference.requests import (
@@ -36,6 +37,7 @@ from axplug.inference.requests import (
     TokenEvent,
 )
 from axplug.inference.rows import RowSettings
+from axplug.inference.speculation import Proposer
 from axplug.inference.steps import bind_extend_rows, read_cache_row, write_cache_row
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
@@ -51,7 +53,9 @@ class Engine:
     A request may ask for up to `max_logprobs` top tokens with its log-probabilities; a step
     computes them only when a row asks (see `SamplingParams.logprobs`). `prefix_caching`
     (paged caches) shares full prompt pages between requests (see `PageAllocator`); requests
-    that score their prompt or use penalties compute theirs.
+    that score their prompt or use penalties compute theirs. `speculative` (a `Proposer` or
+    its spec, `NAME:key=value,...`) proposes tokens that each decode step verifies at once
+    (rows with penalties decode plainly); `accepted_tokens / proposed_tokens` is its rate.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class Engine:
         mesh: jax.sharding.Mesh | None = None,
         axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
         prefix_caching: bool = True,
+        speculative: str | Proposer | None = None,
     ):
         for method in ("init_cache_state", "extend_step"):
             if not hasattr(model, method):
@@ -108,6 +113,13 @@ class Engine:
         self._rows = RowSettings(num_slots, self.vocab_size)
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
+        if isinstance(speculative, str):
+            spec = component_config("proposers", speculative, "speculative")
+            speculative = spec.located("speculative").instantiate()
+        self.proposer, self.proposed_tokens, self.accepted_tokens = speculative, 0, 0
+        if speculative is not None:
+            self._num_drafts = speculative.config.num_tokens
+            speculative.bind(self)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -208,11 +220,29 @@ class Engine:
         """
         self._admit()
         feeds = {s: a.feed(self.prefill_chunk) for s, a in enumerate(self._slots) if a is not None}
+        drafts = self._propose() if self.proposer is not None else {}
+        for s, drafted in drafts.items():
+            feeds[s] = [*feeds[s], *drafted]
         if self.allocator is not None:
             self._grow_pages(feeds)
         if not feeds:
             return []
-        return self._call(feeds)
+        return self._call(feeds, {s: d for s, d in drafts.items() if s in feeds})
+
+    def _propose(self) -> dict[int, list[int]]:
+        """The proposer's drafts for the decoding rows without penalties, each at most what
+        the row may still generate after the step's own token and what its row can hold."""
+        limits = {}
+        for s, active in enumerate(self._slots):
+            if active is not None and active.decoding and not active.request.sampling.penalizes:
+                left = active.request.sampling.max_new_tokens - len(active.output) - 1
+                limit = min(self._num_drafts, left, self.max_len - active.context_len)
+                if limit > 0:
+                    limits[s] = limit
+        if not limits:
+            return {}
+        proposed = self.proposer.propose({s: self._slots[s].context for s in limits}, limits)
+        return {s: [int(t) for t in d[: limits[s]]] for s, d in proposed.items() if len(d)}
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
@@ -322,11 +352,12 @@ class Engine:
         self._table[slot, : len(active.pages)] = active.pages
         return True
 
-    def _register(self, active: RequestState) -> None:
-        """Names `active`'s newly filled pages in the prefix cache."""
+    def _register(self, active: RequestState, pending: Sequence[int] = ()) -> None:
+        """Names `active`'s newly filled pages (of its context and `pending` tokens, cached
+        but not yet recorded) in the prefix cache."""
         full = active.cached // self.page_size
         if full > active.registered and self.allocator.caching:
-            context = active.context[: full * self.page_size]
+            context = [*active.context, *pending][: full * self.page_size]
             active.digests = self.allocator.digests(context, active.digests)
             for index in range(active.registered, full):
                 self.allocator.register(active.pages[index], active.digests[index])
@@ -356,21 +387,32 @@ class Engine:
         self._waiting.appendleft(active)  # first in line again
         self.preemptions += 1
 
-    def _call(self, feeds: dict[int, list[int]]) -> list[TokenEvent]:
+    def _call(self, feeds: dict[int, list[int]], drafts: dict[int, list[int]]) -> list[TokenEvent]:
+        k = self._num_drafts if drafts else 0
         fed = step_feed(self._slots, feeds, min_prefill_len=self.min_prefill_len,
-                        max_len=self.max_len, max_logprobs=self.max_logprobs)  # fmt: skip
+                        max_len=self.max_len, max_logprobs=self.max_logprobs,
+                        decode_width=k + 1)  # fmt: skip
+        proposed = None
+        if drafts:  # [rows, K] drafts and how many each row has
+            proposed = (
+                np.zeros((len(self._slots), k), np.int32),
+                np.zeros(len(self._slots), np.int32),
+            )
+            for s, drafted in drafts.items():
+                proposed[0][s, : len(drafted)], proposed[1][s] = drafted, len(drafted)
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
         # devices faster than a jnp.asarray each.
         rows = self._rows
         penalties = rows.penalty_inputs(self._slots, fed.positions)
-        tokens, scores, self._cache, kept = self._extend_rows(
+        tokens, accepted, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
             fed.logprobs, fed.prompt_logprobs, self.params, self._cache, fed.ids, fed.positions,
             fed.start, self._table, fed.last, fed.targets, rows.keys, fed.counts, penalties,
-            *rows.sampling,
+            proposed, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
-        tokens = np.asarray(tokens)
+        tokens = np.asarray(tokens).reshape(len(self._slots), -1)
+        accepted = np.zeros(len(self._slots), int) if accepted is None else np.asarray(accepted)
         scores = jax.device_get(scores)
         now = time.perf_counter()
         events = []
@@ -378,17 +420,24 @@ class Engine:
             active = self._slots[s]
             if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
                 active.note_prompt_logprobs(len(feed), [a[s] for a in scores["prompt"]])
-            active.cached += len(feed)
-            active.start = None
+            drafted, taken = drafts.get(s, []), int(accepted[s])
+            self.proposed_tokens, self.accepted_tokens = (
+                self.proposed_tokens + len(drafted), self.accepted_tokens + taken)  # fmt: skip
+            # The rejected drafts' cache entries: the next step starts the row before them.
+            active.cached += len(feed) - len(drafted) + taken
+            active.start = active.cached if taken < len(drafted) else None
             if self.allocator is not None:
-                self._register(active)
-            if active.cached == active.context_len:  # all cached: the token is the next one
-                token = int(tokens[s])
+                self._register(active, drafted[:taken])
+            if active.cached - taken == active.context_len:  # all cached: next tokens
                 top_n = active.request.sampling.logprobs
-                logprob = None
-                if top_n is not None:
-                    logprob = Logprob.of(token, *[a[s] for a in scores["token"]], top_n)
-                events.append(self._record(s, token, now, logprob))
+                for j, token in enumerate(tokens[s, : taken + 1].tolist()):
+                    logprob = None
+                    if top_n is not None:
+                        at = [a[s] if proposed is None else a[s][j] for a in scores["token"]]
+                        logprob = Logprob.of(token, *at, top_n)
+                    events.append(event := self._record(s, token, now, logprob))
+                    if event.finish_reason is not None:
+                        break
         return events
 
     def _occupy(self, slot: int, active: RequestState) -> None:

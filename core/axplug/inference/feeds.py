@@ -30,13 +30,13 @@ def _bucket(length: int, minimum: int, maximum: int) -> int:
 
 def step_feed(
     slots: Sequence[Any], feeds: dict[int, list[int]], *, min_prefill_len: int, max_len: int,
-    max_logprobs: int,
+    max_logprobs: int, decode_width: int = 1,
 ) -> StepFeed:  # fmt: skip
-    """The arrays of a step that feeds `feeds[slot]` to the requests in `slots`: width 1 when
-    every row decodes, else the longest feed's power-of-two bucket in [min_prefill_len,
-    max_len] (one program per width)."""
+    """The arrays of a step that feeds `feeds[slot]` to the requests in `slots`:
+    `decode_width` (1, or a decoding token and its drafts) when no feed is longer, else the
+    longest feed's power-of-two bucket in [min_prefill_len, max_len] (a program per width)."""
     longest = max(map(len, feeds.values()))
-    width = 1 if longest == 1 else _bucket(longest, min_prefill_len, max_len)
+    width = decode_width if longest <= decode_width else _bucket(longest, min_prefill_len, max_len)
     n = len(slots)
     ids = np.zeros((n, width), np.int32)
     positions = np.full((n, width), EMPTY_POSITION, np.int32)

@@ -9,7 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingParams", "penalized", "sample_tokens", "token_logprobs"]
+__all__ = ["SamplingParams", "filtered_logits", "penalized", "sample_tokens", "token_logprobs"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -91,31 +91,34 @@ def sample_tokens(
     top_p: jax.Array,
     min_p: jax.Array | None = None,
 ) -> jax.Array:
-    """Next token per row [b] from `logits` [b, vocab], each row with its own key and settings.
-
-    Top-k keeps the k highest logits, top-p then keeps the smallest prefix (by probability)
-    whose mass reaches p; tokens tied with the last kept one are kept too; min-p then drops
-    tokens less likely than min_p times the most likely one. A row with temperature 0 takes
-    the argmax.
-    """
-    if min_p is None:
-        min_p = jnp.zeros_like(top_p)
+    """Next token per row [b] from `logits` [b, vocab], each row with its own key and settings
+    (see `filtered_logits`); a row with temperature 0 takes the argmax."""
     logits = logits.astype(jnp.float32)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def sample(_):
-        scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-        # The vocabulary sort of top-k / top-p only when some row asks for either.
-        filtering = jnp.any((top_k > 0) | (top_p < 1.0))
-        filtered = jax.lax.cond(filtering, _filtered, lambda s, *_: s, scaled, top_k, top_p)
-        # min-p in logit space: log p_i - log p_max = scaled_i - max(scaled).
-        floor = jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(min_p)[:, None]
-        filtered = jnp.where((min_p[:, None] > 0) & (scaled < floor), -jnp.inf, filtered)
+        filtered = filtered_logits(logits, temperature, top_k, top_p, min_p)
         sampled = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
         return jnp.where(temperature > 0, sampled, greedy)
 
     # Every row greedy (temperature 0): no scaling, sort or Gumbel noise at all.
     return jax.lax.cond(jnp.any(temperature > 0), sample, lambda _: greedy, None)
+
+
+def filtered_logits(logits, temperature, top_k, top_p, min_p=None) -> jax.Array:
+    """`logits` [b, vocab] over each row's temperature, with what its cuts drop at -inf:
+    top-k keeps the k highest logits, top-p then keeps the smallest prefix (by probability)
+    whose mass reaches p (tokens tied with the last kept one too), min-p then drops tokens
+    less likely than min_p times the most likely one."""
+    if min_p is None:
+        min_p = jnp.zeros_like(top_p)
+    scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)[:, None]
+    # The vocabulary sort of top-k / top-p only when some row asks for either.
+    filtering = jnp.any((top_k > 0) | (top_p < 1.0))
+    filtered = jax.lax.cond(filtering, _filtered, lambda s, *_: s, scaled, top_k, top_p)
+    # min-p in logit space: log p_i - log p_max = scaled_i - max(scaled).
+    floor = jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(min_p)[:, None]
+    return jnp.where((min_p[:, None] > 0) & (scaled < floor), -jnp.inf, filtered)
 
 
 def _filtered(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from axplug.context import functional
 from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
+from axplug.inference.speculation import verify_drafts
 from axplug.layers.kv_cache import read_row, restart_rows, set_block_tables, write_row
 from axplug.sharding import sharding_scope
 
@@ -38,7 +39,7 @@ def _extend_rows_of(model_ref, scope, *args):
 
 def extend_rows(
     model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, start,
-    table, last, targets, keys, counts, penalties, *sampling,
+    table, last, targets, keys, counts, penalties, proposed, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
@@ -51,9 +52,12 @@ def extend_rows(
     `seen` [rows, vocab], kept across steps, and the rows' settings) with `output_mask` and
     `fed_mask` [rows, width]: which fed tokens are generated ones (counted) and real (seen).
     Fed tokens are counted before sampling, so a row's last token counts from the next step
-    on, when it is fed; a row starting from empty starts from zero counts.
-    Returns (tokens, scores, cache, penalty counts or None); scores holds `token` and `prompt`
-    (logprob, rank, top ids, top logprobs), as asked.
+    on, when it is fed; a row starting from empty starts from zero counts. `proposed` is None,
+    or (drafts [rows, K], how many are real [rows]): a row's last fed tokens are its drafts,
+    verified by `verify_drafts` (rows with penalties propose none).
+    Returns (tokens, accepted, scores, cache, penalty counts or None): tokens [rows] (and
+    accepted None), or with `proposed` [rows, K+1] and the drafts each row accepted; scores
+    holds `token` and `prompt` (logprob, rank, top ids, top logprobs), as asked.
     """
     cache = set_block_tables(restart_rows(cache, start), table)
     inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
@@ -62,6 +66,7 @@ def extend_rows(
     if (
         width > 1
         and not all_positions
+        and proposed is None
         and "logits_at" in inspect.signature(model.extend_step).parameters
     ):
         inputs["logits_at"] = last  # the head on each row's last token only
@@ -77,10 +82,12 @@ def extend_rows(
     scores = {}
     if all_positions:
         scores["prompt"] = token_logprobs(logits, targets, prompt_logprobs)
-    if width > 1 and "logits_at" not in inputs:
+    if proposed is not None:  # at each row's last token before its drafts, and each draft
+        window = (last - proposed[1])[:, None] + jnp.arange(proposed[0].shape[1] + 1)[None]
+        logits = jnp.take_along_axis(logits, jnp.minimum(window, width - 1)[..., None], axis=1)
+    elif width > 1 and "logits_at" not in inputs:
         logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
-    logits = logits[:, 0]
-    temperature = sampling[0]
+    temperature, window, logits = sampling[0], logits, logits[:, 0]
     chosen_from, kept = logits, None
     if penalties is not None:
         rows = jnp.arange(ids.shape[0])[:, None]
@@ -102,11 +109,16 @@ def extend_rows(
     def greedy(_):
         return jnp.argmax(chosen_from, axis=-1).astype(jnp.int32)
 
-    # Every row greedy: no per-row key derivation, sort or noise at all.
-    tokens = jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None)
+    accepted = None
+    if proposed is not None:
+        chosen = window.astype(jnp.float32).at[:, 0].set(chosen_from)
+        tokens, accepted = verify_drafts(chosen, *proposed, keys, counts, *sampling)
+        logits = window
+    else:  # every row greedy: no per-row key derivation, sort or noise at all
+        tokens = jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None)
     if logprobs is not None:
         scores["token"] = token_logprobs(logits, tokens, logprobs)
-    return tokens, scores, cache, kept
+    return tokens, accepted, scores, cache, kept
 
 
 @jax.jit

@@ -45,6 +45,7 @@ KINDS = (
     "optimizers",
     "schedules",
     "rewards",
+    "proposers",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

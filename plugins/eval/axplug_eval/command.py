@@ -73,6 +73,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-len", type=int, metavar="TOKENS", help="context per request (default: trained)"
     )
     parser.add_argument(
+        "--speculative", metavar="PROPOSER",
+        help="speculative decoding for generation tasks, same tokens (`ngram`, "
+        "`draft:checkpoint=RUN`; see `axplug serve --help`)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-gen-toks", type=int, metavar="N",
         help="new tokens of a generation task that sets none (256, at most half the context)",
     )  # fmt: skip
@@ -129,7 +134,8 @@ def _engine_model(args: argparse.Namespace):
         raise UsageError(f"--max-gen-toks {args.max_gen_toks}: must be below the context "
                          f"({max_len} tokens; --max-len)")  # fmt: skip
     engine = Engine(loaded.model, loaded.params, num_slots=args.num_slots, max_len=max_len,
-                    mesh=loaded.mesh, axis_rules=loaded.axis_rules)  # fmt: skip
+                    mesh=loaded.mesh, axis_rules=loaded.axis_rules,
+                    speculative=args.speculative)  # fmt: skip
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
 
     def progress(done: int, total: int) -> None:

@@ -26,6 +26,7 @@ class LmEvalEvaluator(Configurable):
         include_path: str | None = None  # a directory of task YAML files
         num_fewshot: int | None = None
         num_slots: int = 8
+        speculative: str | None = None  # a proposer spec (`ngram`): Engine(speculative=)
         max_len: int | None = None  # context (default: the input's seq_len)
         max_gen_toks: int = 32
         seed: int = 1234
@@ -54,7 +55,8 @@ class LmEvalEvaluator(Configurable):
         seq_len = getattr(run.input, "seq_len", None)
         max_len = cfg.max_len or (seq_len if isinstance(seq_len, int) and seq_len > 1 else 2048)
         engine = Engine(trainer.model, params, num_slots=cfg.num_slots, max_len=max_len,
-                        mesh=trainer.mesh, axis_rules=trainer.mesh_builder.axis_rules)  # fmt: skip
+                        mesh=trainer.mesh, axis_rules=trainer.mesh_builder.axis_rules,
+                        speculative=cfg.speculative)  # fmt: skip
         eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else ()
         lm = EngineLM(engine, tokenizer, stop_tokens=eos, batch_size=64,
                       max_gen_toks=min(cfg.max_gen_toks, max_len // 2))  # fmt: skip

@@ -52,6 +52,7 @@ class RolloutInput(Input):
         overlong_cache: int = 0  # DAPO soft overlong punishment over the last N new tokens
         reference: str | None = None  # the KL reference: adapters_off (LoRA's base)
         num_slots: int | None = None  # the Engine's rows; None: batch_size
+        speculative: str | None = None  # a proposer spec (`ngram`): Engine(speculative=)
         overlap: bool = False  # decode the next batch while this one trains (one step stale)
         eval_prompts: str | None = None  # held-out prompts: pass@k every eval_every steps
         eval_every: int = 0
@@ -193,7 +194,7 @@ class RolloutInput(Input):
             self._engine = Engine(
                 policy.model, params, num_slots=cfg.num_slots or cfg.batch_size,
                 max_len=cfg.seq_len + 1, max_logprobs=0, mesh=policy.mesh,
-                axis_rules=policy.axis_rules,
+                axis_rules=policy.axis_rules, speculative=cfg.speculative,
             )  # fmt: skip
         self._engine.params = params  # the training arrays themselves: nothing is copied
         return self._engine

@@ -133,6 +133,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "conversation's history, the n choices of one request)",
     )
     parser.add_argument(
+        "--speculative",
+        metavar="PROPOSER",
+        help="speculative decoding: each step verifies tokens a proposer guessed, with the "
+        "target's tokens and distribution (`ngram[:num_tokens=4,max_n=4,min_n=2]`: prompt "
+        "lookup; `draft:checkpoint=RUN[,num_tokens=4]`: a smaller model with this one's "
+        "tokenizer; `axplug list --kind proposers`)",
+    )
+    parser.add_argument(
         "--prefill-devices",
         type=int,
         default=0,
@@ -283,7 +291,7 @@ def build(args: argparse.Namespace):
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
 
-    def engine_on(model):
+    def engine_on(model, speculative=args.speculative):
         return Engine(
             model.model,
             model.params,
@@ -294,6 +302,7 @@ def build(args: argparse.Namespace):
             mesh=model.mesh,
             axis_rules=model.axis_rules,
             prefix_caching=args.prefix_caching,
+            speculative=speculative,
         )
 
     engine = engine_on(loaded)
@@ -302,7 +311,7 @@ def build(args: argparse.Namespace):
             args.checkpoint, step=args.step, modifiers=modifiers, devices=devices[0],
             merge_adapters=args.merge_adapters,
         )  # fmt: skip
-        engine = DisaggregatedEngine(engine_on(prefill), engine, decode_mesh=loaded.mesh)
+        engine = DisaggregatedEngine(engine_on(prefill, None), engine, decode_mesh=loaded.mesh)
     if args.warmup:
         _warm_up(engine, Request, SamplingParams)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
@@ -363,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     cache = args.kv_cache + (" cache" if args.kv_cache == "contiguous" else " KV cache")
     chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
     split = f", prefill on {args.prefill_devices} device(s)" if args.prefill_devices else ""
+    split += f", speculative {args.speculative}" if args.speculative else ""
     keys = len(settings.api_keys)
     access = f"{keys} API key(s)" if keys else "no API key"
     print(

@@ -113,6 +113,14 @@ class DisaggregatedEngine:
         return self.prefill.prefix_hit_tokens
 
     @property
+    def proposed_tokens(self) -> int:
+        return self.decode.proposed_tokens  # speculation is the decode engine's
+
+    @property
+    def accepted_tokens(self) -> int:
+        return self.decode.accepted_tokens
+
+    @property
     def num_active(self) -> int:
         return len(self._prefilling) + len(self._moving) + self.decode.num_active
 

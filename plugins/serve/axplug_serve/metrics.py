@@ -70,6 +70,16 @@ class ServerMetrics:
             "Cached KV pages evicted (least recently used) for new ones",
             registry=r,
         )
+        self.proposed = Counter(
+            "axplug_serve_spec_proposed_tokens",
+            "Tokens a speculative proposer guessed (--speculative)",
+            registry=r,
+        )
+        self.accepted = Counter(
+            "axplug_serve_spec_accepted_tokens",
+            "Proposed tokens the model accepted (acceptance rate: accepted / proposed)",
+            registry=r,
+        )
         self.preemptions = Counter(
             "axplug_serve_preemptions", "Requests preempted for want of KV pages", registry=r
         )
@@ -104,6 +114,8 @@ class ServerMetrics:
         self._advance(self.prefix_queries, "queries", engine.prompt_tokens)
         self._advance(self.prefix_hits, "hits", engine.prefix_hit_tokens)
         self._advance(self.evictions, "evictions", allocator.evictions if allocator else 0)
+        self._advance(self.proposed, "proposed", engine.proposed_tokens)
+        self._advance(self.accepted, "accepted", engine.accepted_tokens)
 
     def _advance(self, counter: Counter, name: str, total: int) -> None:
         """`counter` brought up to the engine's running `total`."""

@@ -331,8 +331,9 @@ def test_health_models_and_help(server, client, capsys):
 @pytest.mark.parametrize(
     "extra",
     [
-        # 64-token rows: the warm-up compiles fewer prefill widths on each side.
-        ["--prefill-devices", "4", "--max-len", "64"],
+        # 64-token rows: the warm-up compiles fewer prefill widths on each side; the decode
+        # side verifies prompt-lookup drafts.
+        ["--prefill-devices", "4", "--max-len", "64", "--speculative", "ngram:min_n=1"],
         # Chunked prefill with either cache is covered in-process (test_inference.py).
         pytest.param(["--kv-cache", "contiguous", "--prefill-chunk", "4"], marks=pytest.mark.slow),
     ],
@@ -344,6 +345,9 @@ def test_other_engines_serve_the_same_text(run_dir, tmp_path_factory, reference,
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
         prompt = "HAMLET. To be, or not to be"
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        if "--speculative" in extra:
+            proposed = _metric(base, "axplug_serve_spec_proposed_tokens_total")
+            assert proposed >= _metric(base, "axplug_serve_spec_accepted_tokens_total") > 0
     assert out.choices[0].text == tokenizer.decode(greedy(tokenizer.encode(prompt), 16))
 
 
