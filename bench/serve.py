@@ -83,8 +83,10 @@ def bench_engine(args) -> None:
     equal = total = 0
     for setting, batch in (("batch", prompts), ("alone", prompts[:1])):
         rows = batch.tolist()
+        # No prefix caching: every round sends the same prompts, which would hit the cache
+        # (`python bench/serve.py prefix` measures that); this measures prefill and decode.
         engines = {
-            name: Engine(m, params, num_slots=len(rows), max_len=max_len)
+            name: Engine(m, params, num_slots=len(rows), max_len=max_len, prefix_caching=False)
             for name, m in models.items()
         }
         runs = {

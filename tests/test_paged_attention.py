@@ -49,6 +49,26 @@ def test_xla_paged_kernel_equals_attention_over_the_gathered_rows(blocks):
     np.testing.assert_allclose(got, reference(query, paged, 0.3), rtol=1e-5, atol=1e-5)
 
 
+def test_a_pool_in_row_order_is_read_without_gathering_and_gives_the_same_attention():
+    """A table in row order (a contiguous cache's, or pages given in order) takes the reshape
+    branch; the same pool under a shuffled table the gathering loop: both equal the reference."""
+    query, paged = make_paged_problem(page=4, pages_per_row=3)
+    b, per_row = paged.block_table.shape
+    rng = np.random.default_rng(1)
+    pool = (rng.normal(size=(paged.key_pages.shape[0], b * per_row, 4, query.shape[-1])),) * 2
+    lengths = jnp.asarray(rng.integers(1, per_row * 4 + 1, b), jnp.int32)
+    in_order = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
+    shuffled = jnp.asarray(rng.permutation(b * per_row).reshape(b, per_row), jnp.int32)
+    attend = jax.jit(lambda q, p: paged_attention_xla(q, p, scale=0.3, pages_per_block=2))
+    for table in (in_order, shuffled):
+        problem = paged._replace(key_pages=jnp.asarray(pool[0], jnp.float32),
+                                 value_pages=jnp.asarray(pool[1] * 2, jnp.float32),
+                                 block_table=table, lengths=lengths)  # fmt: skip
+        got = attend(query, problem)
+        np.testing.assert_allclose(got, reference(query, problem, 0.3), rtol=1e-5, atol=1e-5)
+    assert " cond[" in jax.make_jaxpr(attend)(query, problem).pretty_print()  # the branch
+
+
 def test_xla_paged_kernel_reads_only_blocks_that_hold_tokens():
     query, paged = make_paged_problem(page=4, pages_per_row=8)
     # Values past every row's first page are NaN: a kernel that read them would return NaN

@@ -157,6 +157,18 @@ def test_the_allocator_shares_counts_holds_and_evicts_oldest_first():
     assert pool.num_free == 1  # nothing taken
 
 
+def test_pages_are_given_from_a_rows_own_run_where_free():
+    """`first`: a row's own pages (so an unshared pool stays in row order and paged reads
+    need no gather); taken or cached ones are skipped for the free list's."""
+    pool = PageAllocator(8, page_size=2, caching=True)
+    assert pool.allocate(2, first=4) == [4, 5]
+    held = pool.allocate(1)  # the free list's first: 0
+    pool.register(held[0], pool.digests([1, 2], [])[0])
+    pool.release(held)  # idle and cached: kept for sharing, not handed out as "free"
+    assert pool.allocate(3, first=5) == [1, 6, 7] and pool.evictions == 0
+    assert pool.allocate(1, first=0) == [2]  # 0 is cached: the free list's next
+
+
 def test_without_caching_nothing_is_shared():
     pool = PageAllocator(2, page_size=1)
     (page,) = pool.allocate(1)

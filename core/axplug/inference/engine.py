@@ -239,8 +239,6 @@ class Engine:
                 limit = min(self._num_drafts, left, self.max_len - active.context_len)
                 if limit > 0:
                     limits[s] = limit
-        if not limits:
-            return {}
         proposed = self.proposer.propose({s: self._slots[s].context for s in limits}, limits)
         return {s: [int(t) for t in d[: limits[s]]] for s, d in proposed.items() if len(d)}
 
@@ -346,7 +344,8 @@ class Engine:
         count = self._pages_for(tokens) - len(shared)
         if count > self.allocator.num_free:
             return False
-        active.pages = [*shared, *self.allocator.allocate(count)]
+        first = slot * self._table.shape[1] + len(shared)
+        active.pages = [*shared, *self.allocator.allocate(count, first)]
         active.registered = len(shared)
         self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
         self._table[slot, : len(active.pages)] = active.pages
@@ -373,7 +372,8 @@ class Engine:
             needed = self._pages_for(active.cached + len(feeds[slot]))
             while len(active.pages) < needed and self._slots[slot] is active:
                 if self.allocator.num_free:
-                    page = self.allocator.allocate(1)[0]
+                    own = slot * self._table.shape[1] + len(active.pages)  # the row's run
+                    page = self.allocator.allocate(1, own)[0]
                     self._table[slot, len(active.pages)] = page
                     active.pages.append(page)
                 else:
@@ -392,12 +392,9 @@ class Engine:
         fed = step_feed(self._slots, feeds, min_prefill_len=self.min_prefill_len,
                         max_len=self.max_len, max_logprobs=self.max_logprobs,
                         decode_width=k + 1)  # fmt: skip
-        proposed = None
+        proposed, n = None, len(self._slots)
         if drafts:  # [rows, K] drafts and how many each row has
-            proposed = (
-                np.zeros((len(self._slots), k), np.int32),
-                np.zeros(len(self._slots), np.int32),
-            )
+            proposed = np.zeros((n, k), np.int32), np.zeros(n, np.int32)
             for s, drafted in drafts.items():
                 proposed[0][s, : len(drafted)], proposed[1][s] = drafted, len(drafted)
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
@@ -420,9 +417,8 @@ class Engine:
             active = self._slots[s]
             if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
                 active.note_prompt_logprobs(len(feed), [a[s] for a in scores["prompt"]])
-            drafted, taken = drafts.get(s, []), int(accepted[s])
-            self.proposed_tokens, self.accepted_tokens = (
-                self.proposed_tokens + len(drafted), self.accepted_tokens + taken)  # fmt: skip
+            self.proposed_tokens += len(drafted := drafts.get(s, []))
+            self.accepted_tokens += (taken := int(accepted[s]))
             # The rejected drafts' cache entries: the next step starts the row before them.
             active.cached += len(feed) - len(drafted) + taken
             active.start = active.cached if taken < len(drafted) else None

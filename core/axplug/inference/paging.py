@@ -47,19 +47,25 @@ class PageAllocator:
         """Pages the prefix cache names (held or not)."""
         return len(self._page_of)
 
-    def allocate(self, count: int) -> list[int]:
-        """`count` pages (free ones first, then the least recently used cached ones), or
-        OutOfPagesError (allocating nothing) when fewer are free."""
+    def allocate(self, count: int, first: int | None = None) -> list[int]:
+        """`count` pages, or OutOfPagesError (allocating nothing) when fewer are free: `first`,
+        `first + 1`, ... where free (a row's own run: a pool nobody shares stays in row order,
+        which paged reads on XLA:CPU take without a gather), else free ones, else evicted
+        cached ones nobody holds (the row's own, else the least recently used)."""
         if count > self.num_free:
             free = self.num_free
             raise OutOfPagesError(f"need {count} pages, {free} of {self.num_pages} are free")
         pages = []
-        for _ in range(count):
-            if self._free:
+        for want in [-1] * count if first is None else range(first, first + count):
+            own = 0 <= want < self.num_pages and not self._refs[want]  # unheld: free or idle
+            if own and want not in self._digest_of:
+                self._free.remove(want)
+                page = want
+            elif self._free:
                 page = self._free.popleft()
-            else:
-                page, _ = self._idle.popitem(last=False)
-                del self._page_of[self._digest_of.pop(page)]
+            else:  # evict the row's own page if idle, else the least recently used
+                page = want if own else next(iter(self._idle))
+                del self._idle[page], self._page_of[self._digest_of.pop(page)]
                 self.evictions += 1
             self._refs[page] = 1
             pages.append(page)
