@@ -125,7 +125,7 @@ def test_scored_and_penalized_requests_compute_their_prompts(model_and_params):
     """Prompt log-probabilities need every prompt position's logits, and penalties count the
     prompt's tokens: such requests read no cached page (and still fill the cache)."""
     model, params = model_and_params
-    scored = SamplingParams(max_new_tokens=3, temperature=0, prompt_logprobs=1)
+    scored = SamplingParams(max_new_tokens=3, temperature=0, prompt_logprobs=0)  # 0: asked
     penalized = SamplingParams(max_new_tokens=3, temperature=0, presence_penalty=1.0)
     requests = [(SYSTEM + [5], SAMPLINGS[0]), (SYSTEM + [6], scored), (SYSTEM + [7], penalized)]
     want, _ = _run(model, params, requests, caching=False, arrivals=[0, 4, 8])

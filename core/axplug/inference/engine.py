@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from axplug.component_spec import component_config
+from axplug.inference import paging as pages
 from axplug.inference.feeds import step_feed
 from axplug.inference.paging import OutOfPagesError, PageAllocator, model_paging
 from axplug.inference.requests import (
@@ -37,7 +38,7 @@ from axplug.inference.requests import (
     TokenEvent,
 )
 from axplug.inference.rows import RowSettings
-from axplug.inference.speculation import Proposer
+from axplug.inference.speculation import Proposer, propose
 from axplug.inference.steps import bind_extend_rows, read_cache_row, write_cache_row
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
@@ -220,7 +221,9 @@ class Engine:
         """
         self._admit()
         feeds = {s: a.feed(self.prefill_chunk) for s, a in enumerate(self._slots) if a is not None}
-        drafts = self._propose() if self.proposer is not None else {}
+        drafts = {}
+        if self.proposer is not None:
+            drafts = propose(self.proposer, self._slots, self._num_drafts, self.max_len)
         for s, drafted in drafts.items():
             feeds[s] = [*feeds[s], *drafted]
         if self.allocator is not None:
@@ -228,19 +231,6 @@ class Engine:
         if not feeds:
             return []
         return self._call(feeds, {s: d for s, d in drafts.items() if s in feeds})
-
-    def _propose(self) -> dict[int, list[int]]:
-        """The proposer's drafts for the decoding rows without penalties, each at most what
-        the row may still generate after the step's own token and what its row can hold."""
-        limits = {}
-        for s, active in enumerate(self._slots):
-            if active is not None and active.decoding and not active.request.sampling.penalizes:
-                left = active.request.sampling.max_new_tokens - len(active.output) - 1
-                limit = min(self._num_drafts, left, self.max_len - active.context_len)
-                if limit > 0:
-                    limits[s] = limit
-        proposed = self.proposer.propose({s: self._slots[s].context for s in limits}, limits)
-        return {s: [int(t) for t in d[: limits[s]]] for s, d in proposed.items() if len(d)}
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
@@ -294,38 +284,21 @@ class Engine:
             active = self._waiting[0]
             # First come, first served: wait for pages to be released, or for a row to
             # finish computing pages of this request's prefix (then share them).
-            if self._prefix_in_flight(active) or not self._admit_pages(slot, active):
+            if not self._admit_pages(slot, active):
                 break
             self._waiting.popleft()
             self._occupy(slot, active)
             active.start = active.cached
 
-    def _shareable(self, active: RequestState) -> list[bytes]:
-        """Digests of the full pages of `active`'s context it may read from the prefix cache
-        (its last token is always fed: its logits give the next token)."""
-        sampling = active.request.sampling
-        if not (self.allocator and self.allocator.caching) or (
-            sampling.prompt_logprobs is not None or sampling.penalizes
-        ):
-            return []
-        active.digests = self.allocator.digests(active.context, active.digests)
-        return active.digests[: (active.context_len - 1) // self.page_size]
-
-    def _prefix_in_flight(self, active: RequestState) -> bool:
-        """Whether a row is computing the first page of `active`'s prefix the cache lacks."""
-        missing = [d for d in self._shareable(active) if not self.allocator.is_cached(d)]
-        return bool(missing) and any(
-            missing[0] in other.digests[other.registered :]
-            for other in self._slots
-            if other is not None
-        )
-
     def _admit_pages(self, slot: int, active: RequestState) -> bool:
         """Pages for a request taking `slot`: its prefix's cached pages, shared, and new ones
-        for its first feed; False (holding none) when too few are free."""
+        for its first feed; False (holding none) when too few are free or a row is computing
+        its prefix's next page (it shares that page next step)."""
         if self.allocator is None:
             return True
-        shared = self.allocator.share(self._shareable(active))
+        if pages.prefix_in_flight(self.allocator, active, self._slots):
+            return False
+        shared = self.allocator.share(pages.shareable(self.allocator, active))
         active.cached = len(shared) * self.page_size
         if not self._give_pages(slot, active, active.cached + len(active.feed(self.prefill_chunk)),
                                 shared):  # fmt: skip
@@ -350,17 +323,6 @@ class Engine:
         self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
         self._table[slot, : len(active.pages)] = active.pages
         return True
-
-    def _register(self, active: RequestState, pending: Sequence[int] = ()) -> None:
-        """Names `active`'s newly filled pages (of its context and `pending` tokens, cached
-        but not yet recorded) in the prefix cache."""
-        full = active.cached // self.page_size
-        if full > active.registered and self.allocator.caching:
-            context = [*active.context, *pending][: full * self.page_size]
-            active.digests = self.allocator.digests(context, active.digests)
-            for index in range(active.registered, full):
-                self.allocator.register(active.pages[index], active.digests[index])
-            active.registered = full
 
     def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
         """Pages for what each row writes this step, oldest rows first; the newest rows are
@@ -423,7 +385,7 @@ class Engine:
             active.cached += len(feed) - len(drafted) + taken
             active.start = active.cached if taken < len(drafted) else None
             if self.allocator is not None:
-                self._register(active, drafted[:taken])
+                pages.register_pages(self.allocator, active, drafted[:taken])
             if active.cached - taken == active.context_len:  # all cached: next tokens
                 top_n = active.request.sampling.logprobs
                 for j, token in enumerate(tokens[s, : taken + 1].tolist()):

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from axplug.api._errors import AxplugError
+from axplug.inference.requests import RequestState
 from axplug.layers.kv_cache import PagedKVCache, Paging
 from axplug.module import Module
 
-__all__ = ["OutOfPagesError", "PageAllocator", "model_paging"]
+__all__ = ["OutOfPagesError", "PageAllocator", "model_paging"]  # and the Engine's helpers
 
 
 class OutOfPagesError(AxplugError, RuntimeError):
@@ -110,6 +111,37 @@ class PageAllocator:
         """`page` (held, full) holds the prefix `digest` names: later requests may share it."""
         if self.caching and digest not in self._page_of and page not in self._digest_of:
             self._page_of[digest], self._digest_of[page] = page, digest
+
+
+def shareable(pool: PageAllocator | None, active: RequestState) -> list[bytes]:
+    """Digests of the full pages of `active`'s context it may read from the prefix cache
+    (its last token is always fed: its logits give the next token); none for requests that
+    score their prompt or use penalties (both need every prompt position)."""
+    asked = active.request.sampling
+    if not (pool and pool.caching) or asked.penalizes or asked.prompt_logprobs is not None:
+        return []
+    active.digests = pool.digests(active.context, active.digests)
+    return active.digests[: (active.context_len - 1) // pool.page_size]
+
+
+def prefix_in_flight(allocator, active: RequestState, rows: Sequence) -> bool:
+    """Whether one of `rows` is computing the first page of `active`'s prefix the cache lacks."""
+    missing = [d for d in shareable(allocator, active) if not allocator.is_cached(d)]
+    return bool(missing) and any(
+        missing[0] in other.digests[other.registered :] for other in rows if other is not None
+    )
+
+
+def register_pages(allocator: PageAllocator, active: RequestState, pending=()) -> None:
+    """Names `active`'s newly filled pages (of its context and `pending` tokens, cached but
+    not yet recorded) in the prefix cache."""
+    full = active.cached // allocator.page_size
+    if full > active.registered and allocator.caching:
+        context = [*active.context, *pending][: full * allocator.page_size]
+        active.digests = allocator.digests(context, active.digests)
+        for index in range(active.registered, full):
+            allocator.register(active.pages[index], active.digests[index])
+        active.registered = full
 
 
 def model_paging(model: Module, batch_size: int, max_len: int) -> Paging | None:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from axplug.config import Configurable, config_class
 from axplug.inference.sampling import filtered_logits
 
-__all__ = ["Proposer", "verify_drafts"]
+__all__ = ["Proposer", "propose", "verify_drafts"]
 
 
 class Proposer(Configurable, abc.ABC):
@@ -36,6 +36,19 @@ class Proposer(Configurable, abc.ABC):
     @abc.abstractmethod
     def propose(self, contexts: dict[int, list[int]], limits: dict[int, int]) -> dict[int, list]:
         """Up to `limits[row]` tokens to follow each row's context (prompt and output)."""
+
+
+def propose(proposer: Proposer, rows: list, num_drafts: int, max_len: int) -> dict[int, list]:
+    """`proposer`'s drafts for the decoding `rows` (by slot) without penalties, each at most
+    what the row may still generate after the step's own token and what its row can hold."""
+    limits = {}
+    for s, active in enumerate(rows):
+        if active is not None and active.decoding and not active.request.sampling.penalizes:
+            left = active.request.sampling.max_new_tokens - len(active.output) - 1
+            if (limit := min(num_drafts, left, max_len - active.context_len)) > 0:
+                limits[s] = limit
+    proposed = proposer.propose({s: rows[s].context for s in limits}, limits)
+    return {s: [int(t) for t in d[: limits[s]]] for s, d in proposed.items() if len(d)}
 
 
 def verify_drafts(logits, drafts, counts_proposed, keys, counts, temperature, *cuts):
