@@ -259,6 +259,10 @@ class RolloutInput(Input):
             "rollout/truncated": float(np.mean([c.finish_reason == "length"
                                                 for group in groups for c in group])),
             "rollout/equal_groups": float(len(equal)),
+            # Prompt tokens read from the prefix cache (paged caches: a group shares its
+            # prompt's pages), over the run.
+            "rollout/prefix_hit_rate": self._engine.prefix_hit_tokens
+            / max(self._engine.prompt_tokens, 1),
             "reward/mean": float(np.mean(batch["rewards"][:, 0])),
             "reward/std": float(np.std(batch["rewards"][:, 0])),
         }}  # fmt: skip

@@ -71,6 +71,9 @@ def test_engine_logps_equal_the_trainers_recomputation(tmp_path, prompts, cache,
     trainer.input.before_batch(0, Policy(trainer.model, params, trainer.mesh,
                                          trainer.mesh_builder.axis_rules))  # fmt: skip
     batch = trainer.input.batch(0)
+    # A paged cache shares each prompt's full pages among its group's completions.
+    hit_rate = trainer.input.metrics(0)["rollout/prefix_hit_rate"]
+    assert hit_rate > 0.5 if cache == "paged" else hit_rate == 0
     mask = batch["target_labels"] >= 0
     sampled = ~np.isnan(batch["behavior_logps"]) & mask
     assert sampled.sum() >= 8 * 4  # completions of several tokens were sampled
