@@ -191,11 +191,11 @@ def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path):
     # Steps 0 and 2 are good, step 1 is poisoned: the select guard (accelerators' default)
     # must leave exactly what the branch (CPU's default) leaves, bit for bit.
     # The claim is about the compiler users run: the session's fast-compile flags fuse the two
-    # programs differently.
+    # programs differently. One layer: optimized compiles of the two programs are the cost,
+    # and the guards wrap the whole update whatever the depth.
     def run(name):
-        trainer = poisoned_trainer(
-            tmp_path / name, bad_steps=[1], steps=3, extra=(f"guard.mode={name!r}",)
-        )
+        extra = (f"guard.mode={name!r}", "model.decoder.transformer.num_layers=1")
+        trainer = poisoned_trainer(tmp_path / name, bad_steps=[1], steps=3, extra=extra)
         state, _ = train_steps(trainer, 3, compiler_options=production_compiler_options())
         return jax.device_get(state)
 
@@ -453,39 +453,28 @@ def test_eval_runs_on_the_held_out_split(tmp_path):
     assert all(0 < r["eval_loss"] < 10 for r in evals)
 
 
-def test_metrics_carry_mfu_when_the_device_peak_is_known(tmp_path, gpt_tiny_trained):
-    from axplug.trainer import model_flops_per_step
+class Monitor:
+    """A device-utilization reader (12.5% busy) that records the low-utilization calls."""
 
-    peak = 1e9  # a fake device spec's FLOP/s: CPUs have none
-    cfg = with_jsonl(tiny_config(tmp_path, f"peak_flops_per_device={peak}", ALL, steps=4))
-    trainer = cfg.instantiate(devices=jax.devices()[:2])
-    trainer.run()
-    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "mfu" in r]
-    assert rows, "no step logged an MFU"
-    flops = model_flops_per_step(cfg, trainer.model)
-    for r in rows:
-        assert r["model_flops_per_sec"] == pytest.approx(flops / r["step_time"])
-        assert r["mfu"] == pytest.approx(r["model_flops_per_sec"] / (2 * peak))
-    # Without a device spec (CPU) there is no MFU to log: the session's shared run.
-    plain = read_jsonl(gpt_tiny_trained / "metrics.jsonl")
-    assert plain and not any("mfu" in r for r in plain)
+    def __init__(self):
+        self.low, self.asked = [], []
+
+    @hookimpl
+    def device_utilization(self, devices):
+        self.asked.append(len(devices))
+        return 12.5
+
+    @hookimpl
+    def on_low_utilization(self, trainer, step, metric, value, threshold):
+        self.low.append((step, metric, value, threshold))
 
 
-def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path):
-    class Monitor:
-        def __init__(self):
-            self.low, self.asked = [], []
-
-        @hookimpl
-        def device_utilization(self, devices):
-            self.asked.append(len(devices))
-            return 12.5
-
-        @hookimpl
-        def on_low_utilization(self, trainer, step, metric, value, threshold):
-            self.low.append((step, metric, value, threshold))
-
-    # A fake peak so large that MFU is ~0: every 2-step window is below min_mfu.
+@pytest.fixture(scope="module")
+def low_utilization_run(tmp_path_factory):
+    """(config, trainer, monitor, run dir) of 4 steps on 2 devices with a fake device peak so
+    large that MFU is ~0: every 2-step window is below min_mfu. One run for the MFU metrics
+    and the low-utilization hooks."""
+    run_dir = tmp_path_factory.mktemp("mfu")
     settings = [
         "peak_flops_per_device=1e30",
         "watchdog.min_mfu=0.5",
@@ -493,10 +482,31 @@ def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(tmp_path
         "watchdog.utilization_window=2",
     ]
     monitor = Monitor()
-    trainer = tiny_config(tmp_path, *settings, ALL, steps=4).instantiate(
-        devices=jax.devices()[:2], hooks=(monitor,)
-    )
+    cfg = with_jsonl(tiny_config(run_dir, *settings, ALL, steps=4))
+    trainer = cfg.instantiate(devices=jax.devices()[:2], hooks=(monitor,))
     trainer.run()
+    return cfg, trainer, monitor, run_dir
+
+
+def test_metrics_carry_mfu_when_the_device_peak_is_known(low_utilization_run, gpt_tiny_trained):
+    from axplug.trainer import model_flops_per_step
+
+    cfg, trainer, _, run_dir = low_utilization_run
+    peak = cfg.peak_flops_per_device  # a fake device spec's FLOP/s: CPUs have none
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "mfu" in r]
+    assert rows, "no step logged an MFU"
+    flops = model_flops_per_step(cfg, trainer.model)
+    for r in rows:
+        assert r["model_flops_per_sec"] == pytest.approx(flops / r["step_time"])
+        # Scaled by the 2 devices' peak: the MFU itself is ~1e-21, below approx's abs floor.
+        assert r["mfu"] * (2 * peak) == pytest.approx(r["model_flops_per_sec"])
+    # Without a device spec (CPU) there is no MFU to log: the session's shared run.
+    plain = read_jsonl(gpt_tiny_trained / "metrics.jsonl")
+    assert plain and not any("mfu" in r for r in plain)
+
+
+def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(low_utilization_run):
+    _, trainer, monitor, _ = low_utilization_run
     assert monitor.asked == [2, 2]  # the local devices, once per window
     flagged = [(step, metric) for step, metric, _, _ in monitor.low]
     assert flagged == [(2, "mfu"), (2, "device_busy"), (4, "mfu"), (4, "device_busy")]
