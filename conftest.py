@@ -13,6 +13,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 pytest_plugins = ["pytester", "pytest_costs"]
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# torch (the transformers references, PEFT) and numpy's BLAS on one thread: with a thread per
+# core, each tiny op of a tiny model waits on the pool, ~50x the CPU of the op itself, while the
+# test workers share the cores. Set before either is imported; XLA's own pool is unaffected.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"

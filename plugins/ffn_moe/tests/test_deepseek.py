@@ -477,20 +477,6 @@ def test_dense_first_stack_checks_its_layer_count():
 transformers = pytest.importorskip("transformers")
 from axplug_models.testing import check_against_transformers  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """transformers' tiny models on one torch thread: with torch's default (a thread per
-    core) each tiny op waits on the pool, ~50x the CPU of the forward pass itself (and
-    workers share the cores). Restored after this module."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TOL = 1e-5
 SHAPES = dict(
     vocab_size=96,
@@ -538,7 +524,6 @@ FAMILIES = {
 }
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_deepseek_v3_matches_transformers(family, tmp_path):
     config = transformers.DeepseekV3Config(**{**SHAPES, **FAMILIES[family]})
@@ -601,7 +586,6 @@ class TestDeepSeekMoEConformance(LayerConformance):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_scanned_deepseek_v3_matches_transformers(tmp_path):
     """`scan_layers`: the dense layer unrolled, the two MoE layers after it scanned (full
     remat); import, greedy decoding through the stacked caches and export as unrolled."""

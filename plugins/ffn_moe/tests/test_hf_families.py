@@ -13,20 +13,6 @@ from axplug_models.testing import check_against_transformers  # noqa: E402
 
 from axplug.api.interop import HFImportError  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """transformers' tiny models on one torch thread: with torch's default (a thread per
-    core) each tiny op waits on the pool, ~50x the CPU of the forward pass itself (and
-    workers share the cores). Restored after this module."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TOL = 1e-5
 SHAPES = dict(
     vocab_size=96,

@@ -293,18 +293,6 @@ def test_a_bad_pattern_or_period_is_an_error_naming_the_field(fields, expected):
 S, F = "sliding_attention", "full_attention"
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """transformers' tiny models on one torch thread: with torch's default (a thread per
-    core) each tiny op waits on the pool, ~50x the CPU of the forward pass itself (and
-    workers share the cores). Restored after this module."""
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _gemma3(layer_types: list[str]):
     pytest.importorskip("transformers")
     from test_families import FAMILIES
@@ -322,7 +310,6 @@ def _gemma3(layer_types: list[str]):
     ],
     ids=["period2_tail1", "period3_tail2"],
 )
-@pytest.mark.usefixtures("one_torch_thread")
 def test_gemma3_imported_scanned_matches_transformers_and_exports(layer_types, period, tmp_path):
     from axplug_models.testing import check_against_transformers
 
@@ -341,7 +328,6 @@ def test_gemma3_imported_scanned_matches_transformers_and_exports(layer_types, p
     assert len(tree["tail"]) == len(layer_types) - 2 * period
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.slow
 def test_gemma2_imported_scanned_matches_transformers(tmp_path):
     """Gemma 2's layer_types derived from its period (2): five layers, two steps and one."""
