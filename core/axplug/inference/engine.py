@@ -16,7 +16,6 @@ computed them, and waits a step while a row is computing them.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import math
 import time
@@ -27,9 +26,10 @@ import jax
 import numpy as np
 
 from axplug.component_spec import component_config
+from axplug.inference import admission
 from axplug.inference import paging as pages
 from axplug.inference.feeds import step_feed
-from axplug.inference.paging import OutOfPagesError, PageAllocator, model_paging
+from axplug.inference.paging import PageAllocator, model_paging
 from axplug.inference.requests import (
     Completion,
     Logprob,
@@ -39,7 +39,7 @@ from axplug.inference.requests import (
 )
 from axplug.inference.rows import RowSettings
 from axplug.inference.speculation import Proposer, propose
-from axplug.inference.steps import bind_extend_rows, read_cache_row, write_cache_row
+from axplug.inference.steps import bind_extend_rows
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope
@@ -98,10 +98,7 @@ class Engine:
             self._cache = jax.block_until_ready(model.init_cache_state(num_slots, max_len))
         paging = model_paging(model, num_slots, max_len)
         self.page_size = paging.page_size if paging else None
-        self.allocator = (
-            PageAllocator(paging.num_pages, paging.page_size, caching=prefix_caching)
-            if paging else None
-        )  # fmt: skip
+        self.allocator = PageAllocator(*paging[:2], caching=prefix_caching) if paging else None
         # Context tokens of admitted requests, and those read from the prefix cache.
         self.prompt_tokens = self.prefix_hit_tokens = 0
         # Every entry starts as "no page" (the pool size, the paged cache's sentinel).
@@ -130,48 +127,11 @@ class Engine:
         self.enqueue(RequestState(request, submitted=time.perf_counter()))
         return request.id
 
+    checked = admission.checked
+
     def enqueue(self, state: RequestState) -> None:
         """Queues a `checked` request's state (its arrival time kept: another engine's)."""
         self._waiting.append(state)
-
-    def checked(self, request: Request | Sequence[int]) -> Request:
-        """`request` with an id and integer prompt, or a ValueError saying why this engine
-        cannot serve it (empty prompt, ids outside the vocabulary, too long, too few pages)."""
-        if not isinstance(request, Request):
-            request = Request(prompt=request)
-        if request.id is None:
-            request = dataclasses.replace(request, id=next(self._ids))
-        prompt = [int(t) for t in request.prompt]
-        name = f"request {request.id!r}"
-        if not prompt:
-            raise ValueError(f"{name}: the prompt is empty; give at least one token")
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
-            raise ValueError(
-                f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        sampling = request.sampling
-        if problem := self._rows.problem(sampling):  # fails here, never in a step
-            raise ValueError(f"{name}: {problem}")
-        for field in ("logprobs", "prompt_logprobs"):
-            if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
-                raise ValueError(
-                    f"{name}: {field}={wanted} asks for more top tokens than this engine's "
-                    f"max_logprobs ({self.max_logprobs}); ask for fewer or raise max_logprobs"
-                )
-        needed = len(prompt) + max(sampling.max_new_tokens, 1) - 1
-        if needed > self.max_len:
-            raise ValueError(
-                f"{name}: {len(prompt)} prompt tokens + {request.sampling.max_new_tokens} new "
-                f"tokens need {needed} cache slots but the engine's max_len is {self.max_len}; "
-                "shorten the prompt, lower max_new_tokens or raise max_len"
-            )
-        if self.allocator is not None and self._pages_for(needed) > self.allocator.num_pages:
-            raise OutOfPagesError(
-                f"{name}: needs {self._pages_for(needed)} pages of {self.page_size} tokens, the "
-                f"pool has {self.allocator.num_pages}; raise the paged cache's num_pages"
-            )
-        return dataclasses.replace(request, prompt=prompt)
 
     @property
     def has_work(self) -> bool:
@@ -232,6 +192,9 @@ class Engine:
             return []
         return self._call(feeds, {s: d for s, d in drafts.items() if s in feeds})
 
+    # Moving decoding rows between engines (prefill/decode disaggregation).
+    detach_decoding, attach = admission.detach_decoding, admission.attach
+
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
         from axplug.inference.generation import run_to_completion
@@ -242,33 +205,6 @@ class Engine:
         """Completions finished since the last call."""
         done, self._finished = self._finished, []
         return done
-
-    # -- moving requests between engines (prefill/decode disaggregation) ---------------------
-
-    def detach_decoding(self) -> list[tuple[RequestState, Any]]:
-        """Every request that is decoding, taken out with its cached row (`read_row` form):
-        its row and pages are free at once, and it is not finished."""
-        out = []
-        for slot, active in enumerate(self._slots):
-            if active is None or not active.decoding:
-                continue
-            row = read_cache_row(self._cache, slot)  # the cache's block table still names its pages
-            out.append((self._vacate(slot), row))
-        return out
-
-    def attach(self, active: RequestState, row: Any) -> bool:
-        """Takes a request detached from another engine of the same model and `max_len`, with
-        its row (already on this engine's devices); False when no row or pages are free."""
-        if None not in self._slots:
-            return False
-        slot = self._slots.index(None)
-        if not self._give_pages(slot, active, active.cached):
-            return False
-        self._cache = write_cache_row(self._cache, slot, row, self._table)
-        self._occupy(slot, active)
-        active.start = None  # the row is written: its length is the other engine's
-        self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
-        return True
 
     # -- scheduling ----------------------------------------------------------------------------
 

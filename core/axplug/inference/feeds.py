@@ -53,8 +53,9 @@ def step_feed(
         ids[s, :k] = feed
         positions[s, :k] = range(active.cached, active.cached + k)
         last[s] = k - 1
-        if active.start is not None:  # a new (or recomputed) row: empty, or a cached prefix
-            start[s] = active.start
+        # A new (or recomputed) row starts empty or after a cached prefix; a row that
+        # rejected drafts, before them.
+        start[s] = -1 if active.start is None else active.start
         counts[s] = len(active.output)
         sampling = active.request.sampling
         if sampling.logprobs is not None:

@@ -104,9 +104,6 @@ class PageAllocator:
             self._refs[page] += 1
         return pages
 
-    def is_cached(self, digest: bytes) -> bool:
-        return digest in self._page_of
-
     def register(self, page: int, digest: bytes) -> None:
         """`page` (held, full) holds the prefix `digest` names: later requests may share it."""
         if self.caching and digest not in self._page_of and page not in self._digest_of:
@@ -126,7 +123,7 @@ def shareable(pool: PageAllocator | None, active: RequestState) -> list[bytes]:
 
 def prefix_in_flight(allocator, active: RequestState, rows: Sequence) -> bool:
     """Whether one of `rows` is computing the first page of `active`'s prefix the cache lacks."""
-    missing = [d for d in shareable(allocator, active) if not allocator.is_cached(d)]
+    missing = [d for d in shareable(allocator, active) if d not in allocator._page_of]
     return bool(missing) and any(
         missing[0] in other.digests[other.registered :] for other in rows if other is not None
     )

@@ -109,13 +109,12 @@ def extend_rows(
     def greedy(_):
         return jnp.argmax(chosen_from, axis=-1).astype(jnp.int32)
 
-    accepted = None
     if proposed is not None:
         chosen = window.astype(jnp.float32).at[:, 0].set(chosen_from)
         tokens, accepted = verify_drafts(chosen, *proposed, keys, counts, *sampling)
         logits = window
     else:  # every row greedy: no per-row key derivation, sort or noise at all
-        tokens = jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None)
+        tokens, accepted = jax.lax.cond(jnp.any(temperature > 0), sampled, greedy, None), None
     if logprobs is not None:
         scores["token"] = token_logprobs(logits, tokens, logprobs)
     return tokens, accepted, scores, cache, kept

@@ -75,7 +75,7 @@ def paged_attention_xla(
     block = min(pages_per_block, table.shape[1])
     blocks = math.ceil(table.shape[1] / block)
     width = blocks * block
-    table = jnp.pad(table, ((0, 0), (0, width - table.shape[1])), constant_values=num_pages)
+    padded = jnp.pad(table, ((0, 0), (0, width - table.shape[1])), constant_values=num_pages)
     # [kvh, b, g, d]: kv heads and rows lead, as in the gathered pages, so the dots need no
     # transposed copy of keys or values.
     q = (query.astype(jnp.float32) * scale).reshape(b, kvh, g, d).transpose(1, 0, 2, 3)
@@ -94,7 +94,7 @@ def paged_attention_xla(
         return m_new, total, acc
 
     def body(i, carry):
-        pages = jax.lax.dynamic_slice_in_dim(table, i * block, block, axis=1)  # [b, block]
+        pages = jax.lax.dynamic_slice_in_dim(padded, i * block, block, axis=1)  # [b, block]
 
         def read(pool):  # [kvh, b, block * page, d]
             rows = jnp.take(pool, pages, axis=1, mode="fill", fill_value=0)
@@ -115,10 +115,9 @@ def paged_attention_xla(
     used = jnp.minimum(blocks, (jnp.max(lengths) + block * page - 1) // (block * page))
     gathered = functools.partial(jax.lax.fori_loop, 0, used, body)
     # A contiguous cache's table is always in order; XLA:CPU's gather costs 3x the attention.
-    pages = paged.block_table
-    if num_pages == pages.size:
-        own = jnp.arange(pages.size).reshape(pages.shape)
-        in_place = jnp.all((pages == own) | (pages == num_pages))  # or no page
+    if num_pages == table.size:
+        own = jnp.arange(table.size).reshape(table.shape)
+        in_place = jnp.all((table == own) | (table == num_pages))  # or no page
         _, total, acc = jax.lax.cond(in_place, in_order, gathered, init)
     else:
         _, total, acc = gathered(init)

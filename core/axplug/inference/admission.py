@@ -1,0 +1,81 @@
+"""How requests and rows enter (and leave) an Engine: checking a request before it queues,
+and moving decoding rows between engines (prefill/decode disaggregation). These are Engine
+methods (`Engine.checked`, `detach_decoding`, `attach`), kept here so the engine module holds
+the scheduling and the step."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from axplug.inference.paging import OutOfPagesError
+from axplug.inference.requests import Request, RequestState
+from axplug.inference.steps import read_cache_row, write_cache_row
+
+__all__ = ["attach", "checked", "detach_decoding"]
+
+
+def checked(self, request: Request | Sequence[int]) -> Request:
+    """`request` with an id and integer prompt, or a ValueError saying why this engine
+    cannot serve it (empty prompt, ids outside the vocabulary, too long, too few pages)."""
+    if not isinstance(request, Request):
+        request = Request(prompt=request)
+    if request.id is None:
+        request = dataclasses.replace(request, id=next(self._ids))
+    prompt = [int(t) for t in request.prompt]
+    name = f"request {request.id!r}"
+    if not prompt:
+        raise ValueError(f"{name}: the prompt is empty; give at least one token")
+    if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
+        bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+        raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+    sampling = request.sampling
+    if problem := self._rows.problem(sampling):  # fails here, never in a step
+        raise ValueError(f"{name}: {problem}")
+    for field in ("logprobs", "prompt_logprobs"):
+        if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
+            raise ValueError(
+                f"{name}: {field}={wanted} asks for more top tokens than this engine's "
+                f"max_logprobs ({self.max_logprobs}); ask for fewer or raise max_logprobs"
+            )
+    needed = len(prompt) + max(sampling.max_new_tokens, 1) - 1
+    if needed > self.max_len:
+        raise ValueError(
+            f"{name}: {len(prompt)} prompt tokens + {request.sampling.max_new_tokens} new "
+            f"tokens need {needed} cache slots but the engine's max_len is {self.max_len}; "
+            "shorten the prompt, lower max_new_tokens or raise max_len"
+        )
+    if self.allocator is not None and self._pages_for(needed) > self.allocator.num_pages:
+        raise OutOfPagesError(
+            f"{name}: needs {self._pages_for(needed)} pages of {self.page_size} tokens, the "
+            f"pool has {self.allocator.num_pages}; raise the paged cache's num_pages"
+        )
+    return dataclasses.replace(request, prompt=prompt)
+
+
+def detach_decoding(self) -> list[tuple[RequestState, Any]]:
+    """Every request that is decoding, taken out with its cached row (`read_row` form):
+    its row and pages are free at once, and it is not finished."""
+    out = []
+    for slot, active in enumerate(self._slots):
+        if active is None or not active.decoding:
+            continue
+        row = read_cache_row(self._cache, slot)  # the cache's block table still names its pages
+        out.append((self._vacate(slot), row))
+    return out
+
+
+def attach(self, active: RequestState, row: Any) -> bool:
+    """Takes a request detached from another engine of the same model and `max_len`, with
+    its row (already on this engine's devices); False when no row or pages are free."""
+    if None not in self._slots:
+        return False
+    slot = self._slots.index(None)
+    if not self._give_pages(slot, active, active.cached):
+        return False
+    self._cache = write_cache_row(self._cache, slot, row, self._table)
+    self._occupy(slot, active)
+    active.start = None  # the row is written: its length is the other engine's
+    self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
+    return True
