@@ -1,0 +1,20 @@
+"""Batch-invariant layers: `--modifier batch_invariant` makes a token's logits the same bits
+whatever shares its step (alone or batched, whole or chunked prefill, cached prefix or not)."""
+
+from axplug_batch_invariant.layers import (
+    BatchInvariantEmbedding,
+    BatchInvariantKernel,
+    BatchInvariantLinear,
+    attend_each_query,
+    tiled_matmul,
+)
+from axplug_batch_invariant.modifier import BatchInvariantModifier
+
+__all__ = [
+    "BatchInvariantEmbedding",
+    "BatchInvariantKernel",
+    "BatchInvariantLinear",
+    "BatchInvariantModifier",
+    "attend_each_query",
+    "tiled_matmul",
+]
