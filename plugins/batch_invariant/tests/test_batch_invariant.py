@@ -75,7 +75,7 @@ def _ids(seed, n):
 SYSTEM = _ids(0, 13)  # three full pages and one token of a fourth (4 tokens a page)
 SAMPLINGS = [
     SamplingParams(max_new_tokens=6, temperature=0, logprobs=2),
-    SamplingParams(max_new_tokens=5, temperature=0.9, seed=1, logprobs=0),
+    SamplingParams(max_new_tokens=5, temperature=0.9, seed=1, logprobs=1),
     SamplingParams(max_new_tokens=7, temperature=1.0, top_k=5, seed=2, logprobs=1),
     SamplingParams(max_new_tokens=4, temperature=0.7, top_p=0.9, seed=3, logprobs=1),
 ]
