@@ -109,7 +109,7 @@ def attend_each_query(q, k, v, allowed, *, scale, bias=None, logit_softcap=None)
     if bias is not None:
         each["bias"] = bias.transpose(0, 2, 3, 1).reshape(b * sq, -1, h)  # [b * sq, skv, h]
 
-    def one(query):  # [h, d] -> [h, d]
+    def one(query):  # [h, d] -> [h, dv]
         keys, values = k32[query["row"]], v32[query["row"]]  # [skv, h, d]
         scores = jnp.sum(query["q"][None] * keys, axis=-1) * scale  # [skv, h]
         if logit_softcap is not None:
@@ -123,7 +123,7 @@ def attend_each_query(q, k, v, allowed, *, scale, bias=None, logit_softcap=None)
         out = jnp.sum(probs[..., None] * values, axis=0)
         return out / jnp.where(total > 0, total, 1.0)[:, None]
 
-    return jax.lax.map(one, each).reshape(b, sq, h, d).astype(v.dtype)
+    return jax.lax.map(one, each).reshape(b, sq, h, v.shape[-1]).astype(v.dtype)
 
 
 class BatchInvariantKernel(AttentionKernelSlot):

@@ -53,24 +53,33 @@ class BatchInvariantModifier(ConfigModifier):
             cfg = replace_config(cfg, target=old, new_cfg=new.default_config(), missing_ok=True)
         kernel = BatchInvariantKernel.default_config()
         cfg = replace_config(cfg, target=DotProductKernel, new_cfg=kernel, missing_ok=True)
-        others = [k.klass.__qualname__ for k in _kernel_slots(cfg)
-                  if k.klass is not BatchInvariantKernel]  # fmt: skip
-        if others:
+        if left := _not_invariant(cfg):
+            path, klass = left[0]
             raise ConfigError(
-                f"modifier batch_invariant: attention kernel {others[0]} is not "
-                "batch-invariant; drop the modifier that set it"
+                f"modifier batch_invariant: {path} ({klass}) has no batch-invariant form (another "
+                "kernel, a subclass of a swapped layer, an adapter, an MoE block); drop what set "
+                "it, or run without batch_invariant"
             )
         return cfg
 
 
-def _kernel_slots(cfg: ConfigBase) -> list[Any]:
-    """Every attention kernel slot config in `cfg`."""
-    found: list[Any] = []
+def _not_invariant(cfg: ConfigBase) -> list[tuple[str, str]]:
+    """(path, class name) of every layer the swaps left as it was: another attention kernel,
+    a subclass of a swapped layer (quantized), a projection's adapter, a feed-forward block
+    of another kind (MoE)."""
+    twins = {new for _, new in _SWAPS} | {BatchInvariantKernel}
+    bases = tuple(old for old, _ in _SWAPS) + (AttentionKernelSlot,)
+    found: list[tuple[str, str]] = []
 
-    def note(_path, value):
+    def note(path: str, value: Any) -> None:
         klass = getattr(value, "klass", None)
-        if isinstance(klass, type) and issubclass(klass, AttentionKernelSlot):
-            found.append(value)
+        if not isinstance(klass, type):
+            return
+        if klass in twins:
+            if (adapter := getattr(value, "adapter", None)) is not None:
+                found.append((f"{path}.adapter", adapter.klass.__name__))
+        elif issubclass(klass, bases) or path.rsplit(".", 1)[-1] == "feed_forward":
+            found.append((path, klass.__name__))
 
     visit(cfg, note)
     return found

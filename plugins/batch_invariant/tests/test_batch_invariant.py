@@ -4,6 +4,8 @@ tokens and bit-identical log-probabilities; the layers equal plain-jnp reference
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("axplug_batch_invariant")
@@ -14,7 +16,7 @@ import numpy as np  # noqa: E402
 from axplug_batch_invariant import attend_each_query, tiled_matmul  # noqa: E402
 
 from axplug.api.config import ConfigError, make_modifier  # noqa: E402
-from axplug.api.layers import AttentionKernelSlot, CausalLM  # noqa: E402
+from axplug.api.layers import AttentionKernelSlot, BaseLayer, CausalLM, Linear  # noqa: E402
 from axplug.api.run import Engine, Request, SamplingParams  # noqa: E402
 
 VOCAB, PAGE = 61, 4
@@ -51,6 +53,9 @@ def test_each_query_attention_equals_softmax_attention_with_groups_bias_and_cap(
     got = attend_each_query(q, k, v, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
     want = _reference(q, k, v, allowed, 0.3, bias, 5.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    v6 = v[..., :6]  # values narrower than queries and keys (MLA)
+    got = attend_each_query(q, k, v6, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
+    np.testing.assert_allclose(got, _reference(q, k, v6, allowed, 0.3, bias, 5.0), atol=1e-5)
     empty = attend_each_query(q, k, v, jnp.zeros_like(allowed), scale=0.3)
     assert not np.any(np.asarray(empty))  # a query that sees no key gives zeros, not NaN
 
@@ -136,13 +141,44 @@ def test_logprobs_are_bit_identical_with_the_cache_on_and_off_chunked_preempted_
     assert chunked != _run(plain, params, requests, arrivals, num_slots=3)[0]
 
 
-def test_the_modifier_refuses_other_kernels():
-    cfg = CausalLM.default_config()
-    cfg.decoder.set(vocab_size=VOCAB, dim=32)
+def test_the_modifier_refuses_what_it_cannot_make_invariant():
+    """Another kernel, a subclass of a swapped layer (quantized), an adapter, a feed-forward
+    block of another kind (MoE): one error naming where, never a silent plain layer."""
 
     class OtherKernel(AttentionKernelSlot):
         pass
 
-    cfg.decoder.transformer.layer.attention.kernel = OtherKernel.default_config()
-    with pytest.raises(ConfigError, match="OtherKernel is not batch-invariant"):
-        make_modifier("batch_invariant")(cfg)
+    class OtherLinear(Linear):
+        pass
+
+    class OtherBlock(BaseLayer):
+        pass
+
+    def model():
+        cfg = CausalLM.default_config()
+        cfg.decoder.set(vocab_size=VOCAB, dim=32)
+        return cfg
+
+    cases = {
+        "decoder.transformer.layer.attention.kernel (OtherKernel)": (
+            "attention",
+            "kernel",
+            OtherKernel,
+        ),
+        "decoder.lm_head (OtherLinear)": ("decoder", "lm_head", OtherLinear),
+        "decoder.transformer.layer.feed_forward (OtherBlock)": (
+            "layer",
+            "feed_forward",
+            OtherBlock,
+        ),
+        "decoder.lm_head.adapter (OtherBlock)": ("lm_head", "adapter", OtherBlock),
+    }
+    for where, (parent, field, klass) in cases.items():
+        cfg = model()
+        layer = cfg.decoder.transformer.layer
+        owners = {"decoder": cfg.decoder, "layer": layer, "attention": layer.attention,
+                  "lm_head": cfg.decoder.lm_head}  # fmt: skip
+        setattr(owners[parent], field, klass.default_config())
+        with pytest.raises(ConfigError, match=re.escape(where) + " has no batch-invariant form"):
+            make_modifier("batch_invariant")(cfg)
+    make_modifier("batch_invariant")(make_modifier("batch_invariant")(model()))  # twice: fine
