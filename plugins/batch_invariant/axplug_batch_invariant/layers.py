@@ -1,6 +1,6 @@
-"""Layers whose every token's result is computed in one order whatever shares its call: a
-matmul as fixed [rows_per_tile, in] tiles, attention one query at a time over the whole key
-axis (the same function for prefill, mixed and decode steps)."""
+"""Layers whose every token's result is computed in one order whatever shares its call:
+token-wise work in tiles of exactly `TILE_ROWS` tokens, attention one query at a time over the
+row's whole key axis (the same function for prefill, mixed and decode steps)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class BatchInvariantFeedForward(_TokenwiseInTiles, FeedForward):
 
 class BatchInvariantLinear(Linear):
     """`Linear` whose product is `tiled_matmul`: a token's output is the same bits whatever
-    else is in the batch (adapters and biases unchanged)."""
+    else is in the batch."""
 
     def project(self, x: jax.Array) -> jax.Array:
         params = self.parameters
