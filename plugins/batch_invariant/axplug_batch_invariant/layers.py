@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 
 from axplug.api import AttentionMask
-from axplug.api.config import config_class
 from axplug.api.layers import (
     AttentionKernelSlot,
     Embedding,
@@ -129,10 +128,6 @@ def attend_each_query(q, k, v, allowed, *, scale, bias=None, logit_softcap=None)
 class BatchInvariantKernel(AttentionKernelSlot):
     """Attention's kernel slot through `attend_each_query`, dense and paged: a query's output
     is the same bits in a prefill, a mixed or a decode step, from a shared or an own page."""
-
-    @config_class
-    class Config(AttentionKernelSlot.Config):
-        pass
 
     def _scale(self, d: int) -> float:
         return self._config.scale if self._config.scale is not None else 1.0 / math.sqrt(d)

@@ -38,6 +38,7 @@ _SWAPS = (
     (RMSNorm, BatchInvariantRMSNorm),
     (LayerNorm, BatchInvariantLayerNorm),
     (FeedForward, BatchInvariantFeedForward),
+    (DotProductKernel, BatchInvariantKernel),
 )
 
 
@@ -51,8 +52,6 @@ class BatchInvariantModifier(ConfigModifier):
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         for old, new in _SWAPS:
             cfg = replace_config(cfg, target=old, new_cfg=new.default_config(), missing_ok=True)
-        kernel = BatchInvariantKernel.default_config()
-        cfg = replace_config(cfg, target=DotProductKernel, new_cfg=kernel, missing_ok=True)
         if left := _not_invariant(cfg):
             path, klass = left[0]
             raise ConfigError(
@@ -67,8 +66,8 @@ def _not_invariant(cfg: ConfigBase) -> list[tuple[str, str]]:
     """(path, class name) of every layer the swaps left as it was: another attention kernel,
     a subclass of a swapped layer (quantized), a projection's adapter, a feed-forward block
     of another kind (MoE)."""
-    twins = {new for _, new in _SWAPS} | {BatchInvariantKernel}
-    bases = tuple(old for old, _ in _SWAPS) + (AttentionKernelSlot,)
+    twins = {new for _, new in _SWAPS}
+    bases = tuple(old for old, _ in _SWAPS) + (AttentionKernelSlot,)  # any kernel slot
     found: list[tuple[str, str]] = []
 
     def note(path: str, value: Any) -> None:

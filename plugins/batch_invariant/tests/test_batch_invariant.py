@@ -60,16 +60,21 @@ def test_each_query_attention_equals_softmax_attention_with_groups_bias_and_cap(
     assert not np.any(np.asarray(empty))  # a query that sees no key gives zeros, not NaN
 
 
-@pytest.fixture(scope="module")
-def model_and_params():
+def _tiny_lm():
+    """A two-layer CausalLM config over a 61-token vocabulary."""
     cfg = CausalLM.default_config()
     cfg.decoder.set(vocab_size=VOCAB, dim=32)
     cfg.decoder.transformer.set(num_layers=2)
     cfg.decoder.transformer.layer.attention.set(num_heads=4)
     cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
-    paged = lambda pages: make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages={pages}")  # noqa: E731
-    plain = paged(16)(cfg).instantiate(parent=None)
-    invariant = make_modifier("batch_invariant")(paged(16)(cfg)).instantiate(parent=None)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+    cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages=16")(_tiny_lm())
+    plain = cfg.instantiate(parent=None)
+    invariant = make_modifier("batch_invariant")(cfg).instantiate(parent=None)
     return plain, invariant, plain.initialize_parameters_recursively(jax.random.PRNGKey(3))
 
 
@@ -154,11 +159,6 @@ def test_the_modifier_refuses_what_it_cannot_make_invariant():
     class OtherBlock(BaseLayer):
         pass
 
-    def model():
-        cfg = CausalLM.default_config()
-        cfg.decoder.set(vocab_size=VOCAB, dim=32)
-        return cfg
-
     cases = {
         "decoder.transformer.layer.attention.kernel (OtherKernel)": (
             "attention",
@@ -174,11 +174,11 @@ def test_the_modifier_refuses_what_it_cannot_make_invariant():
         "decoder.lm_head.adapter (OtherBlock)": ("lm_head", "adapter", OtherBlock),
     }
     for where, (parent, field, klass) in cases.items():
-        cfg = model()
+        cfg = _tiny_lm()
         layer = cfg.decoder.transformer.layer
         owners = {"decoder": cfg.decoder, "layer": layer, "attention": layer.attention,
                   "lm_head": cfg.decoder.lm_head}  # fmt: skip
         setattr(owners[parent], field, klass.default_config())
         with pytest.raises(ConfigError, match=re.escape(where) + " has no batch-invariant form"):
             make_modifier("batch_invariant")(cfg)
-    make_modifier("batch_invariant")(make_modifier("batch_invariant")(model()))  # twice: fine
+    make_modifier("batch_invariant")(make_modifier("batch_invariant")(_tiny_lm()))  # twice: fine
