@@ -1,7 +1,7 @@
 """Test setup for every test directory (tests/ and plugins/*/tests/): 8 fake CPU devices for
 mesh tests, set before jax is imported, per-test cleanup of the CLI's logging, and the suite's
 test costs and compile budget (tests/pytest_costs.py). The fixtures and the session's
-compilation cache come from axplug's pytest plugin (axplug.testing)."""
+compilation cache come from axplug's pytest plugin (axplug_testing)."""
 
 import os
 import sys

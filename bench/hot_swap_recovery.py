@@ -28,7 +28,7 @@ import threading
 import time
 
 from axplug.checkpoint.layout import COMMIT_MARKER
-from axplug.testing import tiny_train_args
+from axplug_testing import tiny_train_args
 
 TINY = (
     "log_every=1",

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     jax.config.update("jax_enable_compilation_cache", False)
-    from axplug.testing import tiny_trainer_config
+    from axplug_testing import tiny_trainer_config
 
     modifiers = [m for m in args.modifiers.split(",") if m]
     print(f"{'preset':<16} {'keys in program (s)':>22} {'keys before it (s)':>22} {'ratio':>6}")

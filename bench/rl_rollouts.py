@@ -38,7 +38,7 @@ def main(argv=None) -> None:
 
     from axplug.api.data import Policy
     from axplug.api.run import Engine, Request, SamplingParams
-    from axplug.testing import tiny_trainer_config
+    from axplug_testing import tiny_trainer_config
 
     work = pathlib.Path(tempfile.mkdtemp())
     prompts = work / "prompts.jsonl"
@@ -118,7 +118,7 @@ def _parity(args, work, prompts, modifiers) -> tuple[float, float]:
 
     from axplug.api.data import Policy
     from axplug.api.layers import functional
-    from axplug.testing import tiny_trainer_config
+    from axplug_testing import tiny_trainer_config
 
     cfg = tiny_trainer_config(work / "parity", preset=args.preset, modifiers=["grpo", *modifiers])
     cfg.input = RolloutInput.default_config().set(

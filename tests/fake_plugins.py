@@ -1,4 +1,4 @@
-"""Sources of fake plugin modules for the `plugin_site` fixture (axplug.testing)."""
+"""Sources of fake plugin modules for the `plugin_site` fixture (axplug_testing)."""
 
 # Module sources whose `Dense` passes the check of its kind when loaded (registry._kinds).
 # LAYER's is also shaped as a kernel (is_supported and __call__), so one fake serves both.

@@ -9,9 +9,9 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 from axplug.checkpoint import CheckpointCorruptError, host_checksums, tree_checksums
-from axplug.testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 
 def config(out, steps=4, *extra):

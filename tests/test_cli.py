@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug import __version__
 from axplug.cli import main
 from axplug.config.tree import ChainConfigModifier
-from axplug.testing import tiny_train_args
 from fake_plugins import LAYER, STORAGE
 
 DENSE = LAYER

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.cli import main
-from axplug.testing import tiny_train_args
 
 
 def one_error_line(err: str) -> str:
@@ -233,8 +233,9 @@ def test_print_config_refuses_an_unknown_optimizer_with_the_runs_line(tmp_path, 
 
 
 def test_train_refuses_a_bad_choice_before_writing_anything(tmp_path):
+    from axplug_testing import tiny_trainer_config
+
     from axplug.config import ConfigError
-    from axplug.testing import tiny_trainer_config
     from axplug.trainer.run import train
 
     cfg = tiny_trainer_config(tmp_path / "run", "saving.on_error='retry_later'")
@@ -295,8 +296,9 @@ def test_a_save_blocked_past_the_threshold_logs_once_what_it_waits_on(tmp_path, 
 
 
 def test_uris_lose_their_user_info_in_config_txt_and_config_json(tmp_path):
+    from axplug_testing import tiny_trainer_config
+
     from axplug.config import strip_userinfo
-    from axplug.testing import tiny_trainer_config
     from axplug.trainer.run import write_config
 
     assert strip_userinfo("s3://k:secret@bucket/a@b") == "s3://bucket/a@b"

@@ -9,11 +9,11 @@ import sys
 
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.cli import main
 from axplug.input import bundled_corpus_path
 from axplug.input.prepare import prepare_data
-from axplug.testing import tiny_train_args
 
 TEXT = bundled_corpus_path().read_text(encoding="utf-8")[:60_000]
 

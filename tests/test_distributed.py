@@ -11,6 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args, xla_flags
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from axplug.input import ByteTextInput
@@ -25,7 +26,6 @@ from axplug.runtime import (
     shard_input_config,
 )
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, xla_flags
 
 # --- where the settings come from ------------------------------------------------------------
 

@@ -103,8 +103,9 @@ def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, capsys):
 
 
 def test_a_huge_value_is_shown_in_a_few_hundred_characters():
+    from axplug_testing import tiny_trainer_config
+
     from axplug.config import ConfigTypeError
-    from axplug.testing import tiny_trainer_config
 
     bomb: list = ["lol"]
     for _ in range(12):  # 9**12 leaves if printed whole; shared, so built at once
@@ -133,7 +134,8 @@ def test_binary_files_and_repeated_keys_are_one_error_line(tmp_path, capsys, nam
 
 
 def test_a_whole_config_with_a_preset_is_refused(tmp_path, capsys):
-    from axplug.testing import train_config
+    from axplug_testing import train_config
+
     from axplug.trainer.run import write_config
 
     assert main(["train", "--preset", "gpt-tiny", "--print-config"]) == 0

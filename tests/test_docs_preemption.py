@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "launch.md"
 

@@ -5,10 +5,10 @@ norms, soft-capped scores, q/k/v biases, Gemma's (1 + w) norms and pre + post no
 import jax
 import jax.numpy as jnp
 import pytest
+from axplug_testing import LayerConformance
 
 from axplug.layers import Attention, QKVLinear, RMSNorm, TransformerLayer
 from axplug.layers.attention import DotProductKernel
-from axplug.testing import LayerConformance
 
 D, HEADS, HEAD_DIM = 16, 4, 6  # head_dim != D // HEADS: the norm widths differ from D
 

@@ -6,11 +6,11 @@ import json
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.cli import main
 from axplug.cli.main import build_parser
 from axplug.cli.train_cmd import build_config
-from axplug.testing import tiny_train_args
 from test_hf_import import hf_weights, llama_config, write_hf
 
 # A fine-tune's model is its checkpoint's, so not `tiny_train_args`: only what keeps it small

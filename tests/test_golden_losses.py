@@ -15,8 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
-from axplug.testing import tiny_trainer_config, train_steps
+from axplug_testing import tiny_trainer_config, train_steps
 
 GOLDEN = Path(__file__).parent / "golden"
 STEPS = 4

@@ -4,11 +4,11 @@ import shutil
 import time
 
 import pytest
+from axplug_testing import tiny_train_args, tiny_trainer_config
 
 from axplug.cli.main import main
 from axplug.runtime import PHASES, GoodputRecorder, format_goodput
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, tiny_trainer_config
 
 
 def test_phases_are_exclusive_and_add_up_to_the_wall_time():

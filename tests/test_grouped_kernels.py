@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from axplug_testing import GroupedMatmulConformance, group_size_cases
 
 from axplug.api import Unsupported
 from axplug.kernels import (
@@ -17,7 +18,6 @@ from axplug.kernels import (
     registered_kernels,
     select_grouped_matmul,
 )
-from axplug.testing import GroupedMatmulConformance, group_size_cases
 
 
 class TestXlaGroupedMatmul(GroupedMatmulConformance):

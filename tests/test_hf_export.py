@@ -117,7 +117,7 @@ def test_a_moe_that_mixtral_cannot_express_is_refused_by_name(tmp_path, capsys):
     import pytest
 
     pytest.importorskip("axplug_moe")
-    from axplug.testing import tiny_train_args
+    from axplug_testing import tiny_train_args
 
     run = str(tmp_path / "moe")
     assert main(tiny_train_args(run, "model.decoder.transformer.num_layers=1", "input.seq_len=16",

@@ -13,12 +13,13 @@ axplug_gpu = pytest.importorskip("axplug_gpu")
 axplug_tpu = pytest.importorskip("axplug_tpu")
 axplug_trainium = pytest.importorskip("axplug_trainium")
 
+from axplug_testing import abstract_call  # noqa: E402
+
 from axplug import registry  # noqa: E402
 from axplug.api import AttentionMask, DeviceSpec  # noqa: E402
 from axplug.kernels import ReferenceKernel, kernel_choices, select_kernel  # noqa: E402
 from axplug.mesh_rules import device_spec_of, select_mesh_rule  # noqa: E402
 from axplug.modifiers import make_modifier  # noqa: E402
-from axplug.testing import abstract_call  # noqa: E402
 
 if not {"cudnn_flash", "splash", "nki_flash"} <= set(registry.names("kernels")):
     # Installed but not loaded (AXPLUG_LOAD_PLUGINS / AXPLUG_DISABLE_PLUGINS): the core alone.
@@ -281,7 +282,7 @@ def test_list_check_shows_hardware_kernels_unavailable_with_reasons(capsys):
 
 # --- the conformance kit on every hardware mesh rule ------------------------------------------
 
-from axplug.testing import MeshRuleConformance  # noqa: E402
+from axplug_testing import MeshRuleConformance  # noqa: E402
 
 # rule -> selectors it must win among the installed rules (`detect_selector()` forms included).
 RULE_SELECTORS = {

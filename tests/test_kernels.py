@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_testing import KernelConformance
 
 from axplug import registry
 from axplug.api import AttentionMask, Unsupported
@@ -35,7 +36,6 @@ from axplug.kernels import (
     select_kernel,
 )
 from axplug.layers import DotProductKernel, FlashAttention
-from axplug.testing import KernelConformance
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_GRAD = dict(rtol=1e-4, atol=1e-4)
@@ -404,7 +404,7 @@ def test_a_softcap_goes_only_to_kernels_that_declare_it(fake_kernels):
 
 
 def test_every_installed_kernel_without_the_capability_declines_a_cap():
-    from axplug.testing import abstract_call
+    from axplug_testing import abstract_call
 
     for name, kernel in registered_kernels():
         if getattr(kernel, "supports_logit_softcap", False):

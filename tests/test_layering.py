@@ -163,18 +163,30 @@ def _plugin_api_problems(paths: list[pathlib.Path], also: tuple[str, ...] = ()) 
 
 
 def test_plugins_import_only_the_plugin_api():
-    sources = [path for path, _dist in _plugin_sources()]
+    # The test kit drives the core's trainer and commands as the core's own tests do: it is
+    # released with the core, pinned to its exact version (checked below), not a plugin.
+    sources = [path for path, dist in _plugin_sources() if dist.name != "testing"]
     assert len(sources) > 20
     kits = [path for path in sources if path.stem == "testing"]  # a plugin's test kit
     problems = _plugin_api_problems([p for p in sources if p not in kits])
-    problems += _plugin_api_problems(kits, also=("axplug.testing",))
+    problems += _plugin_api_problems(kits, also=("axplug_testing",))
     assert not problems, "\n".join(problems)
+
+
+def test_the_test_kit_is_released_with_the_core_it_reaches_into():
+    import tomllib
+
+    import axplug
+
+    project = tomllib.loads((ROOT / "plugins/testing/pyproject.toml").read_text())["project"]
+    assert f"axplug=={axplug.__version__}" in project["dependencies"]
+    assert project["version"] == axplug.__version__
 
 
 def test_plugin_tests_import_only_the_plugin_api_and_the_testing_kit():
     tests = sorted((ROOT / "plugins").glob("*/tests/**/*.py"))
     assert len(tests) > 20
-    problems = _plugin_api_problems(tests, also=("axplug.testing",))
+    problems = _plugin_api_problems(tests, also=("axplug_testing",))
     assert not problems, "\n".join(problems)
 
 
@@ -342,8 +354,7 @@ def test_the_core_looks_up_no_plugin_component_and_its_presets_need_none(monkeyp
     components = _plugin_components()
     assert components["rope"] == components["llama-tiny"] == "axplug-attention"
     offenders = []
-    # The conformance kit trains a layer inside llama-tiny where it is installed (else skips).
-    for path in sorted(set(CORE.rglob("*.py")) - set((CORE / "testing").rglob("*.py"))):
+    for path in sorted(CORE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call):
                 continue

@@ -13,12 +13,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 from axplug.cli.main import build_parser, main
 from axplug.cli.train_cmd import build_config
 from axplug.config import ConfigError
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 STEPS = 12  # persistent every 6 (steps 6 and 12), local every 2 (2, 4, 8, 10; keep 2)
 KILL_AT = 12  # during the persistent save of 12: the newest complete steps are 6 and local 10

@@ -14,11 +14,11 @@ from axplug_metrics.command import (
     table,
     terminal_plot,
 )
+from axplug_testing import tiny_train_args
 
 from axplug.cli import main
 from axplug.summary import ProgressBar, read_jsonl
 from axplug.summary.progress import format_progress_line
-from axplug.testing import tiny_train_args
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -4,8 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from axplug.testing import tiny_trainer_config
+from axplug_testing import tiny_trainer_config
 
 
 def trainer_for(policy, tmp_path):

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_testing import PagedKernelConformance, make_paged_problem, paged_reference
 
 from axplug.kernels import kernel_choices, paged_attention_xla, select_paged_kernel
 from axplug.kernels.paged import XlaPagedKernel
 from axplug.sharding import sharding_scope
-from axplug.testing import PagedKernelConformance, make_paged_problem, paged_reference
 
 
 @functools.partial(jax.jit, static_argnums=2, static_argnames="logit_softcap")

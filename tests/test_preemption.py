@@ -14,13 +14,13 @@ import time
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args, xla_flags
 
 from axplug.checkpoint import Checkpointer
 from axplug.cli.main import build_parser, main
 from axplug.cli.train_cmd import build_config
 from axplug.runtime import RESTART_EXIT_CODE, PeerMonitor
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, xla_flags
 
 STEPS = 40
 

@@ -2,6 +2,7 @@
 
 import jax
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug import registry
 from axplug.cli import main
@@ -10,7 +11,6 @@ from axplug.layers import RepeatedTransformer, StackedTransformer
 from axplug.mesh_rules import detect_selector, select_mesh_rule
 from axplug.presets import preset_config, resolve_preset
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
 
 # Published parameter counts (embeddings and LM head untied).
 KNOWN_PARAMS = {

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import jax
 import pytest
+from axplug_testing import tiny_train_args, tiny_trainer_config
 
 from axplug.cli.main import main
 from axplug.config import ConfigError
-from axplug.testing import tiny_train_args, tiny_trainer_config
 from axplug.trainer.profiling import StepProfiler, check_profile_steps, profile_window
 
 # A layer's scope path as jax.named_scope writes it: only the scopes make the `/` path.

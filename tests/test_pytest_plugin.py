@@ -1,4 +1,4 @@
-"""The test harness itself (axplug.testing's pytest plugin): the session's compilation cache, the
+"""The test harness itself (axplug_testing's pytest plugin): the session's compilation cache, the
 compile budget, the in-process CLI runner, and library objects that leave jax's settings alone."""
 
 import json
@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from axplug.testing import (
+from axplug_testing import (
     production_compiler_options,
     run_cli,
     tiny_train_args,

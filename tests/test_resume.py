@@ -9,12 +9,12 @@ import time
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.checkpoint import Checkpointer
 from axplug.cli.main import build_parser
 from axplug.cli.train_cmd import build_config
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args
 
 STEPS = 120
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_aot.report import compile_report
+from axplug_testing import tiny_trainer_config
 from jax.sharding import PartitionSpec
 
 from axplug.mesh import DEFAULT_AXIS_RULES, MeshBuilder
@@ -25,7 +26,6 @@ from axplug.sharding import (
     mesh_axis_size,
     sharding_scope,
 )
-from axplug.testing import tiny_trainer_config
 
 
 def mesh_of(**axes):

@@ -4,11 +4,11 @@ of axplug-quantize and any layer's counters rely on, tested with a core layer.""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from axplug_testing import tiny_trainer_config, train_steps
 
 from axplug.api import ParameterSpec
 from axplug.config import replace_config
 from axplug.layers import RMSNorm
-from axplug.testing import tiny_trainer_config, train_steps
 
 
 class CountingNorm(RMSNorm):

@@ -7,8 +7,9 @@ import pty
 import re
 import threading
 
+from axplug_testing import tiny_train_args
+
 from axplug.cli import main
-from axplug.testing import tiny_train_args
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

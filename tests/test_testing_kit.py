@@ -1,21 +1,21 @@
-"""The conformance kit `axplug.testing`: adopted for core components, and catching broken ones."""
+"""The conformance kit `axplug_testing`: adopted for core components, and catching broken ones."""
 
 import jax
 import jax.numpy as jnp
 import pytest
-
-from axplug.api import ParameterSpec
-from axplug.config import config_class
-from axplug.layers import DotProductKernel, FeedForward
-from axplug.layers.base import BaseLayer
-from axplug.testing import (
+from axplug_testing import (
     KernelConformance,
     LayerConformance,
     MeshRuleConformance,
     StorageConformance,
     reference_kernel,
 )
-from axplug.testing._kernel import CASES, make_problem
+from axplug_testing._kernel import CASES, make_problem
+
+from axplug.api import ParameterSpec
+from axplug.config import config_class
+from axplug.layers import DotProductKernel, FeedForward
+from axplug.layers.base import BaseLayer
 
 # -- adoption: what a plugin author writes -------------------------------------------------
 
@@ -135,7 +135,7 @@ def test_kit_rejects_nan_gradients():
 
 
 def test_trace_counter_sees_retraces():
-    from axplug.testing import TraceCounter
+    from axplug_testing import TraceCounter
 
     counter = TraceCounter(lambda x: x * 2)
     fn = jax.jit(counter)
@@ -161,8 +161,9 @@ def test_kit_rejects_a_kernel_that_ignores_the_mask():
 
 
 def test_paged_kit_rejects_a_kernel_that_ignores_lengths_or_reads_every_page():
+    from axplug_testing import PagedKernelConformance
+
     from axplug.kernels import paged_attention_xla
-    from axplug.testing import PagedKernelConformance
 
     class WholeRows:  # attends over every slot of its pages, whatever the length
         paged = True

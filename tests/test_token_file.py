@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args
 
 from axplug.input.token_file import IGNORE_LABEL, TOKEN_DIR_FORMAT, TokenFileInput, write_shard
-from axplug.testing import tiny_train_args
 
 
 def make_data(path, documents, *, shard_docs=3, vocab=50):

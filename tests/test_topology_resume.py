@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from axplug_testing import tiny_train_args, xla_flags
 
 from axplug.summary import read_jsonl
-from axplug.testing import tiny_train_args, xla_flags
 
 HALF, STEPS = 6, 12
 

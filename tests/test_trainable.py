@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 import pytest
+from axplug_testing import tiny_trainer_config
 
 from axplug.config import ConfigError
-from axplug.testing import tiny_trainer_config
 from axplug.trainer import Trainer
 from axplug.trainer.trainable import parameter_paths
 

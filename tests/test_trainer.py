@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from axplug_testing import production_compiler_options, tiny_trainer_config, train_steps
 
 from axplug.api import hookimpl
 from axplug.config import config_class, find_configs
@@ -16,7 +17,6 @@ from axplug.input import Input
 from axplug.layers import CausalLM, FeedForward
 from axplug.learner import Learner
 from axplug.summary import read_jsonl
-from axplug.testing import production_compiler_options, tiny_trainer_config, train_steps
 from axplug.trainer import AuxLossRule, NonFiniteError, Trainer, build_train_step
 
 

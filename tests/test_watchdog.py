@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from axplug_testing import xla_flags
 
 from axplug.runtime import HANG_EXIT_CODE, Watchdog, thread_stacks
-from axplug.testing import xla_flags
 
 
 def watchdog(**fields):
@@ -149,7 +149,7 @@ def test_bad_settings_name_the_field(field, value, message):
 HUNG_RUN = """
 import logging, sys, time
 from axplug.api import hookimpl
-from axplug.testing import tiny_trainer_config
+from axplug_testing import tiny_trainer_config
 from axplug.trainer.run import train
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -201,7 +201,7 @@ def test_injected_hang_dumps_stacks_calls_the_hook_and_exits_75(tmp_path):
 STALLED_START = """
 import sys, time
 from axplug.input import IteratorInput
-from axplug.testing import tiny_trainer_config
+from axplug_testing import tiny_trainer_config
 from axplug.trainer.run import train
 
 cfg = tiny_trainer_config(

@@ -11,10 +11,10 @@ import pytest
 from axplug_aot import command as aot_cmd
 from axplug_aot import plan as aot_plan
 from axplug_aot import report as aot
+from axplug_testing import cli_main as main
 
 from axplug.api import registry, run, sharding
 from axplug.api.config import ConfigError
-from axplug.testing import cli_main as main
 
 KEY = jax.random.PRNGKey(0)
 

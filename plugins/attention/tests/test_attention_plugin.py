@@ -33,6 +33,7 @@ from axplug_attention import (  # noqa: E402
     apply_rope,
     rope_frequencies,
 )
+from axplug_testing import cli_main as main  # noqa: E402
 
 from axplug.api import HFFields  # noqa: E402
 from axplug.api.config import (  # noqa: E402
@@ -53,7 +54,6 @@ from axplug.api.layers import (
     functional,
 )
 from axplug.api.sharding import DEFAULT_AXIS_RULES, MeshBuilder, parameter_shardings  # noqa: E402
-from axplug.testing import cli_main as main  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_LOOSE = dict(rtol=1e-4, atol=1e-4)
@@ -940,7 +940,7 @@ def test_tensor_parallel_on_8_devices_matches_one_device():
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import LayerConformance, tiny_trainer_config  # noqa: E402
+from axplug_testing import LayerConformance, tiny_trainer_config  # noqa: E402
 
 
 class TestRopeGqaAttentionConformance(LayerConformance):

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_chat import ChatTemplate, rendered_segments
+from axplug_testing import cli_main as main
+from axplug_testing import tiny_trainer_config
 
 from axplug.api.data import load_tokenizer
 from axplug.api.layers import functional
-from axplug.testing import cli_main as main
-from axplug.testing import tiny_trainer_config
 
 CHATS = [
     {"messages": [{"role": "system", "content": "Be brief."},

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_checkpoint_cloud import GcsStorage, S3Storage
+from axplug_testing import StorageConformance, tiny_train_args, tiny_trainer_config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from axplug.api.checkpoint import (
@@ -26,7 +27,6 @@ from axplug.api.checkpoint import (
     storage_for,
 )
 from axplug.api.summary import read_jsonl
-from axplug.testing import StorageConformance, tiny_train_args, tiny_trainer_config
 from object_stores import (
     S3RVER_KEY,
     create_gcs_bucket,
@@ -460,7 +460,7 @@ def test_trainer_resumes_from_s3_bit_identically(moto, s3_bucket, tmp_path, monk
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_checkpoints_ls_and_rm(backend, tmp_path, request, monkeypatch, capsys):
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     if backend == "local":
         run = str(tmp_path / "run")
@@ -510,7 +510,7 @@ def _axplug(*args, env, cwd):
 def test_axplug_train_into_s3_resumes_bit_identically_after_a_server_restart(
     s3rver, tmp_path, monkeypatch
 ):
-    from axplug.testing import train_config
+    from axplug_testing import train_config
 
     create_s3_bucket(s3rver.url, "e2e-bucket")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)

@@ -5,8 +5,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from axplug_testing import cli_main as main
 
-from axplug.testing import cli_main as main
 from object_stores import create_s3_bucket
 
 _TESTS = str(Path(__file__).resolve().parents[3] / "tests")

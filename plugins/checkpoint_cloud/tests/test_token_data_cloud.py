@@ -7,11 +7,11 @@ import threading
 import jax
 import numpy as np
 import pytest
+from axplug_testing import cli_main as main
+from axplug_testing import tiny_trainer_config
 
 from axplug.api.checkpoint import storage_for
 from axplug.api.data import TokenFileInput, bundled_corpus_path
-from axplug.testing import cli_main as main
-from axplug.testing import tiny_trainer_config
 
 
 @pytest.fixture(params=["s3", "gs"])
@@ -130,10 +130,10 @@ def test_a_store_outage_past_its_budget_exits_75_and_the_rerun_resumes_exactly(
     import time
 
     from axplug_checkpoint_cloud import StoreOutageError
+    from axplug_testing import tiny_train_args
 
     from axplug.api.run import RESTART_EXIT_CODE
     from axplug.api.summary import read_jsonl
-    from axplug.testing import tiny_train_args
     from object_stores import create_s3_bucket
 
     create_s3_bucket(s3rver.url, "outage")

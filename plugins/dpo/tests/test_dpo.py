@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_logps
+from axplug_testing import cli_main as main
+from axplug_testing import tiny_train_args
 
 from axplug.api.config import ConfigError
 from axplug.api.layers import functional
 from axplug.api.run import load_checkpoint
-from axplug.testing import cli_main as main
-from axplug.testing import tiny_train_args
 
 # One device (the `mesh` modifier), small rows.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=32",
@@ -162,7 +162,7 @@ def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy):
 
 
 def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
-    from axplug.testing import train_config
+    from axplug_testing import train_config
 
     base, data = toy
     argv = ["train", "--from", base, "--output-dir", str(tmp_path / "lora"), "--input",
@@ -206,13 +206,13 @@ def test_errors_name_the_fix(tmp_path, toy, capsys):
 
 # --- the layer conformance kit (SimPO: no reference log-probabilities needed) ----------------
 
-from axplug.testing import LayerConformance  # noqa: E402
+from axplug_testing import LayerConformance  # noqa: E402
 
 
 class TestDPOCausalLMConformance(LayerConformance):
     @pytest.fixture
     def layer_config(self):
-        from axplug.testing import tiny_trainer_config
+        from axplug_testing import tiny_trainer_config
 
         decoder = tiny_trainer_config("/tmp/unused", preset="llama-tiny").model.decoder
         return DPOCausalLM.default_config().set(decoder=decoder, loss="simpo")

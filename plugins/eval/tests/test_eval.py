@@ -17,12 +17,12 @@ pytest.importorskip("axplug_serve")
 
 from axplug_eval.command import evaluate  # noqa: E402
 from axplug_eval.lm import EngineLM, cut_at_stops  # noqa: E402
+from axplug_testing import cli_main as main  # noqa: E402
 
 from axplug.api.config import UsageError  # noqa: E402
 from axplug.api.layers import functional  # noqa: E402
 from axplug.api.run import Engine, find_tokenizer, load_checkpoint  # noqa: E402
 from axplug.api.summary import read_jsonl  # noqa: E402
-from axplug.testing import cli_main as main  # noqa: E402
 
 MAX_LEN = 64
 KEY = "eval-key"
@@ -48,7 +48,7 @@ def _offline(monkeypatch):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, trained_run):
-    from axplug.testing import copy_run
+    from axplug_testing import copy_run
 
     llama_tiny = trained_run("llama-tiny", "input.seq_len=64")  # shared with other modules
     return str(copy_run(llama_tiny, tmp_path_factory.mktemp("evaluated") / "tiny"))
@@ -268,8 +268,7 @@ def test_eval_tasks_during_training_log_beside_the_loss(tasks, tmp_path, capsys,
     lm-eval's built-in ones)."""
     import lm_eval.tasks
     from axplug_eval.command import task_index
-
-    from axplug.testing import tiny_train_args
+    from axplug_testing import tiny_train_args
 
     built, original = [], lm_eval.tasks.TaskManager
     monkeypatch.setattr(

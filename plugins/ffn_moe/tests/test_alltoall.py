@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("axplug_moe")
 
+from axplug_testing import train_steps  # noqa: E402
+
 from axplug.api.config import make_modifier  # noqa: E402
-from axplug.testing import train_steps  # noqa: E402
 from test_moe_plugin import metrics, tiny_llama, with_jsonl  # noqa: E402
 
 STEPS = 3

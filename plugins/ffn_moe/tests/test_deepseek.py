@@ -563,7 +563,7 @@ def assert_paged_batching_matches(check):
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import LayerConformance  # noqa: E402
+from axplug_testing import LayerConformance  # noqa: E402
 
 
 class TestDeepSeekMoEConformance(LayerConformance):

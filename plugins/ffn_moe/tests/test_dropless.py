@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("axplug_moe")
 
 from axplug_moe import BalancedDispatch, Dispatch, MoEFeedForward  # noqa: E402
+from axplug_testing import tiny_trainer_config, train_steps  # noqa: E402
 
 from axplug.api.config import find_configs  # noqa: E402
 from axplug.api.layers import functional  # noqa: E402
-from axplug.testing import tiny_trainer_config, train_steps  # noqa: E402
 from test_moe_plugin import (  # noqa: E402
     F32_LOOSE,
     PROBE,

@@ -40,6 +40,8 @@ from axplug_moe import (  # noqa: E402
     MoELayerGroup,
     expert_capacity,
 )
+from axplug_testing import cli_main as main  # noqa: E402
+from axplug_testing import tiny_train_args, tiny_trainer_config, train_steps  # noqa: E402
 
 from axplug.api.config import (  # noqa: E402
     ConfigError,
@@ -54,8 +56,6 @@ from axplug.api.layers import (
     TransformerLayer,
     functional,
 )
-from axplug.testing import cli_main as main  # noqa: E402
-from axplug.testing import tiny_train_args, tiny_trainer_config, train_steps  # noqa: E402
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F32_LOOSE = dict(rtol=1e-4, atol=1e-4)
@@ -113,8 +113,7 @@ def test_core_alone_fails_with_the_install_hint(tmp_path, monkeypatch):
     # Hide this distribution's metadata, as if only the core (and attention) were installed; a
     # third party's preset that names this plugin's `moe` modifier gets the install hint.
     import importlib_metadata
-
-    from axplug.testing import run_cli
+    from axplug_testing import run_cli
 
     recipe = tmp_path / "recipe.py"
     recipe.write_text(
@@ -874,7 +873,7 @@ def test_cli_trains_llama_tiny_with_the_moe_modifier(tmp_path):
 
 # --------------------------------------------------------------- the conformance kit
 
-from axplug.testing import LayerConformance  # noqa: E402
+from axplug_testing import LayerConformance  # noqa: E402
 
 
 class TestMoEFeedForwardConformance(LayerConformance):

@@ -47,7 +47,7 @@ def test_moe_preset_counts_what_transformers_builds_from_its_config_json(name):
 @pytest.mark.slow  # ~20 s of compiling; test_model_presets plans mistral-7b by default
 def test_aot_plans_qwen3_moe_with_its_active_parameters(capsys):
     pytest.importorskip("axplug_aot")
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     argv = ["aot", "--preset", "qwen3-30b-a3b", "--mesh-rule", "gpu-h100-8x2", "--json"]
     argv += ["--max-devices", "8", "--set", "input.batch_size=16", "--set", "input.seq_len=256"]
@@ -64,7 +64,7 @@ def test_aot_plans_qwen3_moe_with_its_active_parameters(capsys):
 @pytest.mark.slow  # ~30 s of compiling
 def test_aot_plans_deepseek_v3_scanned_with_its_active_parameters(capsys):
     pytest.importorskip("axplug_aot")
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     argv = ["aot", "--preset", "deepseek-v3-671b", "--mesh-rule", "gpu-h100-8x32", "--json"]
     argv += ["--max-devices", "8", "--set", "input.batch_size=256", "--set", "input.seq_len=256"]

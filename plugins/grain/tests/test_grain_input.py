@@ -218,10 +218,11 @@ def test_bad_data_is_one_error_naming_the_file_and_field(tmp_path):
 def test_axplug_train_resumed_from_a_checkpoint_equals_an_uninterrupted_run(
     tmp_path, capsys, caplog
 ):
+    from axplug_testing import cli_main as main
+    from axplug_testing import tiny_train_args
+
     from axplug.api.checkpoint import Checkpointer, delete_step
     from axplug.api.summary import read_jsonl
-    from axplug.testing import cli_main as main
-    from axplug.testing import tiny_train_args
 
     records = write_array_record(tmp_path / "docs.array_record", documents(200))
     spec = f"grain:paths=[{str(records)!r}],vocab_size={VOCAB}"

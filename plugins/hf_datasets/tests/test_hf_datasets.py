@@ -8,11 +8,11 @@ import os
 
 import pytest
 from axplug_hf_datasets import parse_disk_spec, parse_hub_spec
+from axplug_testing import cli_main as main
 
 from axplug.api import registry
 from axplug.api.config import ConfigDependencyError, ConfigError, ConfigFileError
 from axplug.api.data import open_shards, prepare_data, read_documents, source_kind
-from axplug.testing import cli_main as main
 
 datasets = pytest.importorskip("datasets")
 

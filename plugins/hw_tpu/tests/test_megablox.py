@@ -11,8 +11,9 @@ import pytest
 
 axplug_tpu = pytest.importorskip("axplug_tpu")
 
+from axplug_testing import GroupedMatmulConformance  # noqa: E402
+
 from axplug.api.kernels import select_grouped_matmul  # noqa: E402
-from axplug.testing import GroupedMatmulConformance  # noqa: E402
 
 
 def interpreted():

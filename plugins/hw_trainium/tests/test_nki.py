@@ -12,13 +12,14 @@ import pytest
 
 axplug_trainium = pytest.importorskip("axplug_trainium")
 
+from axplug_testing import abstract_call  # noqa: E402
+
 from axplug.api import (
     AttentionMask,  # noqa: E402
     registry,  # noqa: E402
 )
 from axplug.api.kernels import ReferenceKernel, select_kernel  # noqa: E402
 from axplug.api.sharding import sharding_scope  # noqa: E402
-from axplug.testing import abstract_call  # noqa: E402
 
 if "nki_flash" not in registry.names("kernels"):
     # Installed but not loaded (AXPLUG_LOAD_PLUGINS / AXPLUG_DISABLE_PLUGINS): the core alone.

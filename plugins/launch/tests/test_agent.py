@@ -7,8 +7,7 @@ import sys
 import time
 
 import pytest
-
-from axplug.testing import cli_main as main
+from axplug_testing import cli_main as main
 
 # A stand-in trainer: counts its runs in a file, prints a step line, and exits `codes[run]`
 # (the last one once past the end); "kill" dies from SIGKILL, "wait" waits for a signal.

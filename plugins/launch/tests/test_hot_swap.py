@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from axplug_testing import cli_main, tiny_train_args
 
 from axplug.api.checkpoint import CHECKSUMS_ITEM, METADATA_FILE, step_dir_name
 from axplug.api.summary import read_jsonl
-from axplug.testing import cli_main, tiny_train_args
 
 DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "launch.md"
 SECTION = "## Standby capacity and hot-swap"

@@ -13,7 +13,7 @@ GPU_JOB = ["--preset", "llama2-7b", "--mesh-rule", "gpu-h100-8x4"]
 
 
 def launch(capsys, *args):
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     code = main(["launch", "--print", *args])
     out, err = capsys.readouterr()
@@ -21,7 +21,7 @@ def launch(capsys, *args):
 
 
 def parse_train(command):
-    from axplug.testing import command_parser as build_parser
+    from axplug_testing import command_parser as build_parser
 
     assert command[:2] == ["axplug", "train"]
     return build_parser().parse_args(command[1:])
@@ -29,7 +29,7 @@ def parse_train(command):
 
 def parse_agent(command):
     """`axplug launch --agent ... -- axplug train ...`: the agent's flags, the train args."""
-    from axplug.testing import command_parser as build_parser
+    from axplug_testing import command_parser as build_parser
 
     assert command[:3] == ["axplug", "launch", "--agent"]
     args = build_parser(command[1:]).parse_args(command[1:])

@@ -15,7 +15,7 @@ PREPARE = ["prepare-data", *SOURCES, "--tokenizer", "tok.json", "--output", "s3:
 
 
 def launch(capsys, *args):
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     code = main(["launch", "--print", *args])
     out, err = capsys.readouterr()
@@ -24,7 +24,7 @@ def launch(capsys, *args):
 
 def check_prepare_data(args):
     """The rendered command as the core's `axplug prepare-data` parser reads it."""
-    from axplug.testing import command_parser as build_parser
+    from axplug_testing import command_parser as build_parser
 
     assert args[:2] == ["axplug", "prepare-data"]
     parsed, unknown = build_parser(args[1:]).parse_known_args(args[1:])
@@ -210,7 +210,7 @@ def test_training_targets_refuse_the_array_flags_and_still_render(capsys):
 
 
 def test_help_examples_render_and_the_readme_shows_them(capsys):
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     assert main(["launch", "--help"]) == 0
     help_text = capsys.readouterr().out

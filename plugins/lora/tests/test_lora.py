@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_lora import TRAINABLE, LoRAAdapter
+from axplug_testing import LayerConformance, tiny_trainer_config
+from axplug_testing import cli_main as main
 
 from axplug.api.config import ConfigError, find_configs
 from axplug.api.layers import fold_layers, functional
 from axplug.api.run import Trainer, parameter_paths
-from axplug.testing import LayerConformance, tiny_trainer_config
-from axplug.testing import cli_main as main
 
 # One device (the `mesh` modifier), small rows.
 SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 from axplug_mixture import BLOCK, MixtureInput, quotas
+from axplug_testing import cli_main as main
 
 from axplug.api.config import ConfigError
 from axplug.api.data import TokenFileInput
-from axplug.testing import cli_main as main
 from test_token_file import make_data
 
 

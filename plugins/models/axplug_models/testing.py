@@ -98,7 +98,7 @@ def _hf_greedy(model: Any, prompt: tuple[int, ...], steps: int) -> list[int]:
 
 
 def _cli(*args: str) -> None:
-    from axplug.testing import run_cli
+    from axplug_testing import run_cli
 
     result = run_cli(*args)
     if result.exit_code != 0:

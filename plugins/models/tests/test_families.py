@@ -145,10 +145,10 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path,
     import numpy as np
     import torch
     from axplug_models.testing import PROMPT
+    from axplug_testing import cli_main as main
     from transformers import AutoModelForCausalLM
 
     from axplug.api.run import load_checkpoint
-    from axplug.testing import cli_main as main
 
     tuned, out = str(tmp_path / "tuned"), str(tmp_path / "out")
     rope = (

@@ -59,7 +59,7 @@ def test_aot_plans_a_family_preset_on_an_accelerator_rule(capsys):
     pytest.importorskip("axplug_aot")
     import json
 
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     argv = ["aot", "--preset", "mistral-7b", "--mesh-rule", "gpu-h100-8x2", "--max-devices", "8",
             "--set", "input.batch_size=16", "--set", "input.seq_len=256", "--json"]  # fmt: skip

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from axplug_models.pattern import PatternedTransformer
 from axplug_models.pattern_scan import RepeatedPatternTransformer, scan_period
+from axplug_testing import production_compiler_options
 
 from axplug.api.config import ConfigError, from_dict, make_modifier, to_dict
 from axplug.api.interop import differences
-from axplug.testing import production_compiler_options
 from test_pattern import (
     GEMMA3_LIKE,
     LOOSE,
@@ -347,8 +347,7 @@ def test_gemma2_imported_scanned_matches_transformers(tmp_path):
 def test_a_bad_period_on_import_is_one_error_line(tmp_path, capsys):
     pytest.importorskip("transformers")
     from axplug_models.testing import tiny_transformers_model
-
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     tiny_transformers_model(_gemma3([S, S, F])).save_pretrained(tmp_path / "hf")
     capsys.readouterr()  # transformers' progress bars
@@ -367,7 +366,7 @@ def test_aot_plans_the_gemma3_27b_preset_scanned(capsys):
     pytest.importorskip("axplug_aot")
     import json
 
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     argv = ["aot", "--preset", "gemma3-27b", "--mesh-rule", "gpu-h100-8x2", "--max-devices", "8",
             "--set", "input.batch_size=16", "--set", "input.seq_len=256", "--json"]  # fmt: skip

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from axplug_testing import cli_main as main
+from axplug_testing import tiny_train_args, tiny_trainer_config
 
 from axplug.api import ParameterSpec
 from axplug.api.config import ConfigDependencyError, ConfigError
 from axplug.api.run import Trainer
-from axplug.testing import cli_main as main
-from axplug.testing import tiny_train_args, tiny_trainer_config
 
 OPTIMIZERS = ("adafactor", "lion", "muon", "lamb")
 SCHEDULES = ("wsd", "inverse_sqrt", "cosine_restarts")

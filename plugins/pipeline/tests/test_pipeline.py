@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_pipeline import bubble_fraction
+from axplug_testing import tiny_trainer_config, train_steps
 
 from axplug.api.config import ConfigError, replace_config
 from axplug.api.layers import FeedForward, functional
 from axplug.api.summary import read_jsonl
-from axplug.testing import tiny_trainer_config, train_steps
 
 SMALL = [
     "log_every=1",

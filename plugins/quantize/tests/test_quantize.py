@@ -8,11 +8,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from axplug_quantize import QuantizedLinear, fp8_matmul, int8_matmul
+from axplug_testing import tiny_trainer_config
 
 from axplug.api.config import ConfigError, find_configs
 from axplug.api.layers import Linear
 from axplug.api.summary import read_jsonl
-from axplug.testing import tiny_trainer_config
 
 
 def operands():

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_rl.rollouts import RolloutInput
+from axplug_testing import tiny_trainer_config
 
 from axplug.api import hookimpl
 from axplug.api.config import ConfigError, ConfigFileError
 from axplug.api.data import Policy
 from axplug.api.layers import functional
 from axplug.api.run import Preempted
-from axplug.testing import tiny_trainer_config
 
 DIGIT = "regex:pattern='[0-9]'"
 
@@ -176,7 +176,7 @@ def test_lora_grpo_with_a_kl_to_the_base_trains_only_the_adapters(tmp_path, prom
 
 
 def test_axplug_list_shows_the_rewards(capsys):
-    from axplug.testing import cli_main as main
+    from axplug_testing import cli_main as main
 
     assert main(["list", "--kind", "rewards"]) == 0
     out = capsys.readouterr().out

@@ -45,7 +45,7 @@ examples:
 
 The package has pyproject.toml (entry points, the plugin API it targets, a dependency on
 axplug), a small working component, a README and tests that run the conformance kit
-`axplug.testing`.
+`axplug_testing`.
 """
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from axplug_scaffold.command import KINDS, generate, names_for
-
-from axplug.testing import cli_main, tiny_train_args
+from axplug_testing import cli_main, tiny_train_args
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 

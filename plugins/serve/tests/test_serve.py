@@ -20,6 +20,7 @@ pytest.importorskip("axplug_serve")
 openai = pytest.importorskip("openai")
 
 from axplug_serve.text import ChatTemplate, TextStream  # noqa: E402
+from axplug_testing import cli_main as main  # noqa: E402
 
 from axplug.api.run import (
     Engine,
@@ -28,7 +29,6 @@ from axplug.api.run import (
     find_tokenizer,
     load_checkpoint,
 )
-from axplug.testing import cli_main as main  # noqa: E402
 
 MAX_LEN = 256
 KEY = "test-key"
@@ -38,7 +38,7 @@ _LOGS: dict[str, object] = {}  # server URL -> its log file
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, trained_run):
-    from axplug.testing import copy_run
+    from axplug_testing import copy_run
 
     llama_tiny = trained_run("llama-tiny", "input.seq_len=64")  # shared with other modules
     return str(copy_run(llama_tiny, tmp_path_factory.mktemp("served") / "tiny"))

@@ -6,9 +6,8 @@ import json
 import types
 
 import pytest
-
-from axplug.testing import cli_main as main
-from axplug.testing import tiny_train_args, tiny_trainer_config
+from axplug_testing import cli_main as main
+from axplug_testing import tiny_train_args, tiny_trainer_config
 
 pytest.importorskip("axplug_mlflow")
 

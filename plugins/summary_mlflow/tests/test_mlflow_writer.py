@@ -11,14 +11,14 @@ import time
 import urllib.request
 
 import pytest
-
-from axplug.api.config import REQUIRED
-from axplug.api.summary import JsonlWriter
-from axplug.testing import (
+from axplug_testing import (
     expected_writer_scalars,
     scalars_match,
     tiny_trainer_config,
 )
+
+from axplug.api.config import REQUIRED
+from axplug.api.summary import JsonlWriter
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):
@@ -137,8 +137,8 @@ def test_mlflow_run_that_raises_ends_failed(tmp_path):
 
 
 def test_writer_flag_adds_a_registered_writer_and_names_bad_ones(tmp_path, capsys):
-    from axplug.testing import cli_main as main
-    from axplug.testing import train_config
+    from axplug_testing import cli_main as main
+    from axplug_testing import train_config
 
     pytest.importorskip("axplug_mlflow")
     cfg = train_config(

@@ -6,10 +6,7 @@ import struct
 import time
 
 import pytest
-
-from axplug.api.config import REQUIRED, find_configs, from_dict, to_dict
-from axplug.api.summary import JsonlWriter, read_jsonl
-from axplug.testing import (
+from axplug_testing import (
     cli_main,
     expected_writer_scalars,
     scalars_match,
@@ -17,6 +14,9 @@ from axplug.testing import (
     tiny_trainer_config,
     train_config,
 )
+
+from axplug.api.config import REQUIRED, find_configs, from_dict, to_dict
+from axplug.api.summary import JsonlWriter, read_jsonl
 
 pytest.importorskip("axplug_tensorboard")
 from axplug_tensorboard import TensorBoardWriter  # noqa: E402

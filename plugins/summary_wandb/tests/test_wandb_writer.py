@@ -6,13 +6,13 @@ import pathlib
 import time
 
 import pytest
-
-from axplug.api.summary import JsonlWriter
-from axplug.testing import (
+from axplug_testing import (
     expected_writer_scalars,
     scalars_match,
     tiny_trainer_config,
 )
+
+from axplug.api.summary import JsonlWriter
 
 
 def tiny_run(tmp_path, writers, *extra, steps=4):

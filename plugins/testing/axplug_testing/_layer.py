@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug.testing._util import TraceCounter, assert_finite, require, sum_of_squares
+from axplug_testing._util import TraceCounter, assert_finite, require, sum_of_squares
 
 __all__ = ["LAYER_CAPABILITIES", "LayerConformance"]
 
@@ -269,7 +269,7 @@ class LayerConformance:
     def test_trains_in_the_swap_preset(self, layer_config, swap_modifier, tmp_path):
         require(self, "swappable", LAYER_CAPABILITIES)
         from axplug import registry
-        from axplug.testing._trainer import tiny_trainer_config, train_steps
+        from axplug_testing._trainer import tiny_trainer_config, train_steps
 
         preset = self.swap_preset
         try:

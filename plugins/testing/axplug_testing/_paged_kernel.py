@@ -11,7 +11,7 @@ import pytest
 
 from axplug.api import PagedKV
 from axplug.kernels.reference import reference_attention
-from axplug.testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
+from axplug_testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
 
 __all__ = ["PagedKernelConformance", "make_paged_problem", "paged_reference"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from axplug.testing._util import require
+from axplug_testing._util import require
 
 __all__ = ["MESH_RULE_CAPABILITIES", "MeshRuleConformance", "OTHER_SELECTORS"]
 

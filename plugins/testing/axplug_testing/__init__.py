@@ -2,7 +2,7 @@
 
 ```python
 import pytest
-from axplug.testing import LayerConformance
+from axplug_testing import LayerConformance
 from my_plugin import MyFeedForward
 
 class TestMyFeedForward(LayerConformance):
@@ -28,7 +28,7 @@ compare what it received with the run's own metrics.jsonl (`expected_writer_scal
 
 import importlib
 
-# Imported on first use: pytest loads `axplug.testing.pytest_plugin` in every session, and a
+# Imported on first use: pytest loads `axplug_testing.pytest_plugin` in every session, and a
 # test that needs none of the kits pays for none of them (nor for jax).
 _MODULES = {
     "_grouped_kernel": "GroupedMatmulConformance group_size_cases",
@@ -45,12 +45,12 @@ _MODULES = {
     "pytest_plugin": "copy_run production_compiler_options xla_flags",
 }
 _WHERE = {
-    name: f"axplug.testing.{module}" for module, names in _MODULES.items() for name in names.split()
+    name: f"axplug_testing.{module}" for module, names in _MODULES.items() for name in names.split()
 }
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
     if name not in _WHERE:
-        raise AttributeError(f"module 'axplug.testing' has no attribute {name!r}")
+        raise AttributeError(f"module 'axplug_testing' has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name]), name)

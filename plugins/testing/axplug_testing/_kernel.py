@@ -12,7 +12,7 @@ import pytest
 
 from axplug.api import Kernel, why_unsupported
 from axplug.registry import conformed
-from axplug.testing._util import TraceCounter, assert_finite, require
+from axplug_testing._util import TraceCounter, assert_finite, require
 
 __all__ = [
     "KERNEL_CAPABILITIES",
@@ -258,4 +258,4 @@ def abstract_call(
     kpos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
     if mask.pop("segments", False):
         mask.update(q_segment_ids=qpos, kv_segment_ids=qpos if q_seq is None else kpos)
-    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)
+    return q, kv, kv, AttentionMask(q_positions=qpos, kv_positions=kpos, **mask)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from axplug.kernels.grouped import grouped_matmul_reference
-from axplug.testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
+from axplug_testing._kernel import NumericsFixtures, declared_kernel, skip_unless_supported
 
 __all__ = ["GroupedMatmulConformance", "group_size_cases"]
 

@@ -45,7 +45,7 @@ def sum_of_squares(tree: Any) -> jax.Array:
     leaves = _float_leaves(tree)
     if not leaves:
         raise AssertionError("the forward pass returned no floating-point outputs")
-    return sum(jnp.mean(jnp.square(x.astype(jnp.float32))) for x in leaves)
+    return jnp.sum(jnp.stack([jnp.mean(jnp.square(x.astype(jnp.float32))) for x in leaves]))
 
 
 def require(owner: Any, capability: str, known: tuple[str, ...]) -> None:

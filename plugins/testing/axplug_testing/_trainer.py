@@ -15,7 +15,7 @@ __all__ = ["tiny_trainer_config", "tiny_train_args", "train_steps"]
 # Applied before a test's own overrides, which may change any of them. Two layers: a program's
 # trace, lowering and compile grow with its unrolled layers (a four-layer preset cost the
 # suite 7% more CPU time). No compilation cache of the run's own: the process's settings apply
-# (under pytest, the session's cache; see axplug.testing.pytest_plugin), never
+# (under pytest, the session's cache; see axplug_testing.pytest_plugin), never
 # ~/.cache/axplug/xla.
 _TINY = (
     "compilation_cache_dir=None",

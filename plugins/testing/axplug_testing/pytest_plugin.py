@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from axplug.testing._cli import CliResult, run_cli
-from axplug.testing._fake_site import FakeSite
+from axplug_testing._cli import CliResult, run_cli
+from axplug_testing._fake_site import FakeSite
 
 # Every program cached; op metadata left out of the key (jax's default), since it holds the
 # caller's stack: the same train step traced from two tests would be two entries.
@@ -118,7 +118,7 @@ def cold_compiles():
     """Turns the persistent compilation cache off for the test: its programs compile cold."""
     import jax
 
-    before = jax.config.jax_enable_compilation_cache
+    before = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
     jax.config.update("jax_enable_compilation_cache", False)
     yield
     jax.config.update("jax_enable_compilation_cache", before)
@@ -155,8 +155,8 @@ def _trained(tmp_path_factory, name: str, preset: str, *overrides: str) -> Path:
     import fcntl
 
     from axplug.summary import JsonlWriter
-    from axplug.testing._trainer import tiny_trainer_config
     from axplug.trainer.run import train
+    from axplug_testing._trainer import tiny_trainer_config
 
     root = Path(tmp_path_factory.getbasetemp())
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from axplug.testing._util import require
+from axplug_testing._util import require
 
 __all__ = ["STORAGE_CAPABILITIES", "StorageConformance"]
 
