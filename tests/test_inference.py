@@ -721,9 +721,10 @@ def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(ro
     engine.submit(Request(short, greedy, id="short"))
     assert [e.id for e in engine.step()] == ["short"]  # prefilled: its first token
     engine.submit(Request(long, greedy, id="long"))
-    per_step = [[e.id for e in engine.step()] for _ in range(3)]
-    # 12 prompt tokens in chunks of 4: three steps, each also decoding "short".
-    assert per_step == [["short"], ["short"], ["short", "long"]]
+    per_step = [[e.id for e in engine.step()] for _ in range(4)]
+    # 12 prompt tokens in chunks of 4: three steps, each also decoding "short" (after the
+    # one that ran ahead of the request's arrival).
+    assert per_step == [["short"], ["short"], ["short"], ["short", "long"]]
     done = {c.id: c.output_ids for c in engine.run()}
     one = solo(model, params, max_len=24)
     assert done["long"] == alone(one, long, greedy)

@@ -76,6 +76,8 @@ def attach(self, active: RequestState, row: Any) -> bool:
         return False
     self._cache = write_cache_row(self._cache, slot, row, self._table)
     self._occupy(slot, active)
-    active.start = None  # the row is written: its length is the other engine's
+    # The row is written; its length restarts at what is cached (a step the other engine ran
+    # ahead may have written one more token).
+    active.start = active.cached
     self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
     return True

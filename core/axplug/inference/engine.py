@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from axplug.component_spec import component_config
-from axplug.inference import admission
+from axplug.inference import admission, ahead
 from axplug.inference import paging as pages
 from axplug.inference.feeds import step_feed
 from axplug.inference.paging import PageAllocator, model_paging
@@ -111,6 +111,7 @@ class Engine:
         self._rows = RowSettings(num_slots, self.vocab_size)
         self._admissions = itertools.count()
         self.preemptions = 0  # requests sent back to the queue for want of pages
+        self._ahead: ahead.Pending | None = None  # dispatched, its tokens not read yet
         if isinstance(speculative, str):
             spec = component_config("proposers", speculative, "speculative")
             speculative = spec.located("speculative").instantiate()
@@ -179,6 +180,9 @@ class Engine:
         at the head of the queue (re-prefilled from its prompt and output when pages free up:
         recompute, so its tokens are unchanged), so the oldest requests always progress.
         """
+        if (pending := self._ahead) is not None:  # the step after it goes first, if it can
+            self._ahead = ahead.dispatch_after(self, pending)
+            return self._collect(pending)
         self._admit()
         feeds = {s: a.feed(self.prefill_chunk) for s, a in enumerate(self._slots) if a is not None}
         drafts = {}
@@ -190,7 +194,9 @@ class Engine:
             self._grow_pages(feeds)
         if not feeds:
             return []
-        return self._call(feeds, {s: d for s, d in drafts.items() if s in feeds})
+        pending = self._dispatch(feeds, {s: d for s, d in drafts.items() if s in feeds})
+        self._ahead = ahead.dispatch_after(self, pending)
+        return self._collect(pending)
 
     # Moving decoding rows between engines (prefill/decode disaggregation).
     detach_decoding, attach = admission.detach_decoding, admission.attach
@@ -270,14 +276,18 @@ class Engine:
             needed = self._pages_for(active.cached + len(feeds[slot]))
             while len(active.pages) < needed and self._slots[slot] is active:
                 if self.allocator.num_free:
-                    own = slot * self._table.shape[1] + len(active.pages)  # the row's run
-                    page = self.allocator.allocate(1, own)[0]
-                    self._table[slot, len(active.pages)] = page
-                    active.pages.append(page)
+                    self._add_page(slot)
                 else:
                     newest = max(feeds, key=lambda s: self._slots[s].admitted)
                     self._preempt(newest)
                     del feeds[newest]
+
+    def _add_page(self, slot: int) -> None:
+        """One more page for the request in `slot`, from its own run where free."""
+        active = self._slots[slot]
+        page = self.allocator.allocate(1, slot * self._table.shape[1] + len(active.pages))[0]
+        self._table[slot, len(active.pages)] = page
+        active.pages.append(page)
 
     def _preempt(self, slot: int) -> None:
         active = self._vacate(slot)
@@ -285,34 +295,51 @@ class Engine:
         self._waiting.appendleft(active)  # first in line again
         self.preemptions += 1
 
-    def _call(self, feeds: dict[int, list[int]], drafts: dict[int, list[int]]) -> list[TokenEvent]:
+    def _dispatch(self, feeds, drafts, after: ahead.Pending | None = None) -> ahead.Pending:
+        """Starts the step that feeds `feeds` (and `drafts`); `after`: a dispatched step whose
+        tokens the rows feed, before the host has read them (`ahead.dispatch_after`)."""
         k = self._num_drafts if drafts else 0
         fed = step_feed(self._slots, feeds, min_prefill_len=self.min_prefill_len,
                         max_len=self.max_len, max_logprobs=self.max_logprobs,
                         decode_width=k + 1)  # fmt: skip
+        if after is not None:  # each row one position and one sample on, not restarted
+            for s in feeds:
+                fed.positions[s, 0] += len(after.feeds[s])
+                fed.counts[s] += 1
+            fed.start[:] = -1
         proposed, n = None, len(self._slots)
         if drafts:  # [rows, K] drafts and how many each row has
             proposed = np.zeros((n, k), np.int32), np.zeros(n, np.int32)
             for s, drafted in drafts.items():
                 proposed[0][s, : len(drafted)], proposed[1][s] = drafted, len(drafted)
         # Host arrays go to the jitted call as they are: its C++ path moves them to the
-        # devices faster than a jnp.asarray each.
-        rows = self._rows
+        # devices faster than a jnp.asarray each. The table is copied: rows may change it
+        # while the step runs.
+        rows, ids = self._rows, fed.ids if after is None else after.tokens[:, None]
         penalties = rows.penalty_inputs(self._slots, fed.positions)
         tokens, accepted, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
-            fed.logprobs, fed.prompt_logprobs, self.params, self._cache, fed.ids, fed.positions,
-            fed.start, self._table, fed.last, fed.targets, rows.keys, fed.counts, penalties,
-            proposed, *rows.sampling,
+            fed.logprobs, fed.prompt_logprobs, self.params, self._cache, ids, fed.positions,
+            fed.start, self._table.copy(), fed.last, fed.targets, rows.keys, fed.counts,
+            penalties, proposed, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
-        tokens = np.asarray(tokens).reshape(len(self._slots), -1)
+        plain = penalties is None and proposed is None and fed.prompt_logprobs is None
+        return ahead.Pending(tokens, accepted, scores, feeds, drafts, tuple(self._slots), plain)
+
+    def _collect(self, pending: ahead.Pending) -> list[TokenEvent]:
+        """Reads a dispatched step's tokens and records them (rows that left since: skipped)."""
+        feeds, drafts, proposed = pending.feeds, pending.drafts, pending.drafts or None
+        tokens = np.asarray(pending.tokens).reshape(len(self._slots), -1)
+        accepted = pending.accepted
         accepted = np.zeros(len(self._slots), int) if accepted is None else np.asarray(accepted)
-        scores = jax.device_get(scores) if scores else scores  # a fetch costs ~70 us
+        scores = jax.device_get(pending.scores) if pending.scores else {}  # a fetch: ~70 us
         now = time.perf_counter()
         events = []
         for s, feed in feeds.items():
             active = self._slots[s]
+            if active is None or active is not pending.rows[s]:
+                continue
             if "prompt" in scores and active.request.sampling.prompt_logprobs is not None:
                 active.note_prompt_logprobs(len(feed), [a[s] for a in scores["prompt"]])
             self.proposed_tokens += len(drafted := drafts.get(s, []))
@@ -345,6 +372,8 @@ class Engine:
         batch skips the sampler's sort and noise."""
         active, self._slots[slot] = self._slots[slot], None
         self._rows.clear(slot)
+        if not any(self._slots):  # a step run ahead has no row left to deliver to
+            self._ahead = None
         if self.allocator is not None:
             self.allocator.release(active.pages)
             active.pages, active.registered = [], 0
