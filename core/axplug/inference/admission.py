@@ -1,7 +1,8 @@
-"""How requests and rows enter (and leave) an Engine: checking a request before it queues,
-and moving decoding rows between engines (prefill/decode disaggregation). These are Engine
-methods (`Engine.checked`, `detach_decoding`, `attach`), kept here so the engine module holds
-the scheduling and the step."""
+"""How requests and rows enter (and leave) an Engine: checking a request before it queues, the
+pages a request takes as it enters (shared prefix pages first), and moving decoding rows
+between engines (prefill/decode disaggregation). These are Engine methods (`Engine.checked`,
+`_admit_pages`, `_give_pages`, `detach_decoding`, `attach`), kept here so the engine module
+holds the scheduling and the step."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from axplug.inference import paging as pages
 from axplug.inference.paging import OutOfPagesError
 from axplug.inference.requests import Request, RequestState
 from axplug.inference.steps import read_cache_row, write_cache_row
 
-__all__ = ["attach", "checked", "detach_decoding"]
+__all__ = ["admit_pages", "attach", "checked", "detach_decoding", "give_pages"]
 
 
 def checked(self, request: Request | Sequence[int]) -> Request:
@@ -80,4 +82,40 @@ def attach(self, active: RequestState, row: Any) -> bool:
     # ahead may have written one more token).
     active.start = active.cached
     self._rows.restore_counts(slot, active)  # the other engine kept its penalty counts
+    return True
+
+
+def admit_pages(self, slot: int, active: RequestState) -> bool:
+    """Pages for a request taking `slot`: its prefix's cached pages, shared, and new ones
+    for its first feed; False (holding none) when too few are free or a row is computing
+    its prefix's next page (it shares that page next step)."""
+    if self.allocator is None:
+        return True
+    if pages.prefix_in_flight(self.allocator, active, self._slots):
+        return False
+    shared = self.allocator.share(pages.shareable(self.allocator, active))
+    active.cached = len(shared) * self.page_size
+    if not self._give_pages(slot, active, active.cached + len(active.feed(self.prefill_chunk)),
+                            shared):  # fmt: skip
+        self.allocator.release(shared)
+        active.cached = 0
+        return False
+    self.prompt_tokens += active.context_len
+    self.prefix_hit_tokens += active.cached
+    return True
+
+
+def give_pages(self, slot: int, active: RequestState, tokens: int, shared=()) -> bool:
+    """Pages for `tokens` to a request taking `slot` (a paged cache), after the `shared`
+    ones it holds already; False if too few are free."""
+    if self.allocator is None:
+        return True
+    count = self._pages_for(tokens) - len(shared)
+    if count > self.allocator.num_free:
+        return False
+    first = slot * self._table.shape[1] + len(shared)
+    active.pages = [*shared, *self.allocator.allocate(count, first)]
+    active.registered = len(shared)
+    self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
+    self._table[slot, : len(active.pages)] = active.pages
     return True

@@ -200,6 +200,7 @@ class Engine:
 
     # Moving decoding rows between engines (prefill/decode disaggregation).
     detach_decoding, attach = admission.detach_decoding, admission.attach
+    _admit_pages, _give_pages = admission.admit_pages, admission.give_pages
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
@@ -231,40 +232,6 @@ class Engine:
             self._waiting.popleft()
             self._occupy(slot, active)
             active.start = active.cached
-
-    def _admit_pages(self, slot: int, active: RequestState) -> bool:
-        """Pages for a request taking `slot`: its prefix's cached pages, shared, and new ones
-        for its first feed; False (holding none) when too few are free or a row is computing
-        its prefix's next page (it shares that page next step)."""
-        if self.allocator is None:
-            return True
-        if pages.prefix_in_flight(self.allocator, active, self._slots):
-            return False
-        shared = self.allocator.share(pages.shareable(self.allocator, active))
-        active.cached = len(shared) * self.page_size
-        if not self._give_pages(slot, active, active.cached + len(active.feed(self.prefill_chunk)),
-                                shared):  # fmt: skip
-            self.allocator.release(shared)
-            active.cached = 0
-            return False
-        self.prompt_tokens += active.context_len
-        self.prefix_hit_tokens += active.cached
-        return True
-
-    def _give_pages(self, slot: int, active: RequestState, tokens: int, shared=()) -> bool:
-        """Pages for `tokens` to a request taking `slot` (a paged cache), after the `shared`
-        ones it holds already; False if too few are free."""
-        if self.allocator is None:
-            return True
-        count = self._pages_for(tokens) - len(shared)
-        if count > self.allocator.num_free:
-            return False
-        first = slot * self._table.shape[1] + len(shared)
-        active.pages = [*shared, *self.allocator.allocate(count, first)]
-        active.registered = len(shared)
-        self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
-        self._table[slot, : len(active.pages)] = active.pages
-        return True
 
     def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
         """Pages for what each row writes this step, oldest rows first; the newest rows are
