@@ -17,6 +17,33 @@ __all__ = ["new_orbax", "remove_failed_save", "placeholders", "partial_item", "w
 
 # How many times (0.05 s apart) a failed save's temporary directory is looked for and deleted.
 _CLEANUP_POLLS = 60
+# A replicated array is written by all its replicas, each a slice, only when each slice has at
+# least this many bytes: slicing compiles a program per replica and shape (an 8-device save of
+# 20 small replicated arrays compiled 160 programs, 4.6 CPU s, to write 50 KB).
+_MIN_REPLICA_SLICE_BYTES = 1 << 20
+
+
+class _Registry(ocp.type_handlers.TypeHandlerRegistry):
+    """Orbax's type handlers, with jax.Arrays written by replicas only in slices worth it."""
+
+    def __init__(self) -> None:
+        store = getattr(
+            ocp.type_handlers.get_type_handler(jax.Array), "_array_metadata_store", None
+        )
+        self._array = ocp.type_handlers.ArrayHandler(
+            array_metadata_store=store,
+            min_slice_bytes_for_replica_parallel=_MIN_REPLICA_SLICE_BYTES,
+        )
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        ocp.type_handlers.register_type_handler(*args, **kwargs)
+
+    def get(self, ty: Any) -> Any:
+        is_array = isinstance(ty, type) and issubclass(ty, jax.Array)
+        return self._array if is_array else ocp.type_handlers.get_type_handler(ty)
+
+    def has(self, ty: Any) -> bool:
+        return ocp.type_handlers.has_type_handler(ty)
 
 
 def new_orbax(storage: Storage) -> ocp.AsyncCheckpointer:
@@ -38,7 +65,12 @@ def new_orbax(storage: Storage) -> ocp.AsyncCheckpointer:
     handler = ocp.CompositeCheckpointHandler(
         composite_options=ocp.CompositeOptions(
             temporary_path_class=temporary_path_class, async_options=async_options
-        )
+        ),
+        **{
+            layout.STATE_ITEM: ocp.PyTreeCheckpointHandler(type_handler_registry=_Registry()),
+            layout.METADATA_ITEM: ocp.JsonCheckpointHandler(),
+            layout.CHECKSUMS_ITEM: ocp.JsonCheckpointHandler(),
+        },
     )
     return ocp.AsyncCheckpointer(
         handler, temporary_path_class=temporary_path_class, async_options=async_options
