@@ -1,5 +1,6 @@
 """Checkpointer: round trips, layout and completeness, retention, async saves, storage, meshes."""
 
+import functools
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from axplug.checkpoint import (
     step_dir_name,
     steps_to_keep,
     storage_for,
+    tree_checksums,
 )
 from axplug.config import RequiredFieldError
 
@@ -37,6 +39,7 @@ def _checkpointer(directory, **kwargs):
     return Checkpointer.default_config().set(directory=str(directory), **kwargs).instantiate()
 
 
+@functools.partial(jax.jit, static_argnames="seed")  # one program per seed, not one per op
 def _train_state(seed=0):
     """Nested dicts of f32/bf16/int32, an optax chain state, a raw PRNG key and a step."""
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -321,6 +324,33 @@ def test_restore_from_one_device_onto_an_8_device_mesh_and_back(tmp_path):
     for k in state:
         assert single[k].sharding == one
     _assert_same(single, state)
+
+
+def test_small_replicated_arrays_save_whole_without_a_program_per_replica(tmp_path):
+    """Orbax writes a replicated array in one slice per replica, which compiles a slicing
+    program per replica and shape; arrays too small for that to pay are written whole."""
+    replicated = NamedSharding(_mesh(), PartitionSpec())
+    shapes = [(8 * (i + 1), 37) for i in range(4)]  # shapes no other test slices
+    state = {
+        f"a{i}": jax.device_put(np.full(s, i, np.float32), replicated) for i, s in enumerate(shapes)
+    }
+    tree_checksums(state)  # the save's checksum programs, compiled before counting
+    compiles = []
+
+    def count(event, _secs, **_):
+        compiles.append(event == "/jax/core/compile/backend_compile_duration")
+
+    with _checkpointer(tmp_path) as ckpt:
+        jax.monitoring.register_event_duration_secs_listener(count)
+        try:
+            ckpt.save(1, state)
+            ckpt.wait_until_finished()
+        finally:
+            jax.monitoring.unregister_event_duration_listener(count)
+        _, restored, _ = ckpt.restore(target=_abstract(state, replicated))
+    # The save's non-finite check is one program; slicing was one per replica and array (32).
+    assert sum(compiles) == 1
+    _assert_same(restored, state)
 
 
 def test_storage_is_chosen_by_url_scheme():

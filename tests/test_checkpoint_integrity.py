@@ -13,10 +13,11 @@ from axplug_testing import tiny_train_args, tiny_trainer_config, xla_flags
 
 from axplug.checkpoint import CheckpointCorruptError, host_checksums, tree_checksums
 
+RUN = ("checkpoint_every=2", "model.decoder.transformer.num_layers=1", "input.seq_len=16")
+
 
 def config(out, steps=4, *extra):
-    overrides = ("checkpoint_every=2", "model.decoder.transformer.num_layers=1", "input.seq_len=16")
-    return tiny_trainer_config(out, *overrides, *extra, max_steps=steps)
+    return tiny_trainer_config(out, *RUN, *extra, max_steps=steps)
 
 
 @pytest.fixture(scope="module")
@@ -201,16 +202,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-RUN = ("checkpoint_every=2", "model.decoder.dim=64", "input.seq_len=16")
-
-
-def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(tmp_path):
+def test_a_failed_save_reports_its_cause_once_and_leaves_no_temporary_dirs(run, tmp_path):
+    """`run`'s training, by the command, in a process whose disk fills at 60 kB (the state
+    is larger). On one of the session's 8 devices, after `run` compiled its programs: the
+    child reads them from the session's cache (whose key holds the device count) and writes
+    no entry there (one it wrote would be cut off at 60 kB)."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = xla_flags(1)
+    env["XLA_FLAGS"] = xla_flags(len(jax.devices()))
     proc = subprocess.run(
         [sys.executable, "-c", DISK_FULL, *tiny_train_args(tmp_path / "run", *RUN, max_steps=4)],
         env=env,

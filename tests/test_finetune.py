@@ -20,13 +20,18 @@ SMALL = ["--set", "compilation_cache_dir=None", "--set", "input.seq_len=16",
          "-q"]  # fmt: skip
 
 
-@pytest.fixture
-def imported(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """(run directory, HF weights) of an import the tests only read. On one device: saved
+    from all 8, its replicated arrays compiled a slice program per shape (56), and what was
+    saved is the same. (`import-hf` itself: tests/test_hf_import.py.)"""
+    from axplug.interop import import_hf
+
+    root = tmp_path_factory.mktemp("imported")
     cfg = llama_config()
     weights = hf_weights(cfg)
-    out = str(tmp_path / "imported")
-    assert main(["import-hf", write_hf(tmp_path / "hf", cfg, weights), "--output", out]) == 0
-    capsys.readouterr()
+    out = str(root / "imported")
+    import_hf(write_hf(root / "hf", cfg, weights), out, devices=jax.devices()[:1])
     return out, weights
 
 
@@ -83,7 +88,7 @@ def test_resume_optimizer_and_a_shape_changing_modifier(tmp_path, imported, caps
 
 def test_config_file_and_recipe_presets(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    args = tiny_train_args(run, "input.seq_len=16", max_steps=1)
+    args = tiny_train_args(run, max_steps=1)  # the kit's gpt-tiny: its programs are compiled
     assert main([*args, "--mesh-rule", "none", "-q"]) == 0
     again = build_config(build_parser().parse_args(
         ["train", "--config", str(run / "config.json"), "--output-dir", str(run),

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from axplug_aot.report import compile_report
+from axplug_aot.report import DUMP_FILES, compile_report
 from axplug_testing import tiny_trainer_config
 from jax.sharding import PartitionSpec
 
@@ -213,9 +213,10 @@ def test_moe_expert_parallel_step_gathers_only_parameters(tmp_path):
     # The MoE dispatch reads the scope the Trainer jits in, so AOT sees the all-to-alls.
     # (plugins/ffn_moe/tests/test_moe_plugin.py checks expert-parallel losses against one device.)
     cfg = small_llama(tmp_path, "moe:num_experts=4,top_k=2", "mesh:fsdp=2,expert=4")
-    report = compile_report(cfg, num_devices=8, max_devices=8)
+    # The report's own compiled step, dumped: not a second trace and lowering of it.
+    report = compile_report(cfg, num_devices=8, max_devices=8, dump_dir=str(tmp_path / "dump"))
     assert report.collectives.get("all-to-all", 0) >= 2
-    gathered = _all_gather_shapes(compile_step(cfg, 8)[2])
+    gathered = _all_gather_shapes((tmp_path / "dump" / DUMP_FILES["after"]).read_text())
     assert gathered and not _not_parameter_shaped(gathered, _param_shapes(cfg))
 
 
@@ -240,7 +241,8 @@ def test_engine_decodes_inside_the_scope(tmp_path):
 
     cfg = small_llama(tmp_path, batch=8)
     model = cfg.model.instantiate(parent=None, _path="model")
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    # One program (test_trainer's init reference), not one per op and shape.
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     seen = []
     original = type(model.decoder).extend_step
 

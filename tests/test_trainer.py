@@ -4,6 +4,8 @@ Tolerances: runs on different meshes reduce in different orders, so losses agree
 relative (float32); identical programs on identical inputs must agree bit for bit.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,22 +52,41 @@ def test_gpt_tiny_learns_and_checkpoints(tmp_path):
     assert int(trainer.state["step"]) == 12
 
 
+def mesh_config(tmp_path, preset, *extra, steps=3):
+    """`preset` trained as other tests train it on one device and on meshes, so that each
+    program compiles once a session: llama-tiny as tests/test_sharding.py's layouts (2 layers,
+    8 rows of 64 tokens), gpt-tiny as the kit's (and tests/test_golden_losses.py's fsdp)."""
+    if preset == "llama-tiny":
+        layouts = ("model.decoder.transformer.num_layers=2", "input.seq_len=64")
+        extra = (*layouts, "input.batch_size=8", *extra)
+    return tiny_trainer_config(tmp_path, *extra, preset=preset, max_steps=steps)
+
+
 @pytest.fixture(scope="module")
 def one_device_steps(tmp_path_factory):
-    """(losses, parameters) of 3 gpt-tiny steps on one device: the meshes' reference."""
-    one = tiny_config(tmp_path_factory.mktemp("one"), steps=3)  # the kit's one-device mesh
-    state, metrics = train_steps(one.instantiate(), 3)
-    return [m["loss"] for m in metrics], jax.device_get(state["params"])
+    """preset -> (losses, parameters) of 3 steps on one device: the meshes' reference."""
+
+    @functools.cache
+    def steps(preset):
+        one = mesh_config(tmp_path_factory.mktemp("one"), preset)  # the kit's one-device mesh
+        state, metrics = train_steps(one.instantiate(), 3)
+        return [m["loss"] for m in metrics], jax.device_get(state["params"])
+
+    return steps
 
 
 @pytest.mark.parametrize(
-    "mesh_shape",
-    [(8, 1, 1, 1, 1), (1, 8, 1, 1, 1), (2, 1, 1, 1, 4)],
+    "preset, mesh_shape",
+    [
+        ("llama-tiny", (8, 1, 1, 1, 1)),
+        ("gpt-tiny", (1, 8, 1, 1, 1)),
+        ("gpt-tiny", (2, 1, 1, 1, 4)),
+    ],
     ids=["data", "fsdp", "data+model"],
 )
-def test_mesh_steps_match_one_device(tmp_path, mesh_shape, one_device_steps):
-    want_losses, want_params = one_device_steps
-    many = tiny_config(tmp_path, f"mesh.mesh_shape={mesh_shape}", steps=3).instantiate()
+def test_mesh_steps_match_one_device(tmp_path, preset, mesh_shape, one_device_steps):
+    want_losses, want_params = one_device_steps(preset)
+    many = mesh_config(tmp_path, preset, f"mesh.mesh_shape={mesh_shape}").instantiate()
     assert many.mesh.devices.size == 8
     state, metrics = train_steps(many, 3)
     np.testing.assert_allclose([m["loss"] for m in metrics], want_losses, rtol=2e-5)
@@ -110,13 +131,12 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
     batch = trainer.put_batch(trainer.input.batch(0))
     step = build_train_step(trainer.model, optax.sgd(0.0), trainer.aux_loss, seed=0)
     _, metrics = jax.jit(step)(state, batch)
-    params = state["params"]["decoder"]["transformer"]
+    params = jax.device_get(state["params"]["decoder"]["transformer"])  # numpy: no op programs
     if scan:
-        expected = 0.5 * jnp.sum(params["layer"]["feed_forward"]["wo"]["weight"] ** 2)
+        expected = 0.5 * np.sum(params["layer"]["feed_forward"]["wo"]["weight"] ** 2)
     else:
         expected = sum(
-            0.5 * jnp.sum(params[f"layer{i}"]["feed_forward"]["wo"]["weight"] ** 2)
-            for i in range(2)
+            0.5 * np.sum(params[f"layer{i}"]["feed_forward"]["wo"]["weight"] ** 2) for i in range(2)
         )
     np.testing.assert_allclose(metrics["penalty_loss"], expected, rtol=1e-5)
     np.testing.assert_allclose(metrics["loss"], metrics["ce_loss"] + expected, rtol=1e-5)
@@ -129,9 +149,11 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
 
         fn = loss_fn(trainer.model, rule)
         loss = lambda p: fn(p, batch, step_key(0, state["step"]))[0]  # noqa: E731
-        return jax.jit(jax.grad(loss))(state["params"])  # one program, not one per op
+        return jax.grad(loss)
 
-    g_on, g_off = grads(trainer.aux_loss), grads(rule_off)
+    # One program for both gradients, not one per op (nor one per rule).
+    both = jax.jit(lambda p: (grads(trainer.aux_loss)(p), grads(rule_off)(p)))
+    g_on, g_off = jax.device_get(both(state["params"]))
     path = ("layer", "feed_forward", "wo") if scan else ("layer0", "feed_forward", "wo")
     pick = lambda g: g["decoder"]["transformer"][path[0]][path[1]][path[2]]["weight"]  # noqa: E731
     w = params[path[0]][path[1]][path[2]]["weight"]
@@ -298,7 +320,7 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path):
     batch = trainer.input.batch(0)
     tx = optax.sgd(1.0)
     results = []
-    for k in (1, 2, 4):
+    for k in (1, 4):  # k > 1 is one scan over k microbatches: 4 shows what 2 would
         step = build_train_step(
             trainer.model, tx, trainer.aux_loss, seed=0, grad_accumulation_steps=k
         )
@@ -334,7 +356,7 @@ def test_learner_schedule_and_weight_decay_mask():
         "norm": ParameterSpec((4,), jnp.float32, ("embed",), ones, weight_decay_scale=0.0),
         "w": ParameterSpec((4,), jnp.float32, ("embed",), ones),
     }
-    params = {"norm": jnp.ones(4), "w": jnp.ones(4)}
+    params = {"norm": np.ones(4, np.float32), "w": np.ones(4, np.float32)}
     for optimizer in ("adamw", "sgd"):
         tx = (
             Learner.default_config()
@@ -348,8 +370,8 @@ def test_learner_schedule_and_weight_decay_mask():
             .instantiate()
             .transform(specs, 10)
         )
-        zero = jax.tree.map(jnp.zeros_like, params)
-        updates, _ = tx.update(zero, tx.init(params), params)
+        zero = jax.tree.map(np.zeros_like, params)
+        updates, _ = jax.jit(lambda p, z, tx=tx: tx.update(z, tx.init(p), p))(params, zero)
         # With zero gradients only weight decay moves a parameter: the masked one stays put.
         np.testing.assert_array_equal(updates["norm"], 0.0)
         assert np.all(np.abs(updates["w"]) > 0), optimizer
@@ -370,8 +392,13 @@ def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
     state = jax.device_get(trainer.init_state())
     tx = trainer.learner.transform(trainer.param_specs, 10)
     params = state["params"]
-    zero = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = tx.update(zero, tx.init(params), params)
+
+    @jax.jit  # one program, not one per op and shape
+    def first_update(params):
+        zero = jax.tree.map(jnp.zeros_like, params)
+        return tx.update(zero, tx.init(params), params)[0]
+
+    updates = first_update(params)
     layer = updates["decoder"]["transformer"]["layer0"]
     np.testing.assert_array_equal(layer["attention_norm"]["scale"], 0.0)
     w = params["decoder"]["transformer"]["layer0"]["feed_forward"]["wo"]["weight"]
@@ -428,10 +455,10 @@ def test_summaries_of_a_bucket_run_go_to_a_local_mirror(tmp_path, monkeypatch):
 
 
 def test_resume_onto_a_different_mesh(tmp_path):
-    one = tiny_config(tmp_path, "mesh.mesh_shape=(1, 1, 1, 1, 1)", steps=3)
+    one = mesh_config(tmp_path, "llama-tiny", "mesh.mesh_shape=(1, 1, 1, 1, 1)")
     saved = one.instantiate(devices=jax.devices()[:1])
     saved.run()
-    fsdp = tiny_config(tmp_path, "mesh.mesh_shape=(1, 8, 1, 1, 1)", steps=3)
+    fsdp = mesh_config(tmp_path, "llama-tiny", "mesh.mesh_shape=(1, 8, 1, 1, 1)")
     restored = fsdp.instantiate().restore_or_init()
     assert int(restored["step"]) == 3
     emb = restored["params"]["decoder"]["embedding"]["weight"]
@@ -482,7 +509,8 @@ def low_utilization_run(tmp_path_factory):
         "watchdog.utilization_window=2",
     ]
     monitor = Monitor()
-    cfg = with_jsonl(tiny_config(run_dir, *settings, ALL, steps=4))
+    # One checkpoint, at the end: the run's saves are not what it is for.
+    cfg = with_jsonl(tiny_config(run_dir, *settings, ALL, "checkpoint_every=4", steps=4))
     trainer = cfg.instantiate(devices=jax.devices()[:2], hooks=(monitor,))
     trainer.run()
     return cfg, trainer, monitor, run_dir
@@ -517,16 +545,18 @@ def test_low_utilization_reaches_the_hooks_from_mfu_and_a_device_reader(low_util
 def test_clipping_takes_the_norm_the_step_already_computed():
     from axplug.learner import clip_by_global_norm
 
-    grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # global norm 13
+    grads = {"a": np.array([3.0, 4.0], np.float32), "b": np.array([[12.0]], np.float32)}  # norm 13
     ours, theirs = clip_by_global_norm(6.5), optax.clip_by_global_norm(6.5)
     state = ours.init(grads)
     assert jax.tree.structure(state) == jax.tree.structure(theirs.init(grads))  # checkpoints
-    want, _ = theirs.update(grads, theirs.init(grads), None)
-    for given in (None, optax.tree_utils.tree_norm(grads)):
-        got, _ = ours.update(grads, state, None, grad_norm=given)
+    # Each update one program, not one per op.
+    want, _ = jax.jit(lambda g: theirs.update(g, theirs.init(g), None))(grads)
+    clip = jax.jit(lambda g, norm: ours.update(g, state, None, grad_norm=norm)[0])
+    for given in (None, jax.jit(optax.tree_utils.tree_norm)(grads)):
+        got = clip(grads, given)
         jax.tree.map(np.testing.assert_array_equal, got, want)
     np.testing.assert_array_equal(want["b"], [[6.0]])  # halved: 13 -> 6.5
-    small, _ = ours.update(grads, state, None, grad_norm=jnp.float32(1.0))  # under the max
+    small = clip(grads, np.float32(1.0))  # under the max
     jax.tree.map(np.testing.assert_array_equal, small, grads)
 
 
@@ -581,19 +611,25 @@ def test_layer_summaries_reach_the_metrics(tmp_path):
     pytest.importorskip("axplug_moe")
     from axplug.summary import JsonlWriter
 
-    def run(capacity_factor):
-        out = tmp_path / str(capacity_factor)
+    def run(name, *overrides, modifiers=(), capacity_factor=None):
+        out = tmp_path / name
         cfg = tiny_trainer_config(
-            out, "model.decoder.transformer.num_layers=2", "input.seq_len=16",
-            preset="moe-tiny", max_steps=1, summary_writers=[JsonlWriter.default_config()],
+            out, *overrides, preset="moe-tiny", modifiers=modifiers, max_steps=1,
+            summary_writers=[JsonlWriter.default_config()],
         )  # fmt: skip
-        for _, router in find_configs(cfg, "axplug_moe.router:TopKRouter"):
-            router.capacity_factor = capacity_factor
+        if capacity_factor is not None:
+            for _, router in find_configs(cfg, "axplug_moe.router:TopKRouter"):
+                router.capacity_factor = capacity_factor
         cfg.instantiate(devices=jax.devices()[:1]).run()
         return read_jsonl(out / "metrics.jsonl")[0]
 
     prefix = "moe"  # the router's group: every router's values, averaged
-    roomy, tight = run(None), run(0.25)
+    # Each run's programs are another test's: drop-free, plugins/ffn_moe's test_dropless.py
+    # (one layer); a quarter of the room, plugins/summary_tensorboard's writer test.
+    drop_free = "moe:num_experts=8,top_k=2,capacity_factor=None"
+    roomy = run("roomy", "model.decoder.transformer.num_layers=1", modifiers=[drop_free])
+    tight = run("tight", "model.decoder.transformer.num_layers=2", "input.seq_len=16",
+                capacity_factor=0.25)  # fmt: skip
     assert roomy[f"{prefix}/dropped_fraction"] == 0.0  # drop-free routing drops nothing
     assert tight[f"{prefix}/dropped_fraction"] >= 0.5  # a quarter of the room: most dropped
     for record in (roomy, tight):
