@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from axplug_dpo import DPOCausalLM, PreferenceInput, preference_loss, sequence_logps
 from axplug_testing import cli_main as main
-from axplug_testing import tiny_train_args
+from axplug_testing import copy_run
 
 from axplug.api.config import ConfigError
 from axplug.api.layers import functional
@@ -76,12 +76,12 @@ def _pairs(n, seed=0):
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
+def toy(tmp_path_factory, trained_run):
     """(a 2-step llama-tiny run, preference data scored by it): built once per module, read
     by the tests (one that edits the data edits a copy)."""
     tmp_path = tmp_path_factory.mktemp("toy")
-    base = str(tmp_path / "base")
-    assert main(tiny_train_args(base, preset="llama-tiny", max_steps=2)) == 0
+    # A copy of the session's shared 2-step llama-tiny run (other modules use it too).
+    base = str(copy_run(trained_run("llama-tiny", "input.seq_len=64"), tmp_path / "base"))
     source = tmp_path / "pairs.jsonl"
     source.write_text("".join(json.dumps(p) + "\n" for p in _pairs(160)))
     data = str(tmp_path / "prefs")
@@ -215,6 +215,8 @@ class TestDPOCausalLMConformance(LayerConformance):
         from axplug_testing import tiny_trainer_config
 
         decoder = tiny_trainer_config("/tmp/unused", preset="llama-tiny").model.decoder
+        # One layer: the checks are of the DPO wrapper, which adds nothing per layer.
+        decoder.transformer.num_layers = 1
         return DPOCausalLM.default_config().set(decoder=decoder, loss="simpo")
 
     @pytest.fixture

@@ -55,13 +55,17 @@ def _train(trainer, steps):
 
 @pytest.fixture(scope="module")
 def lora_steps(tmp_path_factory):
-    """(trainer, its first parameters, the state after 3 steps) of llama-tiny with LoRA."""
-    trainer = _trainer(tmp_path_factory.mktemp("lora"), "lora", "learner.learning_rate=0.05")
-    return trainer, *_train(trainer, 3)
+    """(trainer, its first parameters, the state after 3 steps, the parameters after 2) of
+    llama-tiny with LoRA on one device."""
+    trainer = _trainer(tmp_path_factory.mktemp("lora"), "lora", "learner.learning_rate=0.01")
+    first, two = _train(trainer, 2)
+    two_params = jax.device_get(two["params"])  # the next step donates the state's arrays
+    state, _ = trainer._train_step(two, trainer.put_batch(trainer.input.batch(2)))
+    return trainer, first, state, two_params
 
 
 def test_only_the_adapters_train_and_hold_optimizer_state(lora_steps):
-    trainer, first, state = lora_steps
+    trainer, first, state, _ = lora_steps
     adapted = find_configs(trainer.config.model, LoRAAdapter)
     assert len(adapted) == 3  # in qkv's, output's and the feed-forward's Linear configs
     paths = jax.tree.leaves(parameter_paths(first))
@@ -88,7 +92,7 @@ def test_only_the_adapters_train_and_hold_optimizer_state(lora_steps):
 
 
 def test_merged_logits_equal_the_unmerged_model(lora_steps):
-    trainer, _, state = lora_steps
+    trainer, _, state, _ = lora_steps
     params = jax.device_get(state["params"])
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
 
@@ -113,18 +117,15 @@ def _zeroed_b(params):
     return visit(params)
 
 
-def test_sharded_run_equals_one_device(tmp_path):
-    one = _trainer(
-        tmp_path, "one", "learner.learning_rate=0.01", "mesh.mesh_shape=(1,1,1,1,1)",
-        devices=jax.devices()[:1],
-    )  # fmt: skip
+def test_sharded_run_equals_one_device(tmp_path, lora_steps):
+    one_device, one = lora_steps[0], lora_steps[3]  # its parameters after 2 steps
+    assert len(one_device.mesh.devices.flat) == 1
     many = _trainer(tmp_path, "many", "learner.learning_rate=0.01", "mesh.mesh_shape=(2,2,1,1,2)")
     assert len(many.mesh.devices.flat) == 8
-    _, a = _train(one, 2)
     _, b = _train(many, 2)
     jax.tree.map(
         lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-5),
-        jax.device_get(a["params"]),
+        one,
         jax.device_get(b["params"]),
     )
     # The adapters are laid out like their base weights' axes.
@@ -168,7 +169,7 @@ def lora_run(tmp_path_factory):
     hf = str(tmp_path / "hf")
     tiny_transformers_model(config).save_pretrained(hf)
     imported = str(tmp_path / "imported")
-    assert main(["import-hf", hf, "--output", imported]) == 0
+    assert main(["import-hf", hf, "--output", imported, "--modifier", "mesh"]) == 0
     run = str(tmp_path / "lora")
     assert main(_lora_train_argv(imported, run, 4)) == 0
     return hf, imported, run
@@ -319,7 +320,7 @@ def test_adapters_refuse_a_base_replaced_in_place_unless_told(tmp_path, lora_run
     tiny_transformers_model(config, seed=1).save_pretrained(other)
     shutil.move(imported, str(tmp_path / "original"))
     try:
-        assert main(["import-hf", other, "--output", imported]) == 0
+        assert main(["import-hf", other, "--output", imported, "--modifier", "mesh"]) == 0
         capsys.readouterr()
         for argv in (
             ["export-hf", run, "--output", str(tmp_path / "out")],

@@ -1,7 +1,5 @@
 """Pipeline parallelism: the same losses, gradients and checkpoints as the scanned stack."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,10 +41,46 @@ def train(cfg, devices=None):
     return state, [float(m["loss"]) for m in metrics]
 
 
+def first_batch_grads(trainer):
+    """The gradients of the loss on the first batch at the trainer's initial parameters."""
+    from axplug.api.run import loss_fn
+    from axplug.api.sharding import scoped
+
+    state = trainer.init_state()
+    batch = trainer.put_batch(trainer.input.batch(0))
+    loss = loss_fn(trainer.model, trainer.aux_loss)
+    fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
+    return jax.device_get(fn(state["params"]))
+
+
+def grads_and_train(cfg, devices=None):
+    """(first_batch_grads, the final state, each step's loss) of one trainer: its first
+    batch's gradients at the initial parameters, then `train`'s steps from them."""
+    trainer = cfg.instantiate(devices=devices)
+    grads = first_batch_grads(trainer)
+    state, metrics = train_steps(trainer, cfg.max_steps)
+    return grads, state, [float(m["loss"]) for m in metrics]
+
+
 @pytest.fixture(scope="module")
-def scanned(tmp_path_factory):
+def scanned_run(tmp_path_factory):
+    """The scanned stack on one device: (first batch gradients, final state, losses)."""
     cfg = llama8(tmp_path_factory.mktemp("scanned"), "mesh:data=1")
-    return train(cfg, devices=jax.devices()[:1])
+    return grads_and_train(cfg, devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def scanned(scanned_run):
+    return scanned_run[1:]
+
+
+ONE_F_ONE_B = ("pipeline:stages=4,microbatches=8,schedule=1f1b", "mesh:pipeline=4,fsdp=2")
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b(tmp_path_factory):
+    """1F1B over 4 stages, for its training and its gradient tests: (grads, state, losses)."""
+    return grads_and_train(llama8(tmp_path_factory.mktemp("1f1b"), *ONE_F_ONE_B))
 
 
 GPIPE = ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2")
@@ -74,7 +108,7 @@ def gpipe(tmp_path_factory):
             marks=pytest.mark.slow,
         ),
         pytest.param("pipeline:stages=4,microbatches=2", "mesh:data=1", marks=pytest.mark.slow),
-        ("pipeline:stages=4,microbatches=8,schedule=1f1b", "mesh:pipeline=4,fsdp=2"),
+        ONE_F_ONE_B,
         pytest.param(
             "pipeline:stages=2,microbatches=2,schedule=1f1b",
             "mesh:pipeline=2,data=4",
@@ -95,6 +129,8 @@ def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned
     devices = jax.devices()[:1] if mesh == "mesh:data=1" else None
     if (pipeline, mesh) == GPIPE:  # the run the checkpoint test restores too
         _, state, losses = request.getfixturevalue("gpipe")
+    elif (pipeline, mesh) == ONE_F_ONE_B:  # the trainer the gradient test reads too
+        _, state, losses = request.getfixturevalue("one_f_one_b")
     else:
         state, losses = train(llama8(tmp_path, pipeline, mesh), devices)
     np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
@@ -111,21 +147,6 @@ def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned
         assert weight.sharding.shard_shape(weight.shape)[0] == 8 // stages
 
 
-@functools.cache  # the scanned stack's (no modifiers) for every pipeline
-def first_batch_grads(*modifiers):
-    """The gradients of the loss on the first batch at the initial parameters."""
-    from axplug.api.run import loss_fn
-    from axplug.api.sharding import scoped
-
-    cfg = llama8("/tmp/unused", *modifiers)
-    trainer = cfg.instantiate(devices=jax.devices()[:1] if not modifiers else None)
-    state = trainer.init_state()
-    batch = trainer.put_batch(trainer.input.batch(0))
-    loss = loss_fn(trainer.model, trainer.aux_loss)
-    fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
-    return jax.device_get(fn(state["params"]))
-
-
 @pytest.mark.parametrize(
     "pipeline",
     [
@@ -133,9 +154,12 @@ def first_batch_grads(*modifiers):
         "pipeline:stages=4,microbatches=8,schedule=1f1b",
     ],
 )
-def test_gradients_match_the_scanned_stack(pipeline):
-    want = first_batch_grads()
-    got = first_batch_grads(pipeline, "mesh:pipeline=4,fsdp=2")
+def test_gradients_match_the_scanned_stack(request, tmp_path, scanned_run, pipeline):
+    want = scanned_run[0]
+    if (pipeline, "mesh:pipeline=4,fsdp=2") == ONE_F_ONE_B:
+        got = request.getfixturevalue("one_f_one_b")[0]
+    else:
+        got = first_batch_grads(llama8(tmp_path, pipeline, "mesh:pipeline=4,fsdp=2").instantiate())
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), got, want)
 
 

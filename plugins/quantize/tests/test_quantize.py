@@ -1,5 +1,6 @@
 """Quantized training (int8, fp8): rounding bounds, integer dots, fp8 histories, the modifier."""
 
+import functools
 import re
 
 import jax
@@ -29,9 +30,27 @@ def int8_bound(a, b):
     return sa / 2 * cols + rows * sb / 2 + a.shape[1] * sa * sb / 4
 
 
+# The matmuls compiled as one program each (op by op, every op would compile for its shape).
+int8_forward = jax.jit(int8_matmul, static_argnums=2)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def int8_vjp(x, w, dy, int8_backward):
+    """(dx, dw) of int8_matmul(x, w) for the output cotangent dy."""
+    _, vjp = jax.vjp(lambda a, b: int8_matmul(a, b, int8_backward), x, w)
+    return vjp(dy)
+
+
+@jax.jit
+def fp8_vjp(x, w, hx, hw, hdy, dy):
+    """fp8_matmul's output and the cotangents of its five arguments for dy."""
+    y, vjp = jax.vjp(fp8_matmul, x, w, hx, hw, hdy)
+    return y, vjp(dy)
+
+
 def test_int8_forward_is_within_the_rounding_bound():
     x, w = operands()
-    y = np.asarray(int8_matmul(jnp.float32(x), jnp.float32(w), True), np.float64)
+    y = np.asarray(int8_forward(jnp.float32(x), jnp.float32(w), True), np.float64)
     err = np.abs(y - x @ w)
     assert np.all(err <= int8_bound(x, w) * 1.001 + 1e-5)
     assert err.max() > 0  # really quantized
@@ -41,8 +60,8 @@ def test_int8_forward_is_within_the_rounding_bound():
 def test_int8_gradients(int8_backward):
     x, w = operands()
     dy = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (24, 16)), np.float64)
-    _, vjp = jax.vjp(lambda a, b: int8_matmul(a, b, int8_backward), jnp.float32(x), jnp.float32(w))
-    dx, dw = (np.asarray(g, np.float64) for g in vjp(jnp.float32(dy)))
+    grads = int8_vjp(jnp.float32(x), jnp.float32(w), jnp.float32(dy), int8_backward)
+    dx, dw = (np.asarray(g, np.float64) for g in grads)
     if not int8_backward:  # straight-through: the float gradients of x @ w
         np.testing.assert_allclose(dx, dy @ w.T, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(dw, x.T @ dy, rtol=1e-5, atol=1e-5)
@@ -64,11 +83,9 @@ def test_fp8_matmul_matches_an_e4m3_e5m2_reference():
 
     e4m3, e5m2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
     xq, wq, dyq = qdq(x, hx, e4m3), qdq(w, hw, e4m3), qdq(dy, hdy, e5m2)
-    args = [jnp.float32(a) for a in (x, w, hx, hw, hdy)]
-    y, vjp = jax.vjp(fp8_matmul, *args)
+    y, (dx, dw, dhx, dhw, new_hdy) = fp8_vjp(*(jnp.float32(a) for a in (x, w, hx, hw, hdy, dy)))
     np.testing.assert_allclose(y, xq @ wq, rtol=1e-5, atol=1e-5)
     assert np.abs(np.asarray(y) - x @ w).max() > 1e-3  # really quantized
-    dx, dw, dhx, dhw, new_hdy = vjp(jnp.float32(dy))
     np.testing.assert_allclose(dx, dyq @ wq.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, xq.T @ dyq, rtol=1e-5, atol=1e-5)
     assert not np.any(dhx) and not np.any(dhw)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_rl.rollouts import RolloutInput
-from axplug_testing import tiny_trainer_config
+from axplug_testing import tiny_trainer_config, train_steps
 
 from axplug.api import hookimpl
 from axplug.api.config import ConfigError, ConfigFileError
@@ -45,34 +45,66 @@ def _config(out, prompts, *overrides, modifiers=(), steps=2, **rollouts):
 
 def _recomputed_logps(trainer, params, batch):
     """The trainer's log-probabilities of the batch's completion tokens: the model's forward
-    (the one the loss differentiates), not the Engine."""
-    (_, outputs), _ = functional(
-        trainer.model, prng_key=None, state=params,
-        inputs={k: jnp.asarray(v) for k, v in batch.items()}, is_training=False,
-    )  # fmt: skip
-    logp = jax.nn.log_softmax(outputs["logits"].astype(jnp.float32), axis=-1)
+    (the one the loss differentiates), not the Engine; compiled as one program (op by op,
+    every op of the forward would compile for its shape)."""
+
+    @jax.jit
+    def log_softmax(params, inputs):
+        (_, outputs), _ = functional(
+            trainer.model, prng_key=None, state=params, inputs=inputs, is_training=False
+        )
+        return jax.nn.log_softmax(outputs["logits"].astype(jnp.float32), axis=-1)
+
+    logp = log_softmax(params, {k: jnp.asarray(v) for k, v in batch.items()})
     labels = np.maximum(batch["target_labels"], 0)
     return np.take_along_axis(np.asarray(logp), labels[..., None], axis=-1)[..., 0]
 
 
-@pytest.mark.parametrize("cache", ["contiguous", "paged"])
-@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
-def test_engine_logps_equal_the_trainers_recomputation(tmp_path, prompts, cache, adapters):
-    modifiers = (["paged_kv_cache:page_size=4"] if cache == "paged" else []) + (
-        ["lora:4"] if adapters else []
-    )
-    trainer = _config(tmp_path, prompts, modifiers=modifiers).instantiate()
-    state = trainer.init_state()
-    params = state["params"]
-    if adapters:  # adapters that change the model, so they take part in both computations
-        params = jax.tree_util.tree_map_with_path(
-            lambda p, x: x + 0.05 if "lora_b" in jax.tree_util.keystr(p) else x, params
-        )
+def _first_rollout(trainer, params):
+    """The first batch the trainer's input decodes from `params`, and its rollout metrics."""
     trainer.input.before_batch(0, Policy(trainer.model, params, trainer.mesh,
                                          trainer.mesh_builder.axis_rules))  # fmt: skip
-    batch = trainer.input.batch(0)
+    return trainer.input.batch(0), trainer.input.metrics(0)
+
+
+def _first_step(cfg):
+    """(trainer, initial parameters, first batch, its rollout metrics, the parameters after
+    the built train step's first call on that batch): the first step as a run takes it, its
+    rollouts decoded from the initial parameters (no run: nothing is checkpointed)."""
+    trainer = cfg.instantiate()
+    state = trainer.init_state()
+    params = jax.device_get(state["params"])  # the step donates the state's arrays
+    batch, metrics = _first_rollout(trainer, state["params"])
+    state, _ = train_steps(trainer, 1, state)  # on the batch decoded above, held for step 0
+    return trainer, params, batch, metrics, jax.device_get(state["params"])
+
+
+@pytest.fixture(scope="module")
+def plain_first_step(tmp_path_factory, prompts):
+    """`_first_step` of the plain trainer (one device, a contiguous cache, no adapters),
+    shared by the Engine parity test and the one-device side of the eight-device test."""
+    return _first_step(_config(tmp_path_factory.mktemp("plain"), prompts, steps=1))
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+def test_engine_logps_equal_the_trainers_recomputation(request, tmp_path, prompts, cache,
+                                                       adapters):  # fmt: skip
+    if cache == "contiguous" and not adapters:
+        trainer, params, batch, metrics, _ = request.getfixturevalue("plain_first_step")
+    else:
+        modifiers = (["paged_kv_cache:page_size=4"] if cache == "paged" else []) + (
+            ["lora:4"] if adapters else []
+        )
+        trainer = _config(tmp_path, prompts, modifiers=modifiers).instantiate()
+        params = trainer.init_state()["params"]
+        if adapters:  # adapters that change the model, so they take part in both computations
+            params = jax.tree_util.tree_map_with_path(
+                lambda p, x: x + 0.05 if "lora_b" in jax.tree_util.keystr(p) else x, params
+            )
+        batch, metrics = _first_rollout(trainer, params)
     # A paged cache shares each prompt's full pages among its group's completions.
-    hit_rate = trainer.input.metrics(0)["rollout/prefix_hit_rate"]
+    hit_rate = metrics["rollout/prefix_hit_rate"]
     assert hit_rate > 0.5 if cache == "paged" else hit_rate == 0
     mask = batch["target_labels"] >= 0
     sampled = ~np.isnan(batch["behavior_logps"]) & mask
@@ -116,9 +148,9 @@ def test_sigterm_mid_run_saves_and_the_rerun_reaches_the_same_parameters(tmp_pat
         np.testing.assert_array_equal(a, b)
 
 
-def test_eight_devices_train_as_one(tmp_path, prompts):
-    one = _final_params(_config(tmp_path / "one", prompts, steps=1))
-    eight = _final_params(_config(tmp_path / "eight", prompts, modifiers=["mesh:fsdp=8"], steps=1))
+def test_eight_devices_train_as_one(tmp_path, prompts, plain_first_step):
+    one = plain_first_step[-1]
+    eight = _first_step(_config(tmp_path, prompts, modifiers=["mesh:fsdp=8"], steps=1))[-1]
     for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(eight), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
 
