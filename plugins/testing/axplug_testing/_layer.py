@@ -191,10 +191,14 @@ class LayerConformance:
         fn = jax.jit(counter)
         out = fn(params, inputs)
         assert_finite(out, "forward output")
-        # New values of the same shapes and dtypes must reuse the compiled program.
-        fresh = jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.inexact) else x, inputs)
+        # New values of the same shapes and dtypes must reuse the compiled program (made on
+        # the host: an eager op would compile a program per leaf shape).
+        host = jax.device_get((params, inputs))
+        fresh = jax.tree.map(
+            lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.inexact) else x, host[1]
+        )
         fn(params, fresh)
-        fn(jax.tree.map(lambda p: p * 0.5, params), inputs)
+        fn(jax.tree.map(lambda p: p * np.asarray(0.5, p.dtype), host[0]), inputs)
         assert counter.count == 1, f"forward was traced {counter.count} times for one shape"
         eager = self.apply(layer, params, inputs)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **tolerance), out, eager)
