@@ -462,6 +462,15 @@ def greedy_reference(model, params, prompt, new_tokens):
 
 ROPE_MODS = ("rope", "gqa:num_kv_heads=2") if _installed("axplug-attention") else ()
 
+# The engines of the tests below (and of `generate` there): 3 rows of 16 tokens, every prefill
+# 16 wide. A request decoded alone runs by itself in an engine of this shape over the same
+# model: the batched run's programs, so the references trace and compile nothing new.
+BATCHING_ENGINE = dict(num_slots=3, max_len=16)
+
+
+def batching_engine(model, params, **kwargs):
+    return Engine(model, params, **BATCHING_ENGINE, min_prefill_len=16, **kwargs)
+
 
 @pytest.fixture(scope="module")
 def rope_model():
@@ -485,7 +494,8 @@ def rope_with(rope_model):
 def test_greedy_generation_equals_a_forward_pass_per_token(rope_model):
     model, params = rope_model
     prompts = [random_ids(5, 7).tolist(), random_ids(6, 3).tolist()]
-    done = generate(model, params, prompts, SamplingParams(max_new_tokens=6, temperature=0))
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    done = generate(model, params, prompts, greedy, **BATCHING_ENGINE)
     for prompt, completion in zip(prompts, done, strict=True):
         assert completion.prompt_ids == prompt and completion.finish_reason == "length"
         assert completion.output_ids == greedy_reference(model, params, prompt, 6)
@@ -494,12 +504,12 @@ def test_greedy_generation_equals_a_forward_pass_per_token(rope_model):
 def test_stop_tokens_end_generation_without_the_stop_token(rope_model):
     model, params = rope_model
     prompt = random_ids(5, 7).tolist()
-    free = generate(model, params, [prompt], SamplingParams(max_new_tokens=6, temperature=0))[0]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    free = generate(model, params, [prompt], greedy, **BATCHING_ENGINE)[0]
     stop = free.output_ids[2]
     first = free.output_ids.index(stop)
-    stopped = generate(
-        model, params, [prompt], SamplingParams(max_new_tokens=6, temperature=0, stop_tokens=[stop])
-    )[0]
+    stopping = SamplingParams(max_new_tokens=6, temperature=0, stop_tokens=[stop])
+    stopped = generate(model, params, [prompt], stopping, **BATCHING_ENGINE)[0]
     assert stopped.finish_reason == "stop" and stopped.output_ids == free.output_ids[:first]
 
 
@@ -513,13 +523,9 @@ REQUESTS = [  # (arrival step, prompt length, sampling)
 ]
 
 
-def solo(model, params, max_len=16):
-    """An engine of one row: the requests it runs, one after another, are each decoded alone
-    (one engine for all of them: its programs are traced once)."""
-    return Engine(model, params, num_slots=1, max_len=max_len, min_prefill_len=16)
-
-
 def alone(engine, prompt, sampling):
+    """`prompt` decoded by `engine` with no other request in it."""
+    assert not engine.has_work
     engine.submit(Request(prompt, sampling))
     (completion,) = engine.run()
     return completion.output_ids
@@ -554,7 +560,7 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(
 ):
     params = rope_model[1]
     model = rope_with(*cache)
-    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk)
+    engine = batching_engine(model, params, prefill_chunk=chunk)
     prompts = {i: random_ids(10 + i, n).tolist() for i, (_, n, _) in enumerate(REQUESTS)}
     pending = list(enumerate(REQUESTS))
     finished, step, max_active = {}, 0, 0
@@ -570,7 +576,7 @@ def test_continuous_batching_outputs_equal_decoding_each_request_alone(
     if engine.allocator is not None:
         assert engine.allocator.num_free == engine.allocator.num_pages  # all pages came back
         assert (engine.preemptions > 0) == ("num_pages=10" in cache[0])
-    one = solo(model, params)
+    one = batching_engine(model, params)  # whole prompts, one request at a time
     for i, (_, _, sampling) in enumerate(REQUESTS):
         want = alone(one, prompts[i], sampling)
         assert finished[i].output_ids == want, i
@@ -612,7 +618,7 @@ def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, rope_with, cach
     plain, params = rope_model
     model = rope_with(*cache)
     # Every prefill (whole prompts, chunks) 16 wide: the cases over one model share programs.
-    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16, prefill_chunk=chunk)
+    engine = batching_engine(model, params, prefill_chunk=chunk)
     prompts = [random_ids(40 + i, n).tolist() for i, (n, _) in enumerate(SCORED)]
     for i, (prompt, (_, sampling)) in enumerate(zip(prompts, SCORED, strict=True)):
         engine.submit(Request(prompt, sampling, id=i))
@@ -695,7 +701,7 @@ def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(
 ):
     plain_model, params = rope_model  # the reference's forward pass: no cache modifier
     model = rope_with(*cache)
-    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=4, prefill_chunk=chunk)
+    engine = batching_engine(model, params, prefill_chunk=chunk)
     prompts = [random_ids(60 + i, 4 + i).tolist() for i in range(len(PENALIZED))]
     for i, (prompt, sampling) in enumerate(zip(prompts, PENALIZED, strict=True)):
         engine.submit(Request(prompt, sampling, id=i))
@@ -715,19 +721,20 @@ def test_penalties_and_logit_bias_equal_a_penalized_forward_pass(
 
 def test_decoding_rows_keep_producing_tokens_while_a_long_prompt_is_prefilled(rope_model):
     model, params = rope_model
-    engine = Engine(model, params, num_slots=2, max_len=24, min_prefill_len=4, prefill_chunk=4)
+    engine = batching_engine(model, params, prefill_chunk=4)
     greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    brief = SamplingParams(max_new_tokens=4, temperature=0)  # 12 + 4 tokens: max_len
     short, long = random_ids(31, 2).tolist(), random_ids(32, 12).tolist()
     engine.submit(Request(short, greedy, id="short"))
     assert [e.id for e in engine.step()] == ["short"]  # prefilled: its first token
-    engine.submit(Request(long, greedy, id="long"))
+    engine.submit(Request(long, brief, id="long"))
     per_step = [[e.id for e in engine.step()] for _ in range(4)]
     # 12 prompt tokens in chunks of 4: three steps, each also decoding "short" (after the
     # one that ran ahead of the request's arrival).
     assert per_step == [["short"], ["short"], ["short"], ["short", "long"]]
     done = {c.id: c.output_ids for c in engine.run()}
-    one = solo(model, params, max_len=24)
-    assert done["long"] == alone(one, long, greedy)
+    one = batching_engine(model, params)  # whole prompts, one request at a time
+    assert done["long"] == alone(one, long, brief)
     assert done["short"] == alone(one, short, greedy)
     with pytest.raises(ValueError, match="prefill_chunk=0 must be >= 1"):
         Engine(model, params, prefill_chunk=0)
@@ -749,24 +756,27 @@ def test_engine_rejects_bad_requests(rope_model):
         )
 
 
-def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model):
-    model, params = rope_model
-    paged = lm_cfg(*ROPE_MODS, "paged_kv_cache:page_size=2,num_pages=12").instantiate(parent=None)
-    engine = Engine(paged, params, num_slots=2, max_len=16, min_prefill_len=16)
+def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model, rope_with):
+    params = rope_model[1]
+    # 9 pages of 4: each of the 3 rows holds up to 3 (4 + 6 tokens), no preemption.
+    paged = rope_with(*_BATCHING_CACHES["paged"])
+    engine = batching_engine(paged, params)
     greedy = SamplingParams(max_new_tokens=6, temperature=0)
-    prompts = {name: random_ids(20 + i, 4).tolist() for i, name in enumerate("abc")}
+    prompts = {name: random_ids(20 + i, 4).tolist() for i, name in enumerate("abcd")}
     for name, prompt in prompts.items():
         engine.submit(Request(prompt, greedy, id=name))
-    engine.step()  # a and b prefilled; c waits
+    engine.step()  # a, b and c prefilled; d waits
     engine.step()
-    assert (engine.num_active, engine.num_waiting) == (2, 1)
-    assert engine.cancel("c") and engine.num_waiting == 0  # waiting: dropped
-    assert engine.cancel("a") and engine.num_active == 1  # running: its row is free
+    assert (engine.num_active, engine.num_waiting) == (3, 1)
+    assert engine.cancel("d") and engine.num_waiting == 0  # waiting: dropped
+    assert engine.cancel("a") and engine.num_active == 2  # running: its row is free
     assert not engine.cancel("a") and not engine.cancel("nobody")
     done = {c.id: c for c in [*engine.pop_finished(), *engine.run()]}
     assert (done["a"].finish_reason, len(done["a"].output_ids)) == ("cancelled", 2)
-    assert (done["c"].finish_reason, done["c"].output_ids) == ("cancelled", [])
-    assert done["b"].output_ids == alone(solo(paged, params), prompts["b"], greedy)
+    assert (done["d"].finish_reason, done["d"].output_ids) == ("cancelled", [])
+    one = batching_engine(paged, params)
+    for name in "bc":
+        assert done[name].output_ids == alone(one, prompts[name], greedy), name
     assert engine.allocator.num_free == engine.allocator.num_pages
 
 

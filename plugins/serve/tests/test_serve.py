@@ -137,8 +137,9 @@ def loaded(run_dir):
 @pytest.fixture(scope="module")
 def engine(loaded):
     """The core's Engine over the same checkpoint, in this process: one for every reference
-    below, so its programs are compiled once."""
-    return Engine(loaded.model, loaded.params, num_slots=2, max_len=64)
+    below, so its programs are compiled once (3 rows of 64 tokens: the shape of the eval
+    plugin's engine over this run, whose programs the session then compiles once too)."""
+    return Engine(loaded.model, loaded.params, num_slots=3, max_len=64)
 
 
 @pytest.fixture(scope="module")

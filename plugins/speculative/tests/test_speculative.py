@@ -48,7 +48,9 @@ def models():
     cfg.decoder.transformer.set(num_layers=2)
     cfg.decoder.transformer.layer.attention.set(num_heads=4)
     cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
-    paged_cfg = make_modifier("paged_kv_cache:page_size=4,num_pages=48")(cfg.clone())
+    # 40 pages of 4 and (below) 3 rows of 40 tokens: the shapes of the core's speculation tests
+    # (tests/test_speculation.py), so the session compiles the plain and verifying programs once.
+    paged_cfg = make_modifier("paged_kv_cache:page_size=4,num_pages=40")(cfg.clone())
     target = {
         "contiguous": cfg.instantiate(parent=None),
         "paged": paged_cfg.instantiate(parent=None),
@@ -73,7 +75,7 @@ PROMPTS = [[4, 5, 6, 7, 4, 5, 6, 7, 4, 5], [9, 10, 11, 12, 13, 9, 10], [30, 2, 1
 
 
 def _decode(model, params, proposer=None):
-    engine = Engine(model, params, num_slots=3, max_len=36, speculative=proposer)
+    engine = Engine(model, params, num_slots=3, max_len=40, speculative=proposer)
     greedy = SamplingParams(max_new_tokens=16, temperature=0, logprobs=1)
     ids = [engine.submit(Request(p, greedy)) for p in PROMPTS]
     done = {c.id: c for c in engine.run()}
