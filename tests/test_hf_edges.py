@@ -17,7 +17,14 @@ import pytest
 from safetensors.numpy import load_file
 
 from axplug.cli import main
-from test_hf_import import hf_weights, llama_config, load_run, word_tokenizer, write_hf
+from test_hf_import import (
+    ONE_DEVICE,
+    hf_weights,
+    llama_config,
+    load_run,
+    word_tokenizer,
+    write_hf,
+)
 
 # `python STALL MARKER ARGS...`: `axplug ARGS` whose copy of tokenizer.json (import) or first
 # safetensors shard (export) writes part of the file, creates MARKER and hangs there, for the
@@ -49,6 +56,12 @@ shutil.copyfileobj, safetensors.numpy.save_file = stalled_copy, stalled_save
 from axplug.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+
+
+# Imports on one device: the edges here are the same on any mesh, and a tiny import laid out
+# over the session's 8 fake devices costs about twice as much (test_hf_import's first test
+# imports over all of them).
+ON_ONE_DEVICE = ("--set", *ONE_DEVICE)
 
 
 @pytest.fixture
@@ -122,11 +135,11 @@ def test_an_import_killed_mid_tokenizer_copy_has_no_complete_step_and_reruns(
     hf_dir, tmp_path, capsys
 ):
     out = tmp_path / "run"
-    stall_and_kill(tmp_path, "import-hf", hf_dir, "--output", out)
+    stall_and_kill(tmp_path, "import-hf", hf_dir, "--output", out, *ON_ONE_DEVICE)
     assert complete_steps(out, capsys) == []
     assert not (out / "tokenizer.json").exists()  # only a temporary name holds the partial copy
-    assert main(["import-hf", hf_dir, "--output", str(out)]) == 0
-    assert main(["import-hf", hf_dir, "--output", str(tmp_path / "clean")]) == 0
+    assert main(["import-hf", hf_dir, "--output", str(out), *ON_ONE_DEVICE]) == 0
+    assert main(["import-hf", hf_dir, "--output", str(tmp_path / "clean"), *ON_ONE_DEVICE]) == 0
     assert complete_steps(out, capsys) == [0]
     assert_same_import(out, tmp_path / "clean")
     assert not [p for p in os.listdir(out) if p.startswith(".")]  # the killed copy is gone
@@ -145,13 +158,13 @@ def test_a_full_disk_during_the_tokenizer_copy_leaves_no_complete_step(
 
     out = tmp_path / "run"
     monkeypatch.setattr(shutil, "copyfileobj", full)
-    assert main(["import-hf", hf_dir, "--output", str(out)]) == 1
+    assert main(["import-hf", hf_dir, "--output", str(out), *ON_ONE_DEVICE]) == 1
     line = error_line(capsys)
     assert "no space left" in line.lower() and str(out / "tokenizer.json") in line
     assert complete_steps(out, capsys) == []
     assert not out.exists() or not [p for p in os.listdir(out) if p.startswith(".")]
     monkeypatch.setattr(shutil, "copyfileobj", copy)
-    assert main(["import-hf", hf_dir, "--output", str(out)]) == 0
+    assert main(["import-hf", hf_dir, "--output", str(out), *ON_ONE_DEVICE]) == 0
     assert complete_steps(out, capsys) == [0]
 
 
@@ -181,7 +194,7 @@ def test_a_full_disk_writing_config_txt_names_it_and_leaves_no_complete_step(
 
     out = tmp_path / "run"
     monkeypatch.setattr(files, "open", full_open, raising=False)
-    assert main(["import-hf", hf_dir, "--output", str(out)]) == 1
+    assert main(["import-hf", hf_dir, "--output", str(out), *ON_ONE_DEVICE]) == 1
     line = error_line(capsys)
     assert "no space left" in line.lower() and str(out / "config.txt") in line
     assert complete_steps(out, capsys) == []
@@ -260,7 +273,7 @@ def test_generate_on_an_import_whose_tokenizer_was_damaged_is_one_error_line(
     hf_dir, tmp_path, capsys
 ):
     out = tmp_path / "run"
-    assert main(["import-hf", hf_dir, "--output", str(out)]) == 0
+    assert main(["import-hf", hf_dir, "--output", str(out), *ON_ONE_DEVICE]) == 0
     tokenizer = out / "tokenizer.json"
     tokenizer.write_bytes(tokenizer.read_bytes()[:200])
     capsys.readouterr()
@@ -275,7 +288,7 @@ def test_generate_on_an_import_whose_tokenizer_was_damaged_is_one_error_line(
 @pytest.fixture
 def imported(hf_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["import-hf", hf_dir, "--output", str(run)]) == 0
+    assert main(["import-hf", hf_dir, "--output", str(run), *ON_ONE_DEVICE]) == 0
     capsys.readouterr()
     return run
 

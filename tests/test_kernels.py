@@ -343,9 +343,13 @@ def example_call():
 
 
 def run_layer(cfg, args):
+    """The layer of `cfg` on `args`, as one compiled program (not one per eager op)."""
     layer = cfg.instantiate(parent=None)
-    out, _ = functional(layer, prng_key=None, state={}, inputs=args, is_training=False)
-    return out
+
+    def call(*args):
+        return functional(layer, prng_key=None, state={}, inputs=args, is_training=False)[0]
+
+    return jax.jit(call)(*args)
 
 
 def test_dispatch_takes_the_first_supported_kernel_by_priority(fake_kernels):
@@ -566,11 +570,12 @@ def test_blockwise_attention_takes_values_of_another_head_dim():
     def blocks(q, k, v):
         return blockwise_attention(q, k, v, mask, scale=0.3, block=16)  # 3 blocks, 1 ragged
 
-    out = blocks(q, k, v)
+    # Each side compiled as one program (eagerly, each op would compile on its own: ~100).
+    out = jax.jit(blocks)(q, k, v)
     assert out.shape == (b, s, h, dv)
-    np.testing.assert_allclose(out, plain(q, k, v), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, jax.jit(plain)(q, k, v), rtol=1e-5, atol=1e-5)
     loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
-    got = jax.grad(loss(blocks), argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    got = jax.jit(jax.grad(loss(blocks), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(loss(plain), argnums=(0, 1, 2)))(q, k, v)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

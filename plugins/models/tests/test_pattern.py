@@ -139,9 +139,14 @@ def test_forward_equals_a_plain_jnp_reference_with_each_layers_own_settings():
     model, params = build(stack_cfg(**GEMMA3_LIKE))
     x, pos = normal(1, (2, 9, DIM)), positions(2, 9)
     got = jit_call(model, params, {"x": x, "positions": pos})
-    want = x
-    for i, (window, theta, linear) in enumerate(GEMMA3_LAYERS):
-        want = ref_layer(params[f"layer{i}"], want, pos, window, theta, linear)
+
+    def reference(params, x):
+        for i, (window, theta, linear) in enumerate(GEMMA3_LAYERS):
+            x = ref_layer(params[f"layer{i}"], x, pos, window, theta, linear)
+        return x
+
+    # The reference compiled as one program too (eagerly, each op compiles on its own).
+    want = jax.jit(reference)(params, x)
     np.testing.assert_allclose(got, want, **F32)
     # ...and the pattern matters: one kind for every layer computes something else.
     uniform = stack_cfg(["global"] * 5, GEMMA3_LIKE["kinds"]).instantiate(parent=None)
