@@ -49,17 +49,22 @@ def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
     return cfg.instantiate(devices=devices)
 
 
-def train(run_dir, mesh, **options):
-    """(the trainer, its state, each step's metrics) after STEPS train steps: the built step
-    alone (no checkpoint or writer, not what is tested)."""
-    t = trainer(run_dir, mesh, **options)
-    return t, *train_steps(t, STEPS)
+def train(t, start):
+    """(its state, each step's metrics) after STEPS train steps of the trainer `t` from `start`
+    (host arrays, copied onto its mesh: the step donates them): the built step alone (no
+    checkpoint or writer, not what is tested)."""
+    return train_steps(t, STEPS, jax.device_put(start, t.layout.shardings, may_alias=False))
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-    _, state, rows = train(tmp_path_factory.mktemp("one"), ONE)
-    return rows, jax.device_get(state["params"])
+    """(each step's metrics, the final parameters, the initial state on the host) on one
+    device. The meshes start from that state: the step's dispatch is the claim, not the
+    sharded init (the core's sharding tests hold that), and one init compiles, not two."""
+    t = trainer(tmp_path_factory.mktemp("one"), ONE)
+    start = jax.tree.map(np.array, jax.device_get(t.init_state()))
+    state, rows = train(t, start)
+    return rows, jax.device_get(state["params"]), start
 
 
 @pytest.mark.slow  # ~18 s: two more 3-step runs
@@ -101,8 +106,9 @@ def moving_collectives(hlo: str) -> list[tuple[str, str]]:
 
 def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
     assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
-    t, state, got = train(tmp_path, MESH)
-    rows, want_params = one_device
+    rows, want_params, start = one_device
+    t = trainer(tmp_path, MESH)
+    state, got = train(t, start)
     np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in rows], rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
@@ -130,8 +136,8 @@ def test_drop_free_all_to_all_matches_one_device(tmp_path, one_device):
         assert dims in allowed, (shape, sorted(allowed))
 
 
-def test_a_capacity_per_destination_drops_and_reports_it(tmp_path):
-    _, _, got = train(tmp_path, MESH, send_capacity=0.5)
+def test_a_capacity_per_destination_drops_and_reports_it(tmp_path, one_device):
+    _, got = train(trainer(tmp_path, MESH, send_capacity=0.5), one_device[2])
     assert all(np.isfinite(r["loss"]) for r in got)
     # The router drops nothing; the send capacity (half an even share per shard) does, and
     # `moe/dropped_fraction` is the mean of the router's 0 and the dispatch's share.

@@ -43,7 +43,8 @@ def normal(i: int, shape, scale: float = 1.0) -> np.ndarray:
 
 
 def random_params(layer, seed: int, scale: float = 0.3):
-    """Every parameter random (biases and norm scales too, so a dropped one shows)."""
+    """Every parameter random (biases and norm scales too, so a dropped one shows); placed
+    with `device_put` (`jnp.asarray` of a numpy array compiles a program per shape)."""
     specs = layer.create_parameter_specs_recursively()
     leaves, tree = jax.tree_util.tree_flatten_with_path(
         specs, is_leaf=lambda s: isinstance(s, ParameterSpec)
@@ -51,7 +52,7 @@ def random_params(layer, seed: int, scale: float = 0.3):
     values = []
     for i, (path, spec) in enumerate(leaves):
         base = 1.0 if path[-1].key == "scale" else 0.0  # norms near 1
-        values.append(jnp.asarray(base + normal(seed + i, spec.shape, scale)))
+        values.append(jax.device_put(base + normal(seed + i, spec.shape, scale)))
     return jax.tree.unflatten(tree, values)
 
 
@@ -142,7 +143,7 @@ def test_mla_matches_the_float64_reference(case):
         lambda p, inputs: functional(
             layer, prng_key=None, state=p, is_training=False, inputs=inputs
         )[0]
-    )(params, {"x": jnp.asarray(x), "positions": jnp.asarray(positions)})
+    )(params, {"x": x, "positions": positions})
     want = ref_mla(
         params,
         x,
@@ -157,7 +158,7 @@ def test_mla_matches_the_float64_reference(case):
 def test_mla_packed_segments_do_not_attend_across():
     layer = mla_layer(q_lora_rank=12)
     params = random_params(layer, 200)
-    x = jnp.asarray(normal(2, (1, 8, 32)))
+    x = normal(2, (1, 8, 32))  # numpy throughout: no eager op to compile
     call = jax.jit(  # one program per shape, not one per op
         lambda x, pos, seg: functional(
             layer,
@@ -167,10 +168,10 @@ def test_mla_packed_segments_do_not_attend_across():
             inputs={"x": x, "positions": pos, "segment_ids": seg},
         )[0]
     )
-    positions = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 4]], jnp.int32)
-    packed = call(x, positions, jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 2]], jnp.int32))
+    positions = np.asarray([[0, 1, 2, 0, 1, 2, 3, 4]], np.int32)
+    packed = call(x, positions, np.asarray([[1, 1, 1, 2, 2, 2, 2, 2]], np.int32))
     alone = call(x[:, 3:], positions[:, 3:], None)
-    np.testing.assert_allclose(packed[:, 3:], alone, **F32)
+    np.testing.assert_allclose(np.asarray(packed)[:, 3:], alone, **F32)
 
 
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
@@ -179,8 +180,9 @@ def test_mla_decode_through_the_latent_cache_equals_forward(cache):
     layer = mla_layer(q_lora_rank=12, **({"kv_cache": kv_cache} if kv_cache else {}))
     params = random_params(layer, 300)
     b, s, max_len = 2, 10, 16
-    x = jnp.asarray(normal(3, (b, s, 32)))
-    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    # Numpy between the jitted calls: an eager op compiles a program per shape.
+    x = normal(3, (b, s, 32))
+    positions = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s))
     want, _ = jax.jit(  # one program, not one per op
         lambda x, positions: functional(
             layer,
@@ -190,7 +192,7 @@ def test_mla_decode_through_the_latent_cache_equals_forward(cache):
             inputs={"x": x, "positions": positions},
         )
     )(x, positions)
-    state = layer.init_cache_state(b, max_len)
+    state = jax.jit(layer.init_cache_state, static_argnums=(0, 1))(b, max_len)
     # The compressed cache: one head of the latent (key) and of the rope key (value).
     assert state["key"].shape[0] == state["value"].shape[0] == 1
     assert state["key"].shape[-1] == MLA["kv_lora_rank"]
@@ -209,23 +211,25 @@ def test_mla_decode_through_the_latent_cache_equals_forward(cache):
 
     # Prefill of different lengths per row (right padding), then one token at a time.
     prompt = 4
-    pad = jnp.asarray([[0, 0, 0, 0], [0, 0, 0, 1]], bool)
-    first = jnp.where(pad, EMPTY_POSITION, positions[:, :prompt])
+    pad = np.asarray([[0, 0, 0, 0], [0, 0, 0, 1]], bool)
+    first = np.where(pad, EMPTY_POSITION, positions[:, :prompt]).astype(np.int32)
     out, state = step(state, x[:, :prompt], first)
+    out = np.asarray(out)
     outs = [out[0:1, :prompt], out[1:2, : prompt - 1]]
     rows = [[], []]
     t = [prompt, prompt - 1]
     while min(t) < s:
-        idx = jnp.asarray([min(t[0], s - 1), min(t[1], s - 1)])
-        live = jnp.asarray([t[0] < s, t[1] < s])
-        pos = jnp.where(live, idx, EMPTY_POSITION)[:, None].astype(jnp.int32)
-        out, state = step(state, x[jnp.arange(b), idx][:, None], pos)
+        idx = np.asarray([min(t[0], s - 1), min(t[1], s - 1)])
+        live = np.asarray([t[0] < s, t[1] < s])
+        pos = np.where(live, idx, EMPTY_POSITION)[:, None].astype(np.int32)
+        out, state = step(state, x[np.arange(b), idx][:, None], pos)
+        out = np.asarray(out)
         for i in range(b):
             if t[i] < s:
                 rows[i].append(out[i : i + 1])
                 t[i] += 1
-    got = [jnp.concatenate([outs[i], *rows[i]], axis=1) for i in range(b)]
-    np.testing.assert_allclose(jnp.concatenate(got, axis=0), want, **F32)
+    got = [np.concatenate([outs[i], *rows[i]], axis=1) for i in range(b)]
+    np.testing.assert_allclose(np.concatenate(got, axis=0), want, **F32)
     assert list(np.asarray(state["length"])) == [s, s]
 
 
@@ -281,10 +285,10 @@ def test_deepseek_router_matches_the_float64_reference(case):
     x = normal(1, (3, 10, d))
     w = normal(2, (d, e), 0.5)
     bias = normal(3, (e,), 0.5)
-    params = {"weight": jnp.asarray(w), "e_score_correction_bias": jnp.asarray(bias)}
+    params = {"weight": w, "e_score_correction_bias": bias}  # numpy into the jitted call
     routing = jax.jit(  # one program, not one per op
         lambda p, x: functional(router, prng_key=None, state=p, inputs=(x,), is_training=False)[0]
-    )(params, jnp.asarray(x))
+    )(params, x)
     got = np.zeros((3, 10, e))
     np.put_along_axis(
         got, np.asarray(routing.expert_index), np.asarray(routing.combine_weights), axis=-1
@@ -313,8 +317,8 @@ def test_correction_bias_is_state_and_moves_only_with_the_update_rate():
     bias_spec = spec["e_score_correction_bias"]
     assert bias_spec.update == "state" and bias_spec.weight_decay_scale == 0.0
     assert bias_spec.dtype == jnp.float32
-    x = jnp.asarray(normal(4, (2, 12, 16)))
-    params = {"weight": jnp.asarray(normal(5, (16, 8))), "e_score_correction_bias": jnp.zeros(8)}
+    x = jax.device_put(normal(4, (2, 12, 16)))  # `jnp.asarray` would compile a program
+    params = {"weight": normal(5, (16, 8)), "e_score_correction_bias": np.zeros(8, np.float32)}
 
     @functools.partial(jax.jit, static_argnums=(1, 2))  # one program, not one per op
     def route(p, rate, training):
@@ -440,30 +444,33 @@ def test_architecture_refuses_what_it_does_not_compute_by_name(tmp_path, updates
 
 
 def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
+    from axplug_testing import train_steps
+
     from axplug.api.config import apply_overrides
 
     steps, rate = 3, 0.01
-    cfg = trainer_config(tmp_path, vocab_size=256)  # the byte-level text the trainer reads
+    # The byte-level text the trainer reads; the dense layer, then one MoE layer: the rule is
+    # the router's, and a second MoE layer only traced and compiled it again.
+    cfg = trainer_config(tmp_path, vocab_size=256, num_hidden_layers=2)
     cfg = apply_overrides(
         cfg.clone(summary_writers=[]),
         [
-            "compilation_cache_dir=None", "input.seq_len=32", "input.batch_size=8",
+            "compilation_cache_dir=None", "input.seq_len=16", "input.batch_size=4",
             f"max_steps={steps}",
             f"model.decoder.transformer.layer.feed_forward.router.bias_update_rate={rate}",
         ],
     )  # fmt: skip
-    trainer = cfg.instantiate(devices=jax.devices()[:1])
-    trainer.run()
-    params = jax.device_get(trainer.state["params"])["decoder"]["transformer"]
+    # The built step, as a run calls it: it applies the state updates (no checkpoint needed).
+    state, _ = train_steps(cfg.instantiate(devices=jax.devices()[:1]), steps)
+    params = jax.device_get(state["params"])["decoder"]["transformer"]
     # Exactly `steps` float32 additions of +-rate (an optimizer step, however small, would
     # leave another value).
     reachable = {np.float32(0.0)}
     for _ in range(steps):
         reachable = {np.float32(v + d) for v in reachable for d in (-rate, 0.0, rate)}
-    for i in (1, 2):
-        bias = params[f"layer{i}"]["feed_forward"]["router"]["e_score_correction_bias"]
-        assert bias.dtype == np.float32 and np.any(bias != 0)
-        assert all(np.float32(b) in reachable for b in bias), bias
+    bias = params["layer1"]["feed_forward"]["router"]["e_score_correction_bias"]
+    assert bias.dtype == np.float32 and np.any(bias != 0)
+    assert all(np.float32(b) in reachable for b in bias), bias
 
 
 def test_dense_first_stack_checks_its_layer_count():
@@ -625,7 +632,7 @@ def test_scan_layers_makes_a_dense_first_stack_scanned_and_equal():
     transformer = {"dense0": stacked.pop("layer0")}
     transformer["layer"] = {"layer": jax.tree.map(lambda *x: np.stack(x), *moe)}
     scanned_params = {**params, "decoder": {**params["decoder"], "transformer": transformer}}
-    ids = jnp.asarray([[1, 5, 9, 3, 7, 2]])
+    ids = jax.device_put(np.asarray([[1, 5, 9, 3, 7, 2]], np.int32))
 
     def logits(model, p):
         out, _ = functional(

@@ -32,9 +32,14 @@ def config(name, **updates):
     return getattr(transformers, f"{name}Config")(**{**SHAPES, **updates})
 
 
+# A family whose layers are all alike checks one: its layer, imported, decoded and exported, is
+# the claim, and a second compiled every program's layer twice over. The sparse step keeps two
+# layers (its period); so do the slow variants.
+ONE_LAYER = dict(num_hidden_layers=1)
+
 FAMILIES = {
     # Qwen2-MoE's defaults: top-k probabilities not renormalized, a gated shared expert.
-    "qwen2-moe": lambda: config("Qwen2Moe", shared_expert_intermediate_size=48),
+    "qwen2-moe": lambda: config("Qwen2Moe", shared_expert_intermediate_size=48, **ONE_LAYER),
     "qwen2-moe-renormalized": lambda: config(
         "Qwen2Moe", shared_expert_intermediate_size=24, norm_topk_prob=True
     ),
@@ -42,7 +47,7 @@ FAMILIES = {
     "qwen2-moe-sparse-step-2": lambda: config(
         "Qwen2Moe", shared_expert_intermediate_size=48, decoder_sparse_step=2
     ),
-    "qwen3-moe": lambda: config("Qwen3Moe", head_dim=16, norm_topk_prob=True),
+    "qwen3-moe": lambda: config("Qwen3Moe", head_dim=16, norm_topk_prob=True, **ONE_LAYER),
     "qwen3-moe-raw-top-k": lambda: config("Qwen3Moe", norm_topk_prob=False),
     # Layer 0 dense by mlp_only_layers: the same period-2 mix, read as MoELayerGroups.
     "qwen3-moe-mlp-only-layers": lambda: config(

@@ -232,8 +232,10 @@ def skewed_case(gated=True):
 
 
 def layer_params(w):
-    p = {k: jnp.asarray(v) for k, v in w.items() if k != "router"}
-    return {**p, "router": {"weight": jnp.asarray(w["router"])}}
+    """The layer's parameters from numpy weights, placed with `device_put` (`jnp.asarray` of
+    a numpy array compiles a program per shape)."""
+    p = {k: jax.device_put(v) for k, v in w.items() if k != "router"}
+    return {**p, "router": {"weight": jax.device_put(w["router"])}}
 
 
 @functools.cache
@@ -247,7 +249,7 @@ def _jitted(model):
 def run(cfg, params, x):
     """(y, collection) of the layer `cfg` under jit."""
     model = cfg.instantiate(parent=None)
-    return _jitted(model)(params, jnp.asarray(x))
+    return _jitted(model)(params, jax.device_put(x))
 
 
 # (top_k, capacity_factor, renormalize, gated, activation): drops, drop-free, and top-1
@@ -304,10 +306,10 @@ def dense_ffn_params():
 @pytest.mark.parametrize("dispatch", list(DISPATCHERS))
 def test_one_expert_top1_equals_the_dense_ffn(dispatch):
     dense = FeedForward.default_config().set(input_dim=D, hidden_dim=F).instantiate(parent=None)
-    dense_params = jax.tree.map(jnp.asarray, dense_ffn_params())
-    params = {name: dense_params[name]["weight"][None] for name in dense_params}
-    params["router"] = {"weight": jnp.asarray(normal(13, (D, 1)))}
-    x = jnp.asarray(normal(7, (G, S, D)))
+    dense_params = jax.device_put(dense_ffn_params())
+    params = {name: jax.device_put(w["weight"][None]) for name, w in dense_ffn_params().items()}
+    params["router"] = {"weight": jax.device_put(normal(13, (D, 1)))}
+    x = jax.device_put(normal(7, (G, S, D)))
     want, _ = _jitted(dense)(dense_params, x)
     got, collection = run(moe_cfg(dispatch, top_k=1, experts=1), params, x)
     assert_close(got, want)
@@ -343,7 +345,7 @@ def reference_grads():
     def ref_loss(params, x):
         return jnp.sum(jnp_reference(params, x, top_k=2, capacity_factor=1.0) * PROBE)
 
-    return jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(layer_params(w), jnp.asarray(x))
+    return jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(layer_params(w), jax.device_put(x))
 
 
 @pytest.mark.parametrize("dispatch", list(DISPATCHERS))
@@ -357,7 +359,7 @@ def test_gradients_match_a_dense_reference_and_reach_the_router(dispatch):
         y, _ = functional(model, prng_key=None, state=params, inputs=(x,), is_training=True)
         return jnp.sum(y * PROBE)
 
-    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(layer_params(w), jnp.asarray(x))
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)))(layer_params(w), jax.device_put(x))
     jax.tree.map(lambda a, b: assert_close(a, b, F32_LOOSE), got, reference_grads())
     router_grad = got[0]["router"]["weight"]
     assert np.all(np.isfinite(router_grad)) and float(jnp.abs(router_grad).max()) > 1e-3
@@ -390,7 +392,7 @@ def test_shared_expert_adds_a_dense_ffn_on_every_token():
         "wo": (F, D),
     }
     shared = dense_ffn_params()
-    y, _ = _jitted(model)({**layer_params(w), "shared_expert": shared}, jnp.asarray(x))
+    y, _ = _jitted(model)({**layer_params(w), "shared_expert": shared}, jax.device_put(x))
     want, _ = ref_moe(x, w, top_k=2, capacity_factor=1.0)
     sw = {k: np.asarray(v["weight"], np.float64) for k, v in shared.items()}
     xs = x.astype(np.float64)
@@ -419,10 +421,10 @@ def test_shared_expert_gate_scales_the_shared_expert_by_a_sigmoid_per_token():
     gate = normal(14, (D, 1), 0.5)
     params = {
         **layer_params(w),
-        "shared_expert": jax.tree.map(jnp.asarray, shared),
-        "shared_expert_gate": {"weight": jnp.asarray(gate)},
+        "shared_expert": jax.device_put(shared),
+        "shared_expert_gate": {"weight": jax.device_put(gate)},
     }
-    y, _ = _jitted(model)(params, jnp.asarray(x))
+    y, _ = _jitted(model)(params, jax.device_put(x))
     want, _ = ref_moe(x, w, top_k=2, capacity_factor=None, renormalize=False)
     sw = {k: np.asarray(v["weight"], np.float64) for k, v in shared.items()}
     xs = x.astype(np.float64)
@@ -462,7 +464,7 @@ def _decode_logits(model, params, ids, prompt):
 
     step = jax.jit(step)
     batch, total = ids.shape
-    cache = model.init_cache_state(batch, total)
+    cache = jax.jit(model.init_cache_state, static_argnums=(0, 1))(batch, total)  # one program
     positions = np.broadcast_to(np.arange(total, dtype=np.int32), ids.shape)
     logits, cache = step(params, ids[:, :prompt], positions[:, :prompt], cache)
     out = [np.asarray(logits)]
@@ -488,7 +490,9 @@ QWEN_MOE = "moe:num_experts=4,top_k=2,capacity_factor=None,renormalize=False"
 def test_decoding_with_the_cache_gives_the_forward_logits(modifiers):
     from axplug.api.layers import RMSNorm
 
-    cfg = small_lm(layers=4 if "every=2" in modifiers[0] else 2)
+    # Every layer MoE: one layer shows its decode (a second compiled the same layer again);
+    # every=2: two groups, so that the scan runs over more than one.
+    cfg = small_lm(layers=4 if "every=2" in modifiers[0] else 1)
     if "scan_layers" in modifiers:
         cfg.model.decoder.transformer.layer.attention.qk_norm = RMSNorm.default_config()
     for spec in modifiers:
@@ -506,7 +510,7 @@ def test_decoding_with_the_cache_gives_the_forward_logits(modifiers):
         lambda p, i: functional(
             model, prng_key=None, state=p, inputs=(i,), is_training=False, method="predict"
         )
-    )(params, jnp.asarray(ids))
+    )(params, ids)
     decoded = _decode_logits(model, params, ids, prompt=4)
     np.testing.assert_allclose(decoded, np.asarray(full), **F32_LOOSE)
 
@@ -786,19 +790,27 @@ def every_second_layer_moe(run_dir, mesh):
 STEPS = 6
 
 
+def copied_onto(trainer, start):
+    """The host state `start` copied onto `trainer`'s mesh (its step donates what it gets)."""
+    return jax.device_put(start, trainer.layout.shardings, may_alias=False)
+
+
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory):
-    """Metrics and final parameters of `every_second_layer_moe` trained on one device."""
-    run_dir = tmp_path_factory.mktemp("one")
-    trainer = every_second_layer_moe(run_dir, (1, 1, 1, 1, 1)).instantiate(
-        devices=jax.devices()[:1]
-    )
-    trainer.run()
-    return metrics(run_dir), jax.device_get(trainer.state["params"])
+    """Each step's metrics, the final parameters and the initial state (on the host) of
+    `every_second_layer_moe` trained on one device by its built step (a run's checkpoint and
+    writers are not what the tests here check). The meshes start from that state: one init
+    compiles, and their step is the claim, not the sharded init (the core's sharding tests)."""
+    trainer = every_second_layer_moe(tmp_path_factory.mktemp("one"), (1, 1, 1, 1, 1))
+    trainer = trainer.instantiate(devices=jax.devices()[:1])
+    start = jax.tree.map(np.array, jax.device_get(trainer.init_state()))
+    state, rows = train_steps(trainer, STEPS, copied_onto(trainer, start))
+    rows = [{k: float(v) for k, v in r.items() if k != "histograms"} for r in rows]
+    return rows, jax.device_get(state["params"]), start
 
 
 def test_moe_trains_with_aux_losses_in_the_loss_and_the_metrics(one_device_run):
-    rows, _ = one_device_run
+    rows, _, _ = one_device_run
     losses = [r["loss"] for r in rows]
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert len(rows) == STEPS and all(map(math.isfinite, losses))
@@ -835,8 +847,8 @@ def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
     assert jax.device_count() == 8, "the root conftest.py sets 8 fake CPU devices"
     trainer = every_second_layer_moe(tmp_path, mesh).instantiate()
     # The built train step alone: a checkpoint of 8 devices' shards is not what is tested.
-    state, rows = train_steps(trainer, STEPS)
-    want_rows, want_params = one_device_run
+    want_rows, want_params, start = one_device_run
+    state, rows = train_steps(trainer, STEPS, copied_onto(trainer, start))
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in want_rows], rtol=1e-4)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=5e-4),
