@@ -1,6 +1,7 @@
 """Token data in S3 and GCS (moto and fake-gcs-server on 127.0.0.1): `prepare-data --output URL`
 writes the local dataset's bytes, and training from the bucket equals training from disk."""
 
+import contextlib
 import json
 import threading
 
@@ -12,16 +13,40 @@ from axplug_testing import tiny_trainer_config
 
 from axplug.api.checkpoint import storage_for
 from axplug.api.data import TokenFileInput, bundled_corpus_path
+from object_stores import S3RVER_KEY, create_gcs_bucket, create_s3_bucket, unique_bucket
 
 
-@pytest.fixture(params=["s3", "gs"])
-def bucket_url(request, monkeypatch):
-    """A fresh bucket's URL, the environment pointing the backend at its server."""
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def store(request):
+    """(a fresh bucket's URL, the environment that points the backend at its server)."""
     if request.param == "s3":
-        monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("moto").url)
-        return f"s3://{request.getfixturevalue('s3_bucket')}"
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", request.getfixturevalue("gcs_server").url)
-    return f"gs://{request.getfixturevalue('gcs_bucket')}"
+        url, bucket = request.getfixturevalue("moto").url, unique_bucket("s3")
+        env = {"AWS_ENDPOINT_URL": url, "AWS_REGION": "us-east-1"}
+        env |= {"AWS_ACCESS_KEY_ID": S3RVER_KEY, "AWS_SECRET_ACCESS_KEY": S3RVER_KEY}
+        with _environment(env):
+            create_s3_bucket(url, bucket)
+        return f"s3://{bucket}", env
+    url, bucket = request.getfixturevalue("gcs_server").url, unique_bucket("gs")
+    create_gcs_bucket(url, bucket)
+    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url}
+    return f"gs://{bucket}", env | {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+
+@contextlib.contextmanager
+def _environment(env):
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture
+def bucket_url(store, monkeypatch):
+    """The module's bucket, the environment pointing the backend at its server."""
+    url, env = store
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return url
 
 
 def _prepare(output, staging):
@@ -38,13 +63,21 @@ def local_data(tmp_path_factory):
     return local
 
 
+@pytest.fixture(scope="module")
+def prepared(local_data, store, tmp_path_factory):
+    """The same data prepared into the bucket, once per store (the tests only read it)."""
+    url, env = store
+    staging = tmp_path_factory.mktemp("staging") / "staging"
+    with _environment(env):
+        assert _prepare(f"{url}/data/corpus", staging) == 0
+    assert not staging.exists()  # uploaded, then removed
+    return f"{url}/data/corpus"
+
+
 @pytest.fixture
-def datasets(local_data, bucket_url, tmp_path):
+def datasets(local_data, prepared, bucket_url):
     """(local directory, URL) of the same prepared data."""
-    url = f"{bucket_url}/data/corpus"
-    assert _prepare(url, tmp_path / "staging") == 0
-    assert not (tmp_path / "staging").exists()  # uploaded, then removed
-    return local_data, url
+    return local_data, prepared
 
 
 def test_prepare_data_into_a_bucket_writes_the_local_files(datasets):
@@ -134,7 +167,6 @@ def test_a_store_outage_past_its_budget_exits_75_and_the_rerun_resumes_exactly(
 
     from axplug.api.run import RESTART_EXIT_CODE
     from axplug.api.summary import read_jsonl
-    from object_stores import create_s3_bucket
 
     create_s3_bucket(s3rver.url, "outage")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3rver.url)
