@@ -113,8 +113,7 @@ def give_pages(self, slot: int, active: RequestState, tokens: int, shared=()) ->
     count = self._pages_for(tokens) - len(shared)
     if count > self.allocator.num_free:
         return False
-    first = slot * self._table.shape[1] + len(shared)
-    active.pages = [*shared, *self.allocator.allocate(count, first)]
+    active.pages = [*shared, *self.allocator.allocate(count, self._run_page(slot, len(shared)))]
     active.registered = len(shared)
     self._table[slot] = self.allocator.num_pages  # no page (the cache's sentinel)
     self._table[slot, : len(active.pages)] = active.pages

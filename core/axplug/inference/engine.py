@@ -249,10 +249,14 @@ class Engine:
                     self._preempt(newest)
                     del feeds[newest]
 
+    def _run_page(self, slot: int, i: int) -> int:
+        """The `i`th page of the run the allocator gives `slot`'s row where free."""
+        return slot * self._table.shape[1] + i
+
     def _add_page(self, slot: int) -> None:
         """One more page for the request in `slot`, from its own run where free."""
         active = self._slots[slot]
-        page = self.allocator.allocate(1, slot * self._table.shape[1] + len(active.pages))[0]
+        page = self.allocator.allocate(1, self._run_page(slot, len(active.pages)))[0]
         self._table[slot, len(active.pages)] = page
         active.pages.append(page)
 
@@ -297,9 +301,9 @@ class Engine:
     def _collect(self, pending: ahead.Pending) -> list[TokenEvent]:
         """Reads a dispatched step's tokens and records them (rows that left since: skipped)."""
         feeds, drafts, proposed = pending.feeds, pending.drafts, pending.drafts or None
-        tokens = np.asarray(pending.tokens).reshape(len(self._slots), -1)
-        accepted = pending.accepted
-        accepted = np.zeros(len(self._slots), int) if accepted is None else np.asarray(accepted)
+        n = len(self._slots)
+        tokens = np.asarray(pending.tokens).reshape(n, -1)
+        accepted = np.zeros(n, int) if pending.accepted is None else np.asarray(pending.accepted)
         scores = jax.device_get(pending.scores) if pending.scores else {}  # a fetch: ~70 us
         now = time.perf_counter()
         events = []
