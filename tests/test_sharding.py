@@ -348,8 +348,8 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]
     sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
 
-    def decode(loaded):
-        engine = Engine(
+    def decode(loaded, engine=None):
+        engine = engine or Engine(
             loaded.model, loaded.params, num_slots=4, max_len=32,
             mesh=loaded.mesh, axis_rules=loaded.axis_rules,
         )  # fmt: skip
@@ -365,6 +365,19 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     assert len(wq.sharding.device_set) == 8
     got, engine = decode(loaded)
     assert got == want
+    # The cache is made as the steps lay it out: later requests lower no program again (the
+    # first's prefill saw a cache made on one device, and the next prefill compiled again).
+    lowered = []
+
+    def count(event, _secs, **_):
+        lowered.append(event == "/jax/core/compile/jaxpr_to_mlir_module_duration")
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        assert decode(loaded, engine)[0] == want
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert sum(lowered) == 0
     key = engine._cache["transformer"]["layer0"]["attention"]["key"]  # [kvh, rows|pages, ...]
     spec = key.sharding.spec
     assert spec[0] == "model", spec  # kv heads over model

@@ -42,7 +42,7 @@ from axplug.inference.speculation import Proposer, propose
 from axplug.inference.steps import bind_extend_rows
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
-from axplug.sharding import make_scope
+from axplug.sharding import make_scope, sharding_scope
 
 __all__ = ["Engine"]
 
@@ -93,9 +93,14 @@ class Engine:
         self._extend_rows = bind_extend_rows(self.model, self._scope)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
-        with assigning_pages():  # the allocator below gives rows their pages
+        init = model.init_cache_state
+        if self._scope is not None and self._scope.mesh.size > 1:
+            # Made on the mesh as the steps lay it out: not whole on one device, and the first
+            # step's program is the next one's.
+            init = jax.jit(init, static_argnums=(0, 1))
+        with assigning_pages(), sharding_scope(self._scope):  # the allocator gives rows pages
             # Ready before the first request, whose time to first token must not include it.
-            self._cache = jax.block_until_ready(model.init_cache_state(num_slots, max_len))
+            self._cache = jax.block_until_ready(init(num_slots, max_len))
         paging = model_paging(model, num_slots, max_len)
         self.page_size = paging.page_size if paging else None
         self.allocator = PageAllocator(*paging[:2], caching=prefix_caching) if paging else None

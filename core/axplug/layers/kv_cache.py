@@ -116,8 +116,8 @@ def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_
         "key": constrain(write(state["key"], key), axes),
         "value": constrain(write(state["value"], value), axes),
         "positions": state["positions"].at[page, offset].set(positions, mode="drop"),
-        "block_table": table,
-        "length": _new_length(state["length"], positions),
+        "block_table": constrain(table, ("batch", None)),
+        "length": constrain(_new_length(state["length"], positions), ("batch",)),
     }
 
 
@@ -155,11 +155,13 @@ class ContiguousKVCache(KVCache):
     ) -> dict[str, jax.Array]:
         page, per_row = _row_pages(max_len)
         shape = (num_kv_heads, batch_size * per_row, page, head_dim)
+        # Laid out as `extend_paged` writes it: a step's cache is its next step's input.
         return {
-            "key": jnp.zeros(shape, dtype),
-            "value": jnp.zeros(shape, dtype),
-            "positions": jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
-            "length": jnp.zeros((batch_size,), jnp.int32),
+            "key": constrain(jnp.zeros(shape, dtype), _KV_AXES),
+            "value": constrain(jnp.zeros(shape, dtype), _KV_AXES),
+            "positions": constrain(jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
+                                   ("batch", None)),  # fmt: skip
+            "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
         }
 
     def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
@@ -251,15 +253,16 @@ class PagedKVCache(KVCache):
             )
         shape = (num_kv_heads, num_pages, cfg.page_size, head_dim)
         table = jnp.arange(batch_size * per_row, dtype=jnp.int32).reshape(batch_size, per_row)
-        return {
-            "key": jnp.zeros(shape, dtype),
-            "value": jnp.zeros(shape, dtype),
+        return {  # the pool laid out as `_write_pages` writes it
+            "key": constrain(jnp.zeros(shape, dtype), _POOL_AXES),
+            "value": constrain(jnp.zeros(shape, dtype), _POOL_AXES),
             "positions": jnp.full((num_pages, cfg.page_size), EMPTY_POSITION, jnp.int32),
             # Entries past the pool (num_pages too small for every row) are `num_pages`: no
             # page. Writes through them are dropped and reads see empty slots, so a row without
             # pages never touches another row's (it pointed at page 0 and overwrote row 0).
-            "block_table": jnp.where(table < num_pages, table, num_pages),
-            "length": jnp.zeros((batch_size,), jnp.int32),
+            "block_table": constrain(jnp.where(table < num_pages, table, num_pages),
+                                     ("batch", None)),  # fmt: skip
+            "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
         }
 
     def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
