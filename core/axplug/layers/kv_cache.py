@@ -159,8 +159,9 @@ class ContiguousKVCache(KVCache):
         return {
             "key": constrain(jnp.zeros(shape, dtype), _KV_AXES),
             "value": constrain(jnp.zeros(shape, dtype), _KV_AXES),
-            "positions": constrain(jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32),
-                                   ("batch", None)),  # fmt: skip
+            "positions": constrain(
+                jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32), ("batch", None)
+            ),
             "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
         }
 
@@ -260,8 +261,9 @@ class PagedKVCache(KVCache):
             # Entries past the pool (num_pages too small for every row) are `num_pages`: no
             # page. Writes through them are dropped and reads see empty slots, so a row without
             # pages never touches another row's (it pointed at page 0 and overwrote row 0).
-            "block_table": constrain(jnp.where(table < num_pages, table, num_pages),
-                                     ("batch", None)),  # fmt: skip
+            "block_table": constrain(
+                jnp.where(table < num_pages, table, num_pages), ("batch", None)
+            ),
             "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
         }
 
