@@ -345,12 +345,13 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
 
     run = str(mesh_run[0])
     modifiers = ["paged_kv_cache:page_size=4"] if cache == "paged" else []
+    # One more than the slots: the last waits, and decoding steps from host ids until it joins.
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]
     sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
 
     def decode(loaded, engine=None):
         engine = engine or Engine(
-            loaded.model, loaded.params, num_slots=4, max_len=32,
+            loaded.model, loaded.params, num_slots=3, max_len=32,
             mesh=loaded.mesh, axis_rules=loaded.axis_rules,
         )  # fmt: skip
         for prompt in prompts:
@@ -365,8 +366,10 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     assert len(wq.sharding.device_set) == 8
     got, engine = decode(loaded)
     assert got == want
-    # The cache is made as the steps lay it out: later requests lower no program again (the
-    # first's prefill saw a cache made on one device, and the next prefill compiled again).
+    # One program for the prefill and one for decoding, whether a step's ids come from the
+    # host or run ahead from the device; the cache is made as the steps lay it out, so later
+    # requests lower no program again (made on one device, the next prefill compiled again).
+    assert engine._extend_rows._cache_size() == 2
     lowered = []
 
     def count(event, _secs, **_):
