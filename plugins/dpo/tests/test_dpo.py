@@ -32,9 +32,10 @@ def test_losses_match_numpy(kind):
     policy, reference = rng.normal(-20, 5, 8), rng.normal(-20, 5, 8)
     counts = rng.integers(3, 12, 8)
     beta, gamma = 0.3, 0.4
-    loss, metrics = preference_loss(jnp.asarray(policy), jnp.asarray(reference),
-                                    jnp.asarray(counts), beta=beta, kind=kind,
-                                    simpo_gamma=gamma)  # fmt: skip
+    # One compiled program (as the train step runs it), not one per op.
+    loss_fn = jax.jit(preference_loss, static_argnames=("beta", "kind", "simpo_gamma"))
+    loss, metrics = loss_fn(jnp.asarray(policy), jnp.asarray(reference), jnp.asarray(counts),
+                            beta=beta, kind=kind, simpo_gamma=gamma)  # fmt: skip
     c, r, rc, rr = policy[0::2], policy[1::2], reference[0::2], reference[1::2]
     nc, nr = counts[0::2], counts[1::2]
     if kind == "sigmoid":
@@ -55,7 +56,7 @@ def test_losses_match_numpy(kind):
 def test_sequence_logps_count_only_the_labelled_targets():
     logits = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 7))
     labels = jnp.asarray([[1, -1, 3, 4, -1], [-1, -1, 0, -1, 6]])
-    sums, counts = sequence_logps(logits, labels)
+    sums, counts = jax.jit(sequence_logps)(logits, labels)  # one program, not one per op
     logp = np.asarray(jax.nn.log_softmax(logits, -1))
     want = [logp[0, 0, 1] + logp[0, 2, 3] + logp[0, 3, 4], logp[1, 2, 0] + logp[1, 4, 6]]
     np.testing.assert_allclose(np.asarray(sums), want, rtol=1e-6)
@@ -91,18 +92,27 @@ def toy(tmp_path_factory, trained_run):
     return base, data
 
 
+@pytest.fixture(scope="module")
+def base_model(toy):
+    """The base run of `toy`, loaded once: read by the tests."""
+    return load_checkpoint(toy[0])
+
+
+_LOGPS: dict = {}  # {model: its jitted logps}: each model's program traced once
+
+
 def _policy_logps(model, params, batch) -> np.ndarray:
     """Each row's sequence log-probability of its labels under `model`: one compiled program
     (op by op, every op would compile for each shape)."""
 
-    @jax.jit
     def logps(params, ids, labels):
         logits, _ = functional(model, prng_key=None, state=params, method="predict",
                                inputs={"input_ids": ids}, is_training=False)  # fmt: skip
         return sequence_logps(logits, labels)[0]
 
+    jitted = _LOGPS.setdefault(model, jax.jit(logps))
     ids, labels = (jnp.asarray(batch[k]) for k in ("input_ids", "target_labels"))
-    return np.asarray(logps(params, ids, labels))
+    return np.asarray(jitted(params, ids, labels))
 
 
 def _accuracy(model, params, batch):
@@ -111,19 +121,19 @@ def _accuracy(model, params, batch):
     return float(np.mean(gain[0::2] > gain[1::2]))
 
 
-def test_reference_logps_are_the_base_models(toy):
+def test_reference_logps_are_the_base_models(toy, base_model):
     base, data = toy
     meta = json.loads((pathlib.Path(data) / "meta.json").read_text())
     assert meta["token_values"]["reference_logps"]["checkpoint"].rstrip("/").endswith("base")
-    inp = PreferenceInput.default_config().set(path=data, seq_len=32, batch_size=8).instantiate()
+    # 16 rows, as the held-out batch below: one logps program for both.
+    inp = PreferenceInput.default_config().set(path=data, seq_len=32, batch_size=16).instantiate()
     batch = inp.batch(0)
-    loaded = load_checkpoint(base)
-    want = _policy_logps(loaded.model, loaded.params, batch)
+    want = _policy_logps(base_model.model, base_model.params, batch)
     np.testing.assert_allclose(batch["reference_logps"].sum(-1), want, atol=1e-4)
     # Rows alternate the chosen and rejected replies of one prompt.
     ids = batch["input_ids"]
     assert all(bytes(ids[i][:5].astype(np.uint8)) == bytes(ids[i + 1][:5].astype(np.uint8))
-               for i in range(0, 8, 2))  # fmt: skip
+               for i in range(0, 16, 2))  # fmt: skip
 
 
 def _dpo_run(tmp_path, base, data, *extra):
@@ -136,7 +146,7 @@ def _dpo_run(tmp_path, base, data, *extra):
     return run
 
 
-def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy):
+def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy, base_model):
     base, data = toy
     run = _dpo_run(tmp_path, base, data)
     rows = [
@@ -154,7 +164,6 @@ def test_dpo_raises_the_margin_and_ranks_held_out_pairs(tmp_path, toy):
     ).instantiate()  # fmt: skip
     batch = held_out.batch(0)
     tuned = _accuracy(loaded.model, loaded.params, batch)
-    base_model = load_checkpoint(base)
     before = _accuracy(base_model.model, base_model.params, batch)
     print(f"held-out accuracy {before:.3f} -> {tuned:.3f}; margin {np.mean(margins[:5]):.3f} "
           f"-> {np.mean(margins[-5:]):.3f}")  # fmt: skip
@@ -171,15 +180,20 @@ def test_with_lora_the_reference_is_the_adapter_free_model(tmp_path, toy):
     trainer = train_config(argv[1:]).instantiate()
     state = trainer.restore_or_init()
     batch = trainer.input.batch(0)
-    policy = _policy_logps(trainer.model, state["params"], batch)
-    np.testing.assert_allclose(policy, batch["reference_logps"].sum(-1), atol=1e-4)
-    # The first step's loss is log 2: policy and reference agree on every pair.
-    loss_of = jax.jit(
-        lambda p, inputs: functional(
-            trainer.model, prng_key=None, state=p, is_training=False, inputs=inputs
+
+    @jax.jit  # the policy's log-probabilities and the loss: one program
+    def logps_and_loss(params, inputs):
+        logits, _ = functional(trainer.model, prng_key=None, state=params, method="predict",
+                               inputs={"input_ids": inputs["input_ids"]},
+                               is_training=False)  # fmt: skip
+        loss = functional(
+            trainer.model, prng_key=None, state=params, is_training=False, inputs=inputs
         )[0][0]
-    )
-    loss = loss_of(state["params"], {k: jnp.asarray(v) for k, v in batch.items()})
+        return sequence_logps(logits, inputs["target_labels"])[0], loss
+
+    policy, loss = logps_and_loss(state["params"], {k: jnp.asarray(v) for k, v in batch.items()})
+    np.testing.assert_allclose(np.asarray(policy), batch["reference_logps"].sum(-1), atol=1e-4)
+    # The first step's loss is log 2: policy and reference agree on every pair.
     np.testing.assert_allclose(float(loss), np.log(2), atol=1e-4)
     trainer.checkpointer.close()
 

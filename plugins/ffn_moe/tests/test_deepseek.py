@@ -449,9 +449,9 @@ def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
     from axplug.api.config import apply_overrides
 
     steps, rate = 3, 0.01
-    # The byte-level text the trainer reads; the dense layer, then one MoE layer: the rule is
-    # the router's, and a second MoE layer only traced and compiled it again.
-    cfg = trainer_config(tmp_path, vocab_size=256, num_hidden_layers=2)
+    # The byte-level text the trainer reads; one MoE layer: the rule is the router's (a dense
+    # layer before it, or a second MoE layer, only traced and compiled more).
+    cfg = trainer_config(tmp_path, vocab_size=256, num_hidden_layers=1, first_k_dense_replace=0)
     cfg = apply_overrides(
         cfg.clone(summary_writers=[]),
         [
@@ -468,7 +468,7 @@ def test_training_moves_the_bias_only_by_its_update_rule(tmp_path):
     reachable = {np.float32(0.0)}
     for _ in range(steps):
         reachable = {np.float32(v + d) for v in reachable for d in (-rate, 0.0, rate)}
-    bias = params["layer1"]["feed_forward"]["router"]["e_score_correction_bias"]
+    bias = params["layer0"]["feed_forward"]["router"]["e_score_correction_bias"]
     assert bias.dtype == np.float32 and np.any(bias != 0)
     assert all(np.float32(b) in reachable for b in bias), bias
 
@@ -576,7 +576,7 @@ from axplug_testing import LayerConformance  # noqa: E402
 class TestDeepSeekMoEConformance(LayerConformance):
     """The kit on DeepSeek-V3's MoE layer: group-limited sigmoid routing with its correction
     bias (state, not trained by gradient), routed scaling and a shared expert, swapped for
-    llama-tiny's dense feed-forward."""
+    gpt-tiny's dense feed-forward (in one layer: a second only compiled the same layer again)."""
 
     @pytest.fixture
     def layer_config(self):
@@ -589,8 +589,24 @@ class TestDeepSeekMoEConformance(LayerConformance):
         return cfg
 
     @pytest.fixture
+    def inputs(self, input_shape):
+        return (jax.device_put(normal(1, input_shape)),)  # numpy: no random program to compile
+
+    @pytest.fixture
     def mesh_shape(self):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
+
+    @pytest.fixture
+    def swap_modifier(self, layer_config, swap_target):
+        from axplug.api.config import apply_overrides, replace_config
+
+        new_cfg = layer_config.clone(name=None)
+
+        def swap(cfg):  # the kit's swap, into one layer of the preset
+            cfg = apply_overrides(cfg, ["model.decoder.transformer.num_layers=1"])
+            return replace_config(cfg, target=swap_target, new_cfg=new_cfg)
+
+        return swap
 
 
 def test_scanned_deepseek_v3_matches_transformers(tmp_path):

@@ -39,9 +39,12 @@ class TestLoRAAdapterConformance(LayerConformance):
 
 
 def _trainer(tmp_path, name, *overrides, modifiers=("lora:rank=4",), steps=3, devices=None):
+    # One layer: what these tests count and compare holds per layer (the formula counts the
+    # layers); a step of one traces and compiles in about half the CPU time of two layers'.
     cfg = tiny_trainer_config(
-        tmp_path / name, *overrides, preset="llama-tiny", modifiers=modifiers, max_steps=steps
-    )
+        tmp_path / name, "model.decoder.transformer.num_layers=1", *overrides,
+        preset="llama-tiny", modifiers=modifiers, max_steps=steps
+    )  # fmt: skip
     return Trainer(cfg, devices=devices)
 
 
@@ -191,6 +194,17 @@ def _axplug_logits(run, ids):
     return loaded.logits(ids), loaded
 
 
+# The token ids every test feeds the models: one shape, so one program per model.
+IDS = np.random.default_rng(1).integers(0, 96, (2, 10))
+
+
+@pytest.fixture(scope="module")
+def lora_logits(lora_run):
+    """(the LoRA run loaded, its logits of IDS): read by the tests, never changed."""
+    logits, loaded = _axplug_logits(lora_run[2], IDS)
+    return loaded, logits
+
+
 def predict(model, params, ids) -> np.ndarray:
     """`model`'s logits of `ids`, compiled as one program (not one per op)."""
     fn = lambda p, i: functional(  # noqa: E731
@@ -199,13 +213,14 @@ def predict(model, params, ids) -> np.ndarray:
     return np.asarray(jax.jit(fn)(params, jnp.asarray(ids, jnp.int32)))
 
 
-def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path, lora_run):
+def test_lora_from_an_import_keeps_the_base_and_exports_merged_and_peft(tmp_path, lora_run,
+                                                                       lora_logits):  # fmt: skip
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     hf, imported, run = lora_run
-    ids = np.random.default_rng(1).integers(0, 96, (2, 10))
-    logits, loaded = _axplug_logits(run, ids)
+    ids = IDS
+    loaded, logits = lora_logits
     base_logits, base_loaded = _axplug_logits(imported, ids)
     assert np.abs(logits - base_logits).max() > 1e-3  # the adapters trained
     # The frozen base is the import's, bit for bit.
@@ -284,8 +299,9 @@ def test_a_lora_run_resumes_bit_exact_from_its_adapter_checkpoint(tmp_path, lora
     assert main(_lora_train_argv(imported, halves_run, 2, "--checkpoint-every", "2")) == 0
     # Resumes at step 2: adapters from its checkpoint, base from the import.
     assert main(_lora_train_argv(imported, halves_run, 4, "--checkpoint-every", "2")) == 0
-    whole, halves = (_axplug_logits(str(r), np.arange(8)[None])[1] for r in
-                     (whole_run, halves_run))  # fmt: skip
+    from axplug.api.run import load_checkpoint
+
+    whole, halves = (load_checkpoint(str(r)) for r in (whole_run, halves_run))
     assert whole.step == halves.step == 4
     jax.tree.map(np.testing.assert_array_equal, whole.params, halves.params)
 
@@ -332,7 +348,7 @@ def test_adapters_refuse_a_base_replaced_in_place_unless_told(tmp_path, lora_run
             assert f"{imported}/checkpoints" in err and ALLOW_CHANGED_BASE_ENV in err
             assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
         monkeypatch.setenv(ALLOW_CHANGED_BASE_ENV, "1")  # told: this base it is
-        assert _axplug_logits(run, np.arange(8)[None])[1].step == 4
+        assert _axplug_logits(run, IDS)[1].step == 4
     finally:
         shutil.rmtree(imported, ignore_errors=True)
         shutil.move(str(tmp_path / "original"), imported)
@@ -354,12 +370,11 @@ def test_qlora_adapters_train_over_a_quantized_frozen_base(tmp_path):
     assert "xi8>" in trainer.lower_step().as_text()
 
 
-def test_decoding_merged_equals_unmerged(tmp_path, lora_run, capsys):
+def test_decoding_merged_equals_unmerged(tmp_path, lora_run, lora_logits, capsys):
     from axplug.api.run import load_checkpoint
 
     _, _, run = lora_run
-    ids = np.random.default_rng(3).integers(0, 96, (2, 9))
-    unmerged, _ = _axplug_logits(run, ids)
+    ids, (_, unmerged) = IDS, lora_logits
     merged = load_checkpoint(run, merge_adapters=True)
     assert not find_configs(merged.config.model, LoRAAdapter)
     assert "adapter" not in json.dumps(jax.tree.map(lambda x: 0, merged.params))

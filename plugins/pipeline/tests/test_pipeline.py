@@ -41,12 +41,13 @@ def train(cfg, devices=None):
     return state, [float(m["loss"]) for m in metrics]
 
 
-def first_batch_grads(trainer):
-    """The gradients of the loss on the first batch at the trainer's initial parameters."""
+def first_batch_grads(trainer, state=None):
+    """The gradients of the loss on the first batch at the trainer's initial parameters
+    (`state`'s, default: a fresh state)."""
     from axplug.api.run import loss_fn
     from axplug.api.sharding import scoped
 
-    state = trainer.init_state()
+    state = trainer.init_state() if state is None else state
     batch = trainer.put_batch(trainer.input.batch(0))
     loss = loss_fn(trainer.model, trainer.aux_loss)
     fn = jax.jit(scoped(jax.grad(lambda p: loss(p, batch, None)[0]), trainer.mesh))
@@ -55,10 +56,12 @@ def first_batch_grads(trainer):
 
 def grads_and_train(cfg, devices=None):
     """(first_batch_grads, the final state, each step's loss) of one trainer: its first
-    batch's gradients at the initial parameters, then `train`'s steps from them."""
+    batch's gradients at the initial parameters, then `train`'s steps from them (one
+    initialization for both)."""
     trainer = cfg.instantiate(devices=devices)
-    grads = first_batch_grads(trainer)
-    state, metrics = train_steps(trainer, cfg.max_steps)
+    state = trainer.init_state()
+    grads = first_batch_grads(trainer, state)
+    state, metrics = train_steps(trainer, cfg.max_steps, state=state)
     return grads, state, [float(m["loss"]) for m in metrics]
 
 
@@ -83,6 +86,17 @@ def one_f_one_b(tmp_path_factory):
     return grads_and_train(llama8(tmp_path_factory.mktemp("1f1b"), *ONE_F_ONE_B))
 
 
+# The circular schedule's default is two repeats: its training and gradient tests' pipeline.
+CIRCULAR = ("pipeline:stages=4,microbatches=4,schedule=circular", "mesh:pipeline=4,fsdp=2")
+
+
+@pytest.fixture(scope="module")
+def circular(tmp_path_factory):
+    """The circular schedule (two virtual stages a device), for its training and its gradient
+    tests: (grads, state, losses)."""
+    return grads_and_train(llama8(tmp_path_factory.mktemp("circular"), *CIRCULAR))
+
+
 GPIPE = ("pipeline:stages=4,microbatches=4", "mesh:pipeline=4,fsdp=2")
 
 
@@ -101,7 +115,7 @@ def gpipe(tmp_path_factory):
     "pipeline, mesh",
     [
         GPIPE,
-        ("pipeline:stages=4,microbatches=4,schedule=circular,repeats=2", "mesh:pipeline=4,fsdp=2"),
+        CIRCULAR,
         pytest.param(
             "pipeline:stages=2,microbatches=8,schedule=circular,repeats=4",
             "mesh:pipeline=2,data=4",
@@ -129,8 +143,10 @@ def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned
     devices = jax.devices()[:1] if mesh == "mesh:data=1" else None
     if (pipeline, mesh) == GPIPE:  # the run the checkpoint test restores too
         _, state, losses = request.getfixturevalue("gpipe")
-    elif (pipeline, mesh) == ONE_F_ONE_B:  # the trainer the gradient test reads too
-        _, state, losses = request.getfixturevalue("one_f_one_b")
+    elif (pipeline, mesh) in (ONE_F_ONE_B, CIRCULAR):  # the trainers the gradient test reads
+        _, state, losses = request.getfixturevalue(
+            "one_f_one_b" if (pipeline, mesh) == ONE_F_ONE_B else "circular"
+        )
     else:
         state, losses = train(llama8(tmp_path, pipeline, mesh), devices)
     np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
@@ -154,12 +170,11 @@ def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned
         "pipeline:stages=4,microbatches=8,schedule=1f1b",
     ],
 )
-def test_gradients_match_the_scanned_stack(request, tmp_path, scanned_run, pipeline):
+def test_gradients_match_the_scanned_stack(request, scanned_run, pipeline):
     want = scanned_run[0]
-    if (pipeline, "mesh:pipeline=4,fsdp=2") == ONE_F_ONE_B:
-        got = request.getfixturevalue("one_f_one_b")[0]
-    else:
-        got = first_batch_grads(llama8(tmp_path, pipeline, "mesh:pipeline=4,fsdp=2").instantiate())
+    # The trainers their training tests ran (the same pipeline and mesh).
+    run = {ONE_F_ONE_B: "one_f_one_b", CIRCULAR: "circular"}[(pipeline, "mesh:pipeline=4,fsdp=2")]
+    got = request.getfixturevalue(run)[0]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), got, want)
 
 

@@ -33,9 +33,11 @@ def prompts(tmp_path_factory):
 
 
 def _config(out, prompts, *overrides, modifiers=(), steps=2, **rollouts):
+    # One layer: no claim here is about depth (the Engine's caches over layers are the core's
+    # tests'); every program traces, lowers and compiles in about 3/4 the time of two.
     cfg = tiny_trainer_config(
-        out, "learner.learning_rate=0.01", *overrides, modifiers=["grpo", *modifiers],
-        max_steps=steps
+        out, "learner.learning_rate=0.01", "model.decoder.transformer.num_layers=1",
+        *overrides, modifiers=["grpo", *modifiers], max_steps=steps
     )  # fmt: skip
     options = dict(tokenizer="bytes", template="plain", batch_size=8, group_size=4, seq_len=40,
                    max_new_tokens=8, rewards=[DIGIT])  # fmt: skip
@@ -82,7 +84,8 @@ def _first_step(cfg):
 @pytest.fixture(scope="module")
 def plain_first_step(tmp_path_factory, prompts):
     """`_first_step` of the plain trainer (one device, a contiguous cache, no adapters),
-    shared by the Engine parity test and the one-device side of the eight-device test."""
+    shared by the Engine parity test, the one-device side of the eight-device test and (its
+    input) the synchronous side of the overlap test."""
     return _first_step(_config(tmp_path_factory.mktemp("plain"), prompts, steps=1))
 
 
@@ -186,7 +189,9 @@ def test_bad_prompt_files_name_the_file_and_line(tmp_path, prompts):
 
 
 def test_the_policy_loss_without_rollouts_says_which_input_to_use(tmp_path):
-    cfg = tiny_trainer_config(tmp_path, modifiers=["grpo"], max_steps=1)
+    cfg = tiny_trainer_config(  # one layer, as `_config`'s: the same parameters' init program
+        tmp_path, "model.decoder.transformer.num_layers=1", modifiers=["grpo"], max_steps=1
+    )
     with pytest.raises(ConfigError, match="use --input rollouts:prompts=FILE"):
         cfg.instantiate().run()
 
@@ -216,7 +221,7 @@ def test_axplug_list_shows_the_rewards(capsys):
 
 
 def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_from(
-    tmp_path, prompts
+    tmp_path, prompts, plain_first_step
 ):
     """With overlap the batch of step 1 is decoded in a thread while step 0 trains, from the
     parameters step 0 started from: equal to a synchronous rollout of step 1 from those. A
@@ -226,13 +231,15 @@ def test_overlap_decodes_each_batch_from_the_parameters_the_step_before_started_
                       eval_every=1, eval_k=1).instantiate()  # fmt: skip
     rules = trainer.mesh_builder.axis_rules
     start = trainer.init_state()["params"]
-    moved = jax.tree.map(lambda x: x * 1.5, start)  # as if step 0 had updated them
+    # As if step 0 had updated them (one program, not one per parameter shape).
+    moved = jax.jit(lambda params: jax.tree.map(lambda x: x * 1.5, params))(start)
     ahead = trainer.input
     ahead.before_batch(0, Policy(trainer.model, start, trainer.mesh, rules))
     ahead.batch(0)
     ahead.before_batch(1, Policy(trainer.model, moved, trainer.mesh, rules))
     stale = ahead.batch(1)
-    sync = _config(tmp_path / "sync", prompts).instantiate().input
+    # The plain trainer's input: the same rollouts config, without overlap.
+    sync = plain_first_step[0].input
     sync.before_batch(1, Policy(trainer.model, start, trainer.mesh, rules))
     expected = sync.batch(1)
     for name, value in expected.items():
