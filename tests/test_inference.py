@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -80,15 +81,26 @@ def random_ids(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
 
 
+_EXTEND_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def extend_step(model):
+    """`model`'s extend_step jitted: (params, ids, positions, cache) -> (logits, cache), one
+    per model (a model shared by tests traces each shape once)."""
+    if model not in _EXTEND_STEPS:
+        _EXTEND_STEPS[model] = jax.jit(
+            lambda p, i, pos, c: call(
+                model, p, {"input_ids": i, "positions": pos, "cache_state": c}, "extend_step"
+            )
+        )
+    return _EXTEND_STEPS[model]
+
+
 def decode_logits(model, params, ids: np.ndarray, prompt_lens, max_len: int, cache=None):
     """Logits of every token of every row: a batched prefill of each row's first
     `prompt_lens[b]` tokens (right-padded), then one token per call for the rest."""
     batch, total = ids.shape
-    step = jax.jit(
-        lambda p, i, pos, c: call(
-            model, p, {"input_ids": i, "positions": pos, "cache_state": c}, "extend_step"
-        )
-    )
+    step = extend_step(model)
     cache = model.init_cache_state(batch, max_len) if cache is None else cache
     width = max(prompt_lens)
     positions = np.full((batch, width), EMPTY_POSITION, np.int32)
@@ -145,9 +157,24 @@ if _installed("axplug-moe"):
     }
 
 
+@pytest.fixture(scope="module")
+def plain_lm():
+    """build(lm_cfg()): the model (and its traced programs) of the tests of the plain cache."""
+    return build(lm_cfg())
+
+
+def _decode_layers(mods) -> int:
+    """2 layers (the caches of several), 4 for a MoE every 2nd layer, scanned (a scan over two
+    pairs), 1 for a MoE in every layer: a feed-forward block, which no cache holds."""
+    if "moe:" in str(mods):
+        return 4 if "every=2" in str(mods) else 1
+    return 2
+
+
 @pytest.mark.parametrize("mods", list(DECODE_CASES.values()), ids=list(DECODE_CASES))
-def test_decoding_with_the_cache_gives_the_forward_logits(mods):
-    model, params = build(lm_cfg(*mods, layers=4 if "every=2" in str(mods) else 2))
+def test_decoding_with_the_cache_gives_the_forward_logits(mods, plain_lm):
+    layers = _decode_layers(mods)
+    model, params = build(lm_cfg(*mods, layers=layers)) if mods else plain_lm
     ids = random_ids(1, (3, 11))
     full = np.asarray(forward_logits(model, params, ids))
     decoded, _ = decode_logits(model, params, ids, prompt_lens=[5, 2, 7], max_len=12)
@@ -292,7 +319,10 @@ if _installed("axplug-attention"):
 
 @pytest.mark.parametrize("edits,mods", list(OPTION_CASES.values()), ids=list(OPTION_CASES))
 def test_decoding_with_layer_options_gives_the_forward_logits(edits, mods):
-    cfg = lm_cfg()
+    # An option acts within a layer (or the decoder): one layer shows it, unless scanned (a scan
+    # over 2 layers slices their stacked parameters and caches). The cache of each of several
+    # layers is the decoding cases' claim.
+    cfg = lm_cfg(layers=2 if "scan_layers" in mods else 1)
     for edit in edits:
         cfg = edit(cfg)
     for spec in mods:
@@ -305,38 +335,39 @@ def test_decoding_with_layer_options_gives_the_forward_logits(edits, mods):
     np.testing.assert_allclose(decoded, full, **LOOSE)
 
 
-def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache():
-    contiguous, params = build(lm_cfg())
-    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=20"))
-    ids = random_ids(2, (2, 9))
-    want, _ = decode_logits(contiguous, params, ids, prompt_lens=[4, 6], max_len=10)
-    # Each row's pages anywhere in the pool, in no particular order.
-    table = np.array([[17, 3, 9, 0, 12], [5, 19, 1, 14, 8]], np.int32)
-    cache = set_block_tables(paged.init_cache_state(2, 10), table)
-    got, cache = decode_logits(paged, params, ids, prompt_lens=[4, 6], max_len=10, cache=cache)
+def test_paged_cache_with_scattered_pages_matches_the_contiguous_cache(plain_lm):
+    # The `plain` decoding case's model, tokens and shapes: the reference compiles nothing new.
+    contiguous, params = plain_lm
+    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=20").instantiate(parent=None)
+    ids = random_ids(1, (3, 11))
+    want, _ = decode_logits(contiguous, params, ids, prompt_lens=[5, 2, 7], max_len=12)
+    # Each row's pages anywhere in the pool, in no particular order (13 and 16 unused).
+    table = np.array([[17, 3, 9, 0, 12, 6], [5, 19, 1, 14, 8, 11], [2, 15, 7, 18, 4, 10]], np.int32)
+    cache = set_block_tables(paged.init_cache_state(3, 12), table)
+    got, cache = decode_logits(paged, params, ids, prompt_lens=[5, 2, 7], max_len=12, cache=cache)
     np.testing.assert_allclose(got, want, **LOOSE)
     pool = cache["transformer"]["layer0"]["attention"]
-    assert pool["key"].shape[1:3] == (20, 2) and pool["block_table"].shape == (2, 5)
+    assert pool["key"].shape[1:3] == (20, 2) and pool["block_table"].shape == (3, 6)
     # Only the pages in the table were written.
     written = np.flatnonzero((np.asarray(pool["positions"]) != EMPTY_POSITION).any(axis=1))
     assert sorted(written) == sorted(table.ravel())
 
 
 def test_a_pool_too_small_for_the_rows_is_an_error():
-    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=5"))
+    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=5").instantiate(parent=None)
     with pytest.raises(ValueError, match=r"num_pages=5: 2 rows of up to 10 tokens need 10 pages"):
         paged.init_cache_state(2, 10)
     paged.init_cache_state(1, 10)  # one row fits
 
 
-def test_a_row_without_pages_never_touches_another_rows_pages():
+def test_a_row_without_pages_never_touches_another_rows_pages(plain_lm):
     """A scheduler's pool of 5 pages for 2 rows x 5: row 1 has none yet. Row 0 decodes
     exactly as alone, and no page is written for row 1 (it pointed at page 0 and overwrote
     row 0)."""
     from axplug.layers.kv_cache import assigning_pages
 
-    contiguous, params = build(lm_cfg())
-    paged, _ = build(lm_cfg("paged_kv_cache:page_size=2,num_pages=5"))
+    contiguous, params = plain_lm
+    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=5").instantiate(parent=None)
     ids = random_ids(3, (2, 9))
     want, _ = decode_logits(contiguous, params, ids[:1], prompt_lens=[4], max_len=10)
     with assigning_pages():
@@ -350,20 +381,23 @@ def test_a_row_without_pages_never_touches_another_rows_pages():
     np.testing.assert_array_equal(pool.reshape(-1), [*range(9), EMPTY_POSITION])
 
 
-def test_cache_drops_padding_and_reports_only_cached_slots():
-    model, params = build(lm_cfg())
-    cache = model.init_cache_state(2, 6)
-    ids = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
-    positions = np.array([[0, 1, 2], [0, EMPTY_POSITION, EMPTY_POSITION]], np.int32)
-    extend = jax.jit(lambda p, i, pos, c: call(
-        model, p, {"input_ids": i, "positions": pos, "cache_state": c}, "extend_step"))  # fmt: skip
-    _, cache = extend(params, ids, positions, cache)
+def test_cache_drops_padding_and_reports_only_cached_slots(plain_lm):
+    # The prefill shapes of the `plain` decoding case (3 rows, 7 wide, 12 slots): its program.
+    model, params = plain_lm
+    cache = model.init_cache_state(3, 12)
+    ids = np.arange(1, 22, dtype=np.int32).reshape(3, 7)
+    positions = np.full((3, 7), EMPTY_POSITION, np.int32)
+    positions[0, :3], positions[1, 0] = [0, 1, 2], 0  # row 2: padding only
+    _, cache = extend_step(model)(params, ids, positions, cache)
     layer = cache["transformer"]["layer0"]["attention"]
-    np.testing.assert_array_equal(layer["length"], [3, 1])
+    np.testing.assert_array_equal(layer["length"], [3, 1, 0])
     np.testing.assert_array_equal(
-        layer["positions"], [[0, 1, 2] + [EMPTY_POSITION] * 3, [0] + [EMPTY_POSITION] * 5]
+        layer["positions"],
+        [[0, 1, 2] + [EMPTY_POSITION] * 9, [0] + [EMPTY_POSITION] * 11, [EMPTY_POSITION] * 12],
     )
-    assert not np.asarray(layer["key"])[:, 1, 1:].any()  # padding never written ([kvh, b, t, d])
+    key = np.asarray(layer["key"])  # [kvh, b, t, d]
+    assert key[:, 0, :3].any() and key[:, 1, 0].any()  # what was fed was written ...
+    assert not key[:, 0, 3:].any() and not key[:, 1, 1:].any() and not key[:, 2].any()  # ... only
 
 
 def test_paged_cache_rejects_bad_sizes():
@@ -374,32 +408,35 @@ def test_paged_cache_rejects_bad_sizes():
 # ------------------------------------------------------------------------------- sampling
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _draws(logits, n, temperature, top_k, top_p, min_p):
-    """`n` tokens sampled from `logits`, draw i with key i: one program per `n`."""
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(n))
+DRAWS = 4000  # every test's number of draws: one program for all
+
+
+@jax.jit
+def _draws(logits, temperature, top_k, top_p, min_p):
+    """DRAWS tokens sampled from `logits`, draw i with key i."""
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(DRAWS))
     return sample_tokens(
-        jnp.broadcast_to(logits, (n, len(logits))),
+        jnp.broadcast_to(logits, (DRAWS, len(logits))),
         keys,
-        jnp.full((n,), temperature, jnp.float32),
-        jnp.full((n,), top_k, jnp.int32),
-        jnp.full((n,), top_p, jnp.float32),
-        jnp.full((n,), min_p, jnp.float32),
+        jnp.full((DRAWS,), temperature, jnp.float32),
+        jnp.full((DRAWS,), top_k, jnp.int32),
+        jnp.full((DRAWS,), top_p, jnp.float32),
+        jnp.full((DRAWS,), min_p, jnp.float32),
     )
 
 
-def _sample(logits, n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+def _sample(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     logits = jnp.asarray(logits, jnp.float32)
-    return np.asarray(_draws(logits, n, float(temperature), top_k, float(top_p), float(min_p)))
+    return np.asarray(_draws(logits, float(temperature), top_k, float(top_p), float(min_p)))
 
 
 def test_temperature_zero_is_argmax_and_sampling_follows_softmax():
     logits = np.log(np.array([0.1, 0.6, 0.05, 0.25]))
-    assert (_sample(logits, 8, temperature=0.0) == 1).all()
-    draws = _sample(logits, 4000)
+    assert (_sample(logits, temperature=0.0) == 1).all()
+    draws = _sample(logits)
     freq = np.bincount(draws, minlength=4) / len(draws)
     np.testing.assert_allclose(freq, [0.1, 0.6, 0.05, 0.25], atol=0.03)
-    hot = np.bincount(_sample(logits, 4000, temperature=2.0), minlength=4) / 4000
+    hot = np.bincount(_sample(logits, temperature=2.0), minlength=4) / DRAWS
     want = np.sqrt([0.1, 0.6, 0.05, 0.25])  # p^(1/T), T = 2
     np.testing.assert_allclose(hot, want / want.sum(), atol=0.03)
 
@@ -407,18 +444,18 @@ def test_temperature_zero_is_argmax_and_sampling_follows_softmax():
 def test_top_k_and_top_p_restrict_the_support():
     probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
     logits = np.log(probs)
-    assert set(_sample(logits, 2000, top_k=2)) == {1, 3}
+    assert set(_sample(logits, top_k=2)) == {1, 3}
     # Nucleus 0.75: 0.4 + 0.3 = 0.7 < 0.75, so 0.15 (index 4) joins; 0.85 >= 0.75 stops.
-    top_p = _sample(logits, 3000, top_p=0.75)
+    top_p = _sample(logits, top_p=0.75)
     assert set(top_p) == {1, 3, 4}
     freq = np.bincount(top_p, minlength=5)[[1, 3, 4]] / len(top_p)
     np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.15]) / 0.85, atol=0.03)
-    assert set(_sample(logits, 500, top_k=3, top_p=0.5)) == {1, 3}
-    assert (_sample(logits, 50, top_k=1) == 1).all()
+    assert set(_sample(logits, top_k=3, top_p=0.5)) == {1, 3}
+    assert (_sample(logits, top_k=1) == 1).all()
     # min-p 0.5: tokens at least half as likely as the most likely (0.4) stay: 0.4, 0.3.
-    min_p = _sample(logits, 3000, min_p=0.5)
+    min_p = _sample(logits, min_p=0.5)
     assert set(min_p) == {1, 3}
-    np.testing.assert_allclose(np.bincount(min_p, minlength=5)[[1, 3]] / 3000, [4 / 7, 3 / 7],
+    np.testing.assert_allclose(np.bincount(min_p, minlength=5)[[1, 3]] / DRAWS, [4 / 7, 3 / 7],
                                atol=0.03)  # fmt: skip
 
 
@@ -649,10 +686,12 @@ def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, rope_with, cach
 
 def test_logprobs_ride_on_token_events_and_are_bounded(rope_model):
     model, params = rope_model
-    engine = Engine(model, params, num_slots=1, max_len=16, max_logprobs=4)
+    bounded = Engine(model, params, num_slots=1, max_len=16, max_logprobs=4)
     with pytest.raises(ValueError, match=r"logprobs=5 asks for more top tokens than this "
                        r"engine's max_logprobs \(4\)"):  # fmt: skip
-        engine.submit(Request([1, 2], SamplingParams(logprobs=5)))
+        bounded.submit(Request([1, 2], SamplingParams(logprobs=5)))
+    # The events on an engine of the logprobs tests' shape (and max_logprobs): their programs.
+    engine = batching_engine(model, params)
     engine.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0, logprobs=2)))
     events = [e for _ in range(4) for e in engine.step()]
     (completion,) = engine.pop_finished()
@@ -780,7 +819,7 @@ def test_cancel_frees_the_row_and_pages_and_leaves_the_others_alone(rope_model, 
     assert engine.allocator.num_free == engine.allocator.num_pages
 
 
-def test_engines_over_one_model_share_their_programs_and_free_the_model(monkeypatch):
+def test_engines_over_one_model_share_their_programs_and_free_the_model(rope_model, monkeypatch):
     import gc
     import weakref
 
@@ -788,10 +827,12 @@ def test_engines_over_one_model_share_their_programs_and_free_the_model(monkeypa
 
     traced, extend_rows = [], steps.extend_rows
     monkeypatch.setattr(steps, "extend_rows", lambda *args: traced.append(1) or extend_rows(*args))
-    model, params = build(lm_cfg(), seed=1)
+    # A model of its own (traced afresh here), of rope_model's config: the programs the
+    # other tests compiled for engines of this shape.
+    model, params = lm_cfg(*ROPE_MODS).instantiate(parent=None), rope_model[1]
     outputs = []
     for _ in range(2):  # an engine made again, as for each round of rollouts
-        engine = Engine(model, params, num_slots=2, max_len=16)
+        engine = batching_engine(model, params)
         engine.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0)))
         outputs.append(engine.run()[0].output_ids)
     assert outputs[0] == outputs[1] and len(traced) == 2  # a prefill and a decode, traced once
@@ -823,12 +864,20 @@ def test_page_allocator_allocates_and_releases():
 
 
 @pytest.fixture
-def trained_run(gpt_tiny_run):
-    return str(gpt_tiny_run)
+def trained_run(gpt_tiny_trained):
+    """The session's gpt-tiny run, read only (the test that edits one copies it first)."""
+    return str(gpt_tiny_trained)
 
 
-def test_load_checkpoint_and_generate_cli(trained_run, capsys):
-    loaded = load_checkpoint(trained_run)
+@pytest.fixture(scope="module")
+def loaded_run(gpt_tiny_trained):
+    """load_checkpoint of the session's gpt-tiny run, once for the tests that only read it (and
+    its engines' programs, traced once)."""
+    return load_checkpoint(str(gpt_tiny_trained))
+
+
+def test_load_checkpoint_and_generate_cli(trained_run, loaded_run, capsys):
+    loaded = loaded_run
     assert loaded.step == 2 and loaded.vocab_size == 256
     prompt = list(b"To be")
     want = generate(
@@ -842,14 +891,15 @@ def test_load_checkpoint_and_generate_cli(trained_run, capsys):
     assert capsys.readouterr().out == "To be" + bytes(want).decode("utf-8", "replace") + "\n"
 
 
-def test_a_loaded_runs_logits_are_its_forward_pass_and_lead_to_its_greedy_token(trained_run):
-    loaded = load_checkpoint(trained_run)
+def test_a_loaded_runs_logits_are_its_forward_pass_and_lead_to_its_greedy_token(loaded_run):
+    loaded = loaded_run
     ids = random_ids(9, (2, 7))
     got = loaded.logits(ids)
     assert got.shape == (2, 7, loaded.vocab_size) and got.dtype == np.float32
     np.testing.assert_allclose(got, forward_logits(loaded.model, loaded.params, ids), **LOOSE)
     greedy = SamplingParams(max_new_tokens=1, temperature=0)
-    (first,) = generate(loaded.model, loaded.params, [ids[1].tolist()], greedy)
+    # max_len 10: the engine of `axplug generate` in the test above (5 + 5 tokens), its program.
+    (first,) = generate(loaded.model, loaded.params, [ids[1].tolist()], greedy, max_len=10)
     assert first.output_ids == [int(np.argmax(got[1, -1]))]
 
 
@@ -893,10 +943,10 @@ def _full_state(loaded):
     return {"params": loaded.params, "opt_state": tx.init(loaded.params), "step": jnp.int32(0)}
 
 
-def test_a_partial_restore_still_checks_what_it_reads(trained_run):
+def test_a_partial_restore_still_checks_what_it_reads(trained_run, loaded_run):
     from axplug.checkpoint import Checkpointer, CheckpointError, checkpoint_directory
 
-    loaded = load_checkpoint(trained_run)
+    loaded = loaded_run
     wrong = jax.tree.map(lambda a: jax.ShapeDtypeStruct((*a.shape, 2), a.dtype), loaded.params)
     with (
         Checkpointer.default_config()

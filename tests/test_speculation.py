@@ -18,19 +18,25 @@ SAMPLES = 40_000
 
 def _verify_many(logits, drafts, temperature=1.0, top_k=0):
     """verify_drafts of one row under SAMPLES keys: (tokens [S, K+1], accepted [S])."""
+    temperature, top_k = jnp.asarray([temperature], jnp.float32), jnp.asarray([top_k], jnp.int32)
+    tokens, accepted = _verify_under_keys(logits, drafts, temperature, top_k)
+    return np.asarray(tokens), np.asarray(accepted)
+
+
+@jax.jit
+def _verify_under_keys(logits, drafts, temperature, top_k):
+    """The settings traced, not constants: one program for every test's [3, V] logits and
+    2 drafts."""
     k = drafts.shape[0]
 
     def one(key):
         tokens, accepted = verify_drafts(
             logits[None], drafts[None], jnp.asarray([k]), key[None], jnp.asarray([0]),
-            jnp.asarray([temperature]), jnp.asarray([top_k]), jnp.asarray([1.0]),
-            jnp.asarray([0.0]),
+            temperature, top_k, jnp.asarray([1.0]), jnp.asarray([0.0]),
         )  # fmt: skip
         return tokens[0], accepted[0]
 
-    keys = jax.random.split(jax.random.PRNGKey(0), SAMPLES)
-    tokens, accepted = jax.jit(jax.vmap(one))(keys)
-    return np.asarray(tokens), np.asarray(accepted)
+    return jax.vmap(one)(jax.random.split(jax.random.PRNGKey(0), SAMPLES))
 
 
 def _frequencies(tokens):
@@ -70,13 +76,14 @@ def test_sampled_verification_keeps_the_targets_distribution(top_k):
 
 
 def test_greedy_verification_takes_drafts_while_they_are_the_argmax():
-    logits = jnp.asarray(np.random.default_rng(1).normal(size=(4, VOCAB)), jnp.float32)
-    best = np.asarray(jnp.argmax(logits, -1))
+    # The sampled test's shapes (3 positions, 2 drafts): its program.
+    logits = jnp.asarray(np.random.default_rng(1).normal(size=(3, VOCAB)), jnp.float32)
+    best = np.argmax(np.asarray(logits), -1)
     wrong = (best[1] + 1) % VOCAB
     for drafts, accepted, emitted in [
-        ([best[0], best[1], best[2]], 3, [best[0], best[1], best[2], best[3]]),  # all, + bonus
-        ([best[0], wrong, best[2]], 1, [best[0], best[1]]),  # the target's token at the miss
-        ([(best[0] + 1) % VOCAB, best[1], best[2]], 0, [best[0]]),
+        ([best[0], best[1]], 2, [best[0], best[1], best[2]]),  # all, + bonus
+        ([best[0], wrong], 1, [best[0], best[1]]),  # the target's token at the miss
+        ([(best[0] + 1) % VOCAB, best[1]], 0, [best[0]]),
     ]:
         tokens, got = _verify_many(logits, jnp.asarray(drafts, jnp.int32), temperature=0.0)
         assert (got == accepted).all()
@@ -159,13 +166,14 @@ def test_greedy_decoding_with_drafts_equals_decoding_without(models, cache):
 
 def test_sampled_decoding_with_drafts_is_reproducible(models):
     by_cache, params = models
-    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=8, seed=4)
+    # With log-probabilities and 3 drafts, as the greedy test's paged case: its programs.
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=8, seed=4, logprobs=1)
     prompts = [[3, 4, 5, 3, 4], [7, 8, 9]]
     plain, _ = _decode(by_cache["paged"], params, [(p, sampling) for p in prompts])
     script = {tuple(p): c.output_ids for p, c in zip(prompts, plain, strict=True)}
 
     def run():
-        proposer = Replay(Proposer.Config().set(num_tokens=2), script)
+        proposer = Replay(Proposer.Config().set(num_tokens=3), script)
         return _decode(by_cache["paged"], params, [(p, sampling) for p in prompts], proposer)
 
     (first, engine), (again, _) = run(), run()

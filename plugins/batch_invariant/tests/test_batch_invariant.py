@@ -19,15 +19,15 @@ from axplug.api.config import ConfigError, make_modifier  # noqa: E402
 from axplug.api.layers import AttentionKernelSlot, BaseLayer, CausalLM, Linear  # noqa: E402
 from axplug.api.run import Engine, Request, SamplingParams  # noqa: E402
 
-VOCAB, PAGE = 61, 4
+VOCAB, PAGE, PAGES = 61, 4, 12
 
 
 def test_tiled_matmul_equals_matmul_and_a_rows_bits_ignore_the_others():
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((100, 32)), jnp.float32)
+    x = rng.standard_normal((100, 32)).astype(np.float32)  # rows taken on the host: no op each
     w = jnp.asarray(rng.standard_normal((32, 96)), jnp.float32)
     f = jax.jit(tiled_matmul)
-    np.testing.assert_allclose(f(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f(x, w), jnp.asarray(x) @ w, rtol=1e-5, atol=1e-5)
     alone = np.asarray(f(x[:1], w))[0]
     for m in (2, 9, 56, 100):  # plain matmuls of these row counts differ in the last bits
         assert np.array_equal(np.asarray(f(x[:m], w))[0], alone), m
@@ -44,19 +44,24 @@ def _reference(q, k, v, allowed, scale, bias, cap):
 
 
 def test_each_query_attention_equals_softmax_attention_with_groups_bias_and_cap():
+    # Both jitted (as in a model) and the inputs made on the host: a program per call, not an
+    # op-by-op compile of every op.
+    attend = jax.jit(attend_each_query, static_argnames=("scale", "logit_softcap"))
+    reference = jax.jit(_reference, static_argnums=(4, 6))
     rng = np.random.default_rng(1)
     b, sq, skv, h, kvh, d = 2, 5, 12, 4, 2, 8
-    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
                for s in ((b, sq, h, d), (b, skv, kvh, d), (b, skv, kvh, d)))  # fmt: skip
-    allowed = jnp.asarray(rng.random((b, sq, skv)) < 0.6).at[:, :, 0].set(True)
-    bias = jnp.asarray(rng.standard_normal((b, h, sq, skv)), jnp.float32)
-    got = attend_each_query(q, k, v, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
-    want = _reference(q, k, v, allowed, 0.3, bias, 5.0)
+    allowed = rng.random((b, sq, skv)) < 0.6
+    allowed[:, :, 0] = True
+    bias = rng.standard_normal((b, h, sq, skv)).astype(np.float32)
+    got = attend(q, k, v, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
+    want = reference(q, k, v, allowed, 0.3, bias, 5.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     v6 = v[..., :6]  # values narrower than queries and keys (MLA)
-    got = attend_each_query(q, k, v6, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
-    np.testing.assert_allclose(got, _reference(q, k, v6, allowed, 0.3, bias, 5.0), atol=1e-5)
-    empty = attend_each_query(q, k, v, jnp.zeros_like(allowed), scale=0.3)
+    got = attend(q, k, v6, allowed, scale=0.3, bias=bias, logit_softcap=5.0)
+    np.testing.assert_allclose(got, reference(q, k, v6, allowed, 0.3, bias, 5.0), atol=1e-5)
+    empty = attend(q, k, v, np.zeros_like(allowed), scale=0.3)
     assert not np.any(np.asarray(empty))  # a query that sees no key gives zeros, not NaN
 
 
@@ -72,7 +77,7 @@ def _tiny_lm():
 
 @pytest.fixture(scope="module")
 def model_and_params():
-    cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages=16")(_tiny_lm())
+    cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages={PAGES}")(_tiny_lm())
     plain = cfg.instantiate(parent=None)
     invariant = make_modifier("batch_invariant")(cfg).instantiate(parent=None)
     return plain, invariant, plain.initialize_parameters_recursively(jax.random.PRNGKey(3))
@@ -82,7 +87,10 @@ def _ids(seed, n):
     return np.random.default_rng(seed).integers(1, VOCAB, n).tolist()
 
 
-SYSTEM = _ids(0, 13)  # three full pages and one token of a fourth (4 tokens a page)
+# Two full pages and one token of a third (4 tokens a page). Every prompt (9 + 3..6 tokens)
+# and chunk is one 16-wide prefill; only a preempted row's recompute (prompt and output) is
+# 32 wide: few programs per engine shape.
+SYSTEM = _ids(0, 9)
 SAMPLINGS = [
     SamplingParams(max_new_tokens=6, temperature=0, logprobs=2),
     SamplingParams(max_new_tokens=5, temperature=0.9, seed=1, logprobs=1),
@@ -95,8 +103,8 @@ CHOICES = [SamplingParams(max_new_tokens=6, temperature=1.0, seed=s, logprobs=1)
 
 def _run(model, params, requests, arrivals, **engine):
     """({request: [(token, logprob bits, top logprob bits)]}, engine) through one Engine,
-    request i submitted at step arrivals[i]."""
-    engine = Engine(model, params, max_len=32, min_prefill_len=8, **engine)
+    request i submitted at step arrivals[i]. Prefills are 16 or 32 wide, decode steps 1."""
+    engine = Engine(model, params, max_len=32, min_prefill_len=16, **engine)
     pending, out, step = sorted(range(len(requests)), key=arrivals.__getitem__), {}, 0
     while pending or engine.has_work:
         while pending and arrivals[pending[0]] <= step:
@@ -135,7 +143,7 @@ def test_logprobs_are_bit_identical_with_the_cache_on_and_off_chunked_preempted_
     ):
         got, _ = _run(invariant, params, requests, arrivals, **engine)
         assert got == want, engine
-    # Twice the requests at once in six rows: 16 pages make the pool share, evict and preempt.
+    # Twice the requests at once in six rows: 12 pages make the pool share, evict and preempt.
     got, used = _run(invariant, params, requests * 2, [0] * 12, num_slots=6)
     assert got == {i: want[i % len(requests)] for i in range(2 * len(requests))}
     assert used.prefix_hit_tokens > 0 and used.preemptions > 0
