@@ -576,7 +576,7 @@ from axplug_testing import LayerConformance  # noqa: E402
 class TestDeepSeekMoEConformance(LayerConformance):
     """The kit on DeepSeek-V3's MoE layer: group-limited sigmoid routing with its correction
     bias (state, not trained by gradient), routed scaling and a shared expert, swapped for
-    gpt-tiny's dense feed-forward (in one layer: a second only compiled the same layer again)."""
+    gpt-tiny's dense feed-forward."""
 
     @pytest.fixture
     def layer_config(self):
@@ -595,18 +595,6 @@ class TestDeepSeekMoEConformance(LayerConformance):
     @pytest.fixture
     def mesh_shape(self):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
-
-    @pytest.fixture
-    def swap_modifier(self, layer_config, swap_target):
-        from axplug.api.config import apply_overrides, replace_config
-
-        new_cfg = layer_config.clone(name=None)
-
-        def swap(cfg):  # the kit's swap, into one layer of the preset
-            cfg = apply_overrides(cfg, ["model.decoder.transformer.num_layers=1"])
-            return replace_config(cfg, target=swap_target, new_cfg=new_cfg)
-
-        return swap
 
 
 def test_scanned_deepseek_v3_matches_transformers(tmp_path):

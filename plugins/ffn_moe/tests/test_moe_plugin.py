@@ -890,8 +890,7 @@ from axplug_testing import LayerConformance  # noqa: E402
 
 class TestMoEFeedForwardConformance(LayerConformance):
     """The kit on the MoE layer: experts over the `expert` mesh axis, swapped for gpt-tiny's
-    dense feed-forward (the default `swap_target`; in one layer: a second only compiled the
-    same layer again)."""
+    dense feed-forward (the default `swap_target`)."""
 
     @pytest.fixture
     def layer_config(self):
@@ -904,18 +903,6 @@ class TestMoEFeedForwardConformance(LayerConformance):
     @pytest.fixture
     def mesh_shape(self):
         return (2, 1, 2, 1, 2)  # data, expert and model parallel at once
-
-    @pytest.fixture
-    def swap_modifier(self, layer_config, swap_target):
-        from axplug.api.config import apply_overrides, replace_config
-
-        new_cfg = layer_config.clone(name=None)
-
-        def swap(cfg):  # the kit's swap, into one layer of the preset
-            cfg = apply_overrides(cfg, ["model.decoder.transformer.num_layers=1"])
-            return replace_config(cfg, target=swap_target, new_cfg=new_cfg)
-
-        return swap
 
 
 def test_reapplying_moe_resets_the_options_it_owns():

@@ -283,7 +283,7 @@ class LayerConformance:
         cfg = tiny_trainer_config(
             tmp_path,
             "learner.warmup_steps=0",
-            "model.decoder.transformer.num_layers=2",
+            "model.decoder.transformer.num_layers=1",
             "model.decoder.transformer.layer.attention.num_heads=4",
             "input.seq_len=16",
             "input.batch_size=2",
