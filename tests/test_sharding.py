@@ -366,10 +366,8 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     assert len(wq.sharding.device_set) == 8
     got, engine = decode(loaded)
     assert got == want
-    # One program for the prefill and one for decoding, whether a step's ids come from the
-    # host or run ahead from the device; the cache is made as the steps lay it out, so later
-    # requests lower no program again (made on one device, the next prefill compiled again).
-    assert engine._extend_rows._cache_size() == 2
+    # The cache is made as the steps lay it out: later requests lower no program again (made
+    # on one device, the next prefill compiled again).
     lowered = []
 
     def count(event, _secs, **_):

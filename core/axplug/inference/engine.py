@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug.component_spec import component_config
 from axplug.inference import admission, ahead
@@ -91,14 +90,13 @@ class Engine:
         self.max_logprobs = max_logprobs
         self.model, self.params = model, params
         self._scope = make_scope(mesh, axis_rules)
-        on_mesh = mesh is not None and mesh.size > 1
-        self._replicated = NamedSharding(mesh, PartitionSpec()) if on_mesh else None
         self._extend_rows = bind_extend_rows(self.model, self._scope)
         self.num_slots, self.max_len, self.min_prefill_len = num_slots, max_len, min_prefill_len
         self.vocab_size = getattr(getattr(model.config, "decoder", None), "vocab_size", None)
         init = model.init_cache_state
-        if on_mesh:  # made on the mesh as the steps lay it out (not whole on one device), so
-            # the first step's program is the next one's
+        if self._scope is not None and self._scope.mesh.size > 1:
+            # Made on the mesh as the steps lay it out: not whole on one device, and the first
+            # step's program is the next one's.
             init = jax.jit(init, static_argnums=(0, 1))
         with assigning_pages(), sharding_scope(self._scope):  # the allocator gives rows pages
             # Ready before the first request, whose time to first token must not include it.
@@ -294,8 +292,6 @@ class Engine:
         # devices faster than a jnp.asarray each. The table is copied: rows may change it
         # while the step runs.
         rows, ids = self._rows, fed.ids if after is None else after.tokens[:, None]
-        if self._replicated is not None:  # ids from the host or the device: one decode program
-            ids = jax.device_put(ids, self._replicated)
         penalties = rows.penalty_inputs(self._slots, fed.positions)
         tokens, accepted, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).

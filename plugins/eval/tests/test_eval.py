@@ -26,9 +26,12 @@ from axplug.api.summary import read_jsonl  # noqa: E402
 
 MAX_LEN = 64
 KEY = "eval-key"
+# Short: each multiple-choice request (question, lm-eval's " " delimiter and choice) and the
+# short text's rolling window fit 16 tokens, so the tasks score at one prefill width (16) in
+# process and on the server (the long text's windows score at 64: the forward pass test's).
 MC = [
-    {"question": "HAMLET. To be, or not to", "choices": [" be", " cat", " xq"], "answer": 0},
-    {"question": "KING. My lord", "choices": [" is", " zz"], "answer": 0},
+    {"question": "HAMLET. To", "choices": [" be", " cat", " xq"], "answer": 0},
+    {"question": "KING. My", "choices": [" lord", " zz"], "answer": 0},
     {"question": "ROMEO. O", "choices": [" Romeo", " qqq", " the"], "answer": 2},
     {"question": "First", "choices": [" Citizen", " Xylophone"], "answer": 0},
     {"question": "The", "choices": [" king", " qj"], "answer": 0},
@@ -36,7 +39,7 @@ MC = [
 GEN = [{"prompt": "HAMLET.", "target": " To be"}, {"prompt": "KING.\n", "target": " My"},
        {"prompt": "To be, or", "target": " not"}]  # fmt: skip
 TEXTS = [{"text": "HAMLET. To be, or not to be, that is the question: " * 3},
-         {"text": "Words, words, words."}]  # fmt: skip
+         {"text": "Words, words."}]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

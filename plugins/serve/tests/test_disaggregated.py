@@ -16,7 +16,7 @@ VOCAB, DIM, HEADS = 61, 32, 4
 def rope_model():
     cfg = CausalLM.default_config()
     cfg.decoder.set(vocab_size=VOCAB, dim=DIM)
-    cfg.decoder.transformer.set(num_layers=2)
+    cfg.decoder.transformer.set(num_layers=1)  # RoPE and grouped KV heads: one layer has both
     cfg.decoder.transformer.layer.attention.set(num_heads=HEADS)
     cfg.decoder.transformer.layer.feed_forward.set(hidden_dim=64)
     for spec in ("rope", "gqa:num_kv_heads=2"):
@@ -67,6 +67,28 @@ def test_a_disaggregated_engine_cancels_and_finishes_like_one_engine(rope_model)
     assert both.transfers == 3 and not both.has_work
 
 
+def test_the_serve_warm_up_runs_on_a_disaggregated_engine(rope_model):
+    """`axplug serve`'s warm-up (every prefill width, then a prompt chunked beside a decoding
+    row) on a disaggregated engine, threaded as the server's: it ends with nothing left, and
+    the engine then decodes as one engine does (test_serve.py serves one without it)."""
+    from axplug_serve.command import _warm_up
+
+    model, params = rope_model
+    both = DisaggregatedEngine(
+        Engine(model, params, num_slots=1, max_len=16, prefill_chunk=4),
+        Engine(model, params, num_slots=2, max_len=16),
+    )
+    _warm_up(both, Request, SamplingParams)
+    assert not both.has_work and both.transfers > 0
+    greedy = SamplingParams(max_new_tokens=5, temperature=0)
+    prompts = submit_four(both, greedy, seed=80)
+    done = {c.id: c for c in both.run()}
+    both.close()
+    one = solo(model, params)
+    for name in "abcd":
+        assert done[name].output_ids == alone(one, prompts[name], greedy), name
+
+
 @pytest.fixture(scope="module")
 def llama_run(trained_run):
     """A llama-tiny run, read by the tests below (trained once per session: shared with other
@@ -98,18 +120,27 @@ def outputs(e):
 
 
 @pytest.fixture(scope="module")
-def unified(llama_run):
+def second_device(llama_run):
+    """The run loaded on the second device: the reference's and the one-device split's decode
+    side's (one model, so the engines over it share its compiled programs)."""
+    return load_checkpoint(llama_run, devices=jax.devices()[1:2])
+
+
+@pytest.fixture(scope="module")
+def unified(second_device):
     """The tokens of REQUESTS from one engine doing both, on one device (the layout of its
     KV cache changes no token: one reference for every case below). That device is the decode
     side's of the one-device split, whose decode programs are then the ones compiled here."""
-    return outputs(engine(load_checkpoint(llama_run, devices=jax.devices()[1:2]), num_slots=3))
+    return outputs(engine(second_device, num_slots=3))
 
 
 @pytest.mark.parametrize(
     ("cache", "split"),
     [("contiguous", "one device each"), ("paged", "fsdp=2,model=2 each")],
 )
-def test_disaggregated_prefill_and_decode_give_the_unified_tokens(llama_run, unified, cache, split):
+def test_disaggregated_prefill_and_decode_give_the_unified_tokens(
+    llama_run, second_device, unified, cache, split
+):
     """Prompts prefilled on one device set, rows moved to another and decoded there: the
     tokens of one engine doing both (greedy and sampled), caches on the decode devices."""
     modifiers = ["paged_kv_cache:page_size=4,num_pages=24"] if cache == "paged" else []
@@ -120,7 +151,10 @@ def test_disaggregated_prefill_and_decode_give_the_unified_tokens(llama_run, uni
         modifiers.append("mesh:fsdp=2,model=2")
         prefill_devices, decode_devices = devices[:4], devices[4:]
     pre = load_checkpoint(llama_run, modifiers=modifiers, devices=prefill_devices)
-    dec = load_checkpoint(llama_run, modifiers=modifiers, devices=decode_devices)
+    if split == "one device each":  # the reference's model: its decode programs, compiled
+        dec = second_device
+    else:
+        dec = load_checkpoint(llama_run, modifiers=modifiers, devices=decode_devices)
     disaggregated = DisaggregatedEngine(
         engine(pre, num_slots=2, prefill_chunk=4),
         engine(dec, num_slots=3),

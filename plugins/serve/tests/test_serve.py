@@ -114,9 +114,10 @@ def server(run_dir, tmp_path_factory):
     from axplug_serve.testing import serve_in_thread
 
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    # 32-token prefill chunks (the tests' prompts are shorter): the warm-up compiles two prefill
-    # widths, not five, and prefills a longer prompt beside a decoding row.
-    options = _serve_argv(run_dir, "--prefill-chunk", "32")[1:]
+    # 16-token prefill chunks: the warm-up compiles one prefill width, not five, and prefills a
+    # longer prompt beside a decoding row; longer prompts (most of the tests') are chunked, and
+    # every prefill runs at the width the warm-up compiled.
+    options = _serve_argv(run_dir, "--prefill-chunk", "16")[1:]
     with serve_in_thread(options, log) as base:
         # The engine's gauges are there before any request (2 rows x 256 / 16 pages).
         assert _metric(base, "axplug_serve_kv_pages_free") == 32
@@ -137,9 +138,10 @@ def loaded(run_dir):
 @pytest.fixture(scope="module")
 def engine(loaded):
     """The core's Engine over the same checkpoint, in this process: one for every reference
-    below, so its programs are compiled once (3 rows of 64 tokens: the shape of the eval
-    plugin's engine over this run, whose programs the session then compiles once too)."""
-    return Engine(loaded.model, loaded.params, num_slots=3, max_len=64)
+    below, so its programs are compiled once (3 rows of 64 tokens in 16-token prefill chunks:
+    the shape of the eval plugin's engine over this run, whose programs the session then
+    compiles once too; every prompt prefills at the one width 16)."""
+    return Engine(loaded.model, loaded.params, num_slots=3, max_len=64, prefill_chunk=16)
 
 
 @pytest.fixture(scope="module")
@@ -332,9 +334,11 @@ def test_health_models_and_help(server, client, capsys):
 @pytest.mark.parametrize(
     "extra",
     [
-        # 64-token rows: the warm-up compiles fewer prefill widths on each side; the decode
-        # side verifies prompt-lookup drafts.
-        ["--prefill-devices", "4", "--max-len", "64", "--speculative", "ngram:min_n=1"],
+        # The decode side verifies prompt-lookup drafts. No warm-up (each side compiles only
+        # the programs of the one request): test_disaggregated.py warms up a disaggregated
+        # engine as this command does.
+        ["--prefill-devices", "4", "--max-len", "64", "--no-warmup"]
+        + ["--speculative", "ngram:min_n=1"],
         # Chunked prefill with either cache is covered in-process (test_inference.py).
         pytest.param(["--kv-cache", "contiguous", "--prefill-chunk", "4"], marks=pytest.mark.slow),
     ],
@@ -665,6 +669,8 @@ def test_a_looping_chat_template_is_a_400_within_its_budget_and_frees_the_worker
         assert answer.status_code == 400, answer.text
         assert "rendering took over 0.5 s" in answer.json()["error"]["message"]
         assert time.monotonic() - start < 10
-        plain = {"model": "tiny", "prompt": "hi", "max_tokens": 2}  # the server still answers
+        # The server still answers (a one-token prompt: the programs of the `server` fixture's
+        # warm-up, from the session's compilation cache).
+        plain = {"model": "tiny", "prompt": "h", "max_tokens": 2}
         assert httpx.post(f"{base}/v1/completions", json=plain, headers=headers,
                           timeout=60).status_code == 200  # fmt: skip
