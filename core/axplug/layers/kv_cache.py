@@ -46,6 +46,9 @@ _KV_AXES = ("heads", "batch", None, None)  # [kv_heads, rows x pages, page, head
 _PAGE = 16  # tokens per page when a contiguous cache is read as pages
 # Head-major, as the Pallas paged-attention kernels read it: [kv_heads, pages, page, head_dim].
 _POOL_AXES = ("heads", None, None, None)
+# Per row: `length` [b], and the block table or a contiguous row's positions [b, ...]. A cache's
+# init_state lays its arrays out as its writes do: a step's cache is the next step's input.
+_LENGTH_AXES, _ROW_AXES = ("batch",), ("batch", None)
 
 _ASSIGNING_PAGES = contextvars.ContextVar("axplug_assigning_pages", default=False)
 
@@ -116,8 +119,8 @@ def _write_pages(state: dict, key, value, positions, page_size: int, axes=_POOL_
         "key": constrain(write(state["key"], key), axes),
         "value": constrain(write(state["value"], value), axes),
         "positions": state["positions"].at[page, offset].set(positions, mode="drop"),
-        "block_table": constrain(table, ("batch", None)),
-        "length": constrain(_new_length(state["length"], positions), ("batch",)),
+        "block_table": constrain(table, _ROW_AXES),
+        "length": constrain(_new_length(state["length"], positions), _LENGTH_AXES),
     }
 
 
@@ -155,14 +158,13 @@ class ContiguousKVCache(KVCache):
     ) -> dict[str, jax.Array]:
         page, per_row = _row_pages(max_len)
         shape = (num_kv_heads, batch_size * per_row, page, head_dim)
-        # Laid out as `extend_paged` writes it: a step's cache is its next step's input.
-        return {
+        return {  # laid out as `extend_paged` writes it
             "key": constrain(jnp.zeros(shape, dtype), _KV_AXES),
             "value": constrain(jnp.zeros(shape, dtype), _KV_AXES),
             "positions": constrain(
-                jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32), ("batch", None)
+                jnp.full((batch_size, max_len), EMPTY_POSITION, jnp.int32), _ROW_AXES
             ),
-            "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
+            "length": constrain(jnp.zeros((batch_size,), jnp.int32), _LENGTH_AXES),
         }
 
     def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
@@ -192,8 +194,8 @@ class ContiguousKVCache(KVCache):
         new_state = {
             "key": written["key"],
             "value": written["value"],
-            "positions": constrain(written["positions"].reshape(b, max_len), ("batch", None)),
-            "length": constrain(written["length"], ("batch",)),
+            "positions": constrain(written["positions"].reshape(b, max_len), _ROW_AXES),
+            "length": written["length"],
         }
         return new_state, PagedKV(new_state["key"], new_state["value"], table, new_state["length"])
 
@@ -261,10 +263,8 @@ class PagedKVCache(KVCache):
             # Entries past the pool (num_pages too small for every row) are `num_pages`: no
             # page. Writes through them are dropped and reads see empty slots, so a row without
             # pages never touches another row's (it pointed at page 0 and overwrote row 0).
-            "block_table": constrain(
-                jnp.where(table < num_pages, table, num_pages), ("batch", None)
-            ),
-            "length": constrain(jnp.zeros((batch_size,), jnp.int32), ("batch",)),
+            "block_table": constrain(jnp.where(table < num_pages, table, num_pages), _ROW_AXES),
+            "length": constrain(jnp.zeros((batch_size,), jnp.int32), _LENGTH_AXES),
         }
 
     def extend(self, state: dict, key: jax.Array, value: jax.Array, positions: jax.Array):
