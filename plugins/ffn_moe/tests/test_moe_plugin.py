@@ -790,11 +790,6 @@ def every_second_layer_moe(run_dir, mesh):
 STEPS = 6
 
 
-def copied_onto(trainer, start):
-    """The host state `start` copied onto `trainer`'s mesh (its step donates what it gets)."""
-    return jax.device_put(start, trainer.layout.shardings, may_alias=False)
-
-
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory):
     """Each step's metrics, the final parameters and the initial state (on the host) of
@@ -804,7 +799,7 @@ def one_device_run(tmp_path_factory):
     trainer = every_second_layer_moe(tmp_path_factory.mktemp("one"), (1, 1, 1, 1, 1))
     trainer = trainer.instantiate(devices=jax.devices()[:1])
     start = jax.tree.map(np.array, jax.device_get(trainer.init_state()))
-    state, rows = train_steps(trainer, STEPS, copied_onto(trainer, start))
+    state, rows = train_steps(trainer, STEPS, start)
     rows = [{k: float(v) for k, v in r.items() if k != "histograms"} for r in rows]
     return rows, jax.device_get(state["params"]), start
 
@@ -848,7 +843,7 @@ def test_expert_parallel_runs_match_one_device(tmp_path, one_device_run, mesh):
     trainer = every_second_layer_moe(tmp_path, mesh).instantiate()
     # The built train step alone: a checkpoint of 8 devices' shards is not what is tested.
     want_rows, want_params, start = one_device_run
-    state, rows = train_steps(trainer, STEPS, copied_onto(trainer, start))
+    state, rows = train_steps(trainer, STEPS, start)
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in want_rows], rtol=1e-4)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=5e-4),

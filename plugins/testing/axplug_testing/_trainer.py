@@ -79,10 +79,16 @@ def train_steps(
     """`steps` calls of the trainer's built train step from `state` (default: a fresh one) on
     its input's first batches, without a run (no checkpoint, writer or hook): (the state, each
     step's metrics, read back). What a test of the step's behaviour needs; `compiler_options`
-    compiles the step with them (e.g. `production_compiler_options()`)."""
+    compiles the step with them (e.g. `production_compiler_options()`).
+
+    A given `state` (host or device arrays) is copied onto the trainer's layout, as its own:
+    the step donates what it gets, and the caller's may start another trainer."""
     import jax
 
-    state = trainer.init_state() if state is None else state
+    if state is None:
+        state = trainer.init_state()
+    else:
+        state = jax.device_put(state, trainer.layout.shardings, may_alias=False)
     metrics, batches, step = [], trainer.input.iter_from(0), trainer._train_step
     for _ in range(steps):
         batch = trainer.put_batch(next(batches)[1])
