@@ -346,12 +346,12 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
     run = str(mesh_run[0])
     modifiers = ["paged_kv_cache:page_size=4"] if cache == "paged" else []
     # One more than the slots: the last waits, and decoding steps from host ids until it joins.
-    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [6, 5], [3, 3]]
     sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
 
     def decode(loaded, engine=None):
         engine = engine or Engine(
-            loaded.model, loaded.params, num_slots=3, max_len=32,
+            loaded.model, loaded.params, num_slots=4, max_len=32,
             mesh=loaded.mesh, axis_rules=loaded.axis_rules,
         )  # fmt: skip
         for prompt in prompts:
