@@ -1,5 +1,6 @@
 """Inference with the training layers: KV-cache decoding, sampling, continuous batching."""
 
+from axplug.inference.constraints import Guide, TokenConstraint
 from axplug.inference.engine import Engine
 from axplug.inference.generation import generate, run_to_completion
 from axplug.inference.loading import (
@@ -15,6 +16,7 @@ from axplug.inference.speculation import Proposer, verify_drafts
 __all__ = [
     "Completion",
     "Engine",
+    "Guide",
     "LoadedModel",
     "Logprob",
     "OutOfPagesError",
@@ -23,6 +25,7 @@ __all__ = [
     "Request",
     "RequestState",
     "SamplingParams",
+    "TokenConstraint",
     "TokenEvent",
     "find_tokenizer",
     "generate",

@@ -35,6 +35,8 @@ def checked(self, request: Request | Sequence[int]) -> Request:
     sampling = request.sampling
     if problem := self._rows.problem(sampling):  # fails here, never in a step
         raise ValueError(f"{name}: {problem}")
+    if request.constraint is not None and self.vocab_size is None:
+        raise ValueError(f"{name}: a constraint needs the model's vocab_size")
     for field in ("logprobs", "prompt_logprobs"):
         if (wanted := getattr(sampling, field) or 0) > self.max_logprobs:
             raise ValueError(

@@ -18,15 +18,15 @@ class Pending(NamedTuple):
     feeds: dict[int, list[int]]
     drafts: dict[int, list[int]]
     rows: tuple  # each slot's request state at dispatch (None: empty)
-    plain: bool  # no drafts, penalties or prompt scores
+    plain: bool  # no drafts, penalties, constraints or prompt scores
 
 
 def dispatch_after(engine, pending: Pending) -> Pending | None:
     """The step after `pending`, dispatched before its tokens are read: every row `pending`
     fed samples a token there and decodes on from it (a row that reaches `max_new_tokens`
     there sits it out; one that stops on a token computes a step that is dropped). None when
-    the next step needs the host first: drafts, penalties, prompt scores, a prefill still
-    going, a request waiting or joining, or no free page where a row needs one."""
+    the next step needs the host first: drafts, penalties, a constraint, prompt scores, a
+    prefill still going, a request waiting or joining, or no free page where a row needs one."""
     if not pending.plain or engine.proposer is not None or engine.num_waiting:
         return None
     feeds = {}

@@ -293,14 +293,15 @@ class Engine:
         # while the step runs.
         rows, ids = self._rows, fed.ids if after is None else after.tokens[:, None]
         penalties = rows.penalty_inputs(self._slots, fed.positions)
+        allowed = rows.allowed_inputs(self._slots, feeds)
         tokens, accepted, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
             fed.logprobs, fed.prompt_logprobs, self.params, self._cache, ids, fed.positions,
             fed.start, self._table.copy(), fed.last, fed.targets, rows.keys, fed.counts,
-            penalties, proposed, *rows.sampling,
+            penalties, allowed, proposed, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
-        plain = penalties is None and proposed is None and fed.prompt_logprobs is None
+        plain = all(x is None for x in (penalties, allowed, proposed, fed.prompt_logprobs))
         return ahead.Pending(tokens, accepted, scores, feeds, drafts, tuple(self._slots), plain)
 
     def _collect(self, pending: ahead.Pending) -> list[TokenEvent]:
@@ -372,6 +373,9 @@ class Engine:
         active.output.append(token)
         if logprob is not None:
             active.output_logprobs.append(logprob)
+        if active.request.constraint is not None and active.request.constraint.accept(token):
+            self._retire(slot, "stop")  # nothing may follow
+            return TokenEvent(active.request.id, token, "stop", logprob)
         if len(active.output) >= sampling.max_new_tokens:
             self._retire(slot, "length")
             return TokenEvent(active.request.id, token, "length", logprob)

@@ -69,7 +69,7 @@ class LoadedModel:
 
 
 def load_checkpoint(
-    path: str,
+    path: str | os.PathLike,
     *,
     step: int | None = None,
     modifiers: Sequence[str] = (),
@@ -89,7 +89,7 @@ def load_checkpoint(
     from axplug.mesh import parameter_shardings
     from axplug.modifiers import make_modifier
 
-    directory = checkpoint_directory(path)
+    directory = checkpoint_directory(os.fspath(path))
     with Checkpointer.default_config().set(directory=directory).instantiate() as checkpointer:
         try:
             step = checkpointer.latest_step() if step is None else step

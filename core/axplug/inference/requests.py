@@ -16,11 +16,14 @@ __all__ = ["Request", "Completion", "Logprob", "TokenEvent", "RequestState", "se
 
 @dataclasses.dataclass
 class Request:
-    """A prompt (token ids) and how to continue it; `id` defaults to a counter."""
+    """A prompt (token ids) and how to continue it; `id` defaults to a counter. A
+    `constraint` (`axplug.inference.TokenConstraint`, its own per request) limits what it
+    may generate."""
 
     prompt: Sequence[int]
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     id: Any = None
+    constraint: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from axplug.api import EMPTY_POSITION
+from axplug.inference.constraints import mask_words
 from axplug.inference.requests import RequestState, seed_key
 from axplug.inference.sampling import SamplingParams
 
@@ -73,6 +74,17 @@ class RowSettings:
             if active is not None:  # positions at or past the prompt's end hold outputs
                 generated[slot] = fed[slot] * (positions[slot] >= len(active.request.prompt))
         return {**self._counts, **self._penalty_rows, "output_mask": generated, "fed_mask": fed}
+
+    def allowed_inputs(self, rows: list[RequestState | None], feeds) -> np.ndarray | None:
+        """The step's `allowed` argument: None when no row in `feeds` has a constraint, else
+        each row's allowed tokens as mask words (every token for a row without one)."""
+        constrained = [s for s in feeds if rows[s].request.constraint is not None]
+        if not constrained:
+            return None
+        words = np.full((self.num_slots, mask_words(self.vocab_size)), -1, np.int32)
+        for s in constrained:
+            rows[s].request.constraint.fill(words[s])
+        return words
 
     def keep(self, counts: dict | None) -> None:
         """The token counts a step returned (None: it used no penalties)."""

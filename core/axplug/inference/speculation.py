@@ -39,11 +39,14 @@ class Proposer(Configurable, abc.ABC):
 
 
 def propose(proposer: Proposer, rows: list, num_drafts: int, max_len: int) -> dict[int, list]:
-    """`proposer`'s drafts for the decoding `rows` (by slot) without penalties, each at most
-    what the row may still generate after the step's own token and what its row can hold."""
+    """`proposer`'s drafts for the decoding `rows` (by slot) without penalties or a
+    constraint, each at most what the row may still generate after the step's own token and
+    what its row can hold."""
     limits = {}
     for s, active in enumerate(rows):
-        if active is not None and active.decoding and not active.request.sampling.penalizes:
+        if active is None or active.request.constraint is not None:
+            continue
+        if active.decoding and not active.request.sampling.penalizes:
             left = active.request.sampling.max_new_tokens - len(active.output) - 1
             if (limit := min(num_drafts, left, max_len - active.context_len)) > 0:
                 limits[s] = limit

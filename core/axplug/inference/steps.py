@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from axplug.context import functional
+from axplug.inference.constraints import allowed_tokens
 from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
 from axplug.inference.speculation import verify_drafts
 from axplug.layers.kv_cache import read_row, restart_rows, set_block_tables, write_row
@@ -39,7 +40,7 @@ def _extend_rows_of(model_ref, scope, *args):
 
 def extend_rows(
     model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, start,
-    table, last, targets, keys, counts, penalties, proposed, *sampling,
+    table, last, targets, keys, counts, penalties, allowed, proposed, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
@@ -51,6 +52,8 @@ def extend_rows(
     `penalties` is None, or the rows' penalty state (`sampling.penalized`: token `counts` and
     `seen` [rows, vocab], kept across steps, and the rows' settings) with `output_mask` and
     `fed_mask` [rows, width]: which fed tokens are generated ones (counted) and real (seen).
+    `allowed` is None, or the tokens each row may sample ([rows, mask words], see
+    `axplug.inference.constraints`; all bits set: every token).
     Fed tokens are counted before sampling, so a row's last token counts from the next step
     on, when it is fed; a row starting from empty starts from zero counts. `proposed` is None,
     or (drafts [rows, K], how many are real [rows]): a row's last fed tokens are its drafts,
@@ -101,6 +104,8 @@ def extend_rows(
             ),
         }  # fmt: skip
         chosen_from = penalized(logits, {**penalties, **kept})
+    if allowed is not None:
+        chosen_from = allowed_tokens(chosen_from, allowed)
 
     def sampled(_):
         step_keys = jax.vmap(jax.random.fold_in)(keys, counts)

@@ -46,6 +46,7 @@ KINDS = (
     "schedules",
     "rewards",
     "proposers",
+    "guides",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

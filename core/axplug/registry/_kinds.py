@@ -133,6 +133,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "schedules": _factory("make(peak, steps, cfg, **options)", "an optax.Schedule", 3),
     "rewards": _protocol("Reward", "score", "score_batch"),
     "proposers": _subclass_of("axplug.inference.speculation:Proposer"),
+    "guides": _subclass_of("axplug.inference.constraints:Guide"),
     # hooks: pluggy validates each implementation against the hookspecs when registering.
 }
 

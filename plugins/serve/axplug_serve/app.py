@@ -26,6 +26,7 @@ from axplug_serve.generation import (
     usage,
 )
 from axplug_serve.guard import Guard
+from axplug_serve.guided import Guides
 from axplug_serve.logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
 from axplug_serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from axplug_serve.protocol import (
@@ -175,6 +176,7 @@ class _API:
         self.worker, self.settings, self.metrics = worker, settings, metrics
         self.created = int(time.time())
         self.texts = TokenTexts(settings.tokenizer)
+        self.guides = Guides(settings.tokenizer, worker.engine.vocab_size)
         self._unknown_fields_seen: set[str] = set()
 
     def model_card(self) -> dict[str, Any]:
@@ -233,9 +235,9 @@ class _API:
         }
         if body.max_tokens == 0 and scoring["prompt_logprobs"] is None:
             scoring["prompt_logprobs"] = 0  # only echo: the engine still sees the prompt
-        generations = start_generations(
-            self, "completions", body, prompts, body.max_tokens, body.n, **scoring
-        )
+        constraints = await asyncio.to_thread(self.guides.constraints, body)
+        generations = start_generations(self, "completions", body, prompts, body.max_tokens,
+                                        body.n, **scoring, constraints=constraints)  # fmt: skip
         rid, created = f"cmpl-{generations[0].id}", int(time.time())
         echoed = [
             self._echo(p, ids) if body.echo else ""
@@ -308,9 +310,10 @@ class _API:
         if body.token_limit == 0:
             raise invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
         top_n = (body.top_logprobs or 0) if body.logprobs else None
-        generations = start_generations(
-            self, "chat.completions", body, [prompt], body.token_limit, body.n, logprobs=top_n
-        )
+        constraints = await asyncio.to_thread(self.guides.constraints, body)
+        generations = start_generations(self, "chat.completions", body, [prompt],
+                                        body.token_limit, body.n, logprobs=top_n,
+                                        constraints=constraints)  # fmt: skip
         rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
 
         def chunk(choices: list, kind: str, usage=None) -> dict[str, Any]:

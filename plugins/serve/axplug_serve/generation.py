@@ -28,8 +28,9 @@ class Generation:
     """One request in the engine, seen from the event loop: its text (and the logprobs of the
     tokens behind it) as it is generated."""
 
-    def __init__(self, api: Any, endpoint: str, prompt: list[int], sampling, stop: list[str]):
-        self.id = uuid.uuid4().hex
+    def __init__(self, api: Any, endpoint: str, prompt: list[int], sampling, stop: list[str],
+                 constraint: Any = None):  # fmt: skip
+        self.id, self.constraint = uuid.uuid4().hex, constraint
         self.prompt, self.endpoint, self._api = prompt, endpoint, api
         self.sampling = sampling
         self._loop = asyncio.get_running_loop()
@@ -41,7 +42,8 @@ class Generation:
         self.prompt_logprobs: list[Logprob | None] | None = None
 
     def submission(self) -> tuple[EngineRequest, Callable]:
-        return EngineRequest(self.prompt, self.sampling, id=self.id), self._sink
+        request = EngineRequest(self.prompt, self.sampling, id=self.id, constraint=self.constraint)
+        return request, self._sink
 
     def _sink(self, item) -> None:  # the engine thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
@@ -201,9 +203,10 @@ def start_generations(
     *,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    constraints: Callable | None = None,
 ) -> list[Generation]:
     """Checks each prompt against the engine's limits and submits `n` generations of each,
-    all or none; choice i is prompt i // n."""
+    all or none; choice i is prompt i // n. `constraints` makes each one's constraint."""
     engine, settings = api.worker.engine, api.settings
     stop_tokens = () if body.ignore_eos else settings.stop_tokens
     stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
@@ -231,7 +234,8 @@ def start_generations(
         for j in range(n):  # each of n choices its own sample
             sampling = body.sampling_params(wanted, stop_tokens, (seed + j) % 2**32, logprobs,
                                             prompt_logprobs)  # fmt: skip
-            generations.append(Generation(api, endpoint, prompt, sampling, body.stop))
+            constraint = constraints() if constraints is not None else None
+            generations.append(Generation(api, endpoint, prompt, sampling, body.stop, constraint))
     capacity = api.worker.capacity
     if len(generations) > capacity:
         raise invalid(

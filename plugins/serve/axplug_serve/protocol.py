@@ -88,6 +88,12 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, float] | None = Field(
         None, max_length=1024, description="token id (a string) -> bias in [-100, 100]"
     )
+    # Structured outputs (axplug_serve.guided): OpenAI's, and vLLM's extensions.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(None, max_length=16_384)
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=1024)
+    guided_grammar: str | None = Field(None, max_length=65_536)
     # Accepted and ignored: bookkeeping some clients always send.
     store: bool | None = None
     metadata: dict[str, Any] | None = None
@@ -232,11 +238,9 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None  # accepted: no tools run anyway
-    response_format: dict[str, Any] | None = None
 
     _refused = _unsupported("tools")
     _no_tool_choice = _unsupported("tool_choice", allowed=(None, "none"))
-    _text_format = _unsupported("response_format", allowed=(None, {"type": "text"}))
 
     @property
     def token_limit(self) -> int | None:
