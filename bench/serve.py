@@ -4,6 +4,7 @@
     python bench/serve.py http [--clients 8] [--requests 32] [--new-tokens 64]
     python bench/serve.py prefix [--prefix-len 1024] [--n 8]   (see bench/serve_prefix.py)
     python bench/serve.py speculative [--batch 1,8]        (see bench/serve_speculative.py)
+    python bench/serve.py structured [--batch 8]           (see bench/serve_structured.py)
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
@@ -43,6 +44,8 @@ from serve_prefix import add_parser as add_prefix_parser  # noqa: E402
 from serve_prefix import bench_prefix  # noqa: E402
 from serve_speculative import add_parser as add_speculative_parser  # noqa: E402
 from serve_speculative import bench_speculative  # noqa: E402
+from serve_structured import add_parser as add_structured_parser  # noqa: E402
+from serve_structured import bench_structured  # noqa: E402
 
 
 def engine_once(engine, prompts, new_tokens: int, logprobs=None):
@@ -299,9 +302,11 @@ def main() -> None:
     http.add_argument("--rounds", type=int, default=3)
     add_prefix_parser(sub)
     add_speculative_parser(sub)
+    add_structured_parser(sub)
     args = parser.parse_args()
     run = {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}
     run["speculative"] = bench_speculative
+    run["structured"] = bench_structured
     run[args.what](args)
 
 

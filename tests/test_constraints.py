@@ -9,7 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axplug.inference import Engine, Request, SamplingParams, TokenConstraint, sample_tokens
+from axplug.inference import (
+    Engine,
+    Proposer,
+    Request,
+    SamplingParams,
+    TokenConstraint,
+    sample_tokens,
+)
 from axplug.inference.constraints import allowed_tokens, mask_words
 from test_inference import ROPE_MODS, build, forward_logits, lm_cfg, padded, random_ids
 
@@ -113,6 +120,32 @@ def test_constrained_rows_take_the_best_allowed_token_and_others_are_unchanged(
     # The unconstrained row decodes as it does with no constraint in the engine.
     engine.submit(Request(prompts[1], greedy, id="alone"))
     assert done["free"].output_ids == engine.run()[0].output_ids
+
+
+class Ones(Proposer):
+    """Proposes token 1 for every row it is asked about, and remembers their contexts."""
+
+    def propose(self, contexts, limits):
+        self.contexts = [*getattr(self, "contexts", []), *contexts.values()]
+        return {s: [1] * limits[s] for s in contexts}
+
+
+def test_constrained_rows_take_no_drafts_and_decode_as_without_speculation(model_and_params):
+    model, params = model_and_params
+    sets = [set(np.random.default_rng(2).choice(VOCAB, 4, replace=False).tolist())] * 5
+    prompts = [random_ids(8, 6).tolist(), random_ids(9, 4).tolist()]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    proposer = Ones.default_config().set(num_tokens=2).instantiate()
+    engine = Engine(model, params, num_slots=3, max_len=16, min_prefill_len=16,
+                    speculative=proposer)  # fmt: skip
+    engine.submit(Request(prompts[0], greedy, id="guided", constraint=FixedSets(sets)))
+    engine.submit(Request(prompts[1], greedy, id="free"))
+    done = {c.id: c for c in engine.run()}
+    assert done["guided"].output_ids == masked_greedy_reference(model, params, prompts[0], sets)
+    assert done["free"].output_ids == masked_greedy_reference(
+        model, params, prompts[1], [range(VOCAB)] * 6
+    )
+    assert proposer.contexts and all(c[: len(prompts[0])] != prompts[0] for c in proposer.contexts)
 
 
 def test_a_constraint_needs_the_vocabulary(model_and_params):

@@ -155,13 +155,16 @@ def _json_format(schema):
 
 def test_a_hundred_sampled_completions_validate_also_streamed(client):
     outputs = []
-    for seed in range(7):  # 7 x 16 choices
+    for seed in range(7):  # 7 x 16 choices; one request with the model's logprobs
         out = client.chat.completions.create(
             model=client.models.list().data[0].id, n=16, seed=seed, temperature=1.0,
             messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS,
-            response_format=_json_format(SCHEMA),
+            response_format=_json_format(SCHEMA), logprobs=seed == 0,
         )  # fmt: skip
         outputs += [(c.message.content, c.finish_reason) for c in out.choices]
+        if seed == 0:
+            counted = sum(len(c.logprobs.content) for c in out.choices)
+            assert counted == out.usage.completion_tokens
     assert len(outputs) >= 100 and {reason for _, reason in outputs} == {"stop"}
     for text, _ in outputs:
         jsonschema.validate(json.loads(text), SCHEMA)
