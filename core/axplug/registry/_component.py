@@ -47,6 +47,7 @@ KINDS = (
     "rewards",
     "proposers",
     "guides",
+    "tool_parsers",
 )
 # Inclusive window of plugin API major versions this core can load.
 SUPPORTED_PLUGIN_API = (1, 1)

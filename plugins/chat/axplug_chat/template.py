@@ -23,9 +23,17 @@ class _Deadline(threading.local):
 
 _deadline = _Deadline()
 
-# For models without a chat template of their own (a model trained from scratch on text).
+# For models without a chat template of their own (a model trained from scratch on text):
+# `role: content` paragraphs; tools (when given) first, an assistant's tool calls in Hermes'
+# `<tool_call>` blocks (axplug-serve's default tool parser reads them back). The environment
+# trims the newline after a block tag, as Hugging Face's does: newlines follow `}}`.
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message.role }}: {{ message.content }}\n\n{% endfor %}"
+    "{% if tools %}tools: {{ tools | tojson }}\n\n{% endif %}"
+    "{% for message in messages %}{{ message.role }}: "
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}"
+    "<tool_call>\n{{ call.function | tojson }}\n</tool_call>{% endfor %}{{ '\\n\\n' }}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 
@@ -72,9 +80,16 @@ class ChatTemplate:
             return cls(DEFAULT_CHAT_TEMPLATE, **tokens, origin="default (role: content lines)")
         return cls(source, **tokens, origin=origin)
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         """The text of `messages`; with `add_generation_prompt` (a prompt), ending where the
-        assistant's reply starts."""
+        assistant's reply starts. `tools` (OpenAI's function dicts) reach the template as
+        transformers' `apply_chat_template(tools=)` gives them."""
         from jinja2.exceptions import TemplateError
 
         _deadline.at = time.monotonic() + RENDER_SECONDS
@@ -82,6 +97,7 @@ class ChatTemplate:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )

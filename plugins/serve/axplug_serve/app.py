@@ -16,6 +16,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from axplug_serve import chat
 from axplug_serve.generation import (
     Generation,
     collect,
@@ -27,7 +28,7 @@ from axplug_serve.generation import (
 )
 from axplug_serve.guard import Guard
 from axplug_serve.guided import Guides
-from axplug_serve.logprobs import TokenTexts, chat_logprobs, completion_logprobs, prompt_logprobs
+from axplug_serve.logprobs import TokenTexts, completion_logprobs, prompt_logprobs
 from axplug_serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from axplug_serve.protocol import (
     APIError,
@@ -73,6 +74,7 @@ class ServerSettings:
     max_body_bytes: int = 8 << 20
     strict_fields: bool = False  # refuse unknown request fields instead of ignoring them
     allowed_origins: tuple[str, ...] = ()  # CORS: none allowed
+    tool_parser: str = "hermes"  # the format of tool calls in chat replies (axplug.tool_parsers)
 
 
 def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
@@ -177,6 +179,7 @@ class _API:
         self.created = int(time.time())
         self.texts = TokenTexts(settings.tokenizer)
         self.guides = Guides(settings.tokenizer, worker.engine.vocab_size)
+        self.tool_parser = chat.tool_parser(settings.tool_parser)
         self._unknown_fields_seen: set[str] = set()
 
     def model_card(self) -> dict[str, Any]:
@@ -298,65 +301,12 @@ class _API:
         ]
         return chunk(choices, usage(prompts, generations))
 
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
-        self.check_model(body.model)
-        self.check_fields(body)
-        messages = [{"role": m.role, "content": m.content} for m in body.messages]
-        try:
-            text = await asyncio.to_thread(self.settings.chat_template.render, messages)
-        except ValueError as exc:
-            raise invalid(str(exc), "messages") from None
-        prompt = await self.encode(text)
-        if body.token_limit == 0:
-            raise invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
-        top_n = (body.top_logprobs or 0) if body.logprobs else None
-        constraints = await asyncio.to_thread(self.guides.constraints, body)
-        generations = start_generations(self, "chat.completions", body, [prompt],
-                                        body.token_limit, body.n, logprobs=top_n,
-                                        constraints=constraints)  # fmt: skip
-        rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
-
-        def chunk(choices: list, kind: str, usage=None) -> dict[str, Any]:
-            return self._chunk(rid, kind, created, choices, usage)
-
-        def logprobs(entries: list) -> dict[str, Any] | None:
-            return chat_logprobs(self.texts, entries, top_n) if top_n is not None else None
-
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            kind = "chat.completion.chunk"
-
-            def delta(index: int, content: dict, entries=(), finish: str | None = None):
-                return {"index": index, "delta": content,
-                        "logprobs": logprobs(list(entries)) if entries else None,
-                        "finish_reason": finish}  # fmt: skip
-
-            async def events(index: int, generation: Generation):
-                yield sse(chunk([delta(index, {"role": "assistant", "content": ""})], kind))
-                async for text, entries in generation.deltas():
-                    yield sse(chunk([delta(index, {"content": text}, entries)], kind))
-                yield sse(chunk([delta(index, {}, (), generation.finish_reason)], kind))
-
-            async def usage_event():
-                yield sse(chunk([], kind, usage([prompt], generations)))
-
-            return stream(merged(generations, events), usage_event() if include_usage else None)
-        results = await collect(generations, request)
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": text},
-             "logprobs": logprobs(entries), "finish_reason": generations[i].finish_reason}
-            for i, (text, entries) in enumerate(results)
-        ]  # fmt: skip
-        return chunk(choices, "chat.completion", usage([prompt], generations))
+    chat_completions = chat.chat_completions
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         self.check_model(body.model)
         if body.messages is not None:
-            messages = [{"role": m.role, "content": m.content} for m in body.messages]
-            try:
-                text = await asyncio.to_thread(self.settings.chat_template.render, messages)
-            except ValueError as exc:
-                raise invalid(str(exc), "messages") from None
+            text = await chat.render(self, body)
         else:
             text = body.prompt or ""
         tokens = await self.encode(text)

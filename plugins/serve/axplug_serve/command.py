@@ -150,6 +150,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
     parser.add_argument(
+        "--tool-parser",
+        default="hermes",
+        metavar="NAME",
+        help="the format the model writes tool calls in: hermes (Hermes/Qwen <tool_call> "
+        "blocks, the default template's), llama3_json, or a plugin's (axplug.tool_parsers)",
+    )
+    parser.add_argument(
         "--max-logprobs",
         type=int,
         default=20,
@@ -331,10 +338,20 @@ def build(args: argparse.Namespace):
         max_body_bytes=args.max_body_bytes,
         strict_fields=args.strict_fields,
         allowed_origins=args.allowed_origins,
+        tool_parser=_tool_parser(args.tool_parser),
     )
     metrics = ServerMetrics()
     worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)
     return create_app(worker, settings, metrics), settings, engine
+
+
+def _tool_parser(name: str) -> str:
+    from axplug.api import registry
+    from axplug.api.config import UsageError
+
+    if name not in (names := registry.names("tool_parsers")):
+        raise UsageError(f"--tool-parser {name}: no such format; installed: {', '.join(names)}")
+    return name
 
 
 def _chat_template(chat_template: Any, tokenizer: Any, explicit: str | None) -> Any:

@@ -77,7 +77,10 @@ class Guides:
         """A maker of `body`'s constraint, one per generation; None for free text."""
         if (spec := guide_spec(body)) is None:
             return None
-        kind, value, field = spec
+        return self.compiled(*spec)
+
+    def compiled(self, kind: str, value: Any, field: str) -> Callable:
+        """A maker of constraints for `value` of `kind`; 400s name `field`."""
         key = (kind, json.dumps(value, sort_keys=True))
         with self._lock:
             if (made := self._compiled.get(key)) is not None:

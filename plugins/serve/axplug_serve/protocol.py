@@ -7,6 +7,8 @@ bounded here, and text must be valid Unicode (no lone UTF-16 surrogates).
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -208,17 +210,59 @@ class CompletionRequest(_Sampling):
         return self.prompt  # type: ignore[return-value]
 
 
+class ToolFunction(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (sent back with the tool's result)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128)
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: required (null only in an assistant's tool calls)")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' convention: a call's
+        `arguments` an object, not OpenAI's JSON string)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+            for call in message["tool_calls"]:
+                with contextlib.suppress(TypeError, ValueError):
+                    call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
     @field_validator("content")
     @classmethod
-    def _text(cls, content: str | list[dict[str, Any]]) -> str:
-        if isinstance(content, str):
+    def _text(cls, content: str | list[dict[str, Any]] | None) -> str | None:
+        if content is None or isinstance(content, str):
             return content
         parts = []
         for part in content:
@@ -235,12 +279,36 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None  # accepted: no tools run anyway
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
-    _refused = _unsupported("tools")
-    _no_tool_choice = _unsupported("tool_choice", allowed=(None, "none"))
+    @model_validator(mode="after")
+    def _choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice: needs tools")
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            if choice.get("type") != "function" or not isinstance(name, str):
+                raise ValueError(
+                    "tool_choice: give 'none', 'auto', 'required' or "
+                    "{'type': 'function', 'function': {'name': NAME}}"
+                )
+            if name not in {t.function.name for t in self.tools or ()}:
+                raise ValueError(f"tool_choice: no tool named {name[:64]!r} in tools")
+        return self
+
+    def forced_tools(self) -> list[dict[str, Any]] | None:
+        """The tools one of which the reply must call (`required`, or the named one); None
+        when it may answer in text."""
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or ()]
+        if self.tool_choice == "required":
+            return tools
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice["function"]["name"]
+            return [t for t in tools if t["function"]["name"] == name]
+        return None
 
     @property
     def token_limit(self) -> int | None:
@@ -260,6 +328,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)  # rendered with the messages
     add_special_tokens: bool = True
 
     @model_validator(mode="before")

@@ -73,9 +73,16 @@ class CompletionResponse(BaseModel):
     usage: Usage | None
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: str
+    function: dict[str, str]  # name, arguments (a JSON string)
+
+
 class ChatMessageOut(BaseModel):
     role: str
-    content: str
+    content: str | None  # None: only tool calls
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):

@@ -140,8 +140,9 @@ def client(run_dir, tmp_path_factory):
     from axplug_serve.testing import serve_in_thread
 
     log = tmp_path_factory.mktemp("structured-serve") / "server.log"
-    options = ["--checkpoint", str(run_dir), "--num-slots", "16", "--max-len", "256",
-               "--prefill-chunk", "16", "--log-level", "warning"]  # fmt: skip
+    # Room for the tools in a prompt (bytes: the tool tests' prompts are ~700 tokens).
+    options = ["--checkpoint", str(run_dir), "--num-slots", "16", "--max-len", "1024",
+               "--prefill-chunk", "64", "--log-level", "warning"]  # fmt: skip
     with serve_in_thread(options, log) as base:
         yield openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=300)
 
@@ -238,3 +239,106 @@ def test_bad_structured_requests_are_400_naming_the_field(client, extra, message
             messages=[{"role": "user", "content": "hi"}], extra_body=extra,
         )  # fmt: skip
     assert message in caught.value.body["message"], caught.value.body
+
+
+# --- tool calls -----------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 10},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "hour", "parameters": {"type": "object", "properties": {
+            "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+            "additionalProperties": False}}},
+]  # fmt: skip
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def _chat(client, **kwargs):
+    asked = dict(model=client.models.list().data[0].id, temperature=1.0, max_tokens=120,
+                 messages=[{"role": "user", "content": "Is it raining in Elsinore?"}])  # fmt: skip
+    return client.chat.completions.create(**{**asked, **kwargs})
+
+
+@pytest.mark.parametrize("choice", ["required", "hour"])
+def test_a_forced_tool_call_always_parses_and_validates(client, choice):
+    tool_choice = choice if choice == "required" else {
+        "type": "function", "function": {"name": choice}}  # fmt: skip
+    out = _chat(client, tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=False, n=16,
+                seed=1)  # fmt: skip
+    for c in out.choices:  # the openai client's types parsed every field
+        assert c.finish_reason == "tool_calls" and c.message.content is None, c
+        (call,) = c.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name == choice or choice == "required"
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def test_a_streamed_tool_call_assembles_to_the_whole_message(client):
+    asked = dict(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, n=2, seed=4)
+    whole = _chat(client, **asked)
+    content, calls = ["", ""], [{}, {}]
+    finish = [None, None]
+    for chunk in _chat(client, **asked, stream=True):
+        for c in chunk.choices:
+            content[c.index] += c.delta.content or ""
+            for call in c.delta.tool_calls or ():
+                got = calls[c.index].setdefault(call.index, {"name": "", "arguments": ""})
+                got["name"] += call.function.name or ""
+                got["arguments"] += call.function.arguments or ""
+            finish[c.index] = c.finish_reason or finish[c.index]
+    for i, choice in enumerate(whole.choices):
+        assert content[i] == (choice.message.content or "")
+        assert finish[i] == choice.finish_reason == "tool_calls"
+        want = [{"name": t.function.name, "arguments": t.function.arguments}
+                for t in choice.message.tool_calls]  # fmt: skip
+        assert [calls[i][k] for k in sorted(calls[i])] == want
+
+
+def test_tool_results_come_back_as_tool_messages(client):
+    messages = [
+        {"role": "user", "content": "Is it raining in Elsinore?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Elsinore", "unit": "celsius"}'},
+        }]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 9 degrees."},
+    ]  # fmt: skip
+    out = _chat(client, messages=messages, tools=TOOLS, max_tokens=8, temperature=0)
+    assert out.choices[0].message.role == "assistant"
+    plain = _chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8,
+                  temperature=0)  # fmt: skip
+    assert plain.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_every_sentence_of_a_tool_grammar_parses_to_valid_calls(guide, parser):
+    """Random walks through each format's forced-call grammar (the byte vocabulary) parse to
+    one call of a tool, its arguments valid; two calls in a row are a sentence in parallel."""
+    from axplug.api import registry
+
+    formats = registry.load("tool_parsers", parser)()
+    rng = np.random.default_rng(0)
+    make = guide.compile("grammar", formats.grammar(TOOLS, False))
+    for _ in range(20):
+        constraint, words, out = make(), np.zeros(8, np.int32), []
+        while True:
+            constraint.fill(words)
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+            out.append(int(rng.choice(np.flatnonzero(bits))))
+            if constraint.accept(out[-1]):
+                break
+        content, (call,) = formats.parse(bytes(out).decode())
+        assert content == ""
+        jsonschema.validate(json.loads(call["arguments"]), PARAMETERS[call["name"]])
+    key = "arguments" if parser == "hermes" else "parameters"
+    one = json.dumps({"name": "hour", key: {"zone": "UTC"}})
+    block = f"<tool_call>\n{one}\n</tool_call>"
+    two = f"{block}\n{block}" if parser == "hermes" else f"{one}; {one}"
+    parallel = guide.compile("grammar", formats.grammar(TOOLS, True))()
+    assert [parallel.accept(t) for t in two.encode()][-1] is False  # more calls may follow
+    assert len(formats.parse(two)[1]) == 2
