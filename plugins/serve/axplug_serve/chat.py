@@ -28,7 +28,7 @@ def tool_parser(name: str) -> Any:
 
 async def render(api: Any, body: ChatCompletionRequest | TokenizeRequest) -> str:
     """The prompt text of `body`'s messages (and tools); a 400 when the template refuses."""
-    messages = [m.for_template() for m in body.messages]
+    messages = [m.for_template() for m in body.messages or ()]
     tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
     try:
         return await asyncio.to_thread(api.settings.chat_template.render, messages, tools=tools)
