@@ -20,11 +20,9 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, trained_run):
     copy_run(trained_run("llama-tiny", "input.seq_len=64"), tmp_path / "runs" / "demo")
     monkeypatch.chdir(tmp_path)
     serve, *curls = shell_commands("serving.md")
-    assert serve[:2] == ["axplug", "serve"] and serve[-2:] == ["--port", "8000"]
+    assert serve[:2] == ["axplug", "serve"] and serve[-4:-2] == ["--port", "8000"]
     checked = []
-    # The demo trains on 256-token rows, the session's run on 64: the server's default max-len.
-    options = [*serve[2:-2], "--max-len", "256"]
-    with serve_in_thread(options, tmp_path / "server.log") as base:
+    with serve_in_thread(serve[2:-4] + serve[-2:], tmp_path / "server.log") as base:
         for argv in curls:
             assert argv[0] == "curl", argv
             argv = [arg.replace("http://localhost:8000", base) for arg in argv]
@@ -33,15 +31,21 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, trained_run):
             assert body["model"] == "demo" and "choices" in reply, reply
             choice = reply["choices"][0]
             text = choice["message"]["content"] if "message" in choice else choice["text"]
-            assert choice["finish_reason"] == "stop", choice
+            assert choice["finish_reason"] == ("tool_calls" if "tools" in body else "stop")
             if "response_format" in body:
                 schema = body["response_format"]["json_schema"]["schema"]
                 jsonschema.validate(json.loads(text), schema)
                 checked.append("response_format")
+            elif "tools" in body:
+                (call,) = choice["message"]["tool_calls"]
+                parameters = body["tools"][0]["function"]["parameters"]
+                jsonschema.validate(json.loads(call["function"]["arguments"]), parameters)
+                checked.append("tools")
+                continue
             elif "guided_choice" in body:
                 assert text in body["guided_choice"], text
                 checked.append("guided_choice")
             else:
                 assert re.fullmatch(body["guided_regex"], text), text
                 checked.append("guided_regex")
-    assert checked == ["response_format", "guided_choice", "guided_regex"]
+    assert checked == ["response_format", "guided_choice", "guided_regex", "tools"]
