@@ -213,12 +213,16 @@ def has_tokenizer(directory: str | pathlib.Path | None) -> bool:
 
 def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:
     """`bytes`, a tokenizer file (`tokenizer.json`, `*.model`, `*.tiktoken`) or a directory
-    holding one of `TOKENIZER_FILES` (a prepared data directory, a Hugging Face model)."""
+    holding one of `TOKENIZER_FILES` (a prepared data directory, a Hugging Face model) or
+    data prepared with bytes."""
     if str(spec) == "bytes":
         return ByteTokenizer()
     path = pathlib.Path(spec).expanduser()
     if path.is_dir():
         found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
+        meta = path / "meta.json"
+        if not found and meta.is_file() and json.loads(meta.read_text()).get("tokenizer") == "bytes":
+            return ByteTokenizer()
         if not found:
             raise ConfigFileError(
                 f"tokenizer: {str(path)!r} holds none of {', '.join(TOKENIZER_FILES)}"

@@ -134,7 +134,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rewards": _protocol("Reward", "score", "score_batch"),
     "proposers": _subclass_of("axplug.inference.speculation:Proposer"),
     "guides": _subclass_of("axplug.inference.constraints:Guide"),
-    "tool_parsers": _protocol("ToolParser", "parse", "grammar"),
+    "tool_parsers": _protocol("ToolCallFormat", "parse", "grammar"),
     # hooks: pluggy validates each implementation against the hookspecs when registering.
 }
 

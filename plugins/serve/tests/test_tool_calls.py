@@ -33,8 +33,14 @@ def test_parsers_split_content_and_calls(parser, text):
     assert parser.parse("Just words.") == ("Just words.", [])
 
 
-@pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser()], ids=str)
-@pytest.mark.parametrize("text", [HERMES, LLAMA3, "No calls at all <tool", "  plain"])
+@pytest.mark.parametrize(
+    "parser", [HermesToolParser(), Llama3JsonToolParser()], ids=["hermes", "llama3_json"]
+)
+@pytest.mark.parametrize(
+    "text",
+    [HERMES, LLAMA3, "No calls at all <tool", "  plain"],
+    ids=["hermes-calls", "llama3-calls", "partial-marker", "plain"],
+)
 def test_streamed_content_is_released_up_to_the_first_call(parser, text):
     """Fed one character at a time, what `held` lets out before the end is a prefix of the
     content `parse` finds, and never part of a call."""
@@ -54,3 +60,47 @@ def test_the_call_schema_names_each_tool_and_its_parameters():
 
 def test_both_formats_are_registered():
     assert {"hermes", "llama3_json"} <= set(registry.names("tool_parsers"))
+
+
+def test_auto_returns_the_call_a_fine_tuned_model_makes(tmp_path, axplug_cli):
+    """A tiny model trained on one conversation whose reply is a tool call: asked the same
+    with tools and `tool_choice: auto`, the server returns that call, whole and streamed."""
+    import openai
+    from axplug_serve.testing import serve_in_thread
+    from axplug_serve.text import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+    from axplug_testing import tiny_train_args
+
+    from axplug.api.data import prepare_data
+
+    tools = [{"type": "function", "function": {"name": "rain"}}]
+    messages = [{"role": "user", "content": "Rain in Rome?"}]
+    call = {"name": "rain", "arguments": {"city": "Rome"}}
+    reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    text = ChatTemplate(DEFAULT_CHAT_TEMPLATE).render(
+        [*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False,
+        tools=tools,
+    )  # fmt: skip
+    (tmp_path / "chat.jsonl").write_text((json.dumps({"text": text}) + "\n") * 32)
+    prepare_data([tmp_path / "chat.jsonl"], tokenizer="bytes", output=tmp_path / "data")
+    run = tmp_path / "run"
+    args = tiny_train_args(run, max_steps=260)  # 200 memorize it here; 260 for margin
+    args += ["--input", f"token_file:path={str(tmp_path / 'data')!r},packing=True", "--set",
+             "input.seq_len=256", "--set", "input.batch_size=2", "--set",
+             "learner.learning_rate=1e-2", "-q"]  # fmt: skip
+    assert axplug_cli(*args).exit_code == 0
+    options = ["--checkpoint", str(run), "--num-slots", "1", "--max-len", "256", "--no-warmup"]
+    with serve_in_thread(options, tmp_path / "server.log") as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0)
+        asked = dict(model="run", messages=messages, tools=tools, temperature=0, max_tokens=100)
+        out = client.chat.completions.create(**asked)
+        assert out.choices[0].message.tool_calls, out.choices[0].message.content
+        (got,) = out.choices[0].message.tool_calls
+        assert out.choices[0].finish_reason == "tool_calls"
+        assert (got.function.name, json.loads(got.function.arguments)) == (
+            "rain", call["arguments"])  # fmt: skip
+        streamed = [c.choices[0].delta for c in client.chat.completions.create(**asked,
+                    stream=True) if c.choices]  # fmt: skip
+        calls = [d.tool_calls[0] for d in streamed if d.tool_calls]
+        assert [(c.function.name, c.function.arguments) for c in calls] == [
+            (got.function.name, got.function.arguments)]  # fmt: skip
+        assert not "".join(d.content or "" for d in streamed).strip()

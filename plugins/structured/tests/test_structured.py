@@ -142,7 +142,7 @@ def client(run_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("structured-serve") / "server.log"
     # Room for the tools in a prompt (bytes: the tool tests' prompts are ~700 tokens).
     options = ["--checkpoint", str(run_dir), "--num-slots", "16", "--max-len", "1024",
-               "--prefill-chunk", "64", "--log-level", "warning"]  # fmt: skip
+               "--prefill-chunk", "64", "--log-level", "warning", "--no-warmup"]  # fmt: skip
     with serve_in_thread(options, log) as base:
         yield openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=300)
 
