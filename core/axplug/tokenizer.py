@@ -221,7 +221,8 @@ def load_tokenizer(spec: str | pathlib.Path) -> Tokenizer:
     if path.is_dir():
         found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
         meta = path / "meta.json"
-        if not found and meta.is_file() and json.loads(meta.read_text()).get("tokenizer") == "bytes":
+        prepared = json.loads(meta.read_text()) if not found and meta.is_file() else {}
+        if prepared.get("tokenizer") == "bytes":  # data prepared with bytes
             return ByteTokenizer()
         if not found:
             raise ConfigFileError(
