@@ -28,6 +28,18 @@ def test_bytes():
     round_trips(tok)
 
 
+def test_data_prepared_with_bytes_reads_back_as_bytes(tmp_path):
+    """A data directory holds no tokenizer file for bytes: its meta.json names them."""
+    from axplug.input import prepare_data
+
+    (tmp_path / "text.txt").write_text("To be, or not to be")
+    prepare_data([tmp_path / "text.txt"], tokenizer="bytes", output=tmp_path / "data")
+    assert isinstance(load_tokenizer(tmp_path / "data"), ByteTokenizer)
+    (tmp_path / "data" / "meta.json").write_text('{"format": "axplug-tokens-1"}')
+    with pytest.raises(FileNotFoundError, match="holds none of tokenizer.json"):
+        load_tokenizer(tmp_path / "data")
+
+
 def test_hugging_face_tokenizer_json(tmp_path):
     pytest.importorskip("tokenizers")
     path = hf_bpe(tmp_path / "hf")
