@@ -431,15 +431,16 @@ def test_echo_logprobs_equal_the_engines_for_prompt_and_output(server, engine, r
 
 def test_streamed_logprobs_and_chat_logprobs(server, client, engine, reference):
     tokenizer, _ = reference
-    # Alone in the engine, both times: a request of an earlier test still finishing would
-    # share a step with one of them and move its logprobs' last bits.
     _wait_idle(server)
     args = {"model": "tiny", "prompt": "To be", "max_tokens": 12, "logprobs": 1, "temperature": 0}
     whole = client.completions.create(**args).choices[0].logprobs
     chunks = [c.choices[0] for c in client.completions.create(**args, stream=True) if c.choices]
     parts = [c.logprobs for c in chunks if c.logprobs is not None]
     assert sum((p.tokens for p in parts), []) == whole.tokens
-    assert sum((p.token_logprobs for p in parts), []) == whole.token_logprobs
+    # Within float32 rounding: a step's company (in the full suite, a request of an earlier
+    # test still finishing) moves a logprob's last bits (bench/RESULTS.md, batch invariance).
+    np.testing.assert_allclose(sum((p.token_logprobs for p in parts), []),
+                               whole.token_logprobs, rtol=0, atol=1e-5)  # fmt: skip
     assert sum((p.text_offset for p in parts), []) == whole.text_offset
     assert chunks[-1].finish_reason == "length" and chunks[-1].logprobs is None
 
