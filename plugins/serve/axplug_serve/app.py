@@ -238,7 +238,7 @@ class _API:
         }
         if body.max_tokens == 0 and scoring["prompt_logprobs"] is None:
             scoring["prompt_logprobs"] = 0  # only echo: the engine still sees the prompt
-        constraints = await asyncio.to_thread(self.guides.constraints, body)
+        constraints = await self.guides.constraints(body)
         generations = start_generations(self, "completions", body, prompts, body.max_tokens,
                                         body.n, **scoring, constraints=constraints)  # fmt: skip
         rid, created = f"cmpl-{generations[0].id}", int(time.time())

@@ -41,7 +41,7 @@ async def _constraints(api: Any, body: ChatCompletionRequest):
     structured output, or None."""
     forced = body.forced_tools()
     if forced is None:
-        return await asyncio.to_thread(api.guides.constraints, body)
+        return await api.guides.constraints(body)
     if guide_spec(body) is not None:
         raise invalid("tool_choice: a forced tool call and a structured output at once",
                       "tool_choice")  # fmt: skip
@@ -59,10 +59,7 @@ class _Reply:
     def push(self, delta: str) -> str:
         """What of the text so far may go out as content now."""
         self.text += delta
-        if self.parser is None:
-            ready, self.sent = self.text[self.sent :], len(self.text)
-            return ready
-        end = len(self.text) - self.parser.held(self.text)
+        end = len(self.text) - (self.parser.held(self.text) if self.parser else 0)
         ready = self.text[self.sent : max(end, self.sent)]
         self.sent = max(end, self.sent)
         return ready
@@ -127,11 +124,13 @@ async def chat_completions(api: Any, body: ChatCompletionRequest, request: Reque
     choices = []
     for i, (text, entries) in enumerate(await collect(generations, request)):
         content, calls = parser.parse(text) if parser else (text, [])
-        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        # With calls, content is the text before them, None when there is none.
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": (content or None) if calls else text,
+        }
         if calls:
             message["tool_calls"] = tool_calls(calls)
-        else:
-            message["content"] = text
         choices.append({"index": i, "message": message, "logprobs": logprobs(entries),
                         "finish_reason": finish_reason(generations[i], calls)})  # fmt: skip
     return chunk(choices, "chat.completion", usage_of([prompt], generations))

@@ -209,74 +209,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def trained_len(loaded) -> int | None:
-    """The longest sequence the model was trained on: over the run and every run it was
-    initialized from (a fine-tune's shorter rows do not shorten the model), capped by a
-    learned position table's size."""
-    lengths = [getattr(loaded.config.input, "seq_len", None)]
-    for _, metadata in loaded.lineage:
-        lengths.append(((metadata.get("config") or {}).get("input") or {}).get("seq_len"))
-    known = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 1]
-    longest = max(known, default=None)
-    table = getattr(getattr(loaded.config.model, "decoder", None), "max_positions", None)
-    if isinstance(table, int) and table > 1:
-        longest = table if longest is None else min(longest, table)
-    return longest
-
-
-def _max_len(loaded, explicit: int | None) -> int:
-    from axplug.api.config import UsageError
-
-    trained = trained_len(loaded)
-    if explicit is None:
-        return trained or 2048
-    if explicit < 2:
-        raise UsageError(f"--max-len {explicit}: must be at least 2")
-    if trained is not None and explicit > trained:
-        print(
-            f"axplug serve: warning: --max-len {explicit} is longer than the {trained}-token "
-            "sequences the model was trained on; quality past that is not known",
-            file=sys.stderr,
-        )
-    return explicit
-
-
-def _warm_up(engine, request, sampling_params) -> None:
-    """Compiles the decode step and every prefill width now, not in the first requests."""
-    limit = min(engine.max_len, engine.prefill_chunk)
-    lengths, width = [1, 2], engine.min_prefill_len  # 1: the decode width; 2: the smallest
-    while width < limit:
-        lengths.append(width + 1)  # the next bucket up
-        width *= 2
-    for length in lengths:  # each prefills at its width, then decodes a token (width 1)
-        engine.submit(request([0] * length, sampling_params(max_new_tokens=2, temperature=0)))
-        engine.run()
-    # A prompt longer than a chunk: its later chunks prefill beside a decoding row.
-    if engine.prefill_chunk < engine.max_len - 2:
-        engine.submit(request([0], sampling_params(max_new_tokens=3, temperature=0)))
-        engine.submit(request([0] * (engine.prefill_chunk + 1),
-                              sampling_params(max_new_tokens=1, temperature=0)))  # fmt: skip
-        engine.run()
-
-
-def _device_split(prefill: int) -> list[list | None]:
-    """[None] (the first device), or [prefill devices, decode devices] for --prefill-devices."""
-    import jax
-
-    from axplug.api.config import UsageError
-
-    devices = jax.devices()
-    if prefill <= 0:
-        return [None]  # as `axplug generate`
-    if prefill >= len(devices):
-        raise UsageError(
-            f"--prefill-devices {prefill}: this machine has {len(devices)} device(s) and the "
-            "decode side needs at least one (on CPU, XLA_FLAGS="
-            "--xla_force_host_platform_device_count=N makes N devices)"
-        )
-    return [devices[:prefill], devices[prefill:]]
-
-
 def build(args: argparse.Namespace):
     """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
     from axplug_chat import trained_template
@@ -285,6 +217,7 @@ def build(args: argparse.Namespace):
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.disaggregated import DisaggregatedEngine
     from axplug_serve.metrics import ServerMetrics
+    from axplug_serve.startup import device_split, max_len_for, warm_up
     from axplug_serve.text import ChatTemplate
     from axplug_serve.worker import EngineWorker
 
@@ -292,7 +225,7 @@ def build(args: argparse.Namespace):
     modifiers = list(args.modifier)
     if args.kv_cache == "paged":  # first, so a --modifier paged_kv_cache:... overrides it
         modifiers.insert(0, "paged_kv_cache:page_size=16")
-    devices = _device_split(args.prefill_devices)
+    devices = device_split(args.prefill_devices)
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
                              devices=devices[-1], merge_adapters=args.merge_adapters)  # fmt: skip
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
@@ -303,7 +236,7 @@ def build(args: argparse.Namespace):
             model.model,
             model.params,
             num_slots=args.num_slots,
-            max_len=_max_len(loaded, args.max_len),
+            max_len=max_len_for(loaded, args.max_len),
             prefill_chunk=args.prefill_chunk or None,
             max_logprobs=args.max_logprobs,
             mesh=model.mesh,
@@ -320,7 +253,7 @@ def build(args: argparse.Namespace):
         )  # fmt: skip
         engine = DisaggregatedEngine(engine_on(prefill, None), engine, decode_mesh=loaded.mesh)
     if args.warmup:
-        _warm_up(engine, Request, SamplingParams)
+        warm_up(engine, Request, SamplingParams)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     if name == "checkpoints":  # given the checkpoints/ subdirectory of a run
         name = os.path.basename(os.path.dirname(os.path.normpath(args.checkpoint)))

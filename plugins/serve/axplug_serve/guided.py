@@ -4,6 +4,7 @@ and vLLM's `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`, 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import threading
@@ -73,11 +74,12 @@ class Guides:
         self._compiled: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()  # requests compile on worker threads
 
-    def constraints(self, body: Any) -> Callable | None:
-        """A maker of `body`'s constraint, one per generation; None for free text."""
+    async def constraints(self, body: Any) -> Callable | None:
+        """A maker of `body`'s constraint, one per generation; None for free text. Compiling
+        runs off the event loop; a request without a spec never leaves it."""
         if (spec := guide_spec(body)) is None:
             return None
-        return self.compiled(*spec)
+        return await asyncio.to_thread(self.compiled, *spec)
 
     def compiled(self, kind: str, value: Any, field: str) -> Callable:
         """A maker of constraints for `value` of `kind`; 400s name `field`."""

@@ -71,14 +71,14 @@ def test_the_serve_warm_up_runs_on_a_disaggregated_engine(rope_model):
     """`axplug serve`'s warm-up (every prefill width, then a prompt chunked beside a decoding
     row) on a disaggregated engine, threaded as the server's: it ends with nothing left, and
     the engine then decodes as one engine does (test_serve.py serves one without it)."""
-    from axplug_serve.command import _warm_up
+    from axplug_serve.startup import warm_up
 
     model, params = rope_model
     both = DisaggregatedEngine(
         Engine(model, params, num_slots=1, max_len=16, prefill_chunk=4),
         Engine(model, params, num_slots=2, max_len=16),
     )
-    _warm_up(both, Request, SamplingParams)
+    warm_up(both, Request, SamplingParams)
     assert not both.has_work and both.transfers > 0
     greedy = SamplingParams(max_new_tokens=5, temperature=0)
     prompts = submit_four(both, greedy, seed=80)

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from axplug_serve.command import trained_len
+from axplug_serve.startup import trained_len
 
 
 def _loaded(seq_len, lineage_lens, max_positions=None):

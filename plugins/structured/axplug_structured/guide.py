@@ -35,11 +35,6 @@ class GuidedConstraint(TokenConstraint):
         # A token the mask did not allow cannot come; were it to, the request ends there.
         return not self._matcher.consume_token(token) or self._matcher.is_stopped()
 
-    @property
-    def error(self) -> str:
-        """Why the matcher stopped on an error ('' when it did not)."""
-        return self._matcher.get_error() if self._matcher.is_error() else ""
-
 
 class LLGuidanceGuide(Guide):
     """Structured outputs with llguidance: `json_schema` (draft 2020-12, most keywords; see
