@@ -26,6 +26,8 @@ __all__ = [
     "add_module_output",
     "add_state_update",
     "name_hash",
+    "side_input",
+    "side_inputs",
 ]
 
 
@@ -192,6 +194,23 @@ def _require_context(what: str) -> InvocationContext:
             f"{what}() needs an invocation context: call the module via functional()"
         )
     return ctx
+
+
+@contextlib.contextmanager
+def side_inputs(**values: Any) -> Iterator[None]:
+    """Values any layer called within may read by name (`side_input`), set by the caller of a
+    whole model: per-row data that no layer's signature carries (a row's adapter)."""
+    previous = getattr(_local, "side", {})
+    _local.side = {**previous, **values}
+    try:
+        yield
+    finally:
+        _local.side = previous
+
+
+def side_input(name: str) -> Any:
+    """The value `side_inputs` set for `name` around this call, else None."""
+    return getattr(_local, "side", {}).get(name)
 
 
 def add_summary(name: str, value: Any) -> None:

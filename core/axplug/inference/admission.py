@@ -35,6 +35,11 @@ def checked(self, request: Request | Sequence[int]) -> Request:
     sampling = request.sampling
     if problem := self._rows.problem(sampling):  # fails here, never in a step
         raise ValueError(f"{name}: {problem}")
+    if not (isinstance(request.adapter, int) and 0 <= request.adapter <= self.adapter_slots):
+        raise ValueError(
+            f"{name}: adapter {request.adapter!r} is not one of this engine's "
+            f"{self.adapter_slots} adapter slots (1 to {self.adapter_slots}; 0: none)"
+        )
     if request.constraint is not None and self.vocab_size is None:
         raise ValueError(f"{name}: a constraint needs the model's vocab_size")
     for field in ("logprobs", "prompt_logprobs"):

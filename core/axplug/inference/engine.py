@@ -57,6 +57,8 @@ class Engine:
     that score their prompt or use penalties compute theirs. `speculative` (a `Proposer` or
     its spec, `NAME:key=value,...`) proposes tokens that each decode step verifies at once
     (rows with penalties decode plainly); `accepted_tokens / proposed_tokens` is its rate.
+    `adapter_slots`: how many adapters the model's layers hold, one per row chosen by
+    `Request.adapter` (1 to `adapter_slots`; 0: none), read as `side_input("adapter")`.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class Engine:
         axis_rules: Sequence[tuple[str, Any]] = DEFAULT_AXIS_RULES,
         prefix_caching: bool = True,
         speculative: str | Proposer | None = None,
+        adapter_slots: int = 0,
     ):
         for method in ("init_cache_state", "extend_step"):
             if not hasattr(model, method):
@@ -86,6 +89,7 @@ class Engine:
             raise ValueError(f"prefill_chunk={prefill_chunk} must be >= 1 (None: whole prompts)")
         if max_logprobs < 0:
             raise ValueError(f"max_logprobs={max_logprobs} must be >= 0")
+        self.adapter_slots = adapter_slots
         self.prefill_chunk = prefill_chunk or max_len
         self.max_logprobs = max_logprobs
         self.model, self.params = model, params
@@ -158,6 +162,11 @@ class Engine:
     def num_waiting(self) -> int:
         """Requests queued for a cache row (new or preempted)."""
         return len(self._waiting)
+
+    def adapters_in_use(self) -> set[int]:
+        """The adapter slots of the requests waiting or running."""
+        live = [*self._waiting, *filter(None, self._slots)]
+        return {a.request.adapter for a in live} - {0}
 
     def cancel(self, request_id: Any) -> bool:
         """Drops a waiting or running request, freeing its row and pages; False if unknown.
@@ -298,7 +307,7 @@ class Engine:
             # One program per prefill width and one for decoding (per log-probability width).
             fed.logprobs, fed.prompt_logprobs, self.params, self._cache, ids, fed.positions,
             fed.start, self._table.copy(), fed.last, fed.targets, rows.keys, fed.counts,
-            penalties, allowed, proposed, *rows.sampling,
+            penalties, allowed, rows.adapter_inputs(), proposed, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
         plain = all(x is None for x in (penalties, allowed, proposed, fed.prompt_logprobs))
@@ -342,7 +351,7 @@ class Engine:
         """Puts `active` in `slot`: its admission order, key and sampling settings."""
         active.admitted = next(self._admissions)
         self._slots[slot] = active
-        self._rows.set(slot, active.request.sampling)
+        self._rows.set(slot, active.request.sampling, active.request.adapter)
 
     def _vacate(self, slot: int) -> RequestState:
         """Frees `slot` (and its pages); an empty row samples greedily, so an all-greedy

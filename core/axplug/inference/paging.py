@@ -82,13 +82,14 @@ class PageAllocator:
                 else:
                     self._free.append(page)
 
-    def digests(self, tokens: Sequence[int], known: list[bytes]) -> list[bytes]:
+    def digests(self, tokens: Sequence[int], known: list[bytes], salt: bytes = b"") -> list[bytes]:
         """`known` (the digests of the first full pages of `tokens`) extended to every full
-        page of `tokens`: each a hash of its page's tokens and the digest before it."""
+        page of `tokens`: each a hash of its page's tokens and the digest before it (the
+        first's of `salt`)."""
         size = self.page_size
         for start in range(len(known) * size, len(tokens) - size + 1, size):
             page = np.asarray(tokens[start : start + size], np.int64).tobytes()
-            known.append(hashlib.blake2b((known[-1] if known else b"") + page,
+            known.append(hashlib.blake2b((known[-1] if known else salt) + page,
                                          digest_size=16).digest())  # fmt: skip
         return known
 
@@ -117,7 +118,7 @@ def shareable(pool: PageAllocator | None, active: RequestState) -> list[bytes]:
     asked = active.request.sampling
     if not (pool and pool.caching) or asked.penalizes or asked.prompt_logprobs is not None:
         return []
-    active.digests = pool.digests(active.context, active.digests)
+    active.digests = pool.digests(active.context, active.digests, active.prefix_salt)
     return active.digests[: (active.context_len - 1) // pool.page_size]
 
 
@@ -135,7 +136,7 @@ def register_pages(allocator: PageAllocator, active: RequestState, pending=()) -
     full = active.cached // allocator.page_size
     if full > active.registered and allocator.caching:
         context = [*active.context, *pending][: full * allocator.page_size]
-        active.digests = allocator.digests(context, active.digests)
+        active.digests = allocator.digests(context, active.digests, active.prefix_salt)
         for index in range(active.registered, full):
             allocator.register(active.pages[index], active.digests[index])
         active.registered = full

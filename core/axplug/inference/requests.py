@@ -18,12 +18,14 @@ __all__ = ["Request", "Completion", "Logprob", "TokenEvent", "RequestState", "se
 class Request:
     """A prompt (token ids) and how to continue it; `id` defaults to a counter. A
     `constraint` (`axplug.inference.TokenConstraint`, its own per request) limits what it
-    may generate."""
+    may generate. `adapter` picks one of the model's adapter slots (`Engine(adapter_slots=)`;
+    layers read each row's as `side_input("adapter")`); 0: the model as it is."""
 
     prompt: Sequence[int]
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     id: Any = None
     constraint: Any = None
+    adapter: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,11 @@ class RequestState:
     def context(self) -> list[int]:
         """The prompt and the generated tokens: all but the last are cached once decoding."""
         return [*self.request.prompt, *self.output]
+
+    @property
+    def prefix_salt(self) -> bytes:
+        """What its cached pages depend on besides tokens: another adapter, other keys."""
+        return self.request.adapter.to_bytes(4, "little") if self.request.adapter else b""
 
     @property
     def context_len(self) -> int:

@@ -28,6 +28,7 @@ class RowSettings:
             np.ones((num_slots,), np.float32),
             np.zeros((num_slots,), np.float32),
         )
+        self.adapters = np.zeros((num_slots,), np.int32)  # each row's `Request.adapter`
         # Penalties: each row's settings on the host, token counts and seen flags on the
         # devices (the steps keep them); None until a request uses penalties or a bias.
         self._penalty_rows: dict[str, np.ndarray] | None = None
@@ -46,8 +47,9 @@ class RowSettings:
             return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         return None
 
-    def set(self, slot: int, sampling: SamplingParams) -> None:
-        """Row `slot` samples as `sampling` says."""
+    def set(self, slot: int, sampling: SamplingParams, adapter: int = 0) -> None:
+        """Row `slot` samples as `sampling` says, with adapter slot `adapter`."""
+        self.adapters[slot] = adapter
         self.keys[slot] = seed_key(sampling.seed)
         temperature, top_k, top_p, min_p = self.sampling
         # A top-k past the vocabulary cuts nothing (and a huge one must not overflow int32).
@@ -62,6 +64,11 @@ class RowSettings:
         noise (its penalty settings are replaced by the next request's)."""
         temperature, top_k, top_p, min_p = self.sampling
         temperature[slot], top_k[slot], top_p[slot], min_p[slot] = 0.0, 0, 1.0, 0.0
+        self.adapters[slot] = 0
+
+    def adapter_inputs(self) -> np.ndarray | None:
+        """The step's `adapters` argument: None while every row runs the model as it is."""
+        return self.adapters.copy() if self.adapters.any() else None
 
     def penalty_inputs(self, rows: list[RequestState | None], positions: np.ndarray):
         """The step's `penalties` argument: None when no row in `rows` (by slot) uses them,

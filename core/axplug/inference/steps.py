@@ -9,7 +9,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 
-from axplug.context import functional
+from axplug.context import functional, side_inputs
 from axplug.inference.constraints import allowed_tokens
 from axplug.inference.sampling import penalized, sample_tokens, token_logprobs
 from axplug.inference.speculation import verify_drafts
@@ -40,7 +40,7 @@ def _extend_rows_of(model_ref, scope, *args):
 
 def extend_rows(
     model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, start,
-    table, last, targets, keys, counts, penalties, allowed, proposed, *sampling,
+    table, last, targets, keys, counts, penalties, allowed, adapters, proposed, *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
@@ -53,7 +53,8 @@ def extend_rows(
     `seen` [rows, vocab], kept across steps, and the rows' settings) with `output_mask` and
     `fed_mask` [rows, width]: which fed tokens are generated ones (counted) and real (seen).
     `allowed` is None, or the tokens each row may sample ([rows, mask words], see
-    `axplug.inference.constraints`; all bits set: every token).
+    `axplug.inference.constraints`; all bits set: every token). `adapters` is None, or each
+    row's adapter slot [rows], which layers read as `side_input("adapter")`.
     Fed tokens are counted before sampling, so a row's last token counts from the next step
     on, when it is fed; a row starting from empty starts from zero counts. `proposed` is None,
     or (drafts [rows, K], how many are real [rows]): a row's last fed tokens are its drafts,
@@ -73,7 +74,7 @@ def extend_rows(
         and "logits_at" in inspect.signature(model.extend_step).parameters
     ):
         inputs["logits_at"] = last  # the head on each row's last token only
-    with sharding_scope(scope):
+    with sharding_scope(scope), side_inputs(adapter=adapters):
         (logits, cache), _ = functional(
             model,
             prng_key=None,

@@ -30,14 +30,14 @@ if TYPE_CHECKING:
         norm_tensors,
     )
     from axplug.interop.safetensors_dir import SafetensorsDir
-    from axplug.interop.tensors import flatten, hf_params, hf_tensors
+    from axplug.interop.tensors import flatten, hf_params, hf_tensors, unflatten
 
 _HOMES = {
     **dict.fromkeys(
         ("HFImportError", "load_architecture", "registered_architectures"), "hf_config"
     ),
     **dict.fromkeys(("IMPORT_STEP", "ImportResult", "import_hf"), "hf_import"),
-    **dict.fromkeys(("hf_params", "hf_tensors", "flatten"), "tensors"),
+    **dict.fromkeys(("hf_params", "hf_tensors", "flatten", "unflatten"), "tensors"),
     **dict.fromkeys(("HFExportError", "export_hf", "hf_config_for", "check_output"), "hf_export"),
     **dict.fromkeys(("read_fields", "write_fields", "differences"), "hf_walk"),
     **dict.fromkeys(
@@ -80,6 +80,7 @@ __all__ = [
     "hf_params",
     "hf_tensors",
     "flatten",
+    "unflatten",
     "export_hf",
     "hf_config_for",
     "check_output",

@@ -1,6 +1,6 @@
 """Core layers; plugins fill their child slots (position transform, kernel, feed-forward...)."""
 
-from axplug.context import OutputCollection, functional
+from axplug.context import OutputCollection, functional, side_input, side_inputs
 from axplug.layers.attention import (
     Attention,
     AttentionKernelSlot,
@@ -71,4 +71,6 @@ __all__ = [
     "remat_layer",
     "remat_children",
     "scan_layer",
+    "side_input",
+    "side_inputs",
 ]

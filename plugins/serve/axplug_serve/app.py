@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from axplug_serve import chat
+from axplug_serve.adapters import add_adapter_routes
 from axplug_serve.generation import (
     Generation,
     collect,
@@ -77,8 +78,11 @@ class ServerSettings:
     tool_parser: str = "hermes"  # the format of tool calls in chat replies (axplug.tool_parsers)
 
 
-def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
-    """The app; it starts `worker` on startup and stops it on shutdown."""
+def create_app(
+    worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics, adapters: Any = None
+) -> FastAPI:
+    """The app; it starts `worker` on startup and stops it on shutdown. `adapters`
+    (`axplug_serve.adapters.Adapters`): LoRA adapters served by name over the model."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -89,7 +93,7 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
             worker.stop()
 
     app = FastAPI(title="axplug serve", lifespan=lifespan)
-    api = _API(worker, settings, metrics)
+    api = _API(worker, settings, metrics, adapters)
 
     def rejected(status: int) -> None:
         metrics.rejected.labels(str(status)).inc()
@@ -136,12 +140,12 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [api.model_card()]}
+        return {"object": "list", "data": api.model_cards()}
 
     @app.get("/v1/models/{model:path}", responses=responses(404))
     async def model(model: str):
         api.check_model(model)
-        return api.model_card()
+        return next(card for card in api.model_cards() if card["id"] == model)
 
     @app.post("/v1/completions", responses=responses(400, 404, 429, 503, ok=CompletionResponse))
     async def completions(body: CompletionRequest, request: Request):
@@ -169,37 +173,50 @@ def create_app(worker: EngineWorker, settings: ServerSettings, metrics: ServerMe
     async def tokenizer_info():
         return api.tokenizer_info()
 
+    if adapters is not None:
+        add_adapter_routes(app, api)
     document(app)
     return app
 
 
 class _API:
-    def __init__(self, worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics):
+    def __init__(self, worker: EngineWorker, settings: ServerSettings, metrics: ServerMetrics,
+                 adapters: Any = None):  # fmt: skip
         self.worker, self.settings, self.metrics = worker, settings, metrics
+        self.adapters = adapters
         self.created = int(time.time())
         self.texts = TokenTexts(settings.tokenizer)
         self.guides = Guides(settings.tokenizer, worker.engine.vocab_size)
         self.tool_parser = chat.tool_parser(settings.tool_parser)
         self._unknown_fields_seen: set[str] = set()
 
-    def model_card(self) -> dict[str, Any]:
-        card = {"id": self.settings.model_name, "object": "model", "created": self.created,
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The model, then each LoRA adapter over it (`parent`: the model, `root`: its run)."""
+        base = self.settings.model_name
+        card = {"id": base, "object": "model", "created": self.created,
                 "owned_by": "axplug", "max_model_len": self.worker.engine.max_len,
                 "chat_template": self.settings.chat_template.origin}  # fmt: skip
         if self.settings.step is not None:
             card["checkpoint_step"] = self.settings.step
-        return card
+        loras = self.adapters.cards() if self.adapters is not None else []
+        return [card, *({**card, "id": name, "root": run, "parent": base} for name, run in loras)]
+
+    def adapter_of(self, name: str | None) -> int:
+        """The adapter slot requests for model `name` decode with (0: the model itself)."""
+        self.check_model(name)
+        return (self.adapters.slot(name) or 0) if self.adapters is not None else 0
 
     @property
     def vocab_size(self) -> int | None:
         return self.worker.engine.vocab_size or self.settings.tokenizer.vocab_size
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.settings.model_name:
+        known = name is None or name == self.settings.model_name
+        if not known and (self.adapters is None or self.adapters.slot(name) is None):
+            served = ", ".join(repr(card["id"]) for card in self.model_cards())
             raise APIError(
                 404,
-                f"The model {name!r} does not exist; this server serves "
-                f"{self.settings.model_name!r} (GET /v1/models)",
+                f"The model {name!r} does not exist; this server serves {served} (GET /v1/models)",
                 "invalid_request_error",
                 "model",
                 "model_not_found",
@@ -267,7 +284,7 @@ class _API:
             return out
 
         def chunk(choices: list, usage=None) -> dict[str, Any]:
-            return self._chunk(rid, "text_completion", created, choices, usage)
+            return self._chunk(rid, "text_completion", created, choices, usage, body.model)
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -339,8 +356,9 @@ class _API:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _chunk(self, rid: str, kind: str, created: int, choices: list, usage) -> dict[str, Any]:
-        model = self.settings.model_name
+    def _chunk(self, rid: str, kind: str, created: int, choices: list, usage,
+               model: str | None) -> dict[str, Any]:  # fmt: skip
+        model = model or self.settings.model_name
         return {"id": rid, "object": kind, "created": created, "model": model,
                 "choices": choices, "usage": usage}  # fmt: skip
 

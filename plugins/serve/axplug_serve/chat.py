@@ -84,7 +84,7 @@ async def chat_completions(api: Any, body: ChatCompletionRequest, request: Reque
     rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
 
     def chunk(choices: list, kind: str, usage=None) -> dict[str, Any]:
-        return api._chunk(rid, kind, created, choices, usage)
+        return api._chunk(rid, kind, created, choices, usage, body.model)
 
     def logprobs(entries: list) -> dict[str, Any] | None:
         return chat_logprobs(api.texts, entries, top_n) if top_n is not None else None

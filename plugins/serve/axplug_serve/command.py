@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from axplug.api import AxplugError, add_checkpoint_arguments, add_command
+from axplug_serve.adapters import add_lora_arguments, check_lora_options
 
 __all__ = ["add_parser", "run", "API_KEY_ENV"]
 
@@ -70,6 +71,7 @@ def _checked_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-logprobs {args.max_logprobs}: must be in [0, 1000]")
     if any(not key for key in args.api_key):
         raise UsageError("--api-key: a key must not be empty")
+    check_lora_options(args)
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -148,6 +150,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="disaggregate: prefill on the first N devices, decode on the rest (0: every "
         "device does both)",
     )
+    add_lora_arguments(parser)
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
     parser.add_argument(
         "--tool-parser",
@@ -213,7 +216,9 @@ def build(args: argparse.Namespace):
     """(app, settings, engine) for `args`: the model loaded, its engine warmed up."""
     from axplug_chat import trained_template
 
+    from axplug.api.config import UsageError
     from axplug.api.run import Engine, Request, SamplingParams, find_tokenizer, load_checkpoint
+    from axplug_serve.adapters import adapter_table
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.disaggregated import DisaggregatedEngine
     from axplug_serve.metrics import ServerMetrics
@@ -226,8 +231,13 @@ def build(args: argparse.Namespace):
     if args.kv_cache == "paged":  # first, so a --modifier paged_kv_cache:... overrides it
         modifiers.insert(0, "paged_kv_cache:page_size=16")
     devices = device_split(args.prefill_devices)
+    slots = len(args.lora) if args.max_loras is None else args.max_loras
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
-                             devices=devices[-1], merge_adapters=args.merge_adapters)  # fmt: skip
+                             devices=devices[-1],
+                             merge_adapters=args.merge_adapters or slots > 0)  # fmt: skip
+    adapters = None
+    if slots:
+        loaded, adapters = adapter_table(loaded, args.lora, slots, args.max_lora_rank)
     tokenizer = find_tokenizer(loaded, args.checkpoint, args.tokenizer)
     stop = loaded.stop_tokens or ((tokenizer.eos_id,) if tokenizer.eos_id is not None else ())
 
@@ -243,6 +253,7 @@ def build(args: argparse.Namespace):
             axis_rules=model.axis_rules,
             prefix_caching=args.prefix_caching,
             speculative=speculative,
+            adapter_slots=slots,
         )
 
     engine = engine_on(loaded)
@@ -257,6 +268,9 @@ def build(args: argparse.Namespace):
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     if name == "checkpoints":  # given the checkpoints/ subdirectory of a run
         name = os.path.basename(os.path.dirname(os.path.normpath(args.checkpoint)))
+    if name in [lora for lora, _ in args.lora]:
+        raise UsageError(f"--lora {name}=...: the served model is named {name!r} already; "
+                         "name the adapter otherwise (or the model, --model-name)")  # fmt: skip
     settings = ServerSettings(
         model_name=name,
         tokenizer=tokenizer,
@@ -275,7 +289,7 @@ def build(args: argparse.Namespace):
     )
     metrics = ServerMetrics()
     worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)
-    return create_app(worker, settings, metrics), settings, engine
+    return create_app(worker, settings, metrics, adapters), settings, engine
 
 
 def _tool_parser(name: str) -> str:

@@ -29,8 +29,8 @@ class Generation:
     tokens behind it) as it is generated."""
 
     def __init__(self, api: Any, endpoint: str, prompt: list[int], sampling, stop: list[str],
-                 constraint: Any = None):  # fmt: skip
-        self.id, self.constraint = uuid.uuid4().hex, constraint
+                 constraint: Any = None, adapter: int = 0):  # fmt: skip
+        self.id, self.constraint, self.adapter = uuid.uuid4().hex, constraint, adapter
         self.prompt, self.endpoint, self._api = prompt, endpoint, api
         self.sampling = sampling
         self._loop = asyncio.get_running_loop()
@@ -42,7 +42,8 @@ class Generation:
         self.prompt_logprobs: list[Logprob | None] | None = None
 
     def submission(self) -> tuple[EngineRequest, Callable]:
-        request = EngineRequest(self.prompt, self.sampling, id=self.id, constraint=self.constraint)
+        request = EngineRequest(self.prompt, self.sampling, id=self.id,
+                                constraint=self.constraint, adapter=self.adapter)  # fmt: skip
         return request, self._sink
 
     def _sink(self, item) -> None:  # the engine thread
@@ -244,6 +245,10 @@ def start_generations(
             "--max-queue): split it",
             "n" if n > 1 else "prompt",
         )
+    # Resolved right before submitting: an adapter unloaded since the request arrived is a 404,
+    # and its slot is not reused while a request submitted here holds it.
+    for generation in generations:
+        generation.adapter = api.adapter_of(body.model)
     try:
         api.worker.submit_all([g.submission() for g in generations])
     except QueueFullError as exc:

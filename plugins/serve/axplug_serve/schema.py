@@ -21,8 +21,10 @@ __all__ = [
 _STATUS = {
     400: "invalid request: the message names the field (`param`)",
     401: "missing or wrong API key (servers started with --api-key)",
+    403: "not allowed on this server (runtime adapter loading needs --api-key)",
     404: "no such model or route",
     405: "method not allowed (the `Allow` header lists those that are)",
+    409: "the adapter name is taken, or no adapter slot is free",
     413: "request body over --max-body-bytes",
     429: "at capacity: retry after `Retry-After` seconds",
     500: "internal server error (logged by the server)",

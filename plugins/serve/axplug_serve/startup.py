@@ -43,21 +43,27 @@ def max_len_for(loaded, explicit: int | None) -> int:
 
 
 def warm_up(engine, request, sampling_params) -> None:
-    """Compiles the decode step and every prefill width now, not in the first requests."""
+    """Compiles the decode step and every prefill width now, not in the first requests (with
+    adapter slots, also the programs of batches with an adapter row)."""
     limit = min(engine.max_len, engine.prefill_chunk)
     lengths, width = [1, 2], engine.min_prefill_len  # 1: the decode width; 2: the smallest
     while width < limit:
         lengths.append(width + 1)  # the next bucket up
         width *= 2
-    for length in lengths:  # each prefills at its width, then decodes a token (width 1)
-        engine.submit(request([0] * length, sampling_params(max_new_tokens=2, temperature=0)))
-        engine.run()
-    # A prompt longer than a chunk: its later chunks prefill beside a decoding row.
-    if engine.prefill_chunk < engine.max_len - 2:
-        engine.submit(request([0], sampling_params(max_new_tokens=3, temperature=0)))
-        engine.submit(request([0] * (engine.prefill_chunk + 1),
-                              sampling_params(max_new_tokens=1, temperature=0)))  # fmt: skip
-        engine.run()
+    for adapter in range(1 + bool(getattr(engine, "adapter_slots", 0))):
+
+        def greedy(prompt: list[int], tokens: int, adapter: int = adapter):
+            return request(prompt, sampling_params(max_new_tokens=tokens, temperature=0),
+                           adapter=adapter)  # fmt: skip
+
+        for length in lengths:  # each prefills at its width, then decodes a token (width 1)
+            engine.submit(greedy([0] * length, 2))
+            engine.run()
+        # A prompt longer than a chunk: its later chunks prefill beside a decoding row.
+        if engine.prefill_chunk < engine.max_len - 2:
+            engine.submit(greedy([0], 3))
+            engine.submit(greedy([0] * (engine.prefill_chunk + 1), 1))
+            engine.run()
 
 
 def device_split(prefill: int) -> list[list | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
@@ -47,7 +48,7 @@ class EngineWorker:
         self._on_step = on_step
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._inbox: collections.deque[tuple[str, Any, Sink | None]] = collections.deque()
+        self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self._sinks: dict[Any, Sink] = {}
         self._in_flight = 0
         self._stopping = False
@@ -103,6 +104,17 @@ class EngineWorker:
             self._inbox.append(("cancel", request_id, None))
         self._wake.set()
 
+    def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        """Runs `fn(engine)` in the worker thread between two steps (after the requests
+        submitted before it are in the engine); the future holds its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self.error is not None or self._stopping:
+                raise RuntimeError(f"the engine is not running: {self.error or 'stopping'}")
+            self._inbox.append(("call", fn, future))
+        self._wake.set()
+        return future
+
     # -- the worker thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -124,10 +136,13 @@ class EngineWorker:
         with self._lock:
             sinks, self._sinks = self._sinks, {}
             pending = [sink for op, _, sink in self._inbox if op == "submit" and sink]
+            calls = [future for op, _, future in self._inbox if op == "call"]
             self._inbox.clear()
             self._in_flight = 0
         for sink in [*sinks.values(), *pending]:
             sink(failure)
+        for future in calls:
+            future.set_exception(failure)
 
     def _drain(self) -> None:
         while True:
@@ -137,6 +152,12 @@ class EngineWorker:
                 op, item, sink = self._inbox.popleft()
             if op == "cancel" or sink is None:
                 self.engine.cancel(item)
+                continue
+            if op == "call":
+                try:
+                    sink.set_result(item(self.engine))
+                except Exception as exc:  # noqa: BLE001 -- the caller's to report
+                    sink.set_exception(exc)
                 continue
             try:
                 self.engine.submit(item)

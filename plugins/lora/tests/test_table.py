@@ -1,0 +1,146 @@
+"""Adapter tables: many LoRA adapters over one base in one batch, each row its own, against
+a numpy reference and against engines over the merged models."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from axplug_lora import AdapterTable, lora_weights
+from axplug_lora.table import adapted_linears, with_table, write_slot
+from axplug_testing import tiny_trainer_config
+
+from axplug.api.config import ConfigError
+from axplug.api.layers import fold_layers, functional, side_inputs
+from axplug.api.run import Engine, Request, SamplingParams
+from axplug.api.sharding import DEFAULT_AXIS_RULES, MeshBuilder
+
+PAGED = "paged_kv_cache:page_size=16"
+# Two adapters of different ranks on different Linears.
+LORAS = ("lora:rank=4,alpha=8,targets=['q','v']", "lora:rank=8,alpha=4")
+
+
+def _model(*modifiers):
+    """(model config, random parameters) of one-layer llama-tiny with `modifiers`; LoRA's
+    `lora_b` random too, so each adapter changes the model."""
+    cfg = tiny_trainer_config("/tmp/unused", "model.decoder.transformer.num_layers=1",
+                              preset="llama-tiny", modifiers=[PAGED, *modifiers]).model  # fmt: skip
+    model = cfg.instantiate(parent=None, _path="model")
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(1)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+    out = []
+    for i, (path, leaf) in enumerate(leaves):
+        if "lora_b" in jax.tree_util.keystr(path):
+            leaf = 0.3 * jax.random.normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)
+        out.append(leaf)
+    return cfg, jax.tree_util.tree_unflatten(tree, out)
+
+
+def test_a_table_row_adds_its_own_adapter_and_nothing_without_the_side_input():
+    cfg = AdapterTable.default_config().set(name="t", input_dim=6, output_dim=5, slots=3, rank=2)
+    layer = cfg.instantiate(parent=None)
+    rng = np.random.default_rng(0)
+    params = {"lora_a": rng.normal(size=(4, 6, 2)).astype(np.float32),
+              "lora_b": rng.normal(size=(4, 2, 5)).astype(np.float32)}  # fmt: skip
+    params["lora_a"][0] = params["lora_b"][0] = 0  # entry 0: no adapter
+    x, rows = rng.normal(size=(4, 3, 6)).astype(np.float32), np.array([2, 0, 3, 2], np.int32)
+
+    def call(x):
+        return functional(layer, prng_key=None, state=params, inputs=(x,), is_training=False)[0]
+
+    with side_inputs(adapter=jnp.asarray(rows)):
+        got = np.asarray(jax.jit(call)(x))
+    want = np.stack([x[i] @ params["lora_a"][r] @ params["lora_b"][r] for i, r in enumerate(rows)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.asarray(call(x)).any()  # no side input: every row on the base
+    with side_inputs(adapter=jnp.asarray(rows[:2])), pytest.raises(ValueError, match="2 rows"):
+        call(x)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """(table model, its parameters with the two adapters in slots 1 and 2, the base and
+    the adapters' (config, parameters))."""
+    base_cfg, base = _model()
+    loras = []
+    for spec in LORAS:
+        cfg, params = _model(spec)
+        loras.append((cfg, _over(params, base)))
+    linears: dict = {}
+    for cfg, _ in loras:
+        for path, modules in adapted_linears(cfg).items():
+            known = linears.get(path, ())
+            linears[path] = None if modules is None or known is None else (*known, *modules)
+    mesh_builder = MeshBuilder.default_config().set(mesh_shape=(1,), axis_names=("fsdp",))
+    mesh = mesh_builder.instantiate().build(jax.devices()[:1])
+    cfg, params, leaves = with_table(base_cfg, base, linears, slots=3, rank=8, mesh=mesh,
+                                     axis_rules=DEFAULT_AXIS_RULES)  # fmt: skip
+    for slot, (lora_cfg, lora_params) in enumerate(loras, start=1):
+        params = write_slot(params, leaves, slot, lora_weights(lora_cfg, lora_params))
+    return cfg.instantiate(parent=None, _path="model"), params, leaves, (base_cfg, base), loras
+
+
+def _over(tree, base):
+    """`tree` with every parameter `base` has taken from `base` (the adapters keep theirs)."""
+    if not isinstance(tree, dict):
+        return base
+    return {k: _over(v, base[k]) if k in base else v for k, v in tree.items()}
+
+
+def _greedy(prompt, adapter=0, n=6):
+    return Request(prompt, SamplingParams(max_new_tokens=n, temperature=0, logprobs=1),
+                   id=(tuple(prompt), adapter), adapter=adapter)  # fmt: skip
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(40, 60))]
+
+
+def test_a_mixed_batch_equals_engines_over_the_merged_models(served):
+    model, params, _, (base_cfg, base), loras = served
+    engine = Engine(model, params, num_slots=9, max_len=64, adapter_slots=3)
+    for prompt in PROMPTS:
+        for adapter in (0, 1, 2):
+            engine.submit(_greedy(prompt, adapter))
+    got = {c.id: c for c in engine.run()}  # every row in one batch
+    outputs = set()
+    for adapter, (cfg, params) in enumerate([(base_cfg, base), *loras]):
+        merged_cfg, merged = fold_layers(cfg, params)
+        reference = Engine(merged_cfg.instantiate(parent=None, _path="model"), merged,
+                           num_slots=3, max_len=64)  # fmt: skip
+        for prompt in PROMPTS:
+            reference.submit(_greedy(prompt))
+        for want in reference.run():
+            mine = got[(want.id[0], adapter)]
+            assert mine.output_ids == want.output_ids, (adapter, want.id)
+            logprobs = [[e.logprob for e in c.output_logprobs] for c in (mine, want)]
+            np.testing.assert_allclose(*logprobs, atol=1e-5)
+            outputs.add(tuple(want.output_ids))
+    assert len(outputs) > len(PROMPTS)  # the adapters change what the model says
+
+
+def test_cached_prefixes_are_shared_within_an_adapter_only(served):
+    model, params, *_ = served
+    # Pages for three requests: the ones cached stay while the next request runs.
+    engine = Engine(model, params, num_slots=3, max_len=64, adapter_slots=3)
+    prompt = list(range(40, 75))  # two full pages
+    first = {}
+    for adapter in (1, 2, 1, 0):
+        hits = engine.prefix_hit_tokens
+        engine.submit(_greedy(prompt, adapter, 2))
+        (done,) = engine.run()
+        first.setdefault(adapter, done.output_ids)
+        assert done.output_ids == first[adapter]
+        shared = engine.prefix_hit_tokens - hits
+        assert shared == (32 if adapter == 1 and len(first) == 2 else 0), adapter
+
+
+def test_slots_refuse_what_they_cannot_hold(served):
+    model, params, leaves, _, loras = served
+    with pytest.raises(ConfigError, match="rank 16 exceeds the tables' 8"):
+        write_slot(params, leaves, 1, lora_weights(*_model("lora:rank=16,alpha=8")))
+    attention_only = {k for k in leaves if ".attention." in k}
+    with pytest.raises(ConfigError, match="feed_forward.* which no adapter table holds"):
+        write_slot(params, attention_only, 1, lora_weights(*loras[1]))
+    engine = Engine(model, params, num_slots=1, max_len=64, adapter_slots=3)
+    with pytest.raises(ValueError, match="adapter 4 is not one of this engine's 3 adapter slots"):
+        engine.submit(_greedy([1, 2], 4))
