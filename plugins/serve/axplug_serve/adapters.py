@@ -20,6 +20,8 @@ __all__ = ["Adapters", "AdapterError", "adapter_table", "add_adapter_routes",
 class AdapterError(AxplugError, ValueError):
     """An adapter that cannot be served (named in use, unknown, of another base, no slot)."""
 
+    exit_code = 2  # given at start-up: a mistake in what was asked
+
     def __init__(self, message: str, status: int = 400, param: str | None = "lora_path"):
         super().__init__(message)
         self.status, self.param = status, param
