@@ -27,8 +27,9 @@ import tempfile
 import threading
 import time
 
-from axplug.checkpoint.layout import COMMIT_MARKER
 from axplug_testing import tiny_train_args
+
+from axplug.checkpoint.layout import COMMIT_MARKER
 
 TINY = (
     "log_every=1",

@@ -35,10 +35,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import jax
     from axplug_rl.rollouts import RolloutInput
+    from axplug_testing import tiny_trainer_config
 
     from axplug.api.data import Policy
     from axplug.api.run import Engine, Request, SamplingParams
-    from axplug_testing import tiny_trainer_config
 
     work = pathlib.Path(tempfile.mkdtemp())
     prompts = work / "prompts.jsonl"
@@ -115,10 +115,10 @@ def _parity(args, work, prompts, modifiers) -> tuple[float, float]:
     import jax.numpy as jnp
     import numpy as np
     from axplug_rl.rollouts import RolloutInput
+    from axplug_testing import tiny_trainer_config
 
     from axplug.api.data import Policy
     from axplug.api.layers import functional
-    from axplug_testing import tiny_trainer_config
 
     cfg = tiny_trainer_config(work / "parity", preset=args.preset, modifiers=["grpo", *modifiers])
     cfg.input = RolloutInput.default_config().set(

@@ -5,6 +5,7 @@
     python bench/serve.py prefix [--prefix-len 1024] [--n 8]   (see bench/serve_prefix.py)
     python bench/serve.py speculative [--batch 1,8]        (see bench/serve_speculative.py)
     python bench/serve.py structured [--batch 8]           (see bench/serve_structured.py)
+    python bench/serve.py lora [--batch 8] [--rank 16]     (see bench/serve_lora.py)
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
@@ -40,6 +41,8 @@ from axplug.presets import preset_config
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from plain_decode import PlainDecoder  # noqa: E402
 from plain_llama import from_axplug_params, spec_from_config  # noqa: E402
+from serve_lora import add_parser as add_lora_parser  # noqa: E402
+from serve_lora import bench_lora  # noqa: E402
 from serve_prefix import add_parser as add_prefix_parser  # noqa: E402
 from serve_prefix import bench_prefix  # noqa: E402
 from serve_speculative import add_parser as add_speculative_parser  # noqa: E402
@@ -303,10 +306,12 @@ def main() -> None:
     add_prefix_parser(sub)
     add_speculative_parser(sub)
     add_structured_parser(sub)
+    add_lora_parser(sub)
     args = parser.parse_args()
     run = {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}
     run["speculative"] = bench_speculative
     run["structured"] = bench_structured
+    run["lora"] = bench_lora
     run[args.what](args)
 
 

@@ -30,11 +30,14 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string"},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
-        "scenes": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"act": {"type": "integer"}, "mood": {"type": "string"}},
-            "required": ["act"],
-        }},  # fmt: skip
+        "scenes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"act": {"type": "integer"}, "mood": {"type": "string"}},
+                "required": ["act"],
+            },
+        },  # fmt: skip
     },
     "required": ["name", "scenes"],
 }

@@ -150,6 +150,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="disaggregate: prefill on the first N devices, decode on the rest (0: every "
         "device does both)",
     )
+    parser.add_argument(
+        "--quantize",
+        choices=["int8", "fp8"],
+        help="serve the attention and feed-forward weights in 8 bits with a scale per output "
+        "channel (weight-only: a quarter of float32's bytes; the activations stay float)",
+    )
     add_lora_arguments(parser)
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template")
     parser.add_argument(
@@ -222,7 +228,7 @@ def build(args: argparse.Namespace):
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.disaggregated import DisaggregatedEngine
     from axplug_serve.metrics import ServerMetrics
-    from axplug_serve.startup import device_split, max_len_for, warm_up
+    from axplug_serve.startup import device_split, max_len_for, quantized, warm_up
     from axplug_serve.text import ChatTemplate
     from axplug_serve.worker import EngineWorker
 
@@ -235,6 +241,8 @@ def build(args: argparse.Namespace):
     loaded = load_checkpoint(args.checkpoint, step=args.step, modifiers=modifiers,
                              devices=devices[-1],
                              merge_adapters=args.merge_adapters or slots > 0)  # fmt: skip
+    if args.quantize:
+        loaded = quantized(loaded, args.quantize)
     adapters = None
     if slots:
         loaded, adapters = adapter_table(loaded, args.lora, slots, args.max_lora_rank)
@@ -262,6 +270,7 @@ def build(args: argparse.Namespace):
             args.checkpoint, step=args.step, modifiers=modifiers, devices=devices[0],
             merge_adapters=args.merge_adapters,
         )  # fmt: skip
+        prefill = quantized(prefill, args.quantize) if args.quantize else prefill
         engine = DisaggregatedEngine(engine_on(prefill, None), engine, decode_mesh=loaded.mesh)
     if args.warmup:
         warm_up(engine, Request, SamplingParams)

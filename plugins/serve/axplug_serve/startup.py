@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["device_split", "max_len_for", "trained_len", "warm_up"]
+__all__ = ["device_split", "max_len_for", "quantized", "trained_len", "warm_up"]
 
 
 def trained_len(loaded) -> int | None:
@@ -64,6 +64,20 @@ def warm_up(engine, request, sampling_params) -> None:
             engine.submit(greedy([0], 3))
             engine.submit(greedy([0] * (engine.prefill_chunk + 1), 1))
             engine.run()
+
+
+def quantized(loaded, fmt: str):
+    """`loaded` with its attention and feed-forward weights in `fmt` (axplug-quantize's
+    weight-only int8 or fp8)."""
+    import dataclasses
+
+    from axplug_quantize import quantize_weights
+
+    cfg, params = quantize_weights(loaded.config.model, loaded.params, fmt, mesh=loaded.mesh,
+                                   axis_rules=loaded.axis_rules)  # fmt: skip
+    model = cfg.instantiate(parent=None, _path="model")
+    return dataclasses.replace(loaded, model=model, params=params,
+                               config=loaded.config.clone(model=cfg))  # fmt: skip
 
 
 def device_split(prefill: int) -> list[list | None]:
