@@ -6,6 +6,7 @@
     python bench/serve.py speculative [--batch 1,8]        (see bench/serve_speculative.py)
     python bench/serve.py structured [--batch 8]           (see bench/serve_structured.py)
     python bench/serve.py lora [--batch 8] [--rank 16]     (see bench/serve_lora.py)
+    python bench/serve.py quantized [--checkpoint RUN]     (see bench/serve_quantized.py)
 
 `engine`: llama-tiny with random parameters, greedy; each round decodes `--batch` prompts
 (and one alone) with `axplug.inference.Engine` (contiguous and paged caches, and paged with
@@ -45,6 +46,8 @@ from serve_lora import add_parser as add_lora_parser  # noqa: E402
 from serve_lora import bench_lora  # noqa: E402
 from serve_prefix import add_parser as add_prefix_parser  # noqa: E402
 from serve_prefix import bench_prefix  # noqa: E402
+from serve_quantized import add_parser as add_quantized_parser  # noqa: E402
+from serve_quantized import bench_quantized  # noqa: E402
 from serve_speculative import add_parser as add_speculative_parser  # noqa: E402
 from serve_speculative import bench_speculative  # noqa: E402
 from serve_structured import add_parser as add_structured_parser  # noqa: E402
@@ -307,11 +310,13 @@ def main() -> None:
     add_speculative_parser(sub)
     add_structured_parser(sub)
     add_lora_parser(sub)
+    add_quantized_parser(sub)
     args = parser.parse_args()
     run = {"engine": bench_engine, "http": bench_http, "prefix": bench_prefix}
     run["speculative"] = bench_speculative
     run["structured"] = bench_structured
     run["lora"] = bench_lora
+    run["quantized"] = bench_quantized
     run[args.what](args)
 
 

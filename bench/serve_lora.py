@@ -66,7 +66,8 @@ def bench_lora(args) -> None:
     from axplug_lora import lora_weights
     from axplug_lora.table import adapted_linears, with_table, write_slot
 
-    cfg = make_modifier("paged_kv_cache:page_size=16")(preset_config(args.preset).model)
+    preset = preset_config(args.preset, overrides=args.set)
+    cfg = make_modifier("paged_kv_cache:page_size=16")(preset.model)
     model = cfg.instantiate(parent=None)
     base = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
     loras = [_random_lora(cfg, base, args.rank, 10 * (i + 1)) for i in range(args.adapters)]
@@ -124,3 +125,5 @@ def add_parser(sub) -> None:
     p.add_argument("--adapters", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="a preset override, e.g. model.dtype='bfloat16'")  # fmt: skip

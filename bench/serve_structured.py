@@ -96,7 +96,7 @@ def bench_structured(args) -> None:
     )
     tps: dict[str, list[float]] = {name: [] for name in settings}
     spent: list[float] = []
-    for name, guided in settings.items():  # warm-up: compile every program
+    for guided in settings.values():  # warm-up: compile every program
         _decode(engine, prompts, guided, args.new_tokens, make, [])
     for r in range(args.rounds):
         for name in settings if r % 2 == 0 else reversed(settings):
