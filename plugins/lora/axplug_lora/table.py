@@ -184,8 +184,8 @@ def with_table(
                                       jax.random.PRNGKey(0)))  # fmt: skip
     flat = flatten(params)
     table = {k for k in abstract if k not in flat}
-    for key in table:
-        flat[key] = jax.device_put(jnp.zeros(abstract[key].shape, abstract[key].dtype),
+    for key in table:  # host zeros: no program per shape
+        flat[key] = jax.device_put(np.zeros(abstract[key].shape, abstract[key].dtype),
                                    shardings[key])  # fmt: skip
     return cfg, unflatten(flat), table
 
@@ -216,5 +216,10 @@ def write_slot(params: dict, table: set[str], slot: int, adapter: LoRAWeights | 
                 raise ConfigError(f"{adapter.run}: {key} is {value.shape}, the served model's "
                                   f"table takes {entry.shape}: another base model")  # fmt: skip
             entry[at] = value
-        flat[key] = leaf.at[..., slot, :, :].set(entry.astype(leaf.dtype))
+        flat[key] = _set_entry(leaf, np.int32(slot), entry.astype(leaf.dtype))
     return unflatten(flat)
+
+
+@jax.jit  # the slot traced: one program per table shape, whichever slot is written
+def _set_entry(leaf: jax.Array, slot: jax.Array, entry: jax.Array) -> jax.Array:
+    return leaf.at[..., slot, :, :].set(entry)

@@ -88,16 +88,25 @@ def _complete(client, model: str, prompt: list[int]):
     return reply.choices[0]
 
 
-def _merged_greedy(run: str, merge: bool) -> dict[tuple, tuple[str, list[float]]]:
-    """(text, logprobs) of each prompt's greedy reply, by an Engine over `run` (merged)."""
-    loaded = load_checkpoint(run, modifiers=["paged_kv_cache:page_size=16"], merge_adapters=merge)
-    tokenizer = find_tokenizer(loaded, run)
-    engine = Engine(loaded.model, loaded.params, num_slots=2, max_len=64, prefill_chunk=16)
-    for prompt in PROMPTS:
-        engine.submit(Request(prompt, SamplingParams(max_new_tokens=8, temperature=0, logprobs=0),
-                              id=tuple(prompt)))  # fmt: skip
-    return {c.id: (tokenizer.decode(c.output_ids), [e.logprob for e in c.output_logprobs])
-            for c in engine.run()}  # fmt: skip
+def _merged_greedy(runs: list[tuple[str, bool]]) -> list[dict[tuple, tuple[str, list[float]]]]:
+    """For each (run, merge): (text, logprobs) of each prompt's greedy reply, by an Engine
+    over the run (merged). The merged models have the base's structure: one Engine (one set of
+    programs) takes each one's parameters in turn."""
+    engine, out = None, []
+    for run, merge in runs:
+        loaded = load_checkpoint(run, modifiers=["paged_kv_cache:page_size=16"],
+                                 merge_adapters=merge)  # fmt: skip
+        if engine is None:
+            engine = Engine(loaded.model, loaded.params, num_slots=2, max_len=64,
+                            prefill_chunk=16)  # fmt: skip
+            tokenizer = find_tokenizer(loaded, run)
+        engine.params = loaded.params
+        for prompt in PROMPTS:
+            greedy = SamplingParams(max_new_tokens=8, temperature=0, logprobs=0)
+            engine.submit(Request(prompt, greedy, id=tuple(prompt)))
+        out.append({c.id: (tokenizer.decode(c.output_ids), [e.logprob for e in c.output_logprobs])
+                    for c in engine.run()})  # fmt: skip
+    return out
 
 
 def test_adapters_and_the_base_in_one_batch_equal_their_merged_models(server, client, runs):
@@ -110,8 +119,8 @@ def test_adapters_and_the_base_in_one_batch_equal_their_merged_models(server, cl
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         replies = list(pool.map(lambda job: _complete(client, *job), jobs))
     texts = set()
-    for model in models:
-        want = _merged_greedy(loras.get(model, base), merge=model != "base")
+    merged = _merged_greedy([(loras.get(model, base), model != "base") for model in models])
+    for model, want in zip(models, merged, strict=True):
         for (asked, prompt), choice in zip(jobs, replies, strict=True):
             if asked != model:
                 continue
