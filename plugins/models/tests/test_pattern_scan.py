@@ -86,26 +86,39 @@ def test_scanned_forward_and_gradients_equal_the_unrolled_stacks():
     unrolled, params = build(stack_cfg(EIGHT, KINDS))
     mapped = to_scanned(params, 8, 3)
     x, pos = normal(1, (2, 9, 32)), positions(2, 9)
-    # Both compiled (eager float32 differs from compiled by ~5e-6 here), as users compile them:
-    # the session's fast-compile flags order the gradient's sums differently (1.5e-5).
-    options = dict(compiler_options=production_compiler_options())
+    policies = ("none", "full", "dots")
+    models = {}
+    for policy in policies:
+        model, own = abstract(scanned(remat_policy=policy))
+        assert shapes(mapped) == shapes(own)
+        models[policy] = model
 
-    def forward_and_grads(m, p):
-        """The forward pass and the gradients of sum(sin(forward)): one program."""
+    def forward_and_grads(m, p, x, pos):
+        """The forward pass and the gradients of sum(sin(forward))."""
 
-        def loss(p, x, pos):
+        def loss(p):
             out = call(m, p, {"x": x, "positions": pos})
             return jnp.sum(jnp.sin(out)), out
 
-        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True), **options)(p, x, pos)
+        (_, out), grads = jax.value_and_grad(loss, has_aux=True)(p)
         return out, grads
 
-    want, want_grads = forward_and_grads(unrolled, params)
+    # All four in one program: one compile at the production options, not four (the stacks
+    # stay apart: each policy's scan and checkpoints are its own, and whatever XLA shares
+    # between them is the same computation). Compiled (eager float32 differs from compiled by
+    # ~5e-6 here), as users compile them: the session's fast-compile flags order the
+    # gradient's sums differently (1.5e-5).
+    @functools.partial(jax.jit, compiler_options=production_compiler_options())
+    def every_stack(params, mapped, x, pos):
+        want = forward_and_grads(unrolled, params, x, pos)
+        return want, {
+            policy: forward_and_grads(models[policy], mapped, x, pos) for policy in policies
+        }
+
+    (want, want_grads), got_by_policy = every_stack(params, mapped, x, pos)
     want_grads = to_scanned(want_grads, 8, 3)
-    for policy in ("none", "full", "dots"):
-        model, own = abstract(scanned(remat_policy=policy))
-        assert shapes(mapped) == shapes(own)
-        got, grads = forward_and_grads(model, mapped)
+    for policy in policies:
+        got, grads = got_by_policy[policy]
         close = functools.partial(np.testing.assert_allclose, **SAME, err_msg=policy)
         close(got, want)
         jax.tree.map(close, grads, want_grads)

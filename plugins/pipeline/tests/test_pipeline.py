@@ -14,10 +14,10 @@ from axplug.api.summary import read_jsonl
 SMALL = [
     "log_every=1",
     "checkpoint_every=3",
-    "model.decoder.dim=64",
+    "model.decoder.dim=32",
     "model.decoder.transformer.num_layers=8",
     "model.decoder.transformer.layer.attention.num_heads=4",
-    "model.decoder.transformer.layer.feed_forward.hidden_dim=128",
+    "model.decoder.transformer.layer.feed_forward.hidden_dim=64",
 ]
 
 
