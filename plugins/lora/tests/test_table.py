@@ -92,7 +92,7 @@ def _over(tree, base):
 
 
 def _greedy(prompt, adapter=0, n=6):
-    return Request(prompt, SamplingParams(max_new_tokens=n, temperature=0, logprobs=1),
+    return Request(prompt, SamplingParams(max_new_tokens=n, temperature=0, logprobs=2),
                    id=(tuple(prompt), adapter), adapter=adapter)  # fmt: skip
 
 
@@ -106,21 +106,32 @@ def test_a_mixed_batch_equals_engines_over_the_merged_models(served):
         for adapter in (0, 1, 2):
             engine.submit(_greedy(prompt, adapter))
     got = {c.id: c for c in engine.run()}  # every row in one batch
-    outputs = set()
-    # The merged models have the base's structure: one Engine takes each one's parameters.
+    outputs, compared = set(), 0
+    # The merged models have the base's structure: one Engine takes each one's parameters
+    # (without a prefix cache: its pages would hold another model's keys).
     reference = Engine(base_cfg.instantiate(parent=None, _path="model"), base, num_slots=3,
-                       max_len=64)  # fmt: skip
+                       max_len=64, prefix_caching=False)  # fmt: skip
     for adapter, (cfg, params) in enumerate([(base_cfg, base), *loras]):
         reference.params = fold_layers(cfg, params)[1]
         for prompt in PROMPTS:
             reference.submit(_greedy(prompt))
         for want in reference.run():
-            mine = got[(want.id[0], adapter)]
-            assert mine.output_ids == want.output_ids, (adapter, want.id)
-            logprobs = [[e.logprob for e in c.output_logprobs] for c in (mine, want)]
-            np.testing.assert_allclose(*logprobs, atol=1e-5)
+            compared += same_until_a_tie(got[(want.id[0], adapter)], want)
             outputs.add(tuple(want.output_ids))
     assert len(outputs) > len(PROMPTS)  # the adapters change what the model says
+    assert compared >= 0.8 * 6 * len(PROMPTS) * 3
+
+
+def same_until_a_tie(mine, want) -> int:
+    """Greedy tokens equal and logprobs within 1e-5, up to where `want`'s two best tokens are
+    within 1e-4 (float rounding may take either there, and the texts part); the count."""
+    for j, (a, b) in enumerate(zip(mine.output_logprobs, want.output_logprobs, strict=True)):
+        np.testing.assert_allclose(a.logprob, b.logprob, atol=1e-5)
+        if a.token != b.token:
+            (_, best), (_, second) = b.top[:2]
+            assert best - second < 1e-4, (j, mine.output_ids, want.output_ids)
+            return j
+    return len(want.output_logprobs)
 
 
 def test_cached_prefixes_are_shared_within_an_adapter_only(served):

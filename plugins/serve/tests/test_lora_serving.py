@@ -91,14 +91,15 @@ def _complete(client, model: str, prompt: list[int]):
 def _merged_greedy(runs: list[tuple[str, bool]]) -> list[dict[tuple, tuple[str, list[float]]]]:
     """For each (run, merge): (text, logprobs) of each prompt's greedy reply, by an Engine
     over the run (merged). The merged models have the base's structure: one Engine (one set of
-    programs) takes each one's parameters in turn."""
+    programs; no prefix cache, whose pages would hold another model's keys) takes each one's
+    parameters in turn."""
     engine, out = None, []
     for run, merge in runs:
         loaded = load_checkpoint(run, modifiers=["paged_kv_cache:page_size=16"],
                                  merge_adapters=merge)  # fmt: skip
         if engine is None:
             engine = Engine(loaded.model, loaded.params, num_slots=2, max_len=64,
-                            prefill_chunk=16)  # fmt: skip
+                            prefill_chunk=16, prefix_caching=False)  # fmt: skip
             tokenizer = find_tokenizer(loaded, run)
         engine.params = loaded.params
         for prompt in PROMPTS:
