@@ -19,6 +19,8 @@ examples:
   axplug serve --checkpoint runs/demo
   axplug serve --checkpoint runs/llama --port 9000 --num-slots 16 --max-len 4096
   axplug serve --checkpoint runs/demo --modifier paged_kv_cache:page_size=16,num_pages=256
+  axplug serve --checkpoint runs/base --lora chat=runs/chat-lora --lora code=runs/code-lora
+  axplug serve --checkpoint runs/llama --quantize int8        # 8-bit weights
 
 then, with any OpenAI client:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
@@ -31,7 +33,8 @@ then, with any OpenAI client:
 endpoints: POST /v1/completions, POST /v1/chat/completions ("stream": true for server-sent
 events; "logprobs", "echo" and vLLM's "prompt_logprobs" to score text), POST /tokenize,
 POST /detokenize, GET /tokenizer_info, GET /v1/models, GET /health, GET /metrics
-(Prometheus), GET /openapi.json. The model is named after the run directory (--model-name
+(Prometheus), GET /openapi.json; with --max-loras and --api-key, POST /v1/load_lora_adapter
+and /v1/unload_lora_adapter. A --lora adapter is a model of its own (its NAME in "model"). The model is named after the run directory (--model-name
 to change it). At most --num-slots requests decode at once
 (continuous batching) and --max-queue more wait; beyond that a request gets 429. Generation
 stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
@@ -346,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
     chunk = f"{args.prefill_chunk}-token prefill chunks" if args.prefill_chunk else "whole prompts"
     split = f", prefill on {args.prefill_devices} device(s)" if args.prefill_devices else ""
     split += f", speculative {args.speculative}" if args.speculative else ""
+    split += f", {args.quantize} weights" if args.quantize else ""
+    if getattr(engine, "adapter_slots", 0):
+        names = ", ".join(name for name, _ in args.lora) or "none yet"
+        split += f", LoRA adapters {names} ({engine.adapter_slots} slots)"
     keys = len(settings.api_keys)
     access = f"{keys} API key(s)" if keys else "no API key"
     print(
