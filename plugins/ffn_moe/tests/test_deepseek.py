@@ -551,7 +551,7 @@ def assert_paged_batching_matches(check):
 
     from axplug.api.run import SamplingParams, generate, load_checkpoint
 
-    reference = transformers.AutoModelForCausalLM.from_pretrained(check.hf_dir).train(False)
+    reference = check.reference  # the model the check saved: not read again
     prompts = [list(PROMPT), list(PROMPT[:5]), list(PROMPT[4:])]
     loaded = load_checkpoint(check.run_dir, modifiers=["paged_kv_cache:page_size=4"])
     completions = generate(

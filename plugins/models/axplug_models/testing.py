@@ -35,6 +35,8 @@ class HFCheck:
     run_dir: str
     hf_dir: str
     export_dir: str
+    # The transformers model the check built (for a caller's further comparisons: no reload).
+    reference: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def mismatches(self, tol: float = 1e-5) -> list[str]:
         """What fails the families' bar: logits off by more than `tol`, other greedy tokens,
@@ -123,7 +125,7 @@ def check_against_transformers(
     hf_dir, run_dir, export_dir = (os.path.join(str(tmp_path), d) for d in ("hf", "run", "out"))
     reference = tiny_transformers_model(config)
     reference.save_pretrained(hf_dir)
-    ids = np.asarray([prompt])
+    ids = np.asarray([prompt], np.int32)  # int32 already: no conversion program to compile
     want = _hf_logits(reference, ids)[0, -1]
     flags = [arg for spec in modifiers for arg in ("--modifier", spec)]
     # On one device: a tiny import laid out over a test session's 8 fake devices costs twice.
@@ -149,4 +151,5 @@ def check_against_transformers(
         run_dir=run_dir,
         hf_dir=hf_dir,
         export_dir=export_dir,
+        reference=reference,
     )

@@ -165,7 +165,7 @@ def test_a_fine_tune_that_changes_the_rope_exports_the_rope_it_trained(tmp_path,
     raw = json.loads((tmp_path / "out" / "config.json").read_text())
     assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 50000.0
     assert raw["rope_parameters"]["rope_type"] == raw["rope_scaling"]["rope_type"] == "llama3"
-    ids = np.asarray([PROMPT])
+    ids = np.asarray([PROMPT], np.int32)  # no conversion program to compile
     want = load_checkpoint(tuned).logits(ids)[0, -1]
     model = AutoModelForCausalLM.from_pretrained(out).train(False)
     with torch.no_grad():
