@@ -105,6 +105,15 @@ class Engine:
         with assigning_pages(), sharding_scope(self._scope):  # the allocator gives rows pages
             # Ready before the first request, whose time to first token must not include it.
             self._cache = jax.block_until_ready(init(num_slots, max_len))
+        # Parameters on a one-device mesh: the steps return the cache (and tokens) on it, so
+        # the first cache and the host's token ids go there too, or each program compiles
+        # twice (its arguments' types name the mesh after the first step, not before).
+        leaf = jax.tree.leaves(params)[0] if jax.tree.leaves(params) else None
+        sharding = getattr(leaf, "sharding", None)
+        self._placed = None
+        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size == 1:
+            self._placed = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+            self._cache = jax.device_put(self._cache, self._placed)
         paging = model_paging(model, num_slots, max_len)
         self.page_size = paging.page_size if paging else None
         self.allocator = PageAllocator(*paging[:2], caching=prefix_caching) if paging else None
@@ -301,6 +310,8 @@ class Engine:
         # devices faster than a jnp.asarray each. The table is copied: rows may change it
         # while the step runs.
         rows, ids = self._rows, fed.ids if after is None else after.tokens[:, None]
+        if after is None and self._placed is not None:
+            ids = jax.device_put(ids, self._placed)
         penalties = rows.penalty_inputs(self._slots, fed.positions)
         allowed = rows.allowed_inputs(self._slots, feeds)
         tokens, accepted, scores, self._cache, kept = self._extend_rows(
