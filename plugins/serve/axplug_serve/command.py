@@ -34,9 +34,10 @@ endpoints: POST /v1/completions, POST /v1/chat/completions ("stream": true for s
 events; "logprobs", "echo" and vLLM's "prompt_logprobs" to score text), POST /tokenize,
 POST /detokenize, GET /tokenizer_info, GET /v1/models, GET /health, GET /metrics
 (Prometheus), GET /openapi.json; with --max-loras and --api-key, POST /v1/load_lora_adapter
-and /v1/unload_lora_adapter. A --lora adapter is a model of its own (its NAME in "model"). The model is named after the run directory (--model-name
-to change it). At most --num-slots requests decode at once
-(continuous batching) and --max-queue more wait; beyond that a request gets 429. Generation
+and /v1/unload_lora_adapter. The model is named after the run directory (--model-name to
+change it); a --lora adapter is a model of its own (its NAME in "model"). At most
+--num-slots requests decode at once (continuous batching) and --max-queue more wait; beyond
+that a request gets 429. Generation
 stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
 EOS. Chat prompts use --chat-template, else the template the run's chat data was prepared
 with (axplug-chat records it in the data directory), else the tokenizer's
