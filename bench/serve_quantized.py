@@ -13,7 +13,6 @@ tokens equal to the float model's over `--batch` prompts of 32 tokens, and decod
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 
@@ -45,11 +44,11 @@ def _models(args):
         base = LoadedModel(model, params, cfg, 0, mesh, DEFAULT_AXIS_RULES)
     out = {"float": base}
     for fmt in ("int8", "fp8"):
-        cfg, params = quantize_weights(base.config.model, base.params, fmt, mesh=base.mesh,
-                                       axis_rules=base.axis_rules)  # fmt: skip
-        out[fmt] = dataclasses.replace(base, model=cfg.instantiate(parent=None, _path="model"),
-                                       params=params, config=base.config.clone(model=cfg),
-                                       _logits=None)  # fmt: skip
+        out[fmt] = base.with_model(
+            *quantize_weights(
+                base.config.model, base.params, fmt, mesh=base.mesh, axis_rules=base.axis_rules
+            )
+        )
     return out
 
 

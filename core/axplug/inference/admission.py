@@ -1,8 +1,8 @@
 """How requests and rows enter (and leave) an Engine: checking a request before it queues, the
 pages a request takes as it enters (shared prefix pages first), and moving decoding rows
 between engines (prefill/decode disaggregation). These are Engine methods (`Engine.checked`,
-`_admit_pages`, `_give_pages`, `detach_decoding`, `attach`), kept here so the engine module
-holds the scheduling and the step."""
+`adapters_in_use`, `_admit_pages`, `_give_pages`, `detach_decoding`, `attach`), kept here so
+the engine module holds the scheduling and the step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from axplug.inference.paging import OutOfPagesError
 from axplug.inference.requests import Request, RequestState
 from axplug.inference.steps import read_cache_row, write_cache_row
 
-__all__ = ["admit_pages", "attach", "checked", "detach_decoding", "give_pages"]
+__all__ = ["adapters_in_use", "admit_pages", "attach", "checked", "detach_decoding",
+           "give_pages"]  # fmt: skip
 
 
 def checked(self, request: Request | Sequence[int]) -> Request:
@@ -61,6 +62,12 @@ def checked(self, request: Request | Sequence[int]) -> Request:
             f"pool has {self.allocator.num_pages}; raise the paged cache's num_pages"
         )
     return dataclasses.replace(request, prompt=prompt)
+
+
+def adapters_in_use(self) -> set[int]:
+    """The adapter slots of the requests waiting or running."""
+    live = [*self._waiting, *filter(None, self._slots)]
+    return {a.request.adapter for a in live} - {0}
 
 
 def detach_decoding(self) -> list[tuple[RequestState, Any]]:

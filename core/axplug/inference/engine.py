@@ -39,7 +39,7 @@ from axplug.inference.requests import (
 )
 from axplug.inference.rows import RowSettings
 from axplug.inference.speculation import Proposer, propose
-from axplug.inference.steps import bind_extend_rows
+from axplug.inference.steps import bind_extend_rows, one_device_placement
 from axplug.layers.kv_cache import assigning_pages
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope, sharding_scope
@@ -105,14 +105,8 @@ class Engine:
         with assigning_pages(), sharding_scope(self._scope):  # the allocator gives rows pages
             # Ready before the first request, whose time to first token must not include it.
             self._cache = jax.block_until_ready(init(num_slots, max_len))
-        # Parameters on a one-device mesh: the steps return the cache (and tokens) on it, so
-        # the first cache and the host's token ids go there too, or each program compiles
-        # twice (its arguments' types name the mesh after the first step, not before).
-        leaf = jax.tree.leaves(params)[0] if jax.tree.leaves(params) else None
-        sharding = getattr(leaf, "sharding", None)
-        self._placed = None
-        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size == 1:
-            self._placed = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        self._placed = one_device_placement(params)
+        if self._placed is not None:  # where the steps will return it
             self._cache = jax.device_put(self._cache, self._placed)
         paging = model_paging(model, num_slots, max_len)
         self.page_size = paging.page_size if paging else None
@@ -146,7 +140,7 @@ class Engine:
         self.enqueue(RequestState(request, submitted=time.perf_counter()))
         return request.id
 
-    checked = admission.checked
+    checked, adapters_in_use = admission.checked, admission.adapters_in_use
 
     def enqueue(self, state: RequestState) -> None:
         """Queues a `checked` request's state (its arrival time kept: another engine's)."""
@@ -171,11 +165,6 @@ class Engine:
     def num_waiting(self) -> int:
         """Requests queued for a cache row (new or preempted)."""
         return len(self._waiting)
-
-    def adapters_in_use(self) -> set[int]:
-        """The adapter slots of the requests waiting or running."""
-        live = [*self._waiting, *filter(None, self._slots)]
-        return {a.request.adapter for a in live} - {0}
 
     def cancel(self, request_id: Any) -> bool:
         """Drops a waiting or running request, freeing its row and pages; False if unknown.

@@ -61,6 +61,13 @@ class LoadedModel:
             self._logits = jax.jit(scoped(predict, self.mesh, rules))
         return np.asarray(self._logits(self.params, jnp.asarray(ids, jnp.int32)))
 
+    def with_model(self, model_cfg: Any, params: Any) -> LoadedModel:
+        """This model transformed (adapters merged, weights quantized): `model_cfg` with its
+        `params`, the run, step, mesh and lineage kept."""
+        model = model_cfg.instantiate(parent=None, _path="model")
+        config = self.config.clone(model=model_cfg)
+        return dataclasses.replace(self, model=model, params=params, config=config, _logits=None)
+
     @property
     def stop_tokens(self) -> tuple[int, ...]:
         """End-of-sequence ids of the Hugging Face model it descends from (`eos_token_id` of
@@ -127,13 +134,7 @@ def load_checkpoint(
         # Parameters only: the optimizer state (2x the parameters with Adam) is never read. A
         # fine-tune that froze its base stores what it trained, the rest read from its base.
         params = restore_params(checkpointer, step, target)
-    if merge_adapters:
-        from axplug.layers import fold_layers
-
-        model_cfg, params = fold_layers(cfg.model, params)
-        cfg = cfg.clone(model=model_cfg)
-        model = model_cfg.instantiate(parent=None, _path="model")
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         params=params,
         config=cfg,
@@ -142,6 +143,11 @@ def load_checkpoint(
         axis_rules=mesh_builder.axis_rules,
         lineage=run_lineage(path, step, metadata),
     )
+    if merge_adapters:
+        from axplug.layers import fold_layers
+
+        loaded = loaded.with_model(*fold_layers(cfg.model, params))
+    return loaded
 
 
 def run_lineage(path: str, step: int, metadata: dict | None = None) -> list[tuple[str, dict]]:

@@ -16,7 +16,7 @@ from axplug.inference.speculation import verify_drafts
 from axplug.layers.kv_cache import read_row, restart_rows, set_block_tables, write_row
 from axplug.sharding import sharding_scope
 
-__all__ = ["bind_extend_rows", "read_cache_row", "write_cache_row"]
+__all__ = ["bind_extend_rows", "one_device_placement", "read_cache_row", "write_cache_row"]
 
 
 # {model: {scope: jitted extend_rows}}: engines over one model and scope share their programs
@@ -32,6 +32,18 @@ def bind_extend_rows(model, scope):
         call = functools.partial(_extend_rows_of, weakref.ref(model), scope)
         per_scope[scope] = jax.jit(call, static_argnums=(0, 1), donate_argnums=3)
     return per_scope[scope]
+
+
+def one_device_placement(params) -> jax.sharding.NamedSharding | None:
+    """Where a step over `params` on a one-device mesh returns the cache and tokens (that
+    mesh, replicated), else None. An engine puts its first cache and the host's token ids
+    there too: their types name the mesh after the first step, so left off it, each program
+    would compile twice."""
+    leaves = jax.tree.leaves(params)
+    sharding = getattr(leaves[0], "sharding", None) if leaves else None
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size == 1:
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return None
 
 
 def _extend_rows_of(model_ref, scope, *args):

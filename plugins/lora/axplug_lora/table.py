@@ -17,8 +17,8 @@ from axplug.api.config import REQUIRED, ConfigError, Required, config_class, fin
 from axplug.api.layers import BaseLayer, Linear, side_input
 from axplug_lora.layer import LoRAAdapter
 
-__all__ = ["AdapterTable", "LoRAWeights", "adapted_linears", "lora_weights", "read_adapter",
-           "with_table", "write_slot"]  # fmt: skip
+__all__ = ["AdapterTable", "LoRAWeights", "adapted_linears", "linears_of", "lora_weights",
+           "read_adapter", "with_table", "write_slot"]  # fmt: skip
 
 _LEAVES = (".adapter.lora_a", ".adapter.lora_b")
 
@@ -95,6 +95,18 @@ def adapted_linears(model_cfg: Any) -> dict[str, tuple[str, ...] | None]:
 
     visit(model_cfg, collect)
     return found
+
+
+def linears_of(adapters: list[LoRAWeights]) -> dict[str, tuple[str, ...] | None]:
+    """The Linears any of `adapters` adapts (`adapted_linears`), each with the union of their
+    modules (None: all): what a table must hold for all of them."""
+    linears: dict[str, tuple[str, ...] | None] = {}
+    for adapter in adapters:
+        for path, modules in adapter.linears.items():
+            known = linears.get(path, ())
+            both = None if modules is None or known is None else {*known, *modules}
+            linears[path] = None if both is None else tuple(sorted(both))
+    return linears
 
 
 def read_adapter(run: str | os.PathLike, step: int | None = None) -> LoRAWeights:

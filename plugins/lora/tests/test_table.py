@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from axplug_lora import AdapterTable, lora_weights
-from axplug_lora.table import adapted_linears, with_table, write_slot
+from axplug_lora.table import linears_of, with_table, write_slot
 from axplug_testing import tiny_trainer_config
 
 from axplug.api.config import ConfigError
@@ -70,17 +70,13 @@ def served():
     for spec in LORAS:
         cfg, params = _model(spec)
         loras.append((cfg, _over(params, base)))
-    linears: dict = {}
-    for cfg, _ in loras:
-        for path, modules in adapted_linears(cfg).items():
-            known = linears.get(path, ())
-            linears[path] = None if modules is None or known is None else (*known, *modules)
+    weights = [lora_weights(cfg, params) for cfg, params in loras]
     mesh_builder = MeshBuilder.default_config().set(mesh_shape=(1,), axis_names=("fsdp",))
     mesh = mesh_builder.instantiate().build(jax.devices()[:1])
-    cfg, params, leaves = with_table(base_cfg, base, linears, slots=3, rank=8, mesh=mesh,
-                                     axis_rules=DEFAULT_AXIS_RULES)  # fmt: skip
-    for slot, (lora_cfg, lora_params) in enumerate(loras, start=1):
-        params = write_slot(params, leaves, slot, lora_weights(lora_cfg, lora_params))
+    cfg, params, leaves = with_table(base_cfg, base, linears_of(weights), slots=3, rank=8,
+                                     mesh=mesh, axis_rules=DEFAULT_AXIS_RULES)  # fmt: skip
+    for slot, adapter in enumerate(weights, start=1):
+        params = write_slot(params, leaves, slot, adapter)
     return cfg.instantiate(parent=None, _path="model"), params, leaves, (base_cfg, base), loras
 
 

@@ -1,8 +1,6 @@
 """Weight-only int8 / fp8 for serving: the quantization against numpy, the layer against a
 float64 product, and a trained model's logits, bytes and greedy tokens against its float self."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -73,8 +71,7 @@ def test_a_quantized_model_is_a_quarter_of_the_bytes_and_near_its_logits(trained
     stored = sum(a.size for a in weights)
     scales = sum(a.size // a.shape[-2] for a in weights)
     assert before - after == 3 * stored - 4 * scales  # 4 bytes to 1, plus a scale per channel
-    quantized = dataclasses.replace(trained, model=cfg.instantiate(parent=None, _path="model"),
-                                    params=params, _logits=None)  # fmt: skip
+    quantized = trained.with_model(cfg, params)
     ids = np.random.default_rng(2).integers(0, trained.vocab_size, (4, 24))
     want, got = trained.logits(ids), quantized.logits(ids)
     error = np.abs(got - want).max()

@@ -49,9 +49,7 @@ def adapter_table(loaded: Any, runs: list[tuple[str, str]], slots: int, rank: in
     (name, run directory)) for `axplug serve --lora`. The tables sit on the Linears the
     adapters adapt (without any: every attention and feed-forward Linear) at the largest
     rank among them (or `rank`)."""
-    import dataclasses
-
-    from axplug_lora.table import adapted_linears, read_adapter, with_table
+    from axplug_lora.table import adapted_linears, linears_of, read_adapter, with_table
 
     from axplug.api.checkpoint import Checkpointer, checkpoint_directory, params_digest
     from axplug.api.config import make_modifier
@@ -63,21 +61,14 @@ def adapter_table(loaded: Any, runs: list[tuple[str, str]], slots: int, rank: in
     for _, w in weights:
         if problem := _base_of(w, served):
             raise AdapterError(problem)
-    linears: dict[str, Any] = {}
-    for _, w in weights:
-        for path, modules in w.linears.items():
-            known = linears.get(path, ())
-            both = None if modules is None or known is None else {*known, *modules}
-            linears[path] = None if both is None else tuple(sorted(both))
-    if not weights:
-        linears = adapted_linears(make_modifier("lora")(loaded.config.model))
+    # Without adapters: the Linears the `lora` modifier adapts by default.
+    linears = (linears_of([w for _, w in weights]) if weights else
+               adapted_linears(make_modifier("lora")(loaded.config.model)))  # fmt: skip
     rank = rank or max((w.rank for _, w in weights), default=16)
     model_cfg, params, leaves = with_table(loaded.config.model, loaded.params, linears,
                                            slots=slots, rank=rank, mesh=loaded.mesh,
                                            axis_rules=loaded.axis_rules)  # fmt: skip
-    model = model_cfg.instantiate(parent=None, _path="model")
-    table = dataclasses.replace(loaded, model=model, params=params,
-                                config=loaded.config.clone(model=model_cfg))  # fmt: skip
+    table = loaded.with_model(model_cfg, params)
     adapters = Adapters(slots, leaves, served)
     for slot, (name, w) in enumerate(weights, start=1):
         table.params = adapters.install(table.params, name, w, slot)

@@ -69,15 +69,13 @@ def warm_up(engine, request, sampling_params) -> None:
 def quantized(loaded, fmt: str):
     """`loaded` with its attention and feed-forward weights in `fmt` (axplug-quantize's
     weight-only int8 or fp8)."""
-    import dataclasses
-
     from axplug_quantize import quantize_weights
 
-    cfg, params = quantize_weights(loaded.config.model, loaded.params, fmt, mesh=loaded.mesh,
-                                   axis_rules=loaded.axis_rules)  # fmt: skip
-    model = cfg.instantiate(parent=None, _path="model")
-    return dataclasses.replace(loaded, model=model, params=params,
-                               config=loaded.config.clone(model=cfg))  # fmt: skip
+    return loaded.with_model(
+        *quantize_weights(
+            loaded.config.model, loaded.params, fmt, mesh=loaded.mesh, axis_rules=loaded.axis_rules
+        )
+    )
 
 
 def device_split(prefill: int) -> list[list | None]:
