@@ -26,6 +26,9 @@ ALLOW_ENV = "AXPLUG_LOAD_PLUGINS"
 
 _scanned: list[Component] | None = None
 _failures: dict[tuple[str, str, str], tuple[str, str]] = {}  # key -> (reason, failure)
+# Every component with its status, per (DISABLE_ENV, ALLOW_ENV) values: entry lookups ask
+# for it thousands of times; a load failure or `clear()` forgets it.
+_statuses: dict[tuple[str | None, str | None], list[Component]] = {}
 
 
 def clear() -> None:
@@ -33,24 +36,27 @@ def clear() -> None:
     global _scanned
     _scanned = None
     _failures.clear()
+    _statuses.clear()
 
 
 def record_failure(component: Component, reason: str, failure: str) -> None:
     """Marks `component` broken from now on: `failure` (one of FAILURES), `reason` in words."""
     assert failure in FAILURES, failure
     _failures[component.key] = (reason, failure)
+    _statuses.clear()
 
 
 def discover(kind: str | None = None) -> list[Component]:
     """Every installed component (of `kind`), with its status; reads metadata, imports no plugin."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"unknown component kind {kind!r}; valid kinds: {', '.join(KINDS)}")
-    disable, allow = _env_names(DISABLE_ENV), _env_names(ALLOW_ENV)
-    components = [_with_status(c, disable, allow) for c in _scan()]
-    components = _mark_conflicts(components)
-    if kind is not None:
-        components = [c for c in components if c.kind == kind]
-    return sorted(components, key=lambda c: (normalize(c.distribution), c.kind, c.name))
+    env = (os.environ.get(DISABLE_ENV), os.environ.get(ALLOW_ENV))
+    if (components := _statuses.get(env)) is None:
+        disable, allow = _env_names(DISABLE_ENV), _env_names(ALLOW_ENV)
+        components = _mark_conflicts([_with_status(c, disable, allow) for c in _scan()])
+        components.sort(key=lambda c: (normalize(c.distribution), c.kind, c.name))
+        _statuses[env] = components
+    return [c for c in components if kind is None or c.kind == kind]
 
 
 def _scan() -> list[Component]:
