@@ -361,24 +361,25 @@ def test_a_pool_too_small_for_the_rows_is_an_error():
 
 
 def test_a_row_without_pages_never_touches_another_rows_pages(plain_lm):
-    """A scheduler's pool of 5 pages for 2 rows x 5: row 1 has none yet. Row 0 decodes
-    exactly as alone, and no page is written for row 1 (it pointed at page 0 and overwrote
-    row 0)."""
+    """A scheduler's pool of 6 pages for 3 rows x 6: rows 1 and 2 have none yet. Row 0
+    decodes exactly as in the contiguous cache, and no page is written for rows 1 and 2 (they
+    pointed at page 0 and overwrote row 0). The `plain` decoding case's model, tokens and
+    shapes: the reference compiles nothing new."""
     from axplug.layers.kv_cache import assigning_pages
 
     contiguous, params = plain_lm
-    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=5").instantiate(parent=None)
-    ids = random_ids(3, (2, 9))
-    want, _ = decode_logits(contiguous, params, ids[:1], prompt_lens=[4], max_len=10)
+    paged = lm_cfg("paged_kv_cache:page_size=2,num_pages=6").instantiate(parent=None)
+    ids = random_ids(1, (3, 11))
+    want, _ = decode_logits(contiguous, params, ids, prompt_lens=[5, 2, 7], max_len=12)
     with assigning_pages():
-        cache = paged.init_cache_state(2, 10)
+        cache = paged.init_cache_state(3, 12)
     table = cache["transformer"]["layer0"]["attention"]["block_table"]
-    np.testing.assert_array_equal(table, [[0, 1, 2, 3, 4], [5] * 5])  # 5: no page
-    got, cache = decode_logits(paged, params, ids, prompt_lens=[4, 4], max_len=10, cache=cache)
-    np.testing.assert_allclose(got[:1], want, **LOOSE)
+    np.testing.assert_array_equal(table, [[0, 1, 2, 3, 4, 5], [6] * 6, [6] * 6])  # 6: no page
+    got, cache = decode_logits(paged, params, ids, prompt_lens=[5, 2, 7], max_len=12, cache=cache)
+    np.testing.assert_allclose(got[:1], want[:1], **LOOSE)
     pool = np.asarray(cache["transformer"]["layer0"]["attention"]["positions"])
-    # Row 0's 9 tokens at positions 0..8 in its pages, and nothing of row 1 anywhere.
-    np.testing.assert_array_equal(pool.reshape(-1), [*range(9), EMPTY_POSITION])
+    # Row 0's 11 tokens at positions 0..10 in its pages, and nothing of rows 1, 2 anywhere.
+    np.testing.assert_array_equal(pool.reshape(-1), [*range(11), EMPTY_POSITION])
 
 
 def test_cache_drops_padding_and_reports_only_cached_slots(plain_lm):

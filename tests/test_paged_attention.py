@@ -168,11 +168,30 @@ def _small_gpt():
     return cfg
 
 
+def _greedy_tokens(cfg, params):
+    """The greedy tokens an engine of `cfg`'s model (2 rows of 32) decodes for one prompt."""
+    from axplug.inference import Engine, Request, SamplingParams
+
+    engine = Engine(cfg.instantiate(parent=None), params, num_slots=2, max_len=32)
+    engine.submit(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=6, temperature=0)))
+    return engine.run()[0].output_ids
+
+
+@functools.cache
+def _dense_tokens():
+    """`_small_gpt`'s tokens through the dense path (a sliding window longer than any sequence
+    here changes no score, but forces it) over a contiguous cache: the reference of both
+    caches' cases below (a cache only changes where keys live), decoded once."""
+    dense = _small_gpt()
+    dense.decoder.transformer.layer.attention.sliding_window = 64
+    params = dense.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
+    return params, _greedy_tokens(dense, params)
+
+
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch, cache):
     """Both caches hand their pages (a contiguous row is a run of pages) to the paged kernel
-    in decode steps, with the tokens of the dense path (a sliding window forces it)."""
-    from axplug.inference import Engine, Request, SamplingParams
+    in decode steps, with the tokens of the dense path."""
     from axplug.modifiers import make_modifier
 
     calls = []
@@ -183,22 +202,12 @@ def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch,
         return original(self, query, paged, scale=scale)
 
     monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
+    params, want = _dense_tokens()  # the same parameters: the cache adds none
+    assert not calls
     cfg = _small_gpt()
     if cache == "paged":
         cfg = make_modifier("paged_kv_cache:page_size=4")(cfg)
-    params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
-    # A window longer than any sequence here changes no score, but takes the dense path.
-    dense = cfg.clone()
-    dense.decoder.transformer.layer.attention.sliding_window = 64
-
-    def decode(model_cfg):
-        engine = Engine(model_cfg.instantiate(parent=None), params, num_slots=2, max_len=32)
-        engine.submit(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=6, temperature=0)))
-        return engine.run()[0].output_ids
-
-    want = decode(dense)
-    assert not calls
-    assert decode(cfg) == want
+    assert _greedy_tokens(cfg, params) == want
     # Traced once: every layer of the decode program (width 1) calls it, the prefill's none.
     heads = cfg.decoder.transformer.layer.attention.num_heads
     assert len(calls) == cfg.decoder.transformer.num_layers and calls[0][:2] == (2, heads)
@@ -207,8 +216,6 @@ def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch,
 def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch):
     """A soft-capped model's decode steps still read the cache in place, with the cap, and
     give the tokens of the dense path."""
-    from axplug.inference import Engine, Request, SamplingParams
-
     caps = []
     original = XlaPagedKernel.__call__
 
@@ -222,12 +229,7 @@ def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch
     params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
     dense = cfg.clone()
     dense.decoder.transformer.layer.attention.sliding_window = 64  # the dense path
-
-    def decode(model_cfg):
-        engine = Engine(model_cfg.instantiate(parent=None), params, num_slots=2, max_len=32)
-        engine.submit(Request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=6, temperature=0)))
-        return engine.run()[0].output_ids
-
+    decode = functools.partial(_greedy_tokens, params=params)
     want = decode(dense)
     assert not caps
     assert decode(cfg) == want
