@@ -59,12 +59,13 @@ B, S, D, H = 2, 8, 32, 4  # batch, seq, model dim, heads (head_dim 8)
 DIST = "axplug-attention"
 
 
-def normal(i: int, shape, dtype=jnp.float32) -> jax.Array:
-    return jnp.asarray(np.random.default_rng(i).standard_normal(shape), dtype)
+# Inputs and references in numpy: an eager jnp op compiles a program per shape.
+def normal(i: int, shape, dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(shape).astype(dtype)
 
 
-def arange_positions(b: int = B, s: int = S) -> jax.Array:
-    return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+def arange_positions(b: int = B, s: int = S) -> np.ndarray:
+    return np.broadcast_to(np.arange(s, dtype=np.int32), (b, s))
 
 
 @functools.cache
@@ -214,7 +215,7 @@ def test_rope_matches_plain_rotary(fraction, interleaved, theta):
         )
     )
     q, k = normal(1, (B, S, 4, 16)), normal(2, (B, S, 2, 16))
-    qpos = jnp.asarray(np.random.default_rng(3).integers(0, 5000, (B, S)), jnp.int32)
+    qpos = np.random.default_rng(3).integers(0, 5000, (B, S)).astype(np.int32)
     kpos = arange_positions() + 7
     q2, k2 = run(m, {}, {"q": q, "k": k, "q_positions": qpos, "kv_positions": kpos})
     kw = dict(theta=theta, fraction=fraction, interleaved=interleaved)
@@ -222,7 +223,8 @@ def test_rope_matches_plain_rotary(fraction, interleaved, theta):
     assert_close(q2, ref_rotary(q, qpos, **kw), dict(rtol=1e-4, atol=1e-3))
     assert_close(k2, ref_rotary(k, kpos, **kw))
     rot = int(16 * fraction)
-    assert_close(q2[..., rot:], q[..., rot:], dict(rtol=0, atol=0))  # partial: rest untouched
+    partial = np.asarray(q2)[..., rot:]  # numpy: a jax slice would compile a program
+    assert_close(partial, q[..., rot:], dict(rtol=0, atol=0))  # partial: rest untouched
 
 
 def test_rope_score_depends_only_on_relative_offset():
@@ -230,9 +232,9 @@ def test_rope_score_depends_only_on_relative_offset():
     q, k = normal(1, (1, 1, 1, 16)), normal(2, (1, 1, 1, 16))
 
     def score(qp, kp):
-        pos = lambda p: jnp.full((1, 1), p, jnp.int32)  # noqa: E731
+        pos = lambda p: np.full((1, 1), p, np.int32)  # noqa: E731
         q2, k2 = run(m, {}, {"q": q, "k": k, "q_positions": pos(qp), "kv_positions": pos(kp)})
-        return float(jnp.sum(q2 * k2))
+        return float(np.sum(np.asarray(q2) * np.asarray(k2)))
 
     for offset in (0, 1, 5, -3):
         scores = [score(p + offset, p) for p in (0, 7, 100, 1000)]
@@ -389,20 +391,20 @@ def test_rope_config_errors_name_the_field():
 def test_rope_attention_uses_input_positions_for_packed_sequences():
     m, params = build(attention_cfg("rope"))
     x = normal(1, (1, S, D))
-    segment_ids = jnp.array([[0, 0, 0, 0, 0, 1, 1, 1]])
-    positions = jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]])
+    segment_ids = np.array([[0, 0, 0, 0, 0, 1, 1, 1]], np.int32)
+    positions = np.array([[0, 1, 2, 3, 4, 0, 1, 2]], np.int32)
     packed = run(m, params, {"x": x, "positions": positions, "segment_ids": segment_ids})
     first = run(m, params, {"x": x[:, :5], "positions": arange_positions(1, 5)})
     second = run(m, params, {"x": x[:, 5:], "positions": arange_positions(1, 3)})
-    assert_close(packed, jnp.concatenate([first, second], axis=1))
+    assert_close(packed, np.concatenate([first, second], axis=1))
     # Shifting every position by the same offset leaves RoPE attention unchanged ...
     shifted = run(m, params, {"x": x[:, :5], "positions": arange_positions(1, 5) + 1000})
     assert_close(shifted, first, F32_LOOSE)
 
 
 def test_apply_rope_keeps_dtype():
-    x = normal(1, (1, 3, 2, 8), jnp.bfloat16)
-    y = apply_rope(x, arange_positions(1, 3), rope_frequencies(8))
+    x = jax.device_put(normal(1, (1, 3, 2, 8), jnp.bfloat16))
+    y = jax.jit(apply_rope)(x, arange_positions(1, 3), rope_frequencies(8))  # one program
     assert y.dtype == jnp.bfloat16 and y.shape == x.shape
 
 
@@ -412,8 +414,8 @@ def test_apply_rope_keeps_dtype():
 def repeat_kv_columns(w, kv_heads, heads):
     """[D, kv_heads * d] -> [D, heads * d], each kv head's columns repeated for its group."""
     d_in = w.shape[0]
-    w = w.reshape(d_in, kv_heads, -1)
-    return jnp.repeat(w, heads // kv_heads, axis=1).reshape(d_in, -1)
+    w = np.asarray(w).reshape(d_in, kv_heads, -1)
+    return np.repeat(w, heads // kv_heads, axis=1).reshape(d_in, -1)
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -438,18 +440,20 @@ def test_gqa_equals_mha_with_repeated_kv_weights(kv_heads, flash):
 
 
 def ref_rms(x, scale, eps=1e-6):
-    return x / jnp.sqrt(jnp.mean(x**2, axis=-1, keepdims=True) + eps) * scale
+    return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps) * np.asarray(scale, np.float64)
 
 
 def ref_gqa_attention(
     x, p, kv_heads, *, positions=None, qk_norm_over=None, rope=False, softcap=None, scale=None
 ):
-    """Causal GQA attention in plain jnp: q, k, v projections (biases where present), q/k
+    """Causal GQA attention in float64 numpy: q, k, v projections (biases where present), q/k
     RMSNorm over the whole projection or per head, RoPE, each kv head repeated for its group
     of query heads, softmax(softcap(q k^T * scale)) v (scale 1/sqrt(d) unless given), output."""
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    x = f(x)
     b, s, _ = x.shape
     pos = arange_positions(b, s) if positions is None else positions
-    proj = {n: x @ p["qkv"][n]["weight"] + p["qkv"][n].get("bias", 0.0) for n in "qkv"}
+    proj = {n: x @ f(p["qkv"][n]["weight"]) + f(p["qkv"][n].get("bias", 0.0)) for n in "qkv"}
     if qk_norm_over == "projection":  # OLMo 2: before the split into heads
         proj["q"] = ref_rms(proj["q"], p["q_norm"]["scale"])
         proj["k"] = ref_rms(proj["k"], p["k_norm"]["scale"])
@@ -458,20 +462,28 @@ def ref_gqa_attention(
     if qk_norm_over == "head_dim":  # Qwen3: per head, one scale shared by the heads
         q, k = ref_rms(q, p["q_norm"]["scale"]), ref_rms(k, p["k_norm"]["scale"])
     if rope:  # after the norms
-        q, k = (jnp.asarray(ref_rotary(t, pos), jnp.float32) for t in (q, k))
-    k, v = (jnp.repeat(t, H // kv_heads, axis=2) for t in (k, v))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (scale or 1.0 / math.sqrt(q.shape[-1]))
+        q, k = (ref_rotary(t, pos) for t in (q, k))
+    k, v = (np.repeat(t, H // kv_heads, axis=2) for t in (k, v))
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * (scale or 1.0 / math.sqrt(q.shape[-1]))
     if softcap is not None:
-        logits = softcap * jnp.tanh(logits / softcap)
+        logits = softcap * np.tanh(logits / softcap)
     allowed = pos[:, None, None, :] <= pos[:, None, :, None]
-    probs = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ p["output"]["weight"]
+    logits = np.where(allowed, logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ f(p["output"]["weight"])
 
 
 def randomized(params, seed: int = 7):
-    """`params` plus small random values everywhere (zero biases, unit scales matter then)."""
+    """`params` plus small random values everywhere (zero biases, unit scales matter then),
+    added in numpy and placed with `device_put`."""
     leaves, treedef = jax.tree.flatten(params)
-    return treedef.unflatten([a + 0.3 * normal(seed + i, a.shape) for i, a in enumerate(leaves)])
+    return treedef.unflatten(
+        [
+            jax.device_put(np.asarray(a) + 0.3 * normal(seed + i, a.shape))
+            for i, a in enumerate(leaves)
+        ]
+    )
 
 
 def test_gqa_keeps_the_qkv_bias_of_the_projection_it_replaces():
@@ -548,14 +560,15 @@ def test_masks_compose_the_same_in_flash_and_core_attention():
     assert core.config.sliding_window == 3 and isinstance(flash.kernel, FlashAttention)
     inputs = {
         "x": normal(1, (B, S, D)),
-        "positions": jnp.array([[0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 2, 0, 1, 2, 3, 4]]),
-        "segment_ids": jnp.array([[0, 0, 0, 0, 0, 0, 1, 1], [4, 4, 4, 5, 5, 5, 5, 5]]),
+        "positions": np.array([[0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 2, 0, 1, 2, 3, 4]], np.int32),
+        "segment_ids": np.array([[0, 0, 0, 0, 0, 0, 1, 1], [4, 4, 4, 5, 5, 5, 5, 5]], np.int32),
     }
-    out = run(flash, params, inputs)
+    out = np.asarray(run(flash, params, inputs))
     assert_close(out, run(core, params, inputs))
     # The window hides token 0 from token 3 of the first row.
-    x2 = inputs["x"].at[0, 0].set(normal(2, (D,)))
-    out2 = run(flash, params, {**inputs, "x": x2})
+    x2 = inputs["x"].copy()
+    x2[0, 0] = normal(2, (D,))
+    out2 = np.asarray(run(flash, params, {**inputs, "x": x2}))
     assert_close(out2[0, 3:], out[0, 3:])
     assert not np.allclose(out2[0, 1:3], out[0, 1:3])
 
@@ -650,10 +663,10 @@ def decode_in_chunks(m, params, x, positions, chunks, max_len):
         out, cache = step(
             params, x[:, start : start + size], positions[:, start : start + size], cache
         )
-        outs.append(out)
+        outs.append(np.asarray(out))
         start += size
     assert (np.asarray(cache["length"]) == start).all()
-    return jnp.concatenate(outs, axis=1)
+    return np.concatenate(outs, axis=1)
 
 
 @pytest.mark.parametrize(
@@ -692,7 +705,7 @@ def test_decoding_needs_causal_attention():
             params,
             {
                 "x": normal(1, (1, 1, D)),
-                "positions": jnp.zeros((1, 1), jnp.int32),
+                "positions": np.zeros((1, 1), np.int32),
                 "cache_state": m.init_cache_state(1, 4),
             },
             method="extend_step",
@@ -743,9 +756,9 @@ def model_decode_logits(model, params, ids, chunks, max_len):
         out, caches = step(
             params, ids[:, start : start + size], positions[:, start : start + size], caches
         )
-        logits.append(out)
+        logits.append(np.asarray(out))
         start += size
-    return jnp.concatenate(logits, axis=1)
+    return np.concatenate(logits, axis=1)
 
 
 @pytest.mark.parametrize(
@@ -755,7 +768,7 @@ def model_decode_logits(model, params, ids, chunks, max_len):
 )
 def test_model_decode_logits_match_the_full_forward(mods):
     model, params = build(small_lm_cfg(*mods))
-    ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (B, S)), jnp.int32)
+    ids = np.random.default_rng(0).integers(0, 50, (B, S)).astype(np.int32)
     full = run(model, params, (ids,), method="predict")
     decoded = model_decode_logits(model, params, ids, [4] + [1] * (S - 4), max_len=S)
     assert_close(decoded, full, F32_LOOSE)
@@ -896,7 +909,7 @@ def test_tensor_parallel_on_8_devices_matches_one_device():
     attention_specs = specs["decoder"]["transformer"]["layer0"]["attention"]
     assert attention_specs["qkv"]["k"]["weight"].mesh_axes == ("embed", "heads")
     assert attention_specs["output"]["weight"].mesh_axes == ("heads", "embed")
-    ids = jnp.asarray(np.random.default_rng(0).integers(0, 50, (B, S)), jnp.int32)
+    ids = np.random.default_rng(0).integers(0, 50, (B, S)).astype(np.int32)
 
     def loss(params, ids):
         (value, _), _ = functional(

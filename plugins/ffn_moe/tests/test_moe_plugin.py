@@ -263,8 +263,20 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("dispatch", list(DISPATCHERS))
+# `auto` runs `gather` with a capacity and `balanced` drop-free on CPU: one case of each
+# branch shows it delegates (the other two cases are those dispatches' own, below).
+AUTO_COVERED = {"top1_raw_ungated", "top2_raw_drop_free"}
+
+
+@pytest.mark.parametrize(
+    "dispatch, case",
+    [
+        pytest.param(dispatch, case, id=f"{dispatch}-{case}")
+        for case in CASES
+        for dispatch in DISPATCHERS
+        if not (dispatch == "auto" and case in AUTO_COVERED)
+    ],
+)
 def test_every_dispatch_matches_the_numpy_reference(dispatch, case):
     top_k, capacity_factor, renormalize, gated, activation = CASES[case]
     x, w = skewed_case(gated=gated)
@@ -362,7 +374,7 @@ def test_gradients_match_a_dense_reference_and_reach_the_router(dispatch):
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(layer_params(w), jax.device_put(x))
     jax.tree.map(lambda a, b: assert_close(a, b, F32_LOOSE), got, reference_grads())
     router_grad = got[0]["router"]["weight"]
-    assert np.all(np.isfinite(router_grad)) and float(jnp.abs(router_grad).max()) > 1e-3
+    assert np.all(np.isfinite(router_grad)) and float(np.abs(np.asarray(router_grad)).max()) > 1e-3
 
 
 def test_aux_losses_have_gradients_into_the_router_only():
@@ -376,9 +388,9 @@ def test_aux_losses_have_gradients_into_the_router_only():
         out = collection.module_outputs["router"]
         return out["load_balance_loss"] + out["router_z_loss"]
 
-    grads = jax.jit(jax.grad(aux))(layer_params(w))
-    assert float(jnp.abs(grads["router"]["weight"]).max()) > 1e-4
-    assert all(float(jnp.abs(grads[n]).max()) == 0.0 for n in ("wi_gate", "wi_up", "wo"))
+    grads = jax.device_get(jax.jit(jax.grad(aux))(layer_params(w)))  # numpy: no eager op
+    assert float(np.abs(grads["router"]["weight"]).max()) > 1e-4
+    assert all(float(np.abs(grads[n]).max()) == 0.0 for n in ("wi_gate", "wi_up", "wo"))
 
 
 def test_shared_expert_adds_a_dense_ffn_on_every_token():

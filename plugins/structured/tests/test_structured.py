@@ -140,9 +140,11 @@ def client(run_dir, tmp_path_factory):
     from axplug_serve.testing import serve_in_thread
 
     log = tmp_path_factory.mktemp("structured-serve") / "server.log"
-    # Room for the tools in a prompt (bytes: the tool tests' prompts are ~700 tokens).
-    options = ["--checkpoint", str(run_dir), "--num-slots", "16", "--max-len", "1024",
-               "--prefill-chunk", "64", "--log-level", "warning", "--no-warmup"]  # fmt: skip
+    # Room for the tools in a prompt and a reply (bytes: the tool tests' prompts are up to 684
+    # tokens). 16-token prefill chunks: every prefill runs at one width, so each kind of
+    # request (constrained or not, with logprobs or not) compiles two programs, not four.
+    options = ["--checkpoint", str(run_dir), "--num-slots", "16", "--max-len", "768",
+               "--prefill-chunk", "16", "--log-level", "warning", "--no-warmup"]  # fmt: skip
     with serve_in_thread(options, log) as base:
         yield openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=300)
 
