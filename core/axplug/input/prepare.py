@@ -228,14 +228,16 @@ def _prepare(sources, tok, target, field, text_unit, docs_per_shard, workers, ap
 
     init = (str(tok.source) if tok.source else "bytes", str(out), dtype, eos, encoder)
     workers = workers or os.cpu_count() or 1
-    if workers == 1:
+    pending = jobs()
+    first = list(itertools.islice(pending, 2))
+    pending = itertools.chain(first, pending)
+    if workers == 1 or len(first) < 2:  # one chunk to do: no pool of processes for it
         _init_worker(*init)
-        for job in jobs():
+        for job in pending:
             finished(_tokenize_chunk(job))
     else:
         with multiprocessing.Pool(workers, initializer=_init_worker, initargs=init) as pool:
             # Waves of 2 x workers chunks: memory holds a few chunks, never the corpus.
-            pending = jobs()
             while wave := list(itertools.islice(pending, 2 * workers)):
                 for record in pool.imap_unordered(_tokenize_chunk, wave):
                     finished(record)
