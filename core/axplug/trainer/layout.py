@@ -12,7 +12,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axplug.config import ConfigError
 from axplug.input import batch_shape
-from axplug.layers.grouped_init import initialize_grouped
 from axplug.sharding import ShardingScope
 from axplug.trainer.trainable import pick
 
@@ -49,7 +48,7 @@ class StateLayout:
         """Fresh parameters of `model` (from `seed`) and optimizer state, laid out."""
 
         def init(keys):
-            params = initialize_grouped(model, keys)
+            params = model.initialize_parameters(keys)
             step = jnp.zeros((), jnp.int32)
             return {"params": params, "opt_state": self.init_opt_state(params), "step": step}
 
