@@ -30,7 +30,7 @@ def sides(trainer) -> dict:
     key = jax.random.PRNGKey(trainer.config.seed)
 
     def state(params):
-        return {"params": params, "opt_state": trainer.init_opt_state(params),
+        return {"params": params, "opt_state": trainer.layout.init_opt_state(params),
                 "step": jnp.zeros((), jnp.int32)}  # fmt: skip
 
     def in_program(key):
@@ -40,7 +40,7 @@ def sides(trainer) -> dict:
         return state(trainer.model.initialize_parameters(keys))
 
     keys = jax.device_get(trainer.model.parameter_keys(key))
-    shardings = trainer.state_shardings
+    shardings = trainer.layout.shardings
     return {
         "keys in program": (lambda: jax.jit(in_program, out_shardings=shardings), key),
         "keys before it": (lambda: jax.jit(drawn, out_shardings=shardings), keys),
