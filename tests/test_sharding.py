@@ -104,16 +104,21 @@ def small_llama(tmp_path, *modifiers, batch=8, seq=64, extra=()):
     )
 
 
-def two_steps(cfg, devices):
-    """(loss, grad_norm) of step 1 and the loss of step 2 from the same initial state."""
+def two_steps(cfg, devices, state=None):
+    """(loss, grad_norm) of step 1 and the loss of step 2 from the same initial state, and
+    that state (read back): `state`, copied onto the trainer's layout, or a fresh one."""
     trainer = cfg.instantiate(devices=devices)
-    state = trainer.init_state()
+    if state is None:
+        state = trainer.init_state()
+    else:
+        state = jax.device_put(state, trainer.layout.shardings, may_alias=False)
+    initial = jax.device_get(state)
     batches = trainer.input.iter_from(0)
     out = []
     for _ in range(2):
         state, metrics = trainer._train_step(state, trainer.put_batch(next(batches)[1]))
         out.append(jax.device_get(metrics))
-    return [out[0]["loss"], out[0]["grad_norm"], out[1]["loss"]]
+    return [out[0]["loss"], out[0]["grad_norm"], out[1]["loss"]], initial
 
 
 LAYOUTS = {
@@ -128,15 +133,23 @@ LAYOUTS = {
 
 @functools.cache
 def one_device(*modifiers):
-    """The one-device reference of `two_steps`, shared by the layouts that need it."""
+    """The one-device reference of `two_steps` (and its initial state), shared by the layouts
+    that need it."""
     return two_steps(small_llama("/nonexistent/one", *modifiers), jax.devices()[:1])
+
+
+# The layout that also draws its own initial state on its mesh (the others start from the one
+# device's: an init program per mesh is a compile of its own, and what a layout changes
+# is the step). Its every mesh axis at once: initialization on a mesh still agrees too.
+OWN_INIT = "fsdp+seq+model"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layouts_train_like_one_device(tmp_path, layout):
     modifiers = LAYOUTS[layout]
-    want = one_device(*(m for m in modifiers if not m.startswith("mesh:")))
-    got = two_steps(small_llama(tmp_path / "many", *modifiers), jax.devices())
+    want, initial = one_device(*(m for m in modifiers if not m.startswith("mesh:")))
+    state = None if layout == OWN_INIT else initial
+    got, _ = two_steps(small_llama(tmp_path / "many", *modifiers), jax.devices(), state)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 

@@ -199,12 +199,14 @@ def decode_logits(model, params, ids, prompt_lens, max_len):
     for b, n in enumerate(prompt_lens):
         pos[b, :n], prefill[b, :n] = np.arange(n), ids[b, :n]
     logits, cache = step(params, prefill, pos, cache)
+    logits = np.asarray(logits)  # read on the host: no program per slice
     out = np.zeros((batch, total, VOCAB), np.float32)
     for b, n in enumerate(prompt_lens):
         out[b, :n] = logits[b, :n]
     for t in range(min(prompt_lens), total):
         p = np.where(np.asarray(prompt_lens) <= t, t, EMPTY_POSITION)[:, None].astype(np.int32)
         logits, cache = step(params, ids[:, t : t + 1], p, cache)
+        logits = np.asarray(logits)
         for b, n in enumerate(prompt_lens):
             if t >= n:
                 out[b, t] = logits[b, 0]
