@@ -80,7 +80,22 @@ def model_and_params():
     cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages={PAGES}")(_tiny_lm())
     plain = cfg.instantiate(parent=None)
     invariant = make_modifier("batch_invariant")(cfg).instantiate(parent=None)
-    return plain, invariant, plain.initialize_parameters_recursively(jax.random.PRNGKey(3))
+    return plain, invariant, _random_params(plain)
+
+
+def _random_params(model, seed=3):
+    """Random parameters of `model`, made with numpy (an initializer run op by op compiles
+    each op for each shape): norm scales 1, every other weight normal over the square root of
+    its input width."""
+    rng = np.random.default_rng(seed)
+
+    def init(spec):
+        if len(spec.shape) == 1:
+            return np.ones(spec.shape, np.float32)
+        return (rng.standard_normal(spec.shape) / np.sqrt(spec.shape[0])).astype(np.float32)
+
+    specs = model.create_parameter_specs_recursively()
+    return jax.device_put(jax.tree.map(init, specs, is_leaf=lambda x: hasattr(x, "shape")))
 
 
 def _ids(seed, n):

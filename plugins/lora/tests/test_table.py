@@ -19,25 +19,40 @@ PAGED = "paged_kv_cache:page_size=16"
 LORAS = ("lora:rank=4,alpha=8,targets=['q','v']", "lora:rank=8,alpha=4")
 
 
-def _model(*modifiers):
-    """(model config, random parameters) of one-layer llama-tiny with `modifiers`; LoRA's
-    `lora_b` random too, so each adapter changes the model."""
+def _config(*modifiers):
+    """The model config of one-layer llama-tiny with `modifiers`."""
     cfg = tiny_trainer_config("/tmp/unused", "model.decoder.transformer.num_layers=1",
-                              preset="llama-tiny", modifiers=[PAGED, *modifiers]).model  # fmt: skip
-    model = cfg.instantiate(parent=None, _path="model")
+                              preset="llama-tiny", modifiers=[PAGED, *modifiers])  # fmt: skip
+    return cfg.model
 
-    @jax.jit  # one program, not one per parameter's initializer
-    def init(key):
-        params = model.initialize_parameters_recursively(key)
-        leaves, tree = jax.tree_util.tree_flatten_with_path(params)
-        out = []
-        for i, (path, leaf) in enumerate(leaves):
-            if "lora_b" in jax.tree_util.keystr(path):
-                leaf = 0.3 * jax.random.normal(jax.random.fold_in(key, i), leaf.shape, leaf.dtype)
-            out.append(leaf)
-        return jax.tree_util.tree_unflatten(tree, out)
 
-    return cfg, init(jax.random.PRNGKey(0))
+def _random_params(cfg, seed=0):
+    """Random parameters of `cfg`'s model, made with numpy (no program compiles for them):
+    norm scales 1, weights normal over the square root of their input width, LoRA's `lora_b`
+    random too (0.3 x normal), so each adapter changes the model."""
+    specs = cfg.instantiate(parent=None, _path="model").create_parameter_specs_recursively()
+    rng = np.random.default_rng(seed)
+
+    def init(path, spec):
+        if len(spec.shape) == 1:
+            return np.ones(spec.shape, np.float32)
+        scale = 0.3 if jax.tree_util.keystr(path).endswith("['lora_b']") else spec.shape[0] ** -0.5
+        return (scale * rng.standard_normal(spec.shape)).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(init, specs, is_leaf=lambda x: hasattr(x, "shape"))
+
+
+def _within(tree, cfg):
+    """`tree` cut to the parameters of `cfg`'s model: its leaves sliced to their shapes (an
+    adapter of a lower rank takes the first columns or rows of a higher rank's)."""
+    specs = cfg.instantiate(parent=None, _path="model").create_parameter_specs_recursively()
+
+    def visit(spec, value):
+        if isinstance(spec, dict):
+            return {k: visit(v, value[k]) for k, v in spec.items()}
+        return value[tuple(slice(0, n) for n in spec.shape)]
+
+    return visit(specs, tree)
 
 
 def test_a_table_row_adds_its_own_adapter_and_nothing_without_the_side_input():
@@ -63,13 +78,15 @@ def test_a_table_row_adds_its_own_adapter_and_nothing_without_the_side_input():
 
 @pytest.fixture(scope="module")
 def served():
-    """(table model, its parameters with the two adapters in slots 1 and 2, the base and
-    the adapters' (config, parameters))."""
-    base_cfg, base = _model()
-    loras = []
-    for spec in LORAS:
-        cfg, params = _model(spec)
-        loras.append((cfg, _over(params, base)))
+    """(table model, its parameters with the two adapters in slots 1 and 2, the table leaves,
+    the base and the adapters' (config, parameters), an engine of 9 rows over the table
+    model). One random tree, the second adapter's (rank 8 on every Linear), gives the base
+    (without adapters) and the first adapter (rank 4 on q and v: the first 4 ranks of those)."""
+    configs = [_config(spec) for spec in LORAS]
+    wide = _random_params(configs[1])
+    loras = [(cfg, jax.device_put(_within(wide, cfg))) for cfg in configs]
+    base_cfg = _config()
+    base = jax.device_put(_within(wide, base_cfg))
     weights = [lora_weights(cfg, params) for cfg, params in loras]
     mesh_builder = MeshBuilder.default_config().set(mesh_shape=(1,), axis_names=("fsdp",))
     mesh = mesh_builder.instantiate().build(jax.devices()[:1])
@@ -77,14 +94,10 @@ def served():
                                      mesh=mesh, axis_rules=DEFAULT_AXIS_RULES)  # fmt: skip
     for slot, adapter in enumerate(weights, start=1):
         params = write_slot(params, leaves, slot, adapter)
-    return cfg.instantiate(parent=None, _path="model"), params, leaves, (base_cfg, base), loras
-
-
-def _over(tree, base):
-    """`tree` with every parameter `base` has taken from `base` (the adapters keep theirs)."""
-    if not isinstance(tree, dict):
-        return base
-    return {k: _over(v, base[k]) if k in base else v for k, v in tree.items()}
+    model = cfg.instantiate(parent=None, _path="model")
+    # Every test's engine: one set of programs for the module (9 rows, one batch of PROMPTS).
+    engine = Engine(model, params, num_slots=9, max_len=64, adapter_slots=3)
+    return model, params, leaves, (base_cfg, base), loras, engine
 
 
 def _greedy(prompt, adapter=0, n=6):
@@ -96,8 +109,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(40, 60))]
 
 
 def test_a_mixed_batch_equals_engines_over_the_merged_models(served):
-    model, params, _, (base_cfg, base), loras = served
-    engine = Engine(model, params, num_slots=9, max_len=64, adapter_slots=3)
+    *_, (base_cfg, base), loras, engine = served
     for prompt in PROMPTS:
         for adapter in (0, 1, 2):
             engine.submit(_greedy(prompt, adapter))
@@ -131,10 +143,10 @@ def same_until_a_tie(mine, want) -> int:
 
 
 def test_cached_prefixes_are_shared_within_an_adapter_only(served):
-    model, params, *_ = served
-    # Pages for three requests: the ones cached stay while the next request runs.
-    engine = Engine(model, params, num_slots=3, max_len=64, adapter_slots=3)
-    prompt = list(range(40, 75))  # two full pages
+    engine = served[-1]
+    # Pages for nine requests: the ones cached stay while the next request runs. No page of
+    # PROMPTS' (the other test's, on this engine) starts this prompt: its hits are its own.
+    prompt = list(range(60, 95))  # two full pages
     first = {}
     for adapter in (1, 2, 1, 0):
         hits = engine.prefix_hit_tokens
@@ -147,12 +159,18 @@ def test_cached_prefixes_are_shared_within_an_adapter_only(served):
 
 
 def test_slots_refuse_what_they_cannot_hold(served):
-    model, params, leaves, _, loras = served
+    _, params, leaves, _, loras, engine = served
+    # The rank-8 adapter zero-padded to rank 16.
+    rank16 = _config("lora:rank=16,alpha=8")
+    wider = {"lora_a": ((0, 0), (0, 8)), "lora_b": ((0, 8), (0, 0))}
+    padded = jax.tree_util.tree_map_with_path(
+        lambda path, x: np.pad(x, wider[path[-1].key]) if path[-1].key in wider else x,
+        jax.device_get(loras[1][1]),
+    )
     with pytest.raises(ConfigError, match="rank 16 exceeds the tables' 8"):
-        write_slot(params, leaves, 1, lora_weights(*_model("lora:rank=16,alpha=8")))
+        write_slot(params, leaves, 1, lora_weights(rank16, padded))
     attention_only = {k for k in leaves if ".attention." in k}
     with pytest.raises(ConfigError, match="feed_forward.* which no adapter table holds"):
         write_slot(params, attention_only, 1, lora_weights(*loras[1]))
-    engine = Engine(model, params, num_slots=1, max_len=64, adapter_slots=3)
     with pytest.raises(ValueError, match="adapter 4 is not one of this engine's 3 adapter slots"):
         engine.submit(_greedy([1, 2], 4))
