@@ -14,6 +14,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from axplug_batch_invariant import attend_each_query, tiled_matmul  # noqa: E402
+from axplug_testing import random_params  # noqa: E402
 
 from axplug.api.config import ConfigError, make_modifier  # noqa: E402
 from axplug.api.layers import AttentionKernelSlot, BaseLayer, CausalLM, Linear  # noqa: E402
@@ -80,22 +81,7 @@ def model_and_params():
     cfg = make_modifier(f"paged_kv_cache:page_size={PAGE},num_pages={PAGES}")(_tiny_lm())
     plain = cfg.instantiate(parent=None)
     invariant = make_modifier("batch_invariant")(cfg).instantiate(parent=None)
-    return plain, invariant, _random_params(plain)
-
-
-def _random_params(model, seed=3):
-    """Random parameters of `model`, made with numpy (an initializer run op by op compiles
-    each op for each shape): norm scales 1, every other weight normal over the square root of
-    its input width."""
-    rng = np.random.default_rng(seed)
-
-    def init(spec):
-        if len(spec.shape) == 1:
-            return np.ones(spec.shape, np.float32)
-        return (rng.standard_normal(spec.shape) / np.sqrt(spec.shape[0])).astype(np.float32)
-
-    specs = model.create_parameter_specs_recursively()
-    return jax.device_put(jax.tree.map(init, specs, is_leaf=lambda x: hasattr(x, "shape")))
+    return plain, invariant, random_params(plain, seed=3)
 
 
 def _ids(seed, n):

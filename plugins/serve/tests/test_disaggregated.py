@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 from axplug_serve.disaggregated import DisaggregatedEngine
+from axplug_testing import random_params
 
 from axplug.api.config import make_modifier
 from axplug.api.layers import CausalLM
@@ -22,17 +23,7 @@ def rope_model():
     for spec in ("rope", "gqa:num_kv_heads=2"):
         cfg = make_modifier(spec)(cfg)
     model = cfg.instantiate(parent=None)
-    # Random parameters made with numpy (an initializer run op by op compiles each op for
-    # each shape): norm scales 1, every other weight normal over the root of its input width.
-    rng = np.random.default_rng(3)
-
-    def init(spec):
-        if len(spec.shape) == 1:
-            return np.ones(spec.shape, np.float32)
-        return (rng.standard_normal(spec.shape) / np.sqrt(spec.shape[0])).astype(np.float32)
-
-    specs = model.create_parameter_specs_recursively()
-    return model, jax.device_put(jax.tree.map(init, specs, is_leaf=lambda x: hasattr(x, "shape")))
+    return model, random_params(model, seed=3)
 
 
 def random_ids(seed: int, shape) -> np.ndarray:

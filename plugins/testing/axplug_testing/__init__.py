@@ -21,7 +21,8 @@ it lacks report as skipped with the reason.
 `tiny_trainer_config(tmp_path, "log_every=1", preset="gpt-tiny", max_steps=4)` is the
 trainer config a test runs: a preset shrunk to train in seconds; `train_steps(trainer, n)`
 calls its built train step without a run;
-`tiny_train_args(...)` is the same run as `axplug train` arguments. A summary writer's tests
+`tiny_train_args(...)` is the same run as `axplug train` arguments; `random_params(model,
+seed)` draws a model's parameters with numpy (no program per op and shape). A summary writer's tests
 compare what it received with the run's own metrics.jsonl (`expected_writer_scalars`,
 `metrics_as_tags`, `scalars_match`).
 """
@@ -38,7 +39,7 @@ _MODULES = {
     "_paged_kernel": "PagedKernelConformance make_paged_problem paged_reference",
     "_storage": "STORAGE_CAPABILITIES StorageConformance",
     "_trainer": "tiny_train_args tiny_trainer_config train_steps",
-    "_util": "TraceCounter assert_finite sum_of_squares",
+    "_util": "TraceCounter assert_finite random_params sum_of_squares",
     "_writer": "expected_writer_scalars metrics_as_tags scalars_match",
     "_cli": "CliResult cli_main command_parser run_cli train_config",
     "_fake_site": "FakeSite",

@@ -58,3 +58,18 @@ def require(owner: Any, capability: str, known: tuple[str, ...]) -> None:
         )
     if capability not in declared:
         pytest.skip(f"{type(owner).__name__} does not declare capability {capability!r}")
+
+
+def random_params(model: Any, seed: int = 0) -> Any:
+    """Random parameters of `model` made with numpy, on the default device: norm scales (1-D)
+    1, every other weight normal over the square root of its input width. For a test whose
+    claim holds for any weights: an initializer run op by op compiles each op for each shape."""
+    rng = np.random.default_rng(seed)
+
+    def draw(spec: Any) -> np.ndarray:
+        if len(spec.shape) == 1:
+            return np.ones(spec.shape, np.float32)
+        return (rng.standard_normal(spec.shape) / np.sqrt(spec.shape[0])).astype(np.float32)
+
+    specs = model.create_parameter_specs_recursively()
+    return jax.device_put(jax.tree.map(draw, specs, is_leaf=lambda x: hasattr(x, "shape")))
