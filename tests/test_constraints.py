@@ -61,7 +61,7 @@ def test_mask_words_set_one_bit_per_allowed_token():
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(2, VOCAB)), jnp.float32)
     allowed = [{0, 31, 32, 60}, set(range(VOCAB))]
     words = np.stack([words_of(allowed[0]), words_of(allowed[1])])
-    out = np.asarray(allowed_tokens(logits, jnp.asarray(words)))
+    out = np.asarray(jax.jit(allowed_tokens)(logits, words))  # one program, not one per op
     for row, tokens in enumerate(allowed):
         keep = np.isin(np.arange(VOCAB), sorted(tokens))
         np.testing.assert_array_equal(out[row][keep], np.asarray(logits)[row][keep])
@@ -70,18 +70,18 @@ def test_mask_words_set_one_bit_per_allowed_token():
 
 def test_sampling_a_masked_row_follows_the_renormalized_softmax():
     probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
-    logits = jnp.asarray(np.log(np.pad(probs, (0, 27))), jnp.float32)  # 32 tokens, one word
-    words = jnp.asarray(words_of({0, 2, 4}, 32)[None])
-    masked = allowed_tokens(logits[None], words)[0]
+    logits = np.log(np.pad(probs, (0, 27))).astype(np.float32)  # 32 tokens, one word
+    words = words_of({0, 2, 4}, 32)[None]
 
-    @jax.jit
-    def draws(row):
+    @jax.jit  # the mask and the draws in one program
+    def draws(logits, words):
+        row = allowed_tokens(logits[None], words)[0]
         keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(DRAWS))
         rows = jnp.broadcast_to(row, (DRAWS, row.shape[0]))
         ones = jnp.ones((DRAWS,), jnp.float32)
         return sample_tokens(rows, keys, ones, jnp.zeros((DRAWS,), jnp.int32), ones)
 
-    freq = np.bincount(np.asarray(draws(masked)), minlength=32) / DRAWS
+    freq = np.bincount(np.asarray(draws(logits, words)), minlength=32) / DRAWS
     want = np.zeros(32)
     want[[0, 2, 4]] = probs[[0, 2, 4]] / probs[[0, 2, 4]].sum()
     np.testing.assert_allclose(freq, want, atol=0.03)

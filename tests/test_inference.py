@@ -137,8 +137,7 @@ DECODE_CASES = {
     "paged": ("paged_kv_cache:page_size=4",),
 }
 if _installed("axplug-attention"):
-    DECODE_CASES |= {
-        "rope": ("rope",),
+    DECODE_CASES |= {  # rope on its own: the rope_gqa case's rotary path, every head its own
         "rope_gqa": ("rope", "gqa:num_kv_heads=2"),
         "rope_gqa_paged_scanned": (
             "rope",
@@ -148,8 +147,7 @@ if _installed("axplug-attention"):
         ),
     }
 if _installed("axplug-moe"):
-    DECODE_CASES |= {
-        "moe": ("moe:num_experts=4,top_k=2,capacity_factor=None",),
+    DECODE_CASES |= {  # MoE blocks between dense ones, scanned: no cache holds either block
         "moe_every2_scanned": (
             "moe:num_experts=4,top_k=2,every=2,capacity_factor=None",
             "scan_layers",
@@ -239,19 +237,22 @@ def _gpt2(cfg):
 
 # Options of the core layers that Hugging Face families need: (config edits, modifiers).
 OPTION_CASES = {
-    "post_norms": ((_layer(post_norm=True),), ()),
+    # Options of different places (a layer's norms, the embedding, the attention scores) of
+    # one unscanned contiguous layer: one model shows each.
+    "post_norms_embedding_scale_attention_softcap": (
+        (_layer(post_norm=True), _decoder(embedding_scale=DIM**0.5), _attention(logit_softcap=0.5)),
+        (),
+    ),
     "post_norms_only_scanned_paged": (
         (_layer(pre_norm=False, post_norm=True),),
         ("scan_layers", "paged_kv_cache:page_size=4"),
     ),
-    "embedding_scale": ((_decoder(embedding_scale=DIM**0.5),), ()),
     "final_logit_softcap_scanned": ((_decoder(final_logit_softcap=2.0),), ("scan_layers",)),
     "position_embedding_paged": (
         (_decoder(position_embedding=Embedding.default_config(), max_positions=12),),
         ("paged_kv_cache:page_size=4",),
     ),
     # Decode steps read the cache through the paged kernel with the cap, prefill densely.
-    "attention_softcap": ((_attention(logit_softcap=0.5),), ()),
     "attention_softcap_paged_flash": (
         (_attention(logit_softcap=0.5),),
         ("paged_kv_cache:page_size=4", "flash_attention"),
@@ -645,10 +646,15 @@ def _assert_logprob(entry, want: np.ndarray, token: int, top_n: int):
     np.testing.assert_allclose([v for _, v in entry.top], want[order], rtol=0, atol=1e-5)
 
 
+# The contiguous cache and the preempting pool: the `paged` cache (4-token pages, never dry)
+# reads its pages by the preempting pool's path (2-token pages, rows preempted and recomputed).
+_SCORED_CACHES = ("contiguous", "paged-preempting")
+
+
 @pytest.mark.parametrize(
     "cache, chunk",
-    [(modifiers, chunk) for chunk in (None, 3) for modifiers in _BATCHING_CACHES.values()],
-    ids=[f"{c}-{name}" for c in ("whole", "chunked") for name in _BATCHING_CACHES],
+    [(_BATCHING_CACHES[name], chunk) for chunk in (None, 3) for name in _SCORED_CACHES],
+    ids=[f"{c}-{name}" for c in ("whole", "chunked") for name in _SCORED_CACHES],
 )
 def test_logprobs_equal_the_forward_pass_log_softmax(rope_model, rope_with, cache, chunk):
     # The reference is the forward pass of the model without a cache modifier (a KV cache

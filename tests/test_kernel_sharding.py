@@ -247,13 +247,18 @@ def test_heads_are_split_only_where_the_model_axis_divides_query_and_kv_heads():
 
 
 def inputs(batch=8, seq=128, heads=4, kv_heads=2, head_dim=16, segments=True):
-    ks = jax.random.split(jax.random.PRNGKey(0), 4)
-    q = jax.random.normal(ks[0], (batch, seq, heads, head_dim), jnp.float32)
-    k = jax.random.normal(ks[1], (batch, seq, kv_heads, head_dim), jnp.float32)
-    v = jax.random.normal(ks[2], (batch, seq, kv_heads, head_dim), jnp.float32)
-    cot = jax.random.normal(ks[3], q.shape, jnp.float32)
-    pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-    seg = (pos >= seq // 3).astype(jnp.int32) if segments else None
+    """Drawn in numpy: no program compiled per op and shape."""
+    rng = np.random.default_rng(0)
+
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32))
+
+    q = normal(batch, seq, heads, head_dim)
+    k, v = normal(batch, seq, kv_heads, head_dim), normal(batch, seq, kv_heads, head_dim)
+    cot = normal(*q.shape)
+    pos = np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq))
+    seg = jnp.asarray((pos >= seq // 3).astype(np.int32)) if segments else None
+    pos = jnp.asarray(pos)
     return q, k, v, AttentionMask(pos, pos, seg, seg), cot
 
 
@@ -317,7 +322,8 @@ def test_inside_a_shard_map_the_wrapper_is_a_plain_call():
     fn = jax.shard_map(per_device, mesh=mesh, in_specs=rows, out_specs=rows)
     out = jax.jit(fn)(q, k, v, mask)
     assert seen == [(1, 128, 4, 16)]  # one device's rows, not wrapped again
-    np.testing.assert_allclose(out, ReferenceKernel()(q, k, v, mask, scale=0.25), **F32)
+    want = jax.jit(lambda q, k, v, mask: ReferenceKernel()(q, k, v, mask, scale=0.25))
+    np.testing.assert_allclose(out, want(q, k, v, mask), **F32)
 
 
 @pytest.mark.parametrize("mesh_name", ["data8", "fsdp4_model2"])

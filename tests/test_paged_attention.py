@@ -178,59 +178,46 @@ def _greedy_tokens(cfg, params):
 
 
 @functools.cache
-def _dense_tokens():
-    """`_small_gpt`'s tokens through the dense path (a sliding window longer than any sequence
-    here changes no score, but forces it) over a contiguous cache: the reference of both
-    caches' cases below (a cache only changes where keys live), decoded once."""
+def _dense_tokens(softcap):
+    """`_small_gpt`'s tokens (attention scores capped at `softcap`, or not) through the dense
+    path (a sliding window longer than any sequence here changes no score, but forces it) over
+    a contiguous cache: the reference of the cases below (a cache only changes where keys
+    live), decoded once."""
     dense = _small_gpt()
-    dense.decoder.transformer.layer.attention.sliding_window = 64
+    dense.decoder.transformer.layer.attention.set(sliding_window=64, logit_softcap=softcap)
     params = dense.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
     return params, _greedy_tokens(dense, params)
 
 
-@pytest.mark.parametrize("cache", ["contiguous", "paged"])
-def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch, cache):
+@pytest.mark.parametrize(
+    "cache, softcap",
+    [("contiguous", None), ("paged", 0.2)],
+    ids=["contiguous", "paged-softcapped"],
+)
+def test_decode_steps_read_the_cache_in_place_with_the_paged_kernel(monkeypatch, cache, softcap):
     """Both caches hand their pages (a contiguous row is a run of pages) to the paged kernel
-    in decode steps, with the tokens of the dense path."""
+    in decode steps, with the tokens of the dense path; a soft-capped model's steps hand it the
+    cap too (an uncapped one's none). The cap rides on the harder cache: an uncapped paged
+    cache's decoding is test_inference's paged cases'."""
     from axplug.modifiers import make_modifier
 
-    calls = []
+    calls, caps = [], []
     original = XlaPagedKernel.__call__
 
-    def spy(self, query, paged, *, scale):
+    def spy(self, query, paged, *, scale, logit_softcap=None):
         calls.append(query.shape)
-        return original(self, query, paged, scale=scale)
+        caps.append(logit_softcap)
+        return original(self, query, paged, scale=scale, logit_softcap=logit_softcap)
 
     monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
-    params, want = _dense_tokens()  # the same parameters: the cache adds none
+    params, want = _dense_tokens(softcap)  # the same parameters: the cache adds none
     assert not calls
     cfg = _small_gpt()
+    cfg.decoder.transformer.layer.attention.logit_softcap = softcap
     if cache == "paged":
         cfg = make_modifier("paged_kv_cache:page_size=4")(cfg)
     assert _greedy_tokens(cfg, params) == want
     # Traced once: every layer of the decode program (width 1) calls it, the prefill's none.
     heads = cfg.decoder.transformer.layer.attention.num_heads
     assert len(calls) == cfg.decoder.transformer.num_layers and calls[0][:2] == (2, heads)
-
-
-def test_decode_steps_hand_the_attention_softcap_to_the_paged_kernel(monkeypatch):
-    """A soft-capped model's decode steps still read the cache in place, with the cap, and
-    give the tokens of the dense path."""
-    caps = []
-    original = XlaPagedKernel.__call__
-
-    def spy(self, query, paged, *, scale, logit_softcap=None):
-        caps.append(logit_softcap)
-        return original(self, query, paged, scale=scale, logit_softcap=logit_softcap)
-
-    monkeypatch.setattr(XlaPagedKernel, "__call__", spy)
-    cfg = _small_gpt()
-    cfg.decoder.transformer.layer.attention.logit_softcap = 0.2
-    params = cfg.instantiate(parent=None).initialize_parameters_recursively(jax.random.PRNGKey(0))
-    dense = cfg.clone()
-    dense.decoder.transformer.layer.attention.sliding_window = 64  # the dense path
-    decode = functools.partial(_greedy_tokens, params=params)
-    want = decode(dense)
-    assert not caps
-    assert decode(cfg) == want
-    assert caps and set(caps) == {0.2}
+    assert set(caps) == {softcap}

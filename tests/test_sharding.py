@@ -121,9 +121,10 @@ def two_steps(cfg, devices, state=None):
     return [out[0]["loss"], out[0]["grad_norm"], out[1]["loss"]], initial
 
 
+# Plain fsdp=8 is the fsdp-scan-remat case's mesh, and fsdp+model shards unscanned layers over
+# fsdp: each case below adds a path (data replicas, stacked layers, model, seq) of its own.
 LAYOUTS = {
     "data": ["mesh:data=8"],
-    "fsdp": ["mesh:fsdp=8"],
     "fsdp-scan-remat": ["mesh:fsdp=8", "scan_layers:remat_policy=full"],
     "fsdp+model": ["mesh:fsdp=4,model=2"],
     "seq": ["mesh:seq=8"],
@@ -203,14 +204,14 @@ def compile_step(cfg, devices: int):
 )
 def test_fsdp_weak_scaling_is_flat_and_gathers_only_parameters(tmp_path, modifiers):
     costs = {}
-    for n in (2, 8):  # one sequence per device
-        cfg = small_llama(tmp_path, *modifiers, batch=n, seq=128)
+    for n in (2, 8):  # one sequence per device; 8 scanned: the fsdp-scan-remat layout's step
+        cfg = small_llama(tmp_path, *modifiers, batch=n)
         costs[n] = compile_step(cfg, n)
     (f2, t2, _), (f8, t8, hlo) = costs[2], costs[8]
     assert f8 / f2 <= 1.03 and t8 / t2 <= 1.03, (f8 / f2, t8 / t2)
     # FSDP gathers weights before use and never the batch of activations.
     gathered = _all_gather_shapes(hlo)
-    params = _param_shapes(small_llama(tmp_path, *modifiers, batch=8, seq=128))
+    params = _param_shapes(small_llama(tmp_path, *modifiers, batch=8))
     assert gathered and not _not_parameter_shaped(gathered, params)
 
 
@@ -247,31 +248,6 @@ def test_map_over_batch_runs_row_wise_ops_per_device():
     hlo = jax.jit(f).lower(x).compile().as_text()
     assert "all-gather" not in hlo  # left to XLA, top_k gathers every row
     assert map_over_batch(top2, x)[0].shape == (8, 16, 2)  # no scope: a plain call
-
-
-def test_engine_decodes_inside_the_scope(tmp_path):
-    from axplug.inference import Engine, Request, SamplingParams
-
-    cfg = small_llama(tmp_path, batch=8)
-    model = cfg.model.instantiate(parent=None, _path="model")
-    # One program (test_trainer's init reference), not one per op and shape.
-    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    seen = []
-    original = type(model.decoder).extend_step
-
-    def spy(self, *args, **kwargs):
-        seen.append(current_scope())
-        return original(self, *args, **kwargs)
-
-    mesh = mesh_of(data=2)
-    type(model.decoder).extend_step = spy
-    try:
-        engine = Engine(model, params, num_slots=2, max_len=16, mesh=mesh)
-        engine.submit(Request([1, 2, 3], SamplingParams(max_new_tokens=4)))
-        engine.run()
-    finally:
-        type(model.decoder).extend_step = original
-    assert seen and all(s is not None and s.mesh is mesh for s in seen)
 
 
 def test_count_collectives_reads_the_partitioned_hlo():
@@ -313,20 +289,6 @@ def mesh_run(tmp_path_factory):
     return out, jax.device_get(trainer.state["params"])
 
 
-def test_a_run_trained_on_a_mesh_decodes_on_one_device(mesh_run):
-    from axplug.inference import generate, load_checkpoint
-
-    run, params = mesh_run
-    loaded = load_checkpoint(str(run))
-    assert loaded.mesh.devices.size == 1
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded.params), params)
-    from axplug.inference import SamplingParams
-
-    sampling = SamplingParams(max_new_tokens=5, temperature=0.0)
-    (completion,) = generate(loaded.model, loaded.params, [[1, 2, 3]], sampling)
-    assert len(completion.output_ids) == 5
-
-
 @pytest.mark.parametrize(
     "modifier, overrides, message",
     [
@@ -350,13 +312,15 @@ def test_a_mesh_that_would_split_nothing_is_a_config_error(tmp_path, modifier, o
     "cache",
     [pytest.param("contiguous", marks=pytest.mark.slow), "paged"],  # paged: the harder
 )
-def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
-    """Loaded onto all 8 devices (the run's fsdp=4 x model=2 mesh), parameters stay sharded,
-    the KV caches split rows over fsdp and kv heads over model, and greedy decoding gives
-    the tokens of the one-device engine."""
+def test_a_run_trained_on_a_mesh_decodes_on_one_device_and_on_its_mesh(mesh_run, cache):
+    """Loaded on one device (the default), the run's parameters are the trained ones and it
+    decodes. Loaded onto all 8 devices (the run's fsdp=4 x model=2 mesh), parameters stay
+    sharded, the engine traces the model inside the mesh's sharding scope, the KV caches split
+    rows over fsdp and kv heads over model, and greedy decoding gives the tokens of the
+    one-device engine."""
     from axplug.inference import Engine, Request, SamplingParams, load_checkpoint
 
-    run = str(mesh_run[0])
+    run, params = str(mesh_run[0]), mesh_run[1]
     modifiers = ["paged_kv_cache:page_size=4"] if cache == "paged" else []
     # One more than the slots: the last waits, and decoding steps from host ids until it joins.
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [6, 5], [3, 3]]
@@ -372,12 +336,27 @@ def test_a_run_decodes_on_its_mesh_with_sharded_caches(mesh_run, cache):
         done = sorted(engine.run(), key=lambda c: c.id)
         return [c.output_ids for c in done], engine
 
-    want, _ = decode(load_checkpoint(run, modifiers=modifiers))
+    one = load_checkpoint(run, modifiers=modifiers)
+    assert one.mesh.devices.size == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(one.params), params)
+    want, _ = decode(one)
+    assert [len(tokens) for tokens in want] == [8] * len(prompts)
     loaded = load_checkpoint(run, modifiers=modifiers, devices=jax.devices())
     assert dict(loaded.mesh.shape) == {"data": 1, "fsdp": 4, "expert": 1, "seq": 1, "model": 2}
     wq = jax.tree.leaves(loaded.params["decoder"]["transformer"]["layer0"]["attention"])[0]
     assert len(wq.sharding.device_set) == 8
-    got, engine = decode(loaded)
+    seen, original = [], type(loaded.model.decoder).extend_step
+
+    def spy(self, *args, **kwargs):
+        seen.append(current_scope())
+        return original(self, *args, **kwargs)
+
+    type(loaded.model.decoder).extend_step = spy
+    try:
+        got, engine = decode(loaded)
+    finally:
+        type(loaded.model.decoder).extend_step = original
+    assert seen and all(s is not None and s.mesh is loaded.mesh for s in seen)
     assert got == want
     # The cache is made as the steps lay it out: later requests lower no program again (made
     # on one device, the next prefill compiled again).

@@ -110,7 +110,7 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
     model = cfg.instantiate(parent=None)
     params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
 
-    @jax.jit  # one program per shape, not one per op and shape
+    @jax.jit  # one program per input structure, not one per op and shape
     def forward(inputs):
         (loss, aux), _ = functional(
             model, prng_key=None, state=params, inputs=inputs, is_training=False
@@ -121,6 +121,7 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
         loss, count = forward(inputs)
         return float(loss) * float(count), float(count)
 
+    width = batch["input_ids"].shape[1]
     for row in range(batch["input_ids"].shape[0]):
         packed = total({k: jnp.asarray(v[row : row + 1]) for k, v in batch.items()})
         alone, count = 0.0, 0.0
@@ -129,7 +130,13 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
             cols = seg == s
             labels = batch["target_labels"][row][cols]
             if (labels >= 0).any():
-                ids = batch["input_ids"][row][cols]
+                # A document alone, unpacked (no segments, positions from 0), at the front of
+                # a row of the batch's width: the tokens after it are padding it never attends
+                # to (causal) whose targets the loss skips. One shape: one program, not one
+                # per document length.
+                pad = width - labels.size
+                ids = np.pad(batch["input_ids"][row][cols], (0, pad))
+                labels = np.pad(labels, (0, pad), constant_values=IGNORE_LABEL)
                 loss, n = total((jnp.asarray(ids[None]), jnp.asarray(labels[None])))
                 alone, count = alone + loss, count + n
         assert packed[1] == count
@@ -202,8 +209,10 @@ def test_eval_every_uses_the_inputs_held_out_split(tmp_path):
     from axplug.cli.train_cmd import build_config
     from axplug.summary import read_jsonl
 
-    data = make_data(tmp_path / "d", documents(60, vocab=64), vocab=64)
-    overrides = ("eval_every=2", "eval_batches=1", "input.seq_len=16", "summary_writers=[]",
+    # The kit's gpt-tiny (bytes' 256-token vocabulary, 8 rows of 32 tokens): its train and
+    # eval programs are other tests' (tests/test_trainer.py's eval), only the input differs.
+    data = make_data(tmp_path / "d", documents(200, vocab=256), vocab=256)
+    overrides = ("eval_every=2", "eval_batches=1", "summary_writers=[]",
                  "eval_input.eval_fraction=0.5")  # fmt: skip
     args = tiny_train_args(tmp_path / "run", *overrides, max_steps=4)
     args += ["--mesh-rule", "none", "--input", f"token_file:path={str(data)!r}"]

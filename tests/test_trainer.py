@@ -65,7 +65,7 @@ def mesh_config(tmp_path, preset, *extra, steps=3):
 @pytest.fixture(scope="module")
 def one_device_steps(tmp_path_factory):
     """preset -> (losses, parameters) of 3 steps on one device, and its initial state: the
-    meshes' reference."""
+    meshes' reference (and gpt-tiny's, the kit's model, for the tests that start from it)."""
 
     @functools.cache
     def steps(preset):
@@ -124,7 +124,7 @@ class PenalizedFeedForward(FeedForward):
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["stacked", "repeated"])
-def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
+def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan, one_device_steps):
     from axplug.config import replace_config
 
     cfg = tiny_config(tmp_path, "model.decoder.transformer.num_layers=2")
@@ -134,7 +134,9 @@ def test_aux_losses_reach_the_loss_and_the_gradient(tmp_path, scan):
         cfg = make_modifier("scan_layers")(cfg)
     cfg = replace_config(cfg, target=FeedForward, new_cfg=PenalizedFeedForward.default_config())
     trainer = cfg.instantiate()
-    state = trainer.init_state()
+    # Stacked, the penalized feed-forwards hold the kit's parameters: its initial state (the
+    # meshes' reference), not an init of their own. Scanned layers stack them: their own.
+    state = trainer.init_state() if scan else one_device_steps("gpt-tiny")[2]
     batch = trainer.put_batch(trainer.input.batch(0))
     step = build_train_step(trainer.model, optax.sgd(0.0), trainer.aux_loss, seed=0)
     _, metrics = jax.jit(step)(state, batch)
@@ -205,9 +207,11 @@ def poisoned_trainer(tmp_path, bad_steps, extra=(), **kw):
     return trainer
 
 
-def test_nonfinite_step_is_skipped_and_reported(tmp_path, caplog):
+def test_nonfinite_step_is_skipped_and_reported(tmp_path, caplog, one_device_steps):
     trainer = poisoned_trainer(tmp_path, bad_steps=[0], steps=1)
-    initial = jax.device_get(trainer.init_state())
+    # The run's initial state: Poisoned adds no parameter to the kit's model and learner, so
+    # they are gpt-tiny's (the meshes' reference), not an init of their own.
+    initial = one_device_steps("gpt-tiny")[2]
     trainer.run()
     assert "step 1: non-finite loss or gradient" in caplog.text
     after = jax.device_get(trainer.state)
@@ -222,13 +226,19 @@ def test_both_guards_skip_a_bad_step_and_apply_good_ones_alike(tmp_path):
     # The claim is about the compiler users run: the session's fast-compile flags fuse the two
     # programs differently. One layer: optimized compiles of the two programs are the cost,
     # and the guards wrap the whole update whatever the depth.
-    def run(name):
+    def trainer(name):
         extra = (f"guard.mode={name!r}", "model.decoder.transformer.num_layers=1")
-        trainer = poisoned_trainer(tmp_path / name, bad_steps=[1], steps=3, extra=extra)
-        state, _ = train_steps(trainer, 3, compiler_options=production_compiler_options())
+        return poisoned_trainer(tmp_path / name, bad_steps=[1], steps=3, extra=extra)
+
+    cond, select = trainer("cond"), trainer("select")
+    initial = jax.device_get(cond.init_state())  # one model and seed: both start from it
+
+    def run(trainer):
+        options = production_compiler_options()
+        state, _ = train_steps(trainer, 3, state=initial, compiler_options=options)
         return jax.device_get(state)
 
-    want, got = run("cond"), run("select")
+    want, got = run(cond), run(select)
     jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
@@ -288,21 +298,10 @@ class Exploding:
         raise RuntimeError("hook bug")
 
 
-def test_hooks_are_called_and_a_raising_hook_does_not_kill_the_run(tmp_path):
-    recorder = Recorder()
-    trainer = tiny_config(tmp_path, steps=3).instantiate(hooks=(recorder, Exploding()))
-    trainer.run()
-    kinds = [e[0] for e in recorder.events]
-    assert kinds == ["start", "step", "step", "step", "checkpoint", "end"]
-    assert [e[1] for e in recorder.events if e[0] == "step"] == [1, 2, 3]
-    assert recorder.events[4][2].endswith("checkpoints/step_00000003")
-    # Called once: "the run continues without it" means what it says.
-    assert len(trainer.hooks.failures) == 1
-    assert "hook on_step_end of plugin" in trainer.hooks.failures[0]
-    assert "RuntimeError: hook bug" in trainer.hooks.failures[0]
-
-
-def test_hook_plugin_from_an_entry_point_is_called(tmp_path, plugin_site):
+def test_hooks_given_and_from_an_entry_point_are_called_and_a_raising_one_does_not_kill_the_run(
+    tmp_path, plugin_site
+):
+    """Hooks the caller gives and a plugin's (an `axplug.hooks` entry point), in one run."""
     source = (
         "from axplug.api import hookimpl\n"
         "CALLS = []\n"
@@ -315,15 +314,25 @@ def test_hook_plugin_from_an_entry_point_is_called(tmp_path, plugin_site):
         {"axplug.hooks": {"rec": "fake_rec_hooks"}},
         modules={"fake_rec_hooks": source},
     )
-    tiny_config(tmp_path, steps=2).instantiate().run()
+    recorder = Recorder()
+    trainer = tiny_config(tmp_path, steps=3).instantiate(hooks=(recorder, Exploding()))
+    trainer.run()
+    kinds = [e[0] for e in recorder.events]
+    assert kinds == ["start", "step", "step", "step", "checkpoint", "end"]
+    assert [e[1] for e in recorder.events if e[0] == "step"] == [1, 2, 3]
+    assert recorder.events[4][2].endswith("checkpoints/step_00000003")
+    # Called once: "the run continues without it" means what it says.
+    assert len(trainer.hooks.failures) == 1
+    assert "hook on_step_end of plugin" in trainer.hooks.failures[0]
+    assert "RuntimeError: hook bug" in trainer.hooks.failures[0]
     import fake_rec_hooks
 
-    assert fake_rec_hooks.CALLS == [2]
+    assert fake_rec_hooks.CALLS == [3]
 
 
-def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, one_device_steps):
     trainer = tiny_config(tmp_path).instantiate()
-    state = jax.device_get(trainer.init_state())
+    state = one_device_steps("gpt-tiny")[2]  # this model's initial state: no init of its own
     batch = trainer.input.batch(0)
     tx = optax.sgd(1.0)
     results = []
@@ -387,7 +396,7 @@ def test_learner_schedule_and_weight_decay_mask():
         Learner.default_config().set(optimizer="lionx").instantiate()
 
 
-def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
+def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path, one_device_steps):
     cfg = tiny_config(
         tmp_path,
         "learner.learning_rate=0.1",
@@ -398,9 +407,9 @@ def test_weight_decay_skips_norm_scales_in_a_real_step(tmp_path):
     )
     trainer = cfg.instantiate()
     tx = trainer.learner.transform(trainer.param_specs, 10)
-    # The same model's parameters from the kit's trainer: its init program (a cache hit), not
-    # one of this learner's (whose optimizer state the test never reads).
-    params = jax.device_get(tiny_config(tmp_path / "params").instantiate().init_state()["params"])
+    # The same model's parameters as the kit's trainer draws them (the meshes' reference), not
+    # an init of this learner's (whose optimizer state the test never reads).
+    params = one_device_steps("gpt-tiny")[2]["params"]
 
     @jax.jit  # one program, not one per op and shape
     def first_update(params):
@@ -480,7 +489,9 @@ def test_resume_onto_a_different_mesh(tmp_path):
 def test_eval_runs_on_the_held_out_split(tmp_path):
     from axplug.input import ByteTextInput
 
-    cfg = with_jsonl(tiny_config(tmp_path, "eval_every=2", "eval_batches=2", steps=4))
+    # One save, at the end: the run's checkpoints are not what it is for.
+    settings = ("eval_every=2", "eval_batches=2", "checkpoint_every=4")
+    cfg = with_jsonl(tiny_config(tmp_path, *settings, steps=4))
     cfg.eval_input = ByteTextInput.default_config().set(split="eval", seq_len=32, batch_size=8)
     trainer = cfg.instantiate()
     trainer.run()
@@ -604,7 +615,8 @@ def test_max_steps_below_one_is_refused_naming_the_field(tmp_path):
 def test_progress_moves_every_step_while_files_log_every_log_every(tmp_path, capsys):
     from axplug.summary import JsonlWriter, ProgressBar
 
-    cfg = tiny_config(tmp_path, "log_every=3", steps=4).clone(
+    # One save, at the end: the run's checkpoints are not what it is for.
+    cfg = tiny_config(tmp_path, "log_every=3", "checkpoint_every=4", steps=4).clone(
         summary_writers=[
             ProgressBar.default_config().set(terminal=False, every_n_steps=1),
             JsonlWriter.default_config(),

@@ -505,8 +505,10 @@ SHAPES = dict(
 )
 
 FAMILIES = {
-    # q compressed (q_lora_rank), interleaved RoPE, 8 experts in 2 groups, 3 layers.
-    "q-lora": dict(num_hidden_layers=3, q_lora_rank=24, n_routed_experts=8, n_shared_experts=1),
+    # q compressed (q_lora_rank), interleaved RoPE, 8 experts in 2 groups; the dense layer
+    # and one MoE layer (a second MoE layer, unrolled, compiled the same layer again; the
+    # scanned variant below has two, as the scan needs).
+    "q-lora": dict(num_hidden_layers=2, q_lora_rank=24, n_routed_experts=8, n_shared_experts=1),
     # q straight from the input, rotate-half RoPE, biases, raw gates, 2 shared experts.
     # ... and YaRN RoPE scaling (frequencies, cos/sin factor, softmax temperature).
     "q-proj-yarn": dict(
@@ -529,6 +531,10 @@ FAMILIES = {
         },
     ),
 }
+
+
+# q-lora with three layers: the dense one, then two MoE layers for `scan_layers` to scan.
+SCANNED = {**FAMILIES["q-lora"], "num_hidden_layers": 3}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -600,7 +606,7 @@ class TestDeepSeekMoEConformance(LayerConformance):
 def test_scanned_deepseek_v3_matches_transformers(tmp_path):
     """`scan_layers`: the dense layer unrolled, the two MoE layers after it scanned (full
     remat); import, greedy decoding through the stacked caches and export as unrolled."""
-    config = transformers.DeepseekV3Config(**SHAPES, **FAMILIES["q-lora"])
+    config = transformers.DeepseekV3Config(**SHAPES, **SCANNED)
     check = check_against_transformers(
         config, tmp_path, modifiers=["scan_layers:remat_policy=full"]
     )
@@ -616,7 +622,7 @@ def test_scan_layers_makes_a_dense_first_stack_scanned_and_equal():
     from axplug.api.layers import RepeatedTransformer
 
     raw = {"architectures": ["DeepseekV3ForCausalLM"],
-           **transformers.DeepseekV3Config(**SHAPES, **FAMILIES["q-lora"]).to_dict()}  # fmt: skip
+           **transformers.DeepseekV3Config(**SHAPES, **SCANNED).to_dict()}  # fmt: skip
     unrolled = hf_trainer_config(parse_hf_config(raw), output_dir="unused")
     scanned = hf_trainer_config(
         parse_hf_config(raw), output_dir="unused", modifiers=["scan_layers:remat_policy=full"]

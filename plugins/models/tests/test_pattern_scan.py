@@ -161,7 +161,7 @@ def test_every_layer_keeps_its_kind_across_scan_steps_and_into_the_tail():
     got = jit_call(model, to_scanned(params, 8, 3), {"x": x, "positions": pos})
     global_tail = stack_cfg(EIGHT[:6] + ("global", "global"), KINDS).instantiate(parent=None)
     other = jit_call(global_tail, params, {"x": x, "positions": pos})
-    assert float(jnp.max(jnp.abs(other - got))) > 1e-3
+    assert float(np.max(np.abs(np.asarray(other) - np.asarray(got)))) > 1e-3  # numpy: no program
 
 
 def test_the_trees_are_one_period_stacked_and_the_tail_unrolled():

@@ -207,13 +207,15 @@ class MeanRecordingFeedForward(FeedForward):
 def test_layer_outputs_come_back_per_layer_averaged_over_microbatches():
     """RepeatedTransformer's [num_layers] outputs, in layer order, for every schedule."""
 
-    def outputs(*modifiers):
+    def outputs(*modifiers, params=None):
         cfg = llama8("/tmp/unused", *modifiers, "mesh:data=1")
         cfg = replace_config(
             cfg, target=FeedForward, new_cfg=MeanRecordingFeedForward.default_config()
         )
         trainer = cfg.instantiate(devices=jax.devices()[:1])
-        params = trainer.init_state()["params"]
+        # The pipelined stacks take the scanned stack's parameters as they are (the same tree
+        # on the same device): one initialization for the three.
+        params = trainer.init_state()["params"] if params is None else params
         batch = trainer.input.batch(0)
 
         @jax.jit  # one program, not one per op
@@ -225,15 +227,16 @@ def test_layer_outputs_come_back_per_layer_averaged_over_microbatches():
             summary = collection.summaries["decoder"]["transformer"]["layer"]
             return layer["feed_forward"]["input_mean"], summary["feed_forward"]["input_mean"]
 
-        return means(params, {k: jnp.asarray(batch[k]) for k in ("input_ids", "target_labels")})
+        out = means(params, {k: jnp.asarray(batch[k]) for k in ("input_ids", "target_labels")})
+        return out, params
 
-    want_output, want_summary = outputs()
+    (want_output, want_summary), params = outputs()
     assert want_output.shape == (8,) and len(set(np.asarray(want_output).tolist())) == 8
     for pipeline in (
         "pipeline:stages=4,microbatches=2",
         "pipeline:stages=2,microbatches=4,schedule=circular",
     ):
-        got_output, got_summary = outputs(pipeline)
+        (got_output, got_summary), _ = outputs(pipeline, params=params)
         np.testing.assert_allclose(got_output, want_output, rtol=1e-5)
         np.testing.assert_allclose(got_summary, want_summary, rtol=1e-5)
 

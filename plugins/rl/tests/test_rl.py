@@ -89,8 +89,15 @@ def plain_first_step(tmp_path_factory, prompts):
     return _first_step(_config(tmp_path_factory.mktemp("plain"), prompts, steps=1))
 
 
-@pytest.mark.parametrize("cache", ["contiguous", "paged"])
-@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+# A covering pair, not the four combinations: the plain trainer (a contiguous cache, no
+# adapters) and a paged cache with adapters; each of the paged cache's prefix sharing and the
+# adapters' share in both computations is checked (the rollouts input special-cases neither:
+# the two are independent modifiers of the model).
+@pytest.mark.parametrize(
+    ("cache", "adapters"),
+    [("contiguous", False), ("paged", True)],
+    ids=["full-contiguous", "lora-paged"],
+)
 def test_engine_logps_equal_the_trainers_recomputation(request, tmp_path, prompts, cache,
                                                        adapters):  # fmt: skip
     if cache == "contiguous" and not adapters:
