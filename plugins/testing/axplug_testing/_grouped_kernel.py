@@ -25,6 +25,10 @@ def group_size_cases(m: int, groups: int) -> dict[str, list[int]]:
     return {"uneven": uneven, "one_group": one, "rows_past_the_groups": short}
 
 
+# The checks' yardstick, compiled: one program per problem shape, not one per op.
+_compiled_reference = jax.jit(grouped_matmul_reference)
+
+
 class GroupedMatmulConformance(NumericsFixtures):
     """Subclass as `TestMyGmm(GroupedMatmulConformance)` and override `kernel`.
 
@@ -71,7 +75,7 @@ class GroupedMatmulConformance(NumericsFixtures):
         skip_unless_supported(kernel, *args, backend)
         got = kernel(*args)
         assert got.shape == (m, n) and got.dtype == dtype
-        want = grouped_matmul_reference(*args)
+        want = _compiled_reference(*args)
         np.testing.assert_allclose(
             np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
         )
@@ -85,8 +89,9 @@ class GroupedMatmulConformance(NumericsFixtures):
         def loss(fn):
             return lambda lhs, rhs: jnp.sum(fn(lhs, rhs, args[2]).astype(jnp.float32) * probe)
 
-        got = jax.grad(loss(kernel), argnums=(0, 1))(*args[:2])
-        want = jax.grad(loss(grouped_matmul_reference), argnums=(0, 1))(*args[:2])
+        # Compiled, as a train step takes them: op by op, each op would compile on its own.
+        got = jax.jit(jax.grad(loss(kernel), argnums=(0, 1)))(*args[:2])
+        want = jax.jit(jax.grad(loss(grouped_matmul_reference), argnums=(0, 1)))(*args[:2])
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(
                 np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance

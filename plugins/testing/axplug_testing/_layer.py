@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -30,6 +31,20 @@ def _assert_trees_close(got: Any, want: Any, tolerance: dict, what: str) -> None
             **tolerance,
             err_msg=f"{what}{keys(path)}",
         )
+
+
+def _fingerprint(tree: Any) -> tuple:
+    """A key for a pytree's structure and values (the fixtures make new, equal arrays per test)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [np.asarray(leaf) for leaf in leaves]
+    digest = [(a.shape, str(a.dtype), hashlib.sha1(a.tobytes()).hexdigest()) for a in arrays]
+    return str(treedef), tuple(digest)
+
+
+# What one conformance class's checks share (pytest makes an instance per check): its layer and
+# parameters, initialized once, and its one-device jitted forward, compiled once. Keyed by the
+# class, the layer's config and the inputs' values; only the latest class's are kept.
+_SHARED: dict[Any, Any] = {}
 
 
 # What a layer may declare in `capabilities`; checks for undeclared ones are skipped with why.
@@ -79,7 +94,9 @@ class LayerConformance:
 
     @pytest.fixture
     def inputs(self, input_shape) -> Any:
-        return (jax.random.normal(jax.random.PRNGKey(1), input_shape, jnp.float32),)
+        # Drawn with numpy: jax.random run op by op would compile a program per new shape.
+        x = np.random.default_rng(1).standard_normal(input_shape).astype(np.float32)
+        return (jnp.asarray(x),)
 
     @pytest.fixture
     def swap_target(self, layer_config):
@@ -133,6 +150,41 @@ class LayerConformance:
         )
         return out
 
+    def _shared(self, what: str, key: Any, make: Any) -> Any:
+        if _SHARED.get("owner") is not type(self):
+            _SHARED.clear()
+            _SHARED["owner"] = type(self)
+        if (what, key) not in _SHARED:
+            _SHARED[what, key] = make()
+        return _SHARED[what, key]
+
+    def _layer_and_params(self, layer_config) -> tuple[Any, Any]:
+        """(the layer, `initialize_parameters_recursively(PRNGKey(0))`): made once per config
+        for the class's checks, which only read them."""
+
+        def make():
+            layer = self.build(layer_config)
+            return layer, layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+
+        return self._shared("params", (layer_config.klass, layer_config.debug_string()), make)
+
+    def _one_device_forward(self, layer_config, inputs) -> tuple[Any, TraceCounter, Any]:
+        """(the jitted inference forward on one device, its `TraceCounter`, its output on
+        `inputs`): traced inside the sharding scope as the sharded check's runs are, and shared
+        by the jit check and the sharded check (made once per config and inputs)."""
+        from axplug.mesh import DEFAULT_AXIS_RULES
+        from axplug.sharding import scoped
+
+        layer, params = self._layer_and_params(layer_config)
+
+        def make():
+            counter = TraceCounter(lambda p, x: self.apply(layer, p, x))
+            fn = jax.jit(scoped(counter, None, DEFAULT_AXIS_RULES))
+            return fn, counter, fn(params, inputs)
+
+        key = (layer_config.klass, layer_config.debug_string(), _fingerprint(inputs))
+        return self._shared("forward", key, make)
+
     # -- the checks ------------------------------------------------------------------------
 
     def test_capabilities_are_known(self):
@@ -157,9 +209,8 @@ class LayerConformance:
         from axplug.api import ParameterSpec
         from axplug.mesh import DEFAULT_AXIS_RULES
 
-        layer = self.build(layer_config)
+        layer, params = self._layer_and_params(layer_config)
         specs = layer.create_parameter_specs_recursively()
-        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
         is_spec = lambda s: isinstance(s, ParameterSpec)  # noqa: E731
         spec_paths = dict(jax.tree_util.tree_leaves_with_path(specs, is_leaf=is_spec))
         param_paths = dict(jax.tree_util.tree_leaves_with_path(params))
@@ -185,11 +236,8 @@ class LayerConformance:
                 )
 
     def test_jit_forward_traces_once(self, layer_config, inputs, tolerance):
-        layer = self.build(layer_config)
-        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
-        counter = TraceCounter(lambda p, x: self.apply(layer, p, x))
-        fn = jax.jit(counter)
-        out = fn(params, inputs)
+        layer, params = self._layer_and_params(layer_config)
+        fn, counter, out = self._one_device_forward(layer_config, inputs)
         assert_finite(out, "forward output")
         # New values of the same shapes and dtypes must reuse the compiled program (made on
         # the host: an eager op would compile a program per leaf shape).
@@ -205,8 +253,7 @@ class LayerConformance:
 
     def test_gradients_are_finite(self, layer_config, inputs):
         require(self, "differentiable", LAYER_CAPABILITIES)
-        layer = self.build(layer_config)
-        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+        layer, params = self._layer_and_params(layer_config)
 
         def loss(p):
             return sum_of_squares(
@@ -238,8 +285,7 @@ class LayerConformance:
                 f"needs {needed} devices, found {jax.device_count()}; set XLA_FLAGS="
                 f"--xla_force_host_platform_device_count={needed} before importing jax"
             )
-        layer = self.build(layer_config)
-        params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+        layer, params = self._layer_and_params(layer_config)
         key = jax.random.PRNGKey(2)
         mesh = MeshBuilder.default_config().set(mesh_shape=mesh_shape).instantiate()
         mesh = mesh.build(jax.devices()[:needed])
@@ -249,21 +295,26 @@ class LayerConformance:
             # Sharded runs trace inside the sharding scope, as the Trainer's step does.
             return jax.jit(scoped(fn, mesh, rules))
 
-        run = lambda p, x: self.apply(layer, p, x, prng_key=key)  # noqa: E731
-        loss = lambda p, x: sum_of_squares(run(p, x))  # noqa: E731
+        # The forward as the jit check runs it (no key: inference), whose one-device program
+        # and output it shares; the gradients of a loss of the outputs.
+        run = lambda p, x: self.apply(layer, p, x)  # noqa: E731
+        loss = lambda p, x: sum_of_squares(self.apply(layer, p, x, prng_key=key))  # noqa: E731
         with_grads = "differentiable" in self.capabilities
-        expected = jitted(run)(params, inputs)
+        expected = self._one_device_forward(layer_config, inputs)[2]
         expected_grads = jitted(jax.grad(loss))(params, inputs) if with_grads else None
         forward, grad = jitted(run, mesh), jitted(jax.grad(loss), mesh)
         p_shard = parameter_shardings(layer.create_parameter_specs_recursively(), mesh, rules)
-        sharded_params = jax.device_put(params, p_shard)
+        # Laid out from host copies: a device array moved onto another sharding compiles a
+        # program per shape.
+        host_params, host_inputs = jax.device_get((params, inputs))
+        sharded_params = jax.device_put(host_params, p_shard)
 
         def put(x):
             logical = ("batch",) + (None,) * (x.ndim - 1) if x.ndim else ()
             spec = logical_to_partition_spec(logical, rules, mesh, x.shape)
             return jax.device_put(x, NamedSharding(mesh, spec))
 
-        sharded_inputs = jax.tree.map(put, inputs)
+        sharded_inputs = jax.tree.map(put, host_inputs)
         got = forward(sharded_params, sharded_inputs)
         _assert_trees_close(got, expected, tolerance, "sharded forward output")
         if with_grads:

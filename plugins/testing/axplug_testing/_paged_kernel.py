@@ -58,6 +58,10 @@ def paged_reference(
     return out[:, 0]
 
 
+# The checks' yardstick, compiled: one program per problem shape, not one per op.
+_compiled_reference = jax.jit(paged_reference, static_argnames=("scale", "logit_softcap"))
+
+
 class PagedKernelConformance(NumericsFixtures):
     """Subclass as `TestMyPagedKernel(PagedKernelConformance)` and override `kernel`.
 
@@ -96,7 +100,7 @@ class PagedKernelConformance(NumericsFixtures):
         scale = 1.0 / math.sqrt(query.shape[-1])
         got = kernel(query, paged, scale=scale)
         assert got.shape == query.shape and got.dtype == paged.value_pages.dtype
-        want = paged_reference(query, paged, scale=scale)
+        want = _compiled_reference(query, paged, scale=scale)
         np.testing.assert_allclose(
             np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
         )
@@ -108,8 +112,8 @@ class PagedKernelConformance(NumericsFixtures):
         skip_unless_supported(kernel, query, paged, jax.default_backend())
         scale, cap = 1.0 / math.sqrt(query.shape[-1]), 0.5  # a cap that bends the scores
         got = kernel(query, paged, scale=scale, logit_softcap=cap)
-        want = paged_reference(query, paged, scale=scale, logit_softcap=cap)
-        uncapped = paged_reference(query, paged, scale=scale)
+        want = _compiled_reference(query, paged, scale=scale, logit_softcap=cap)
+        uncapped = _compiled_reference(query, paged, scale=scale)
         assert not np.allclose(np.asarray(want), np.asarray(uncapped), **tolerance)
         np.testing.assert_allclose(
             np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance
@@ -127,7 +131,7 @@ class PagedKernelConformance(NumericsFixtures):
                 values[:, p] = np.nan
         poisoned = paged._replace(value_pages=jnp.asarray(values, paged.value_pages.dtype))
         got = kernel(query, poisoned, scale=0.25)
-        want = paged_reference(query, paged, scale=0.25)
+        want = _compiled_reference(query, paged, scale=0.25)
         assert np.isfinite(np.asarray(got, np.float32)).all()
         np.testing.assert_allclose(
             np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2
