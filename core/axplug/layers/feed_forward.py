@@ -24,6 +24,7 @@ ACTIVATIONS = {
     "gelu": jax.nn.gelu,
     "gelu_tanh": jax.nn.gelu,  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
     "gelu_exact": _gelu_exact,  # 0.5 x (1 + erf(x / sqrt(2)))
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP's
     "relu": jax.nn.relu,
     "tanh": jax.nn.tanh,
     "linear": lambda x: x,
@@ -37,6 +38,7 @@ HF_ACTIVATIONS = {
     "gelu": "gelu_exact",
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_new": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
     "relu": "relu",
     "tanh": "tanh",
     "linear": "linear",

@@ -1,0 +1,118 @@
+"""A ViT image encoder as a layer: patches, a linear patch embedding, an optional class token,
+learned positions, an optional pre-norm, bidirectional transformer layers and a post-norm.
+
+CLIP's vision tower: class token, pre-norm, quick GELU, the post-norm on the class token only
+(`post_norm_all=False`). SigLIP's: no class token, a biased patch embedding, the tanh GELU,
+the post-norm on every patch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from axplug.api import ParameterSpec
+from axplug.api.config import REQUIRED, Required, config_class
+from axplug.api.layers import (
+    Attention,
+    BaseLayer,
+    FeedForward,
+    LayerNorm,
+    Linear,
+    StackedTransformer,
+    TransformerLayer,
+)
+
+__all__ = ["VisionTransformer", "patchify"]
+
+
+def patchify(pixels: jax.Array, patch: int) -> jax.Array:
+    """[batch, channels, height, width] -> [batch, patches, channels * patch * patch]: row-major
+    patches, each flattened channel first (a stride-`patch` convolution's weight order)."""
+    b, c, h, w = pixels.shape
+    x = pixels.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.transpose(0, 2, 4, 1, 3, 5).reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def _layer_config() -> TransformerLayer.Config:
+    """A bidirectional encoder layer: LayerNorms, biased projections, an ungated MLP."""
+    attention = Attention.default_config().set(causal=False)
+    attention.qkv.bias = attention.output.bias = True
+    feed_forward = FeedForward.default_config().set(gated=False, activation="gelu_tanh")
+    feed_forward.linear.bias = True
+    return TransformerLayer.default_config().set(
+        attention=attention, feed_forward=feed_forward, norm=LayerNorm.default_config()
+    )
+
+
+class VisionTransformer(BaseLayer):
+    """`forward(pixels [batch, channels, height, width])` -> (hidden [batch, tokens, dim],
+    pooled [batch, dim]): tokens are the class token (if any) then the patches; pooled is the
+    normed class token, or the patches' mean without one."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        image_size: Required[int] = REQUIRED
+        patch_size: Required[int] = REQUIRED
+        num_channels: int = 3
+        dim: Required[int] = REQUIRED
+        class_token: bool = True
+        patch_bias: bool = False
+        pre_norm: bool = False
+        # The post-norm on every token (SigLIP), or on the pooled class token only (CLIP).
+        post_norm_all: bool = False
+        norm: LayerNorm.Config = LayerNorm.default_config()
+        transformer: StackedTransformer.Config = StackedTransformer.default_config().set(
+            layer=_layer_config()
+        )
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if cfg.image_size % cfg.patch_size:
+            raise cfg.field_error(
+                "patch_size", f"{cfg.patch_size} does not divide image_size={cfg.image_size}"
+            )
+        patch_dim = cfg.num_channels * cfg.patch_size**2
+        self._add_child(
+            "patch_embedding",
+            Linear.default_config().set(
+                input_dim=patch_dim, output_dim=cfg.dim, bias=cfg.patch_bias
+            ),
+        )
+        if cfg.pre_norm:
+            self._add_child("pre_norm", cfg.norm.clone(input_dim=cfg.dim))
+        self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
+        self._add_child("post_norm", cfg.norm.clone(input_dim=cfg.dim))
+
+    @property
+    def num_tokens(self) -> int:
+        cfg = self._config
+        return (cfg.image_size // cfg.patch_size) ** 2 + int(cfg.class_token)
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg, init = self._config, jax.nn.initializers.normal(0.02)
+        specs = {
+            "position_embedding": ParameterSpec(
+                (self.num_tokens, cfg.dim), self.dtype, (None, "embed"), init
+            )
+        }
+        if cfg.class_token:
+            specs["class_embedding"] = ParameterSpec((cfg.dim,), self.dtype, ("embed",), init)
+        return specs
+
+    def forward(self, pixels: jax.Array) -> tuple[jax.Array, jax.Array]:
+        cfg = self._config
+        x = self.patch_embedding(patchify(pixels.astype(self.dtype), cfg.patch_size))
+        if cfg.class_token:
+            cls = jnp.broadcast_to(self.parameters["class_embedding"], (x.shape[0], 1, cfg.dim))
+            x = jnp.concatenate([cls.astype(x.dtype), x], axis=1)
+        x = x + self.parameters["position_embedding"].astype(x.dtype)
+        if cfg.pre_norm:
+            x = self.pre_norm(x)
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+        x = self.transformer(x, positions=positions)
+        if cfg.post_norm_all:
+            x = self.post_norm(x)
+            return x, x[:, 0] if cfg.class_token else jnp.mean(x, axis=1)
+        pooled = x[:, 0] if cfg.class_token else jnp.mean(x, axis=1)
+        return x, self.post_norm(pooled)
