@@ -1,4 +1,4 @@
-"""Hugging Face vision towers to `VisionTransformer` configs and parameters."""
+"""Hugging Face vision towers (CLIP's, SigLIP's) to `VisionTransformer` configs and parameters."""
 
 from __future__ import annotations
 
@@ -6,19 +6,36 @@ from typing import Any
 
 import numpy as np
 
+from axplug.api.config import ConfigError
 from axplug_vision.tower import VisionTransformer
 
-__all__ = ["clip_vision_config", "clip_vision_params"]
+__all__ = ["TOWERS", "vision_tower_config", "vision_tower_params"]
+
+# model_type -> how the tower differs from the ViT defaults.
+TOWERS = {
+    # A class token, a pre-norm, the post-norm on the pooled class token only.
+    "clip_vision_model": dict(class_token=True, pre_norm=True, post_norm_all=False),
+    # No class token, a biased patch embedding, the post-norm on every patch (the attention
+    # pooling head, `vision_use_head`, is not read: vision-language models drop it).
+    "siglip_vision_model": dict(class_token=False, patch_bias=True, post_norm_all=True),
+}
+_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
-def clip_vision_config(hf: dict) -> Any:
-    """The `VisionTransformer` config of a `CLIPVisionConfig`'s fields (its `to_dict()`)."""
+def vision_tower_config(hf: dict) -> Any:
+    """The `VisionTransformer` config of a vision tower's config fields (`to_dict()`)."""
+    kind = hf.get("model_type")
+    if kind not in TOWERS:
+        raise ConfigError(
+            f"vision_config.model_type={kind!r}: not a vision tower axplug-vision reads "
+            f"(supported: {', '.join(TOWERS)})"
+        )
     cfg = VisionTransformer.default_config().set(
         image_size=hf["image_size"],
         patch_size=hf["patch_size"],
         num_channels=hf.get("num_channels", 3),
         dim=hf["hidden_size"],
-        pre_norm=True,
+        **TOWERS[kind],
     )
     cfg.norm.eps = hf.get("layer_norm_eps", 1e-5)
     cfg.transformer.num_layers = hf["num_hidden_layers"]
@@ -27,16 +44,15 @@ def clip_vision_config(hf: dict) -> Any:
     layer.attention.num_heads = hf["num_attention_heads"]
     act = hf.get("hidden_act", "quick_gelu")
     layer.feed_forward.set(
-        hidden_dim=hf["intermediate_size"],
-        activation={"gelu": "gelu_exact", "gelu_pytorch_tanh": "gelu_tanh"}.get(act, act),
+        hidden_dim=hf["intermediate_size"], activation=_ACTIVATIONS.get(act, act)
     )
     return cfg
 
 
-def clip_vision_params(state: dict, num_layers: int) -> dict:
-    """`VisionTransformer` parameters from a CLIP vision tower's state dict (numpy arrays):
-    `CLIPVisionModel`'s, or a whole model's whose tower is under `vision_model.`."""
-    prefix = "vision_model." if "vision_model.pre_layrnorm.weight" in state else ""
+def vision_tower_params(state: dict, cfg: Any) -> dict:
+    """`VisionTransformer` parameters (of `cfg`) from a vision tower's state dict of numpy
+    arrays: the tower's own, or a whole model's with the tower under `vision_model.`."""
+    prefix = "vision_model." if "vision_model.post_layernorm.weight" in state else ""
 
     def get(name: str) -> np.ndarray:
         return np.asarray(state[prefix + name], np.float32)
@@ -48,7 +64,7 @@ def clip_vision_params(state: dict, num_layers: int) -> dict:
         return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
 
     layers = {}
-    for i in range(num_layers):
+    for i in range(cfg.transformer.num_layers):
         at = f"encoder.layers.{i}."
         layers[f"layer{i}"] = {
             "attention_norm": norm(at + "layer_norm1"),
@@ -60,11 +76,16 @@ def clip_vision_params(state: dict, num_layers: int) -> dict:
             "feed_forward": {"wi_up": linear(at + "mlp.fc1"), "wo": linear(at + "mlp.fc2")},
         }
     patch = get("embeddings.patch_embedding.weight")  # [dim, channels, patch, patch]
-    return {
-        "class_embedding": get("embeddings.class_embedding"),
+    params: dict[str, Any] = {
         "patch_embedding": {"weight": patch.reshape(patch.shape[0], -1).T},
         "position_embedding": get("embeddings.position_embedding.weight"),
-        "pre_norm": norm("pre_layrnorm"),
         "transformer": layers,
         "post_norm": norm("post_layernorm"),
     }
+    if cfg.patch_bias:
+        params["patch_embedding"]["bias"] = get("embeddings.patch_embedding.bias")
+    if cfg.class_token:
+        params["class_embedding"] = get("embeddings.class_embedding")
+    if cfg.pre_norm:
+        params["pre_norm"] = norm("pre_layrnorm")
+    return params
