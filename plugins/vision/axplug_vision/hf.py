@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from axplug.api.config import ConfigError
+from axplug.api.layers import HF_ACTIVATIONS
 from axplug_vision.tower import VisionTransformer
 
 __all__ = ["TOWERS", "vision_tower_config", "vision_tower_params"]
@@ -19,7 +20,6 @@ TOWERS = {
     # pooling head, `vision_use_head`, is not read: vision-language models drop it).
     "siglip_vision_model": dict(class_token=False, patch_bias=True, post_norm_all=True),
 }
-_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
 def vision_tower_config(hf: dict) -> Any:
@@ -44,7 +44,7 @@ def vision_tower_config(hf: dict) -> Any:
     layer.attention.num_heads = hf["num_attention_heads"]
     act = hf.get("hidden_act", "quick_gelu")
     layer.feed_forward.set(
-        hidden_dim=hf["intermediate_size"], activation=_ACTIVATIONS.get(act, act)
+        hidden_dim=hf["intermediate_size"], activation=HF_ACTIVATIONS.get(act, act)
     )
     return cfg
 

@@ -113,6 +113,5 @@ class VisionTransformer(BaseLayer):
         x = self.transformer(x, positions=positions)
         if cfg.post_norm_all:
             x = self.post_norm(x)
-            return x, x[:, 0] if cfg.class_token else jnp.mean(x, axis=1)
         pooled = x[:, 0] if cfg.class_token else jnp.mean(x, axis=1)
-        return x, self.post_norm(pooled)
+        return x, pooled if cfg.post_norm_all else self.post_norm(pooled)
