@@ -72,6 +72,24 @@ class HFFields:
         self.implied = dict(implied or {})
         self.read: set[str] = set()
         self.problems: list[str] = []
+        self._scopes: dict[str, HFFields] = {}
+        self._prefix = ""  # a nested object's problems are named by its key
+
+    def within(self, key: str, **settings: Any) -> HFFields:
+        """The fields of the nested object `key` (a vision-language model's `text_config`),
+        read with their own `defaults`, `aliases` and `implied` (`settings`, taken on the
+        first call; later calls return the same view). Their reads, problems and unread
+        fields are this config.json's, named `key.field`."""
+        if key not in self._scopes:
+            raw = self.get(key, {})
+            if not isinstance(raw, Mapping):
+                self.problem(f"{key}={raw!r} (expected an object)")
+                raw = {}
+            scope = HFFields(raw, source=self.source, **settings)
+            scope.problems = self.problems
+            scope._prefix = f"{self._prefix}{key}: "
+            self._scopes[key] = scope
+        return self._scopes[key]
 
     def name(self, field: str) -> str:
         """The family's name of `field`."""
@@ -127,12 +145,17 @@ class HFFields:
 
     def problem(self, message: str) -> None:
         """Records what makes this config.json unimportable; all are reported at once."""
+        message = self._prefix + message
         if message not in self.problems:
             self.problems.append(message)
 
-    def unread(self) -> list[str]:
-        """Fields that neither a layer read nor `METADATA_FIELDS` covers."""
-        return sorted(set(self.raw) - self.read - METADATA_FIELDS)
+    def unread(self) -> dict[str, Any]:
+        """Fields that neither a layer read nor `METADATA_FIELDS` covers, by name (a nested
+        object's as `key.field`), with their values."""
+        out = {n: self.raw[n] for n in sorted(set(self.raw) - self.read - METADATA_FIELDS)}
+        for key, scope in self._scopes.items():
+            out.update({f"{key}.{n}": v for n, v in scope.unread().items()})
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +201,15 @@ class HFArchitecture:
         """Every parameter of `model` (the filled-in model config), by its path in the
         unrolled parameter tree (`decoder.transformer.layer0.attention.qkv.q.weight`)."""
         raise NotImplementedError(type(self).__qualname__)
+
+    # Checkpoint tensor-name prefixes read as another (an older layout's `vision_tower.
+    # vision_model.` as `vision_tower.`): tensors are named as in `tensors` either way.
+    checkpoint_prefixes: Mapping[str, str] = {}
+
+    def ignored_tensors(self, model: Any) -> tuple[str, ...]:
+        """Prefixes of checkpoint tensors `model` leaves unused (a vision tower's layers past
+        the one whose features a vision-language model takes). None by default."""
+        return ()
 
     def config_fields(self, model: Any) -> dict[str, Any]:
         """The config.json fields the family itself reads in `base_config` (options only its

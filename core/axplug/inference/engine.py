@@ -28,7 +28,7 @@ import numpy as np
 from axplug.component_spec import component_config
 from axplug.inference import admission, ahead
 from axplug.inference import paging as pages
-from axplug.inference.feeds import step_feed
+from axplug.inference.feeds import inserted_inputs, step_feed
 from axplug.inference.paging import PageAllocator, model_paging
 from axplug.inference.requests import (
     Completion,
@@ -303,11 +303,12 @@ class Engine:
             ids = jax.device_put(ids, self._placed)
         penalties = rows.penalty_inputs(self._slots, fed.positions)
         allowed = rows.allowed_inputs(self._slots, feeds)
+        inserted = None if after is not None else inserted_inputs(self._slots, fed.positions)
         tokens, accepted, scores, self._cache, kept = self._extend_rows(
             # One program per prefill width and one for decoding (per log-probability width).
             fed.logprobs, fed.prompt_logprobs, self.params, self._cache, ids, fed.positions,
             fed.start, self._table.copy(), fed.last, fed.targets, rows.keys, fed.counts,
-            penalties, allowed, rows.adapter_inputs(), proposed, *rows.sampling,
+            penalties, allowed, rows.adapter_inputs(), inserted, proposed, *rows.sampling,
         )  # fmt: skip
         rows.keep(kept)
         plain = all(x is None for x in (penalties, allowed, proposed, fed.prompt_logprobs))

@@ -10,7 +10,7 @@ import numpy as np
 
 from axplug.api import EMPTY_POSITION
 
-__all__ = ["StepFeed", "step_feed"]
+__all__ = ["StepFeed", "inserted_inputs", "step_feed"]
 
 
 class StepFeed(NamedTuple):
@@ -66,3 +66,21 @@ def step_feed(
             following = active.context[active.cached + 1 : active.cached + k + 1]
             targets[s, : len(following)] = following
     return StepFeed(ids, positions, last, start, counts, targets, logprobs, prompt_logprobs)
+
+
+def inserted_inputs(slots: Sequence[Any], positions: np.ndarray) -> tuple | None:
+    """(mask [rows, width], embeddings [rows, width, dim]) of the fed positions whose prompt
+    token a row's request replaces (`Request.embeddings`); None when no row does."""
+    rows = [(s, a.request.embeddings) for s, a in enumerate(slots)
+            if a is not None and a.request.embeddings is not None]  # fmt: skip
+    if not rows:
+        return None
+    dim = np.shape(rows[0][1][1])[-1]
+    mask = np.zeros(positions.shape, bool)
+    values = np.zeros((*positions.shape, dim), np.float32)
+    for s, (where, vectors) in rows:
+        where = np.asarray(where)
+        found = np.minimum(np.searchsorted(where, positions[s]), len(where) - 1)
+        mask[s] = where[found] == positions[s]
+        values[s, mask[s]] = np.asarray(vectors, np.float32)[found[mask[s]]]
+    return mask, values

@@ -31,13 +31,19 @@ def generate(
     num_slots: int | None = None,
     max_len: int | None = None,
     on_token: Callable[[TokenEvent], None] | None = None,
+    embeddings: Sequence[Any] | None = None,
 ) -> list[Completion]:
-    """Continues every prompt with `sampling`; the completions in the order of `prompts`."""
+    """Continues every prompt with `sampling`; the completions in the order of `prompts`.
+    `embeddings`: each prompt's `Request.embeddings` (or None)."""
     if not prompts:
         return []
     sampling = sampling or SamplingParams()
     max_len = max_len or max(len(p) for p in prompts) + sampling.max_new_tokens
     engine = Engine(model, params, num_slots=num_slots or len(prompts), max_len=max_len)
-    ids = [engine.submit(Request(prompt=p, sampling=sampling)) for p in prompts]
+    embeddings = embeddings or [None] * len(prompts)
+    ids = [
+        engine.submit(Request(prompt=p, sampling=sampling, embeddings=e))
+        for p, e in zip(prompts, embeddings, strict=True)
+    ]
     by_id = {c.id: c for c in engine.run(on_token)}
     return [by_id[i] for i in ids]

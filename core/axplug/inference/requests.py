@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,13 +21,17 @@ class Request:
     """A prompt (token ids) and how to continue it; `id` defaults to a counter. A
     `constraint` (`axplug.inference.TokenConstraint`, its own per request) limits what it
     may generate. `adapter` picks one of the model's adapter slots (`Engine(adapter_slots=)`;
-    layers read each row's as `side_input("adapter")`); 0: the model as it is."""
+    layers read each row's as `side_input("adapter")`); 0: the model as it is. `embeddings`
+    (prompt indices [n], vectors [n, dim]) take the place of those prompt tokens' embeddings
+    (an image's features at its placeholders), for a model whose `extend_step` takes
+    `inserted`; the prefix cache keys its pages on them too."""
 
     prompt: Sequence[int]
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     id: Any = None
     constraint: Any = None
     adapter: int = 0
+    embeddings: tuple[Any, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +108,14 @@ class RequestState:
         """The prompt and the generated tokens: all but the last are cached once decoding."""
         return [*self.request.prompt, *self.output]
 
-    @property
+    @functools.cached_property
     def prefix_salt(self) -> bytes:
-        """What its cached pages depend on besides tokens: another adapter, other keys."""
-        return self.request.adapter.to_bytes(4, "little") if self.request.adapter else b""
+        """What its cached pages depend on besides tokens: another adapter, embeddings."""
+        salt = self.request.adapter.to_bytes(4, "little") if self.request.adapter else b""
+        if self.request.embeddings is not None:
+            where, vectors = (np.ascontiguousarray(a) for a in self.request.embeddings)
+            salt += hashlib.blake2b(where.tobytes() + vectors.tobytes(), digest_size=16).digest()
+        return salt
 
     @property
     def context_len(self) -> int:

@@ -52,7 +52,8 @@ def _extend_rows_of(model_ref, scope, *args):
 
 def extend_rows(
     model, scope, logprobs, prompt_logprobs, params, cache, ids, positions, start,
-    table, last, targets, keys, counts, penalties, allowed, adapters, proposed, *sampling,
+    table, last, targets, keys, counts, penalties, allowed, adapters, inserted, proposed,
+    *sampling,
 ):  # fmt: skip
     """One call over every row: writes the new tokens to the cache, samples one per row.
 
@@ -64,7 +65,9 @@ def extend_rows(
     `penalties` is None, or the rows' penalty state (`sampling.penalized`: token `counts` and
     `seen` [rows, vocab], kept across steps, and the rows' settings) with `output_mask` and
     `fed_mask` [rows, width]: which fed tokens are generated ones (counted) and real (seen).
-    `allowed` is None, or the tokens each row may sample ([rows, mask words], see
+    `inserted` is None, or (mask [rows, width], embeddings [rows, width, dim]) for the
+    model's `extend_step` (`feeds.inserted_inputs`). `allowed` is None, or the tokens each
+    row may sample ([rows, mask words], see
     `axplug.inference.constraints`; all bits set: every token). `adapters` is None, or each
     row's adapter slot [rows], which layers read as `side_input("adapter")`.
     Fed tokens are counted before sampling, so a row's last token counts from the next step
@@ -77,6 +80,8 @@ def extend_rows(
     """
     cache = set_block_tables(restart_rows(cache, start), table)
     inputs = {"input_ids": ids, "positions": positions, "cache_state": cache}
+    if inserted is not None:
+        inputs["inserted"] = inserted
     width = ids.shape[1]
     all_positions = prompt_logprobs is not None
     if (

@@ -77,7 +77,7 @@ def model_from_fields(arch: Any, fields: HFFields) -> Any:
     unread = fields.unread()
     if unread:
         fields.problem(
-            f"field(s) {', '.join(f'{n}={fields.raw[n]!r}' for n in unread)} are read by no "
+            f"field(s) {', '.join(f'{n}={v!r}' for n, v in unread.items())} are read by no "
             f"layer of a {arch.architecture} (no installed plugin maps them)"
         )
     if fields.problems:

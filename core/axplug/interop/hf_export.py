@@ -41,7 +41,7 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     written, problems = write_fields(cfg.model)
     if problems:
         return None, problems
-    written.update(arch.config_fields(cfg.model))  # what the family reads in base_config
+    written = _merged(written, arch.config_fields(cfg.model))  # read in base_config
     mine = dict(written)  # the layers' own names, before the family's aliases and implied
     aliases, implied = arch.aliases, arch.implied
     written = {aliases.get(k, k): v for k, v in written.items()}
@@ -49,7 +49,8 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     # The source's fields under the run's: one the run no longer agrees with fails the
     # rebuild below, so none survives silently.
     base = dict(source or {})
-    raw = {**base, **written, "architectures": [arch.architecture], "model_type": arch.model_type}
+    raw = {**_merged(base, written), "architectures": [arch.architecture]}
+    raw["model_type"] = arch.model_type
     from axplug.input import batch_shape
 
     raw.setdefault(aliases.get("max_position_embeddings", "max_position_embeddings"),
@@ -62,7 +63,7 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     # (`implied`) or defaults where config.json leaves it out would otherwise pass unseen,
     # since the run's own layers below re-read the same config.json.
     again, _ = write_fields(rebuilt.model)
-    again.update(arch.config_fields(rebuilt.model))
+    again = _merged(again, arch.config_fields(rebuilt.model))
     lost = [
         f"{aliases.get(k, k)}={v!r} (a {arch.architecture} built from the config.json has "
         f"{again[k]!r})"
@@ -75,6 +76,16 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
     read_fields(own, hf_fields(raw, arch))  # the run's own layers, normalized the same way
     diff = lost + differences(own, rebuilt.model)
     return (raw, []) if not diff else (None, diff)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` on `base`, where a nested model config (`text_config`, `vision_config`) is merged
+    field by field: its fields the run does not write (its `model_type`) are kept."""
+    out = dict(base)
+    for key, value in over.items():
+        nested = key.endswith("_config") and isinstance(value, dict)
+        out[key] = _merged(out.get(key) or {}, value) if nested else value
+    return out
 
 
 def _same_value(a: Any, b: Any) -> bool:

@@ -106,11 +106,17 @@ def import_hf(
                 f"{checkpointer.directory} already holds checkpoint step(s) "
                 f"{', '.join(map(str, existing))}; import into an empty --output directory"
             )
-        rules = load_architecture(hf.architecture).tensors(cfg.model)
+        arch = load_architecture(hf.architecture)
+        rules = arch.tensors(cfg.model)
         tied = bool(cfg.model.decoder.tie_word_embeddings)
-        with SafetensorsDir(directory) as tensors:
+        unused = tuple(arch.ignored_tensors(cfg.model))
+        with SafetensorsDir(directory, arch.checkpoint_prefixes) as tensors:
             params = hf_params(tensors, rules, trainer.param_specs)
-            leftover = [name for name in tensors.unused() if not _ignored(name, tied)]
+            leftover = [
+                name
+                for name in tensors.unused()
+                if not (_ignored(name, tied) or name.startswith(unused))
+            ]
         if leftover:
             raise HFImportError(
                 f"{directory}: {len(leftover)} tensor(s) of the checkpoint have no place in a "

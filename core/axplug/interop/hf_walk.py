@@ -2,9 +2,11 @@
 
 A layer class with Hugging Face fields overrides `hf_read(cfg, fields)` and `hf_write(cfg) ->
 dict`, declared on `BaseLayer` with empty defaults. `read_fields` calls every `hf_read` of a
-model config, parents first; `write_fields` merges every `hf_write`, except under a
-layer whose class sets `hf_writes_subtree = True`, whose own `hf_write` writes the fields
-of every layer config under it (a stack whose layers differ by kind writes them per kind).
+model config, parents first, except under a layer whose class sets `hf_reads_subtree = True`
+(a vision-language model reads each tower from its own nested object); `write_fields` merges
+every `hf_write`, except under a layer whose class sets `hf_writes_subtree = True`, whose
+own `hf_write` writes the fields of every layer config under it (a stack whose layers differ
+by kind writes them per kind).
 `differences` says what of a run's model an architecture does not build, so an export never
 writes a config.json that computes something else.
 """
@@ -50,10 +52,14 @@ def _layer_class(value: Any) -> type[BaseLayer] | None:
 def read_fields(model: ConfigBase, fields: Any) -> None:
     """Sets every layer config under `model` from config.json `fields`, parents first."""
     done: set[int] = set()
-    for _, cfg in hf_layers(model):
-        if id(cfg) not in done:  # a config shared by two slots is read once
-            done.add(id(cfg))
-            cfg.klass.hf_read(cfg, fields)
+    covered: list[str] = []  # paths of layers whose hf_read reads the layers under them
+    for path, cfg in hf_layers(model):
+        if id(cfg) in done or any(_under(path, top) for top in covered):
+            continue  # a config shared by two slots is read once
+        done.add(id(cfg))
+        if cfg.klass.hf_reads_subtree:
+            covered.append(path)
+        cfg.klass.hf_read(cfg, fields)
 
 
 def write_fields(model: ConfigBase) -> tuple[dict, list[str]]:

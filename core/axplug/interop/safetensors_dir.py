@@ -12,7 +12,7 @@ import contextlib
 import glob
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,20 +38,29 @@ def count_non_finite(value: np.ndarray) -> int:
     )
 
 
+def _renamed(name: str, prefixes: Mapping[str, str]) -> str:
+    """`name` with the first of `prefixes` it starts with replaced by that prefix's value."""
+    old = next((p for p in prefixes if name.startswith(p)), None)
+    return name if old is None else prefixes[old] + name[len(old) :]
+
+
 class SafetensorsDir(contextlib.AbstractContextManager):
     """Tensor name -> file map of `directory`: the shards its index file lists, else
     model.safetensors, else every *.safetensors file. `get` reads one tensor and records it as
     used, so leftovers can be reported."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, prefixes: Mapping[str, str] | None = None):
         self.directory = directory
         self._file: str | None = None  # the one open shard, and its handle
         self._handle: Any = None
         try:
-            self._where = self._index()
+            stored = self._index()
         except BaseException:
             self.close()
             raise
+        # Names as `prefixes` rename them (an older layout's), and each one's stored name.
+        self._stored = {_renamed(name, prefixes or {}): name for name in stored}
+        self._where = {name: stored[old] for name, old in self._stored.items()}
         self._used: set[str] = set()
 
     def _index(self) -> dict[str, str]:
@@ -117,7 +126,7 @@ class SafetensorsDir(contextlib.AbstractContextManager):
         handle = self._open(file)
         where = f"{self.directory}/{file}"
         try:
-            info = handle.get_slice(name)
+            info = handle.get_slice(self._stored[name])
             found, dtype = tuple(info.get_shape()), info.get_dtype()
         except Exception as exc:  # the index names a tensor its file lacks
             raise HFImportError(f"{where}: cannot read {name!r} ({exc})") from None
@@ -133,7 +142,7 @@ class SafetensorsDir(contextlib.AbstractContextManager):
                 f"config.json implies {list(shape)}; the weights and config.json disagree"
             )
         self._used.add(name)
-        value = handle.get_tensor(name)
+        value = handle.get_tensor(self._stored[name])
         bad = count_non_finite(value)
         if bad:
             raise HFImportError(

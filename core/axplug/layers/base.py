@@ -33,6 +33,9 @@ class BaseLayer(Module):
     hf_neutral: ClassVar[tuple[str, ...]] = ()
     # True when `hf_write` writes the fields of every layer under it (theirs are not called).
     hf_writes_subtree: ClassVar[bool] = False
+    # True when `hf_read` reads the fields of every layer under it (a vision-language model
+    # reads its towers from nested objects of config.json); theirs are not called.
+    hf_reads_subtree: ClassVar[bool] = False
 
     @config_class
     class Config(Module.Config):

@@ -22,7 +22,8 @@ __all__ = ["Decoder", "CausalLM", "cross_entropy"]
 
 
 class Decoder(BaseLayer):
-    """Token ids [batch, seq] -> logits [batch, seq, vocab].
+    """Token ids [batch, seq] -> logits [batch, seq, vocab]; `inserted` (mask, embeddings)
+    replaces the token embeddings where the mask is set (another modality's, see `_embed`).
 
     The token embeddings are multiplied by `embedding_scale` (Gemma: sqrt(dim)) when set,
     as a value of the compute dtype; with `position_embedding` (GPT-2's wpe), a learned
@@ -100,13 +101,15 @@ class Decoder(BaseLayer):
                 "lm_head", cfg.lm_head.clone(input_dim=cfg.dim, output_dim=cfg.vocab_size)
             )
 
-    def forward(self, input_ids: jax.Array, *, positions=None, segment_ids=None) -> jax.Array:
+    def forward(
+        self, input_ids: jax.Array, *, positions=None, segment_ids=None, inserted=None
+    ) -> jax.Array:
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
         positions = constrain(positions, ("batch", "seq"))
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
-        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions, inserted), RESIDUAL_AXES)
         x = self.transformer(x, positions=positions, segment_ids=segment_ids)
         return constrain(self._logits(x), ("batch", "seq", "vocab"))
 
@@ -116,7 +119,13 @@ class Decoder(BaseLayer):
         return self.transformer.fuses_loss
 
     def fused_loss(
-        self, input_ids: jax.Array, labels: jax.Array, *, positions=None, segment_ids=None
+        self,
+        input_ids: jax.Array,
+        labels: jax.Array,
+        *,
+        positions=None,
+        segment_ids=None,
+        inserted=None,
     ) -> tuple[jax.Array, jax.Array]:
         """(mean cross entropy, label count) with the head inside the stack's schedule."""
         if positions is None:
@@ -125,7 +134,7 @@ class Decoder(BaseLayer):
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
         labels = constrain(labels, ("batch", "seq"))
-        x = constrain(self._embed(input_ids, positions), RESIDUAL_AXES)
+        x = constrain(self._embed(input_ids, positions, inserted), RESIDUAL_AXES)
         used = ("output_norm", "embedding" if self._config.tie_word_embeddings else "lm_head")
         head_params = {name: self.parameters[name] for name in used}
 
@@ -146,13 +155,17 @@ class Decoder(BaseLayer):
         count = jnp.sum(labels >= 0)
         return total / jnp.maximum(count, 1), count
 
-    def _embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
-        """The transformer's input [batch, seq, dim] for token ids at `positions`."""
+    def _embed(self, input_ids: jax.Array, positions: jax.Array, inserted=None) -> jax.Array:
+        """The transformer's input [batch, seq, dim] for token ids at `positions`, with
+        `inserted` = (mask [batch, seq], embeddings [batch, seq, dim]) in place of the token
+        embeddings where the mask is set (an image's features at its placeholder tokens)."""
         cfg = self._config
         x = self.embedding(input_ids)
         if cfg.embedding_scale is not None:
             # In the compute dtype, as Hugging Face's Gemma: hidden * tensor(scale, hidden.dtype).
             x = x * jnp.asarray(cfg.embedding_scale, x.dtype)
+        if inserted is not None:  # after the scale: inserted embeddings are not scaled
+            x = jnp.where(inserted[0][..., None], inserted[1].astype(x.dtype), x)
         if cfg.position_embedding is not None:
             # Padding (EMPTY_POSITION, in extend_step) reads row 0; its outputs are never used.
             x = x + self.position_embedding(jnp.where(positions == EMPTY_POSITION, 0, positions))
@@ -179,14 +192,16 @@ class Decoder(BaseLayer):
         positions: jax.Array,
         cache_state: dict,
         logits_at: jax.Array | None = None,
+        inserted=None,
     ) -> tuple[jax.Array, dict]:
         """(logits [batch, new, vocab], new cache) for new tokens after the cached ones;
         with `logits_at` [batch] only that token's logits, [batch, 1, vocab] (a prefill needs
         the last prompt token's alone).
 
-        Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`).
+        Positions of padding tokens are `EMPTY_POSITION` (see `axplug.layers.kv_cache`);
+        `inserted` as in `forward`.
         """
-        x = self._embed(input_ids, positions)
+        x = self._embed(input_ids, positions, inserted)
         x, cache = self.transformer.extend_step(
             x, positions=positions, cache_state=cache_state["transformer"]
         )

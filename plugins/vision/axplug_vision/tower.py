@@ -1,5 +1,6 @@
 """A ViT image encoder as a layer: patches, a linear patch embedding, an optional class token,
 learned positions, an optional pre-norm, bidirectional transformer layers and a post-norm.
+Its Hugging Face fields are a vision config's (`vision_config` of a vision-language model).
 
 CLIP's vision tower: class token, pre-norm, quick GELU, the post-norm on the class token only
 (`post_norm_all=False`). SigLIP's: no class token, a biased patch embedding, the tanh GELU,
@@ -18,12 +19,21 @@ from axplug.api.layers import (
     BaseLayer,
     FeedForward,
     LayerNorm,
-    Linear,
     StackedTransformer,
     TransformerLayer,
+    hf_activation,
 )
 
-__all__ = ["VisionTransformer", "patchify"]
+__all__ = ["TOWERS", "VisionTransformer", "patchify"]
+
+# Hugging Face vision config model_type -> how the tower differs from the ViT defaults.
+TOWERS = {
+    # A class token, a pre-norm, the post-norm on the pooled class token only.
+    "clip_vision_model": dict(class_token=True, pre_norm=True, post_norm_all=False),
+    # No class token, a biased patch embedding, the post-norm on every patch (the attention
+    # pooling head, `vision_use_head`, is not read: vision-language models drop it).
+    "siglip_vision_model": dict(class_token=False, patch_bias=True, post_norm_all=True),
+}
 
 
 def patchify(pixels: jax.Array, patch: int) -> jax.Array:
@@ -66,19 +76,47 @@ class VisionTransformer(BaseLayer):
             layer=_layer_config()
         )
 
+    hf_writes_subtree = True  # its attention is not a causal LM's
+    # What CLIP's and SigLIP's code fixes: every projection has a bias.
+    hf_implied = {"qkv_bias": True, "attention_bias": True, "mlp_bias": True}
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        """The tower's own fields of a Hugging Face vision config; its layers read theirs."""
+        cfg.image_size = fields.positive_int("image_size")
+        cfg.patch_size = fields.positive_int("patch_size")
+        cfg.num_channels = fields.positive_int("num_channels", 3)
+        cfg.dim = fields.positive_int("hidden_size")
+        fields.get("projection_dim", None)  # CLIP's joint image-text width: not the tower's
+        fields.get("initializer_factor", None)
+        fields.expect("vision_use_head", False, why="the attention-pooling head is not read")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        layer = cfg.transformer.layer
+        ffn = layer.feed_forward
+        kinds = [k for k, v in TOWERS.items() if all(getattr(cfg, f) == x for f, x in v.items())]
+        if not kinds or layer.attention.causal:
+            raise ValueError("a tower neither CLIP's nor SigLIP's (see TOWERS)")
+        return {
+            "model_type": kinds[0],
+            "image_size": cfg.image_size,
+            "patch_size": cfg.patch_size,
+            "num_channels": cfg.num_channels,
+            "hidden_size": cfg.dim,
+            "num_hidden_layers": cfg.transformer.num_layers,
+            "num_attention_heads": layer.attention.num_heads,
+            "intermediate_size": ffn.hidden_dim,
+            "hidden_act": hf_activation(ffn.activation),
+            "layer_norm_eps": cfg.norm.eps,
+        }
+
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if cfg.image_size % cfg.patch_size:
             raise cfg.field_error(
                 "patch_size", f"{cfg.patch_size} does not divide image_size={cfg.image_size}"
             )
-        patch_dim = cfg.num_channels * cfg.patch_size**2
-        self._add_child(
-            "patch_embedding",
-            Linear.default_config().set(
-                input_dim=patch_dim, output_dim=cfg.dim, bias=cfg.patch_bias
-            ),
-        )
         if cfg.pre_norm:
             self._add_child("pre_norm", cfg.norm.clone(input_dim=cfg.dim))
         self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
@@ -91,18 +129,26 @@ class VisionTransformer(BaseLayer):
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         cfg, init = self._config, jax.nn.initializers.normal(0.02)
+        patch = (cfg.dim, cfg.num_channels, cfg.patch_size, cfg.patch_size)
         specs = {
+            # A stride-`patch_size` convolution's weight, in its own layout.
+            "patch_weight": ParameterSpec(patch, self.dtype, ("embed", None, None, None), init),
             "position_embedding": ParameterSpec(
                 (self.num_tokens, cfg.dim), self.dtype, (None, "embed"), init
-            )
+            ),
         }
+        if cfg.patch_bias:
+            specs["patch_bias"] = ParameterSpec((cfg.dim,), self.dtype, ("embed",), init)
         if cfg.class_token:
             specs["class_embedding"] = ParameterSpec((cfg.dim,), self.dtype, ("embed",), init)
         return specs
 
     def forward(self, pixels: jax.Array) -> tuple[jax.Array, jax.Array]:
         cfg = self._config
-        x = self.patch_embedding(patchify(pixels.astype(self.dtype), cfg.patch_size))
+        weight = self.parameters["patch_weight"]
+        x = patchify(pixels.astype(self.dtype), cfg.patch_size) @ weight.reshape(cfg.dim, -1).T
+        if cfg.patch_bias:
+            x = x + self.parameters["patch_bias"]
         if cfg.class_token:
             cls = jnp.broadcast_to(self.parameters["class_embedding"], (x.shape[0], 1, cfg.dim))
             x = jnp.concatenate([cls.astype(x.dtype), x], axis=1)

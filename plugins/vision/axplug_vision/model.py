@@ -1,0 +1,223 @@
+"""A vision-language model: a vision tower's projected features take the place of the image
+placeholder tokens in a language model's (the core `Decoder`'s) input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.interop import (
+    load_architecture,
+    read_fields,
+    registered_architectures,
+    write_fields,
+)
+from axplug.api.layers import BaseLayer, Decoder, cross_entropy
+from axplug_vision.projector import MLPProjector
+from axplug_vision.tower import VisionTransformer
+
+__all__ = [
+    "VisionLanguageModel",
+    "image_embeddings",
+    "placed_features",
+    "text_architecture",
+    "text_fields",
+]
+
+
+def text_architecture(model_type: Any) -> Any:
+    """The installed text family whose model_type is `model_type`, or None."""
+    for name in registered_architectures():
+        arch = load_architecture(name)
+        if arch.model_type == model_type:
+            return arch
+    return None
+
+
+def text_fields(fields: Any) -> tuple[Any, Any]:
+    """(the `text_config` fields read as its family reads them, that family or None)."""
+    text = fields.raw.get("text_config")
+    model_type = text.get("model_type") if isinstance(text, dict) else None
+    arch = text_architecture(model_type)
+    if arch is None:
+        fields.problem(
+            f"text_config.model_type={model_type!r}: no installed text family has it "
+            "(`axplug list --kind architectures`)"
+        )
+        return fields.within("text_config"), None
+    settings = dict(defaults=arch.defaults, aliases=arch.aliases, implied=arch.implied)
+    return fields.within("text_config", **settings), arch
+
+
+def placed_features(input_ids: jax.Array, features: jax.Array, token: int) -> tuple:
+    """(mask, embeddings [batch, seq, dim]): row b's placeholders (`token`) take the rows of
+    `features[b]` [n, dim] in order (a placeholder past the n-th takes the last)."""
+    mask = input_ids == token
+    index = jnp.clip(jnp.cumsum(mask, axis=1) - 1, 0, features.shape[1] - 1)
+    return mask, jnp.take_along_axis(features, index[..., None], axis=1)
+
+
+class VisionLanguageModel(BaseLayer):
+    """Token ids and images -> logits: `encode_images` runs the tower and the projector, and
+    the features take the place of the `image_token_id` tokens (the core `Decoder`'s
+    `inserted`). `pixel_values` [batch, images, channels, height, width] fill each row's
+    placeholders in order; the loss is next-token cross entropy over labels >= 0.
+
+    Hugging Face fields: the language model's from `text_config` (read as its family reads
+    them), the tower's from `vision_config`, the projector's and the image token's from the
+    top level. `vision_feature_layer` keeps the tower's layers up to that one (LLaVA's -2
+    drops the last); an export writes the kept layers and -1."""
+
+    hf_reads_subtree = True
+    hf_writes_subtree = True
+
+    @config_class
+    class Config(BaseLayer.Config):
+        decoder: Decoder.Config = Decoder.default_config()
+        vision: BaseLayer.Config = VisionTransformer.default_config()
+        projector: BaseLayer.Config = MLPProjector.default_config()
+        image_token_id: Required[int] = REQUIRED
+        # The language model's family (`text_config.model_type`): its tensor names.
+        text_model_type: str = "llama"
+        # Drop the tower's class token from the features (LLaVA's "default" strategy).
+        drop_class_token: bool = False
+
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        text, _ = text_fields(fields)
+        read_fields(cfg.decoder, text)
+        cfg.text_model_type = text.raw.get("model_type")
+        implied = getattr(cfg.vision.klass, "hf_implied", {})
+        read_fields(cfg.vision, fields.within("vision_config", implied=implied))
+        read_fields(cfg.projector, fields)
+        cfg.image_token_id = fields.positive_int("image_token_id")
+        strategy = fields.expect("vision_feature_select_strategy", "full", "default")
+        cfg.drop_class_token = strategy == "default"
+        layer, stack = fields.get("vision_feature_layer", -1), cfg.vision.transformer
+        kept = stack.num_layers + 1 + layer if isinstance(layer, int) and layer < 0 else layer
+        if not isinstance(kept, int) or not 0 < kept <= stack.num_layers:
+            fields.problem(
+                f"vision_feature_layer={layer!r} (one layer of the tower's "
+                f"{stack.num_layers}, counted from -1 for the last)"
+            )
+        else:
+            stack.num_layers = kept
+        if bool(fields.get("tie_word_embeddings", False)) != cfg.decoder.tie_word_embeddings:
+            fields.problem("tie_word_embeddings differs from text_config's")
+        per_image = fields.get("image_seq_length", None)
+        if per_image is not None and per_image != cls.tokens_per_image(cfg):
+            fields.problem(
+                f"image_seq_length={per_image!r}, but the tower and projector give "
+                f"{cls.tokens_per_image(cfg)} features per image"
+            )
+
+    @classmethod
+    def tokens_per_image(cls, cfg: Config) -> int:
+        """The features (placeholder tokens) of one image."""
+        tower = cfg.vision
+        patches = (tower.image_size // tower.patch_size) ** 2
+        return patches + int(tower.class_token and not cfg.drop_class_token)
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        text, problems = write_fields(cfg.decoder)
+        arch = text_architecture(cfg.text_model_type)
+        if arch is not None:  # as the core writes a text family's top level
+            text = {**text, **arch.config_fields(cfg)}
+            text = {arch.aliases.get(k, k): v for k, v in text.items()}
+            text = {k: v for k, v in text.items() if k not in arch.implied}
+        vision, more = write_fields(cfg.vision)
+        projector, most = write_fields(cfg.projector)
+        if problems or more or most:
+            raise ValueError("; ".join(problems + more + most))
+        return {
+            "text_config": {**text, "model_type": cfg.text_model_type},
+            "vision_config": vision,
+            **projector,
+            "image_token_id": cfg.image_token_id,
+            "image_seq_length": cls.tokens_per_image(cfg),
+            "tie_word_embeddings": cfg.decoder.tie_word_embeddings,
+        }
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        self._add_child("decoder", cfg.decoder)
+        self._add_child("vision", cfg.vision)
+        width = cfg.vision.dim
+        self._add_child(
+            "projector", cfg.projector.clone(input_dim=width, output_dim=cfg.decoder.dim)
+        )
+
+    def encode_images(self, pixels: jax.Array) -> jax.Array:
+        """[images, channels, height, width] -> features [images, tokens, decoder dim]."""
+        hidden, _ = self.vision(pixels)
+        if self._config.drop_class_token:
+            hidden = hidden[:, 1:]
+        return self.projector(hidden)
+
+    def _inserted(self, input_ids: jax.Array, pixel_values: jax.Array | None):
+        if pixel_values is None:
+            return None
+        b, n = pixel_values.shape[:2]
+        features = self.encode_images(pixel_values.reshape(b * n, *pixel_values.shape[2:]))
+        features = features.reshape(b, -1, features.shape[-1])
+        return placed_features(input_ids, features, self._config.image_token_id)
+
+    def predict(self, input_ids, *, positions=None, segment_ids=None, pixel_values=None):
+        """Logits [batch, seq, vocab]."""
+        inserted = self._inserted(input_ids, pixel_values)
+        return self.decoder(
+            input_ids, positions=positions, segment_ids=segment_ids, inserted=inserted
+        )
+
+    def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None,
+                pixel_values=None):  # fmt: skip
+        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
+        inserted = self._inserted(input_ids, pixel_values)
+        kwargs = dict(positions=positions, segment_ids=segment_ids, inserted=inserted)
+        if self.is_training and self.decoder.fuses_loss:
+            logits = None
+            loss, count = self.decoder.fused_loss(input_ids, target_labels, **kwargs)
+        else:
+            logits = self.decoder(input_ids, **kwargs)
+            loss, count = cross_entropy(logits, target_labels)
+        self.add_summary("loss", loss)
+        return loss, {"logits": logits, "num_tokens": count}
+
+    def init_cache_state(self, batch_size: int, max_len: int) -> dict:
+        """An empty decoding cache for `extend_step`."""
+        return self.decoder.init_cache_state(batch_size, max_len)
+
+    def extend_step(self, input_ids, *, positions, cache_state, logits_at=None, inserted=None):
+        """(logits, new cache) for new tokens after the cached ones; `inserted` (mask,
+        embeddings) as `Decoder.extend_step` takes it (features from `encode_images`)."""
+        return self.decoder.extend_step(
+            input_ids,
+            positions=positions,
+            cache_state=cache_state,
+            logits_at=logits_at,
+            inserted=inserted,
+        )
+
+
+def image_embeddings(model: Any, params: Any, prompt: Any, pixels: Any) -> tuple:
+    """`Request.embeddings` of a prompt with images: (its placeholder indices, the features
+    of `pixels` [images, channels, height, width] by `model.encode_images`, in order)."""
+    import numpy as np
+
+    from axplug.api.layers import functional
+
+    where = np.flatnonzero(np.asarray(prompt) == model.config.image_token_id)
+    features, _ = functional(model, prng_key=None, state=params, inputs=(jnp.asarray(pixels),),
+                             is_training=False, method="encode_images")  # fmt: skip
+    vectors = np.asarray(features, np.float32).reshape(-1, features.shape[-1])
+    if len(where) != len(vectors):
+        raise ConfigError(
+            f"the prompt has {len(where)} image placeholder tokens (id "
+            f"{model.config.image_token_id}), but its {len(pixels)} image(s) give "
+            f"{len(vectors)} features; give one placeholder per image feature"
+        )
+    return where, vectors

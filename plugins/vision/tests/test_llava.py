@@ -1,0 +1,83 @@
+"""LLaVA against transformers: a tiny random LlavaForConditionalGeneration (CLIP tower, LLaMA
+text model, every 1-d weight perturbed) imported, run on real image inputs, decoded and
+exported."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IMAGE = 95  # the image placeholder token
+PROMPT = [1, 7, *[IMAGE] * 16, 12, 30, *[IMAGE] * 16, 44, 3]  # two images of 16 features
+
+
+def tiny_llava():
+    text = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        image_size=16, patch_size=4,
+    )  # fmt: skip
+    config = transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=16
+    )
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config).float().train(False)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def hf_logits(model, ids, pixels):
+    with torch.no_grad():
+        return model(input_ids=torch.as_tensor(ids), pixel_values=torch.as_tensor(pixels)).logits
+
+
+def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
+    from axplug_vision.model import image_embeddings
+
+    from axplug.api.layers import functional
+    from axplug.api.run import SamplingParams, generate, load_checkpoint
+    from axplug_testing import run_cli
+
+    reference = tiny_llava()
+    reference.save_pretrained(tmp_path / "hf")
+    pixels = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ids = np.asarray([PROMPT], np.int32)
+    want = hf_logits(reference, ids, pixels).numpy()
+
+    result = run_cli("import-hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run"),
+                     "--set", "mesh.mesh_shape=(1,1,1,1,1)")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    loaded = load_checkpoint(str(tmp_path / "run"))
+    model = loaded.model
+    # The tower keeps the layers up to vision_feature_layer=-2: 2 of 3.
+    assert model.config.vision.transformer.num_layers == 2
+
+    got, _ = functional(model, prng_key=None, state=loaded.params,
+                        inputs={"input_ids": ids, "pixel_values": pixels[None]},
+                        is_training=False, method="predict")  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
+
+    embeddings = image_embeddings(model, loaded.params, PROMPT, pixels)
+    (completion,) = generate(model, loaded.params, [PROMPT],
+                             SamplingParams(max_new_tokens=16, temperature=0.0),
+                             embeddings=[embeddings])  # fmt: skip
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=torch.as_tensor(ids, dtype=torch.long), pixel_values=torch.as_tensor(pixels),
+            max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
+
+    result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    exported = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
+    assert type(exported).__name__ == "LlavaForConditionalGeneration"
+    again = hf_logits(exported.float().train(False), ids, pixels).numpy()
+    np.testing.assert_allclose(again, want, rtol=0, atol=1e-5)
