@@ -127,6 +127,9 @@ ALLOWED = {
     # A spec the guide cannot compile, a tokenizer it cannot read: the server's 400 names the
     # request field (axplug_serve.guided), by the Guide contract.
     "plugins/structured/axplug_structured/guide.py": 5,
+    # hf_write's ValueError: what config.json cannot express (docs/model-families.md)
+    "plugins/vision/axplug_vision/model.py": 1,
+    "plugins/vision/axplug_vision/tower.py": 1,
     "plugins/structured/axplug_structured/tokens.py": 1,
     "plugins/serve/axplug_serve/worker.py": 1,
     "plugins/serve/axplug_serve/disaggregated.py": 1,

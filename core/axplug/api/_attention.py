@@ -20,13 +20,15 @@ class AttentionMask:
     """Which keys each query may see, and how the scores are biased: positions, segments and
     bias slopes are data, the kind is static. Part of the plugin API (docs/plugin-reference.md).
 
-    A key is allowed when `kv_position <= q_position` (causal), `|q - kv| < sliding_window`
-    and the segment ids are equal. `logit_softcap` (static) soft-caps the scaled scores,
-    `s = cap * tanh(s / cap)` (Gemma 2), before any bias and the mask. `linear_bias_slopes`
-    [heads] adds `-slope[h] * |q_position - kv_position|` to head h's scaled scores (ALiBi).
-    Dispatch gives a cap only to kernels that declare `supports_logit_softcap` and slopes
-    only to those that declare `supports_linear_bias`. Padding and empty cache slots have
-    position `EMPTY_POSITION`, which a causal mask hides.
+    A key is allowed when `kv_position <= q_position` (causal; up to the query's
+    `q_causal_limits` entry instead where given: an image's tokens see the whole image),
+    `q - kv < sliding_window` (`|q - kv|` when not causal) and the segment ids are equal.
+    `logit_softcap` (static) soft-caps the scaled scores, `s = cap * tanh(s / cap)` (Gemma 2),
+    before any bias and the mask. `linear_bias_slopes` [heads] adds `-slope[h] *
+    |q_position - kv_position|` to head h's scaled scores (ALiBi). Dispatch gives a cap only
+    to kernels that declare `supports_logit_softcap`, slopes only to those that declare
+    `supports_linear_bias` and limits only to those that declare `supports_causal_limits`.
+    Padding and empty cache slots have position `EMPTY_POSITION`, which a causal mask hides.
     """
 
     q_positions: jax.Array  # [batch, q_len] int32
@@ -38,16 +40,18 @@ class AttentionMask:
     linear_bias_slopes: jax.Array | None = None  # [heads] float32 (plugin API 1.1)
     # Soft cap of the scaled scores, cap * tanh(s / cap); None: uncapped.
     logit_softcap: float | None = dataclasses.field(default=None, metadata=dict(static=True))
+    q_causal_limits: jax.Array | None = None  # [batch, q_len]; None: the q positions
 
     def dense(self) -> jax.Array:
         """Boolean [batch, 1, q_len, kv_len]: True where attention is allowed."""
         q = self.q_positions[:, :, None]
         k = self.kv_positions[:, None, :]
         allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), dtype=bool)
+        limits = self.q_causal_limits
         if self.causal:
-            allowed &= k <= q
+            allowed &= k <= (q if limits is None else limits[:, :, None])
         if self.sliding_window is not None:
-            allowed &= jnp.abs(q - k) < self.sliding_window
+            allowed &= (q - k if self.causal else jnp.abs(q - k)) < self.sliding_window
         if self.q_segment_ids is not None and self.kv_segment_ids is not None:
             allowed &= self.q_segment_ids[:, :, None] == self.kv_segment_ids[:, None, :]
         return allowed[:, None]

@@ -76,7 +76,7 @@ class HFFields:
         self._prefix = ""  # a nested object's problems are named by its key
 
     def within(self, key: str, **settings: Any) -> HFFields:
-        """The fields of the nested object `key` (a vision-language model's `text_config`),
+        """The fields of the nested object `key` (a vision-language model's text model's),
         read with their own `defaults`, `aliases` and `implied` (`settings`, taken on the
         first call; later calls return the same view). Their reads, problems and unread
         fields are this config.json's, named `key.field`."""

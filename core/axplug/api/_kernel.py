@@ -19,7 +19,10 @@ members it leaves out read these defaults. A dense attention kernel has:
 - `supports_logit_softcap: bool` (optional) - True when the kernel soft-caps its scaled
   scores by `mask.logit_softcap` (`cap * tanh(s / cap)`, before bias and mask: Gemma 2);
   dispatch never gives a mask with a cap to a kernel without it, and `AttentionKernel`'s
-  own `is_supported` answers Unsupported for one.
+  own `is_supported` answers Unsupported for one;
+- `supports_causal_limits: bool` (optional) - True when the kernel lets a query see the
+  keys up to `mask.q_causal_limits` (an image's tokens bidirectionally); dispatch never
+  gives a mask with limits to a kernel without it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Kernel:
     grouped_matmul: bool = False  # a grouped matmul (axplug.kernels.grouped)
     supports_linear_bias: bool = False
     supports_logit_softcap: bool = False
+    supports_causal_limits: bool = False
 
     def availability(self, backend: str | None = None) -> str | None:
         """Why the kernel cannot run on this machine (`axplug list`), or None when it can."""

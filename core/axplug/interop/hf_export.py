@@ -79,8 +79,9 @@ def _try(arch: Any, cfg: Any, source: dict | None) -> tuple[dict | None, list[st
 
 
 def _merged(base: dict, over: dict) -> dict:
-    """`over` on `base`, where a nested model config (`text_config`, `vision_config`) is merged
-    field by field: its fields the run does not write (its `model_type`) are kept."""
+    """`over` on `base`, where a nested model config (a key ending `_config`: a
+    vision-language model's text model) is merged field by field: its fields the run does
+    not write (its model type) are kept."""
     out = dict(base)
     for key, value in over.items():
         nested = key.endswith("_config") and isinstance(value, dict)

@@ -66,6 +66,10 @@ def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoic
             reason = "logit soft-capping (the kernel does not declare supports_logit_softcap)"
             out.append(KernelChoice(name, kernel.priority, False, reason))
             continue
+        if mask.q_causal_limits is not None and not kernel.supports_causal_limits:
+            reason = "causal limits (the kernel does not declare supports_causal_limits)"
+            out.append(KernelChoice(name, kernel.priority, False, reason))
+            continue
         try:
             answer = kernel.is_supported(query, key, value, mask, backend)
         except Exception as exc:  # noqa: BLE001 - a buggy check must not break dispatch

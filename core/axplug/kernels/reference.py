@@ -57,6 +57,7 @@ class ReferenceKernel(AttentionKernel):
     priority = 0
     supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
     supports_logit_softcap = True  # AttentionMask.logit_softcap
+    supports_causal_limits = True  # AttentionMask.q_causal_limits, through dense()
 
     def __call__(self, query, key, value, mask, *, scale):
         return reference_attention(

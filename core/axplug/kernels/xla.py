@@ -23,6 +23,7 @@ class XlaKernel(AttentionKernel):
     # AttentionMask.logit_softcap: jax.nn.dot_product_attention takes no cap, so a capped
     # call runs the reference math, which XLA partitions alike.
     supports_logit_softcap = True
+    supports_causal_limits = True  # through dense()
 
     def is_supported(self, query, key, value, mask, backend):
         if (problem := check_shapes(query, key, value)) is not None:  # Unsupported is falsy

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from axplug.api import AttentionMask, linear_bias
 from axplug.config import REQUIRED, ConfigError, Required, config_class
+from axplug.context import side_input
 from axplug.kernels import reference_attention, select_paged_kernel
 from axplug.layers.base import BaseLayer
 from axplug.layers.basic import Linear
@@ -322,7 +323,9 @@ class Attention(BaseLayer):
         return None if slopes is None else jnp.asarray(slopes, jnp.float32)
 
     def make_mask(self, positions, segment_ids=None) -> AttentionMask:
-        """The self-attention mask; its key side is gathered along the sequence like k, v."""
+        """The self-attention mask; its key side is gathered along the sequence like k, v.
+        A caller's `side_inputs(causal_limits=[batch, seq])` moves each query's causal limit
+        (an image's tokens see the whole image: `AttentionMask.q_causal_limits`)."""
         gathered = lambda a: None if a is None else constrain(a, ("batch", "kv_seq"))  # noqa: E731
         return AttentionMask(
             q_positions=positions,
@@ -333,6 +336,7 @@ class Attention(BaseLayer):
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
             logit_softcap=self._config.logit_softcap,
+            q_causal_limits=side_input("causal_limits"),
         )
 
     def forward(self, x: jax.Array, *, positions: jax.Array, segment_ids=None) -> jax.Array:
@@ -387,6 +391,7 @@ class Attention(BaseLayer):
             sliding_window=self._config.sliding_window,
             linear_bias_slopes=self._slopes(),
             logit_softcap=self._config.logit_softcap,
+            q_causal_limits=side_input("causal_limits"),
         )
         out = self.kernel(q, k_all, v_all, mask)
         return self.output(out.reshape(*out.shape[:2], -1)), cache_state

@@ -86,5 +86,5 @@ class Llava:
         return ("vision_tower.encoder.layers.",)
 
     def config_fields(self, model: Any) -> dict[str, Any]:
-        strategy = "default" if model.drop_class_token else "full"
+        strategy = "default" if getattr(model, "drop_class_token", False) else "full"
         return {"vision_feature_layer": -1, "vision_feature_select_strategy": strategy}

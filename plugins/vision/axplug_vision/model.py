@@ -3,6 +3,7 @@ placeholder tokens in a language model's (the core `Decoder`'s) input."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -15,7 +16,7 @@ from axplug.api.interop import (
     registered_architectures,
     write_fields,
 )
-from axplug.api.layers import BaseLayer, Decoder, cross_entropy
+from axplug.api.layers import BaseLayer, Decoder, cross_entropy, side_inputs
 from axplug_vision.projector import MLPProjector
 from axplug_vision.tower import VisionTransformer
 
@@ -52,6 +53,15 @@ def text_fields(fields: Any) -> tuple[Any, Any]:
     return fields.within("text_config", **settings), arch
 
 
+def image_limits(mask: jax.Array, positions: jax.Array) -> jax.Array:
+    """[batch, seq]: the causal limit of each token (`AttentionMask.q_causal_limits`), the
+    position of the last token of its run of image tokens (`mask`), else its own position."""
+    index = jnp.arange(mask.shape[1])
+    following_text = jax.lax.cummin(jnp.where(mask, mask.shape[1], index), axis=1, reverse=True)
+    last = jnp.take_along_axis(positions, jnp.clip(following_text - 1, 0), axis=1)
+    return jnp.where(mask, last, positions)
+
+
 def placed_features(input_ids: jax.Array, features: jax.Array, token: int) -> tuple:
     """(mask, embeddings [batch, seq, dim]): row b's placeholders (`token`) take the rows of
     `features[b]` [n, dim] in order (a placeholder past the n-th takes the last)."""
@@ -84,6 +94,8 @@ class VisionLanguageModel(BaseLayer):
         text_model_type: str = "llama"
         # Drop the tower's class token from the features (LLaVA's "default" strategy).
         drop_class_token: bool = False
+        # An image's tokens attend to each other both ways (Gemma 3); text stays causal.
+        bidirectional_images: bool = False
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -166,24 +178,34 @@ class VisionLanguageModel(BaseLayer):
         features = features.reshape(b, -1, features.shape[-1])
         return placed_features(input_ids, features, self._config.image_token_id)
 
+    def _attending(self, inserted, positions, like: jax.Array):
+        """The context the decoder runs in: image tokens' causal limits where bidirectional."""
+        if inserted is None or not self._config.bidirectional_images:
+            return contextlib.nullcontext()
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(like.shape[1]), like.shape)
+        return side_inputs(causal_limits=image_limits(inserted[0], positions))
+
     def predict(self, input_ids, *, positions=None, segment_ids=None, pixel_values=None):
         """Logits [batch, seq, vocab]."""
         inserted = self._inserted(input_ids, pixel_values)
-        return self.decoder(
-            input_ids, positions=positions, segment_ids=segment_ids, inserted=inserted
-        )
+        with self._attending(inserted, positions, input_ids):
+            return self.decoder(
+                input_ids, positions=positions, segment_ids=segment_ids, inserted=inserted
+            )
 
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None,
                 pixel_values=None):  # fmt: skip
         """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
         inserted = self._inserted(input_ids, pixel_values)
         kwargs = dict(positions=positions, segment_ids=segment_ids, inserted=inserted)
-        if self.is_training and self.decoder.fuses_loss:
-            logits = None
-            loss, count = self.decoder.fused_loss(input_ids, target_labels, **kwargs)
-        else:
-            logits = self.decoder(input_ids, **kwargs)
-            loss, count = cross_entropy(logits, target_labels)
+        with self._attending(inserted, positions, input_ids):
+            if self.is_training and self.decoder.fuses_loss:
+                logits = None
+                loss, count = self.decoder.fused_loss(input_ids, target_labels, **kwargs)
+            else:
+                logits = self.decoder(input_ids, **kwargs)
+                loss, count = cross_entropy(logits, target_labels)
         self.add_summary("loss", loss)
         return loss, {"logits": logits, "num_tokens": count}
 
@@ -194,13 +216,14 @@ class VisionLanguageModel(BaseLayer):
     def extend_step(self, input_ids, *, positions, cache_state, logits_at=None, inserted=None):
         """(logits, new cache) for new tokens after the cached ones; `inserted` (mask,
         embeddings) as `Decoder.extend_step` takes it (features from `encode_images`)."""
-        return self.decoder.extend_step(
-            input_ids,
-            positions=positions,
-            cache_state=cache_state,
-            logits_at=logits_at,
-            inserted=inserted,
-        )
+        with self._attending(inserted, positions, input_ids):
+            return self.decoder.extend_step(
+                input_ids,
+                positions=positions,
+                cache_state=cache_state,
+                logits_at=logits_at,
+                inserted=inserted,
+            )
 
 
 def image_embeddings(model: Any, params: Any, prompt: Any, pixels: Any) -> tuple:

@@ -39,11 +39,11 @@ def hf_logits(model, ids, pixels):
 
 
 def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
+    from axplug_testing import run_cli
     from axplug_vision.model import image_embeddings
 
     from axplug.api.layers import functional
     from axplug.api.run import SamplingParams, generate, load_checkpoint
-    from axplug_testing import run_cli
 
     reference = tiny_llava()
     reference.save_pretrained(tmp_path / "hf")
@@ -70,8 +70,9 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
                              embeddings=[embeddings])  # fmt: skip
     with torch.no_grad():
         out = reference.generate(
-            input_ids=torch.as_tensor(ids, dtype=torch.long), pixel_values=torch.as_tensor(pixels),
-            max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+            input_ids=torch.as_tensor(ids, dtype=torch.long),
+            pixel_values=torch.as_tensor(pixels), max_new_tokens=16, min_new_tokens=16,
+            do_sample=False, eos_token_id=None, pad_token_id=0,
         )  # fmt: skip
     assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
 
