@@ -307,7 +307,7 @@ def test_the_core_never_names_a_plugin_class_or_a_plugin_layers_hf_field():
     assert {"RotaryPositionTransform", "MoEFeedForward", "Mixtral"} <= classes
     core_files = sorted(CORE.rglob("*.py"))
     plugin_fields = _hf_field_names((ROOT / "plugins").glob("*/axplug_*/**/*.py"))
-    from axplug.api import METADATA_FIELDS
+    from axplug.api._hf import METADATA_FIELDS
 
     own_fields = _hf_field_names(core_files) | METADATA_FIELDS  # every model's: the core's
     only_plugins = plugin_fields - own_fields
