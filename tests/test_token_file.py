@@ -95,6 +95,27 @@ def test_packing_marks_documents_positions_and_boundary_targets(tmp_path):
         np.testing.assert_array_equal(batch["target_labels"][row], want)
 
 
+def test_vector_token_values_aligned_with_the_inputs_travel_with_their_tokens(tmp_path):
+    """An image's pixels stored per placeholder token (`"width"`, `"aligned": "inputs"`)
+    reach every row beside their own tokens, whole, in stream and document rows alike."""
+    docs = documents(8)
+    data = make_data(tmp_path, docs, shard_docs=3)
+    meta = json.loads((data / "meta.json").read_text())
+    for shard in meta["shards"]:
+        tokens = np.fromfile(data / f"{shard['name']}.bin", np.uint16).astype(np.float32)
+        # Each token's values: (the token, its square, -1), so rows can be checked by id.
+        values = np.stack([tokens, tokens**2, -np.ones_like(tokens)], 1)
+        values.tofile(data / f"{shard['name']}.pix.bin")
+    meta["token_values"] = {"pix": {"dtype": "float32", "width": 3, "aligned": "inputs"}}
+    (data / "meta.json").write_text(json.dumps(meta))
+    for rows in ("stream", "documents"):
+        batch = token_input(data, rows=rows, packing=True).batch(0)
+        ids = batch["input_ids"].astype(np.float32)
+        real = (batch["segment_ids"] > 0) if rows == "documents" else np.ones_like(ids, bool)
+        want = np.where(real[..., None], np.stack([ids, ids**2, -np.ones_like(ids)], -1), 0)
+        np.testing.assert_array_equal(batch["pix"], want)
+
+
 def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):
     from axplug.context import functional
     from axplug.layers import CausalLM

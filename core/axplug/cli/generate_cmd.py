@@ -19,6 +19,8 @@ examples:
   axplug generate --checkpoint runs/demo --prompt "To be" --temperature 0 --max-new-tokens 40
   axplug generate --checkpoint runs/llama --prompt-ids 1,15043,29892 --json
   axplug generate --checkpoint runs/demo --prompt "Go" --modifier paged_kv_cache:page_size=32
+  axplug generate --checkpoint runs/llava --prompt "USER: <image> What is this? ASSISTANT:" \
+      --image cat.png --temperature 0
 
 --checkpoint is a run directory of `axplug train` or `axplug import-hf` (or its checkpoints/
 subdirectory); the model config comes from the checkpoint. --prompt text is tokenized with
@@ -59,6 +61,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prompt.add_argument(
         "--prompt-ids", type=_token_ids, metavar="ID,ID,...", help="prompt as token ids"
     )
+    parser.add_argument(
+        "--image", action="append", default=[], metavar="PATH",
+        help="an image for a vision-language model (repeatable): the prompt's image markers "
+        "(LLaVA's <image>) take them in order; a prompt without markers gets one per image "
+        "before it",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=200, metavar="N")
     parser.add_argument(
         "--temperature", type=float, default=1.0, metavar="T", help="0: greedy (default 1.0)"
@@ -146,6 +154,18 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt) if args.prompt is not None else args.prompt_ids
     if not prompt:
         raise UsageError("--prompt: the prompt has no tokens")
+    embeddings = None
+    if args.image:
+        with_images = getattr(loaded.model, "prompt_with_images", None)
+        if with_images is None:
+            raise UsageError(
+                f"--image: the model of {args.checkpoint} ({type(loaded.model).__name__}) "
+                "takes no images; a vision-language model does (axplug-vision)"
+            )
+        prompt, embeddings = with_images(
+            loaded.params, prompt, args.image, tokenizer=tokenizer, allow_files=True,
+            directories=[d for d, _ in loaded.lineage],
+        )  # fmt: skip
     # --stop, else the imported model's eos ids, else the tokenizer's eos.
     stop = tuple(args.stop) or loaded.stop_tokens
     if not stop and tokenizer is not None and tokenizer.eos_id is not None:
@@ -168,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             mesh=loaded.mesh,
             axis_rules=loaded.axis_rules,
         )
-        engine.submit(Request(prompt, sampling))
+        engine.submit(Request(prompt, sampling, embeddings=embeddings))
     except ValueError as exc:  # the engine's own checks of what the options ask for
         raise UsageError(str(exc)) from exc
 

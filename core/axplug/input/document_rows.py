@@ -35,10 +35,14 @@ def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignor
 
     `read(start, count)` returns (tokens, mask or None) of the token stream. A target counts
     where the next token is in the same document, is not padding, and its mask is 1.
-    `values` maps names to `read(start, count)` of per-token float values, served aligned
-    with the targets (0 where a target does not count)."""
+    `values` maps names to (`read(start, count)` of per-token float values, their width, and
+    whether they align with the inputs), served aligned with the targets (0 where a target
+    does not count), or with the inputs (whole)."""
     values = values or {}
-    held = {name: np.zeros((len(rows), length), np.float32) for name in values}
+    held = {
+        name: np.zeros((len(rows), length, *([width] if width > 1 else [])), np.float32)
+        for name, (_, width, _) in values.items()
+    }
     n = len(rows)
     tokens = np.zeros((n, length), np.int64)
     mask = np.zeros((n, length), bool)
@@ -54,7 +58,7 @@ def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignor
             mask[r, at : at + size] = True if kept is None else kept.astype(bool)
             doc[r, at : at + size] = k
             positions[r, at : at + size] = np.arange(size)
-            for name, read_values in values.items():
+            for name, (read_values, _, _) in values.items():
                 held[name][r, at : at + size] = read_values(start, size)
             at += size
     same = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] > 0)
@@ -67,5 +71,8 @@ def row_batch(read, doc_starts: np.ndarray, rows: np.ndarray, length: int, ignor
         batch["positions"] = positions[:, :-1]
     counted = batch["target_labels"] != ignore
     for name, array in held.items():
+        if values[name][2]:  # aligned with the inputs
+            batch[name] = array[:, :-1]
+            continue
         batch[name] = np.where(counted, array[:, 1:], 0.0).astype(np.float32)
     return batch

@@ -30,16 +30,22 @@ __all__ = ["TokenFileInput", "read_meta", "write_shard", "TOKEN_DIR_FORMAT", "IG
 IGNORE_LABEL = -1  # a target the loss skips (CausalLM ignores labels < 0)
 
 
-def _token_values(shard, name: str) -> np.ndarray:
-    """The float32 per-token values NAME of a shard (`shard_NNNNN.NAME.bin`), size checked."""
+def _token_values(shard, name: str, width: int) -> np.ndarray:
+    """The float32 per-token values NAME of a shard (`shard_NNNNN.NAME.bin`; `width` of them
+    per token, [tokens, width] when more than one), size checked."""
     path = shard.path.with_name(f"{shard.path.stem}.{name}.bin")
     n = len(shard.tokens)
-    if not path.is_file() or file_size(path) != 4 * n:
+    if not path.is_file() or file_size(path) != 4 * n * width:
         raise ConfigFileError(
-            f"{path}: missing or not a float32 per token of {shard.path.name} (meta.json lists "
-            f"token values {name!r}): write them again with the command that made them"
+            f"{path}: missing or not {width} float32 per token of {shard.path.name} (meta.json "
+            f"lists token values {name!r}): write them again with the command that made them"
         )
-    return file_array(path, np.float32, n)
+    values = file_array(path, np.float32, n * width)
+    if width == 1:
+        return values
+    if not isinstance(values, np.ndarray):
+        raise ConfigFileError(f"{path}: {width} values per token are read from local disk only")
+    return values.reshape(n, width)
 
 
 def _root(cfg):
@@ -72,7 +78,9 @@ class TokenFileInput(StepInput):
 
     Per-token values a data directory lists in meta.json's `token_values` (files
     `shard_NNNNN.NAME.bin`, float32; e.g. reference log-probabilities written by a plugin)
-    are served under NAME aligned with the targets, 0 where a target does not count.
+    are served under NAME aligned with the targets, 0 where a target does not count; an entry
+    with `"width": W` has W per token ([batch, seq, W]), one with `"aligned": "inputs"` is
+    aligned with the input ids and served whole (an image's pixels at its placeholders).
     """
 
     @config_class
@@ -119,15 +127,17 @@ class TokenFileInput(StepInput):
             )  # fmt: skip
         self._paths, self._shards, starts, doc_starts = [], [], [0], [np.zeros(1, np.int64)]
         self._masks = []
-        self._values: dict[str, list[np.ndarray]] = {
-            n: [] for n in self.meta.get("token_values", {})
+        listed = self.meta.get("token_values", {})
+        self._values: dict[str, list[np.ndarray]] = {n: [] for n in listed}
+        self._value_specs = {
+            n: (int(e.get("width", 1)), e.get("aligned") == "inputs") for n, e in listed.items()
         }
         for shard in open_shards(root, self.meta):  # sizes checked against meta.json, docs.npy
             self._paths.append(shard.path)
             self._shards.append(shard.tokens)
             self._masks.append(shard.mask)
             for name, arrays in self._values.items():
-                arrays.append(_token_values(shard, name))
+                arrays.append(_token_values(shard, name, self._value_specs[name][0]))
             doc_starts.append(shard.docs[1:] + starts[-1])
             starts.append(starts[-1] + len(shard.tokens))
         self._offsets = np.asarray(starts, np.int64)  # global token offset of each shard
@@ -237,8 +247,11 @@ class TokenFileInput(StepInput):
             batch["target_labels"] = np.where(kept > 0, batch["target_labels"], IGNORE_LABEL)
         batch = {k: v.astype(np.int32) for k, v in batch.items()}
         for name, arrays in self._values.items():
-            got = np.stack([self._read(s + 1, cfg.seq_len, arrays, np.float32) for s in starts])
-            batch[name] = np.where(batch["target_labels"] >= 0, got, 0.0).astype(np.float32)
+            inputs = self._value_specs[name][1]
+            got = np.stack([self._read(s + 1 - inputs, cfg.seq_len, arrays, np.float32)
+                            for s in starts])  # fmt: skip
+            counted = (batch["target_labels"] >= 0).reshape(*got.shape[:2], *[1] * (got.ndim - 2))
+            batch[name] = got if inputs else np.where(counted, got, 0.0).astype(np.float32)
         return batch
 
     def _document_batch(self, samples) -> Batch:
@@ -249,7 +262,8 @@ class TokenFileInput(StepInput):
         for r in samples:
             epoch, index = divmod(r // group, self.num_windows)
             rows.append(self._rows[int(self._permutation(epoch)[index]) * group + r % group])
-        values = {name: functools.partial(self._read, arrays=arrays, dtype=np.float32)
+        read = functools.partial(self._read, dtype=np.float32)
+        values = {name: (functools.partial(read, arrays=arrays), *self._value_specs[name])
                   for name, arrays in self._values.items()}  # fmt: skip
         batch = row_batch(self._read_masked, self._doc_starts, np.asarray(rows),
                           cfg.seq_len + 1, IGNORE_LABEL, cfg.packing, values)  # fmt: skip

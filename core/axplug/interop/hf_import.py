@@ -156,9 +156,14 @@ def import_hf(
     )
 
 
-# A Hugging Face model's tokenizer, with its special-token config: copied beside the import,
-# where `axplug generate` finds it.
-COPIED_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_config.json")
+# A Hugging Face model's tokenizer, with its special-token config, and its image processor's
+# settings: copied beside the import, where `axplug generate` finds them.
+COPIED_TOKENIZER_FILES = (
+    *TOKENIZER_FILES,
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
 
 
 # What an import writes beside its checkpoint; a rerun removes their temporary files.

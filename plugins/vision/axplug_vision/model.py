@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.api.config import REQUIRED, ConfigError, Required, config_class
+from axplug.api.config import REQUIRED, Required, config_class
 from axplug.api.interop import (
     load_architecture,
     read_fields,
@@ -22,7 +22,6 @@ from axplug_vision.tower import VisionTransformer
 
 __all__ = [
     "VisionLanguageModel",
-    "image_embeddings",
     "placed_features",
     "text_architecture",
     "text_fields",
@@ -96,6 +95,12 @@ class VisionLanguageModel(BaseLayer):
         drop_class_token: bool = False
         # An image's tokens attend to each other both ways (Gemma 3); text stays causal.
         bidirectional_images: bool = False
+        # Tokens around an image's placeholders (Gemma 3: <start_of_image>, <end_of_image>,
+        # with "\n\n" outside them); None: none. A prompt marks an image by the begin token
+        # where there is one, else by the placeholder (`axplug_vision.prompts`).
+        image_begin_id: int | None = None
+        image_end_id: int | None = None
+        image_text_around: str = ""
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -128,7 +133,11 @@ class VisionLanguageModel(BaseLayer):
 
     @classmethod
     def tokens_per_image(cls, cfg: Config) -> int:
-        """The features (placeholder tokens) of one image."""
+        """The features (placeholder tokens) of one image: a pooling projector's count (its
+        `tokens_per_image`), else the tower's."""
+        pooled = getattr(cfg.projector, "tokens_per_image", None)
+        if isinstance(pooled, int):
+            return pooled
         tower = cfg.vision
         patches = (tower.image_size // tower.patch_size) ** 2
         return patches + int(tower.class_token and not cfg.drop_class_token)
@@ -170,6 +179,22 @@ class VisionLanguageModel(BaseLayer):
             hidden = hidden[:, 1:]
         return self.projector(hidden)
 
+    def pixels_from_tokens(self, input_ids: jax.Array, image_pixels: jax.Array) -> jax.Array:
+        """[batch, images, channels, height, width] of a batch whose placeholder tokens carry
+        their image (`image_pixels` [batch, seq, values]: each image's pixels flattened and
+        split evenly over its placeholders, as prepared data stores them); a row holds up to
+        seq / tokens_per_image images, the rest zeros."""
+        cfg, (b, s) = self._config, input_ids.shape
+        tower, per_image = cfg.vision, type(self).tokens_per_image(cfg)
+        slots = -(-s // per_image) * per_image
+        mask = input_ids == cfg.image_token_id
+        index = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, slots)
+        rows = jnp.arange(b)[:, None]
+        flat = jnp.zeros((b, slots, image_pixels.shape[-1]), image_pixels.dtype)
+        flat = flat.at[rows, index].set(image_pixels, mode="drop")
+        shape = (tower.num_channels, tower.image_size, tower.image_size)
+        return flat.reshape(b, slots // per_image, *shape)
+
     def _inserted(self, input_ids: jax.Array, pixel_values: jax.Array | None):
         if pixel_values is None:
             return None
@@ -195,8 +220,11 @@ class VisionLanguageModel(BaseLayer):
             )
 
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None,
-                pixel_values=None):  # fmt: skip
-        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs."""
+                pixel_values=None, image_pixels=None):  # fmt: skip
+        """(loss, {"logits", "num_tokens"}) for next-token targets aligned with the inputs;
+        images as `pixel_values`, or per placeholder token (`image_pixels`, prepared data)."""
+        if image_pixels is not None:
+            pixel_values = self.pixels_from_tokens(input_ids, image_pixels)
         inserted = self._inserted(input_ids, pixel_values)
         kwargs = dict(positions=positions, segment_ids=segment_ids, inserted=inserted)
         with self._attending(inserted, positions, input_ids):
@@ -225,22 +253,9 @@ class VisionLanguageModel(BaseLayer):
                 inserted=inserted,
             )
 
+    def prompt_with_images(self, params, ids, images, **options):
+        """(expanded ids, `Request.embeddings`): see `axplug_vision.prompts.prompt_with_images`
+        (the hook `axplug generate --image` and `axplug serve` call)."""
+        from axplug_vision.prompts import prompt_with_images
 
-def image_embeddings(model: Any, params: Any, prompt: Any, pixels: Any) -> tuple:
-    """`Request.embeddings` of a prompt with images: (its placeholder indices, the features
-    of `pixels` [images, channels, height, width] by `model.encode_images`, in order)."""
-    import numpy as np
-
-    from axplug.api.layers import functional
-
-    where = np.flatnonzero(np.asarray(prompt) == model.config.image_token_id)
-    features, _ = functional(model, prng_key=None, state=params, inputs=(jnp.asarray(pixels),),
-                             is_training=False, method="encode_images")  # fmt: skip
-    vectors = np.asarray(features, np.float32).reshape(-1, features.shape[-1])
-    if len(where) != len(vectors):
-        raise ConfigError(
-            f"the prompt has {len(where)} image placeholder tokens (id "
-            f"{model.config.image_token_id}), but its {len(pixels)} image(s) give "
-            f"{len(vectors)} features; give one placeholder per image feature"
-        )
-    return where, vectors
+        return prompt_with_images(self, params, ids, images, **options)

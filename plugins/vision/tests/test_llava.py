@@ -2,6 +2,8 @@
 text model, every 1-d weight perturbed) imported, run on real image inputs, decoded and
 exported."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -39,14 +41,18 @@ def hf_logits(model, ids, pixels):
 
 
 def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
+    import jax
     from axplug_testing import run_cli
-    from axplug_vision.model import image_embeddings
+    from axplug_vision.prompts import image_embeddings
 
     from axplug.api.layers import functional
     from axplug.api.run import SamplingParams, generate, load_checkpoint
 
     reference = tiny_llava()
     reference.save_pretrained(tmp_path / "hf")
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
+                                                crop_size={"height": 16, "width": 16})  # fmt: skip
+    processor.save_pretrained(tmp_path / "hf")
     pixels = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
     ids = np.asarray([PROMPT], np.int32)
     want = hf_logits(reference, ids, pixels).numpy()
@@ -59,9 +65,10 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     # The tower keeps the layers up to vision_feature_layer=-2: 2 of 3.
     assert model.config.vision.transformer.num_layers == 2
 
-    got, _ = functional(model, prng_key=None, state=loaded.params,
-                        inputs={"input_ids": ids, "pixel_values": pixels[None]},
-                        is_training=False, method="predict")  # fmt: skip
+    predict = jax.jit(lambda params, inputs: functional(
+        model, prng_key=None, state=params, inputs=inputs, is_training=False, method="predict"
+    )[0])  # fmt: skip
+    got = predict(loaded.params, {"input_ids": ids, "pixel_values": pixels[None]})
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
 
     embeddings = image_embeddings(model, loaded.params, PROMPT, pixels)
@@ -82,3 +89,25 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     assert type(exported).__name__ == "LlavaForConditionalGeneration"
     again = hf_logits(exported.float().train(False), ids, pixels).numpy()
     np.testing.assert_allclose(again, want, rtol=0, atol=1e-5)
+
+    # `generate --image`: a PNG through the copied image processor and the model's tower,
+    # the prompt's image marker expanded to the model's placeholders.
+    from PIL import Image
+
+    rgb = np.random.default_rng(1).integers(0, 256, (40, 28, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "image.png")
+    result = run_cli("generate", "--checkpoint", str(tmp_path / "run"), "--prompt-ids",
+                     f"1,7,{IMAGE},12,30", "--image", str(tmp_path / "image.png"),
+                     "--max-new-tokens", "16", "--temperature", "0", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    printed = json.loads(result.stdout)
+    expanded = [1, 7, *[IMAGE] * 16, 12, 30]
+    assert printed["prompt_ids"] == expanded
+    with Image.open(tmp_path / "image.png") as image:
+        pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=torch.as_tensor([expanded]), pixel_values=pixels, max_new_tokens=16,
+            min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert printed["output_ids"] == out[0, len(expanded) :].tolist()

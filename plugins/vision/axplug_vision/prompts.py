@@ -1,0 +1,142 @@
+"""Prompts with images: each image marker token becomes the model's image sequence, whose
+placeholders take the image's features (`Request.embeddings`)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from axplug.api.config import ConfigError
+from axplug.api.layers import functional
+
+__all__ = [
+    "image_marker",
+    "expand_images",
+    "image_pixels",
+    "image_embeddings",
+    "prompt_with_images",
+]
+
+_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def image_marker(cfg: Any) -> int:
+    """The token that stands for one image in a rendered prompt: the begin-of-image token
+    where the model has one (Gemma 3), else the image placeholder itself (LLaVA)."""
+    return cfg.image_token_id if cfg.image_begin_id is None else cfg.image_begin_id
+
+
+def expand_images(ids: Sequence[int], cfg: Any, tokenizer: Any = None) -> list[int]:
+    """`ids` with each image marker replaced by the model's image sequence: its
+    `tokens_per_image` placeholders, between the begin and end tokens and the text around
+    them where the model has those (Gemma 3: "\\n\\n<start_of_image>...<end_of_image>\\n\\n")."""
+    from axplug_vision.model import VisionLanguageModel
+
+    image = [cfg.image_token_id] * VisionLanguageModel.tokens_per_image(cfg)
+    if cfg.image_begin_id is not None:
+        around = tokenizer.encode(cfg.image_text_around) if cfg.image_text_around else []
+        image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
+    marker, out = image_marker(cfg), []
+    for token in ids:
+        out += image if token == marker else [token]
+    return out
+
+
+def image_pixels(images: Sequence[Any], directories: Sequence[str], cfg: Any) -> np.ndarray:
+    """[images, channels, height, width]: `images` (PIL images) through the processor of the
+    first of `directories` with a preprocessor_config.json, checked against the tower."""
+    from axplug_vision.preprocess import image_processor, read_preprocessor_config
+
+    home = next((d for d in directories if _has_processor(d)), None)
+    if home is None:
+        raise ConfigError(
+            f"no preprocessor_config.json in {', '.join(directories)}: images need the "
+            "model's image processor settings (import the model from a Hugging Face "
+            "checkpoint that has them, or copy the file beside the run's tokenizer)"
+        )
+    pixels = image_processor(read_preprocessor_config(home))(list(images))["pixel_values"]
+    tower = cfg.vision
+    want = (tower.num_channels, tower.image_size, tower.image_size)
+    if tuple(pixels.shape[1:]) != want:
+        raise ConfigError(
+            f"{home}/preprocessor_config.json makes images of {list(pixels.shape[1:])}, but "
+            f"the model's tower takes {list(want)}"
+        )
+    return pixels
+
+
+def _has_processor(directory: str) -> bool:
+    names = ("preprocessor_config.json", "processor_config.json")
+    return any(os.path.isfile(os.path.join(directory, n)) for n in names)
+
+
+def _encoder(model: Any):
+    """`model.encode_images` jitted, once per model."""
+    if model not in _ENCODERS:
+
+        def encode(params, pixels):
+            return functional(model, prng_key=None, state=params, inputs=(pixels,),
+                              is_training=False, method="encode_images")[0]  # fmt: skip
+
+        _ENCODERS[model] = jax.jit(encode)
+    return _ENCODERS[model]
+
+
+def image_embeddings(model: Any, params: Any, ids: Sequence[int], pixels: Any) -> tuple:
+    """`Request.embeddings` of expanded prompt `ids` with images `pixels` [images, channels,
+    height, width]: (its placeholder indices, the images' features, in order)."""
+    cfg = model.config
+    where = np.flatnonzero(np.asarray(ids) == cfg.image_token_id)
+    features = np.asarray(_encoder(model)(params, np.asarray(pixels, np.float32)), np.float32)
+    vectors = features.reshape(-1, features.shape[-1])
+    if len(where) != len(vectors):
+        raise ConfigError(
+            f"the prompt has {len(where)} image placeholder tokens (id {cfg.image_token_id}), "
+            f"but its {len(pixels)} image(s) give {len(vectors)} features; give one "
+            "placeholder per image feature"
+        )
+    return where, vectors
+
+
+def prompt_with_images(
+    model: Any,
+    params: Any,
+    ids: Sequence[int],
+    images: Sequence[Any],
+    *,
+    tokenizer: Any = None,
+    directories: Sequence[str] = (),
+    allow_files: bool = False,
+    max_bytes: int = 20 * 2**20,
+    max_pixels: int = 50_000_000,
+) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+    """(the expanded prompt, its `Request.embeddings`) of token `ids` with `images` (data
+    URLs, local paths where `allow_files`, or PIL images): one image marker per image (none:
+    one marker per image is put before the prompt), features from the model's tower."""
+    from axplug_vision.images import load_image
+
+    cfg, marker = model.config, image_marker(model.config)
+    loaded = [
+        image if hasattr(image, "size") else load_image(
+            image, allow_files=allow_files, max_bytes=max_bytes, max_pixels=max_pixels
+        )
+        for image in images
+    ]  # fmt: skip
+    markers = sum(1 for t in ids if t == marker)
+    if markers == 0:
+        ids = [marker] * len(loaded) + list(ids)
+    elif markers != len(loaded):
+        raise ConfigError(
+            f"the prompt has {markers} image marker(s) (token {marker}) for {len(loaded)} "
+            "image(s); give one per image, or none to put them all before the prompt"
+        )
+    expanded = expand_images(ids, cfg, tokenizer)
+    if not loaded:
+        return expanded, None
+    pixels = image_pixels(loaded, directories, cfg)
+    return expanded, image_embeddings(model, params, expanded, pixels)
