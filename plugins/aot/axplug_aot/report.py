@@ -307,6 +307,11 @@ def compile_report(
     seq = cfg.input.seq_len
     token = jax.ShapeDtypeStruct((batch, seq), jax.numpy.int32, sharding=trainer.batch_sharding)
     abstract_batch = {"input_ids": token, "target_labels": token}
+    # A model that takes more than tokens (a vision-language model's images) names them.
+    planning_inputs = getattr(type(trainer.model), "planning_inputs", None)
+    if planning_inputs is not None:
+        for name, (dims, dtype) in planning_inputs(cfg.model, batch, seq).items():
+            abstract_batch[name] = jax.ShapeDtypeStruct(dims, dtype, sharding=token.sharding)
     start = time.perf_counter()
     lowered = trainer.lower_step(abstract_batch)
     if dump_dir is None:

@@ -132,6 +132,14 @@ class VisionLanguageModel(BaseLayer):
             )
 
     @classmethod
+    def planning_inputs(cls, cfg: Config, batch: int, seq: int) -> dict:
+        """The inputs a train step takes besides token ids, as (shape, dtype) for `axplug
+        aot`: every token's share of its image's pixels (`image_pixels`)."""
+        tower = cfg.vision
+        pixels = tower.num_channels * tower.image_size**2
+        return {"image_pixels": ((batch, seq, pixels // cls.tokens_per_image(cfg)), "float32")}
+
+    @classmethod
     def tokens_per_image(cls, cfg: Config) -> int:
         """The features (placeholder tokens) of one image: a pooling projector's count (its
         `tokens_per_image`), else the tower's."""
@@ -259,3 +267,9 @@ class VisionLanguageModel(BaseLayer):
         from axplug_vision.prompts import prompt_with_images
 
         return prompt_with_images(self, params, ids, images, **options)
+
+    def image_marker_text(self, tokenizer):
+        """The text of one image in a prompt (`axplug_vision.prompts.image_marker_text`)."""
+        from axplug_vision.prompts import image_marker_text
+
+        return image_marker_text(self.config, tokenizer)

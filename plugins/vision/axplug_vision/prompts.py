@@ -16,6 +16,7 @@ from axplug.api.layers import functional
 
 __all__ = [
     "image_marker",
+    "image_marker_text",
     "expand_images",
     "image_pixels",
     "image_embeddings",
@@ -29,6 +30,20 @@ def image_marker(cfg: Any) -> int:
     """The token that stands for one image in a rendered prompt: the begin-of-image token
     where the model has one (Gemma 3), else the image placeholder itself (LLaVA)."""
     return cfg.image_token_id if cfg.image_begin_id is None else cfg.image_begin_id
+
+
+def image_marker_text(cfg: Any, tokenizer: Any) -> str:
+    """The text that `tokenizer` encodes as the image marker token alone (LLaVA's "<image>"):
+    what a chat message's image becomes before its prompt is encoded."""
+    marker = image_marker(cfg)
+    text = tokenizer.decode([marker])
+    if not text or tokenizer.encode(text) != [marker]:
+        raise ConfigError(
+            f"the tokenizer spells the image marker token {marker} as {text!r}, which does not "
+            "encode back to that token alone; give the model a tokenizer that has it as an "
+            "added token (its Hugging Face tokenizer.json)"
+        )
+    return text
 
 
 def expand_images(ids: Sequence[int], cfg: Any, tokenizer: Any = None) -> list[int]:

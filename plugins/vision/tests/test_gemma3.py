@@ -1,0 +1,125 @@
+"""Gemma 3 against transformers: a tiny random Gemma3ForConditionalGeneration (SigLIP tower,
+Gemma 3 text model with a sliding and a full layer, every 1-d weight perturbed) imported, run
+on a prompt with two images wrapped as Gemma 3's processor wraps them, decoded and exported."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+BOI, EOI, IMAGE = 100, 101, 102  # begin-of-image, end-of-image, the image placeholder
+WRAPPED = [BOI, *[IMAGE] * 4, EOI]  # one image: 4 pooled tokens
+PROMPT = [1, 7, 9, *WRAPPED, 12, 30, 5, 8, *WRAPPED, 44, 3, 17]
+
+
+def tiny_gemma3():
+    text = transformers.Gemma3TextConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+        sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        image_size=16, patch_size=4, vision_use_head=False,
+    )  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4,
+        boi_token_index=BOI, eoi_token_index=EOI, image_token_index=IMAGE,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).float().train(False)
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.2)
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def hf_inputs(ids, pixels):
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    # The processor's token types: 1 at the placeholders, so each image's run is bidirectional.
+    return dict(input_ids=ids, pixel_values=torch.as_tensor(pixels),
+                token_type_ids=(ids == IMAGE).long())  # fmt: skip
+
+
+def hf_logits(model, ids, pixels):
+    with torch.no_grad():
+        return model(**hf_inputs(ids, pixels)).logits.numpy()
+
+
+def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
+    import jax
+    from axplug_testing import run_cli
+    from axplug_vision.prompts import image_embeddings
+
+    from axplug.api.layers import functional
+    from axplug.api.run import SamplingParams, generate, load_checkpoint
+
+    reference = tiny_gemma3()
+    reference.save_pretrained(tmp_path / "hf")
+    pixels = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ids = np.asarray([PROMPT], np.int32)
+    want = hf_logits(reference, ids, pixels)
+
+    result = run_cli("import-hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run"),
+                     "--set", "mesh.mesh_shape=(1,1,1,1,1)")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    loaded = load_checkpoint(str(tmp_path / "run"))
+    model = loaded.model
+    assert model.tokens_per_image(model.config) == 4
+    assert (model.config.image_begin_id, model.config.image_end_id) == (BOI, EOI)
+
+    def predict(model):
+        @jax.jit
+        def run(params, ids, pixels):
+            inputs = {"input_ids": ids, "pixel_values": pixels}
+            return functional(model, prng_key=None, state=params, inputs=inputs,
+                              is_training=False, method="predict")[0]  # fmt: skip
+
+        return np.asarray(run(loaded.params, ids, pixels[None]))
+
+    got = predict(model)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # An image's first token sees the image's later tokens: without that, it computes else.
+    causal = predict(model.config.clone(bidirectional_images=False).instantiate(parent=None))
+    first = PROMPT.index(IMAGE)
+    assert np.abs(causal[0, first] - want[0, first]).max() > 1e-3
+
+    embeddings = image_embeddings(model, loaded.params, PROMPT, pixels)
+    (completion,) = generate(model, loaded.params, [PROMPT],
+                             SamplingParams(max_new_tokens=16, temperature=0.0),
+                             embeddings=[embeddings])  # fmt: skip
+    with torch.no_grad():
+        out = reference.generate(**hf_inputs(ids, pixels), max_new_tokens=16, min_new_tokens=16,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+    assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
+
+    result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["boi_token_index"], written["eoi_token_index"]) == (BOI, EOI)
+    exported = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
+    assert type(exported).__name__ == "Gemma3ForConditionalGeneration"
+    again = hf_logits(exported.float().train(False), ids, pixels)
+    np.testing.assert_allclose(again, want, rtol=0, atol=1e-5)
+
+
+def test_a_projector_that_cannot_pool_the_patches_is_an_error():
+    from axplug_vision.gemma3 import Gemma3Projector
+
+    from axplug.api.config import ConfigError
+    from axplug.api.layers import functional
+
+    cfg = Gemma3Projector.default_config().set(input_dim=8, output_dim=4, tokens_per_image=5)
+    with pytest.raises(ConfigError, match="tokens_per_image: 5 is not a square number"):
+        cfg.instantiate(parent=None)
+    projector = cfg.set(tokens_per_image=9).instantiate(parent=None)
+    params = {"norm": {"scale": np.zeros(8)}, "projection": {"weight": np.zeros((8, 4))}}
+    features = np.zeros((1, 16, 8), np.float32)
+    with pytest.raises(ConfigError, match="9 does not pool a 4x4 grid of 16 patches"):
+        functional(projector, prng_key=None, state=params, inputs=(features,), is_training=False)
