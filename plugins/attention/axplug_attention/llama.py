@@ -34,8 +34,8 @@ def llama_base(fields: HFFields, *, preset: Any = None, modifiers: Sequence[str]
     )
     attention = cfg.model.decoder.transformer.layer.attention
     attention.position = RotaryPositionTransform.default_config()
-    heads = fields.raw.get(fields.name("num_attention_heads"))
-    kv_heads = fields.raw.get(fields.name("num_key_value_heads"))
+    heads = fields.get("num_attention_heads", None)  # the family's default where absent
+    kv_heads = fields.get("num_key_value_heads", None)
     if kv_heads is not None and kv_heads != heads:
         attention.qkv = GroupedQKVLinear.default_config().set(linear=attention.qkv.linear)
     for spec in modifiers:

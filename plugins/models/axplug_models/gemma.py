@@ -150,7 +150,22 @@ class Gemma3(Gemma2):
 
     architecture = "Gemma3ForCausalLM"
     model_type = "gemma3_text"
-    defaults: Mapping[str, Any] = {**Gemma.defaults, "sliding_window_pattern": 6}
+    # Gemma3TextConfig's: published configs (a vision-language model's text_config) are sparse.
+    defaults: Mapping[str, Any] = {
+        **Gemma.defaults,
+        "sliding_window_pattern": 6,
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+    }
 
     def base_config(self, fields: HFFields) -> Any:
         return _gemma2_like(fields, qk_norm=True)

@@ -33,7 +33,9 @@ def vision_tower_base(kind: Any) -> Any:
 def vision_tower_config(hf: dict) -> Any:
     """The `VisionTransformer` config of a vision tower's config fields (`to_dict()`)."""
     cfg = vision_tower_base(hf.get("model_type"))
-    fields = HFFields(hf, source="vision_config", implied=VisionTransformer.hf_implied)
+    defaults = VisionTransformer.hf_defaults[hf["model_type"]]
+    fields = HFFields(hf, source="vision_config", defaults=defaults,
+                      implied=VisionTransformer.hf_implied)  # fmt: skip
     read_fields(cfg, fields)
     unread = fields.unread()
     if unread or fields.problems:

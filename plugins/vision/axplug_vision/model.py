@@ -22,6 +22,7 @@ from axplug_vision.tower import VisionTransformer
 
 __all__ = [
     "VisionLanguageModel",
+    "vision_fields",
     "placed_features",
     "text_architecture",
     "text_fields",
@@ -50,6 +51,16 @@ def text_fields(fields: Any) -> tuple[Any, Any]:
         return fields.within("text_config"), None
     settings = dict(defaults=arch.defaults, aliases=arch.aliases, implied=arch.implied)
     return fields.within("text_config", **settings), arch
+
+
+def vision_fields(fields: Any, tower: Any) -> Any:
+    """The `vision_config` fields read as the tower's Hugging Face config class reads them
+    (its defaults for the fields a published config leaves out, what its code fixes)."""
+    vision = fields.raw.get("vision_config")
+    kind = vision.get("model_type") if isinstance(vision, dict) else None
+    defaults = getattr(tower.klass, "hf_defaults", {}).get(kind, {})
+    implied = getattr(tower.klass, "hf_implied", {})
+    return fields.within("vision_config", defaults=defaults, implied=implied)
 
 
 def image_limits(mask: jax.Array, positions: jax.Array) -> jax.Array:
@@ -107,8 +118,7 @@ class VisionLanguageModel(BaseLayer):
         text, _ = text_fields(fields)
         read_fields(cfg.decoder, text)
         cfg.text_model_type = text.raw.get("model_type")
-        implied = getattr(cfg.vision.klass, "hf_implied", {})
-        read_fields(cfg.vision, fields.within("vision_config", implied=implied))
+        read_fields(cfg.vision, vision_fields(fields, cfg.vision))
         read_fields(cfg.projector, fields)
         cfg.image_token_id = fields.positive_int("image_token_id")
         strategy = fields.expect("vision_feature_select_strategy", "full", "default")

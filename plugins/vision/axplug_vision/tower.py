@@ -24,8 +24,18 @@ from axplug.api.layers import (
     hf_activation,
 )
 
-__all__ = ["TOWERS", "VisionTransformer", "patchify"]
+__all__ = ["HF_DEFAULTS", "TOWERS", "VisionTransformer", "patchify"]
 
+# Each tower's Hugging Face config class's values, for the fields a published (sparse)
+# vision_config leaves out.
+_VIT_BASE = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                 num_attention_heads=12, num_channels=3, attention_dropout=0.0)  # fmt: skip
+HF_DEFAULTS = {
+    "clip_vision_model": dict(_VIT_BASE, image_size=224, patch_size=32, hidden_act="quick_gelu",
+                              layer_norm_eps=1e-5),  # fmt: skip
+    "siglip_vision_model": dict(_VIT_BASE, image_size=224, patch_size=16,
+                                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),  # fmt: skip
+}
 # Hugging Face vision config model_type -> how the tower differs from the ViT defaults.
 TOWERS = {
     # A class token, a pre-norm, the post-norm on the pooled class token only.
@@ -72,13 +82,14 @@ class VisionTransformer(BaseLayer):
         # The post-norm on every token (SigLIP), or on the pooled class token only (CLIP).
         post_norm_all: bool = False
         norm: LayerNorm.Config = LayerNorm.default_config()
-        transformer: StackedTransformer.Config = StackedTransformer.default_config().set(
+        transformer: BaseLayer.Config = StackedTransformer.default_config().set(
             layer=_layer_config()
         )
 
     hf_writes_subtree = True  # its attention is not a causal LM's
     # What CLIP's and SigLIP's code fixes: every projection has a bias.
     hf_implied = {"qkv_bias": True, "attention_bias": True, "mlp_bias": True}
+    hf_defaults = HF_DEFAULTS  # by model_type
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:

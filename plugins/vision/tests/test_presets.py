@@ -1,5 +1,5 @@
-"""The LLaVA 1.5 7B planning preset is the published model (less the tower's last layer, whose
-output no feature takes), and `axplug aot` plans a step with its images."""
+"""The vision-language planning presets are the published models (less the tower layers whose
+output no feature takes), and `axplug aot` plans a step with their images."""
 
 import jax
 import numpy as np
@@ -7,22 +7,38 @@ import pytest
 
 from axplug.api.config import preset_config, resolve_preset
 
+# Parameter counts of the published checkpoints (their safetensors index totals / 2 bytes),
+# and the tower layers whose output no feature takes (read into no parameter).
+PUBLISHED = {"llava-1.5-7b": (7_063_427_072, 1), "gemma3-4b-vision": (4_300_079_472, 0)}
 
-def test_llava_preset_counts_what_transformers_builds_less_the_unused_layer():
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_vision_preset_counts_what_transformers_builds(name):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg = preset_config("llava-1.5-7b")
+    cfg = preset_config(name)
     shapes = jax.eval_shape(cfg.model.instantiate().initialize_parameters_recursively,
                             jax.random.PRNGKey(0))  # fmt: skip
     ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
-    raw = {k: v for k, v in resolve_preset("llava-1.5-7b").config_json.items()
-           if k not in ("architectures", "torch_dtype")}  # fmt: skip
+    raw = dict(resolve_preset(name).config_json)
+    raw.pop("torch_dtype")
+    config = transformers.AutoConfig.for_model(_model_type(raw), **raw)
     with torch.device("meta"):
-        model = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(**raw))
+        model = transformers.AutoModelForImageTextToText.from_config(config)
     theirs = sum(p.numel() for p in model.parameters())
-    last = sum(p.numel() for n, p in model.named_parameters() if "encoder.layers.23." in n)
-    assert ours == theirs - last == 7_063_427_072 - last
-    assert cfg.model.vision.transformer.num_layers == 23
+    total, dropped = PUBLISHED[name]
+    layers = config.vision_config.num_hidden_layers
+    names = tuple(f"encoder.layers.{layers - 1 - i}." for i in range(dropped))
+    unused = sum(p.numel() for n, p in model.named_parameters() if any(m in n for m in names))
+    assert theirs == total
+    assert ours == total - unused
+    assert cfg.model.vision.transformer.num_layers == layers - dropped
+
+
+def _model_type(raw):
+    from axplug.api.interop import load_architecture
+
+    return load_architecture(raw["architectures"][0]).model_type
 
 
 def test_aot_plans_a_llava_step_with_its_images(capsys):
