@@ -137,10 +137,15 @@ class RequestState:
 
     def feed(self, limit: int) -> list[int]:
         """The tokens this row writes next: its last token when decoding, else up to `limit`
-        uncached prompt (or, after a preemption, prompt and output) tokens."""
+        uncached prompt (or, after a preemption, prompt and output) tokens. A run of embedded
+        tokens (an image's, which may attend to each other both ways) is never split: the
+        chunk ends before it, or takes it whole when it starts the chunk."""
         if self.decoding:
             return self.output[-1:]  # no copy of the whole context per step
-        return self.context[self.cached : self.cached + limit]
+        end = self.cached + limit
+        if self.request.embeddings is not None:
+            end = _unsplit(np.asarray(self.request.embeddings[0]), self.cached, end)
+        return self.context[self.cached : end]
 
     def completion(self, reason: str) -> Completion:
         """This request, finished for `reason`."""
@@ -150,6 +155,23 @@ class RequestState:
             self.output_logprobs if sampling.logprobs is not None else None,
             self.prompt_logprobs if sampling.prompt_logprobs is not None else None,
         )  # fmt: skip
+
+
+def _unsplit(where: np.ndarray, start: int, end: int) -> int:
+    """`end` moved off the inside of a run of consecutive indices in `where` (sorted): back
+    to the run's start, or past its end when the run begins at or before `start`."""
+    i = int(np.searchsorted(where, end))
+    if not (0 < i < len(where) and where[i] == end and where[i - 1] == end - 1):
+        return end
+    first = i - 1
+    while first > 0 and where[first - 1] == where[first] - 1:
+        first -= 1
+    if where[first] > start:
+        return int(where[first])
+    last = i
+    while last + 1 < len(where) and where[last + 1] == where[last] + 1:
+        last += 1
+    return int(where[last]) + 1
 
 
 def seed_key(seed: int) -> np.ndarray:

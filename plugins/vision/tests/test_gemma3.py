@@ -58,7 +58,7 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     from axplug_vision.prompts import image_embeddings
 
     from axplug.api.layers import functional
-    from axplug.api.run import SamplingParams, generate, load_checkpoint
+    from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_gemma3()
     reference.save_pretrained(tmp_path / "hf")
@@ -98,6 +98,13 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
         out = reference.generate(**hf_inputs(ids, pixels), max_new_tokens=16, min_new_tokens=16,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
     assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
+    # Prefilled 6 tokens at a time: a chunk ends before an image rather than cutting it (its
+    # first tokens would miss its later ones), so the tokens stay the same.
+    engine = Engine(model, loaded.params, num_slots=1, max_len=64, prefill_chunk=6)
+    sampling = SamplingParams(max_new_tokens=16, temperature=0.0)
+    engine.submit(Request(PROMPT, sampling, embeddings=embeddings))
+    (chunked,) = engine.run()
+    assert chunked.output_ids == completion.output_ids
 
     result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
     assert result.exit_code == 0, result.stderr
