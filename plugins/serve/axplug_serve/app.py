@@ -76,6 +76,7 @@ class ServerSettings:
     strict_fields: bool = False  # refuse unknown request fields instead of ignoring them
     allowed_origins: tuple[str, ...] = ()  # CORS: none allowed
     tool_parser: str = "hermes"  # the format of tool calls in chat replies (axplug.tool_parsers)
+    images: Any = None  # a vision-language model's `axplug_serve.images.ImagePrompts`
 
 
 def create_app(
@@ -322,11 +323,10 @@ class _API:
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         self.check_model(body.model)
-        if body.messages is not None:
-            text = await chat.render(self, body)
+        if body.messages is not None:  # as a chat completion's: images expanded
+            tokens, _ = await chat.prompt_of(self, body)
         else:
-            text = body.prompt or ""
-        tokens = await self.encode(text)
+            tokens = await self.encode(body.prompt or "")
         bos = self.settings.tokenizer.bos_id
         if body.add_special_tokens and bos is not None and tokens[:1] != [bos]:
             tokens = [bos, *tokens]

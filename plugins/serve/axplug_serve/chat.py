@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from axplug.api import registry
+from axplug.api.config import ConfigError
 from axplug_serve.generation import Generation, collect, merged, sse, start_generations
 from axplug_serve.generation import stream as event_stream
 from axplug_serve.generation import usage as usage_of
@@ -18,7 +19,7 @@ from axplug_serve.logprobs import chat_logprobs
 from axplug_serve.protocol import ChatCompletionRequest, TokenizeRequest, invalid
 from axplug_serve.tool_calls import tool_calls
 
-__all__ = ["chat_completions", "tool_parser"]
+__all__ = ["chat_completions", "prompt_of", "render", "tool_parser"]
 
 
 def tool_parser(name: str) -> Any:
@@ -26,13 +27,31 @@ def tool_parser(name: str) -> Any:
     return registry.load("tool_parsers", name)()
 
 
-async def render(api: Any, body: ChatCompletionRequest | TokenizeRequest) -> str:
-    """The prompt text of `body`'s messages (and tools); a 400 when the template refuses."""
-    messages = [m.for_template() for m in body.messages or ()]
+async def render(api: Any, body: ChatCompletionRequest | TokenizeRequest, image_text="") -> str:
+    """The prompt text of `body`'s messages (and tools), each image as `image_text`; a 400
+    when the template refuses."""
+    messages = [m.for_template(image_text) for m in body.messages or ()]
     tools = [t.model_dump(exclude_none=True) for t in body.tools or ()] or None
     try:
         return await asyncio.to_thread(api.settings.chat_template.render, messages, tools=tools)
     except ValueError as exc:
+        raise invalid(str(exc), "messages") from None
+
+
+async def prompt_of(api: Any, body: ChatCompletionRequest | TokenizeRequest) -> tuple:
+    """(the token ids of `body`'s messages, their images' `Request.embeddings` or None): each
+    image's marker expanded to its tokens by the model's hook; a 400 for an image refused."""
+    urls = [url for message in body.messages or () for url in message.images]
+    if not urls:
+        return await api.encode(await render(api, body)), None
+    images = api.settings.images
+    if images is None:
+        raise invalid(f"the model {api.settings.model_name!r} takes no images; send text only "
+                      "(image_url parts need a vision-language model)", "messages")  # fmt: skip
+    try:
+        return await images.prompt(await api.encode(await render(api, body, images.marker_text)),
+                                   urls)  # fmt: skip
+    except ConfigError as exc:
         raise invalid(str(exc), "messages") from None
 
 
@@ -73,13 +92,13 @@ class _Reply:
 async def chat_completions(api: Any, body: ChatCompletionRequest, request: Request):
     api.check_model(body.model)
     api.check_fields(body)
-    prompt = await api.encode(await render(api, body))
+    prompt, embeddings = await prompt_of(api, body)
     if body.token_limit == 0:
         raise invalid("max_tokens: must be at least 1 for a chat completion", "max_tokens")
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     parser = api.tool_parser if body.tools and body.tool_choice != "none" else None
     generations = start_generations(api, "chat.completions", body, [prompt], body.token_limit,
-                                    body.n, logprobs=top_n,
+                                    body.n, logprobs=top_n, embeddings=[embeddings],
                                     constraints=await _constraints(api, body))  # fmt: skip
     rid, created = f"chatcmpl-{generations[0].id}", int(time.time())
 

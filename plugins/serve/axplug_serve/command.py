@@ -9,6 +9,7 @@ from typing import Any
 
 from axplug.api import AxplugError, add_checkpoint_arguments, add_command
 from axplug_serve.adapters import add_lora_arguments, check_lora_options
+from axplug_serve.images import add_image_arguments, check_image_options
 
 __all__ = ["add_parser", "run", "API_KEY_ENV"]
 
@@ -41,7 +42,8 @@ that a request gets 429. Generation
 stops at the eos ids of the Hugging Face model a run descends from, else at the tokenizer's
 EOS. Chat prompts use --chat-template, else the template the run's chat data was prepared
 with (axplug-chat records it in the data directory), else the tokenizer's
-(tokenizer_config.json), else "role: content" lines ending in "assistant:".
+(tokenizer_config.json), else "role: content" lines ending in "assistant:". A
+vision-language model takes image_url parts (data: URLs) in chat messages.
 """
 
 
@@ -76,6 +78,7 @@ def _checked_options(args: argparse.Namespace) -> None:
     if any(not key for key in args.api_key):
         raise UsageError("--api-key: a key must not be empty")
     check_lora_options(args)
+    check_image_options(args)
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -212,6 +215,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="CORS: browser origins allowed to call the API, comma-separated ('*' for any); "
         "default: none",
     )
+    add_image_arguments(parser)
     parser.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -231,6 +235,7 @@ def build(args: argparse.Namespace):
     from axplug_serve.adapters import adapter_table
     from axplug_serve.app import ServerSettings, create_app
     from axplug_serve.disaggregated import DisaggregatedEngine
+    from axplug_serve.images import image_prompts
     from axplug_serve.metrics import ServerMetrics
     from axplug_serve.startup import device_split, max_len_for, quantized, warm_up
     from axplug_serve.text import ChatTemplate
@@ -299,6 +304,7 @@ def build(args: argparse.Namespace):
         strict_fields=args.strict_fields,
         allowed_origins=args.allowed_origins,
         tool_parser=_tool_parser(args.tool_parser),
+        images=image_prompts(loaded, tokenizer, args),
     )
     metrics = ServerMetrics()
     worker = EngineWorker(engine, max_waiting=args.max_queue, on_step=metrics.observe_engine)

@@ -29,8 +29,9 @@ class Generation:
     tokens behind it) as it is generated."""
 
     def __init__(self, api: Any, endpoint: str, prompt: list[int], sampling, stop: list[str],
-                 constraint: Any = None, adapter: int = 0):  # fmt: skip
+                 constraint: Any = None, adapter: int = 0, embeddings: Any = None):  # fmt: skip
         self.id, self.constraint, self.adapter = uuid.uuid4().hex, constraint, adapter
+        self.embeddings = embeddings  # the images' features (`Request.embeddings`), or None
         self.prompt, self.endpoint, self._api = prompt, endpoint, api
         self.sampling = sampling
         self._loop = asyncio.get_running_loop()
@@ -42,8 +43,8 @@ class Generation:
         self.prompt_logprobs: list[Logprob | None] | None = None
 
     def submission(self) -> tuple[EngineRequest, Callable]:
-        request = EngineRequest(self.prompt, self.sampling, id=self.id,
-                                constraint=self.constraint, adapter=self.adapter)  # fmt: skip
+        request = EngineRequest(self.prompt, self.sampling, id=self.id, constraint=self.constraint,
+                                adapter=self.adapter, embeddings=self.embeddings)  # fmt: skip
         return request, self._sink
 
     def _sink(self, item) -> None:  # the engine thread
@@ -205,16 +206,18 @@ def start_generations(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     constraints: Callable | None = None,
+    embeddings: Any = None,
 ) -> list[Generation]:
     """Checks each prompt against the engine's limits and submits `n` generations of each,
-    all or none; choice i is prompt i // n. `constraints` makes each one's constraint."""
+    all or none; choice i is prompt i // n. `constraints` makes each one's constraint;
+    `embeddings` are each prompt's images' features (`Request.embeddings`, or None)."""
     engine, settings = api.worker.engine, api.settings
     stop_tokens = () if body.ignore_eos else settings.stop_tokens
     stop_tokens = tuple(dict.fromkeys([*stop_tokens, *body.stop_token_ids]))
     seed = body.seed if body.seed is not None else secrets.randbits(32)
     check_ids([int(t) for t in body.logit_bias or {}], api.vocab_size, "logit_bias")
     generations = []
-    for prompt in prompts:
+    for prompt, features in zip(prompts, embeddings or [None] * len(prompts), strict=True):
         if not prompt:
             raise invalid("the prompt has no tokens", "prompt")
         check_ids(prompt, api.vocab_size, "prompt")
@@ -236,7 +239,8 @@ def start_generations(
             sampling = body.sampling_params(wanted, stop_tokens, (seed + j) % 2**32, logprobs,
                                             prompt_logprobs)  # fmt: skip
             constraint = constraints() if constraints is not None else None
-            generations.append(Generation(api, endpoint, prompt, sampling, body.stop, constraint))
+            generations.append(Generation(api, endpoint, prompt, sampling, body.stop, constraint,
+                                          embeddings=features))  # fmt: skip
     capacity = api.worker.capacity
     if len(generations) > capacity:
         raise invalid(

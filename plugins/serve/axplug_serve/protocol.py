@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from axplug.api import AxplugError
 from axplug.api.run import SamplingParams
+from axplug_serve.images import content_images, content_parts, content_text
 
 __all__ = [
     "CompletionRequest",
@@ -246,10 +247,11 @@ class ChatMessage(BaseModel):
             raise ValueError("content: required (null only in an assistant's tool calls)")
         return self
 
-    def for_template(self) -> dict[str, Any]:
-        """The message as chat templates read it (transformers' convention: a call's
-        `arguments` an object, not OpenAI's JSON string)."""
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
+    def for_template(self, image_text: str = "") -> dict[str, Any]:
+        """The message as chat templates read it, each image as `image_text` (transformers'
+        convention: a call's `arguments` an object, not OpenAI's JSON string)."""
+        content = content_text(self.content, image_text)
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
             for call in message["tool_calls"]:
@@ -261,15 +263,13 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _text(cls, content: str | list[dict[str, Any]] | None) -> str | None:
-        if content is None or isinstance(content, str):
-            return content
-        parts = []
-        for part in content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
-            parts.append(part["text"])
-        return "".join(parts)
+    def _parts(cls, content: str | list[dict[str, Any]] | None) -> str | list[dict] | None:
+        return content_parts(content)
+
+    @property
+    def images(self) -> list[str]:
+        """The URLs of its images (`image_url` parts), in order."""
+        return content_images(self.content)
 
 
 class ChatCompletionRequest(_Sampling):

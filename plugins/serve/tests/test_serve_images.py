@@ -1,0 +1,184 @@
+"""Images in chat messages: a tiny LLaVA made with transformers, imported and served, answers
+an image sent by the OpenAI client with transformers' own greedy tokens; each refused image
+is one 400."""
+
+import base64
+import io
+
+import numpy as np
+import pytest
+
+pytest.importorskip("axplug_serve")
+pytest.importorskip("axplug_vision")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from PIL import Image  # noqa: E402
+
+IMAGE = 95  # LLaVA's image placeholder: the tokenizer's "<image>", the last of 96 ids
+PER_IMAGE = 16  # a 16-pixel image in 4-pixel patches
+SPECIALS = ["<pad>", "<s>", "</s>"]
+CHARS = " \n:?.,!'" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+LIMITS = {"--max-image-bytes": 2048, "--max-image-pixels": 1024, "--max-images-per-request": 2}
+
+
+def tiny_llava():
+    """A random LLaVA (CLIP tower, LLaMA text model), every 1-d weight perturbed."""
+    text = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        image_size=16, patch_size=4,
+    )  # fmt: skip
+    config = transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=IMAGE,
+        image_seq_length=PER_IMAGE,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config).float().train(False)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def char_tokenizer(directory):
+    """A tokenizer.json of one token per character, `<image>` an added token (id 95)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {token: i for i, token in enumerate([*SPECIALS, "<unk>", *CHARS])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    unused = [f"<unused{i}>" for i in range(len(vocab), IMAGE)]
+    tok.add_special_tokens([*SPECIALS, "<unk>", *unused, "<image>"])
+    tok.save(str(directory / "tokenizer.json"))
+    assert tok.token_to_id("<image>") == IMAGE
+    return tok
+
+
+def png(pixels: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def chat(urls: list[str], text: str = "What is this?") -> list[dict]:
+    parts = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(base URL, transformers' model, its processor, the tokenizer): the LLaVA
+    imported with `axplug import-hf` and served on a thread of this process."""
+    from axplug_serve.testing import serve_in_thread
+    from axplug_testing import run_cli
+
+    root = tmp_path_factory.mktemp("llava")
+    reference = tiny_llava()
+    reference.save_pretrained(root / "hf")
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
+                                                crop_size={"height": 16, "width": 16})  # fmt: skip
+    processor.save_pretrained(root / "hf")
+    tokenizer = char_tokenizer(root / "hf")
+    result = run_cli("import-hf", str(root / "hf"), "--output", str(root / "llava"),
+                     "--set", "mesh.mesh_shape=(1,1,1,1,1)")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    options = ["--checkpoint", str(root / "llava"), "--num-slots", "1", "--max-len", "96",
+               "--prefill-chunk", "0", "--no-warmup"]  # fmt: skip
+    options += [str(x) for option in LIMITS.items() for x in option]
+    with serve_in_thread(options, root / "server.log") as base:
+        yield base, reference, processor, tokenizer
+
+
+def hf_greedy(reference, processor, ids: list[int], image: bytes, n: int) -> list[int]:
+    with Image.open(io.BytesIO(image)) as opened:
+        pixels = processor(images=[opened], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=torch.as_tensor([ids]), pixel_values=pixels, max_new_tokens=n,
+            min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served):
+    base, reference, processor, tokenizer = served
+    client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=120)
+    # The default chat template's prompt, its image marker expanded to 16 placeholders.
+    text = [tokenizer.encode(t, add_special_tokens=False).ids
+            for t in ("user: What is this?", "\n\nassistant:")]  # fmt: skip
+    ids = [*text[0], *[IMAGE] * PER_IMAGE, *text[1]]
+    replies = []
+    # A black image, then a white one after the same text: prefix caching must not give the
+    # second the first's cached pages (the prompts' tokens are the same; the engine salts
+    # pages with the features), and the two replies differ.
+    for value in (0, 255):
+        image = png(np.full((12, 20, 3), value, np.uint8))
+        out = client.chat.completions.create(
+            model="llava", messages=chat([data_url(image)]), max_tokens=16, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        want = hf_greedy(reference, processor, ids, image, 16)
+        reply = tokenizer.decode(want, skip_special_tokens=False)
+        assert out.choices[0].message.content == reply
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 16)
+        replies.append(want)
+    assert replies[0] != replies[1]
+    # /tokenize counts the expanded prompt, as usage does.
+    body = {"messages": chat([data_url(image)]), "add_special_tokens": False}
+    assert httpx.post(base + "/tokenize", json=body, timeout=60).json()["tokens"] == ids
+
+
+@pytest.mark.parametrize(
+    "urls, message",
+    [
+        ([data_url(png(np.random.default_rng(1).integers(0, 256, (40, 40, 3), np.uint8)))],
+         "more than max_bytes=2048"),
+        ([data_url(png(np.zeros((200, 200, 3), np.uint8)))], "more than max_pixels=1024"),
+        (["data:image/png;base64,@@@@"], "not valid base64"),
+        ([data_url(b"no picture at all")], "not a decodable image"),
+        ([data_url(png(np.zeros((8, 8, 3), np.uint8)))] * 3, "at most 2"),
+        (["http://example.com/cat.png"], "not fetched"),
+        (["https://example.com/cat.png"], "not fetched"),
+        (["/etc/hostname"], "--allow-local-images"),
+        (["file:///etc/hostname"], "--allow-local-images"),
+    ],
+    ids=["bytes", "pixels", "base64", "not-an-image", "too-many", "http", "https", "path",
+         "file-url"],
+)  # fmt: skip
+def test_each_refused_image_is_one_400(served, urls, message):
+    base = served[0]
+    body = {"model": "llava", "messages": chat(urls), "max_tokens": 2}
+    answer = httpx.post(base + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error", error
+
+
+def test_image_parts_are_checked_and_a_text_model_refuses_them():
+    import asyncio
+    from types import SimpleNamespace
+
+    from axplug_serve.chat import prompt_of
+    from axplug_serve.protocol import APIError, ChatCompletionRequest
+
+    with pytest.raises(ValueError, match="part 1: a content part is"):
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "hi"}, {"type": "input_audio"}]}])  # fmt: skip
+    body = ChatCompletionRequest(model="m", messages=chat(["data:image/png;base64,AAAA"]))
+    assert body.messages[0].for_template("<image>")["content"] == "What is this?<image>"
+    api = SimpleNamespace(settings=SimpleNamespace(images=None, model_name="m"))
+    with pytest.raises(APIError, match="takes no images") as refused:
+        asyncio.run(prompt_of(api, body))
+    assert refused.value.status == 400
