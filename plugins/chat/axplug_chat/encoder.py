@@ -24,6 +24,11 @@ def conversation(record: Any) -> list[dict]:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in ROLES:
                 raise ValueError(f"messages[{i}]: role must be one of {ROLES}")
+            if isinstance(m.get("content"), list):
+                raise ValueError(
+                    f"messages[{i}]: content is a list of parts (text, images): "
+                    "`axplug prepare-chat --images RUN` reads them; here it must be a string"
+                )
             if not isinstance(m.get("content"), str):
                 raise ValueError(f"messages[{i}]: content must be a string")
         return messages

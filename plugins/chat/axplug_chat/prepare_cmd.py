@@ -26,6 +26,16 @@ there is none), rendered in a sandbox. The loss counts the assistant's replies o
 records the template (chat_template.jinja, meta.json), so `axplug serve` on the fine-tuned
 model applies the same one. Train with `rows=documents` so that no conversation is cut across
 rows (add `packing=true` to fill rows with several).
+
+With --images RUN (axplug-vision; RUN is an `axplug import-hf` of a vision-language model, or a
+run trained from one), a user turn's content may be a list of OpenAI parts: {"type": "text",
+"text": ...} and {"type": "image_url", "image_url": {"url": "data:image/png;base64,..." or a
+local path, relative to the JSONL file}}. Each image becomes the model's image tokens (never
+trained on) with its pixels, by RUN's preprocessor_config.json, stored beside them
+(`image_pixels`), so rows and packing keep every image with its tokens:
+  axplug prepare-chat vl.jsonl --tokenizer runs/llava --images runs/llava --output data/vl
+  axplug train --from runs/llava --input "token_file:path=data/vl,rows=documents,packing=true" \\
+      --modifier lora:within=decoder --output-dir runs/vl
 """
 
 
@@ -44,6 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=("assistant", "last", "all"),
         default="assistant",
         help="the tokens the loss counts (default: every assistant reply)",
+    )
+    parser.add_argument(
+        "--images", metavar="RUN", help="read image parts for the vision-language model of RUN"
     )
     return parser
 
@@ -85,18 +98,41 @@ def prepare_records(files, *, tokenizer, output, encoder_for, docs_per_shard=10_
     return meta
 
 
+def _image_chat(args: argparse.Namespace) -> Any:
+    """`axplug_vision.chat`, imported only when --images asks for it."""
+    from axplug.api.config import UsageError
+
+    if "://" in args.output:
+        raise UsageError("--images: --output must be a local directory")
+    try:
+        import axplug_vision.chat as image_chat
+    except ModuleNotFoundError as e:
+        if e.name not in ("axplug_vision", "axplug_vision.chat"):
+            raise
+        raise UsageError("--images: reading images needs axplug-vision installed") from None
+    return image_chat
+
+
 def run(args: argparse.Namespace) -> int:
     from axplug_chat.encoder import ChatEncoder
+
+    images = None if args.images is None else _image_chat(args)
+
+    def encoder_for(template: Any) -> Any:
+        chat = ChatEncoder(template, train_on=args.train_on)
+        return chat if images is None else images.ImageChatEncoder(chat, args.images)
 
     meta = prepare_records(
         args.files,
         tokenizer=args.tokenizer,
         output=args.output,
-        encoder_for=lambda t: ChatEncoder(t, train_on=args.train_on),
+        encoder_for=encoder_for,
         docs_per_shard=args.docs_per_shard,
         workers=args.workers,
         chat_template=args.chat_template,
     )
+    if images is not None:
+        meta = images.store_image_pixels(args.output)
     print(
         f"wrote {args.output}: {meta['num_documents']:,} conversations, {meta['num_tokens']:,} "
         f"tokens, loss on the {args.train_on} tokens; template: {meta['chat_template']['origin']}"

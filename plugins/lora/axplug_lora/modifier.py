@@ -13,15 +13,17 @@ TRAINABLE = r"/adapter/lora_[ab]$"
 
 
 class LoRAModifier(ConfigModifier):
-    """`lora:rank=8,alpha=16,targets=attention+feed_forward,dropout=0.05`, or `lora:none`.
+    """`lora:rank=8,alpha=16,targets=attention+feed_forward,dropout=0.05,within=decoder`, or
+    `lora:none`.
 
     Puts a `LoRAAdapter` in the `adapter` slot of every `Linear` (a quantized one included)
     under `targets`: components of its path (`attention`, `feed_forward`, `output`,
     `lm_head`) or a projection's own name (`q`, `k`, `v`, `wi_gate`, `wi_up`, `wo`: one
     config builds q, k and v, so those name the modules that get one). It sets
     `learner.trainable` so that only the adapters train: the base gets no gradient and no
-    optimizer state. Applied again, the new options replace the old; `lora:none` removes
-    them.
+    optimizer state. `within` keeps the adapters to the layers under a config of that name
+    (`decoder`: a vision-language model's language model, not its vision tower). Applied
+    again, the new options replace the old; `lora:none` removes them.
     """
 
     positional_option = "rank"
@@ -32,6 +34,7 @@ class LoRAModifier(ConfigModifier):
         alpha: float = 16.0
         dropout: float = 0.0
         targets: tuple[str, ...] = ("attention", "feed_forward")
+        within: str | None = None  # a component of the adapted layers' config paths
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         c = self._config
@@ -55,7 +58,7 @@ class LoRAModifier(ConfigModifier):
         chosen = 0
         for path, linear in linears:
             parts = set(path.split("."))
-            if rank == 0:
+            if rank == 0 or (c.within is not None and c.within not in parts):
                 linear.adapter = None
             elif targets & parts:  # the whole config (every module it builds)
                 linear.adapter = adapter.clone()
@@ -67,8 +70,10 @@ class LoRAModifier(ConfigModifier):
                 linear.adapter = None
         if rank and not chosen:
             raise ConfigError(
-                f"modifier lora: targets {sorted(targets)} match no Linear layer; name path "
-                "components such as attention or feed_forward, or projections such as q, v, wo"
+                f"modifier lora: targets {sorted(targets)} match no Linear layer"
+                + (f" within {c.within!r}" if c.within is not None else "")
+                + "; name path components such as attention or feed_forward, or projections "
+                "such as q, v, wo"
             )
         if "learner" in set(cfg.keys()):  # a trainer config
             trainable = TRAINABLE if rank else None
