@@ -144,6 +144,8 @@ def test_modifier_errors_name_the_option():
     cfg = tiny_trainer_config("/tmp/unused", preset="llama-tiny")
     with pytest.raises(ConfigError, match="modifier lora: rank must be an int >= 1"):
         make_modifier("lora:rank=-1")(cfg)
+    with pytest.raises(ConfigError, match="match no Linear layer within 'vision'"):
+        make_modifier("lora:within=vision")(cfg)  # a text model has no tower
     with_lora = make_modifier("lora:4")(cfg)
     assert find_configs(with_lora.model, LoRAAdapter)
     back = make_modifier("lora:none")(with_lora)

@@ -31,10 +31,16 @@ __all__ = ["HF_DEFAULTS", "TOWERS", "VisionTransformer", "patchify"]
 _VIT_BASE = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                  num_attention_heads=12, num_channels=3, attention_dropout=0.0)  # fmt: skip
 HF_DEFAULTS = {
-    "clip_vision_model": dict(_VIT_BASE, image_size=224, patch_size=32, hidden_act="quick_gelu",
-                              layer_norm_eps=1e-5),  # fmt: skip
-    "siglip_vision_model": dict(_VIT_BASE, image_size=224, patch_size=16,
-                                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),  # fmt: skip
+    "clip_vision_model": dict(
+        _VIT_BASE, image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5
+    ),  # fmt: skip
+    "siglip_vision_model": dict(
+        _VIT_BASE,
+        image_size=224,
+        patch_size=16,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+    ),  # fmt: skip
 }
 # Hugging Face vision config model_type -> how the tower differs from the ViT defaults.
 TOWERS = {
