@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         if with_images is None:
             raise UsageError(
                 f"--image: the model of {args.checkpoint} ({type(loaded.model).__name__}) "
-                "takes no images; a vision-language model does (axplug-vision)"
+                "takes no images; a vision-language model does (docs/vision.md)"
             )
         prompt, embeddings = with_images(
             loaded.params, prompt, args.image, tokenizer=tokenizer, allow_files=True,

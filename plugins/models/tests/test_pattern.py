@@ -370,7 +370,7 @@ def from_raw(raw: dict, **defaults):
     fields = HFFields(raw, defaults={"rms_norm_eps": 1e-6, **defaults})
     model = hf_model(fields)
     assert fields.problems == []
-    assert fields.unread() == []
+    assert fields.unread() == {}
     return model
 
 

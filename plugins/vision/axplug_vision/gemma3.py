@@ -121,4 +121,5 @@ class Gemma3(Llava):
 
     def config_fields(self, model: Any) -> dict[str, Any]:
         # None of LLaVA's: Gemma 3 has no feature layer or strategy to choose.
-        return {"boi_token_index": model.image_begin_id, "eoi_token_index": model.image_end_id}
+        ids = (getattr(model, "image_begin_id", None), getattr(model, "image_end_id", None))
+        return {"boi_token_index": ids[0], "eoi_token_index": ids[1]}

@@ -41,16 +41,18 @@ def _model_type(raw):
     return load_architecture(raw["architectures"][0]).model_type
 
 
+# docs/vision.md's planning command (its test checks the page spells this).
+AOT_ARGV = ["aot", "--preset", "llava-1.5-7b", "--mesh-rule", "gpu-h100-8x2", "--max-devices",
+            "8", "--set", "input.batch_size=16", "--set", "input.seq_len=1024"]  # fmt: skip
+
+
 def test_aot_plans_a_llava_step_with_its_images(capsys):
     pytest.importorskip("axplug_aot")
     import json
 
     from axplug_testing import cli_main as main
 
-    argv = ["aot", "--preset", "llava-1.5-7b", "--mesh-rule", "gpu-h100-8x2",
-            "--max-devices", "8", "--set", "input.batch_size=16", "--set",
-            "input.seq_len=1024", "--json"]  # fmt: skip
-    main(argv)
+    main([*AOT_ARGV, "--json"])
     out, err = capsys.readouterr()
     assert out, err
     report = json.loads(out)
