@@ -56,7 +56,7 @@ def expand_images(ids: Sequence[int], cfg: Any, tokenizer: Any = None) -> list[i
     if cfg.image_begin_id is not None:
         around = tokenizer.encode(cfg.image_text_around) if cfg.image_text_around else []
         image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
-    marker, out = image_marker(cfg), []
+    marker, out = image_marker(cfg), list[int]()
     for token in ids:
         out += image if token == marker else [token]
     return out
@@ -129,7 +129,7 @@ def prompt_with_images(
     allow_files: bool = False,
     max_bytes: int = 20 * 2**20,
     max_pixels: int = 50_000_000,
-) -> tuple[list[int], tuple[np.ndarray, np.ndarray]]:
+) -> tuple[list[int], tuple[np.ndarray, np.ndarray] | None]:
     """(the expanded prompt, its `Request.embeddings`) of token `ids` with `images` (data
     URLs, local paths where `allow_files`, or PIL images): one image marker per image (none:
     one marker per image is put before the prompt), features from the model's tower."""
