@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+testing = pytest.importorskip("axplug_vision.testing")  # the tiny LLaVA
 
 from PIL import Image  # noqa: E402
 
@@ -22,29 +23,6 @@ PER_IMAGE = 16  # a 16-pixel image in 4-pixel patches
 SPECIALS = ["<pad>", "<s>", "</s>"]
 CHARS = " \n:?.,!'" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 LIMITS = {"--max-image-bytes": 2048, "--max-image-pixels": 1024, "--max-images-per-request": 2}
-
-
-def tiny_llava():
-    """A random LLaVA (CLIP tower, LLaMA text model), every 1-d weight perturbed."""
-    text = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-    )  # fmt: skip
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-        image_size=16, patch_size=4,
-    )  # fmt: skip
-    config = transformers.LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMAGE,
-        image_seq_length=PER_IMAGE,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(config).float().train(False)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
 
 
 def char_tokenizer(directory):
@@ -85,7 +63,7 @@ def served(tmp_path_factory):
     from axplug_testing import run_cli
 
     root = tmp_path_factory.mktemp("llava")
-    reference = tiny_llava()
+    reference = testing.tiny_llava(vocab_size=96, image_token=IMAGE)
     reference.save_pretrained(root / "hf")
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
                                                 crop_size={"height": 16, "width": 16})  # fmt: skip

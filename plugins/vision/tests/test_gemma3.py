@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from axplug_vision.testing import perturbed  # noqa: E402
+
 BOI, EOI, IMAGE = 100, 101, 102  # begin-of-image, end-of-image, the image placeholder
 WRAPPED = [BOI, *[IMAGE] * 4, EOI]  # one image: 4 pooled tokens
 PROMPT = [1, 7, 9, *WRAPPED, 12, 30, 5, 8, *WRAPPED, 44, 3, 17]
@@ -31,13 +33,10 @@ def tiny_gemma3():
         boi_token_index=BOI, eoi_token_index=EOI, image_token_index=IMAGE,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config).float().train(False)
-    with torch.no_grad():
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # transformers starts the projection at zeros
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.2)
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
+    return perturbed(model)
 
 
 def hf_inputs(ids, pixels):

@@ -62,24 +62,10 @@ def byte_tokenizer():
 
 
 def tiny_llava():
-    text = transformers.LlamaConfig(
-        vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=256,
-    )  # fmt: skip
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        image_size=16, patch_size=4,
-    )  # fmt: skip
-    config = transformers.LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=PER_IMAGE
-    )
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(config).float().train(False)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
+    """The tiny LLaVA over the byte tokenizer's 259 ids."""
+    from axplug_vision.testing import tiny_llava
+
+    return tiny_llava(vocab_size=259, image_token=IMAGE, pad_token=256, tower_layers=2)
 
 
 def png(seed, width, height):

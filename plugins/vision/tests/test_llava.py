@@ -10,29 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from axplug_vision.testing import tiny_llava  # noqa: E402
+
 IMAGE = 95  # the image placeholder token
 PROMPT = [1, 7, *[IMAGE] * 16, 12, 30, *[IMAGE] * 16, 44, 3]  # two images of 16 features
-
-
-def tiny_llava():
-    text = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-    )  # fmt: skip
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-        image_size=16, patch_size=4,
-    )  # fmt: skip
-    config = transformers.LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=16
-    )
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(config).float().train(False)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
 
 
 def hf_logits(model, ids, pixels):
@@ -48,7 +29,7 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     from axplug.api.layers import functional
     from axplug.api.run import SamplingParams, generate, load_checkpoint
 
-    reference = tiny_llava()
+    reference = tiny_llava(vocab_size=96, image_token=IMAGE)
     reference.save_pretrained(tmp_path / "hf")
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
                                                 crop_size={"height": 16, "width": 16})  # fmt: skip
