@@ -3,6 +3,7 @@ Gemma 3 text model with a sliding and a full layer, every 1-d weight perturbed) 
 on a prompt with two images wrapped as Gemma 3's processor wraps them, decoded and exported."""
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from axplug_vision.testing import perturbed  # noqa: E402
 BOI, EOI, IMAGE = 100, 101, 102  # begin-of-image, end-of-image, the image placeholder
 WRAPPED = [BOI, *[IMAGE] * 4, EOI]  # one image: 4 pooled tokens
 PROMPT = [1, 7, 9, *WRAPPED, 12, 30, 5, 8, *WRAPPED, 44, 3, 17]
+WRAPPED_NL = [10, 10, *WRAPPED, 10, 10]  # as a prompt's marker expands, "\n\n" as [10, 10]
 
 
 def tiny_gemma3():
@@ -70,6 +72,13 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     assert result.exit_code == 0, result.stderr
     loaded = load_checkpoint(str(tmp_path / "run"))
     model = loaded.model
+    # A prompt marks an image by <start_of_image>; the model's sequence is Gemma 3's processor's:
+    # "\n\n", <start_of_image>, the placeholders, <end_of_image>, "\n\n".
+    from axplug_vision.prompts import expand_images, image_marker
+
+    newlines = types.SimpleNamespace(encode=lambda text: [10] * len(text))
+    assert image_marker(model.config) == BOI
+    assert expand_images([1, BOI, 5], model.config, newlines) == [1, *WRAPPED_NL, 5]
     assert model.tokens_per_image(model.config) == 4
     assert (model.config.image_begin_id, model.config.image_end_id) == (BOI, EOI)
 
