@@ -62,7 +62,7 @@ class Llava:
         return cfg
 
     def _text_rules(self, model: Any) -> dict[str, HFTensor]:
-        rules = text_architecture(model.text_model_type).tensors(model)
+        rules = text_architecture(model.text_family or model.text_model_type).tensors(model)
         return renamed(
             rules, {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."}
         )

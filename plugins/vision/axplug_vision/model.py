@@ -38,10 +38,11 @@ def text_architecture(model_type: Any) -> Any:
     return None
 
 
-def text_fields(fields: Any) -> tuple[Any, Any]:
-    """(the `text_config` fields read as its family reads them, that family or None)."""
+def text_fields(fields: Any, family: str | None = None) -> tuple[Any, Any]:
+    """(the `text_config` fields read as its family reads them, that family or None); the
+    family is the installed one of text_config's model_type, or `family`'s."""
     text = fields.raw.get("text_config")
-    model_type = text.get("model_type") if isinstance(text, dict) else None
+    model_type = family or (text.get("model_type") if isinstance(text, dict) else None)
     arch = text_architecture(model_type)
     if arch is None:
         fields.problem(
@@ -98,10 +99,14 @@ class VisionLanguageModel(BaseLayer):
     class Config(BaseLayer.Config):
         decoder: Decoder.Config = Decoder.default_config()
         vision: BaseLayer.Config = VisionTransformer.default_config()
-        projector: BaseLayer.Config = MLPProjector.default_config()
+        # None: the tower's features are the decoder's width already (Qwen2.5-VL's merger).
+        projector: BaseLayer.Config | None = MLPProjector.default_config()
         image_token_id: Required[int] = REQUIRED
         # The language model's family (`text_config.model_type`): its tensor names.
         text_model_type: str = "llama"
+        # The installed text family that reads `text_config`, where its model_type is not
+        # text_config's (Qwen2.5-VL's "qwen2_5_vl_text" is Qwen2's layout); None: the same.
+        text_family: str | None = None
         # Drop the tower's class token from the features (LLaVA's "default" strategy).
         drop_class_token: bool = False
         # An image's tokens attend to each other both ways (Gemma 3); text stays causal.
@@ -115,11 +120,12 @@ class VisionLanguageModel(BaseLayer):
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
-        text, _ = text_fields(fields)
+        text, _ = text_fields(fields, cfg.text_family)
         read_fields(cfg.decoder, text)
         cfg.text_model_type = text.raw.get("model_type")
         read_fields(cfg.vision, vision_fields(fields, cfg.vision))
-        read_fields(cfg.projector, fields)
+        if cfg.projector is not None:
+            read_fields(cfg.projector, fields)
         cfg.image_token_id = fields.positive_int("image_token_id")
         strategy = fields.expect("vision_feature_select_strategy", "full", "default")
         cfg.drop_class_token = strategy == "default"
@@ -163,13 +169,13 @@ class VisionLanguageModel(BaseLayer):
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
         text, problems = write_fields(cfg.decoder)
-        arch = text_architecture(cfg.text_model_type)
+        arch = text_architecture(cfg.text_family or cfg.text_model_type)
         if arch is not None:  # as the core writes a text family's top level
             text = {**text, **arch.config_fields(cfg)}
             text = {arch.aliases.get(k, k): v for k, v in text.items()}
             text = {k: v for k, v in text.items() if k not in arch.implied}
         vision, more = write_fields(cfg.vision)
-        projector, most = write_fields(cfg.projector)
+        projector, most = write_fields(cfg.projector) if cfg.projector else ({}, [])
         if problems or more or most:
             raise ValueError("; ".join(problems + more + most))
         return {
@@ -185,17 +191,18 @@ class VisionLanguageModel(BaseLayer):
         super().__init__(cfg, parent=parent)
         self._add_child("decoder", cfg.decoder)
         self._add_child("vision", cfg.vision)
-        width = cfg.vision.dim
-        self._add_child(
-            "projector", cfg.projector.clone(input_dim=width, output_dim=cfg.decoder.dim)
-        )
+        if cfg.projector is not None:
+            widths = dict(input_dim=cfg.vision.dim, output_dim=cfg.decoder.dim)
+            self._add_child("projector", cfg.projector.clone(**widths))
 
-    def encode_images(self, pixels: jax.Array) -> jax.Array:
-        """[images, channels, height, width] -> features [images, tokens, decoder dim]."""
-        hidden, _ = self.vision(pixels)
+    def encode_images(self, pixels: jax.Array, **vision_inputs) -> jax.Array:
+        """[images, channels, height, width] -> features [images, tokens, decoder dim] (a
+        tower that takes patches and their layout, Qwen2.5-VL's: [tokens, decoder dim])."""
+        out = self.vision(pixels, **vision_inputs)
+        hidden = out[0] if isinstance(out, tuple) else out  # a ViT's (hidden, pooled)
         if self._config.drop_class_token:
             hidden = hidden[:, 1:]
-        return self.projector(hidden)
+        return hidden if self._config.projector is None else self.projector(hidden)
 
     def pixels_from_tokens(self, input_ids: jax.Array, image_pixels: jax.Array) -> jax.Array:
         """[batch, images, channels, height, width] of a batch whose placeholder tokens carry
@@ -213,26 +220,34 @@ class VisionLanguageModel(BaseLayer):
         shape = (tower.num_channels, tower.image_size, tower.image_size)
         return flat.reshape(b, slots // per_image, *shape)
 
-    def _inserted(self, input_ids: jax.Array, pixel_values: jax.Array | None):
+    def _inserted(self, input_ids, pixel_values, vision_inputs=None):
         if pixel_values is None:
             return None
-        b, n = pixel_values.shape[:2]
-        features = self.encode_images(pixel_values.reshape(b * n, *pixel_values.shape[2:]))
+        b = input_ids.shape[0]
+        if vision_inputs is not None:  # the images as patches, laid out by the inputs
+            features = self.encode_images(pixel_values, **vision_inputs)
+        else:
+            n = pixel_values.shape[1]
+            features = self.encode_images(pixel_values.reshape(b * n, *pixel_values.shape[2:]))
         features = features.reshape(b, -1, features.shape[-1])
         return placed_features(input_ids, features, self._config.image_token_id)
 
-    def _attending(self, inserted, positions, like: jax.Array):
-        """The context the decoder runs in: image tokens' causal limits where bidirectional."""
-        if inserted is None or not self._config.bidirectional_images:
-            return contextlib.nullcontext()
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(like.shape[1]), like.shape)
-        return side_inputs(causal_limits=image_limits(inserted[0], positions))
+    def _attending(self, inserted, positions, like: jax.Array, rope_positions=None):
+        """The context the decoder runs in: image tokens' causal limits where bidirectional,
+        multimodal rotary positions [batch, seq, axes] where given (Qwen2.5-VL's)."""
+        side = {} if rope_positions is None else {"rope_positions": rope_positions}
+        if inserted is not None and self._config.bidirectional_images:
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(like.shape[1]), like.shape)
+            side["causal_limits"] = image_limits(inserted[0], positions)
+        return side_inputs(**side) if side else contextlib.nullcontext()
 
-    def predict(self, input_ids, *, positions=None, segment_ids=None, pixel_values=None):
-        """Logits [batch, seq, vocab]."""
-        inserted = self._inserted(input_ids, pixel_values)
-        with self._attending(inserted, positions, input_ids):
+    def predict(self, input_ids, *, positions=None, segment_ids=None, pixel_values=None,
+                vision_inputs=None, rope_positions=None):  # fmt: skip
+        """Logits [batch, seq, vocab]; `vision_inputs` (a dict) go to the tower with the
+        pixels, `rope_positions` [batch, seq, axes] to a multimodal rotary transform."""
+        inserted = self._inserted(input_ids, pixel_values, vision_inputs)
+        with self._attending(inserted, positions, input_ids, rope_positions):
             return self.decoder(
                 input_ids, positions=positions, segment_ids=segment_ids, inserted=inserted
             )
