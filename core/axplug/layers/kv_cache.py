@@ -298,12 +298,15 @@ class PagedKVCache(KVCache):
 
 def restart_rows(cache_state, start: jax.Array):
     """`cache_state` (any pytree of cache states) with each row's `length` set to `start`
-    [batch] where that is >= 0 (0 empties a row)."""
+    [batch] where that is >= 0 (0 empties a row), and its `position_offset` (a model's per-row
+    state: how far the rotary positions after a prompt's images are from the sequence's) 0."""
 
     def reset(path, leaf):
         last = path[-1] if path else None
         if isinstance(last, jax.tree_util.DictKey) and last.key == "length":
             return jnp.where(start >= 0, start, leaf)
+        if isinstance(last, jax.tree_util.DictKey) and last.key == "position_offset":
+            return jnp.where(start >= 0, 0, leaf)
         return leaf
 
     return jax.tree_util.tree_map_with_path(reset, cache_state)

@@ -117,6 +117,10 @@ class VisionLanguageModel(BaseLayer):
         image_begin_id: int | None = None
         image_end_id: int | None = None
         image_text_around: str = ""
+        # Axes of the multimodal rotary positions (Qwen2.5-VL: 3, time, height, width) that a
+        # prompt's `Request.embeddings` carry after each vector's features, then the offset
+        # of the positions after its images and whether the token is an image's; 0: none.
+        rope_axes: int = 0
 
     @classmethod
     def hf_read(cls, cfg: Config, fields) -> None:
@@ -271,20 +275,48 @@ class VisionLanguageModel(BaseLayer):
         return loss, {"logits": logits, "num_tokens": count}
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
-        """An empty decoding cache for `extend_step`."""
-        return self.decoder.init_cache_state(batch_size, max_len)
+        """An empty decoding cache for `extend_step` (with multimodal rotary positions, each
+        row's `position_offset` beside the decoder's, which an engine restarts with the row)."""
+        cache = self.decoder.init_cache_state(batch_size, max_len)
+        if not self._config.rope_axes:
+            return cache
+        return {"decoder": cache, "position_offset": jnp.zeros((batch_size,), jnp.int32)}
 
     def extend_step(self, input_ids, *, positions, cache_state, logits_at=None, inserted=None):
         """(logits, new cache) for new tokens after the cached ones; `inserted` (mask,
-        embeddings) as `Decoder.extend_step` takes it (features from `encode_images`)."""
-        with self._attending(inserted, positions, input_ids):
-            return self.decoder.extend_step(
+        embeddings) as `Decoder.extend_step` takes it (features from `encode_images`; with
+        `rope_axes`, each vector then carries its token's rotary positions, see Config)."""
+        rope, offset = None, None
+        if self._config.rope_axes:
+            inserted, rope, offset = self._rotary(inserted, positions, cache_state)
+            cache_state = cache_state["decoder"]
+        with self._attending(inserted, positions, input_ids, rope):
+            logits, cache = self.decoder.extend_step(
                 input_ids,
                 positions=positions,
                 cache_state=cache_state,
                 logits_at=logits_at,
                 inserted=inserted,
             )
+        return logits, cache if offset is None else {"decoder": cache, "position_offset": offset}
+
+    def _rotary(self, inserted, positions, cache_state):
+        """(the features to insert, rotary positions [batch, new, axes], each row's offset):
+        a token a prompt carries takes its own positions; any other, its sequence position
+        plus the row's offset (that of its prompt's last carried token)."""
+        axes, offset = self._config.rope_axes, cache_state["position_offset"]
+        base = jnp.repeat((positions + offset[:, None])[..., None], axes, axis=-1)
+        if inserted is None:
+            return None, base, offset
+        mask, values = inserted
+        dim = values.shape[-1] - axes - 2
+        carried = values[..., dim : dim + axes].astype(jnp.int32)
+        rope = jnp.where(mask[..., None], carried, base)
+        last = jnp.max(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
+        delta = jnp.take_along_axis(values[..., dim + axes], jnp.maximum(last, 0)[:, None], 1)
+        offset = jnp.where(last >= 0, delta[:, 0].astype(jnp.int32), offset)
+        image = mask & (values[..., -1] > 0.5)
+        return (image, values[..., :dim]), rope, offset
 
     def prompt_with_images(self, params, ids, images, **options):
         """(expanded ids, `Request.embeddings`): see `axplug_vision.prompts.prompt_with_images`
