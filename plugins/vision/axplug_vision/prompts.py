@@ -46,19 +46,26 @@ def image_marker_text(cfg: Any, tokenizer: Any) -> str:
     return text
 
 
-def expand_images(ids: Sequence[int], cfg: Any, tokenizer: Any = None) -> list[int]:
+def expand_images(
+    ids: Sequence[int], cfg: Any, tokenizer: Any = None, counts: Sequence[int] | None = None
+) -> list[int]:
     """`ids` with each image marker replaced by the model's image sequence: its
-    `tokens_per_image` placeholders, between the begin and end tokens and the text around
-    them where the model has those (Gemma 3: "\\n\\n<start_of_image>...<end_of_image>\\n\\n")."""
+    `tokens_per_image` placeholders (the k-th image's `counts[k]` where images differ:
+    Qwen2.5-VL's), between the begin and end tokens and the text around them where the
+    model has those (Gemma 3: "\\n\\n<start_of_image>...<end_of_image>\\n\\n")."""
     from axplug_vision.model import VisionLanguageModel
 
-    image = [cfg.image_token_id] * VisionLanguageModel.tokens_per_image(cfg)
-    if cfg.image_begin_id is not None:
-        around = tokenizer.encode(cfg.image_text_around) if cfg.image_text_around else []
-        image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
-    marker, out = image_marker(cfg), list[int]()
+    around = tokenizer.encode(cfg.image_text_around) if cfg.image_text_around else []
+    marker, out, k = image_marker(cfg), list[int](), 0
     for token in ids:
-        out += image if token == marker else [token]
+        if token != marker:
+            out.append(token)
+            continue
+        n = counts[k] if counts is not None else VisionLanguageModel.tokens_per_image(cfg)
+        image, k = [cfg.image_token_id] * n, k + 1
+        if cfg.image_begin_id is not None:
+            image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
+        out += image
     return out
 
 
