@@ -59,9 +59,12 @@ def vision_fields(fields: Any, tower: Any) -> Any:
     (its defaults for the fields a published config leaves out, what its code fixes)."""
     vision = fields.raw.get("vision_config")
     kind = vision.get("model_type") if isinstance(vision, dict) else None
-    defaults = getattr(tower.klass, "hf_defaults", {}).get(kind, {})
-    implied = getattr(tower.klass, "hf_implied", {})
-    return fields.within("vision_config", defaults=defaults, implied=implied)
+    settings = dict(
+        defaults=getattr(tower.klass, "hf_defaults", {}).get(kind, {}),
+        aliases=getattr(tower.klass, "hf_aliases", {}),
+        implied=getattr(tower.klass, "hf_implied", {}),
+    )
+    return fields.within("vision_config", **settings)
 
 
 def image_limits(mask: jax.Array, positions: jax.Array) -> jax.Array:
@@ -160,13 +163,15 @@ class VisionLanguageModel(BaseLayer):
         return {"image_pixels": ((batch, seq, pixels // cls.tokens_per_image(cfg)), "float32")}
 
     @classmethod
-    def tokens_per_image(cls, cfg: Config) -> int:
+    def tokens_per_image(cls, cfg: Config) -> int | None:
         """The features (placeholder tokens) of one image: a pooling projector's count (its
-        `tokens_per_image`), else the tower's."""
+        `tokens_per_image`), else the tower's; None where images differ (Qwen2.5-VL's)."""
         pooled = getattr(cfg.projector, "tokens_per_image", None)
         if isinstance(pooled, int):
             return pooled
         tower = cfg.vision
+        if not hasattr(tower, "image_size"):
+            return None
         patches = (tower.image_size // tower.patch_size) ** 2
         return patches + int(tower.class_token and not cfg.drop_class_token)
 
@@ -179,15 +184,18 @@ class VisionLanguageModel(BaseLayer):
             text = {arch.aliases.get(k, k): v for k, v in text.items()}
             text = {k: v for k, v in text.items() if k not in arch.implied}
         vision, more = write_fields(cfg.vision)
+        aliases = getattr(cfg.vision.klass, "hf_aliases", {})
+        vision = {aliases.get(k, k): v for k, v in vision.items()}
         projector, most = write_fields(cfg.projector) if cfg.projector else ({}, [])
         if problems or more or most:
             raise ValueError("; ".join(problems + more + most))
+        per_image = cls.tokens_per_image(cfg)
         return {
             "text_config": {**text, "model_type": cfg.text_model_type},
             "vision_config": vision,
             **projector,
             "image_token_id": cfg.image_token_id,
-            "image_seq_length": cls.tokens_per_image(cfg),
+            **({} if per_image is None else {"image_seq_length": per_image}),
             "tie_word_embeddings": cfg.decoder.tie_word_embeddings,
         }
 

@@ -1,5 +1,5 @@
-"""Qwen2.5-VL's Hugging Face vision tower (`vision_config`, `model.visual.*` tensors) to and
-from a `QwenVisionTower` config and parameters."""
+"""Qwen2.5-VL's Hugging Face vision tower (`vision_config`, `visual.*` tensors) to and from a
+`QwenVisionTower` config and parameters."""
 
 from __future__ import annotations
 
@@ -7,135 +7,78 @@ from typing import Any
 
 import numpy as np
 
+from axplug.api import HFFields, HFTensor
 from axplug.api.config import ConfigError
-from axplug.api.layers import HF_ACTIVATIONS
-from axplug_vision.qwen_tower import QwenVisionTower
+from axplug.api.interop import linear_tensors, norm_tensors, read_fields, unflatten
+from axplug_vision.qwen_tower import VISION_MODEL_TYPE, QwenVisionTower
 
 __all__ = ["qwen_tower_config", "qwen_tower_params", "qwen_tower_tensors"]
 
-VISION_MODEL_TYPES = ("qwen2_5_vl_vision", "qwen2_5_vl")  # the second: older checkpoints'
-# Where the tower's tensors sit: transformers 5's whole model, the Hub checkpoints' files, the
-# tower alone.
-PREFIXES = ("model.visual.", "visual.", "")
-
-
-def _int(hf: dict, name: str, default: Any = None) -> int:
-    value = hf.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"vision_config.{name}={value!r}: expected a positive int")
-    return value
+# Where the tower's tensors sit: the checkpoints' files (transformers 5 saves them so too),
+# transformers 5's model in memory, the tower alone.
+PREFIXES = ("visual.", "model.visual.", "")
 
 
 def qwen_tower_config(vision_config: dict) -> Any:
     """The `QwenVisionTower` config of a Qwen2.5-VL `vision_config` (its `to_dict()`)."""
-    hf = vision_config
-    kind = hf.get("model_type", VISION_MODEL_TYPES[0])
-    if kind not in VISION_MODEL_TYPES:
-        raise ConfigError(
-            f"vision_config.model_type={kind!r}: not Qwen2.5-VL's vision tower "
-            f"({VISION_MODEL_TYPES[0]!r})"
-        )
-    act = hf.get("hidden_act", "silu")
-    if act not in HF_ACTIVATIONS:
-        raise ConfigError(
-            f"vision_config.hidden_act={act!r}: not an activation axplug computes "
-            f"(supported: {', '.join(HF_ACTIVATIONS)})"
-        )
-    rope = hf.get("rope_parameters") or {}
-    if rope.get("rope_type", "axial") != "axial":
-        raise ConfigError(
-            f"vision_config.rope_parameters.rope_type={rope['rope_type']!r}: the vision "
-            "tower's rotary is 'axial'"
-        )
-    dim, heads = _int(hf, "hidden_size"), _int(hf, "num_heads")
-    if dim % heads:
-        raise ConfigError(f"vision_config.hidden_size={dim} is not divisible by num_heads={heads}")
-    depth = _int(hf, "depth")
-    cfg = QwenVisionTower.default_config().set(
-        in_channels=_int(hf, "in_channels", 3),
-        patch_size=_int(hf, "patch_size", 14),
-        temporal_patch_size=_int(hf, "temporal_patch_size", 2),
-        spatial_merge_size=_int(hf, "spatial_merge_size", 2),
-        window_size=_int(hf, "window_size", 112),
-        dim=dim,
-        out_dim=_int(hf, "out_hidden_size"),
-        full_attention_layers=tuple(
-            int(i) for i in hf.get("fullatt_block_indexes", (7, 15, 23, 31))
-        ),
-    )
-    cfg.transformer.num_layers = depth
-    layer = cfg.transformer.layer
-    layer.attention.num_heads = heads
-    layer.attention.position.theta = float(rope.get("rope_theta", 10000.0))
-    layer.feed_forward.set(hidden_dim=_int(hf, "intermediate_size"), activation=HF_ACTIVATIONS[act])
+    kind = vision_config.get("model_type", VISION_MODEL_TYPE)
+    defaults = QwenVisionTower.hf_defaults.get(kind, {})
+    fields = HFFields(vision_config, source="vision_config", defaults=defaults,
+                      aliases=QwenVisionTower.hf_aliases)  # fmt: skip
+    cfg = QwenVisionTower.default_config()
+    read_fields(cfg, fields)
+    unread = (f"{n}={v!r} is read by no layer" for n, v in fields.unread().items())
+    problems = [*fields.problems, *unread]
+    if problems:
+        raise ConfigError("vision_config: " + "; ".join(problems))
     return cfg
 
 
-Names = dict[tuple[str, ...], tuple[str, int | None]]
-
-
-def _tensor_names(cfg: Any) -> Names:
-    """axplug parameter path -> (the tower's tensor name, which third of a fused q/k/v tensor
-    or None). Matrices are [in, out] here, [out, in] there."""
-
-    def linear(path: tuple[str, ...], name: str, third: int | None = None) -> Names:
-        return {
-            (*path, "weight"): (f"{name}.weight", third),
-            (*path, "bias"): (f"{name}.bias", third),
-        }
-
-    names: Names = {("patch_embedding", "weight"): ("patch_embed.proj.weight", None)}
+def qwen_tower_tensors(cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
+    """Every parameter of the tower `cfg` at `param` from its tensors under `hf` (`visual.`):
+    each fused q/k/v tensor read as three parts."""
+    norm, dim = cfg.transformer.layer.norm, cfg.dim
+    out = {
+        f"{param}.patch_weight": HFTensor(f"{hf}patch_embed.proj.weight"),
+        **norm_tensors(f"{param}.merger.norm", f"{hf}merger.ln_q", norm),
+        **linear_tensors(f"{param}.merger.hidden", f"{hf}merger.mlp.0", True),
+        **linear_tensors(f"{param}.merger.output", f"{hf}merger.mlp.2", True),
+    }
     for i in range(cfg.transformer.num_layers):
-        at, block = ("transformer", f"layer{i}"), f"blocks.{i}."
-        names[(*at, "attention_norm", "scale")] = (block + "norm1.weight", None)
-        names[(*at, "feed_forward_norm", "scale")] = (block + "norm2.weight", None)
-        for third, part in enumerate("qkv"):
-            names |= linear((*at, "attention", "qkv", part), block + "attn.qkv", third)
-        names |= linear((*at, "attention", "output"), block + "attn.proj")
-        for ours, theirs in (("wi_gate", "gate_proj"), ("wi_up", "up_proj"), ("wo", "down_proj")):
-            names |= linear((*at, "feed_forward", ours), f"{block}mlp.{theirs}")
-    names[("merger", "norm", "scale")] = ("merger.ln_q.weight", None)
-    names |= linear(("merger", "hidden"), "merger.mlp.0")
-    names |= linear(("merger", "output"), "merger.mlp.2")
-    return names
+        at, to = f"{param}.transformer.layer{i}", f"{hf}blocks.{i}"
+        out.update(
+            {
+                **norm_tensors(f"{at}.attention_norm", f"{to}.norm1", norm),
+                **norm_tensors(f"{at}.feed_forward_norm", f"{to}.norm2", norm),
+                **linear_tensors(f"{at}.attention.output", f"{to}.attn.proj", True),
+                **linear_tensors(f"{at}.feed_forward.wi_gate", f"{to}.mlp.gate_proj", True),
+                **linear_tensors(f"{at}.feed_forward.wi_up", f"{to}.mlp.up_proj", True),
+                **linear_tensors(f"{at}.feed_forward.wo", f"{to}.mlp.down_proj", True),
+            }
+        )
+        for third, name in enumerate("qkv"):
+            part = (0, third * dim, (third + 1) * dim)
+            out[f"{at}.attention.qkv.{name}.weight"] = HFTensor(
+                f"{to}.attn.qkv.weight", transpose=True, part=part
+            )
+            out[f"{at}.attention.qkv.{name}.bias"] = HFTensor(f"{to}.attn.qkv.bias", part=part)
+    return out
 
 
 def qwen_tower_params(state: dict, cfg: Any) -> dict:
     """`QwenVisionTower` parameters (of `cfg`) from a state dict of numpy arrays: a whole
-    Qwen2.5-VL model's (`model.visual.` or `visual.`) or the tower's own."""
+    Qwen2.5-VL model's (`visual.` or `model.visual.`) or the tower's own."""
     prefix = next((p for p in PREFIXES if p + "merger.ln_q.weight" in state), None)
     if prefix is None:
         raise ConfigError(
             "state: no Qwen2.5-VL vision tower tensors (merger.ln_q.weight under any of "
             f"{', '.join(repr(p) for p in PREFIXES)})"
         )
-    params: dict = {}
-    for path, (name, third) in _tensor_names(cfg).items():
-        value = np.asarray(state[prefix + name], np.float32)
-        if third is not None:
-            value = np.split(value, 3)[third]
-        if path[0] == "patch_embedding":  # [dim, channels, time, row, column]
-            value = value.reshape(value.shape[0], -1)
-        node = params
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value.T if value.ndim == 2 else value
-    return params
-
-
-def qwen_tower_tensors(params: dict, cfg: Any, prefix: str = "model.visual.") -> dict:
-    """The tower's tensors (numpy, named as transformers' Qwen2.5-VL under `prefix`) of
-    `QwenVisionTower` parameters: `qwen_tower_params`' inverse."""
-    parts: dict[str, list] = {}
-    for path, (name, _) in _tensor_names(cfg).items():
-        node = params
-        for key in path[:-1]:
-            node = node[key]
-        value = np.asarray(node[path[-1]])
-        parts.setdefault(prefix + name, []).append(value.T if value.ndim == 2 else value)
-    tensors = {name: np.concatenate(p) if len(p) > 1 else p[0] for name, p in parts.items()}
-    patch = (cfg.dim, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-    tensors[prefix + "patch_embed.proj.weight"] = tensors[
-        prefix + "patch_embed.proj.weight"
-    ].reshape(patch)
-    return tensors
+    flat = {}
+    for path, rule in qwen_tower_tensors(cfg, "tower", prefix).items():
+        value = np.asarray(state[rule.name], np.float32)
+        if rule.part is not None:
+            _, start, stop = rule.part
+            value = value[start:stop]
+        flat[path.removeprefix("tower.")] = value.T if rule.transpose else value
+    return unflatten(flat)

@@ -1,6 +1,7 @@
-"""Qwen2.5-VL's vision tower as a layer: a linear patch embedding, bidirectional transformer
-layers with 2-D (axial) rotary positions and windowed attention (some layers over the whole
-image), and a patch merger that folds each spatial_merge_size**2 block into one token.
+"""Qwen2.5-VL's vision tower as a layer: a patch embedding (a stride-sized Conv3d's weight),
+bidirectional transformer layers with 2-D (axial) rotary positions and windowed attention (some
+layers over the whole image), and a patch merger that folds each spatial_merge_size**2 block
+into one token.
 
 Everything that depends on the images' grids is computed in numpy by `qwen_vision_inputs`,
 so a jitted `forward` depends only on the total patch count.
@@ -12,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from axplug.api import ParameterSpec
 from axplug.api.config import REQUIRED, ConfigError, Required, config_class
 from axplug.api.layers import (
+    HF_ACTIVATIONS,
     Attention,
     BaseLayer,
     FeedForward,
@@ -22,6 +25,7 @@ from axplug.api.layers import (
     StackedTransformer,
     TransformerLayer,
     get_activation,
+    hf_activation,
 )
 
 __all__ = [
@@ -36,6 +40,16 @@ __all__ = [
 # packed as row << AXIAL_SHIFT | column; the mask ignores positions (not causal, no window).
 AXIAL_SHIFT = 16
 MAX_GRID_SIDE = (1 << (31 - AXIAL_SHIFT)) - 1  # a packed row stays a positive int32
+
+VISION_MODEL_TYPE = "qwen2_5_vl_vision"
+# transformers' Qwen2_5_VLVisionConfig values, for the fields a published vision_config leaves
+# out; "qwen2_5_vl" is older checkpoints' model_type for the same tower, the Hub's have none.
+_HF_DEFAULTS = dict(
+    depth=32, hidden_size=3584, hidden_act="silu", intermediate_size=3420, num_heads=16,
+    in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+    tokens_per_second=4, window_size=112, out_hidden_size=3584,
+    fullatt_block_indexes=[7, 15, 23, 31],
+)  # fmt: skip
 
 
 def axial_positions(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -122,7 +136,14 @@ class QwenVisionTower(BaseLayer):
 
     Patches are flattened channel, time, row, column (a stride-sized Conv3d's weight order),
     each merge block's patches consecutive, as Qwen2.5-VL's image processor emits them.
+    Its Hugging Face fields are a Qwen2.5-VL `vision_config`'s, all read and written here.
     """
+
+    hf_reads_subtree = True
+    hf_writes_subtree = True
+    hf_defaults = {VISION_MODEL_TYPE: _HF_DEFAULTS, "qwen2_5_vl": _HF_DEFAULTS, None: _HF_DEFAULTS}
+    # Its config class's `attribute_map`: the names asked for -> vision_config's.
+    hf_aliases = {"num_hidden_layers": "depth", "num_attention_heads": "num_heads"}
 
     @config_class
     class Config(BaseLayer.Config):
@@ -141,6 +162,65 @@ class QwenVisionTower(BaseLayer):
         )
         merger: PatchMerger.Config = PatchMerger.default_config()
 
+    @classmethod
+    def hf_read(cls, cfg: Config, fields) -> None:
+        fields.expect("model_type", VISION_MODEL_TYPE, "qwen2_5_vl")
+        rope = fields.get("rope_parameters", None) or {}
+        if rope.get("rope_type", "axial") != "axial":
+            fields.problem(f"rope_parameters.rope_type={rope['rope_type']!r} (only 'axial')")
+        act = fields.get("hidden_act")
+        if act not in HF_ACTIVATIONS:
+            fields.problem(f"hidden_act={act!r} (supported: {', '.join(HF_ACTIVATIONS)})")
+        fields.get("tokens_per_second")  # spaces a video's frames: images have one
+        # Older checkpoints' names that transformers ignores (in_channels, patch_size rule).
+        fields.get("in_chans", None)
+        fields.get("spatial_patch_size", None)
+        full = fields.get("fullatt_block_indexes")
+        if not isinstance(full, (list, tuple)) or not all(isinstance(i, int) for i in full):
+            fields.problem(f"fullatt_block_indexes={full!r} (expected a list of layer indices)")
+            full = ()
+        dim, heads = fields.positive_int("hidden_size"), fields.positive_int("num_attention_heads")
+        if heads and dim % heads:
+            name = fields.name("num_attention_heads")
+            fields.problem(f"hidden_size={dim} is not divisible by {name}={heads}")
+        cfg.set(
+            in_channels=fields.positive_int("in_channels"),
+            patch_size=fields.positive_int("patch_size"),
+            temporal_patch_size=fields.positive_int("temporal_patch_size"),
+            spatial_merge_size=fields.positive_int("spatial_merge_size"),
+            window_size=fields.positive_int("window_size"),
+            dim=dim,
+            out_dim=fields.positive_int("out_hidden_size"),
+            full_attention_layers=tuple(full),
+        )
+        cfg.transformer.num_layers = fields.positive_int("num_hidden_layers")
+        layer = cfg.transformer.layer
+        layer.attention.num_heads = heads
+        layer.attention.position.theta = float(rope.get("rope_theta", 10000.0))
+        layer.feed_forward.hidden_dim = fields.positive_int("intermediate_size")
+        layer.feed_forward.activation = HF_ACTIVATIONS.get(act, "silu")
+
+    @classmethod
+    def hf_write(cls, cfg: Config) -> dict:
+        """vision_config's fields, by the names `hf_aliases` renames."""
+        layer = cfg.transformer.layer
+        return {
+            "model_type": VISION_MODEL_TYPE,
+            "in_channels": cfg.in_channels,
+            "patch_size": cfg.patch_size,
+            "temporal_patch_size": cfg.temporal_patch_size,
+            "spatial_merge_size": cfg.spatial_merge_size,
+            "window_size": cfg.window_size,
+            "hidden_size": cfg.dim,
+            "out_hidden_size": cfg.out_dim,
+            "fullatt_block_indexes": list(cfg.full_attention_layers),
+            "num_hidden_layers": cfg.transformer.num_layers,
+            "num_attention_heads": layer.attention.num_heads,
+            "intermediate_size": layer.feed_forward.hidden_dim,
+            "hidden_act": hf_activation(layer.feed_forward.activation),
+            "rope_parameters": {"rope_type": "axial", "rope_theta": layer.attention.position.theta},
+        }
+
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if _window_tokens(cfg) < 1:
@@ -156,10 +236,6 @@ class QwenVisionTower(BaseLayer):
                 "full_attention_layers",
                 f"{outside} are not among the {layers} layers (0 to {layers - 1})",
             )
-        patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-        self._add_child(
-            "patch_embedding", Linear.default_config().set(input_dim=patch_dim, output_dim=cfg.dim)
-        )
         self._add_child("transformer", cfg.transformer.clone(input_dim=cfg.dim))
         self._add_child(
             "merger",
@@ -167,6 +243,13 @@ class QwenVisionTower(BaseLayer):
                 input_dim=cfg.dim, output_dim=cfg.out_dim, spatial_merge_size=cfg.spatial_merge_size
             ),
         )
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self._config
+        shape = (cfg.dim, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        # A stride-sized Conv3d's weight, in its own layout (a checkpoint's tensor as it is).
+        init = jax.nn.initializers.normal(0.02)
+        return {"patch_weight": ParameterSpec(shape, self.dtype, ("embed", *[None] * 4), init)}
 
     def forward(
         self,
@@ -180,7 +263,8 @@ class QwenVisionTower(BaseLayer):
     ) -> jax.Array:
         cfg = self._config
         # Windows made contiguous, as block-sparse attention kernels want them.
-        x = self.patch_embedding(patches.astype(self.dtype)[window_order])[None]
+        weight = self.parameters["patch_weight"].reshape(cfg.dim, -1)
+        x = (patches.astype(self.dtype)[window_order] @ weight.T)[None]
         for i in range(cfg.transformer.num_layers):
             segments = frame_segments if i in cfg.full_attention_layers else window_segments
             layer = getattr(self.transformer, f"layer{i}")

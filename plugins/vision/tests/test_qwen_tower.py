@@ -36,6 +36,7 @@ def test_qwen_tower_equals_transformers():
     from axplug_vision.qwen_hf import qwen_tower_config, qwen_tower_params, qwen_tower_tensors
     from axplug_vision.qwen_tower import qwen_vision_inputs
 
+    from axplug.api.interop import hf_tensors
     from axplug.api.layers import functional
 
     config, model = tiny_qwen_tower()
@@ -50,7 +51,7 @@ def test_qwen_tower_equals_transformers():
     specs = tower.create_parameter_specs_recursively()
     shapes = jax.tree.map(lambda s: tuple(s.shape), specs, is_leaf=lambda s: hasattr(s, "shape"))
     assert shapes == jax.tree.map(lambda a: a.shape, params)
-    back = qwen_tower_tensors(params, cfg)
+    back = dict(hf_tensors({"tower": params}, qwen_tower_tensors(cfg, "tower", "model.visual.")))
     assert sorted(back) == sorted(state)
     for name, value in state.items():
         np.testing.assert_array_equal(back[name], value, err_msg=name)
@@ -70,7 +71,7 @@ def test_an_unknown_activation_and_a_grid_off_the_merge_blocks_are_errors():
 
     from axplug.api.config import ConfigError
 
-    with pytest.raises(ConfigError, match="vision_config.hidden_act='swiglu'"):
+    with pytest.raises(ConfigError, match="vision_config: hidden_act='swiglu'"):
         qwen_tower_config({**VISION, "hidden_act": "swiglu"})
     cfg = qwen_tower_config(VISION)
     with pytest.raises(ConfigError, match=r"grid_thw: \(1, 6, 5\) patches do not tile"):
