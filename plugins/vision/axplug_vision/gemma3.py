@@ -102,6 +102,7 @@ class Gemma3(Llava):
             # What Gemma 3's processor puts around an image's placeholders in a prompt.
             image_begin_id=fields.get("boi_token_index"),
             image_end_id=fields.get("eoi_token_index"),
+            image_marked_by_begin=True,
             image_text_around="\n\n",
         )
         return cfg

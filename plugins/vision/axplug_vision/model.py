@@ -114,15 +114,19 @@ class VisionLanguageModel(BaseLayer):
         drop_class_token: bool = False
         # An image's tokens attend to each other both ways (Gemma 3); text stays causal.
         bidirectional_images: bool = False
-        # Tokens around an image's placeholders (Gemma 3: <start_of_image>, <end_of_image>,
-        # with "\n\n" outside them); None: none. A prompt marks an image by the begin token
-        # where there is one, else by the placeholder (`axplug_vision.prompts`).
+        # The tokens around an image's placeholders (Gemma 3: <start_of_image>, <end_of_image>;
+        # Qwen2.5-VL: <|vision_start|>, <|vision_end|>); None: none.
         image_begin_id: int | None = None
         image_end_id: int | None = None
+        # Whether a prompt marks an image by the begin token alone, which the image's whole
+        # sequence replaces with `image_text_around` outside it (Gemma 3's "\n\n"), rather
+        # than by one placeholder between the begin and end tokens (Qwen2.5-VL's, LLaVA's).
+        image_marked_by_begin: bool = False
         image_text_around: str = ""
-        # Axes of the multimodal rotary positions (Qwen2.5-VL: 3, time, height, width) that a
-        # prompt's `Request.embeddings` carry after each vector's features, then the offset
-        # of the positions after its images and whether the token is an image's; 0: none.
+        # Axes of the multimodal rotary positions (Qwen2.5-VL: 3, time, height, width): each
+        # image token's `Request.embeddings` vector carries its positions after its features,
+        # then the offset of the text positions after its image (`prompts.rotary_embeddings`);
+        # 0: none.
         rope_axes: int = 0
 
     @classmethod
@@ -310,21 +314,20 @@ class VisionLanguageModel(BaseLayer):
 
     def _rotary(self, inserted, positions, cache_state):
         """(the features to insert, rotary positions [batch, new, axes], each row's offset):
-        a token a prompt carries takes its own positions; any other, its sequence position
-        plus the row's offset (that of its prompt's last carried token)."""
+        an image token takes the positions it carries; any other, its sequence position plus
+        the offset the last image before it carries (the row's kept one before the first)."""
         axes, offset = self._config.rope_axes, cache_state["position_offset"]
-        base = jnp.repeat((positions + offset[:, None])[..., None], axes, axis=-1)
         if inserted is None:
-            return None, base, offset
+            shifted = positions + offset[:, None]
+            return None, jnp.repeat(shifted[..., None], axes, axis=-1), offset
         mask, values = inserted
-        dim = values.shape[-1] - axes - 2
-        carried = values[..., dim : dim + axes].astype(jnp.int32)
-        rope = jnp.where(mask[..., None], carried, base)
-        last = jnp.max(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
-        delta = jnp.take_along_axis(values[..., dim + axes], jnp.maximum(last, 0)[:, None], 1)
-        offset = jnp.where(last >= 0, delta[:, 0].astype(jnp.int32), offset)
-        image = mask & (values[..., -1] > 0.5)
-        return (image, values[..., :dim]), rope, offset
+        dim = values.shape[-1] - axes - 1
+        last = jax.lax.cummax(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
+        after = jnp.take_along_axis(values[..., -1], jnp.maximum(last, 0), axis=1)
+        after = jnp.where(last >= 0, after.astype(jnp.int32), offset[:, None])
+        shifted = jnp.repeat((positions + after)[..., None], axes, axis=-1)
+        rope = jnp.where(mask[..., None], values[..., dim:-1].astype(jnp.int32), shifted)
+        return (mask, values[..., :dim]), rope, after[:, -1]
 
     def prompt_with_images(self, params, ids, images, **options):
         """(expanded ids, `Request.embeddings`): see `axplug_vision.prompts.prompt_with_images`

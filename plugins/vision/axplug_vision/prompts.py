@@ -20,6 +20,7 @@ __all__ = [
     "expand_images",
     "image_pixels",
     "image_embeddings",
+    "rotary_embeddings",
     "prompt_with_images",
 ]
 
@@ -28,8 +29,8 @@ _ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def image_marker(cfg: Any) -> int:
     """The token that stands for one image in a rendered prompt: the begin-of-image token
-    where the model has one (Gemma 3), else the image placeholder itself (LLaVA)."""
-    return cfg.image_token_id if cfg.image_begin_id is None else cfg.image_begin_id
+    where the model marks images so (Gemma 3), else the placeholder itself (LLaVA, Qwen)."""
+    return cfg.image_begin_id if cfg.image_marked_by_begin else cfg.image_token_id
 
 
 def image_marker_text(cfg: Any, tokenizer: Any) -> str:
@@ -63,7 +64,7 @@ def expand_images(
             continue
         n = counts[k] if counts is not None else VisionLanguageModel.tokens_per_image(cfg)
         image, k = [cfg.image_token_id] * n, k + 1
-        if cfg.image_begin_id is not None:
+        if cfg.image_marked_by_begin:
             image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
         out += image
     return out
@@ -72,6 +73,19 @@ def expand_images(
 def image_pixels(images: Sequence[Any], directories: Sequence[str], cfg: Any) -> np.ndarray:
     """[images, channels, height, width]: `images` (PIL images) through the processor of the
     first of `directories` with a preprocessor_config.json, checked against the tower."""
+    pixels = _processor(directories)(list(images))["pixel_values"]
+    tower = cfg.vision
+    want = (tower.num_channels, tower.image_size, tower.image_size)
+    if tuple(pixels.shape[1:]) != want:
+        raise ConfigError(
+            f"the model's preprocessor_config.json makes images of {list(pixels.shape[1:])}, "
+            f"but its tower takes {list(want)}"
+        )
+    return pixels
+
+
+def _processor(directories: Sequence[str]) -> Any:
+    """The image processor of the first of `directories` with its settings."""
     from axplug_vision.preprocess import image_processor, read_preprocessor_config
 
     home = next((d for d in directories if _has_processor(d)), None)
@@ -81,15 +95,7 @@ def image_pixels(images: Sequence[Any], directories: Sequence[str], cfg: Any) ->
             "model's image processor settings (import the model from a Hugging Face "
             "checkpoint that has them, or copy the file beside the run's tokenizer)"
         )
-    pixels = image_processor(read_preprocessor_config(home))(list(images))["pixel_values"]
-    tower = cfg.vision
-    want = (tower.num_channels, tower.image_size, tower.image_size)
-    if tuple(pixels.shape[1:]) != want:
-        raise ConfigError(
-            f"{home}/preprocessor_config.json makes images of {list(pixels.shape[1:])}, but "
-            f"the model's tower takes {list(want)}"
-        )
-    return pixels
+    return image_processor(read_preprocessor_config(home))
 
 
 def _has_processor(directory: str) -> bool:
@@ -98,15 +104,35 @@ def _has_processor(directory: str) -> bool:
 
 
 def _encoder(model: Any):
-    """`model.encode_images` jitted, once per model."""
+    """`model.encode_images(pixels, **vision_inputs)` jitted, once per model."""
     if model not in _ENCODERS:
 
-        def encode(params, pixels):
-            return functional(model, prng_key=None, state=params, inputs=(pixels,),
+        def encode(params, pixels, vision_inputs):
+            inputs = {"pixels": pixels, **vision_inputs}
+            return functional(model, prng_key=None, state=params, inputs=inputs,
                               is_training=False, method="encode_images")[0]  # fmt: skip
 
         _ENCODERS[model] = jax.jit(encode)
     return _ENCODERS[model]
+
+
+def rotary_embeddings(cfg: Any, ids: Sequence[int], grids: Any, features: Any) -> tuple:
+    """`Request.embeddings` of a prompt of a model with multimodal rotary positions (Qwen2.5-VL):
+    each image token carries [its features, its (time, height, width) positions, the offset
+    of the text positions after its image from their indices]
+    (`VisionLanguageModel.Config.rope_axes`)."""
+    from axplug_vision.qwen_rope import rope_index
+
+    positions, _ = rope_index(ids, grids, cfg)
+    where = np.flatnonzero(np.asarray(ids) == cfg.image_token_id)
+    features = np.asarray(features, np.float32).reshape(-1, np.shape(features)[-1])
+    # Each image's end: where a run of placeholders stops; the text after it continues from
+    # the image's largest position + 1.
+    ends = np.flatnonzero(np.diff(np.append(where, -2)) != 1)
+    after = np.zeros(len(where), np.float32)
+    for first, last in zip(np.append(0, ends[:-1] + 1), ends, strict=True):
+        after[first : last + 1] = positions[where[first : last + 1]].max() + 1 - (where[last] + 1)
+    return where, np.concatenate([features, positions[where], after[:, None]], axis=1)
 
 
 def image_embeddings(model: Any, params: Any, ids: Sequence[int], pixels: Any) -> tuple:
@@ -114,7 +140,7 @@ def image_embeddings(model: Any, params: Any, ids: Sequence[int], pixels: Any) -
     height, width]: (its placeholder indices, the images' features, in order)."""
     cfg = model.config
     where = np.flatnonzero(np.asarray(ids) == cfg.image_token_id)
-    features = np.asarray(_encoder(model)(params, np.asarray(pixels, np.float32)), np.float32)
+    features = np.asarray(_encoder(model)(params, np.asarray(pixels, np.float32), {}))
     vectors = features.reshape(-1, features.shape[-1])
     if len(where) != len(vectors):
         raise ConfigError(
@@ -157,8 +183,18 @@ def prompt_with_images(
             f"the prompt has {markers} image marker(s) (token {marker}) for {len(loaded)} "
             "image(s); give one per image, or none to put them all before the prompt"
         )
-    expanded = expand_images(ids, cfg, tokenizer)
     if not loaded:
-        return expanded, None
+        return expand_images(ids, cfg, tokenizer), None
+    if cfg.rope_axes:  # images of their own sizes, as patches laid out by their grids
+        from axplug_vision.qwen_tower import qwen_vision_inputs
+
+        processed = _processor(directories)(loaded)
+        grids = processed["image_grid_thw"]
+        counts = [int(np.prod(g)) // cfg.vision.spatial_merge_size**2 for g in grids]
+        expanded = expand_images(ids, cfg, tokenizer, counts)
+        inputs = qwen_vision_inputs(grids, cfg.vision)
+        features = _encoder(model)(params, processed["pixel_values"], inputs)
+        return expanded, rotary_embeddings(cfg, expanded, grids, features)
+    expanded = expand_images(ids, cfg, tokenizer)
     pixels = image_pixels(loaded, directories, cfg)
     return expanded, image_embeddings(model, params, expanded, pixels)

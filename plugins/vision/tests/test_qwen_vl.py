@@ -52,11 +52,12 @@ def hf_logits(model, ids, patches):
 def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
     import jax
     from axplug_testing import run_cli
+    from axplug_vision.prompts import _encoder, rotary_embeddings
     from axplug_vision.qwen_rope import rope_index
     from axplug_vision.qwen_tower import qwen_vision_inputs
 
     from axplug.api.layers import functional
-    from axplug.api.run import load_checkpoint
+    from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_qwen_vl()
     reference.save_pretrained(tmp_path / "hf")
@@ -92,6 +93,37 @@ def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
     }
     got = np.asarray(predict(loaded.params, inputs))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+    # 16 greedy tokens through the engine: the prompt's tokens carry their rotary positions,
+    # the generated ones their index plus the prompt's offset (kept per row in the cache);
+    # whole, and prefilled 5 tokens at a time.
+    encode = _encoder(model)
+    features = encode(loaded.params, patches, inputs["vision_inputs"])
+    embeddings = rotary_embeddings(model.config, PROMPT, GRID_THW, features)
+    sampling = SamplingParams(max_new_tokens=16, temperature=0.0, logprobs=0)
+    (completion,) = generate(model, loaded.params, [PROMPT], sampling, embeddings=[embeddings])
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=torch.as_tensor(ids, dtype=torch.long),
+            pixel_values=torch.as_tensor(patches), image_grid_thw=torch.as_tensor(GRID_THW),
+            mm_token_type_ids=torch.as_tensor(ids == IMAGE).int(), max_new_tokens=16,
+            min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+            output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    assert list(completion.output_ids) == out.sequences[0, len(PROMPT) :].tolist()
+    # Each token's log-probability too: a generated token's rotary position (its index plus
+    # the prompt's offset) shows there even where the greedy choice does not change.
+    hf_logprobs = [torch.log_softmax(step[0], -1)[t].item()
+                   for step, t in zip(out.logits, completion.output_ids, strict=True)]  # fmt: skip
+    ours = [entry.logprob for entry in completion.output_logprobs]
+    np.testing.assert_allclose(ours, hf_logprobs, rtol=0, atol=1e-5)
+    engine = Engine(model, loaded.params, num_slots=2, max_len=64, prefill_chunk=5)
+    engine.submit(Request(PROMPT, sampling, embeddings=embeddings))
+    engine.submit(Request(PROMPT[:3], sampling))  # no image: its row's offset stays 0
+    chunked, text_only = sorted(engine.run(), key=lambda c: c.id)
+    assert chunked.output_ids == completion.output_ids
+    (alone,) = generate(model, loaded.params, [PROMPT[:3]], sampling)
+    assert text_only.output_ids == alone.output_ids
 
     result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
     assert result.exit_code == 0, result.stderr
