@@ -31,6 +31,12 @@ VISION = dict(
 )  # fmt: skip
 
 
+PROCESSOR = {  # Qwen2-VL's processor for the tiny tower: 4-pixel patches, merged 2 x 2
+    "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 4, "merge_size": 2,
+    "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 1024,
+}  # fmt: skip
+
+
 def tiny_qwen_vl():
     config = transformers.Qwen2_5_VLConfig(
         text_config=TEXT, vision_config=VISION, image_token_id=IMAGE, video_token_id=VIDEO,
@@ -124,6 +130,30 @@ def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
     assert chunked.output_ids == completion.output_ids
     (alone,) = generate(model, loaded.params, [PROMPT[:3]], sampling)
     assert text_only.output_ids == alone.output_ids
+
+    # A photo through the model's own processor (dynamic resolution: 24 x 32 pixels are 6 x 8
+    # patches, 12 placeholders) and the prompt hook that `generate --image` and `serve` call.
+    from PIL import Image
+
+    (tmp_path / "run" / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 256, (24, 32, 3), np.uint8))
+    prompt, embeddings = model.prompt_with_images(
+        loaded.params, [1, 7, START, IMAGE, END, 12], [image], directories=[str(tmp_path / "run")]
+    )  # fmt: skip
+    assert prompt == [1, 7, START, *[IMAGE] * 12, END, 12]
+    (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")
+    processed = processor(images=[image], return_tensors="pt")
+    (completion,) = generate(model, loaded.params, [prompt], sampling, embeddings=[embeddings])
+    prompt_ids = torch.as_tensor([prompt])
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=prompt_ids, pixel_values=processed["pixel_values"],
+            image_grid_thw=processed["image_grid_thw"],
+            mm_token_type_ids=(prompt_ids == IMAGE).int(), max_new_tokens=16,
+            min_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert list(completion.output_ids) == out[0, len(prompt) :].tolist()
 
     result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
     assert result.exit_code == 0, result.stderr
