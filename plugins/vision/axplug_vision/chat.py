@@ -74,6 +74,11 @@ def pixel_width(model: Any) -> int:
     """The pixel values each placeholder token of `model` (a `VisionLanguageModel` config)
     carries: an image's, split evenly over its placeholders."""
     tower, per_image = model.vision, VisionLanguageModel.tokens_per_image(model)
+    if per_image is None:
+        raise ConfigError(
+            "--images: the model's images take as many tokens as their size gives "
+            "(Qwen2.5-VL's); prepared image chats are for towers of one image size so far"
+        )
     values = tower.num_channels * tower.image_size**2
     if values % per_image:
         raise ConfigError(
