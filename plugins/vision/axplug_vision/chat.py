@@ -73,12 +73,7 @@ def image_model(run_dir: str) -> tuple[Any, list[str]]:
 def pixel_width(model: Any) -> int:
     """The pixel values each placeholder token of `model` (a `VisionLanguageModel` config)
     carries: an image's, split evenly over its placeholders."""
-    tower, per_image = model.vision, VisionLanguageModel.tokens_per_image(model)
-    if per_image is None:
-        raise ConfigError(
-            "--images: the model's images take as many tokens as their size gives "
-            "(Qwen2.5-VL's); prepared image chats are for towers of one image size so far"
-        )
+    tower, per_image = model.vision, VisionLanguageModel.fixed_tokens_per_image(model)
     values = tower.num_channels * tower.image_size**2
     if values % per_image:
         raise ConfigError(
@@ -198,7 +193,7 @@ def _document_pixels(tokens: np.ndarray, pixels: np.ndarray, model: Any, what: s
     """[tokens, width] float32: each image's pixels (`pixels` [images, ...]) flattened and
     split over its placeholder tokens, as `VisionLanguageModel.pixels_from_tokens` reads
     them; zeros elsewhere."""
-    per_image = VisionLanguageModel.tokens_per_image(model)
+    per_image = VisionLanguageModel.fixed_tokens_per_image(model)
     where = np.flatnonzero(tokens == model.image_token_id)
     if len(where) != len(pixels) * per_image:
         raise ConfigError(

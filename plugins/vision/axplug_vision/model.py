@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from axplug.api.config import REQUIRED, Required, config_class
+from axplug.api.config import REQUIRED, ConfigError, Required, config_class
 from axplug.api.interop import (
     load_architecture,
     read_fields,
@@ -164,7 +164,20 @@ class VisionLanguageModel(BaseLayer):
         aot`: every token's share of its image's pixels (`image_pixels`)."""
         tower = cfg.vision
         pixels = tower.num_channels * tower.image_size**2
-        return {"image_pixels": ((batch, seq, pixels // cls.tokens_per_image(cfg)), "float32")}
+        per_image = cls.fixed_tokens_per_image(cfg)
+        return {"image_pixels": ((batch, seq, pixels // per_image), "float32")}
+
+    @classmethod
+    def fixed_tokens_per_image(cls, cfg: Config) -> int:
+        """`tokens_per_image`, which must not depend on the image (what images carried per
+        token, in prepared data or a planned step, need)."""
+        per_image = cls.tokens_per_image(cfg)
+        if per_image is None:
+            raise ConfigError(
+                "the model's images take as many tokens as their size gives (Qwen2.5-VL's); "
+                "images carried by their placeholder tokens need a tower of one image size"
+            )
+        return per_image
 
     @classmethod
     def tokens_per_image(cls, cfg: Config) -> int | None:
@@ -226,7 +239,7 @@ class VisionLanguageModel(BaseLayer):
         split evenly over its placeholders, as prepared data stores them); a row holds up to
         seq / tokens_per_image images, the rest zeros."""
         cfg, (b, s) = self._config, input_ids.shape
-        tower, per_image = cfg.vision, type(self).tokens_per_image(cfg)
+        tower, per_image = cfg.vision, type(self).fixed_tokens_per_image(cfg)
         slots = -(-s // per_image) * per_image
         mask = input_ids == cfg.image_token_id
         index = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, slots)

@@ -62,7 +62,7 @@ def expand_images(
         if token != marker:
             out.append(token)
             continue
-        n = counts[k] if counts is not None else VisionLanguageModel.tokens_per_image(cfg)
+        n = counts[k] if counts is not None else VisionLanguageModel.fixed_tokens_per_image(cfg)
         image, k = [cfg.image_token_id] * n, k + 1
         if cfg.image_marked_by_begin:
             image = [*around, cfg.image_begin_id, *image, cfg.image_end_id, *around]
