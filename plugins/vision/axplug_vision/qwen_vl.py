@@ -101,7 +101,6 @@ class Qwen2_5_VL:
         }
 
     def config_fields(self, model: Any) -> dict[str, Any]:
-        return {
-            "vision_start_token_id": model.image_begin_id,
-            "vision_end_token_id": model.image_end_id,
-        }
+        # Any model may be asked (an export tries each architecture): a text model has none.
+        ids = (getattr(model, "image_begin_id", None), getattr(model, "image_end_id", None))
+        return {"vision_start_token_id": ids[0], "vision_end_token_id": ids[1]}
