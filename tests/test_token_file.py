@@ -97,7 +97,8 @@ def test_packing_marks_documents_positions_and_boundary_targets(tmp_path):
 
 def test_vector_token_values_aligned_with_the_inputs_travel_with_their_tokens(tmp_path):
     """An image's pixels stored per placeholder token (`"width"`, `"aligned": "inputs"`)
-    reach every row beside their own tokens, whole, in stream and document rows alike."""
+    reach every row beside their own tokens, whole; stream windows, which could start inside
+    an image, are refused."""
     docs = documents(8)
     data = make_data(tmp_path, docs, shard_docs=3)
     meta = json.loads((data / "meta.json").read_text())
@@ -108,12 +109,15 @@ def test_vector_token_values_aligned_with_the_inputs_travel_with_their_tokens(tm
         values.tofile(data / f"{shard['name']}.pix.bin")
     meta["token_values"] = {"pix": {"dtype": "float32", "width": 3, "aligned": "inputs"}}
     (data / "meta.json").write_text(json.dumps(meta))
-    for rows in ("stream", "documents"):
-        batch = token_input(data, rows=rows, packing=True).batch(0)
-        ids = batch["input_ids"].astype(np.float32)
-        real = (batch["segment_ids"] > 0) if rows == "documents" else np.ones_like(ids, bool)
-        want = np.where(real[..., None], np.stack([ids, ids**2, -np.ones_like(ids)], -1), 0)
-        np.testing.assert_array_equal(batch["pix"], want)
+    batch = token_input(data, rows="documents", packing=True).batch(0)
+    ids = batch["input_ids"].astype(np.float32)
+    real = batch["segment_ids"] > 0
+    want = np.where(real[..., None], np.stack([ids, ids**2, -np.ones_like(ids)], -1), 0)
+    np.testing.assert_array_equal(batch["pix"], want)
+    from axplug.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rows: .stream.: .* \[.pix.\] ride whole documents"):
+        token_input(data, rows="stream")
 
 
 def test_a_packed_rows_loss_is_the_sum_of_its_documents_losses(tmp_path):

@@ -14,6 +14,7 @@ from axplug.inference import paging as pages
 from axplug.inference.paging import OutOfPagesError
 from axplug.inference.requests import Request, RequestState
 from axplug.inference.steps import read_cache_row, write_cache_row
+from axplug.layers.kv_cache import has_row_state
 
 __all__ = ["adapters_in_use", "admit_pages", "attach", "checked", "detach_decoding",
            "give_pages"]  # fmt: skip
@@ -73,6 +74,11 @@ def adapters_in_use(self) -> set[int]:
 def detach_decoding(self) -> list[tuple[RequestState, Any]]:
     """Every request that is decoding, taken out with its cached row (`read_row` form):
     its row and pages are free at once, and it is not finished."""
+    if has_row_state(self._cache):
+        raise ValueError(
+            "this model keeps per-row position state (a multimodal rotary offset) that a "
+            "row moved to another engine would lose; serve it without --prefill-devices"
+        )
     out = []
     for slot, active in enumerate(self._slots):
         if active is None or not active.decoding:

@@ -40,7 +40,7 @@ from axplug.inference.requests import (
 from axplug.inference.rows import RowSettings
 from axplug.inference.speculation import Proposer, propose
 from axplug.inference.steps import bind_extend_rows, one_device_placement
-from axplug.layers.kv_cache import assigning_pages
+from axplug.layers.kv_cache import assigning_pages, has_row_state
 from axplug.mesh import DEFAULT_AXIS_RULES
 from axplug.sharding import make_scope, sharding_scope
 
@@ -129,6 +129,12 @@ class Engine:
             speculative = spec.located("speculative").instantiate()
         self.proposer, self.proposed_tokens, self.accepted_tokens = speculative, 0, 0
         if speculative is not None:
+            if has_row_state(self._cache):
+                raise ValueError(
+                    f"speculative={type(speculative).__name__}: rejected drafts rewind rows, "
+                    "which would lose this model's per-row position state (a multimodal "
+                    "rotary offset); decode it without speculation"
+                )
             self._num_drafts = speculative.config.num_tokens
             speculative.bind(self)
 

@@ -83,4 +83,4 @@ def inserted_inputs(slots: Sequence[Any], positions: np.ndarray) -> tuple | None
         found = np.minimum(np.searchsorted(where, positions[s]), len(where) - 1)
         mask[s] = where[found] == positions[s]
         values[s, mask[s]] = np.asarray(vectors, np.float32)[found[mask[s]]]
-    return mask, values
+    return (mask, values) if mask.any() else None  # decoding: the plain program

@@ -132,6 +132,12 @@ class TokenFileInput(StepInput):
         self._value_specs = {
             n: (int(e.get("width", 1)), e.get("aligned") == "inputs") for n, e in listed.items()
         }
+        whole = [n for n, (_, inputs) in self._value_specs.items() if inputs]
+        if whole and cfg.rows != "documents":  # a window could start inside an image
+            raise field_error(
+                cfg, "rows", f"{cfg.rows!r}: {root}'s token values {whole} ride whole "
+                "documents (an image's pixels over its tokens); use rows='documents'"
+            )  # fmt: skip
         for shard in open_shards(root, self.meta):  # sizes checked against meta.json, docs.npy
             self._paths.append(shard.path)
             self._shards.append(shard.tokens)

@@ -328,6 +328,18 @@ def _is_cache(node) -> bool:
     return isinstance(node, dict) and "length" in node and "key" in node
 
 
+def has_row_state(cache_state) -> bool:
+    """Whether the model keeps per-row state beside its caches (`position_offset`), which a
+    restart zeroes: a row rewound mid-decode or moved to another engine would lose it."""
+    found = []
+
+    def visit(path, leaf):
+        found.append(any(getattr(k, "key", None) == "position_offset" for k in path))
+
+    jax.tree_util.tree_map_with_path(visit, cache_state)
+    return any(found)
+
+
 def read_row(cache_state, row):
     """One row of every cache in `cache_state`, in a layout-free form: per cache `key`/`value`
     [..., capacity, kv_heads, head_dim], `positions` [..., capacity] and `length` [...]

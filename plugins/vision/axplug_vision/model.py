@@ -124,9 +124,9 @@ class VisionLanguageModel(BaseLayer):
         image_marked_by_begin: bool = False
         image_text_around: str = ""
         # Axes of the multimodal rotary positions (Qwen2.5-VL: 3, time, height, width): each
-        # image token's `Request.embeddings` vector carries its positions after its features,
-        # then the offset of the text positions after its image (`prompts.rotary_embeddings`);
-        # 0: none.
+        # `Request.embeddings` vector carries its token's positions after its features, then
+        # the offset of the text positions after it and whether it is an image's
+        # (`prompts.rotary_embeddings`); 0: none.
         rope_axes: int = 0
 
     @classmethod
@@ -190,7 +190,8 @@ class VisionLanguageModel(BaseLayer):
         if not hasattr(tower, "image_size"):
             return None
         patches = (tower.image_size // tower.patch_size) ** 2
-        return patches + int(tower.class_token and not cfg.drop_class_token)
+        # LLaVA's "default" drops the first token, a class token or (SigLIP) a patch.
+        return patches + int(tower.class_token) - int(cfg.drop_class_token)
 
     @classmethod
     def hf_write(cls, cfg: Config) -> dict:
@@ -334,13 +335,15 @@ class VisionLanguageModel(BaseLayer):
             shifted = positions + offset[:, None]
             return None, jnp.repeat(shifted[..., None], axes, axis=-1), offset
         mask, values = inserted
-        dim = values.shape[-1] - axes - 1
+        dim = values.shape[-1] - axes - 2
         last = jax.lax.cummax(jnp.where(mask, jnp.arange(mask.shape[1]), -1), axis=1)
-        after = jnp.take_along_axis(values[..., -1], jnp.maximum(last, 0), axis=1)
+        after = jnp.take_along_axis(values[..., -2], jnp.maximum(last, 0), axis=1)
         after = jnp.where(last >= 0, after.astype(jnp.int32), offset[:, None])
         shifted = jnp.repeat((positions + after)[..., None], axes, axis=-1)
-        rope = jnp.where(mask[..., None], values[..., dim:-1].astype(jnp.int32), shifted)
-        return (mask, values[..., :dim]), rope, after[:, -1]
+        carried = values[..., dim : dim + axes].astype(jnp.int32)
+        rope = jnp.where(mask[..., None], carried, shifted)
+        image = mask & (values[..., -1] > 0.5)
+        return (image, values[..., :dim]), rope, after[:, -1]
 
     def prompt_with_images(self, params, ids, images, **options):
         """(expanded ids, `Request.embeddings`): see `axplug_vision.prompts.prompt_with_images`

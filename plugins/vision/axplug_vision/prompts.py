@@ -33,16 +33,26 @@ def image_marker(cfg: Any) -> int:
     return cfg.image_begin_id if cfg.image_marked_by_begin else cfg.image_token_id
 
 
-def image_marker_text(cfg: Any, tokenizer: Any) -> str:
-    """The text that `tokenizer` encodes as the image marker token alone (LLaVA's "<image>"):
-    what a chat message's image becomes before its prompt is encoded."""
+def marked_image(cfg: Any) -> list[int]:
+    """The tokens that stand for one image in a prompt: its marker, between the begin and end
+    tokens where the model has them but marks images by the placeholder (Qwen2.5-VL's
+    <|vision_start|><|image_pad|><|vision_end|>)."""
     marker = image_marker(cfg)
-    text = tokenizer.decode([marker])
-    if not text or tokenizer.encode(text) != [marker]:
+    if cfg.image_begin_id is None or cfg.image_marked_by_begin:
+        return [marker]
+    return [cfg.image_begin_id, marker, cfg.image_end_id]
+
+
+def image_marker_text(cfg: Any, tokenizer: Any) -> str:
+    """The text that `tokenizer` encodes as one image's marked tokens (LLaVA's "<image>"):
+    what a chat message's image becomes before its prompt is encoded."""
+    tokens = marked_image(cfg)
+    text = tokenizer.decode(tokens)
+    if not text or tokenizer.encode(text) != tokens:
         raise ConfigError(
-            f"the tokenizer spells the image marker token {marker} as {text!r}, which does not "
-            "encode back to that token alone; give the model a tokenizer that has it as an "
-            "added token (its Hugging Face tokenizer.json)"
+            f"the tokenizer spells the image marker tokens {tokens} as {text!r}, which does "
+            "not encode back to those tokens alone; give the model a tokenizer that has them "
+            "as added tokens (its Hugging Face tokenizer.json)"
         )
     return text
 
@@ -56,6 +66,11 @@ def expand_images(
     model has those (Gemma 3: "\\n\\n<start_of_image>...<end_of_image>\\n\\n")."""
     from axplug_vision.model import VisionLanguageModel
 
+    if cfg.image_text_around and tokenizer is None:
+        raise ConfigError(
+            f"the model's images have text around them ({cfg.image_text_around!r}), which "
+            "needs its tokenizer: give the prompt as text, or --tokenizer"
+        )
     around = tokenizer.encode(cfg.image_text_around) if cfg.image_text_around else []
     marker, out, k = image_marker(cfg), list[int](), 0
     for token in ids:
@@ -118,21 +133,29 @@ def _encoder(model: Any):
 
 def rotary_embeddings(cfg: Any, ids: Sequence[int], grids: Any, features: Any) -> tuple:
     """`Request.embeddings` of a prompt of a model with multimodal rotary positions (Qwen2.5-VL):
-    each image token carries [its features, its (time, height, width) positions, the offset
-    of the text positions after its image from their indices]
-    (`VisionLanguageModel.Config.rope_axes`)."""
+    every token from its first image on carries [its features (an image token's) or zeros,
+    its (time, height, width) positions, the offset of the text positions after it from
+    their indices, whether it is an image's] (`VisionLanguageModel.Config.rope_axes`), so
+    any prefill of the prompt past its first image, after a prefix-cache hit too, finds its
+    positions in what it feeds."""
     from axplug_vision.qwen_rope import rope_index
 
     positions, _ = rope_index(ids, grids, cfg)
-    where = np.flatnonzero(np.asarray(ids) == cfg.image_token_id)
+    image = np.asarray(ids) == cfg.image_token_id
+    where = np.arange(int(np.argmax(image)), len(ids))
     features = np.asarray(features, np.float32).reshape(-1, np.shape(features)[-1])
-    # Each image's end: where a run of placeholders stops; the text after it continues from
-    # the image's largest position + 1.
-    ends = np.flatnonzero(np.diff(np.append(where, -2)) != 1)
-    after = np.zeros(len(where), np.float32)
+    after = (positions[:, 0] - np.arange(len(ids))).astype(np.float32)  # text's own offset
+    # An image's tokens: the offset of the text after it, which continues from the image's
+    # largest position + 1.
+    placeholders = np.flatnonzero(image)
+    ends = np.flatnonzero(np.diff(np.append(placeholders, -2)) != 1)
     for first, last in zip(np.append(0, ends[:-1] + 1), ends, strict=True):
-        after[first : last + 1] = positions[where[first : last + 1]].max() + 1 - (where[last] + 1)
-    return where, np.concatenate([features, positions[where], after[:, None]], axis=1)
+        run = placeholders[first : last + 1]
+        after[run] = positions[run].max() + 1 - (run[-1] + 1)
+    vectors = np.zeros((len(where), features.shape[-1]), np.float32)
+    vectors[image[where]] = features
+    carried = [vectors, positions[where], after[where, None], image[where, None]]
+    return where, np.concatenate(carried, axis=1).astype(np.float32)
 
 
 def image_embeddings(model: Any, params: Any, ids: Sequence[int], pixels: Any) -> tuple:
@@ -177,14 +200,14 @@ def prompt_with_images(
     ]  # fmt: skip
     markers = sum(1 for t in ids if t == marker)
     if markers == 0:
-        ids = [marker] * len(loaded) + list(ids)
+        ids = marked_image(cfg) * len(loaded) + list(ids)
     elif markers != len(loaded):
         raise ConfigError(
             f"the prompt has {markers} image marker(s) (token {marker}) for {len(loaded)} "
             "image(s); give one per image, or none to put them all before the prompt"
         )
     if not loaded:
-        return expand_images(ids, cfg, tokenizer), None
+        return list(ids), None
     if cfg.rope_axes:  # images of their own sizes, as patches laid out by their grids
         from axplug_vision.qwen_tower import qwen_vision_inputs
 

@@ -130,6 +130,20 @@ def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
     assert chunked.output_ids == completion.output_ids
     (alone,) = generate(model, loaded.params, [PROMPT[:3]], sampling)
     assert text_only.output_ids == alone.output_ids
+    # Twice over a paged cache: the second's pages past the first image come from the prefix
+    # cache, and its row restarts there, finding its positions in what it feeds.
+    paged = load_checkpoint(str(tmp_path / "run"), modifiers=["paged_kv_cache:page_size=4"])
+    engine = Engine(paged.model, paged.params, num_slots=1, max_len=64)
+    for _ in range(2):
+        engine.submit(Request(PROMPT, sampling, embeddings=embeddings))
+        (again,) = engine.run()
+        assert again.output_ids == completion.output_ids
+    assert engine.prefix_hit_tokens >= 16  # past the first image (tokens 4 to 9)
+    # A rewound or moved row would lose its offset: speculation and moving rows are refused.
+    with pytest.raises(ValueError, match="per-row position state"):
+        Engine(model, loaded.params, num_slots=1, max_len=64, speculative="ngram")
+    with pytest.raises(ValueError, match="per-row position state"):
+        engine.detach_decoding()
 
     # A photo through the model's own processor (dynamic resolution: 24 x 32 pixels are 6 x 8
     # patches, 12 placeholders) and the prompt hook that `generate --image` and `serve` call.
