@@ -114,7 +114,7 @@ ALLOWED = {
     "core/axplug/summary/jsonl.py": 1,  # reserved summary names, from code
     "core/axplug/inference/sampling.py": 1,  # the engine's API; the CLI wraps it (UsageError)
     "core/axplug/inference/engine.py": 5,
-    "core/axplug/inference/admission.py": 8,  # Engine.checked: a request's problems, from code
+    "core/axplug/inference/admission.py": 10,  # Engine.checked: a request's problems, from code
     "core/axplug/api/_parameters.py": 2,  # ParameterSpec from code
     "core/axplug/input/base.py": 1,  # check_step: batch(step) from code
     "core/axplug/input/iterator.py": 5,  # resolve_function; IteratorInput wraps it

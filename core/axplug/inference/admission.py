@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from axplug.inference import paging as pages
 from axplug.inference.paging import OutOfPagesError
 from axplug.inference.requests import Request, RequestState
@@ -49,6 +51,18 @@ def checked(self, request: Request | Sequence[int]) -> Request:
             raise ValueError(
                 f"{name}: {field}={wanted} asks for more top tokens than this engine's "
                 f"max_logprobs ({self.max_logprobs}); ask for fewer or raise max_logprobs"
+            )
+    if request.embeddings is not None:
+        where, vectors = (np.asarray(a) for a in request.embeddings)
+        if not (where.ndim == 1 and vectors.ndim == 2 and len(where) == len(vectors) > 0):
+            raise ValueError(
+                f"{name}: embeddings must be (prompt indices [n], vectors [n, dim]) with n >= 1, "
+                f"got shapes {list(where.shape)} and {list(vectors.shape)}"
+            )
+        if where[0] < 0 or where[-1] >= len(prompt) or np.any(np.diff(where) <= 0):
+            raise ValueError(
+                f"{name}: embeddings' indices must rise strictly within the prompt's "
+                f"{len(prompt)} tokens"
             )
     needed = len(prompt) + max(sampling.max_new_tokens, 1) - 1
     if needed > self.max_len:

@@ -27,7 +27,7 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     from axplug_vision.prompts import image_embeddings
 
     from axplug.api.layers import functional
-    from axplug.api.run import SamplingParams, generate, load_checkpoint
+    from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_llava(vocab_size=96, image_token=IMAGE)
     reference.save_pretrained(tmp_path / "hf")
@@ -63,6 +63,17 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
             do_sample=False, eos_token_id=None, pad_token_id=0,
         )  # fmt: skip
     assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
+
+    # Embeddings that do not fit the prompt are refused before the request queues.
+    engine = Engine(model, loaded.params, num_slots=1, max_len=64)
+    where, vectors = embeddings
+    bad = {
+        "must be \\(prompt indices": (where, vectors[:3]),
+        "must rise strictly within the prompt's 38 tokens": (where[::-1], vectors),
+    }  # fmt: skip
+    for message, wrong in bad.items():
+        with pytest.raises(ValueError, match=message):
+            engine.submit(Request(PROMPT, embeddings=wrong))
 
     result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
     assert result.exit_code == 0, result.stderr
