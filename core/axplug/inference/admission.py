@@ -1,8 +1,9 @@
 """How requests and rows enter (and leave) an Engine: checking a request before it queues, the
-pages a request takes as it enters (shared prefix pages first), and moving decoding rows
-between engines (prefill/decode disaggregation). These are Engine methods (`Engine.checked`,
-`adapters_in_use`, `_admit_pages`, `_give_pages`, `detach_decoding`, `attach`), kept here so
-the engine module holds the scheduling and the step."""
+pages a request takes as it enters (shared prefix pages first) and as it grows, and moving
+decoding rows between engines (prefill/decode disaggregation). These are Engine methods
+(`Engine.checked`, `adapters_in_use`, `_admit_pages`, `_give_pages`, `_grow_pages`,
+`_add_page`, `_run_page`, `detach_decoding`, `attach`), kept here so the engine module
+holds the scheduling and the step."""
 
 from __future__ import annotations
 
@@ -83,6 +84,36 @@ def adapters_in_use(self) -> set[int]:
     """The adapter slots of the requests waiting or running."""
     live = [*self._waiting, *filter(None, self._slots)]
     return {a.request.adapter for a in live} - {0}
+
+
+def grow_pages(self, feeds: dict[int, list[int]]) -> None:
+    """Pages for what each row writes this step, oldest rows first; the newest rows are
+    preempted (and dropped from `feeds`) while the pool has none."""
+    for slot in sorted(feeds, key=lambda s: self._slots[s].admitted):
+        active = self._slots[slot]
+        if active is None:  # preempted below for an older row
+            continue
+        needed = self._pages_for(active.cached + len(feeds[slot]))
+        while len(active.pages) < needed and self._slots[slot] is active:
+            if self.allocator.num_free:
+                self._add_page(slot)
+            else:
+                newest = max(feeds, key=lambda s: self._slots[s].admitted)
+                self._preempt(newest)
+                del feeds[newest]
+
+
+def run_page(self, slot: int, i: int) -> int:
+    """The `i`th page of the run the allocator gives `slot`'s row where free."""
+    return slot * self._table.shape[1] + i
+
+
+def add_page(self, slot: int) -> None:
+    """One more page for the request in `slot`, from its own run where free."""
+    active = self._slots[slot]
+    page = self.allocator.allocate(1, self._run_page(slot, len(active.pages)))[0]
+    self._table[slot, len(active.pages)] = page
+    active.pages.append(page)
 
 
 def detach_decoding(self) -> list[tuple[RequestState, Any]]:

@@ -219,6 +219,7 @@ class Engine:
     # Moving decoding rows between engines (prefill/decode disaggregation).
     detach_decoding, attach = admission.detach_decoding, admission.attach
     _admit_pages, _give_pages = admission.admit_pages, admission.give_pages
+    _grow_pages, _add_page, _run_page = admission.grow_pages, admission.add_page, admission.run_page
 
     def run(self, on_token: Callable[[TokenEvent], None] | None = None) -> list[Completion]:
         """Steps until every request is done; the completions in the order they finished."""
@@ -250,33 +251,6 @@ class Engine:
             self._waiting.popleft()
             self._occupy(slot, active)
             active.start = active.cached
-
-    def _grow_pages(self, feeds: dict[int, list[int]]) -> None:
-        """Pages for what each row writes this step, oldest rows first; the newest rows are
-        preempted (and dropped from `feeds`) while the pool has none."""
-        for slot in sorted(feeds, key=lambda s: self._slots[s].admitted):
-            active = self._slots[slot]
-            if active is None:  # preempted below for an older row
-                continue
-            needed = self._pages_for(active.cached + len(feeds[slot]))
-            while len(active.pages) < needed and self._slots[slot] is active:
-                if self.allocator.num_free:
-                    self._add_page(slot)
-                else:
-                    newest = max(feeds, key=lambda s: self._slots[s].admitted)
-                    self._preempt(newest)
-                    del feeds[newest]
-
-    def _run_page(self, slot: int, i: int) -> int:
-        """The `i`th page of the run the allocator gives `slot`'s row where free."""
-        return slot * self._table.shape[1] + i
-
-    def _add_page(self, slot: int) -> None:
-        """One more page for the request in `slot`, from its own run where free."""
-        active = self._slots[slot]
-        page = self.allocator.allocate(1, self._run_page(slot, len(active.pages)))[0]
-        self._table[slot, len(active.pages)] = page
-        active.pages.append(page)
 
     def _preempt(self, slot: int) -> None:
         active = self._vacate(slot)

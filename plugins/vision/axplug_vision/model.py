@@ -4,6 +4,7 @@ placeholder tokens in a language model's (the core `Decoder`'s) input."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import jax
@@ -31,11 +32,16 @@ __all__ = [
 
 def text_architecture(model_type: Any) -> Any:
     """The installed text family whose model_type is `model_type`, or None."""
-    for name in registered_architectures():
-        arch = load_architecture(name)
-        if arch.model_type == model_type:
-            return arch
-    return None
+    name = _families().get(model_type)
+    return None if name is None else load_architecture(name)
+
+
+@functools.cache
+def _families() -> dict[str, str]:
+    """model_type -> installed architecture (each loaded once: an import and an export ask
+    for the text family several times)."""
+    names = registered_architectures()
+    return {load_architecture(n).model_type: n for n in reversed(names)}
 
 
 def text_fields(fields: Any, family: str | None = None) -> tuple[Any, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["perturbed", "tiny_llava"]
+__all__ = ["perturbed", "predicted", "tiny_llava"]
 
 
 def perturbed(model: Any, *, scale: float = 0.1) -> Any:
@@ -42,3 +42,18 @@ def tiny_llava(*, vocab_size: int = 96, image_token: int = 95, pad_token: int = 
     )  # fmt: skip
     torch.manual_seed(0)
     return perturbed(transformers.LlavaForConditionalGeneration(config))
+
+
+def predicted(model: Any, params: Any, inputs: dict) -> Any:
+    """`model.predict(**inputs)` (logits as numpy), jitted: one program, no op by op."""
+    import jax
+    import numpy as np
+
+    from axplug.api.layers import functional
+
+    @jax.jit
+    def run(params, inputs):
+        return functional(model, prng_key=None, state=params, inputs=inputs,
+                          is_training=False, method="predict")[0]  # fmt: skip
+
+    return np.asarray(run(params, inputs))

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from axplug_vision.testing import perturbed  # noqa: E402
+from axplug_vision.testing import perturbed, predicted  # noqa: E402
 
 BOI, EOI, IMAGE = 100, 101, 102  # begin-of-image, end-of-image, the image placeholder
 WRAPPED = [BOI, *[IMAGE] * 4, EOI]  # one image: 4 pooled tokens
@@ -54,11 +54,9 @@ def hf_logits(model, ids, pixels):
 
 
 def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
-    import jax
     from axplug_testing import run_cli
     from axplug_vision.prompts import image_embeddings
 
-    from axplug.api.layers import functional
     from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_gemma3()
@@ -83,13 +81,7 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     assert (model.config.image_begin_id, model.config.image_end_id) == (BOI, EOI)
 
     def predict(model):
-        @jax.jit
-        def run(params, ids, pixels):
-            inputs = {"input_ids": ids, "pixel_values": pixels}
-            return functional(model, prng_key=None, state=params, inputs=inputs,
-                              is_training=False, method="predict")[0]  # fmt: skip
-
-        return np.asarray(run(loaded.params, ids, pixels[None]))
+        return predicted(model, loaded.params, {"input_ids": ids, "pixel_values": pixels[None]})
 
     got = predict(model)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from axplug_vision.testing import tiny_llava  # noqa: E402
+from axplug_vision.testing import predicted, tiny_llava  # noqa: E402
 
 IMAGE = 95  # the image placeholder token
 PROMPT = [1, 7, *[IMAGE] * 16, 12, 30, *[IMAGE] * 16, 44, 3]  # two images of 16 features
@@ -22,11 +22,9 @@ def hf_logits(model, ids, pixels):
 
 
 def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
-    import jax
     from axplug_testing import run_cli
     from axplug_vision.prompts import image_embeddings
 
-    from axplug.api.layers import functional
     from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_llava(vocab_size=96, image_token=IMAGE)
@@ -46,11 +44,8 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     # The tower keeps the layers up to vision_feature_layer=-2: 2 of 3.
     assert model.config.vision.transformer.num_layers == 2
 
-    predict = jax.jit(lambda params, inputs: functional(
-        model, prng_key=None, state=params, inputs=inputs, is_training=False, method="predict"
-    )[0])  # fmt: skip
-    got = predict(loaded.params, {"input_ids": ids, "pixel_values": pixels[None]})
-    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
+    got = predicted(model, loaded.params, {"input_ids": ids, "pixel_values": pixels[None]})
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
     embeddings = image_embeddings(model, loaded.params, PROMPT, pixels)
     (completion,) = generate(model, loaded.params, [PROMPT],

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from axplug_vision.testing import perturbed  # noqa: E402
+from axplug_vision.testing import perturbed, predicted  # noqa: E402
 
 IMAGE, VIDEO, START, END = 151, 152, 153, 154  # <|image_pad|>, <|video_pad|>, <|vision_*|>
 # Patches per image (time, rows, columns): 2x3 and 3x2 merged tokens, one window partial.
@@ -56,13 +56,11 @@ def hf_logits(model, ids, patches):
 
 
 def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
-    import jax
     from axplug_testing import run_cli
     from axplug_vision.prompts import _encoder, rotary_embeddings
     from axplug_vision.qwen_rope import rope_index
     from axplug_vision.qwen_tower import qwen_vision_inputs
 
-    from axplug.api.layers import functional
     from axplug.api.run import Engine, Request, SamplingParams, generate, load_checkpoint
 
     reference = tiny_qwen_vl()
@@ -86,18 +84,13 @@ def test_qwen_vl_imports_and_exports_equal_to_transformers(tmp_path):
     np.testing.assert_array_equal(positions, hf_positions[:, 0].T.numpy())
     assert delta == hf_delta.item() == -6  # each image: 6 tokens, 3 positions on
 
-    @jax.jit
-    def predict(params, inputs):
-        return functional(model, prng_key=None, state=params, inputs=inputs,
-                          is_training=False, method="predict")[0]  # fmt: skip
-
     inputs = {
         "input_ids": ids,
         "pixel_values": patches,
         "vision_inputs": qwen_vision_inputs(GRID_THW, model.config.vision),
         "rope_positions": positions[None],
     }
-    got = np.asarray(predict(loaded.params, inputs))
+    got = predicted(model, loaded.params, inputs)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
     # 16 greedy tokens through the engine: the prompt's tokens carry their rotary positions,
