@@ -253,11 +253,10 @@ class TokenFileInput(StepInput):
             batch["target_labels"] = np.where(kept > 0, batch["target_labels"], IGNORE_LABEL)
         batch = {k: v.astype(np.int32) for k, v in batch.items()}
         for name, arrays in self._values.items():
-            inputs = self._value_specs[name][1]
-            got = np.stack([self._read(s + 1 - inputs, cfg.seq_len, arrays, np.float32)
-                            for s in starts])  # fmt: skip
+            # Values aligned with the inputs ride whole documents only (refused above).
+            got = np.stack([self._read(s + 1, cfg.seq_len, arrays, np.float32) for s in starts])
             counted = (batch["target_labels"] >= 0).reshape(*got.shape[:2], *[1] * (got.ndim - 2))
-            batch[name] = got if inputs else np.where(counted, got, 0.0).astype(np.float32)
+            batch[name] = np.where(counted, got, 0.0).astype(np.float32)
         return batch
 
     def _document_batch(self, samples) -> Batch:

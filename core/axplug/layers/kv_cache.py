@@ -331,13 +331,8 @@ def _is_cache(node) -> bool:
 def has_row_state(cache_state) -> bool:
     """Whether the model keeps per-row state beside its caches (`position_offset`), which a
     restart zeroes: a row rewound mid-decode or moved to another engine would lose it."""
-    found = []
-
-    def visit(path, leaf):
-        found.append(any(getattr(k, "key", None) == "position_offset" for k in path))
-
-    jax.tree_util.tree_map_with_path(visit, cache_state)
-    return any(found)
+    paths, _ = jax.tree_util.tree_flatten_with_path(cache_state)
+    return any(getattr(k, "key", None) == "position_offset" for path, _ in paths for k in path)
 
 
 def read_row(cache_state, row):
