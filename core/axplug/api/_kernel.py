@@ -22,7 +22,12 @@ members it leaves out read these defaults. A dense attention kernel has:
   own `is_supported` answers Unsupported for one;
 - `supports_causal_limits: bool` (optional) - True when the kernel lets a query see the
   keys up to `mask.q_causal_limits` (an image's tokens bidirectionally); dispatch never
-  gives a mask with limits to a kernel without it.
+  gives a mask with limits to a kernel without it;
+- `supports_lse: bool` (optional) - True when the kernel also has `forward_lse(query, key,
+  value, mask, *, scale) -> (out, lse)` (float32 [b, sq, h, dv] and the scores' log-sum-exp
+  [b, sq, h]) and `backward_lse(query, key, value, mask, out, lse, d_out, *, scale) ->
+  (dq, dk, dv)` (float32), given the `out` and `lse` of attention over a larger key set: the
+  per-block work of attention split over devices (ring context parallelism).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Kernel:
     supports_linear_bias: bool = False
     supports_logit_softcap: bool = False
     supports_causal_limits: bool = False
+    supports_lse: bool = False
 
     def availability(self, backend: str | None = None) -> str | None:
         """Why the kernel cannot run on this machine (`axplug list`), or None when it can."""

@@ -7,7 +7,12 @@ every `axplug.kernels` entry, by priority, whether it supports a call and falls 
 reference kernel.
 """
 
-from axplug.kernels.blockwise import BlockwiseKernel, blockwise_attention
+from axplug.kernels.blockwise import (
+    BlockwiseKernel,
+    blockwise_attention,
+    blockwise_backward_lse,
+    blockwise_forward_lse,
+)
 from axplug.kernels.dispatch import (
     FALLBACK,
     KernelChoice,
@@ -52,6 +57,8 @@ __all__ = [
     "select_paged_kernel",
     "attention_specs",
     "blockwise_attention",
+    "blockwise_backward_lse",
+    "blockwise_forward_lse",
     "check_sequence_sharding",
     "describe_kernels",
     "kernel_choices",

@@ -20,7 +20,12 @@ import numpy as np
 from axplug.api import AttentionKernel, Unsupported, check_shapes
 from axplug.kernels.reference import NEG_INF
 
-__all__ = ["BlockwiseKernel", "blockwise_attention"]
+__all__ = [
+    "BlockwiseKernel",
+    "blockwise_attention",
+    "blockwise_backward_lse",
+    "blockwise_forward_lse",
+]
 
 _PAD = -jnp.inf  # padding keys beyond the sequence: never attended, even by fully masked rows
 
@@ -127,7 +132,16 @@ def _attention_fwd(
 
 
 def _attention_bwd(scale, causal, window, block, cap, residuals, d_out):
-    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse = residuals
+    *inputs, out, lse = residuals
+    return _backward(*inputs, out, lse, d_out, scale, causal, window, block, cap)
+
+
+def _backward(
+    q, k, v, q_pos, kv_pos, q_seg, kv_seg, valid, slopes, out, lse, d_out,
+    scale, causal, window, block, cap,
+):  # fmt: skip
+    """The cotangents of `_attention`'s inputs, each block's probabilities recomputed from
+    the log-sum-exp `lse` of the whole key set (which may hold more blocks than `k`'s)."""
     d_out = d_out.astype(jnp.float32)
     # delta = rowsum(dO * O): the softmax's Jacobian term, [b, kvh, g, sq].
     delta = jnp.moveaxis(jnp.sum(d_out * out.astype(jnp.float32), -1), 1, 3)
@@ -161,10 +175,8 @@ def _attention_bwd(scale, causal, window, block, cap, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd, optimize_remat=True)
 
 
-def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 512) -> jax.Array:
-    """Attention of `query` [b, sq, h, d] over `key` [b, skv, kvh, d] and `value`
-    [b, skv, kvh, dv] under `mask` (an `AttentionMask`), `block` keys at a time; equals the
-    reference kernel."""
+def _operands(query, key, value, mask, block):
+    """`_attention`'s array operands and static settings for a call, keys padded to blocks."""
     b, sq, h, d = query.shape
     skv, kvh = key.shape[1], key.shape[2]
     block = min(block, skv)
@@ -179,12 +191,46 @@ def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 5
     slopes = mask.linear_bias_slopes
     if slopes is not None:
         slopes = jnp.asarray(slopes, jnp.float32).reshape(kvh, h // kvh)
-    out = _attention(
-        q, key, value, mask.q_positions, kv_pos, mask.q_segment_ids, kv_seg, valid, slopes,
-        float(scale), mask.causal, mask.sliding_window, block,
-        None if mask.logit_softcap is None else float(mask.logit_softcap),
-    )  # fmt: skip
-    return out.reshape(b, sq, h, value.shape[-1])
+    arrays = (q, key, value, mask.q_positions, kv_pos, mask.q_segment_ids, kv_seg, valid, slopes)
+    cap = None if mask.logit_softcap is None else float(mask.logit_softcap)
+    return arrays, (mask.causal, mask.sliding_window, block, cap)
+
+
+def blockwise_attention(query, key, value, mask, *, scale: float, block: int = 512) -> jax.Array:
+    """Attention of `query` [b, sq, h, d] over `key` [b, skv, kvh, d] and `value`
+    [b, skv, kvh, dv] under `mask` (an `AttentionMask`), `block` keys at a time; equals the
+    reference kernel."""
+    arrays, settings = _operands(query, key, value, mask, block)
+    out = _attention(*arrays, float(scale), *settings)
+    return out.reshape(*query.shape[:3], value.shape[-1])
+
+
+def blockwise_forward_lse(query, key, value, mask, *, scale: float, block: int = 512):
+    """(out [b, sq, h, dv] float32, lse [b, sq, h] float32): `blockwise_attention`'s output
+    and each query's log-sum-exp of its scores, for merging attention over parts of the keys
+    (`AttentionKernel.forward_lse`). Not differentiable: `blockwise_backward_lse` is its VJP."""
+    arrays, (causal, window, block, cap) = _operands(query, key, value, mask, block)
+    out, lse = _forward(
+        *arrays, scale=float(scale), causal=causal, window=window, block=block, cap=cap
+    )
+    b, sq, h = query.shape[:3]
+    return out.reshape(b, sq, h, value.shape[-1]), jnp.moveaxis(lse, 3, 1).reshape(b, sq, h)
+
+
+def blockwise_backward_lse(query, key, value, mask, out, lse, d_out, *, scale, block=512):
+    """(dq, dk, dv) float32 of the attention whose output over all keys is `out` and
+    log-sum-exp `lse` (`blockwise_forward_lse`'s, merged), for the part of the keys in
+    `key`/`value`: summed over the parts they are the whole gradients."""
+    arrays, settings = _operands(query, key, value, mask, block)
+    b, sq, kvh, g, _ = arrays[0].shape
+    grouped = lambda x: x.reshape(b, sq, kvh, g, x.shape[-1])  # noqa: E731
+    lse = jnp.moveaxis(lse.reshape(b, sq, kvh, g), 1, 3)
+    f32 = [x.astype(jnp.float32) if x is not None else x for x in arrays[:3]]
+    dq, dk, dv, *_ = _backward(
+        *f32, *arrays[3:], grouped(out), lse, grouped(d_out), float(scale), *settings
+    )
+    skv = key.shape[1]
+    return dq.reshape(query.shape), dk[:, :skv], dv[:, :skv]
 
 
 class BlockwiseKernel(AttentionKernel):
@@ -194,6 +240,7 @@ class BlockwiseKernel(AttentionKernel):
     priority = 20
     supports_linear_bias = True  # AttentionMask.linear_bias_slopes (plugin API 1.1)
     supports_logit_softcap = True  # AttentionMask.logit_softcap
+    supports_lse = True  # forward_lse / backward_lse
     block = 512
     # Measured on 2 CPU cores (fwd+bwd, 8 heads of 32, 4096 tokens a batch): 0.64-1.13x the
     # XLA kernel's time from 512 to 4096 keys, noisy at 1024; short sequences stay plain.
@@ -212,3 +259,11 @@ class BlockwiseKernel(AttentionKernel):
 
     def __call__(self, query, key, value, mask, *, scale):
         return blockwise_attention(query, key, value, mask, scale=scale, block=self.block)
+
+    def forward_lse(self, query, key, value, mask, *, scale):
+        return blockwise_forward_lse(query, key, value, mask, scale=scale, block=self.block)
+
+    def backward_lse(self, query, key, value, mask, out, lse, d_out, *, scale):
+        return blockwise_backward_lse(
+            query, key, value, mask, out, lse, d_out, scale=scale, block=self.block
+        )

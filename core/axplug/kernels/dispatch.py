@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from axplug import registry
 from axplug.api import AttentionMask, Kernel, why_unsupported
+from axplug.kernels.blockwise import BlockwiseKernel
 from axplug.kernels.reference import ReferenceKernel
 
 __all__ = [
@@ -53,9 +54,12 @@ def registered_kernels(
     return kernels
 
 
-def _choices(kernels, query, key, value, mask, backend: str) -> list[KernelChoice]:
+def _choices(kernels, query, key, value, mask, backend: str, lse=False) -> list[KernelChoice]:
     out = []
     for name, kernel in kernels:
+        if lse and not kernel.supports_lse:
+            out.append(KernelChoice(name, kernel.priority, False, "no forward_lse"))
+            continue
         if mask.linear_bias_slopes is not None and not kernel.supports_linear_bias:
             # A kernel written before the bias existed would ignore it: never chosen for one.
             reason = "a score bias (the kernel does not declare supports_linear_bias)"
@@ -86,14 +90,17 @@ def kernel_choices(query, key, value, mask, *, backend: str | None = None, names
     return _choices(kernels, query, key, value, mask, backend or jax.default_backend())
 
 
-def select_kernel(query, key, value, mask, *, backend: str | None = None, names=None):
-    """(name, kernel): the first supported kernel in priority order, else the reference."""
+def select_kernel(
+    query, key, value, mask, *, backend: str | None = None, names=None, lse: bool = False
+):
+    """(name, kernel): the first supported kernel in priority order, else the reference;
+    with `lse`, the first with `forward_lse` and `backward_lse`, else the blockwise kernel."""
     kernels = registered_kernels(names)
-    choices = _choices(kernels, query, key, value, mask, backend or jax.default_backend())
+    choices = _choices(kernels, query, key, value, mask, backend or jax.default_backend(), lse)
     for choice, (name, kernel) in zip(choices, kernels, strict=True):
         if choice.supported:
             return name, kernel
-    return FALLBACK, ReferenceKernel()
+    return ("blockwise", BlockwiseKernel()) if lse else (FALLBACK, ReferenceKernel())
 
 
 def example_call(

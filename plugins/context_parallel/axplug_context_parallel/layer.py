@@ -1,0 +1,187 @@
+"""`ContextParallelAttention`: the attention kernel slot of a sequence split over the `seq`
+mesh axis, by ring, all-to-all or all-gather; and the `context_parallel` modifier."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import jax
+from jax.sharding import PartitionSpec
+
+from axplug.api import AttentionMask
+from axplug.api.config import (
+    ConfigBase,
+    ConfigError,
+    ConfigModifier,
+    config_class,
+    find_configs,
+    replace_config,
+)
+from axplug.api.kernels import select_kernel
+from axplug.api.layers import (
+    AttentionKernelSlot,
+    BlockwiseAttention,
+    DotProductKernel,
+    FlashAttention,
+)
+from axplug.api.sharding import current_scope, sharding_scope
+from axplug_context_parallel.heads import all_gather_attention, all_to_all_attention
+from axplug_context_parallel.layout import from_zigzag, to_zigzag
+from axplug_context_parallel.ring import Skip, ring_attention
+
+__all__ = ["STRATEGIES", "ContextParallelAttention", "ContextParallelModifier"]
+
+log = logging.getLogger("axplug.kernels")
+
+STRATEGIES = ("ring", "all_to_all", "all_gather")
+
+
+class ContextParallelAttention(AttentionKernelSlot):
+    """Attention of a sequence split over the `seq` mesh axis, each device keeping its share.
+
+    - `ring`: keys and values pass around the devices (`ppermute`), one block a step, merged
+      by log-sum-exp; per-device memory O(seq / n). Under a causal mask with `load_balance`
+      the tokens are taken in zigzag order, so every device does the same work.
+    - `all_to_all` (Ulysses): heads <-> sequence, the whole sequence of n-th of the heads on
+      each device; the heads a device holds must split n ways.
+    - `all_gather`: every device gathers every key and value (memory O(seq)).
+
+    Per-shard work runs the kernels dispatch picks (`kernels`, `backend`: as in
+    `FlashAttention`); the ring's, those with `forward_lse` (else the blockwise kernel).
+    Without a sharded sequence (no mesh, seq=1, decoding) it is `FlashAttention`.
+    """
+
+    @config_class
+    class Config(AttentionKernelSlot.Config):
+        strategy: str = "ring"  # one of STRATEGIES
+        load_balance: bool = True  # ring, causal: zigzag token order (equal work per device)
+        kernels: list[str] | None = None  # per-shard kernels to try in order; None: all
+        backend: str | None = None  # backend the kernels are chosen for; None: the default
+
+    def __init__(self, cfg: Config, *, parent=None):
+        super().__init__(cfg, parent=parent)
+        if cfg.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"{self.path}.strategy: {cfg.strategy!r} is not a context-parallel strategy; "
+                f"use one of {', '.join(STRATEGIES)}"
+            )
+
+    def _scale(self, q) -> float:
+        scale = self._config.scale
+        return scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+    def _attend(self, q, k, v, mask):
+        cfg = self._config
+        name, kernel = select_kernel(q, k, v, mask, backend=cfg.backend, names=cfg.kernels)
+        log.debug("%s: attention kernel %s", self.path, name)
+        return kernel(q, k, v, mask, scale=self._scale(q))
+
+    def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
+        scope = current_scope()
+        ways = 1 if scope is None else scope.axis_size("seq", q.shape[1])
+        if ways == 1 or q.shape[1] != k.shape[1]:  # nothing split, or a decode step's cache
+            return self._attend(q, k, v, mask)
+        if mask.q_causal_limits is not None:
+            raise ConfigError(
+                f"{self.path}: causal limits (bidirectional spans) are not context-parallel; "
+                "drop the context_parallel modifier for this model"
+            )
+        zigzag = self._zigzag(mask, q.shape[1], ways)
+        axis = scope.mesh_axes("seq", q.shape[1])
+        axis = axis[0] if len(axis) == 1 else axis
+        q_spec = scope.spec(("batch", "seq", "heads", None), q.shape)
+        kv_spec = scope.spec(("batch", "seq", "heads", None), k.shape)
+        if q_spec[2] != kv_spec[2]:  # heads split unlike kv heads (GQA): heads stay whole
+            q_spec = PartitionSpec(*q_spec[:2], None, None)
+            kv_spec = PartitionSpec(*kv_spec[:2], None, None)
+        mask_spec = jax.tree.map(lambda _: PartitionSpec(*q_spec[:2]), mask)
+        if mask.linear_bias_slopes is not None:
+            mask_spec = dataclasses.replace(
+                mask_spec, linear_bias_slopes=PartitionSpec(q_spec[2])
+            )
+
+        def per_shard(q, k, v, mask):
+            with sharding_scope(None):
+                return self._per_shard(q, k, v, mask, axis, ways, zigzag)
+
+        return jax.shard_map(
+            per_shard, mesh=scope.mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec),
+            out_specs=q_spec, check_vma=False,
+        )(q, k, v, mask)  # fmt: skip
+
+    def _zigzag(self, mask, seq: int, ways: int) -> bool:
+        cfg = self._config
+        zigzag = cfg.strategy == "ring" and cfg.load_balance and mask.causal
+        if zigzag and seq % (2 * ways):
+            raise ConfigError(
+                f"{self.path}.load_balance: {seq} tokens cannot be cut into the {2 * ways} "
+                f"chunks of a balanced ring over {ways} devices; use a sequence length that "
+                f"is a multiple of {2 * ways}, or load_balance=false"
+            )
+        return zigzag
+
+    def _per_shard(self, q, k, v, mask, axis, ways: int, zigzag: bool):
+        strategy = self._config.strategy
+        if strategy == "all_gather":
+            return all_gather_attention(q, k, v, mask, axis=axis, attend=self._attend)
+        if strategy == "all_to_all":
+            return all_to_all_attention(
+                q, k, v, mask, axis=axis, ways=ways, attend=self._attend, path=self.path
+            )
+        if zigzag:
+            q, k, v, mask = jax.tree.map(lambda x: _zigzag_seq(x, axis, ways), (q, k, v, mask))
+        skip = Skip.ZIGZAG if zigzag else Skip.CONTIGUOUS if mask.causal else Skip.NONE
+        cfg = self._config
+        name, kernel = select_kernel(
+            q, k, v, mask, backend=cfg.backend, names=cfg.kernels, lse=True
+        )
+        log.debug("%s: ring block kernel %s", self.path, name)
+        out = ring_attention(
+            q, k, v, mask, scale=self._scale(q), axis=axis, ways=ways, kernel=kernel, skip=skip
+        )
+        return from_zigzag(out, axis, ways) if zigzag else out
+
+
+def _zigzag_seq(x, axis, ways):
+    """`to_zigzag` of a [b, s, ...] array; the mask's bias slopes ([heads]) stay."""
+    return to_zigzag(x, axis, ways) if x.ndim >= 2 else x
+
+
+_SLOTS = (DotProductKernel, FlashAttention, BlockwiseAttention)
+
+
+class ContextParallelModifier(ConfigModifier):
+    """`--modifier context_parallel:strategy=ring`: every attention kernel slot splits the
+    sequence over the `seq` mesh axis by `strategy` (give the mesh a seq axis:
+    `--modifier mesh:seq=8`)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        strategy: str = "ring"
+        load_balance: bool = True
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        own = self._config
+        new = ContextParallelAttention.default_config().set(
+            strategy=own.strategy, load_balance=own.load_balance
+        )
+        found = sum(len(find_configs(cfg, slot)) for slot in (*_SLOTS, ContextParallelAttention))
+        if not found:
+            raise ConfigError(
+                "modifier 'context_parallel': the config has no attention kernel slot "
+                "(DotProductKernel, FlashAttention, BlockwiseAttention) to replace"
+            )
+        for slot in (*_SLOTS, ContextParallelAttention):
+            cfg = replace_config(
+                cfg, target=slot, new_cfg=new, owned=("strategy", "load_balance"),
+                missing_ok=True,
+            )  # fmt: skip
+        # Built once here, so a bad strategy is one error before anything is traced.
+        if own.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"modifier 'context_parallel': strategy {own.strategy!r} is not one of "
+                f"{', '.join(STRATEGIES)}"
+            )
+        return cfg
