@@ -232,6 +232,8 @@ def format_report(r) -> str:
             f"({p['schedule']}), bubble {p['bubble']:.1%}; one stage per `pipeline` device, so "
             "per-device memory is per stage"
         )
+    if r.context_parallel:
+        lines.append(f"  context parallel: {r.context_parallel['description']}")
     lines.append("  per-device memory (GiB; temp: activations and scratch):")
     for key in ("params", "optimizer", "batch", "temp", "total"):
         lines.append(f"    {key:<10} {r.memory[key] / gib:12.4f}")

@@ -99,6 +99,8 @@ class AotReport:
     collectives: dict[str, int] = dataclasses.field(default_factory=dict)  # in the HLO
     # stages, microbatches, schedule, repeats, bubble (idle share) of a pipelined stack
     pipeline: dict[str, Any] | None = None
+    # strategy, ways, work per device (max/min) of context-parallel attention
+    context_parallel: dict[str, Any] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -116,12 +118,13 @@ def _host_bytes(mem) -> int:
     return max(0, total - (getattr(mem, "host_alias_size_in_bytes", 0) or 0))
 
 
-def _pipeline_summary(model) -> dict[str, Any] | None:
-    """The first stack's `pipeline_summary()` (a pipelined stack, e.g. axplug-pipeline's:
-    stages, microbatches, schedule, repeats, bubble), or None."""
+def _summary(model, method: str, *args) -> dict[str, Any] | None:
+    """The first module's `method(*args)`, or None: `pipeline_summary()` (a pipelined stack,
+    e.g. axplug-pipeline's: stages, microbatches, schedule, repeats, bubble) and
+    `context_parallel_summary(seq_ways)` (axplug-context-parallel's attention)."""
     for module in _modules(model):
-        if (summary := getattr(module, "pipeline_summary", None)) is not None:
-            return summary()
+        if (summary := getattr(module, method, None)) is not None:
+            return summary(*args)
     return None
 
 
@@ -377,7 +380,12 @@ def compile_report(
         mfu_at_step_time=per_device / (peak * step_time_s) if peak and step_time_s else None,
         compile_s=compile_s,
         collectives=count_collectives(compiled.as_text() or ""),
-        pipeline=_pipeline_summary(trainer.model),
+        pipeline=_summary(trainer.model, "pipeline_summary"),
+        context_parallel=_summary(
+            trainer.model,
+            "context_parallel_summary",
+            dict(zip(names, shape, strict=True)).get("seq", 1),
+        ),
     )
     report.notes.extend(plan_notes)
     if dump_dir is not None:

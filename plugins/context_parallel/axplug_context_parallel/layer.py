@@ -29,7 +29,7 @@ from axplug.api.layers import (
 from axplug.api.sharding import current_scope, sharding_scope
 from axplug_context_parallel.heads import all_gather_attention, all_to_all_attention
 from axplug_context_parallel.layout import from_zigzag, to_zigzag
-from axplug_context_parallel.ring import Skip, ring_attention
+from axplug_context_parallel.ring import Skip, ring_attention, ring_work
 
 __all__ = ["STRATEGIES", "ContextParallelAttention", "ContextParallelModifier"]
 
@@ -98,9 +98,7 @@ class ContextParallelAttention(AttentionKernelSlot):
             kv_spec = PartitionSpec(*kv_spec[:2], None, None)
         mask_spec = jax.tree.map(lambda _: PartitionSpec(*q_spec[:2]), mask)
         if mask.linear_bias_slopes is not None:
-            mask_spec = dataclasses.replace(
-                mask_spec, linear_bias_slopes=PartitionSpec(q_spec[2])
-            )
+            mask_spec = dataclasses.replace(mask_spec, linear_bias_slopes=PartitionSpec(q_spec[2]))
 
         def per_shard(q, k, v, mask):
             with sharding_scope(None):
@@ -110,6 +108,24 @@ class ContextParallelAttention(AttentionKernelSlot):
             per_shard, mesh=scope.mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec),
             out_specs=q_spec, check_vma=False,
         )(q, k, v, mask)  # fmt: skip
+
+    def context_parallel_summary(self, ways: int) -> dict:
+        """What `axplug aot` reports for a `ways`-device seq axis: the strategy and, for the
+        ring, each device's attention work under a causal mask (max / min over devices)."""
+        cfg = self._config
+        summary = {"strategy": cfg.strategy, "ways": ways}
+        text = f"{cfg.strategy} over {ways} seq devices"
+        if cfg.strategy == "ring" and ways > 1:
+            work = ring_work(ways, Skip.ZIGZAG if cfg.load_balance else Skip.CONTIGUOUS)
+            other = ring_work(ways, Skip.CONTIGUOUS if cfg.load_balance else Skip.ZIGZAG)
+            summary |= {"work_per_device": work.tolist(), "balance": float(work.max() / work.min())}
+            order = "zigzag" if cfg.load_balance else "mesh"
+            text += (
+                f", {order} order: causal attention work per device max/min "
+                f"{summary['balance']:.2f} ({'mesh' if cfg.load_balance else 'zigzag'} order: "
+                f"{other.max() / other.min():.2f})"
+            )
+        return summary | {"description": text}
 
     def _zigzag(self, mask, seq: int, ways: int) -> bool:
         cfg = self._config

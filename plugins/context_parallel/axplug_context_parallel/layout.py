@@ -36,9 +36,7 @@ def to_zigzag(x: jax.Array, axis, ways: int) -> jax.Array:
     odd = jax.lax.ppermute(second, axis, _perms(ways, 1, inverse=False))
     # Device t now holds chunks t and 2n - 1 - t, one even and one odd: t's parity says which.
     t_even = jax.lax.axis_index(axis) % 2 == 0
-    return jnp.concatenate(
-        [jnp.where(t_even, even, odd), jnp.where(t_even, odd, even)], axis=1
-    )
+    return jnp.concatenate([jnp.where(t_even, even, odd), jnp.where(t_even, odd, even)], axis=1)
 
 
 def from_zigzag(x: jax.Array, axis, ways: int) -> jax.Array:
