@@ -8,6 +8,7 @@ import logging
 import math
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from axplug.api import AttentionMask
@@ -35,7 +36,7 @@ __all__ = ["STRATEGIES", "ContextParallelAttention", "ContextParallelModifier"]
 
 log = logging.getLogger("axplug.kernels")
 
-STRATEGIES = ("ring", "all_to_all", "all_gather")
+STRATEGIES = ("ring", "all_to_all", "usp", "all_gather")
 
 
 class ContextParallelAttention(AttentionKernelSlot):
@@ -46,6 +47,8 @@ class ContextParallelAttention(AttentionKernelSlot):
       the tokens are taken in zigzag order, so every device does the same work.
     - `all_to_all` (Ulysses): heads <-> sequence, the whole sequence of n-th of the heads on
       each device; the heads a device holds must split n ways.
+    - `usp` (both): all-to-all within groups of `heads_ways` devices (None: as many as divide
+      the heads), a ring across the groups: for more devices than heads.
     - `all_gather`: every device gathers every key and value (memory O(seq)).
 
     Per-shard work runs the kernels dispatch picks (`kernels`, `backend`: as in
@@ -57,6 +60,7 @@ class ContextParallelAttention(AttentionKernelSlot):
     class Config(AttentionKernelSlot.Config):
         strategy: str = "ring"  # one of STRATEGIES
         load_balance: bool = True  # ring, causal: zigzag token order (equal work per device)
+        heads_ways: int | None = None  # usp: devices per all-to-all group; None: gcd(n, heads)
         kernels: list[str] | None = None  # per-shard kernels to try in order; None: all
         backend: str | None = None  # backend the kernels are chosen for; None: the default
 
@@ -115,9 +119,13 @@ class ContextParallelAttention(AttentionKernelSlot):
         cfg = self._config
         summary = {"strategy": cfg.strategy, "ways": ways}
         text = f"{cfg.strategy} over {ways} seq devices"
-        if cfg.strategy == "ring" and ways > 1:
-            work = ring_work(ways, Skip.ZIGZAG if cfg.load_balance else Skip.CONTIGUOUS)
-            other = ring_work(ways, Skip.CONTIGUOUS if cfg.load_balance else Skip.ZIGZAG)
+        rings = ways
+        if cfg.strategy == "usp" and cfg.heads_ways:
+            rings = ways // cfg.heads_ways
+            text += f" ({cfg.heads_ways} by all-to-all, {rings} by ring)"
+        if cfg.strategy in ("ring", "usp") and rings > 1:
+            work = ring_work(rings, Skip.ZIGZAG if cfg.load_balance else Skip.CONTIGUOUS)
+            other = ring_work(rings, Skip.CONTIGUOUS if cfg.load_balance else Skip.ZIGZAG)
             summary |= {"work_per_device": work.tolist(), "balance": float(work.max() / work.min())}
             order = "zigzag" if cfg.load_balance else "mesh"
             text += (
@@ -129,7 +137,7 @@ class ContextParallelAttention(AttentionKernelSlot):
 
     def _zigzag(self, mask, seq: int, ways: int) -> bool:
         cfg = self._config
-        zigzag = cfg.strategy == "ring" and cfg.load_balance and mask.causal
+        zigzag = cfg.strategy in ("ring", "usp") and cfg.load_balance and mask.causal
         if zigzag and seq % (2 * ways):
             raise ConfigError(
                 f"{self.path}.load_balance: {seq} tokens cannot be cut into the {2 * ways} "
@@ -148,21 +156,62 @@ class ContextParallelAttention(AttentionKernelSlot):
             )
         if zigzag:
             q, k, v, mask = jax.tree.map(lambda x: _zigzag_seq(x, axis, ways), (q, k, v, mask))
+        heads_ways = self._heads_ways(q.shape[2], ways) if strategy == "usp" else 1
+        rings = ways // heads_ways
         skip = Skip.ZIGZAG if zigzag else Skip.CONTIGUOUS if mask.causal else Skip.NONE
-        cfg = self._config
-        name, kernel = select_kernel(
-            q, k, v, mask, backend=cfg.backend, names=cfg.kernels, lse=True
-        )
-        log.debug("%s: ring block kernel %s", self.path, name)
-        out = ring_attention(
-            q, k, v, mask, scale=self._scale(q), axis=axis, ways=ways, kernel=kernel, skip=skip
-        )
+        regroup = zigzag and heads_ways > 1
+
+        def ring(q, k, v, mask):
+            if regroup:  # the group's chunks come interleaved: early ones, then late ones
+                q, k, v, mask = jax.tree.map(lambda x: _regrouped(x, heads_ways), (q, k, v, mask))
+            cfg = self._config
+            name, kernel = select_kernel(
+                q, k, v, mask, backend=cfg.backend, names=cfg.kernels, lse=True
+            )
+            log.debug("%s: ring block kernel %s", self.path, name)
+            out = ring_attention(
+                q, k, v, mask, scale=self._scale(q), axis=axis, ways=rings, kernel=kernel,
+                skip=skip, stride=heads_ways,
+            )  # fmt: skip
+            return _regrouped(out, heads_ways, inverse=True) if regroup else out
+
+        if heads_ways == 1:
+            out = ring(q, k, v, mask)
+        else:
+            groups = [list(range(g * heads_ways, (g + 1) * heads_ways)) for g in range(rings)]
+            out = all_to_all_attention(
+                q, k, v, mask, axis=axis, ways=heads_ways, attend=ring, path=self.path,
+                groups=groups,
+            )  # fmt: skip
         return from_zigzag(out, axis, ways) if zigzag else out
+
+    def _heads_ways(self, heads: int, ways: int) -> int:
+        chosen = self._config.heads_ways or math.gcd(heads, ways)
+        if ways % chosen:
+            raise ConfigError(
+                f"{self.path}.heads_ways: {chosen} does not divide the {ways} devices of the "
+                "seq mesh axis; use a divisor of it"
+            )
+        return chosen
 
 
 def _zigzag_seq(x, axis, ways):
     """`to_zigzag` of a [b, s, ...] array; the mask's bias slopes ([heads]) stay."""
     return to_zigzag(x, axis, ways) if x.ndim >= 2 else x
+
+
+def _regrouped(x, group: int, *, inverse: bool = False):
+    """A `group`-device all-to-all's sequence of zigzag shards [e0, l0, e1, l1, ...] (each
+    an early and a late chunk) as its early chunks, then its late ones, each run in sequence
+    order: [e0, e1, ..., l1, l0]; `inverse`: back."""
+    if x.ndim < 2:
+        return x
+    order = list(range(0, 2 * group, 2)) + list(range(2 * group - 1, 0, -2))
+    if inverse:
+        order = sorted(range(2 * group), key=order.__getitem__)
+    b, s = x.shape[:2]
+    pieces = x.reshape(b, 2 * group, s // (2 * group), *x.shape[2:])
+    return pieces[:, jnp.asarray(order)].reshape(x.shape)
 
 
 _SLOTS = (DotProductKernel, FlashAttention, BlockwiseAttention)
@@ -177,11 +226,12 @@ class ContextParallelModifier(ConfigModifier):
     class Config(ConfigModifier.Config):
         strategy: str = "ring"
         load_balance: bool = True
+        heads_ways: int | None = None  # usp: devices per all-to-all group
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         own = self._config
         new = ContextParallelAttention.default_config().set(
-            strategy=own.strategy, load_balance=own.load_balance
+            strategy=own.strategy, load_balance=own.load_balance, heads_ways=own.heads_ways
         )
         found = sum(len(find_configs(cfg, slot)) for slot in (*_SLOTS, ContextParallelAttention))
         if not found:
@@ -191,7 +241,7 @@ class ContextParallelModifier(ConfigModifier):
             )
         for slot in (*_SLOTS, ContextParallelAttention):
             cfg = replace_config(
-                cfg, target=slot, new_cfg=new, owned=("strategy", "load_balance"),
+                cfg, target=slot, new_cfg=new, owned=("strategy", "load_balance", "heads_ways"),
                 missing_ok=True,
             )  # fmt: skip
         # Built once here, so a bad strategy is one error before anything is traced.

@@ -57,19 +57,21 @@ def ring_work(ways: int, skip: Skip) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class _Ring:
     axis: Any  # the mesh axis (or axes) of `seq`
-    ways: int
+    ways: int  # devices in a ring
     kernel: Any  # an attention kernel with forward_lse / backward_lse
     scale: float
     skip: Skip
+    stride: int = 1  # a ring's devices are `stride` apart on the axis (rings side by side)
 
     def rotate(self, tree):
-        """`tree` from each device to the next along the ring."""
-        perm = [(d, (d + 1) % self.ways) for d in range(self.ways)]
+        """`tree` from each device to the next along its ring."""
+        n = self.ways * self.stride
+        perm = [(d, (d + self.stride) % n) for d in range(n)]
         return jax.tree.map(lambda x: jax.lax.ppermute(x, self.axis, perm), tree)
 
     def case(self, step) -> jax.Array:
         """0: the device's own keys (the diagonal); 1: an earlier device's; 2: a later's."""
-        i = jax.lax.axis_index(self.axis)
+        i = jax.lax.axis_index(self.axis) // self.stride
         j = (i - step) % self.ways
         return jnp.where(step == 0, 0, jnp.where(j < i, 1, 2))
 
@@ -186,10 +188,13 @@ def _zero_cotangent(x):
     return np.zeros(x.shape, jax.dtypes.float0)
 
 
-def ring_attention(query, key, value, mask, *, scale, axis, ways, kernel, skip: Skip):
+def ring_attention(
+    query, key, value, mask, *, scale, axis, ways, kernel, skip: Skip, stride: int = 1
+):
     """One device's attention output [b, sq, h, dv] (value's dtype) for its `query` shard
-    over every device's keys, inside a shard_map over `axis` (`ways` devices)."""
-    ring = _Ring(axis, ways, kernel, float(scale), skip)
+    over every device's keys, inside a shard_map over `axis`: a ring of `ways` devices, or
+    with `stride` s, s rings side by side (devices d, d + s, ...), each its own sequence."""
+    ring = _Ring(axis, ways, kernel, float(scale), skip, stride)
 
     @jax.custom_vjp
     def attend(q, k, v, mask):

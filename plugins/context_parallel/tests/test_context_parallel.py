@@ -58,6 +58,9 @@ CASES = {
     "all_to_all-window-segments-gqa": (
         SEQ8, dict(strategy="all_to_all"), dict(heads=8, segments=True, sliding_window=5)
     ),
+    "usp-zigzag-window-segments-gqa": (
+        SEQ8, dict(strategy="usp", heads_ways=4), dict(heads=8, segments=True, sliding_window=5)
+    ),
     "all_gather-fsdp2-seq2-model2": ((1, 2, 1, 2, 2), dict(strategy="all_gather"), dict()),
 }  # fmt: skip
 
@@ -161,7 +164,9 @@ def test_shapes_the_devices_cannot_split_are_one_clear_error():
         (q, k, v), mask, _ = problem(heads=4)
         heads = ContextParallelAttention.default_config().set(strategy="all_to_all")
         layer = heads.instantiate(parent=None)
-        with pytest.raises(ConfigError, match="the 4 query heads a device holds over the 8"):
+        with pytest.raises(
+            ConfigError, match="splits the 4 query heads a device holds over 8 devices"
+        ):
             jax.eval_shape(lambda *a: call(layer, a), q, k, v, mask)
 
 
