@@ -24,8 +24,11 @@ from jax.sharding import PartitionSpec
 from axplug.api.config import ConfigError, config_class
 from axplug.api.sharding import current_scope
 from axplug_moe.dispatch import BalancedDispatch, Dispatch, Experts, balanced_rows
+from axplug_moe.ragged import emulated_ragged_all_to_all, has_ragged_all_to_all, ragged_experts
 
-__all__ = ["AllToAllDispatch"]
+__all__ = ["EXCHANGES", "AllToAllDispatch", "platform_of"]
+
+EXCHANGES = ("auto", "padded", "ragged")
 
 
 class AllToAllDispatch(Dispatch):
@@ -42,11 +45,19 @@ class AllToAllDispatch(Dispatch):
         # nothing more is dropped.
         capacity_factor: float | None = None
         local: Dispatch.Config = BalancedDispatch.default_config()
+        # How rows move: `padded` (static [shards, capacity] buffers), `ragged` (exact sizes
+        # by ragged all-to-all, in rounds of `ragged_buffer_factor` x a device's choices;
+        # drop-free; emulated where the backend lacks the op), `auto` (ragged where the
+        # mesh's devices have it and nothing is capped, else padded).
+        exchange: str = "auto"
+        ragged_buffer_factor: float = 1.5
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
         if not issubclass(cfg.local.klass or object, BalancedDispatch):
             raise cfg.field_error("local", "must be a BalancedDispatch config")
+        if cfg.exchange not in EXCHANGES:
+            raise cfg.field_error("exchange", f"must be one of {', '.join(EXCHANGES)}")
         self._add_child("local", cfg.local)
 
     def forward(self, x, routing, experts):
@@ -76,10 +87,19 @@ class AllToAllDispatch(Dispatch):
         # runs as overflow tiles only where choices arrived.
         slots = max(1, math.ceil(self.local.config.buffer_factor * choices * shards / e))
         plan = _Plan(axes, shards, capacity, slots, self.local.tiles(choices, e // shards))
+        exchange = _exchange
+        platform = platform_of(scope.mesh)
+        if self.exchange_for(platform) == "ragged":
+            buffer = max(1, math.ceil(self._config.ragged_buffer_factor * choices))
+            slots = max(1, math.ceil(self.local.config.buffer_factor * buffer * shards / e))
+            tiles = self.local.tiles(buffer, e // shards)
+            emulate = not has_ragged_all_to_all(platform)
+            plan = plan._replace(slots=slots, tiles=tiles, buffer=buffer, emulate=emulate)
+            exchange = _ragged_exchange
 
         def per_device(x, index, kept, gates, w_up, w_out, w_gate):
             mine = Experts(w_up, w_out, experts.activation, w_gate)
-            y, sent, per_shard = _exchange(x, index, kept, mine, plan)
+            y, sent, per_shard = exchange(x, index, kept, mine, plan)
             gates = jnp.where(sent, gates, 0.0).astype(y.dtype)
             return jnp.einsum("gskd,gsk->gsd", y.reshape(*index.shape, -1), gates), sent, per_shard
 
@@ -107,6 +127,21 @@ class AllToAllDispatch(Dispatch):
         self.add_summary("moe/device_load", load / jnp.maximum(jnp.sum(load), 1.0))
         return y
 
+    def exchange_for(self, platform: str) -> str:
+        """`padded` or `ragged`: how rows move on `platform` (the mesh's devices')."""
+        cfg = self._config
+        if cfg.exchange != "auto":
+            return cfg.exchange
+        ragged = has_ragged_all_to_all(platform) and cfg.capacity_factor is None
+        return "ragged" if ragged else "padded"
+
+
+def platform_of(mesh) -> str:
+    """The platform of the mesh's devices (`tpu` for a TPU topology compiled on a CPU host),
+    else the default backend's."""
+    devices = getattr(mesh, "devices", None)
+    return devices.flat[0].platform if devices is not None else jax.default_backend()
+
 
 class _Plan(NamedTuple):
     axes: tuple[str, ...]  # the mesh axes that split the experts
@@ -114,6 +149,30 @@ class _Plan(NamedTuple):
     capacity: int  # rows a device sends each shard
     slots: int  # the receiving side's balanced buffer per local expert
     tiles: tuple[int, int]  # its overflow chunk and tile
+    buffer: int = 0  # ragged: rows a device receives a round
+    emulate: bool = False  # ragged on a backend without the op: emulated_ragged_all_to_all
+
+
+def _ragged_exchange(x, index, kept, experts: Experts, plan: _Plan):
+    """`_exchange` by ragged all-to-all: every kept choice, at its exact size, in rounds."""
+    g, s, k = index.shape
+    d = x.shape[-1]
+    n, m = g * s, g * s * k
+    per_shard = experts.num_experts  # this device's experts
+    expert = index.reshape(m)
+    dest = jnp.where(kept.reshape(m), expert // per_shard, plan.shards)
+    dest_sorted, order = jax.lax.sort((dest, jnp.arange(m, dtype=jnp.int32)), num_keys=1)
+    send_sizes = jnp.sum(jax.nn.one_hot(dest, plan.shards, dtype=jnp.int32), axis=0)
+    local = jnp.where(dest_sorted < plan.shards, expert[order] % per_shard, per_shard)
+    transfer = emulated_ragged_all_to_all if plan.emulate else jax.lax.ragged_all_to_all
+    y_sorted = ragged_experts(
+        x.reshape(n, d)[order // k], local, send_sizes,
+        (experts.wi_up, experts.wo, experts.wi_gate),
+        axes=plan.axes, buffer=plan.buffer, slots=plan.slots, tiles=plan.tiles,
+        activation=experts.activation, transfer=transfer,
+    )  # fmt: skip
+    y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    return y, (dest < plan.shards).reshape(g, s, k), send_sizes.reshape(1, plan.shards)
 
 
 def _exchange(x, index, kept, experts: Experts, plan: _Plan):

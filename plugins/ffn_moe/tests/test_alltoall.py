@@ -27,8 +27,9 @@ STEPS = 3
 ONE, MESH = (1, 1, 1, 1, 1), (2, 2, 2, 1, 1)  # (data, fsdp, expert, seq, model)
 
 
-def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
-    """Drop-free routing through `alltoall`; `send_capacity`: its own capacity factor."""
+def trainer(run_dir, mesh, send_capacity=None, routing="softmax", **dispatch):
+    """Drop-free routing through `alltoall`; `send_capacity`: its own capacity factor;
+    `dispatch`: more of its fields."""
     from axplug_moe import DeepSeekRouter, MoEFeedForward
 
     from axplug.api.config import find_configs
@@ -39,6 +40,7 @@ def trainer(run_dir, mesh, send_capacity=None, routing="softmax"):
     cfg = with_jsonl(make_modifier(moe)(cfg))
     for _, layer in find_configs(cfg, MoEFeedForward):
         layer.dispatch.capacity_factor = send_capacity
+        layer.dispatch.set(**dispatch)
         if routing == "deepseek":  # sigmoid scores, bias-corrected group-limited top-k
             layer.num_shared_experts = 1
             layer.router = DeepSeekRouter.default_config().set(
@@ -142,3 +144,21 @@ def test_a_capacity_per_destination_drops_and_reports_it(tmp_path, one_device):
     # The router drops nothing; the send capacity (half an even share per shard) does, and
     # `moe/dropped_fraction` is the mean of the router's 0 and the dispatch's share.
     assert all(0.0 < r["moe/dropped_fraction"] < 0.5 for r in got)
+
+
+def test_ragged_exchange_in_rounds_matches_one_device(tmp_path, one_device):
+    """Rows moved at their exact sizes (ragged all-to-all, emulated on XLA:CPU) through a
+    receive buffer of a third of a device's choices, so every step takes several rounds:
+    the same losses and parameters as one device, nothing dropped, only all-to-alls move
+    tokens."""
+    rows, want_params, start = one_device
+    t = trainer(tmp_path, MESH, exchange="ragged", ragged_buffer_factor=0.3)
+    state, got = train(t, start)
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in rows], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
+        jax.device_get(state["params"]),
+        want_params,
+    )
+    assert all(r["moe/dropped_fraction"] == 0.0 for r in got)
+    assert got[-1]["moe/device_load"] == pytest.approx(0.5)
