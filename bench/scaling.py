@@ -9,6 +9,12 @@ scaling instead: one long sequence, ratios to one device (ideal 1/N).
     python bench/scaling.py                 # every layout, 8 -> 64 devices (about 10 minutes)
     python bench/scaling.py --quick         # 8 -> 16 devices
     python bench/scaling.py --layout fsdp-scan --devices 8,64 --json
+    python bench/scaling.py --layout moe+alltoall-dropfree --tpu    # TPU v5p, libtpu
+    python bench/scaling.py --layout moe+alltoall-dropfree --tpu --exchange padded
+
+`--tpu` compiles for TPU v5p slices of each size through libtpu's compile-only client (pip
+install libtpu), where the drop-free all-to-all moves rows by ragged all-to-all (`--exchange
+auto`); `--exchange padded` plans the static-buffer fallback instead.
 """
 
 from __future__ import annotations
@@ -63,14 +69,31 @@ SEQ_LAYOUT = ("llama-tiny", ["scan_layers:remat_policy=full"])
 SEQ_LEN = 4096
 
 
-def measure(preset: str, modifiers: list[str], devices: int, overrides: list[str]) -> dict:
-    """Per-device FLOPs, temp bytes and collective counts of the compiled step."""
+def measure(
+    preset: str, modifiers: list[str], devices: int, overrides: list[str], target=None
+) -> dict:
+    """Per-device FLOPs, temp bytes and collective counts of the compiled step; `target`:
+    (platform, exchange) for a TPU compile and the all-to-all's exchange, None: fake CPUs."""
     from axplug_aot.report import compile_report
 
     from axplug.presets import preset_config
 
     cfg = preset_config(preset, modifiers=modifiers, overrides=overrides)
-    report = compile_report(cfg, num_devices=devices, max_devices=devices)
+    place = {}
+    if target is not None:
+        from axplug_aot.topology import compile_only_devices
+        from axplug_moe.alltoall import AllToAllDispatch
+        from axplug_tpu.specs import V5P
+
+        from axplug.config import find_configs
+
+        for _, dispatch in find_configs(cfg, AllToAllDispatch):
+            dispatch.exchange = target[1]
+        chips, note = compile_only_devices("tpu", f"tpu-v5p-{devices}", devices)
+        if chips is None:
+            sys.exit(f"error: no TPU compile: {note}")
+        place = dict(devices=chips, devices_note=note, spec=V5P)
+    report = compile_report(cfg, num_devices=devices, max_devices=devices, **place)
     return {
         "devices": devices,
         "flops": report.flops_per_step_xla / devices,
@@ -80,14 +103,14 @@ def measure(preset: str, modifiers: list[str], devices: int, overrides: list[str
     }
 
 
-def weak_scaling(name: str, counts: list[int]) -> list[dict]:
+def weak_scaling(name: str, counts: list[int], target=None) -> list[dict]:
     preset, layout = LAYOUTS[name]
     rows = []
     for n in counts:
         modifiers = [m.format(n=n, half=n // 2) for m in layout]
         # One sequence per batch shard: batch axes are every mesh axis but model.
         model = 2 if "model=2" in " ".join(modifiers) else 1
-        rows.append(measure(preset, modifiers, n, [f"input.batch_size={n // model}"]))
+        rows.append(measure(preset, modifiers, n, [f"input.batch_size={n // model}"], target))
     return rows
 
 
@@ -123,12 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         "--layout", action="append", choices=[*LAYOUTS, "seq"], help="repeatable; default all"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per layout")
+    parser.add_argument("--tpu", action="store_true", help="compile for TPU v5p (libtpu)")
+    parser.add_argument("--exchange", default="auto", choices=["auto", "padded", "ragged"])
     args = parser.parse_args(argv)
+    target = ("tpu", args.exchange) if args.tpu else None
     counts = [int(c) for c in (args.devices or ("8,16" if args.quick else "8,64")).split(",")]
     start = time.perf_counter()
     print(f"jax {jax.__version__}, {jax.device_count()} fake CPU devices", file=sys.stderr)
     for name in args.layout or [*LAYOUTS, "seq"]:
-        rows = seq_scaling(counts) if name == "seq" else weak_scaling(name, counts)
+        rows = seq_scaling(counts) if name == "seq" else weak_scaling(name, counts, target)
         if args.json:
             print(json.dumps({"layout": name, "rows": rows}))
         else:

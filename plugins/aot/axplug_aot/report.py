@@ -170,7 +170,10 @@ def _leaf_bytes(tree) -> int:
     return total
 
 
-_COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_COLLECTIVES = (
+    "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "ragged-all-to-all",
+    "collective-permute",
+)  # fmt: skip
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:

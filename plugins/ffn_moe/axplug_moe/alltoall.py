@@ -89,11 +89,11 @@ class AllToAllDispatch(Dispatch):
         plan = _Plan(axes, shards, capacity, slots, self.local.tiles(choices, e // shards))
         exchange = _exchange
         platform = platform_of(scope.mesh)
-        if self.exchange_for(platform) == "ragged":
+        if self.exchange_for(*platform) == "ragged":
             buffer = max(1, math.ceil(self._config.ragged_buffer_factor * choices))
             slots = max(1, math.ceil(self.local.config.buffer_factor * buffer * shards / e))
             tiles = self.local.tiles(buffer, e // shards)
-            emulate = not has_ragged_all_to_all(platform)
+            emulate = not has_ragged_all_to_all(*platform)
             plan = plan._replace(slots=slots, tiles=tiles, buffer=buffer, emulate=emulate)
             exchange = _ragged_exchange
 
@@ -127,20 +127,22 @@ class AllToAllDispatch(Dispatch):
         self.add_summary("moe/device_load", load / jnp.maximum(jnp.sum(load), 1.0))
         return y
 
-    def exchange_for(self, platform: str) -> str:
-        """`padded` or `ragged`: how rows move on `platform` (the mesh's devices')."""
+    def exchange_for(self, platform: str, device_kind: str = "") -> str:
+        """`padded` or `ragged`: how rows move on the mesh's devices."""
         cfg = self._config
         if cfg.exchange != "auto":
             return cfg.exchange
-        ragged = has_ragged_all_to_all(platform) and cfg.capacity_factor is None
+        ragged = has_ragged_all_to_all(platform, device_kind) and cfg.capacity_factor is None
         return "ragged" if ragged else "padded"
 
 
-def platform_of(mesh) -> str:
-    """The platform of the mesh's devices (`tpu` for a TPU topology compiled on a CPU host),
-    else the default backend's."""
+def platform_of(mesh) -> tuple[str, str]:
+    """(platform, device kind) of the mesh's devices (`tpu` for a TPU topology compiled on a
+    CPU host), else the default backend's."""
     devices = getattr(mesh, "devices", None)
-    return devices.flat[0].platform if devices is not None else jax.default_backend()
+    if devices is None:
+        return jax.default_backend(), ""
+    return devices.flat[0].platform, devices.flat[0].device_kind
 
 
 class _Plan(NamedTuple):

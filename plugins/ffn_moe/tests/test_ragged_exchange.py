@@ -118,11 +118,12 @@ def test_emulated_exchange_is_ragged_all_to_alls_definition():
 
 
 def test_auto_takes_the_ragged_op_where_the_backend_has_it():
-    assert has_ragged_all_to_all("gpu") and has_ragged_all_to_all("tpu")
-    assert not has_ragged_all_to_all("cpu")
+    assert has_ragged_all_to_all("gpu") and has_ragged_all_to_all("tpu", "TPU v5")
+    assert not has_ragged_all_to_all("cpu") and not has_ragged_all_to_all("tpu", "TPU v5 lite")
     auto = AllToAllDispatch.default_config().instantiate(parent=None)
     assert [auto.exchange_for(p) for p in ("gpu", "tpu", "cpu")] == ["ragged", "ragged", "padded"]
     capped = AllToAllDispatch.default_config().set(capacity_factor=1.0).instantiate(parent=None)
     assert capped.exchange_for("gpu") == "padded"  # a capacity: static buffers are flat
+    assert auto.exchange_for("tpu", "TPU v5 lite") == "padded"  # v5e's compiler refuses it
     with pytest.raises(Exception, match="exchange: must be one of auto, padded, ragged"):
         AllToAllDispatch.default_config().set(exchange="scatter").instantiate(parent=None)
