@@ -10,7 +10,7 @@
 LOG=session.log source "$(dirname "$0")/gpu_setup.sh"
 
 stage "GPU kernel numerics (pytest -m gpu)"
-JAX_PLATFORMS=cuda timeout 120 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/ 2>&1 | tail -15
+JAX_PLATFORMS=cuda timeout 150 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/ plugins/hw_gpu/tests/ 2>&1 | tail -15
 
 stage "NVML utilisation through the device_utilization hook"
 timeout 30 "$PY" - <<'EOF'

@@ -42,14 +42,8 @@ def problem():
     return rows, jnp.asarray(expert, jnp.int32), w_up, w_out
 
 
-def test_rounds_through_a_small_buffer_equal_each_row_on_its_expert():
-    rows, expert, w_up, w_out = problem()
-    mesh = Mesh(np.array(jax.devices()[:SHARDS]), ("expert",))
-    calls = np.zeros(1, np.int64)
-
-    def counted(*args, axis_name):
-        jax.debug.callback(lambda: calls.__setitem__(0, calls[0] + 1))
-        return emulated_ragged_all_to_all(*args, axis_name=axis_name)
+def sharded_experts(transfer):
+    """Every device's rows through `ragged_experts` (a 5-row buffer) over 4 devices."""
 
     def per_device(rows, expert, w_up, w_out):
         dest = jnp.where(expert >= 0, expert // LOCAL, SHARDS)
@@ -58,22 +52,33 @@ def test_rounds_through_a_small_buffer_equal_each_row_on_its_expert():
         local = jnp.where(dest_sorted < SHARDS, expert[order] % LOCAL, LOCAL)
         out = ragged_experts(
             rows[order], local, sizes, (w_up, w_out, None), axes="expert", buffer=5,
-            slots=3, tiles=(2, 1), activation=jax.nn.gelu, transfer=counted,
+            slots=3, tiles=(2, 1), activation=jax.nn.gelu, transfer=transfer,
         )  # fmt: skip
         return jnp.zeros_like(out).at[order].set(out)
 
     spec = PartitionSpec("expert")
-    run = jax.shard_map(per_device, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
-                        check_vma=False)  # fmt: skip
+    mesh = Mesh(np.array(jax.devices()[:SHARDS]), ("expert",))
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
+                         check_vma=False)  # fmt: skip
 
-    def loss(f):
-        def value(*args):
-            out = f(*args)
-            return jnp.sum(out**2), out
 
-        return value
+def grads(f):
+    def value(*args):
+        out = f(*args)
+        return jnp.sum(out**2), out
 
-    grads = lambda f: jax.value_and_grad(loss(f), argnums=(0, 2, 3), has_aux=True)  # noqa: E731
+    return jax.value_and_grad(value, argnums=(0, 2, 3), has_aux=True)
+
+
+def test_rounds_through_a_small_buffer_equal_each_row_on_its_expert():
+    rows, expert, w_up, w_out = problem()
+    calls = np.zeros(1, np.int64)
+
+    def counted(*args, axis_name):
+        jax.debug.callback(lambda: calls.__setitem__(0, calls[0] + 1))
+        return emulated_ragged_all_to_all(*args, axis_name=axis_name)
+
+    run = sharded_experts(counted)
     (_, got), got_grads = jax.jit(grads(run))(rows, expert, w_up, w_out)
     (_, want), want_grads = grads(dense)(rows, expert, w_up, w_out)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
@@ -84,6 +89,14 @@ def test_rounds_through_a_small_buffer_equal_each_row_on_its_expert():
     received = np.bincount(np.asarray(expert)[np.asarray(expert) >= 0] // LOCAL)
     rounds = int(np.ceil(received.max() / 5))
     assert rounds > 3 and calls[0] == SHARDS * (3 + 5) * rounds
+
+
+def test_the_real_op_lowers_for_gpu_forward_and_backward():
+    """With `jax.lax.ragged_all_to_all` (what a GPU or TPU mesh runs) the same rounds lower
+    for CUDA, gradients included: the op itself, not the emulation's all-to-alls."""
+    step = jax.jit(grads(sharded_experts(jax.lax.ragged_all_to_all)))
+    text = step.trace(*problem()).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("ragged_all_to_all") >= 8  # rows, ids, outputs; backward: 5 more
 
 
 def test_emulated_exchange_is_ragged_all_to_alls_definition():
