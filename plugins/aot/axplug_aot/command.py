@@ -232,6 +232,14 @@ def format_report(r) -> str:
             f"({p['schedule']}), bubble {p['bubble']:.1%}; one stage per `pipeline` device, so "
             "per-device memory is per stage"
         )
+        if "bubble_1f1b" in p and p["schedule"] != "1f1b":
+            lines.append(
+                f"  1f1b at the same stages and microbatches: bubble {p['bubble_1f1b']:.1%}"
+            )
+        if "table" in p:
+            lines.append("  schedule (a column per tick; F forward, B backward, Bi input and W")
+            lines.append("  weight gradients, each with its microbatch):")
+            lines += [f"    {row}" for row in p["table"].splitlines()]
     if r.context_parallel:
         lines.append(f"  context parallel: {r.context_parallel['description']}")
     lines.append("  per-device memory (GiB; temp: activations and scratch):")

@@ -26,22 +26,42 @@ from axplug.api.sharding import (
     scoped,
     sharding_scope,
 )
-from axplug_pipeline.one_f_one_b import masked, one_f_one_b
+from axplug_pipeline.one_f_one_b import (
+    SELF_DIFFERENTIATED,
+    masked,
+    one_f_one_b,
+    schedule_table,
+    table_bubble,
+)
 
-__all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction"]
+__all__ = ["PipelinedTransformer", "PIPELINE_SCHEDULES", "bubble_fraction", "format_schedule"]
 
-PIPELINE_SCHEDULES = ("gpipe", "circular", "1f1b")
+PIPELINE_SCHEDULES = ("gpipe", "circular", *SELF_DIFFERENTIATED)
 STAGE_AXIS = "stage"  # logical axis of the stage dimension; the rules map it to `pipeline`
 
 
 def bubble_fraction(
     stages: int, microbatches: int, repeats: int = 1, schedule: str = "gpipe"
 ) -> float:
-    """The share of stage-iterations that are idle: (S - 1) / (M V + S - 1); with `1f1b`,
-    whose every iteration runs one forward and one backward, (2S - 1) / (M + 2S - 1)."""
-    if schedule == "1f1b":
-        return (2 * stages - 1) / (microbatches + 2 * stages - 1)
+    """The share of stage-iterations that are idle: (S - 1) / (M V + S - 1); with `1f1b` and
+    `zbh1`, from their schedule table (`one_f_one_b.table_bubble`): (S - 1) / (M + S - 1) and
+    (2S - 2) / (3M + 2S - 2)."""
+    if schedule in SELF_DIFFERENTIATED:
+        return table_bubble(schedule, stages, microbatches)
     return (stages - 1) / (microbatches * repeats + stages - 1)
+
+
+def format_schedule(schedule: str, stages: int, microbatches: int, width: int = 24) -> str:
+    """The schedule table as text: a row per stage, a column per tick (the first `width`),
+    each cell the slots the stage runs with their microbatch (`F3`, `Bi1`, `W0`)."""
+    table = schedule_table(schedule, stages, microbatches)[:width]
+    cells = [
+        [" ".join(f"{k}{m}" for k, m in row[s]) or "." for row in table] for s in range(stages)
+    ]
+    size = max(len(c) for row in cells for c in row)
+    lines = [f"stage {s}: " + " ".join(c.ljust(size) for c in row) for s, row in enumerate(cells)]
+    more = len(schedule_table(schedule, stages, microbatches)) - width
+    return "\n".join(lines) + (f"\n(... {more} more ticks)" if more > 0 else "")
 
 
 class PipelinedTransformer(RepeatedTransformer):
@@ -56,9 +76,10 @@ class PipelinedTransformer(RepeatedTransformer):
     stages (layers s, S + s, 2S + s, ... chunks), cutting the bubble by that factor; its
     stage-major regrouping of the layer axis moves (V - 1) / V of the weights between
     devices each step. Autodiff runs the same iterations backwards (all forwards, then all
-    backwards, as GPipe); `remat_policy` applies per layer inside each stage. `1f1b` trains
-    through `forward_with_loss` instead (axplug_pipeline.one_f_one_b), its forward pass in
-    evaluation and decoding is GPipe's.
+    backwards, as GPipe); `remat_policy` applies per layer inside each stage. `1f1b` and
+    `zbh1` (zero-bubble: input and weight gradients split, the weights' filling the bubble)
+    train through `forward_with_loss` instead (axplug_pipeline.one_f_one_b), their forward
+    pass in evaluation and decoding is GPipe's.
     """
 
     @config_class
@@ -103,13 +124,18 @@ class PipelinedTransformer(RepeatedTransformer):
     def pipeline_summary(self) -> dict[str, Any]:
         """What `axplug aot` reports of this stack."""
         cfg = self._config
-        return {
+        summary = {
             "stages": cfg.num_stages,
             "microbatches": cfg.num_microbatches,
             "schedule": cfg.schedule,
             "repeats": self.repeats,
             "bubble": self.bubble,
         }
+        if cfg.schedule in SELF_DIFFERENTIATED:
+            S, M = cfg.num_stages, cfg.num_microbatches
+            summary["table"] = format_schedule(cfg.schedule, S, M)
+            summary["bubble_1f1b"] = table_bubble("1f1b", S, M)
+        return summary
 
     def create_parameter_specs_recursively(self) -> dict[str, Any]:
         specs = super().create_parameter_specs_recursively()
@@ -134,8 +160,9 @@ class PipelinedTransformer(RepeatedTransformer):
 
     @property
     def fuses_loss(self) -> bool:
-        """Whether training calls `forward_with_loss` (1F1B needs the loss in the pipeline)."""
-        return self._config.schedule == "1f1b"
+        """Whether training calls `forward_with_loss` (1F1B and ZB-H1 need the loss in the
+        pipeline)."""
+        return self._config.schedule in SELF_DIFFERENTIATED
 
     def _setup(self, x: jax.Array, kwargs: dict) -> _Pipeline:
         cfg = self._config
@@ -243,10 +270,13 @@ class PipelinedTransformer(RepeatedTransformer):
         **kwargs: Any,
     ) -> jax.Array:
         """The summed loss of `head(head_params, stack output, labels)` over the microbatches,
-        with its gradients from a 1F1B schedule (see `one_f_one_b`)."""
+        with its gradients from the 1F1B or ZB-H1 schedule (see `one_f_one_b`)."""
         p = self._setup(x, kwargs)
-        if p.V != 1:
-            raise ConfigError(f"{self.path}: forward_with_loss runs the 1f1b schedule only")
+        if p.V != 1 or self._config.schedule not in SELF_DIFFERENTIATED:
+            raise ConfigError(
+                f"{self.path}: forward_with_loss runs the {'/'.join(SELF_DIFFERENTIATED)} "
+                "schedules only"
+            )
         stage_ids, first_repeat = jnp.arange(p.S), jnp.zeros(p.S, jnp.int32)
 
         def stage_fn(params, h, micro, stage_extras):
@@ -262,6 +292,7 @@ class PipelinedTransformer(RepeatedTransformer):
             labels=p.labels(labels),
             extras=p.extras,
             whole=p.whole,
+            schedule=self._config.schedule,
         )
 
 
@@ -290,9 +321,9 @@ def _check_no_outputs(path, stage_fn, params, x0, extras) -> None:
     _, collection = jax.eval_shape(stage_fn, params, h, jnp.zeros(S, jnp.int32), ex)
     if collection.module_outputs or collection.state_updates:
         raise ConfigError(
-            f"{path}.schedule='1f1b': the layers record outputs or state updates (e.g. MoE "
-            "aux losses), which the 1F1B schedule's own backward pass does not carry; use "
-            "schedule=gpipe or circular"
+            f"{path}.schedule: the layers record outputs or state updates (e.g. MoE aux "
+            "losses), which the 1f1b and zbh1 schedules' own backward pass does not carry; "
+            "use schedule=gpipe or circular"
         )
 
 

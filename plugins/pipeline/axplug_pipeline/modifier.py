@@ -13,7 +13,8 @@ class PipelineModifier(ConfigModifier):
     """Runs the layer stack as pipeline stages, e.g. `pipeline:stages=4,microbatches=8`.
 
     `schedule`: `gpipe`; `circular` with `repeats` virtual stages per device (a smaller
-    bubble); `1f1b` (activation memory bounded by the stages, not the microbatches). Put the
+    bubble); `1f1b` (activation memory bounded by the stages, not the microbatches); `zbh1`
+    (zero-bubble ZB-H1: 1F1B with the weights' gradients filling the bubble). Put the
     stages on devices with `mesh:pipeline=<stages>`. The parameters keep the scanned stack's
     tree, so checkpoints move between pipelined and scanned runs.
     """

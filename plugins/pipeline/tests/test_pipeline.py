@@ -128,6 +128,7 @@ def gpipe(tmp_path_factory):
             "mesh:pipeline=2,data=4",
             marks=pytest.mark.slow,
         ),
+        ("pipeline:stages=4,microbatches=8,schedule=zbh1", "mesh:pipeline=4,fsdp=2"),
     ],
     ids=[
         "gpipe-fsdp2",
@@ -136,6 +137,7 @@ def gpipe(tmp_path_factory):
         "gpipe-one-device",
         "1f1b-fsdp2",
         "1f1b-m2-data4",
+        "zbh1-fsdp2",
     ],
 )
 def test_pipelined_training_matches_the_scanned_stack(request, tmp_path, scanned, pipeline, mesh):
@@ -245,7 +247,35 @@ def test_bubble_fraction():
     assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
     assert bubble_fraction(4, 8, repeats=2) == pytest.approx(3 / 19)
     assert bubble_fraction(1, 5) == 0.0
-    assert bubble_fraction(4, 16, schedule="1f1b") == pytest.approx(7 / 23)
+    # 1F1B: F-only and B-only ticks at the ends; ZB-H1: W fills M of the Bi ticks.
+    assert bubble_fraction(4, 16, schedule="1f1b") == pytest.approx(3 / 19)
+    assert bubble_fraction(4, 16, schedule="zbh1") == pytest.approx(6 / 54)
+    for stages, micro in ((2, 2), (4, 8), (8, 32), (4, 2)):
+        assert bubble_fraction(stages, micro, schedule="zbh1") < bubble_fraction(
+            stages, micro, schedule="1f1b"
+        )
+
+
+def test_zero_bubble_table_runs_each_weight_gradient_after_its_input_gradient():
+    from axplug_pipeline.one_f_one_b import schedule_table
+
+    S, M = 4, 8
+    table = schedule_table("zbh1", S, M)
+    when = {}
+    for t, row in enumerate(table):
+        for s, cell in enumerate(row):
+            for kind, m in cell:
+                assert (kind, s, m) not in when  # each once
+                when[kind, s, m] = t
+    assert len(when) == 3 * S * M
+    for s in range(S):
+        for m in range(M):
+            assert when["F", s, m] < when["Bi", s, m] <= when["W", s, m]
+            if s > 0:
+                assert when["F", s - 1, m] < when["F", s, m]
+            if s < S - 1:
+                assert when["Bi", s + 1, m] < when["Bi", s, m]
+    assert len({t for (kind, _, _), t in when.items() if kind == "W"}) == M
 
 
 def test_1f1b_keeps_activation_memory_flat_in_the_microbatches():
@@ -291,7 +321,7 @@ def test_1f1b_refuses_layers_with_outputs():
     trainer = cfg.instantiate(devices=jax.devices()[:1])
     params = trainer.layout.abstract["params"]  # traced, as a train step is: nothing to run
     batch = trainer.input.batch(0)
-    with pytest.raises(ConfigError, match="schedule='1f1b': the layers record outputs"):
+    with pytest.raises(ConfigError, match="schedule: the layers record outputs or state updates"):
         jax.eval_shape(loss_fn(trainer.model, trainer.aux_loss), params, batch, None)
 
 
