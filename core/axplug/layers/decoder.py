@@ -104,14 +104,36 @@ class Decoder(BaseLayer):
     def forward(
         self, input_ids: jax.Array, *, positions=None, segment_ids=None, inserted=None
     ) -> jax.Array:
+        x = self.hidden_states(
+            input_ids, positions=positions, segment_ids=segment_ids, inserted=inserted
+        )
+        return constrain(self._logits(x), ("batch", "seq", "vocab"))
+
+    def hidden_states(
+        self, input_ids: jax.Array, *, positions=None, segment_ids=None, inserted=None
+    ) -> jax.Array:
+        """The stack's output [batch, seq, dim], before the output norm and the head."""
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
         positions = constrain(positions, ("batch", "seq"))
         if segment_ids is not None:
             segment_ids = constrain(segment_ids, ("batch", "seq"))
         x = constrain(self._embed(input_ids, positions, inserted), RESIDUAL_AXES)
-        x = self.transformer(x, positions=positions, segment_ids=segment_ids)
-        return constrain(self._logits(x), ("batch", "seq", "vocab"))
+        return self.transformer(x, positions=positions, segment_ids=segment_ids)
+
+    def embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
+        """The transformer's input [batch, seq, dim] for token ids at `positions`."""
+        return self._embed(input_ids, positions)
+
+    def project(self, x: jax.Array) -> jax.Array:
+        """Logits of hidden states through the head alone (no output norm; soft-capped)."""
+        tied = self._config.tie_word_embeddings
+        logits = self.embedding.attend(x) if tied else self.lm_head(x)
+        cap = self._config.final_logit_softcap
+        if cap is None:
+            return logits
+        capped = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
+        return capped.astype(logits.dtype)
 
     @property
     def fuses_loss(self) -> bool:
@@ -172,14 +194,7 @@ class Decoder(BaseLayer):
         return x
 
     def _logits(self, x: jax.Array) -> jax.Array:
-        x = self.output_norm(x)
-        tied = self._config.tie_word_embeddings
-        logits = self.embedding.attend(x) if tied else self.lm_head(x)
-        cap = self._config.final_logit_softcap
-        if cap is None:
-            return logits
-        capped = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
-        return capped.astype(logits.dtype)
+        return self.project(self.output_norm(x))
 
     def init_cache_state(self, batch_size: int, max_len: int) -> dict:
         """An empty decoding cache for `extend_step`: `max_len` tokens per row."""
