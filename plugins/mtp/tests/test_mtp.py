@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from axplug_mtp import MultiTokenPredictionLM
 
 from axplug.api.config import ConfigError, find_configs
 from axplug.api.layers import functional
 from axplug.presets import preset_config
-from axplug_mtp import MultiTokenPredictionLM
 
 TINY = [
     "model.decoder.dim=32",
