@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from axplug_mtp import MultiTokenPredictionLM
 
-from axplug.api.config import ConfigError, find_configs
+from axplug.api.config import ConfigError, find_configs, preset_config
 from axplug.api.layers import functional
-from axplug.presets import preset_config
 
 TINY = [
     "model.decoder.dim=32",

@@ -1,5 +1,6 @@
 """Quantized training matmuls: int8 (dynamic per-token / per-channel scales, int32
-accumulation) and fp8 (e4m3 forward, e5m2 gradients, delayed scaling from amax histories)."""
+accumulation), fp8 (e4m3 forward, e5m2 gradients, delayed scaling from amax histories) and
+the current-scaling fp8 recipes of `axplug_quantize.recipes` (tensorwise, rowwise, MXFP8)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import jax.numpy as jnp
 from axplug.api import ParameterSpec
 from axplug.api.config import ConfigError, config_class
 from axplug.api.layers import Linear
+from axplug_quantize.recipes import CURRENT_RECIPES, check_shapes, recipe_matmul
 
 __all__ = ["QuantizedLinear", "QUANTIZE_MODES", "int8_matmul", "fp8_matmul"]
 
-QUANTIZE_MODES = ("int8", "fp8")
+QUANTIZE_MODES = ("int8", "fp8", *CURRENT_RECIPES)
 _INT8_MAX = 127.0
 _E4M3, _E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 _E4M3_MAX, _E5M2_MAX = float(jnp.finfo(_E4M3).max), float(jnp.finfo(_E5M2).max)
@@ -141,8 +143,9 @@ fp8_matmul.defvjp(_fp8_fwd, _fp8_bwd)
 
 
 class QuantizedLinear(Linear):
-    """A Linear whose matmul is int8 or fp8 in training and inference alike (an adapter on
-    it, axplug-lora's, stays in float: QLoRA-style training of a quantized base).
+    """A Linear whose matmul is int8 or fp8 (delayed, tensorwise, rowwise or MXFP8 scaling)
+    in training and inference alike (an adapter on it, axplug-lora's, stays in float:
+    QLoRA-style training of a quantized base).
 
     Parameters and optimizer state keep their dtype; only the matmul's operands are
     quantized. fp8 adds three float32 amax histories (non-trainable: the forward records the
@@ -185,6 +188,9 @@ class QuantizedLinear(Linear):
         x2 = x.reshape(-1, x.shape[-1])
         if cfg.mode == "int8":
             y = int8_matmul(x2, w, cfg.int8_backward)
+        elif cfg.mode in CURRENT_RECIPES:
+            check_shapes(cfg.mode, x2, w, self.path)
+            y = recipe_matmul(x2, w, cfg.mode)
         else:
             y = fp8_matmul(
                 x2,

@@ -26,12 +26,15 @@ def _pipelined(cfg: ConfigBase) -> bool:
 
 
 class QuantizeModifier(ConfigModifier):
-    """Quantized matmuls in the layers' projections: `quantize:int8`, `quantize:fp8`, or
-    `quantize:none` (back to float).
+    """Quantized matmuls in the layers' projections: `quantize:int8`, `quantize:fp8`,
+    `quantize:fp8_tensorwise`, `quantize:fp8_rowwise`, `quantize:mxfp8`, or `quantize:none`
+    (back to float).
 
     int8: dynamic per-token x per-channel scales, int32 accumulation, int8 gradient matmuls
     unless `int8_backward=false`. fp8: e4m3 inputs and weights, e5m2 gradients, delayed
-    scaling from `amax_history_length`-step histories. `targets` names the sub-layers whose
+    scaling from `amax_history_length`-step histories. The current-scaling recipes take
+    their scales from this step's tensors (axplug_quantize.recipes); mxfp8 needs the tokens
+    and widths multiples of 32. `targets` names the sub-layers whose
     Linear layers are quantized (path components; MoE experts and the LM head stay float).
     """
 

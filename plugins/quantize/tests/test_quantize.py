@@ -154,11 +154,16 @@ def float32_loss(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["int8", "fp8"])
-def test_quantized_training_tracks_float32(tmp_path, float32_loss, mode):
-    """100 steps of llama-tiny: the final loss within 3% of the float32 run's."""
+@pytest.mark.parametrize(
+    "mode, within",
+    [("int8", 0.03), ("fp8", 0.03), ("fp8_tensorwise", 0.01), ("fp8_rowwise", 0.01),
+     ("mxfp8", 0.01)],
+)  # fmt: skip
+def test_quantized_training_tracks_float32(tmp_path, float32_loss, mode, within):
+    """100 steps of llama-tiny: the final loss within 3% of the float32 run's (1% for the
+    current-scaling recipes)."""
     quantized = final_loss(tmp_path, f"quantize:{mode}")
-    assert abs(quantized - float32_loss) / float32_loss < 0.03, (quantized, float32_loss)
+    assert abs(quantized - float32_loss) / float32_loss < within, (quantized, float32_loss)
     assert float32_loss < 3.0  # it learned
 
 
