@@ -99,8 +99,9 @@ class DeepseekV3:
         from axplug_moe.router import DeepSeekRouter
 
         fields.expect("pretraining_tp", 1, why="a split of the projections for training only")
-        # Multi-token-prediction modules: transformers' DeepseekV3ForCausalLM builds none
-        # (their weights, model.layers.{num_hidden_layers}.*, are not imported).
+        # Multi-token-prediction modules: transformers' DeepseekV3ForCausalLM builds none;
+        # their weights (model.layers.{num_hidden_layers}.*) are read with `--modifier mtp`
+        # (axplug-mtp), else left alone (`ignored_tensors`).
         mtp = fields.get("num_nextn_predict_layers", 0)
         if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
             fields.problem(f"num_nextn_predict_layers={mtp!r} (expected an integer >= 0)")
@@ -126,19 +127,45 @@ class DeepseekV3:
 
         def layer(i: int, cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
             cfg = stack.dense_layer if i < stack.num_dense_layers else stack.layer
-            ffn = cfg.feed_forward
-            moe = hasattr(ffn, "router")
-            return {
-                **norm_tensors(f"{param}.attention_norm", f"{hf}.input_layernorm", cfg.norm),
-                **mla_tensors(f"{param}.attention", f"{hf}.self_attn", cfg.attention),
-                **norm_tensors(
-                    f"{param}.feed_forward_norm", f"{hf}.post_attention_layernorm", cfg.norm
-                ),
-                **(
-                    deepseek_moe_tensors(f"{param}.feed_forward", f"{hf}.mlp", ffn)
-                    if moe
-                    else mlp_tensors(f"{param}.feed_forward", f"{hf}.mlp", ffn)
-                ),
-            }
+            return _layer_tensors(cfg, param, hf)
 
-        return decoder_tensors(model, layer)
+        out = decoder_tensors(model, layer)
+        # Multi-token-prediction modules (axplug-mtp's `mtp` modifier): checkpoint layers
+        # num_hidden_layers + k, each a decoder layer with its norms and projection.
+        for k in range(getattr(model, "depth", 0) if hasattr(model, "module") else 0):
+            hf, param, module = f"model.layers.{stack.num_layers + k}", f"mtp{k}", model.module
+            out.update(_layer_tensors(module.block, f"{param}.block", hf))
+            out.update(norm_tensors(f"{param}.enorm", f"{hf}.enorm", module.norm))
+            out.update(norm_tensors(f"{param}.hnorm", f"{hf}.hnorm", module.norm))
+            out.update(norm_tensors(f"{param}.post_norm", f"{hf}.shared_head.norm", module.norm))
+            out[f"{param}.eh_proj.weight"] = HFTensor(f"{hf}.eh_proj.weight", transpose=True)
+        return out
+
+    def ignored_tensors(self, model: Any) -> tuple[str, ...]:
+        # The checkpoint's multi-token-prediction layers (model.layers.{num_hidden_layers}.*
+        # on): the ones the model has not got, and the copies of the embedding and head each
+        # one carries. Published checkpoints have one; a few more are covered.
+        first = model.decoder.transformer.num_layers
+        depth = getattr(model, "depth", 0) if hasattr(model, "module") else 0
+        copies = [
+            f"model.layers.{first + k}.{name}."
+            for k in range(depth)
+            for name in ("embed_tokens", "shared_head.head")
+        ]
+        return (*copies, *(f"model.layers.{i}." for i in range(first + depth, first + 8)))
+
+
+def _layer_tensors(cfg: Any, param: str, hf: str) -> dict[str, HFTensor]:
+    """A DeepSeek-V3 decoder layer's tensors (MLA; a dense MLP or the MoE block)."""
+    ffn = cfg.feed_forward
+    moe = hasattr(ffn, "router")
+    return {
+        **norm_tensors(f"{param}.attention_norm", f"{hf}.input_layernorm", cfg.norm),
+        **mla_tensors(f"{param}.attention", f"{hf}.self_attn", cfg.attention),
+        **norm_tensors(f"{param}.feed_forward_norm", f"{hf}.post_attention_layernorm", cfg.norm),
+        **(
+            deepseek_moe_tensors(f"{param}.feed_forward", f"{hf}.mlp", ffn)
+            if moe
+            else mlp_tensors(f"{param}.feed_forward", f"{hf}.mlp", ffn)
+        ),
+    }

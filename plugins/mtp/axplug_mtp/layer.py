@@ -2,7 +2,8 @@
 further ahead from the previous depth's hidden states and the next token's embedding.
 
 Module k (1..D) at position i: h_k = post_norm(block(eh_proj([enorm(E(t_{i+k}));
-hnorm(h_{k-1})]))), with h_0 the main stack's output; its logits are the main model's head
+hnorm(h_{k-1})]))), with h_0 the main model's output after its final norm (what transformers'
+`MtpModel` and vLLM feed DeepSeek-V3's trained modules); its logits are the main model's head
 (shared, without the main output norm) of h_k, and it predicts t_{i+k+1}. The embedding E
 and the head are the decoder's own; the loss adds `loss_weight / D` x the modules' mean
 cross entropies to the next-token loss. A target is counted only where t_{i+k} and
@@ -75,6 +76,26 @@ class MultiTokenPredictionLM(CausalLM):
         for k in range(cfg.depth):
             self._add_child(f"mtp{k}", cfg.module.clone(dim=cfg.decoder.dim))
 
+    def predict_ahead(self, input_ids, *, positions=None, segment_ids=None):
+        """(next-token logits [batch, seq, vocab], [depth] logits alike: depth k's at
+        position i predict t_{i+k+1}, from t_{i+k}; past the row's end they read token 0)."""
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+        hidden = self.decoder.output_norm(
+            self.decoder.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)
+        )  # h_0: the main model's normed output, as transformers and vLLM feed the modules
+        logits = constrain(self.decoder.project(hidden), ("batch", "seq", "vocab"))
+        ahead = []
+        for k in range(1, self._config.depth + 1):
+            hidden = getattr(self, f"mtp{k - 1}")(
+                self.decoder.embed(shifted(input_ids, k, 0), positions),
+                hidden,
+                positions=positions,
+                segment_ids=segment_ids,
+            )
+            ahead.append(constrain(self.decoder.project(hidden), ("batch", "seq", "vocab")))
+        return logits, ahead
+
     def forward(self, input_ids, target_labels, *, positions=None, segment_ids=None):
         cfg = self._config
         if self.decoder.fuses_loss:
@@ -82,25 +103,13 @@ class MultiTokenPredictionLM(CausalLM):
                 f"{self.path}: multi-token prediction needs the stack's hidden states, which "
                 "a 1f1b or zbh1 pipeline keeps inside its schedule; use schedule=gpipe"
             )
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
         labels = constrain(target_labels, ("batch", "seq"))
-        hidden = self.decoder.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)
-        logits = self.decoder.project(self.decoder.output_norm(hidden))
-        logits = constrain(logits, ("batch", "seq", "vocab"))
+        logits, ahead = self.predict_ahead(input_ids, positions=positions, segment_ids=segment_ids)
         loss, count = cross_entropy(logits, labels)
         self.add_summary("next_token_loss", loss)
         extra = jnp.zeros((), jnp.float32)
-        for k in range(1, cfg.depth + 1):
-            hidden = getattr(self, f"mtp{k - 1}")(
-                self.decoder.embed(shifted(input_ids, k, 0), positions),
-                hidden,
-                positions=positions,
-                segment_ids=segment_ids,
-            )
-            mtp_loss, _ = cross_entropy(
-                self.decoder.project(hidden), mtp_labels(labels, segment_ids, k)
-            )
+        for k, depth_logits in enumerate(ahead, start=1):
+            mtp_loss, _ = cross_entropy(depth_logits, mtp_labels(labels, segment_ids, k))
             self.add_summary(f"mtp/loss_{k}", mtp_loss)
             extra = extra + mtp_loss
         total = loss + cfg.loss_weight / cfg.depth * extra

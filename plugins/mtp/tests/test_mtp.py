@@ -64,12 +64,13 @@ def test_loss_equals_deepseek_v3_formula_by_hand():
     inputs = dict(input_ids=ids, target_labels=labels, positions=pos, segment_ids=seg)
     got, _ = call(model, params, **inputs)
 
-    # By hand: h_0 is the main stack's output; module k takes E(t_{i+k}) and h_{k-1}.
+    # By hand: h_0 is the main model's normed output; module k takes E(t_{i+k}) and h_{k-1}.
     dec, p_dec = model.decoder, params["decoder"]
     eps = model.config.module.norm.eps
     emb, head = p_dec["embedding"]["weight"], p_dec["lm_head"]["weight"]
     h = call(dec, p_dec, "hidden_states", input_ids=ids, positions=pos, segment_ids=seg)
-    main = rms(h, p_dec["output_norm"]["scale"], model.config.decoder.output_norm.eps) @ head
+    h = rms(h, p_dec["output_norm"]["scale"], model.config.decoder.output_norm.eps)
+    main = h @ head
     want = ce(main, labels)
     for k in (1, 2):
         p = params[f"mtp{k - 1}"]
