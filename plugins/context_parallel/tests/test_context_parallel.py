@@ -87,7 +87,7 @@ def test_strategy_equals_the_unsharded_reference_forward_and_backward(case):
 
     grad = lambda f: jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)  # noqa: E731
     (_, got), got_grads = jax.jit(grad(sharded))(q, k, v)
-    (_, want), want_grads = grad(reference)(q, k, v)
+    (_, want), want_grads = jax.jit(grad(reference))(q, k, v)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)

@@ -80,7 +80,7 @@ def test_rounds_through_a_small_buffer_equal_each_row_on_its_expert():
 
     run = sharded_experts(counted)
     (_, got), got_grads = jax.jit(grads(run))(rows, expert, w_up, w_out)
-    (_, want), want_grads = grads(dense)(rows, expert, w_up, w_out)
+    (_, want), want_grads = jax.jit(grads(dense))(rows, expert, w_up, w_out)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     for g, w in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
@@ -123,8 +123,8 @@ def test_emulated_exchange_is_ragged_all_to_alls_definition():
         return got[None]
 
     spec = PartitionSpec("x")
-    got = jax.shard_map(per_device, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec,
-                        check_vma=False)(
+    got = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec,
+                                check_vma=False))(
         operand, output, in_off, sizes, at_receiver, sizes.T.copy()
     )  # fmt: skip
     np.testing.assert_array_equal(got, want)
