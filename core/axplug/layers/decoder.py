@@ -242,6 +242,8 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.
 class CausalLM(BaseLayer):
     """A decoder trained with next-token cross entropy; labels < 0 are ignored."""
 
+    hf_role = "causal_lm"  # a subclass that trains more beside it (MTP) exports as one
+
     @config_class
     class Config(BaseLayer.Config):
         decoder: Decoder.Config = Decoder.default_config()

@@ -58,14 +58,24 @@ def shifted(x: jax.Array, k: int, fill) -> jax.Array:
 class MultiTokenPredictionLM(CausalLM):
     """A `CausalLM` trained with `depth` multi-token-prediction modules (children `mtp0`,
     `mtp1`, ...) beside its next-token loss: loss = next-token + `loss_weight` / depth x
-    sum of the modules' losses; `mtp/loss_k` is logged per depth. Prediction, decoding and
-    `export-hf` use the decoder alone."""
+    sum of the modules' losses; `mtp/loss_k` is logged per depth. Prediction and decoding
+    use the decoder alone; `export-hf` writes the modules too (DeepSeek-V3's layout)."""
 
     @config_class
     class Config(CausalLM.Config):
         depth: int = 1
         loss_weight: float = 0.3
         module: MTPModule.Config = MTPModule.default_config()
+
+    # An export writes the modules beside the model (DeepSeek-V3's layers past the last):
+    # the same role as a CausalLM's, the module options outside config.json's fields.
+    hf_role = "causal_lm"
+    hf_neutral = ("depth", "loss_weight", "module")
+
+    @classmethod
+    def folded_config(cls, cfg: Config) -> Config:
+        """Kept whole (not a CausalLM): its modules are weights an export writes too."""
+        return cfg
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)

@@ -87,3 +87,23 @@ def test_mtp_weights_import_and_their_logits_equal_transformers(tmp_path):
     _, (got,) = functional(model, prng_key=None, state=loaded.params, inputs=(ids,),
                            is_training=False, method="predict_ahead")[0]  # fmt: skip
     np.testing.assert_allclose(np.asarray(got)[:, :-1], want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_export_writes_the_modules_back_as_they_were_read(tmp_path):
+    """import-hf --modifier mtp, then export-hf: the MTP layer's tensors come back equal (the
+    embedding's and head's copies are not written: readers take the model's own)."""
+    from safetensors.numpy import load_file
+
+    checkpoint_with_mtp(tmp_path / "hf")
+    assert run_cli("import-hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run"),
+                   "--modifier", "mtp").exit_code == 0  # fmt: skip
+    result = run_cli("export-hf", str(tmp_path / "run"), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    source = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    prefix = f"model.layers.{SHAPES['num_hidden_layers']}."
+    copies = (f"{prefix}embed_tokens.weight", f"{prefix}shared_head.head.weight")
+    want = {k for k in source if k.startswith(prefix) and k not in copies}
+    assert want and want == {k for k in written if k.startswith(prefix)}
+    for name in want:
+        np.testing.assert_array_equal(written[name], source[name], err_msg=name)
