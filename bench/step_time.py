@@ -139,7 +139,7 @@ class AxplugSide:
         batch = jax.ShapeDtypeStruct(
             (icfg.batch_size, icfg.seq_len), np.int32, sharding=self.trainer.batch_sharding
         )
-        return self.trainer.abstract_state, {"input_ids": batch, "target_labels": batch}
+        return self.trainer.layout.abstract, {"input_ids": batch, "target_labels": batch}
 
     def put(self, host_batch: dict) -> dict:
         return self.trainer.put_batch(host_batch)
@@ -308,7 +308,7 @@ def run_shape(
     sides = make_sides(cfg, flax)
     a = sides[0]
     tokens = cfg.input.batch_size * cfg.input.seq_len
-    nparams = sum(x.size for x in jax.tree.leaves(a.trainer.abstract_state["params"]))
+    nparams = sum(x.size for x in jax.tree.leaves(a.trainer.layout.abstract["params"]))
     print(
         f"\n=== {name}: {nparams / 1e6:.2f}M params, {tokens} tokens/step, "
         f"compute {plain_llama.spec_from_config(cfg).compute_dtype} ==="
