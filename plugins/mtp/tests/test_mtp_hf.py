@@ -2,6 +2,7 @@
 layer count): read into the modules with `--modifier mtp`, their logits equal transformers'
 `MtpModel` on the same weights; left alone without it."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -84,8 +85,12 @@ def test_mtp_weights_import_and_their_logits_equal_transformers(tmp_path):
 
     loaded = load_checkpoint(str(tmp_path / "run"))
     model = loaded.config.model.instantiate(parent=None)
-    _, (got,) = functional(model, prng_key=None, state=loaded.params, inputs=(ids,),
-                           is_training=False, method="predict_ahead")[0]  # fmt: skip
+    predict = jax.jit(
+        lambda p, i: functional(
+            model, prng_key=None, state=p, inputs=(i,), is_training=False, method="predict_ahead"
+        )[0]
+    )
+    _, (got,) = predict(loaded.params, ids)  # fmt: skip
     np.testing.assert_allclose(np.asarray(got)[:, :-1], want, atol=1e-5, rtol=1e-5)
 
 

@@ -73,7 +73,7 @@ def ref_recipe(recipe, x, w, dy):
 @pytest.mark.parametrize("dtype, axis", [(E4M3, None), (E5M2, None), (E4M3, 0), (E4M3, 1)])
 def test_scaled_casts_equal_the_float64_emulation_bit_for_bit(dtype, axis):
     x = wide(np.random.default_rng(0), 64, 96)
-    q, scale = scaled_quantize(jnp.asarray(x), jnp.dtype(dtype), axis)
+    q, scale = jax.jit(scaled_quantize, static_argnums=(1, 2))(x, jnp.dtype(dtype), axis)
     want_q, want_scale = ref_quantize(x, dtype, axis)
     np.testing.assert_array_equal(np.asarray(q).view(np.uint8), want_q.view(np.uint8))
     np.testing.assert_array_equal(np.asarray(scale, np.float64), want_scale)
@@ -83,7 +83,7 @@ def test_mx_casts_and_e8m0_scales_equal_the_float64_emulation_bit_for_bit():
     x = wide(np.random.default_rng(1), 48, 128)
     x[3, 32:64] = 0.0  # a zero block: the smallest scale, zeros
     x[5, :32] = 448.0 * 300.0  # a block whose amax rounds up past e4m3's max: saturates
-    q, scale = mx_quantize(jnp.asarray(x))
+    q, scale = jax.jit(mx_quantize)(x)
     want_q, want_scale = ref_mx(x)
     assert scale.dtype == jnp.float8_e8m0fnu and scale.shape == (48, 4)
     np.testing.assert_array_equal(np.asarray(q).view(np.uint8), want_q.view(np.uint8))
@@ -94,8 +94,13 @@ def test_mx_casts_and_e8m0_scales_equal_the_float64_emulation_bit_for_bit():
 def test_products_and_gradients_equal_the_float64_emulation(recipe):
     rng = np.random.default_rng(2)
     x, w, dy = (rng.normal(size=s).astype(np.float32) for s in ((64, 96), (96, 128), (64, 128)))
-    y, vjp = jax.vjp(lambda a, b: recipe_matmul(a, b, recipe), jnp.asarray(x), jnp.asarray(w))
-    dx, dw = vjp(jnp.asarray(dy))
+
+    @jax.jit
+    def forward_and_back(x, w, dy):
+        y, vjp = jax.vjp(lambda a, b: recipe_matmul(a, b, recipe), x, w)
+        return (y, *vjp(dy))
+
+    y, dx, dw = forward_and_back(x, w, dy)
     for got, want in zip((y, dx, dw), ref_recipe(recipe, x, w, dy), strict=True):
         scale = np.max(np.abs(want))
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6, atol=1e-6 * scale)
