@@ -85,16 +85,16 @@ class ContextParallelAttention(AttentionKernelSlot):
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         scope = current_scope()
         ways = 1 if scope is None else scope.axis_size("seq", q.shape[1])
-        if ways == 1 or q.shape[1] != k.shape[1]:  # nothing split, or a decode step's cache
-            return self._attend(q, k, v, mask)
+        if scope is None or ways == 1 or q.shape[1] != k.shape[1]:
+            return self._attend(q, k, v, mask)  # nothing split, or a decode step's cache
         if mask.q_causal_limits is not None:
             raise ConfigError(
                 f"{self.path}: causal limits (bidirectional spans) are not context-parallel; "
                 "drop the context_parallel modifier for this model"
             )
         zigzag = self._zigzag(mask, q.shape[1], ways)
-        axis = scope.mesh_axes("seq", q.shape[1])
-        axis = axis[0] if len(axis) == 1 else axis
+        names = scope.mesh_axes("seq", q.shape[1])
+        axis = names[0] if len(names) == 1 else names
         q_spec = scope.spec(("batch", "seq", "heads", None), q.shape)
         kv_spec = scope.spec(("batch", "seq", "heads", None), k.shape)
         if q_spec[2] != kv_spec[2]:  # heads split unlike kv heads (GQA): heads stay whole

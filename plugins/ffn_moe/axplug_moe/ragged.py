@@ -105,7 +105,7 @@ class _Rounds:
         return self.transfer(buffered, into, at, accept, back, grant, axis_name=self.axes)
 
     def run(self, buffered, ids, weights):
-        experts = Experts(*weights[:2], self.activation, weights[2])
+        experts = Experts(weights[0], weights[1], self.activation, weights[2])
         token = jnp.arange(self.buffer, dtype=jnp.int32)
         return balanced_rows(buffered, ids, token, experts, self.slots, self.tiles)[0]
 

@@ -31,7 +31,8 @@ except Exception as exc:  # noqa: BLE001
 else:
     _MGPU_ERROR = None
 
-_BLOCKS = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=2, grid_block_n=1)
+# Tiles of the Hopper kernels (their autotuner's range holds these for 128-wide operands).
+_BLOCK_M, _BLOCK_N, _BLOCK_K, _STEPS, _GRID_N = 128, 128, 64, 2, 1
 
 
 class MosaicGpuGroupedMatmul(GroupedMatmulKernel):
@@ -78,7 +79,10 @@ class MosaicGpuGroupedMatmul(GroupedMatmulKernel):
 
 @jax.custom_vjp
 def _grouped(lhs, rhs, group_sizes):
-    return _ragged.ragged_dot(lhs, rhs, group_sizes=group_sizes, **_BLOCKS)
+    return _ragged.ragged_dot(
+        lhs, rhs, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N, block_k=_BLOCK_K,
+        max_concurrent_steps=_STEPS, grid_block_n=_GRID_N,
+    )  # fmt: skip
 
 
 def _grouped_fwd(lhs, rhs, group_sizes):
@@ -89,10 +93,14 @@ def _grouped_bwd(residuals, d_out):
     lhs, rhs, group_sizes = residuals
     d_out = d_out.astype(lhs.dtype)
     d_lhs = _ragged.ragged_dot(
-        d_out, rhs, group_sizes=group_sizes, transpose_rhs=True, **_BLOCKS
-    )  # [m, n] x [g, k, n]^T
+        d_out, rhs, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N,
+        block_k=_BLOCK_K, max_concurrent_steps=_STEPS, grid_block_n=_GRID_N, transpose_rhs=True,
+    )  # [m, n] x [g, k, n]^T  # fmt: skip
     # Groups along the contraction (the rows): [m, k]^T x [m, n] -> [g, k, n].
-    d_rhs = _transposed.transposed_ragged_dot(lhs, d_out, group_sizes=group_sizes, **_BLOCKS)
+    d_rhs = _transposed.transposed_ragged_dot(
+        lhs, d_out, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N,
+        block_k=_BLOCK_K, max_concurrent_steps=_STEPS, grid_block_n=_GRID_N,
+    )  # fmt: skip
     return d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _no_gradient(group_sizes)
 
 

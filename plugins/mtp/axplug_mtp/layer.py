@@ -73,7 +73,7 @@ class MultiTokenPredictionLM(CausalLM):
     hf_neutral = ("depth", "loss_weight", "module")
 
     @classmethod
-    def folded_config(cls, cfg: Config) -> Config:
+    def folded_config(cls, cfg: CausalLM.Config) -> CausalLM.Config:
         """Kept whole (not a CausalLM): its modules are weights an export writes too."""
         return cfg
 

@@ -61,7 +61,7 @@ def _slots(schedule: str) -> tuple[str, ...]:
     return ("F", "B") if schedule == "1f1b" else ("F", "Bi", "W")
 
 
-def schedule_table(schedule: str, S: int, M: int) -> list[list[tuple[str, int]]]:
+def schedule_table(schedule: str, S: int, M: int) -> list[list[list[tuple[str, int]]]]:
     """[tick][stage] -> the (slot, microbatch) pairs the stage runs in that tick."""
     table = []
     for t in range(M + 2 * S - 1):
