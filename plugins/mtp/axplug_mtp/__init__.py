@@ -2,5 +2,13 @@
 
 from axplug_mtp.layer import MTPModule, MultiTokenPredictionLM, mtp_labels, shifted
 from axplug_mtp.modifier import MTPModifier
+from axplug_mtp.proposer import MTPProposer
 
-__all__ = ["MTPModifier", "MTPModule", "MultiTokenPredictionLM", "mtp_labels", "shifted"]
+__all__ = [
+    "MTPModifier",
+    "MTPModule",
+    "MTPProposer",
+    "MultiTokenPredictionLM",
+    "mtp_labels",
+    "shifted",
+]

@@ -134,3 +134,32 @@ def test_a_deepseek_style_model_trains_with_it(tmp_path):
 def test_bad_options_are_one_clear_error():
     with pytest.raises(ConfigError, match="depth=0 must be >= 1"):
         tiny_model("mtp:depth=0")
+
+
+def test_the_modules_propose_for_speculative_decoding():
+    """`Engine(speculative=mtp)` with the model's own modules: the greedy tokens of plain
+    decoding, and every first draft (the main model's own next token) taken."""
+    from axplug.api.run import Engine, Request, SamplingParams
+    from axplug_mtp import MTPProposer
+
+    model = tiny_model()
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    prompts = [[4, 5, 6, 7, 4, 5], [9, 10, 11, 12, 13], [30, 2, 17]]
+
+    def decode(proposer=None):
+        engine = Engine(model, params, num_slots=3, max_len=40, speculative=proposer)
+        greedy = SamplingParams(max_new_tokens=12, temperature=0)
+        ids = [engine.submit(Request(p, greedy)) for p in prompts]
+        done = {c.id: c.output_ids for c in engine.run()}
+        return [done[i] for i in ids], engine
+
+    want, _ = decode()
+    cfg = MTPProposer.default_config().set(num_tokens=3)
+    got, engine = decode(MTPProposer(cfg, model=model, params=params))
+    assert got == want
+    # Each verifying step proposes up to 3 (the main model's token and the two modules');
+    # the first is the target's own greedy token, so at least a third are taken.
+    assert engine.proposed_tokens > 0
+    assert engine.accepted_tokens >= engine.proposed_tokens // 3
+    with pytest.raises(ConfigError, match="name a run trained with --modifier mtp"):
+        Engine(model, params, speculative="mtp")
