@@ -139,8 +139,9 @@ def test_bad_options_are_one_clear_error():
 def test_the_modules_propose_for_speculative_decoding():
     """`Engine(speculative=mtp)` with the model's own modules: the greedy tokens of plain
     decoding, and every first draft (the main model's own next token) taken."""
-    from axplug.api.run import Engine, Request, SamplingParams
     from axplug_mtp import MTPProposer
+
+    from axplug.api.run import Engine, Request, SamplingParams
 
     model = tiny_model()
     params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
