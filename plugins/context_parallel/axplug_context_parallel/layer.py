@@ -120,7 +120,9 @@ class ContextParallelAttention(AttentionKernelSlot):
         summary = {"strategy": cfg.strategy, "ways": ways}
         text = f"{cfg.strategy} over {ways} seq devices"
         rings = ways
-        if cfg.strategy == "usp" and cfg.heads_ways:
+        if cfg.strategy == "usp":
+            if not cfg.heads_ways:  # chosen from the heads at trace time: no ring to report
+                return summary | {"description": text + " (all-to-all ways: gcd with the heads)"}
             rings = ways // cfg.heads_ways
             text += f" ({cfg.heads_ways} by all-to-all, {rings} by ring)"
         if cfg.strategy in ("ring", "usp") and rings > 1:

@@ -139,10 +139,11 @@ class AllToAllDispatch(Dispatch):
 def platform_of(mesh) -> tuple[str, str]:
     """(platform, device kind) of the mesh's devices (`tpu` for a TPU topology compiled on a
     CPU host), else the default backend's."""
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
+    try:
+        device = mesh.devices.flat[0]
+    except (AttributeError, ValueError):  # an AbstractMesh (`jax.set_mesh`) has no devices
         return jax.default_backend(), ""
-    return devices.flat[0].platform, devices.flat[0].device_kind
+    return device.platform, device.device_kind
 
 
 class _Plan(NamedTuple):

@@ -140,3 +140,14 @@ def test_auto_takes_the_ragged_op_where_the_backend_has_it():
     assert auto.exchange_for("tpu", "TPU v5 lite") == "padded"  # v5e's compiler refuses it
     with pytest.raises(Exception, match="exchange: must be one of auto, padded, ragged"):
         AllToAllDispatch.default_config().set(exchange="scatter").instantiate(parent=None)
+
+
+def test_the_platform_of_a_mesh_without_devices_is_the_default_backend():
+    """Under `jax.set_mesh` the scope's mesh is abstract: the exchange falls back to the
+    default backend's answer rather than failing on its missing devices."""
+    from axplug_moe.alltoall import platform_of
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("expert",))
+    assert platform_of(mesh) == ("cpu", jax.devices()[0].device_kind)
+    with jax.set_mesh(mesh):
+        assert platform_of(jax.sharding.get_abstract_mesh()) == (jax.default_backend(), "")

@@ -5,8 +5,10 @@
   and per output channel forward; per token x per input channel and per channel over the
   tokens for the gradients), every operand e4m3.
 - `mxfp8` (OCP Microscaling): blocks of 32 consecutive elements along each matmul's
-  contraction share an e8m0 scale (a power of two, 2^(floor(log2 amax) - 8); 1 for a block
-  of zeros; exponents kept to float32's normal range, -126..127); every operand
+  contraction share an e8m0 scale, the smallest power of two that keeps the block's amax
+  within e4m3's 448 (NVIDIA's rounding-up rule: the OCP spec's 2^(floor(log2 amax) - 8)
+  clips the top binade's values to 448, up to 12.5% off); 1 for a block of zeros; exponents
+  in float32's normal range, -126..127; every operand
   e4m3, saturating. The matmul is `jax.nn.scaled_matmul` (cuDNN's block-scaled GEMM) on
   Blackwell, its exact definition elsewhere (each block rescaled, one float32 dot).
 
@@ -36,7 +38,6 @@ __all__ = [
 CURRENT_RECIPES = ("fp8_tensorwise", "fp8_rowwise", "mxfp8")
 MX_BLOCK = 32
 _E4M3, _E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
-_E4M3_EMAX = 8  # the largest e4m3 power of two: 2^8 = 256 <= 448
 # Scale exponents stay where float32 is normal: a subnormal scale would flush to zero.
 _MIN_EXP, _MAX_EXP = -126, 127
 
@@ -50,9 +51,26 @@ def scaled_quantize(x: jax.Array, dtype, axis=None) -> tuple[jax.Array, jax.Arra
     (None: the whole tensor), the smallest that keeps the slice's amax in range."""
     x, fmax = x.astype(jnp.float32), _max(dtype)
     amax = jnp.max(jnp.abs(x), axis=axis, keepdims=axis is not None)
-    ratio = jnp.where(amax > 0, amax / fmax, 1.0)
-    scale = jnp.exp2(jnp.clip(jnp.ceil(jnp.log2(ratio)), _MIN_EXP, _MAX_EXP))
+    scale = _power_of_two(jnp.where(amax > 0, amax / fmax, 1.0))
     return jnp.clip(x / scale, -fmax, fmax).astype(dtype), scale
+
+
+def _power_of_two(ratio: jax.Array) -> jax.Array:
+    """The smallest power of two >= `ratio` (float32-normal exponents), built from its bits:
+    `exp2` is not exact on every backend (XLA:CPU: 2^-126 comes out 0, most others off by
+    an ulp)."""
+    exponent = jnp.clip(jnp.ceil(jnp.log2(ratio)), _MIN_EXP, _MAX_EXP).astype(jnp.int32)
+    # log2 rounds: a ratio next to a power of two can land one exponent off either way.
+    exponent = exponent + (_exact_pow2(exponent) < ratio)
+    lower = jnp.maximum(exponent - 1, _MIN_EXP)
+    exponent = jnp.where((exponent > _MIN_EXP) & (_exact_pow2(lower) >= ratio), lower, exponent)
+    return _exact_pow2(jnp.minimum(exponent, _MAX_EXP))
+
+
+def _exact_pow2(exponent: jax.Array) -> jax.Array:
+    """2^exponent in float32, exactly, for exponents in [-126, 127]."""
+    bits = (exponent.astype(jnp.int32) + 127) << 23
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def mx_quantize(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -60,11 +78,9 @@ def mx_quantize(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     x = x.astype(jnp.float32)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
     amax = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True)
-    # A block of zeros takes scale 1 (its elements are zeros whatever the scale).
-    exponent = jnp.floor(jnp.log2(jnp.where(amax > 0, amax, 1.0))) - _E4M3_EMAX
-    exponent = jnp.where(amax > 0, exponent, 0.0)
-    scale = jnp.exp2(jnp.clip(exponent, _MIN_EXP, _MAX_EXP))
     fmax = _max(_E4M3)
+    # A block of zeros takes scale 1 (its elements are zeros whatever the scale).
+    scale = _power_of_two(jnp.where(amax > 0, amax / fmax, 1.0))
     q = jnp.clip(blocks / scale, -fmax, fmax).astype(_E4M3)
     return q.reshape(x.shape), scale[..., 0].astype(jnp.float8_e8m0fnu)
 
