@@ -7,15 +7,20 @@ model (`axplug.trainer.model_flops_per_step`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import re
 from typing import Any
 
 from axplug.api import DeviceSpec
 from axplug.api.run import active_parameters, model_flops_per_step
 from axplug_aot import plan as aot_plan
+from axplug_aot.compiled import (  # noqa: F401 - DUMP_FILES, count_collectives: API
+    DUMP_FILES,
+    count_collectives,
+    dump_step,
+    no_persistent_cache,
+    xla_flops,
+)
 
 __all__ = [
     "AotReport",
@@ -170,88 +175,6 @@ def _leaf_bytes(tree) -> int:
     return total
 
 
-_COLLECTIVES = (
-    "all-gather", "reduce-scatter", "all-reduce", "all-to-all", "ragged-all-to-all",
-    "collective-permute",
-)  # fmt: skip
-
-
-def count_collectives(hlo_text: str) -> dict[str, int]:
-    """How many of each collective op a compiled (partitioned) HLO module holds."""
-    counts = {}
-    for op in _COLLECTIVES:
-        # An async collective is a `-start`/`-done` pair: count its start only. The result
-        # shape before the op can hold `/*index=5*/` comments (tuples of 6+), so match the
-        # op's own name: instruction names are followed by ` =`, metadata uses `_`.
-        n = len(re.findall(rf" {op}(?:-start)?\(", hlo_text))
-        if n:
-            counts[op] = n
-    return counts
-
-
-def _xla_flops(compiled) -> float | None:
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - not every backend implements it
-        return None
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else {}
-    flops = (cost or {}).get("flops")
-    return float(flops) if flops is not None else None
-
-
-DUMP_FILES = {
-    "before": "train_step.before_optimizations.mlir",
-    "after": "train_step.after_optimizations.hlo.txt",
-    "analysis": "train_step.analysis.json",
-}
-
-
-@contextlib.contextmanager
-def _no_persistent_cache():
-    """Compiles inside skip JAX's persistent compilation cache (read and write)."""
-    import jax
-
-    before = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", before)
-
-
-def dump_step(lowered, compiled, directory: str, memory: dict[str, int]) -> dict[str, str]:
-    """Writes a lowered and compiled step to `directory`: the StableHLO before XLA's passes
-    (with locations: each op's module path, e.g. `decoder/transformer/layer0/attention/...`),
-    the optimized HLO (per device, after SPMD partitioning; `metadata={op_name=...}` names the
-    module path) and the memory (per device, bytes) and cost analysis as JSON. Returns the
-    paths written, by kind."""
-    import json
-    import os
-
-    os.makedirs(directory, exist_ok=True)
-    paths = {kind: os.path.join(directory, name) for kind, name in DUMP_FILES.items()}
-    with open(paths["before"], "w", encoding="utf-8") as f:
-        f.write(lowered.as_text(debug_info=True))
-    with open(paths["after"], "w", encoding="utf-8") as f:
-        f.write(compiled.as_text())
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - not every backend implements it
-        cost = None
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    analysis = {
-        "memory_per_device_bytes": memory,
-        "cost_analysis": {
-            k: float(v) for k, v in (cost or {}).items() if isinstance(v, int | float)
-        },
-    }
-    with open(paths["analysis"], "w", encoding="utf-8") as f:
-        json.dump(analysis, f, indent=2, sort_keys=True)
-    return paths
-
-
 def compile_report(
     cfg,
     *,
@@ -323,7 +246,7 @@ def compile_report(
     if dump_dir is None:
         compiled = lowered.compile()
     else:  # the persistent cache's key leaves out op metadata: an entry may hold another
-        with _no_persistent_cache():  # compile's names, and the dump must show this one's
+        with no_persistent_cache():  # compile's names, and the dump must show this one's
             compiled = lowered.compile()
     compile_s = time.perf_counter() - start
 
@@ -351,7 +274,7 @@ def compile_report(
     # The compiled batch is the target's divided by `factor`: scale the FLOPs back.
     flops = model_flops_per_step(cfg, trainer.model) * factor
     active = active_parameters(trainer.model)
-    xla = _xla_flops(compiled)
+    xla = xla_flops(compiled)
     if xla is not None:
         xla *= n * factor  # cost analysis is per device (the SPMD-partitioned program)
     peak = spec.peak_bf16_flops if spec else None

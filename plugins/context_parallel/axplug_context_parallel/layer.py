@@ -21,12 +21,7 @@ from axplug.api.config import (
     replace_config,
 )
 from axplug.api.kernels import select_kernel
-from axplug.api.layers import (
-    AttentionKernelSlot,
-    BlockwiseAttention,
-    DotProductKernel,
-    FlashAttention,
-)
+from axplug.api.layers import BlockwiseAttention, DotProductKernel, FlashAttention
 from axplug.api.sharding import current_scope, sharding_scope
 from axplug_context_parallel.heads import all_gather_attention, all_to_all_attention
 from axplug_context_parallel.layout import from_zigzag, to_zigzag
@@ -39,7 +34,7 @@ log = logging.getLogger("axplug.kernels")
 STRATEGIES = ("ring", "all_to_all", "usp", "all_gather")
 
 
-class ContextParallelAttention(AttentionKernelSlot):
+class ContextParallelAttention(FlashAttention):
     """Attention of a sequence split over the `seq` mesh axis, each device keeping its share.
 
     - `ring`: keys and values pass around the devices (`ppermute`), one block a step, merged
@@ -51,18 +46,16 @@ class ContextParallelAttention(AttentionKernelSlot):
       the heads), a ring across the groups: for more devices than heads.
     - `all_gather`: every device gathers every key and value (memory O(seq)).
 
-    Per-shard work runs the kernels dispatch picks (`kernels`, `backend`: as in
-    `FlashAttention`); the ring's, those with `forward_lse` (else the blockwise kernel).
-    Without a sharded sequence (no mesh, seq=1, decoding) it is `FlashAttention`.
+    It is a `FlashAttention` slot: per-shard work runs the kernels its dispatch picks
+    (`kernels`, `backend`), the ring's those with `forward_lse` (else the blockwise kernel),
+    and without a sharded sequence (no mesh, seq=1, decoding) it is that slot alone.
     """
 
     @config_class
-    class Config(AttentionKernelSlot.Config):
+    class Config(FlashAttention.Config):
         strategy: str = "ring"  # one of STRATEGIES
         load_balance: bool = True  # ring, causal: zigzag token order (equal work per device)
         heads_ways: int | None = None  # usp: devices per all-to-all group; None: gcd(n, heads)
-        kernels: list[str] | None = None  # per-shard kernels to try in order; None: all
-        backend: str | None = None  # backend the kernels are chosen for; None: the default
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
@@ -77,10 +70,7 @@ class ContextParallelAttention(AttentionKernelSlot):
         return scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
     def _attend(self, q, k, v, mask):
-        cfg = self._config
-        name, kernel = select_kernel(q, k, v, mask, backend=cfg.backend, names=cfg.kernels)
-        log.debug("%s: attention kernel %s", self.path, name)
-        return kernel(q, k, v, mask, scale=self._scale(q))
+        return FlashAttention.forward(self, q, k, v, mask)
 
     def forward(self, q, k, v, mask: AttentionMask) -> jax.Array:
         scope = current_scope()

@@ -82,17 +82,21 @@ class AllToAllDispatch(Dispatch):
             capacity = min(choices, groups * routing.capacity * (e // shards))
         else:
             capacity = min(choices, math.ceil(factor * choices / shards))
+
         # Balanced routing brings each device as many choices as it sends (`choices`), so
         # the buffer takes its share of those; the rest of the (static) receive buffer
         # runs as overflow tiles only where choices arrived.
-        slots = max(1, math.ceil(self.local.config.buffer_factor * choices * shards / e))
-        plan = _Plan(axes, shards, capacity, slots, self.local.tiles(choices, e // shards))
+        def receiving(rows: int) -> tuple[int, tuple[int, int]]:
+            # The receiver's balanced buffer (slots per local expert) and overflow tiles.
+            slots = max(1, math.ceil(self.local.config.buffer_factor * rows * shards / e))
+            return slots, self.local.tiles(rows, e // shards)
+
+        plan = _Plan(axes, shards, capacity, *receiving(choices))
         exchange = _exchange
         platform = platform_of(scope.mesh)
         if self.exchange_for(*platform) == "ragged":
             buffer = max(1, math.ceil(self._config.ragged_buffer_factor * choices))
-            slots = max(1, math.ceil(self.local.config.buffer_factor * buffer * shards / e))
-            tiles = self.local.tiles(buffer, e // shards)
+            slots, tiles = receiving(buffer)
             emulate = not has_ragged_all_to_all(*platform)
             plan = plan._replace(slots=slots, tiles=tiles, buffer=buffer, emulate=emulate)
             exchange = _ragged_exchange

@@ -37,10 +37,10 @@ def checkpoint_with_mtp(directory):
     # One layer more, saved: its last layer is the MTP block in the checkpoint's layout.
     bigger = transformers.DeepseekV3ForCausalLM(
         transformers.DeepseekV3Config(**{**SHAPES, "num_hidden_layers": layers + 1})
-    ).eval()
-    main = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**SHAPES)).eval()
+    ).train(False)
+    main = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**SHAPES)).train(False)
     main.load_state_dict(bigger.state_dict(), strict=False)
-    mtp = MtpModel(main, 1).eval()
+    mtp = MtpModel(main, 1).train(False)
     mtp.layers[0].mtp_block.load_state_dict(bigger.model.layers[layers].state_dict())
     with torch.no_grad():  # every norm off 1, so a swapped or missing norm shows
         for name, p in [*main.named_parameters(), *mtp.named_parameters()]:
