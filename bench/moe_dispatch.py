@@ -15,7 +15,7 @@ load from other processes hits every side alike; ratios are from this one run.
 
 Columns: step time (median of rounds), that time over the einsum side's and over the dense
 side's, XLA's executed FLOPs (`compile().cost_analysis()`, layers unrolled so nothing is
-counted once per scan; for `balanced`, the overflow rows the first step's loops ran in place
+counted once per scan; for `balanced`, the overflow rows the first step's loop ran in place
 of the one loop body XLA counts) and their ratio to the model FLOPs: 6 x tokens x active
 matmul parameters (top_k of num_experts experts, router, attention, LM head; no embedding
 lookup) + 12 x layers x batch x seq^2 x dim for attention scores, forward and backward.
@@ -99,9 +99,9 @@ def model_flops(trainer: Any) -> float:
 
 
 def overflow_flops(trainer: Any, loop_rows: float) -> float:
-    """FLOPs of the `balanced` overflow loops that XLA's cost analysis leaves out: it counts
-    each loop body once (forward and backward) whatever the trip count, so count the rows
-    the loops ran (`moe/overflow_rows`, per layer) instead of one body each."""
+    """FLOPs of the `balanced` overflow loop that XLA's cost analysis leaves out: it counts
+    the loop body once (forward and backward) whatever the trip count, so count the rows
+    the loop ran (`moe/overflow_rows`, per layer) instead of one body."""
     from axplug_moe import BalancedDispatch, MoEFeedForward
 
     total = 0.0
@@ -112,8 +112,7 @@ def overflow_flops(trainer: Any, loop_rows: float) -> float:
             cfg = module._config
             icfg = trainer._config.input
             choices = icfg.batch_size * icfg.seq_len * cfg.router.top_k
-            chunk, tile = module.dispatch.tiles(choices, cfg.num_experts)
-            counted = tile + (chunk if chunk > tile else 0)  # one body per loop
+            counted = module.dispatch.tile(choices)  # one body
             matmuls = 3 if cfg.gated else 2
             # forward: the FFN's matmuls; backward: two per matmul (no recompute).
             per_row = 2.0 * cfg.input_dim * cfg.hidden_dim * matmuls * 3

@@ -86,19 +86,19 @@ class AllToAllDispatch(Dispatch):
         # Balanced routing brings each device as many choices as it sends (`choices`), so
         # the buffer takes its share of those; the rest of the (static) receive buffer
         # runs as overflow tiles only where choices arrived.
-        def receiving(rows: int) -> tuple[int, tuple[int, int]]:
-            # The receiver's balanced buffer (slots per local expert) and overflow tiles.
+        def receiving(rows: int) -> tuple[int, int]:
+            # The receiver's balanced buffer (slots per local expert) and overflow tile.
             slots = max(1, math.ceil(self.local.config.buffer_factor * rows * shards / e))
-            return slots, self.local.tiles(rows, e // shards)
+            return slots, self.local.tile(rows)
 
         plan = _Plan(axes, shards, capacity, *receiving(choices))
         exchange = _exchange
         platform = platform_of(scope.mesh)
         if self.exchange_for(*platform) == "ragged":
             buffer = max(1, math.ceil(self._config.ragged_buffer_factor * choices))
-            slots, tiles = receiving(buffer)
+            slots, tile = receiving(buffer)
             emulate = not has_ragged_all_to_all(*platform)
-            plan = plan._replace(slots=slots, tiles=tiles, buffer=buffer, emulate=emulate)
+            plan = plan._replace(slots=slots, tile=tile, buffer=buffer, emulate=emulate)
             exchange = _ragged_exchange
 
         def per_device(x, index, kept, gates, w_up, w_out, w_gate):
@@ -155,7 +155,7 @@ class _Plan(NamedTuple):
     shards: int  # devices along them
     capacity: int  # rows a device sends each shard
     slots: int  # the receiving side's balanced buffer per local expert
-    tiles: tuple[int, int]  # its overflow chunk and tile
+    tile: int  # its overflow tile
     buffer: int = 0  # ragged: rows a device receives a round
     emulate: bool = False  # ragged on a backend without the op: emulated_ragged_all_to_all
 
@@ -175,7 +175,7 @@ def _ragged_exchange(x, index, kept, experts: Experts, plan: _Plan):
     y_sorted = ragged_experts(
         x.reshape(n, d)[order // k], local, send_sizes,
         (experts.wi_up, experts.wo, experts.wi_gate),
-        axes=plan.axes, buffer=plan.buffer, slots=plan.slots, tiles=plan.tiles,
+        axes=plan.axes, buffer=plan.buffer, slots=plan.slots, tile=plan.tile,
         activation=experts.activation, transfer=transfer,
     )  # fmt: skip
     y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
@@ -208,7 +208,7 @@ def _exchange(x, index, kept, experts: Experts, plan: _Plan):
 
     arrived, arrived_expert = exchange(rows), exchange(local)
     ids = jnp.arange(shards * capacity, dtype=jnp.int32)
-    out, _, _ = balanced_rows(arrived, arrived_expert, ids, experts, plan.slots, plan.tiles)
+    out, _, _ = balanced_rows(arrived, arrived_expert, ids, experts, plan.slots, plan.tile)
     back = jnp.concatenate([exchange(out), jnp.zeros((1, d), x.dtype)])
     per_dest = jnp.sum(onehot * sent[:, None], axis=0).reshape(1, shards)
     return back[slot], sent.reshape(g, s, k), per_dest

@@ -36,8 +36,6 @@ from axplug.api.sharding import constrain
 from axplug_moe.overflow import overflow_ffn, overflow_tiles
 from axplug_moe.router import Routing
 
-_CHUNK = 128  # rows of the overflow's whole chunks (balanced)
-
 __all__ = [
     "Experts",
     "Dispatch",
@@ -79,16 +77,6 @@ class Experts:
         else:
             h = self.activation(h)
         return c(jnp.einsum("egch,ehd->egcd", h, self.wo), _BY_EXPERT)
-
-    def tiles(self, x: jax.Array, tile_expert: jax.Array) -> jax.Array:
-        """[tiles, rows, dim], tile t run by expert tile_expert[t] -> same shape."""
-        up = jnp.einsum("tbd,tdh->tbh", x, self.wi_up[tile_expert])
-        if self.wi_gate is not None:
-            gate = jnp.einsum("tbd,tdh->tbh", x, self.wi_gate[tile_expert])
-            h = self.activation(gate) * up
-        else:
-            h = self.activation(up)
-        return jnp.einsum("tbh,thd->tbd", h, self.wo[tile_expert])
 
     def ragged(self, x: jax.Array, group_sizes: jax.Array) -> jax.Array:
         """[rows, dim] sorted by expert, group_sizes[e] rows each -> [rows, dim], by the
@@ -189,48 +177,39 @@ class RaggedDispatch(Dispatch):
 
 class BalancedDispatch(Dispatch):
     """Drop-free on any backend: choices sorted by expert; each expert's first
-    `buffer_factor` x choices / experts (a quarter of an even share by default) run as one
-    batched matmul over an [expert, slot] buffer; the rest runs in loops that read the
-    weights in place (`overflow_ffn`): each expert's whole 128-row chunks, then what is left
-    in tiles of `tile_size` rows. Summaries:
-    `moe/overflow_fraction` (of the choices) and `moe/overflow_rows` (rows the loops ran,
-    padding included).
+    `buffer_factor` x choices / experts (half an even share by default) run as one batched
+    matmul over an [expert, slot] buffer; the rest runs in a loop of `tile_size`-row tiles
+    that read the weights in place (`overflow_ffn`). Summaries: `moe/overflow_fraction` (of
+    the choices) and `moe/overflow_rows` (rows the loop ran, padding included).
 
     Executes the model's expert FLOPs plus the empty slots of experts with fewer choices
     than slots and the padding of each expert's last tile. Memory: the buffer holds at most
-    the choices once; no expert's weights are copied. XLA's cost analysis counts each loop's
-    body once, whatever number of tiles ran. The loops run slower per FLOP than the buffer
-    on CPU (small dots in a while body), which is the trade `buffer_factor` sets. The sort
-    is global: no expert-parallel layout (`alltoall` adds one).
+    the choices once; no expert's weights are copied. XLA's cost analysis counts the loop's
+    body once, whatever number of tiles ran. A tile's dots run slower per FLOP than the
+    buffer's on CPU, and the smaller the tile the slower (128 rows: ~2x the batched
+    buffer's time per row; 8 rows: ~4x), which is the trade `buffer_factor` and
+    `tile_size` set. The sort is global: no expert-parallel layout (`alltoall` adds one).
     """
 
     @config_class
     class Config(Dispatch.Config):
         # Buffer slots per expert: buffer_factor x choices / experts. Lower wastes fewer
-        # empty slots when routing is skewed and sends more rows to the (slower) loops.
-        buffer_factor: float = 0.25
-        # Rows per overflow tile; None: the largest power of two up to 128 with experts x
-        # tile <= choices / 32 (the last tile of each expert then pads ~1.5% of the choices).
-        tile_size: int | None = None
+        # empty slots when routing is skewed and sends more rows to the (slower) loop.
+        buffer_factor: float = 0.5
+        # Rows per overflow tile (at most the choices). Each overflowing expert's last tile
+        # pads up to tile_size - 1 rows; smaller tiles run slower per row on CPU.
+        tile_size: int = 128
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
-        if cfg.tile_size is not None and cfg.tile_size < 1:
-            raise ConfigError(f"{self.path}.tile_size: {cfg.tile_size} must be >= 1 (or None)")
+        if cfg.tile_size < 1:
+            raise ConfigError(f"{self.path}.tile_size: {cfg.tile_size} must be >= 1")
         if not cfg.buffer_factor > 0:
             raise ConfigError(f"{self.path}.buffer_factor: {cfg.buffer_factor} must be > 0")
 
-    def tiles(self, choices: int, experts: int) -> tuple[int, int]:
-        """(chunk, tile) rows of the overflow loops. tile: `tile_size`, or the largest power
-        of two <= 128 with experts x tile <= choices / 32; chunk: 128 where that is more (an
-        expert's whole chunks run first, the rest in tiles), else the tile."""
-        tile = self._config.tile_size
-        if tile is None:
-            tile = 128
-            while tile > 1 and experts * tile * 32 > choices:
-                tile //= 2
-        tile = min(tile, choices)
-        return max(tile, min(_CHUNK, choices)), tile
+    def tile(self, choices: int) -> int:
+        """Rows per overflow tile for `choices` rows: `tile_size`, at most the choices."""
+        return min(self._config.tile_size, choices)
 
     def forward(self, x, routing, experts):
         g, s, d = x.shape
@@ -246,48 +225,43 @@ class BalancedDispatch(Dispatch):
         `token[c]` of x [tokens, dim]; records the overflow summaries."""
         m, e = expert.shape[0], experts.num_experts
         slots = max(1, min(m, math.ceil(self._config.buffer_factor * m / e)))
-        y, count, loop_rows = balanced_rows(x, expert, token, experts, slots, self.tiles(m, e))
+        y, count, loop_rows = balanced_rows(x, expert, token, experts, slots, self.tile(m))
         spilled = jnp.sum(jnp.maximum(count - slots, 0))
         self.add_summary("moe/overflow_fraction", spilled.astype(jnp.float32) / m)
         self.add_summary("moe/overflow_rows", loop_rows)
         return y
 
 
-def balanced_rows(x, expert, token, experts: Experts, slots: int, tiles: tuple[int, int]):
-    """(y [m, dim], choices per expert [e], rows the overflow loops ran) of
+def balanced_rows(x, expert, token, experts: Experts, slots: int, tile: int):
+    """(y [m, dim], choices per expert [e], rows the overflow loop ran) of
     `BalancedDispatch.rows`, without summaries (it runs inside shard_maps too)."""
     n, d = x.shape
     m, e = expert.shape[0], experts.num_experts
-    chunk, tile = tiles
     # Choices by expert, in choice order within an expert; `none` (e) sorts last.
     sorted_expert, order = jax.lax.sort(
         (expert, jnp.arange(m, dtype=jnp.int32)), num_keys=1, is_stable=True
     )
     bounds = jnp.searchsorted(sorted_expert, jnp.arange(e + 1, dtype=jnp.int32))
     begin, count = bounds[:-1], bounds[1:] - bounds[:-1]
-    sorted_token = jnp.concatenate([token[order], jnp.full((chunk,), n, jnp.int32)])
+    sorted_token = jnp.concatenate([token[order], jnp.full((tile,), n, jnp.int32)])
     rows = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)])
     # The buffer: slot p of expert e holds its p-th choice (row n: an empty slot).
     rank = jnp.arange(slots, dtype=jnp.int32)
     filled = rank < count[:, None]
     slot_token = jnp.where(filled, sorted_token[jnp.minimum(begin[:, None] + rank, m - 1)], n)
     buffered = experts(rows[slot_token][:, None])[:, 0]  # [e, slots, d]
-    # The overflow: each expert's whole chunks, then the rest in (smaller) tiles; each loop
-    # writes only its rows, so their outputs add.
+    # The overflow: each expert's rows past its slots, in tiles.
     weights = (experts.wi_up, experts.wo, experts.wi_gate)
     first, last = jnp.full_like(count, slots), jnp.maximum(count, slots)
-    split = first + (last - first) // chunk * chunk
-    loops = [(first, split, chunk), (split, last, tile)] if chunk > tile else [(first, last, tile)]
-    overflow, loop_rows = jnp.zeros((m, d), x.dtype), jnp.zeros((), jnp.int32)
-    for lo, hi, rows_per in loops:
-        out = overflow_ffn(rows, weights, sorted_token, begin, lo, hi, rows_per, experts.activation)
-        overflow = overflow + out[:m]
-        loop_rows = loop_rows + overflow_tiles(lo, hi, rows_per)[1][-1] * rows_per
+    act = experts.activation
+    overflow = overflow_ffn(rows, weights, sorted_token, begin, first, last, tile, act)
+    loop_rows = overflow_tiles(first, last, tile)[1][-1] * tile
     # Each choice reads its buffer slot, or its overflow row, or (none) the zero row.
     position = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
     ex = jnp.minimum(expert, e - 1)
     choice_rank = position - begin[ex]
     source = jnp.where(choice_rank < slots, ex * slots + choice_rank, e * slots + position)
     source = jnp.where(expert < e, source, e * slots + m)
-    table = jnp.concatenate([buffered.reshape(e * slots, d), overflow, jnp.zeros((1, d), x.dtype)])
+    zero = jnp.zeros((1, d), x.dtype)
+    table = jnp.concatenate([buffered.reshape(e * slots, d), overflow[:m], zero])
     return table[source], count, loop_rows

@@ -70,7 +70,7 @@ class _Rounds:
     axes: Any  # the mesh axes that split the experts
     buffer: int  # rows a receiver takes a round
     slots: int  # the receiving side's balanced buffer per local expert
-    tiles: tuple[int, int]  # its overflow chunk and tile
+    tile: int  # its overflow tile
     activation: Callable
     transfer: Callable  # jax.lax.ragged_all_to_all or emulated_ragged_all_to_all
 
@@ -107,7 +107,7 @@ class _Rounds:
     def run(self, buffered, ids, weights):
         experts = Experts(weights[0], weights[1], self.activation, weights[2])
         token = jnp.arange(self.buffer, dtype=jnp.int32)
-        return balanced_rows(buffered, ids, token, experts, self.slots, self.tiles)[0]
+        return balanced_rows(buffered, ids, token, experts, self.slots, self.tile)[0]
 
     def loop(self, send_sizes, body, init):
         """`body(plan, state)` a round at a time until every device has sent every row."""

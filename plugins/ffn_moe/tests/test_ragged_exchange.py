@@ -52,7 +52,7 @@ def sharded_experts(transfer):
         local = jnp.where(dest_sorted < SHARDS, expert[order] % LOCAL, LOCAL)
         out = ragged_experts(
             rows[order], local, sizes, (w_up, w_out, None), axes="expert", buffer=5,
-            slots=3, tiles=(2, 1), activation=jax.nn.gelu, transfer=transfer,
+            slots=3, tile=1, activation=jax.nn.gelu, transfer=transfer,
         )  # fmt: skip
         return jnp.zeros_like(out).at[order].set(out)
 
