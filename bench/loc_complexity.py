@@ -20,6 +20,10 @@ commit of each `pyproject.toml`, from `git log --follow --diff-filter=A`), and t
 of its contribution (the architecture class and the module-level helpers of its file, counted
 with `tokenize`: no blank, comment or docstring lines), and the core lines changed by the
 commit that registered it (the first commit whose pyproject.toml has its entry, `git log -S`).
+A family that arrives after its modality's mechanism registers with 0, so for each modality
+plugin (`MODALITIES`) the script also sums the core lines of every commit that touched the
+plugin's directory: what its mechanisms cost the core (an upper bound: such a commit may
+change the core for other reasons too).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = [
     "count_changed_lines",
     "core_lines",
     "family_lines",
+    "MODALITIES",
+    "distribution_core_lines",
     "main",
 ]
 
@@ -46,6 +52,7 @@ VARIANTS = {
     "moe": ("moe:num_experts=8,top_k=2", "MoEFeedForward"),
 }
 PLUGINS = {"axplug-attention": "plugins/attention", "axplug-moe": "plugins/ffn_moe"}
+MODALITIES = {"axplug-vision": "plugins/vision"}  # a second modality's core mechanisms
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -132,6 +139,15 @@ def _code_lines(path: str) -> int:
     return len(lines)
 
 
+def _core_numstat(commit: str) -> tuple[int, int]:
+    """(core lines added, deleted) by one commit."""
+    plus = minus = 0
+    for line in _git("diff", "--numstat", f"{commit}^", commit, "--", "core/").splitlines():
+        added, deleted, _ = line.split("\t")
+        plus, minus = plus + int(added), minus + int(deleted)
+    return plus, minus
+
+
 def family_lines() -> list[tuple[str, str, int, int, int]]:
     """(architecture, distribution, contribution code lines, core +, core -) per family."""
     import inspect
@@ -145,15 +161,16 @@ def family_lines() -> list[tuple[str, str, int, int, int]]:
         source = inspect.getsourcefile(obj if isinstance(obj, type) else type(obj))
         log = _git("log", "--format=%h", "-S", f"{name} =", "--", "pyproject.toml",
                    "plugins/*/pyproject.toml").split()  # fmt: skip
-        plus = minus = 0
-        if log:
-            for line in _git(
-                "diff", "--numstat", f"{log[-1]}^", log[-1], "--", "core/"
-            ).splitlines():
-                added, deleted, _ = line.split("\t")
-                plus, minus = plus + int(added), minus + int(deleted)
+        plus, minus = _core_numstat(log[-1]) if log else (0, 0)
         rows.append((name, component.distribution, _code_lines(source), plus, minus))
     return rows
+
+
+def distribution_core_lines(directory: str) -> tuple[int, int, int]:
+    """(commits, core lines added, deleted) of every commit that touched `directory`."""
+    commits = _git("log", "--format=%h", "--", directory).split()
+    totals = [_core_numstat(c) for c in commits]
+    return len(commits), sum(t[0] for t in totals), sum(t[1] for t in totals)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,8 +201,19 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nmodel families: code lines of the contribution's file; core lines its commit changed")
     print(f"{'architecture':22} {'distribution':14} {'lines':>6} {'core +':>7} {'core -':>7}")
-    for arch, dist, lines, plus, minus in family_lines():
+    families = family_lines()
+    for arch, dist, lines, plus, minus in families:
         print(f"{arch:22} {dist:14} {lines:6d} {plus:7d} {minus:7d}")
+
+    print(
+        "\na modality's mechanisms: core lines of every commit that touched its plugin "
+        "(an upper bound)"
+    )
+    print(f"{'modality plugin':22} {'commits':>7} {'core +':>7} {'core -':>7}  families")
+    for dist, directory in MODALITIES.items():
+        commits, plus, minus = distribution_core_lines(directory)
+        names = ", ".join(row[0] for row in families if row[1] == dist)
+        print(f"{dist:22} {commits:7d} {plus:7d} {minus:7d}  {names}")
     return 0
 
 

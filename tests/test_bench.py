@@ -149,6 +149,13 @@ def test_loc_counts_and_table(capsys):
         if name in rows:
             dist, lines, plus, minus = rows[name]
             assert dist == "axplug-models" and 0 < int(lines) < 80 and (plus, minus) == ("0", "0")
+    # The vision families after the first: 0 core lines; the mechanism's cost is reported.
+    for name in ("Gemma3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
+        if name in rows:
+            assert rows[name][0] == "axplug-vision" and rows[name][2:] == ["0", "0"]
+    if "axplug-vision" in rows:
+        commits, plus, minus, *families = rows["axplug-vision"]
+        assert int(commits) > 1 and int(plus) > 0 and "LlavaForConditionalGeneration," in families
 
 
 def test_gpu_script_arguments_and_cpu_refusal(capsys):

@@ -1,6 +1,6 @@
 """Images in chat messages: a tiny LLaVA made with transformers, imported and served, answers
-an image sent by the OpenAI client with transformers' own greedy tokens; each refused image
-is one 400."""
+an image sent by the OpenAI client with transformers' own greedy tokens, and with those of
+`axplug generate --image` on the same prompt; each refused image is one 400."""
 
 import base64
 import io
@@ -57,7 +57,7 @@ def chat(urls: list[str], text: str = "What is this?") -> list[dict]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(base URL, transformers' model, its processor, the tokenizer): the LLaVA
+    """(base URL, transformers' model, its processor, the tokenizer, the run): the LLaVA
     imported with `axplug import-hf` and served on a thread of this process."""
     from axplug_serve.testing import serve_in_thread
     from axplug_testing import run_cli
@@ -76,7 +76,7 @@ def served(tmp_path_factory):
                "--prefill-chunk", "0", "--no-warmup"]  # fmt: skip
     options += [str(x) for option in LIMITS.items() for x in option]
     with serve_in_thread(options, root / "server.log") as base:
-        yield base, reference, processor, tokenizer
+        yield base, reference, processor, tokenizer, root / "llava"
 
 
 def hf_greedy(reference, processor, ids: list[int], image: bytes, n: int) -> list[int]:
@@ -90,8 +90,12 @@ def hf_greedy(reference, processor, ids: list[int], image: bytes, n: int) -> lis
     return out[0, len(ids) :].tolist()
 
 
-def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served):
-    base, reference, processor, tokenizer = served
+def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served, tmp_path):
+    import json
+
+    from axplug_testing import run_cli
+
+    base, reference, processor, tokenizer, run = served
     client = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=120)
     # The default chat template's prompt, its image marker expanded to 16 placeholders.
     text = [tokenizer.encode(t, add_special_tokens=False).ids
@@ -113,6 +117,15 @@ def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served):
         assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 16)
         replies.append(want)
     assert replies[0] != replies[1]
+    # `axplug generate --image` on the prompt's ids (its marker, one <image>) and the same file.
+    (tmp_path / "white.png").write_bytes(image)
+    marked = [*text[0], IMAGE, *text[1]]
+    result = run_cli("generate", "--checkpoint", str(run), "--image", str(tmp_path / "white.png"),
+                     "--prompt-ids", ",".join(map(str, marked)), "--max-new-tokens", "16",
+                     "--temperature", "0", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert (printed["prompt_ids"], printed["output_ids"]) == (ids, replies[1])
     # /tokenize counts the expanded prompt, as usage does.
     body = {"messages": chat([data_url(image)]), "add_special_tokens": False}
     assert httpx.post(base + "/tokenize", json=body, timeout=60).json()["tokens"] == ids
@@ -160,3 +173,26 @@ def test_image_parts_are_checked_and_a_text_model_refuses_them():
     with pytest.raises(APIError, match="takes no images") as refused:
         asyncio.run(prompt_of(api, body))
     assert refused.value.status == 400
+
+
+def test_local_images_reach_the_model_hook_only_with_the_flag():
+    import asyncio
+    from types import SimpleNamespace
+
+    from axplug_serve.images import ImagePrompts
+
+    from axplug.api.config import ConfigError
+
+    calls = []
+    model = SimpleNamespace(prompt_with_images=lambda *args, **kw: calls.append(kw) or ([1], None))
+    for allow in (True, False):
+        prompts = ImagePrompts(model, None, None, ["run"], max_images=2, max_bytes=10,
+                               max_pixels=10, allow_files=allow)  # fmt: skip
+        for url in ("photo.png", "file:///data/photo.png"):
+            if allow:
+                assert asyncio.run(prompts.prompt([IMAGE], [url])) == ([1], None)
+                assert calls[-1]["allow_files"] and calls[-1]["directories"] == ["run"]
+            else:
+                with pytest.raises(ConfigError, match="--allow-local-images"):
+                    asyncio.run(prompts.prompt([IMAGE], [url]))
+    assert len(calls) == 2

@@ -34,9 +34,8 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch):
     tok.save(str(tmp_path / "models" / "llava" / "tokenizer.json"))
     (tmp_path / "models" / "llava" / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
     (tmp_path / "photo.png").write_bytes(png(3, 24, 20))
-    (record,) = [json.loads(line) for line in blocks("json")]
-    # The page's record, twice: a data directory holds one document for evaluation.
-    (tmp_path / "chats.jsonl").write_text((json.dumps(record) + "\n") * 2)
+    (chats,) = blocks("json")
+    (tmp_path / "chats.jsonl").write_text(chats)
     monkeypatch.chdir(tmp_path)
 
     commands = [shlex.split(line) for b in blocks("sh", "## Planning") for line in b.splitlines()]

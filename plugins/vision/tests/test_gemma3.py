@@ -1,6 +1,7 @@
 """Gemma 3 against transformers: a tiny random Gemma3ForConditionalGeneration (SigLIP tower,
 Gemma 3 text model with a sliding and a full layer, every 1-d weight perturbed) imported, run
-on a prompt with two images wrapped as Gemma 3's processor wraps them, decoded and exported."""
+on a prompt with two decoded PNG images (RGBA and grayscale, neither square) wrapped as Gemma
+3's processor wraps them, decoded and exported."""
 
 import json
 import types
@@ -53,6 +54,28 @@ def hf_logits(model, ids, pixels):
         return model(**hf_inputs(ids, pixels)).logits.numpy()
 
 
+PROCESSOR = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 16, "width": 16}}
+
+
+def processed_images(tmp_path):
+    """(transformers' pixel values, axplug's) of two decoded PNGs, each processor's settings
+    read from one preprocessor_config.json."""
+    import warnings
+
+    from axplug_vision.preprocess import image_processor, read_preprocessor_config
+
+    from test_preprocess import decoded_png
+
+    images = [decoded_png(40, 23, "RGBA", seed=3), decoded_png(19, 31, "L", seed=4)]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        processor = transformers.AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+    theirs = processor(images, return_tensors="np")["pixel_values"]
+    ours = image_processor(read_preprocessor_config(tmp_path))(images)["pixel_values"]
+    return theirs, ours
+
+
 def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     from axplug_testing import run_cli
     from axplug_vision.prompts import image_embeddings
@@ -61,9 +84,10 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
 
     reference = tiny_gemma3()
     reference.save_pretrained(tmp_path / "hf")
-    pixels = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    hf_pixels, pixels = processed_images(tmp_path)
+    np.testing.assert_allclose(pixels, hf_pixels, rtol=0, atol=1e-5)
     ids = np.asarray([PROMPT], np.int32)
-    want = hf_logits(reference, ids, pixels)
+    want = hf_logits(reference, ids, hf_pixels)
 
     result = run_cli("import-hf", str(tmp_path / "hf"), "--output", str(tmp_path / "run"),
                      "--set", "mesh.mesh_shape=(1,1,1,1,1)")  # fmt: skip
@@ -95,7 +119,7 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
                              SamplingParams(max_new_tokens=16, temperature=0.0),
                              embeddings=[embeddings])  # fmt: skip
     with torch.no_grad():
-        out = reference.generate(**hf_inputs(ids, pixels), max_new_tokens=16, min_new_tokens=16,
+        out = reference.generate(**hf_inputs(ids, hf_pixels), max_new_tokens=16, min_new_tokens=16,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
     assert list(completion.output_ids) == out[0, len(PROMPT) :].tolist()
     # Prefilled 6 tokens at a time: a chunk ends before an image rather than cutting it (its
@@ -112,7 +136,7 @@ def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     assert (written["boi_token_index"], written["eoi_token_index"]) == (BOI, EOI)
     exported = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
     assert type(exported).__name__ == "Gemma3ForConditionalGeneration"
-    again = hf_logits(exported.float().train(False), ids, pixels)
+    again = hf_logits(exported.float().train(False), ids, hf_pixels)
     np.testing.assert_allclose(again, want, rtol=0, atol=1e-5)
 
 
