@@ -150,7 +150,19 @@ def test_a_projector_that_cannot_pool_the_patches_is_an_error():
     with pytest.raises(ConfigError, match="tokens_per_image: 5 is not a square number"):
         cfg.instantiate(parent=None)
     projector = cfg.set(tokens_per_image=9).instantiate(parent=None)
-    params = {"norm": {"scale": np.zeros(8)}, "projection": {"weight": np.zeros((8, 4))}}
-    features = np.zeros((1, 16, 8), np.float32)
+    rng = np.random.default_rng(0)
+    params = {
+        "norm": {"scale": rng.normal(size=8)},
+        "projection": {"weight": rng.normal(size=(8, 4))},
+    }
+    features = rng.normal(size=(2, 36, 8)).astype(np.float32)
     with pytest.raises(ConfigError, match="9 does not pool a 4x4 grid of 16 patches"):
-        functional(projector, prng_key=None, state=params, inputs=(features,), is_training=False)
+        functional(projector, prng_key=None, state=params, inputs=(features[:1, :16],),
+                   is_training=False)  # fmt: skip
+    # A 6x6 grid pooled 2x2 to 9 tokens, (1 + w) RMS-normed, projected: numpy, float64.
+    got, _ = functional(projector, prng_key=None, state=params, inputs=(features,),
+                        is_training=False)  # fmt: skip
+    pooled = features.astype(np.float64).reshape(2, 3, 2, 3, 2, 8).mean((2, 4)).reshape(2, 9, 8)
+    normed = pooled / np.sqrt(np.mean(pooled**2, -1, keepdims=True) + cfg.norm.eps)
+    want = normed * (1 + params["norm"]["scale"]) @ params["projection"]["weight"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

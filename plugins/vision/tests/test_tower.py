@@ -1,5 +1,6 @@
 """The ViT tower against transformers' CLIP and SigLIP vision models (tiny, random, every norm
-and bias perturbed so a swap shows), and the tower's config errors."""
+and bias perturbed so a swap shows) and against a plain-numpy ViT on the same weights, and the
+tower's config errors."""
 
 import numpy as np
 import pytest
@@ -38,6 +39,63 @@ def tiny_tower(name):
     return config, model
 
 
+def _erf(x):
+    from math import erf
+
+    return np.vectorize(erf)(x)
+
+
+ACTIVATIONS = {
+    "quick_gelu": lambda x: x / (1 + np.exp(-1.702 * x)),
+    "gelu": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
+    "gelu_pytorch_tanh": lambda x: (
+        0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    ),
+}
+
+
+def numpy_vit(w, config, pixels):
+    """ViT (Dosovitskiy et al.) in float64 numpy from the checkpoint's tensors: stride-p
+    patches, [class token], positions, [pre-LN], L x (x + MHA(LN x); x + MLP(LN x)), and the
+    post-LN on every token (SigLIP) or none (CLIP's is on its pooled token)."""
+    w = {k.removeprefix("vision_model."): v.astype(np.float64) for k, v in w.items()}
+    d, p, heads = config.hidden_size, config.patch_size, config.num_attention_heads
+    act = ACTIVATIONS[config.hidden_act]
+
+    def norm(x, name):
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + config.layer_norm_eps) * w[f"{name}.weight"] + w[
+            f"{name}.bias"
+        ]
+
+    def linear(x, name):
+        return x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+    b, c, h, width = pixels.shape
+    grid = pixels.astype(np.float64).reshape(b, c, h // p, p, width // p, p)
+    patches = grid.transpose(0, 2, 4, 1, 3, 5).reshape(b, -1, c * p * p)
+    x = patches @ w["embeddings.patch_embedding.weight"].reshape(d, -1).T
+    x = x + w.get("embeddings.patch_embedding.bias", 0.0)
+    if "embeddings.class_embedding" in w:
+        x = np.concatenate([np.broadcast_to(w["embeddings.class_embedding"], (b, 1, d)), x], 1)
+    x = x + w["embeddings.position_embedding.weight"]
+    if "pre_layrnorm.weight" in w:
+        x = norm(x, "pre_layrnorm")
+    for i in range(config.num_hidden_layers):
+        at = f"encoder.layers.{i}"
+        y = norm(x, f"{at}.layer_norm1")
+        q, k, v = (linear(y, f"{at}.self_attn.{n}_proj").reshape(b, -1, heads, d // heads)
+                   for n in "qkv")  # fmt: skip
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // heads)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        heads_out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, -1, d)
+        x = x + linear(heads_out, f"{at}.self_attn.out_proj")
+        y = norm(x, f"{at}.layer_norm2")
+        x = x + linear(act(linear(y, f"{at}.mlp.fc1")), f"{at}.mlp.fc2")
+    return norm(x, "post_layernorm") if "embeddings.class_embedding" not in w else x
+
+
 @pytest.mark.parametrize("name", list(TOWERS))
 def test_tower_equals_transformers(name):
     import jax
@@ -64,6 +122,7 @@ def test_tower_equals_transformers(name):
 
     hidden, pooled = run(params, pixels)
     np.testing.assert_allclose(hidden, out.last_hidden_state.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(hidden, numpy_vit(state, config, pixels), rtol=0, atol=1e-5)
     if out.pooler_output is not None:  # SigLIP's comes from the attention head, not read
         np.testing.assert_allclose(pooled, out.pooler_output.numpy(), rtol=0, atol=1e-5)
 

@@ -1,4 +1,5 @@
-"""The layer conformance kit on the vision towers (no swap: no preset has a vision tower)."""
+"""The layer conformance kit on the vision towers and projectors (no swap: no preset has
+them)."""
 
 import numpy as np
 import pytest
@@ -50,3 +51,27 @@ class TestQwenVisionTowerConformance(TowerConformance):
         grid_thw = np.array([[1, 4, 8], [1, 4, 4]])  # 48 patches of 3 * 2 * 2 * 2 values
         patches = np.random.default_rng(0).standard_normal((48, 24)).astype(np.float32)
         return {"patches": patches, **qwen_vision_inputs(grid_thw, layer_config)}
+
+
+class TestMLPProjectorConformance(TowerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        from axplug_vision.projector import MLPProjector
+
+        return MLPProjector.default_config().set(input_dim=16, output_dim=8)
+
+    @pytest.fixture
+    def inputs(self):
+        return (np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32),)
+
+
+class TestGemma3ProjectorConformance(TowerConformance):
+    @pytest.fixture
+    def layer_config(self):
+        from axplug_vision.gemma3 import Gemma3Projector
+
+        return Gemma3Projector.default_config().set(input_dim=16, output_dim=8, tokens_per_image=4)
+
+    @pytest.fixture
+    def inputs(self):  # a 4x4 grid of patches, pooled 2x2
+        return (np.random.default_rng(0).standard_normal((2, 16, 16)).astype(np.float32),)
