@@ -32,7 +32,11 @@ def test_llava_imports_decodes_and_exports_equal_to_transformers(tmp_path):
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
                                                 crop_size={"height": 16, "width": 16})  # fmt: skip
     processor.save_pretrained(tmp_path / "hf")
-    pixels = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    from test_preprocess import decoded_png
+
+    # Two decoded PNGs (RGB, grayscale; neither square) as CLIP's processor makes them.
+    images = [decoded_png(37, 22, "RGB", seed=5), decoded_png(18, 29, "L", seed=6)]
+    pixels = processor(images=images, return_tensors="np")["pixel_values"].astype(np.float32)
     ids = np.asarray([PROMPT], np.int32)
     want = hf_logits(reference, ids, pixels).numpy()
 
