@@ -150,8 +150,12 @@ class TokenFileInput(StepInput):
         self._doc_starts = np.concatenate(doc_starts)  # [documents + 1]
         n_docs = len(self._doc_starts) - 1
         if n_docs < 2:
-            raise field_error(cfg, "path", f"{root} holds {n_docs} document(s): no eval split "
-                              "(the last eval_fraction of them, at least one); prepare 2 or more")
+            raise field_error(
+                cfg,
+                "path",
+                f"{root} holds {n_docs} document(s): no eval split "
+                "(the last eval_fraction of them, at least one); prepare 2 or more",
+            )
         eval_docs = max(1, int(n_docs * cfg.eval_fraction))
         boundary = int(self._doc_starts[n_docs - eval_docs])
         lo, hi = (0, boundary) if cfg.split == "train" else (boundary, int(self._offsets[-1]))

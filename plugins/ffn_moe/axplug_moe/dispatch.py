@@ -8,7 +8,7 @@ over the choices the router kept; they differ only in how the work is laid out:
   Expert parallel (all-to-all).
 - `gather`: tokens gathered into [expert, group, slot] buffers by slot index, outputs
   gathered back per choice. Executes capacity x the model's expert FLOPs. Expert parallel.
-- `balanced`: drop-free; choices sorted by expert, an even share per expert run as one
+- `balanced`: drop-free; choices sorted by expert, half an even share per expert run as one
   batched matmul, the busier experts' overflow in tiles that read the weights in place.
   Executes about the model's expert FLOPs with no weight copies; no expert-parallel layout.
 - `ragged`: choices sorted by expert, a grouped matmul (`axplug.kernels.grouped_matmul`: a
@@ -186,9 +186,10 @@ class BalancedDispatch(Dispatch):
     than slots and the padding of each expert's last tile. Memory: the buffer holds at most
     the choices once; no expert's weights are copied. XLA's cost analysis counts the loop's
     body once, whatever number of tiles ran. A tile's dots run slower per FLOP than the
-    buffer's on CPU, and the smaller the tile the slower (128 rows: ~2x the batched
-    buffer's time per row; 8 rows: ~4x), which is the trade `buffer_factor` and
-    `tile_size` set. The sort is global: no expert-parallel layout (`alltoall` adds one).
+    buffer's on CPU, and the smaller the tile the slower (against a dense FFN of the same
+    FLOPs: the buffer ~1.3x, 128-row tiles ~2.3x, 32-row ~3.7x), which is the trade
+    `buffer_factor` and `tile_size` set. The sort is global: no expert-parallel layout
+    (`alltoall` adds one).
     """
 
     @config_class
@@ -197,19 +198,20 @@ class BalancedDispatch(Dispatch):
         # empty slots when routing is skewed and sends more rows to the (slower) loop.
         buffer_factor: float = 0.5
         # Rows per overflow tile (at most the choices). Each overflowing expert's last tile
-        # pads up to tile_size - 1 rows; smaller tiles run slower per row on CPU.
-        tile_size: int = 128
+        # pads up to tile_size - 1 rows; smaller tiles run slower per row on CPU. None: 128
+        # (what runs saved before the tile was fixed hold).
+        tile_size: int | None = 128
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
-        if cfg.tile_size < 1:
+        if cfg.tile_size is not None and cfg.tile_size < 1:
             raise ConfigError(f"{self.path}.tile_size: {cfg.tile_size} must be >= 1")
         if not cfg.buffer_factor > 0:
             raise ConfigError(f"{self.path}.buffer_factor: {cfg.buffer_factor} must be > 0")
 
     def tile(self, choices: int) -> int:
         """Rows per overflow tile for `choices` rows: `tile_size`, at most the choices."""
-        return min(self._config.tile_size, choices)
+        return min(self._config.tile_size or 128, choices)
 
     def forward(self, x, routing, experts):
         g, s, d = x.shape

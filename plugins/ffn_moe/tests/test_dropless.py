@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("axplug_moe")
 
-from axplug_moe import Dispatch, MoEFeedForward  # noqa: E402
+from axplug_moe import BalancedDispatch, Dispatch, MoEFeedForward  # noqa: E402
 from axplug_testing import tiny_trainer_config, train_steps  # noqa: E402
 
 from axplug.api.config import find_configs  # noqa: E402
@@ -48,13 +48,14 @@ def overflow_rows(x, w, top_k, slots):
 
 
 # (buffer_factor, tile_size): most rows in partial 3-row tiles; one-row tiles; a buffer
-# wider than any expert's load (no overflow); the defaults (tiles wider than an expert's
-# overflow here, so each pads).
+# wider than any expert's load (no overflow); the defaults (the tile capped at the 32
+# choices, wider than an expert's overflow here, so each pads).
+_DEFAULT = BalancedDispatch.default_config()
 EDGES = {
     "tiles_of_3": (0.1, 3),
     "tiles_of_1": (0.5, 1),
     "no_overflow": (4.0, 2),
-    "defaults": (0.5, 128),
+    "defaults": (_DEFAULT.buffer_factor, _DEFAULT.tile_size),
 }
 
 
@@ -126,6 +127,9 @@ def test_dispatch_config_errors_name_the_field():
         balanced(0.5, 0).instantiate(parent=None)
     with pytest.raises(ConfigError, match=r"dispatch\.buffer_factor: 0.0 must be > 0"):
         balanced(0.0, 128).instantiate(parent=None)
+    # Runs saved before the tile was fixed hold tile_size None: 128, at most the choices.
+    legacy = BalancedDispatch.default_config().set(tile_size=None).instantiate(parent=None)
+    assert (legacy.tile(1000), legacy.tile(40)) == (128, 40)
 
 
 # ----------------------------------------------------------- whole presets, per token

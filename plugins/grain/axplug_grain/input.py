@@ -79,7 +79,10 @@ class GrainInput(Input):
         n = len(self.source)
         if n < 2:
             raise cfg.field_error(
-                "paths", f"{self.files} hold {n} document(s): no eval split", ConfigFileError
+                "paths",
+                f"{self.files} hold {n} document(s): no eval split (the last "
+                "eval_fraction of them, at least one); give 2 or more",
+                ConfigFileError,
             )
         eval_docs = max(1, int(n * cfg.eval_fraction))
         lo, hi = (0, n - eval_docs) if cfg.split == "train" else (n - eval_docs, n)

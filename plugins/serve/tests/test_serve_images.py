@@ -117,8 +117,9 @@ def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served, 
         assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 16)
         replies.append(want)
     assert replies[0] != replies[1]
-    # `axplug generate --image` on the prompt's ids (its marker, one <image>) and the same file.
-    (tmp_path / "white.png").write_bytes(image)
+    # `axplug generate --image` on the prompt's ids (its marker, one <image>) and the white
+    # image (the last one sent); its 16 tokens hold no end-of-sequence id, so none stops it.
+    (tmp_path / "white.png").write_bytes(png(np.full((12, 20, 3), 255, np.uint8)))
     marked = [*text[0], IMAGE, *text[1]]
     result = run_cli("generate", "--checkpoint", str(run), "--image", str(tmp_path / "white.png"),
                      "--prompt-ids", ",".join(map(str, marked)), "--max-new-tokens", "16",
@@ -188,11 +189,11 @@ def test_local_images_reach_the_model_hook_only_with_the_flag():
     for allow in (True, False):
         prompts = ImagePrompts(model, None, None, ["run"], max_images=2, max_bytes=10,
                                max_pixels=10, allow_files=allow)  # fmt: skip
-        for url in ("photo.png", "file:///data/photo.png"):
-            if allow:
+        for url in ("photo.png", "file:///data/photo.png", "data:image/png;base64,AAAA"):
+            if allow or url.startswith("data:"):
                 assert asyncio.run(prompts.prompt([IMAGE], [url])) == ([1], None)
-                assert calls[-1]["allow_files"] and calls[-1]["directories"] == ["run"]
+                assert calls[-1]["allow_files"] == allow and calls[-1]["directories"] == ["run"]
             else:
                 with pytest.raises(ConfigError, match="--allow-local-images"):
                     asyncio.run(prompts.prompt([IMAGE], [url]))
-    assert len(calls) == 2
+    assert len(calls) == 4

@@ -6,7 +6,7 @@ import pytest
 from axplug_testing import LayerConformance
 
 
-class TowerConformance(LayerConformance):
+class VisionConformance(LayerConformance):
     """The kit's checks but the swap into a preset's language model."""
 
     capabilities = ("differentiable", "shardable")
@@ -17,7 +17,7 @@ class TowerConformance(LayerConformance):
         return None
 
 
-class TestVisionTransformerConformance(TowerConformance):
+class TestVisionTransformerConformance(VisionConformance):
     @pytest.fixture
     def layer_config(self):
         from axplug_vision import VisionTransformer
@@ -33,7 +33,7 @@ class TestVisionTransformerConformance(TowerConformance):
         return (np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32),)
 
 
-class TestQwenVisionTowerConformance(TowerConformance):
+class TestQwenVisionTowerConformance(VisionConformance):
     @pytest.fixture
     def layer_config(self):
         from axplug_vision.qwen_tower import QwenVisionTower
@@ -53,7 +53,7 @@ class TestQwenVisionTowerConformance(TowerConformance):
         return {"patches": patches, **qwen_vision_inputs(grid_thw, layer_config)}
 
 
-class TestMLPProjectorConformance(TowerConformance):
+class TestMLPProjectorConformance(VisionConformance):
     @pytest.fixture
     def layer_config(self):
         from axplug_vision.projector import MLPProjector
@@ -65,7 +65,7 @@ class TestMLPProjectorConformance(TowerConformance):
         return (np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32),)
 
 
-class TestGemma3ProjectorConformance(TowerConformance):
+class TestGemma3ProjectorConformance(VisionConformance):
     @pytest.fixture
     def layer_config(self):
         from axplug_vision.gemma3 import Gemma3Projector
