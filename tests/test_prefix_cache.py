@@ -141,6 +141,12 @@ def test_the_allocator_shares_counts_holds_and_evicts_oldest_first():
     digests = pool.digests(tokens, [])
     assert len(digests) == 2  # full pages only: [1, 2], [3, 4]
     assert pool.digests([1, 2, 9, 9], [])[0] == digests[0] != pool.digests([9, 9, 3, 4], [])[1]
+    # A salt (an image's features from position 3 on) changes the page holding its position
+    # and every page after it, never one before: text ahead of an image stays shared.
+    six = [1, 2, 3, 4, 5, 6]
+    salted = pool.digests(six, [], [(3, b"image")])
+    assert salted[0] == pool.digests(six, [])[0] and salted[1:] != pool.digests(six, [])[1:]
+    assert pool.digests(six, [], [(3, b"other")])[1:] != salted[1:]
     a = pool.allocate(2)
     for page, digest in zip(a, digests, strict=True):
         pool.register(page, digest)
@@ -178,3 +184,15 @@ def test_without_caching_nothing_is_shared():
     assert pool.share([digest]) == [] and pool.num_cached == 0
     pool.release([page])
     assert pool.num_free == 2
+
+
+def test_a_requests_salts_start_at_its_adapter_and_its_first_embedded_token():
+    from axplug.inference.requests import RequestState
+
+    where, vectors = np.array([5, 6, 9]), np.ones((3, 4), np.float32)
+    plain = RequestState(Request(list(range(12)), embeddings=(where, vectors)), 0.0)
+    ((at, salt),) = plain.prefix_salt
+    assert at == 5 and len(salt) == 16
+    other = RequestState(Request(list(range(12)), embeddings=(where, 2 * vectors), adapter=2), 0.0)
+    assert other.prefix_salt[0] == (0, (2).to_bytes(4, "little"))
+    assert other.prefix_salt[1][0] == 5 and other.prefix_salt[1][1] != salt

@@ -82,14 +82,16 @@ class PageAllocator:
                 else:
                     self._free.append(page)
 
-    def digests(self, tokens: Sequence[int], known: list[bytes], salt: bytes = b"") -> list[bytes]:
+    def digests(self, tokens: Sequence[int], known: list[bytes],
+                salts: Sequence[tuple[int, bytes]] = ()) -> list[bytes]:  # fmt: skip
         """`known` (the digests of the first full pages of `tokens`) extended to every full
-        page of `tokens`: each a hash of its page's tokens and the digest before it (the
-        first's of `salt`)."""
+        page of `tokens`: each a hash of the digest before it, the `salts` (position, bytes)
+        whose position it holds, and its tokens."""
         size = self.page_size
         for start in range(len(known) * size, len(tokens) - size + 1, size):
             page = np.asarray(tokens[start : start + size], np.int64).tobytes()
-            known.append(hashlib.blake2b((known[-1] if known else salt) + page,
+            salt = b"".join(s for at, s in salts if start <= at < start + size)
+            known.append(hashlib.blake2b((known[-1] if known else b"") + salt + page,
                                          digest_size=16).digest())  # fmt: skip
         return known
 

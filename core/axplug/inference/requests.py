@@ -109,13 +109,16 @@ class RequestState:
         return [*self.request.prompt, *self.output]
 
     @functools.cached_property
-    def prefix_salt(self) -> bytes:
-        """What its cached pages depend on besides tokens: another adapter, embeddings."""
-        salt = self.request.adapter.to_bytes(4, "little") if self.request.adapter else b""
+    def prefix_salt(self) -> tuple[tuple[int, bytes], ...]:
+        """What its cached pages depend on besides tokens, each from a position on: another
+        adapter (from 0), embeddings (from the first embedded token: text pages before an
+        image are shared with requests that send other images)."""
+        salts = [(0, self.request.adapter.to_bytes(4, "little"))] if self.request.adapter else []
         if self.request.embeddings is not None:
             where, vectors = (np.ascontiguousarray(a) for a in self.request.embeddings)
-            salt += hashlib.blake2b(where.tobytes() + vectors.tobytes(), digest_size=16).digest()
-        return salt
+            digest = hashlib.blake2b(where.tobytes() + vectors.tobytes(), digest_size=16)
+            salts.append((int(where.min()) if where.size else 0, digest.digest()))
+        return tuple(salts)
 
     @property
     def context_len(self) -> int:
