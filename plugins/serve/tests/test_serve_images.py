@@ -79,6 +79,12 @@ def served(tmp_path_factory):
         yield base, reference, processor, tokenizer, root / "llava"
 
 
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=60).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + " ", name + "{")))  # fmt: skip
+
+
 def hf_greedy(reference, processor, ids: list[int], image: bytes, n: int) -> list[int]:
     with Image.open(io.BytesIO(image)) as opened:
         pixels = processor(images=[opened], return_tensors="pt")["pixel_values"]
@@ -102,9 +108,11 @@ def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served, 
             for t in ("user: What is this?", "\n\nassistant:")]  # fmt: skip
     ids = [*text[0], *[IMAGE] * PER_IMAGE, *text[1]]
     replies = []
+    hits = metric(base, "axplug_serve_prefix_cache_hits_total")
     # A black image, then a white one after the same text: prefix caching must not give the
-    # second the first's cached pages (the prompts' tokens are the same; the engine salts
-    # pages with the features), and the two replies differ.
+    # second the first's cached pages from the image on (the prompts' tokens are the same;
+    # the engine salts pages with the features), and the two replies differ. The page before
+    # the image (16 of the text's 19 tokens) is the first's, read from the cache.
     for value in (0, 255):
         image = png(np.full((12, 20, 3), value, np.uint8))
         out = client.chat.completions.create(
@@ -117,6 +125,7 @@ def test_the_openai_client_gets_transformers_greedy_tokens_for_an_image(served, 
         assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 16)
         replies.append(want)
     assert replies[0] != replies[1]
+    assert metric(base, "axplug_serve_prefix_cache_hits_total") - hits == 16
     # `axplug generate --image` on the prompt's ids (its marker, one <image>) and the white
     # image (the last one sent); its 16 tokens hold no end-of-sequence id, so none stops it.
     (tmp_path / "white.png").write_bytes(png(np.full((12, 20, 3), 255, np.uint8)))
