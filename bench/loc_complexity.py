@@ -111,11 +111,7 @@ def core_lines(plugin_dir: str) -> tuple[str, str, list[tuple[int, int, str]]]:
     if not log:
         raise RuntimeError(f"no commit adds {plugin_dir}/pyproject.toml in this repository")
     commit, _, subject = log[-1].partition(" ")
-    rows = []
-    for line in _git("diff", "--numstat", f"{commit}^", commit, "--", "core/").splitlines():
-        added, deleted, path = line.split("\t")
-        rows.append((int(added), int(deleted), path))
-    return commit, subject, rows
+    return commit, subject, _core_rows(commit)
 
 
 def _code_lines(path: str) -> int:
@@ -139,13 +135,19 @@ def _code_lines(path: str) -> int:
     return len(lines)
 
 
+def _core_rows(commit: str) -> list[tuple[int, int, str]]:
+    """[(added, deleted, path)] of one commit under core/ (git diff --numstat)."""
+    rows = []
+    for line in _git("diff", "--numstat", f"{commit}^", commit, "--", "core/").splitlines():
+        added, deleted, path = line.split("\t")
+        rows.append((int(added), int(deleted), path))
+    return rows
+
+
 def _core_numstat(commit: str) -> tuple[int, int]:
     """(core lines added, deleted) by one commit."""
-    plus = minus = 0
-    for line in _git("diff", "--numstat", f"{commit}^", commit, "--", "core/").splitlines():
-        added, deleted, _ = line.split("\t")
-        plus, minus = plus + int(added), minus + int(deleted)
-    return plus, minus
+    rows = _core_rows(commit)
+    return sum(r[0] for r in rows), sum(r[1] for r in rows)
 
 
 def family_lines() -> list[tuple[str, str, int, int, int]]:

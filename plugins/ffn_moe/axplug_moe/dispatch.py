@@ -36,6 +36,8 @@ from axplug.api.sharding import constrain
 from axplug_moe.overflow import overflow_ffn, overflow_tiles
 from axplug_moe.router import Routing
 
+_TILE = 128  # rows per overflow tile (balanced), unless configured
+
 __all__ = [
     "Experts",
     "Dispatch",
@@ -200,7 +202,7 @@ class BalancedDispatch(Dispatch):
         # Rows per overflow tile (at most the choices). Each overflowing expert's last tile
         # pads up to tile_size - 1 rows; smaller tiles run slower per row on CPU. None: 128
         # (what runs saved before the tile was fixed hold).
-        tile_size: int | None = 128
+        tile_size: int | None = _TILE
 
     def __init__(self, cfg: Config, *, parent=None):
         super().__init__(cfg, parent=parent)
@@ -211,7 +213,7 @@ class BalancedDispatch(Dispatch):
 
     def tile(self, choices: int) -> int:
         """Rows per overflow tile for `choices` rows: `tile_size`, at most the choices."""
-        return min(self._config.tile_size or 128, choices)
+        return min(self._config.tile_size or _TILE, choices)
 
     def forward(self, x, routing, experts):
         g, s, d = x.shape

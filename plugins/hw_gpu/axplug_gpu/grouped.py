@@ -10,6 +10,8 @@ scope is declined and dispatch falls back to XLA's ragged dot.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,8 +33,12 @@ except Exception as exc:  # noqa: BLE001
 else:
     _MGPU_ERROR = None
 
-# Tiles of the Hopper kernels (their autotuner's range holds these for 128-wide operands).
-_BLOCK_M, _BLOCK_N, _BLOCK_K, _STEPS, _GRID_N = 128, 128, 64, 2, 1
+
+def _tiled(kernel):
+    """A Hopper ragged-dot `kernel` at fixed tiles (its autotuner's range holds these for
+    128-wide operands)."""
+    return functools.partial(kernel, block_m=128, block_n=128, block_k=64,
+                             max_concurrent_steps=2, grid_block_n=1)  # fmt: skip
 
 
 class MosaicGpuGroupedMatmul(GroupedMatmulKernel):
@@ -79,10 +85,7 @@ class MosaicGpuGroupedMatmul(GroupedMatmulKernel):
 
 @jax.custom_vjp
 def _grouped(lhs, rhs, group_sizes):
-    return _ragged.ragged_dot(
-        lhs, rhs, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N, block_k=_BLOCK_K,
-        max_concurrent_steps=_STEPS, grid_block_n=_GRID_N,
-    )  # fmt: skip
+    return _tiled(_ragged.ragged_dot)(lhs, rhs, group_sizes=group_sizes)
 
 
 def _grouped_fwd(lhs, rhs, group_sizes):
@@ -92,15 +95,10 @@ def _grouped_fwd(lhs, rhs, group_sizes):
 def _grouped_bwd(residuals, d_out):
     lhs, rhs, group_sizes = residuals
     d_out = d_out.astype(lhs.dtype)
-    d_lhs = _ragged.ragged_dot(
-        d_out, rhs, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N,
-        block_k=_BLOCK_K, max_concurrent_steps=_STEPS, grid_block_n=_GRID_N, transpose_rhs=True,
-    )  # [m, n] x [g, k, n]^T  # fmt: skip
+    # [m, n] x [g, k, n]^T
+    d_lhs = _tiled(_ragged.ragged_dot)(d_out, rhs, group_sizes=group_sizes, transpose_rhs=True)
     # Groups along the contraction (the rows): [m, k]^T x [m, n] -> [g, k, n].
-    d_rhs = _transposed.transposed_ragged_dot(
-        lhs, d_out, group_sizes=group_sizes, block_m=_BLOCK_M, block_n=_BLOCK_N,
-        block_k=_BLOCK_K, max_concurrent_steps=_STEPS, grid_block_n=_GRID_N,
-    )  # fmt: skip
+    d_rhs = _tiled(_transposed.transposed_ragged_dot)(lhs, d_out, group_sizes=group_sizes)
     return d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _no_gradient(group_sizes)
 
 

@@ -13,7 +13,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["serve_in_thread"]
+__all__ = ["metric_value", "serve_in_thread"]
+
+
+def metric_value(exposition: str, name: str) -> float:
+    """The sum of a metric's samples (every label set) in a /metrics page's text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines()
+               if line.startswith((name + " ", name + "{")))  # fmt: skip
 
 
 def _free_port() -> int:

@@ -158,10 +158,9 @@ def reference(run_dir, loaded, engine):
 
 
 def _metric(base: str, name: str) -> float:
-    text = _get(base + "/metrics")[1]
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + " ") or line.startswith(name + "{")]  # fmt: skip
-    return sum(values)
+    from axplug_serve.testing import metric_value
+
+    return metric_value(_get(base + "/metrics")[1], name)
 
 
 def _wait_idle(base: str) -> None:

@@ -80,9 +80,9 @@ def served(tmp_path_factory):
 
 
 def metric(base: str, name: str) -> float:
-    text = httpx.get(base + "/metrics", timeout=60).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((name + " ", name + "{")))  # fmt: skip
+    from axplug_serve.testing import metric_value
+
+    return metric_value(httpx.get(base + "/metrics", timeout=60).text, name)
 
 
 def hf_greedy(reference, processor, ids: list[int], image: bytes, n: int) -> list[int]:

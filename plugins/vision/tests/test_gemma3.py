@@ -60,20 +60,14 @@ PROCESSOR = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 
 def processed_images(tmp_path):
     """(transformers' pixel values, axplug's) of two decoded PNGs, each processor's settings
     read from one preprocessor_config.json."""
-    import warnings
-
     from axplug_vision.preprocess import image_processor, read_preprocessor_config
 
-    from test_preprocess import decoded_png
+    from test_preprocess import decoded_png, reference_processor
 
     images = [decoded_png(40, 23, "RGBA", seed=3), decoded_png(19, 31, "L", seed=4)]
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        processor = transformers.AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
-    theirs = processor(images, return_tensors="np")["pixel_values"]
-    ours = image_processor(read_preprocessor_config(tmp_path))(images)["pixel_values"]
-    return theirs, ours
+    theirs = reference_processor(PROCESSOR, tmp_path)(images, return_tensors="np")
+    ours = image_processor(read_preprocessor_config(tmp_path))(images)
+    return theirs["pixel_values"], ours["pixel_values"]
 
 
 def test_gemma3_imports_decodes_and_exports_equal_to_transformers(tmp_path):
